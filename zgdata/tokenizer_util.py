@@ -1,0 +1,36 @@
+"""Tokenizer identity and the tiny built-in byte-level tokenizer (no hub needed)."""
+
+from __future__ import annotations
+
+import json
+
+from zgdata.hashing import canonical_json, sha256_bytes
+
+__all__ = ["tokenizer_sha256", "byte_level_tokenizer"]
+
+
+def tokenizer_sha256(tok) -> str:
+    """Hash of the tokenizer's full definition (model, merges, normalizers, special tokens)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        from zgdata.errors import ZgError
+        raise ZgError(f"tokenizer {type(tok).__name__} has no fast backend to hash",
+                      fix="use a teacher whose tokenizer has a tokenizer.json (fast tokenizer)")
+    spec = json.loads(backend.to_str())
+    specials = {k: str(v) for k, v in sorted(tok.special_tokens_map.items())}
+    return sha256_bytes(canonical_json({"backend": spec, "specials": specials}).encode())
+
+
+def byte_level_tokenizer():
+    """A 257-token byte-level tokenizer built in code: 256 bytes plus <|endoftext|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", model_max_length=1 << 30)

@@ -1,0 +1,1 @@
+"""zgtrain: students (conversions), objectives, the block trainer, assembly and evaluation."""

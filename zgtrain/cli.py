@@ -1,0 +1,144 @@
+"""The `zg` command: a thin dispatch layer (parse, build config, call, render)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+
+from zgdata.cli import data_app, emit, params_option, teacher_app
+from zgdata.errors import ZgError
+from zgdata.progress import stderr
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(name="zg", no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  help="ZeroGraph: convert or distil a language model block by block from materialized teacher "
+                       "boundaries (Lance datasets, tracked by DVC). Run `dvc repro` in a project; see `zg init`.")
+train_app = typer.Typer(help="Train blocks, assemble the student, evaluate it.", no_args_is_help=True,
+                        pretty_exceptions_enable=False)
+app.add_typer(teacher_app, name="teacher")
+app.add_typer(data_app, name="data")
+app.add_typer(train_app, name="train")
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="show tracebacks (also ZG_DEBUG=1).")):
+    if debug:
+        os.environ["ZG_DEBUG"] = "1"
+
+
+@app.command("init")
+def init(directory: Path = typer.Argument(..., help="new project directory."),
+         profile: str = typer.Option("smollm2", help="smollm2 (the default conversion) or tiny (seconds, for tries and tests).")):
+    """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
+    from zgtrain.pipeline import init_project
+
+    root = init_project(directory, profile)
+    stderr.print(f"project ready in {root} (profile {profile}); next: cd {root} && dvc repro")
+
+
+@app.command("pipeline")
+def pipeline(params: Path = params_option):
+    """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
+    import yaml
+
+    from zgdata.config import PartitionConfig, load_params, section
+    from zgtrain.pipeline import dump_params, write_pipeline
+
+    p = load_params(params)
+    part = section(p, PartitionConfig, "partition")
+    old = p.get("blocks") or {}
+    p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
+                           "in": b.input, "out": b.output} for b in part.blocks()}
+    params.write_text(dump_params(p))
+    code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
+    path = write_pipeline(params.parent, p, code_deps=code_deps)
+    stderr.print(f"wrote {path} with blocks {', '.join(p['blocks'])}")
+    del yaml
+
+
+@app.command("params")
+def params_doc():
+    """Explain every params.yaml key, with its default."""
+    from rich.table import Table
+
+    from zgdata.config import (CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, VerifyConfig,
+                               describe)
+    from zgtrain.config import EvalConfig, GatesConfig, TrainConfig
+
+    table = Table("key", "default", "meaning", show_lines=False)
+    for sec, cls in (("teacher", TeacherConfig), ("corpus", CorpusConfig), ("partition", PartitionConfig),
+                     ("materialize", MaterializeConfig), ("verify", VerifyConfig), ("train", TrainConfig),
+                     ("eval", EvalConfig), ("gates", GatesConfig)):
+        for name, default, doc in describe(cls):
+            table.add_row(f"{sec}.{name}", default, doc)
+    table.add_row("blocks.KEY", "", "per-block in/out boundary names plus any train.* key to override for that block")
+    table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key")
+    from rich.console import Console
+    Console().print(table)
+
+
+@train_app.command("block")
+def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
+                targets: Optional[str] = typer.Option(None, help="cached or online (default train.targets)."),
+                stop_after: Optional[int] = typer.Option(None, "--stop-after", help="checkpoint and exit 0 after N steps."),
+                restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+                params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
+    from zgdata.config import load_params
+    from zgtrain.trainer import train_block as run
+
+    r = run(load_params(params), key, targets=targets, stop_after=stop_after, restart=restart)
+    emit(r, as_json=as_json, summary=f"{key}: {r['status']} at step {r['step']}/{r['steps']}, "
+         f"train_loss {r.get('train_loss', float('nan')):.4g}, state {r.get('state_sha256', '')[:12]}")
+
+
+@train_app.command("assemble")
+def train_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Build models/student/: teacher embeddings + trained blocks + final norm + LM head (from_pretrained loads it)."""
+    from zgdata.config import load_params
+    from zgtrain.assemble import assemble
+
+    r = assemble(load_params(params))
+    emit(r, as_json=as_json, summary=f"student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) -> {r['path']}")
+
+
+@train_app.command("evaluate")
+def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Held-out CE, context use and boundary shift of teacher vs student; gates from `gates:`. Writes metrics/eval.json."""
+    from zgdata.config import load_params
+    from zgtrain.evaluate import evaluate
+
+    r = evaluate(load_params(params))
+    verdict = "PASS" if r["gates_passed"]["all"] else "FAIL"
+    emit(r, as_json=as_json, summary=f"gates {verdict}: teacher CE {r['teacher_ce']:.3f}, student CE "
+         f"{r['student_ce']:.3f} (gap {r['ce_gap']:.3f}), context retention {r['context_retention']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    debug = os.environ.get("ZG_DEBUG") == "1" or "--debug" in args
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+        rc = typer.main.get_command(app).main(args=args, prog_name="zg", standalone_mode=False)
+    except ZgError as e:
+        if debug:
+            raise
+        print(f"error: {e.render()}", file=sys.stderr)
+        sys.exit(e.code)
+    except click.exceptions.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)

