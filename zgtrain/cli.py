@@ -109,7 +109,8 @@ def train_assemble(params: Path = params_option, as_json: bool = typer.Option(Fa
 
 
 @train_app.command("evaluate")
-def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(False, "--json"),
+                   strict: bool = typer.Option(False, "--strict", help="exit 1 when a gate fails (CI use).")):
     """Held-out CE, context use and boundary shift of teacher vs student; gates from `gates:`. Writes metrics/eval.json."""
     from zgdata.config import load_params
     from zgtrain.evaluate import evaluate
@@ -118,6 +119,12 @@ def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(Fa
     verdict = "PASS" if r["gates_passed"]["all"] else "FAIL"
     emit(r, as_json=as_json, summary=f"gates {verdict}: teacher CE {r['teacher_ce']:.3f}, student CE "
          f"{r['student_ce']:.3f} (gap {r['ce_gap']:.3f}), context retention {r['context_retention']:.2f}")
+    for name, g in r["gates_passed"].items():
+        if name != "all" and not g["passed"]:
+            op = "<=" if name.startswith("max") else ">="
+            print(f"gate gates.{name} failed: measured {g['value']:.4g}, needs {op} {g['threshold']}", file=sys.stderr)
+    if strict and not r["gates_passed"]["all"]:
+        raise typer.Exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny ZeroGraph project (random:tiny teacher, a few thousand tokens).
+
+``tiny_built`` runs teacher -> tokens -> materialize once per session through the real
+CLI; ``tiny_project`` hands each test its own copy, so tests never share state.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+os.environ.setdefault("GIT_AUTHOR_NAME", "zg-tests")
+os.environ.setdefault("GIT_AUTHOR_EMAIL", "zg-tests@example.invalid")
+os.environ.setdefault("GIT_COMMITTER_NAME", "zg-tests")
+os.environ.setdefault("GIT_COMMITTER_EMAIL", "zg-tests@example.invalid")
+os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"  # `zg` and `dvc` of this venv
+os.environ["ZG_QUIET"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def zg(*args, cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """Run the real `zg` CLI in ``cwd``."""
+    res = subprocess.run([str(BIN / "zg"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"zg {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                         timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+@pytest.fixture(scope="session")
+def tiny_built(tmp_path_factory) -> Path:
+    """A tiny project after teacher, tokens and materialize (built once per session)."""
+    root = tmp_path_factory.mktemp("tiny") / "proj"
+    zg("init", root, "--profile", "tiny", cwd=tmp_path_factory.getbasetemp())
+    for cmd in (("teacher", "prepare"), ("data", "tokenize"), ("data", "materialize")):
+        zg(*cmd, cwd=root)
+    return root
+
+
+@pytest.fixture
+def tiny_project(tiny_built, tmp_path) -> Path:
+    """A private copy of the tiny project (git and dvc state included)."""
+    dst = tmp_path / "proj"
+    shutil.copytree(tiny_built, dst, symlinks=True)
+    return dst

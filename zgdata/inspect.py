@@ -1,0 +1,111 @@
+"""`zg data inspect`: what a token or boundary dataset is, where it came from, and its versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from zgdata.errors import ZgError
+from zgdata.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
+
+__all__ = ["collect", "describe_dataset", "provenance", "render"]
+
+
+def provenance(path: Path) -> dict:
+    """How DVC tracks ``path``: the producing stage, a .dvc file, or a `dvc import` source."""
+    path = Path(path).resolve()
+    dvc_file = path.with_name(path.name + ".dvc")
+    if dvc_file.exists():
+        spec = yaml.safe_load(dvc_file.read_text()) or {}
+        dep = (spec.get("deps") or [{}])[0]
+        repo = dep.get("repo")
+        if repo:
+            return {"tracked_by": str(dvc_file.name), "import": {"url": repo.get("url"), "path": dep.get("path"),
+                                                                 "rev_lock": repo.get("rev_lock")}}
+        return {"tracked_by": str(dvc_file.name)}
+    for parent in path.parents:
+        lock = parent / "dvc.lock"
+        if lock.exists():
+            rel = str(path.relative_to(parent))
+            stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+            for name, st in stages.items():
+                if any(o.get("path") == rel for o in st.get("outs") or []):
+                    return {"tracked_by": "dvc.lock", "stage": name, "path": rel}
+            return {"tracked_by": None, "path": rel}
+    return {"tracked_by": None}
+
+
+def describe_dataset(path: Path, *, version: int | None = None) -> dict:
+    ds = open_dataset(path, version=version, require_complete=False)
+    meta = schema_meta(ds.schema)
+    kind = meta.get("kind")
+    if kind not in ("tokens", "boundary"):
+        raise ZgError(f"{path} is a Lance dataset but not one ZeroGraph wrote (no zg.kind metadata)",
+                      fix="inspect data/tokens.lance or data/boundaries/")
+    splits = ds.to_table(columns=["split"]).column("split").to_numpy(zero_copy_only=False)
+    names, counts = np.unique(splits, return_counts=True)
+    info = {"path": str(path), "name": meta.get("name", Path(path).stem), "kind": kind, "version": ds.version,
+            "rows": {str(k): int(v) for k, v in zip(names, counts)}, "complete": meta.get("complete") is True,
+            "bytes": dir_bytes(path), "fingerprint": meta.get("fingerprint"), "lineage": meta.get("lineage", {}),
+            "versions": version_rows(ds), "source": provenance(path)}
+    if kind == "boundary":
+        f = ds.schema.field("hidden")
+        import json
+        seq_len, hidden = json.loads(f.metadata[b"zg.shape"])
+        info.update(layer=meta["layer"], seq_len=seq_len, hidden=hidden, dtype=f.metadata[b"zg.dtype"].decode(),
+                    stats=meta.get("stats", {}), software=meta.get("software", {}))
+    else:
+        info.update(layer=None, seq_len=meta["lineage"]["seq_len"], hidden=None, dtype="int32", stats={})
+    return info
+
+
+def collect(paths: list[Path], *, version: int | None = None) -> list[dict]:
+    out = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise ZgError(f"{p} does not exist", fix="run `dvc repro` (or `dvc pull`) first, or give another path")
+        if p.suffix == ".lance" or (p / "_versions").exists():
+            out.append(describe_dataset(p, version=version))
+        else:
+            found = sorted(p.glob("*.lance"))
+            if not found:
+                raise ZgError(f"{p} holds no .lance dataset", fix="give a dataset path or data/boundaries")
+            out.extend(describe_dataset(x, version=version) for x in found)
+    return out
+
+
+def _short(x) -> str:
+    return str(x)[:12] if x else "-"
+
+
+def render(infos: list[dict], console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table(title="ZeroGraph datasets", show_lines=False)
+    for col in ("name", "layer", "rows", "seq_len", "hidden", "dtype", "bytes", "fingerprint", "teacher", "tokenizer",
+                "tokens", "stats", "complete", "source"):
+        t.add_column(col)
+    for i in infos:
+        lin = i["lineage"]
+        rows = " ".join(f"{k}={v}" for k, v in sorted(i["rows"].items()))
+        stats = f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-"
+        src = i["source"]
+        where = (f"import {src['import']['url']}" if src.get("import") else
+                 f"stage {src['stage']}" if src.get("stage") else src.get("tracked_by") or "untracked")
+        tokens_fp = lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")
+        t.add_row(i["name"], str(i["layer"] if i["layer"] is not None else "-"), rows, str(i["seq_len"]),
+                  str(i["hidden"] or "-"), i["dtype"], f"{i['bytes'] / 1e6:.1f} MB", _short(i["fingerprint"]),
+                  _short(lin.get("teacher_sha256")), _short(lin.get("tokenizer_sha256")), _short(tokens_fp), stats,
+                  "yes" if i["complete"] else "NO", where)
+    console.print(t)
+    for i in infos:
+        v = Table(title=f"{i['name']} versions", show_header=True)
+        for col in ("version", "timestamp", "rows", "message"):
+            v.add_column(col)
+        for r in i["versions"]:
+            v.add_row(str(r["version"]), r["timestamp"], str(r["rows"]), r["message"])
+        console.print(v)

@@ -1,0 +1,144 @@
+"""Reading API for training: a block's boundary pair, aligned by row, whole sequences.
+
+Rows pair up by position in every boundary dataset (the token set's order); opening a
+pair checks that by ``seq_id`` and checks that both sides share one lineage.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from zgdata.boundary import check_pair_lineage
+from zgdata.errors import ZgError
+from zgdata.lance_io import open_dataset, schema_meta, tensor_column
+
+__all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows"]
+
+
+class BoundaryDataset:
+    """One complete boundary dataset, opened read-only."""
+
+    def __init__(self, path: Path, *, version: int | None = None):
+        self.path = Path(path)
+        self.ds = open_dataset(self.path, kind="boundary", version=version)
+        self.meta = schema_meta(self.ds.schema)
+        self.field = self.ds.schema.field("hidden")
+        cols = self.ds.to_table(columns=["seq_id", "split"])
+        self.seq_ids = cols.column("seq_id").to_numpy()
+        self.splits = np.asarray(cols.column("split").to_pylist())
+        expected = sum(self.meta.get("rows", {}).values())
+        if len(self.seq_ids) != expected:
+            raise ZgError(f"{self.path} has {len(self.seq_ids)} rows but its metadata promises {expected}",
+                          fix=f"restore it with `dvc checkout {self.path}` or re-run `dvc repro -f materialize`")
+        self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["fingerprint"]
+
+    def rows(self, split: str) -> np.ndarray:
+        return np.flatnonzero(self.splits == split)
+
+    def take(self, rows) -> torch.Tensor:
+        """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        table = self.ds.take(rows, columns=["hidden"])
+        return tensor_column(table, "hidden", self.field)
+
+    def by_seq_id(self, seq_ids) -> torch.Tensor:
+        try:
+            rows = [self._row_of[int(s)] for s in seq_ids]
+        except KeyError as e:
+            raise ZgError(f"seq_id {e.args[0]} is not in {self.path}", fix="use seq_ids from data/tokens.lance") from e
+        return self.take(rows)
+
+
+def epoch_order(n: int, epoch: int, seed: int) -> torch.Tensor:
+    """The permutation of ``n`` rows for ``epoch``: a pure function of (seed, epoch), so resume is exact."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
+    return torch.randperm(n, generator=g)
+
+
+def step_rows(rows: np.ndarray, step: int, batch_size: int, seed: int) -> np.ndarray:
+    """Row numbers of training step ``step``: epochs of seeded permutations of ``rows``, concatenated."""
+    n = len(rows)
+    start = step * batch_size
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), n)
+        order = epoch_order(n, epoch, seed)
+        take = min(batch_size - len(out), n - offset)
+        out.extend(rows[order[offset:offset + take].numpy()])
+    return np.asarray(out)
+
+
+class BoundaryPair:
+    """The (input, target) boundaries of one block."""
+
+    def __init__(self, input_path: Path, output_path: Path):
+        self.input = BoundaryDataset(input_path)
+        self.output = BoundaryDataset(output_path)
+        check_pair_lineage(self.input.name, self.input.meta, self.output.name, self.output.meta)
+        if not np.array_equal(self.input.seq_ids, self.output.seq_ids):
+            bad = int(np.flatnonzero(self.input.seq_ids != self.output.seq_ids)[0]) \
+                if len(self.input.seq_ids) == len(self.output.seq_ids) else min(len(self.input.seq_ids), len(self.output.seq_ids))
+            raise ZgError(f"{self.input.path} and {self.output.path} are not row-aligned (first difference at row {bad})",
+                          fix="re-run `dvc repro -f materialize` so both come from one pass")
+        if self.input.meta["lineage"]["layer"] >= self.output.meta["lineage"]["layer"]:
+            raise ZgError(f"{self.input.name} (layer {self.input.meta['lineage']['layer']}) does not precede "
+                          f"{self.output.name} (layer {self.output.meta['lineage']['layer']})",
+                          fix="set blocks.KEY.in to the earlier boundary and out to the later one")
+
+    def rows(self, split: str) -> np.ndarray:
+        return self.input.rows(split)
+
+    def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.input.take(rows), self.output.take(rows)
+
+    def batch_rows(self, split: str, step: int, batch_size: int, seed: int) -> np.ndarray:
+        rows = self.rows(split)
+        if len(rows) == 0:
+            raise ZgError(f"{self.input.path} has no '{split}' rows", fix="check corpus.heldout and the caps")
+        return step_rows(rows, step, batch_size, seed)
+
+    def batches(self, split: str, *, start_step: int, steps: int, batch_size: int, seed: int,
+                prefetch: int = 2) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+        """Yield (step, rows, x, y) for steps [start_step, steps), loading ahead in a thread."""
+        q: queue.Queue = queue.Queue(maxsize=max(prefetch, 1))
+        stop = threading.Event()
+
+        def work():
+            try:
+                for step in range(start_step, steps):
+                    if stop.is_set():
+                        return
+                    rows = self.batch_rows(split, step, batch_size, seed)
+                    q.put((step, rows, *self.take(rows)))
+                q.put(None)
+            except BaseException as e:  # re-raised in the consumer
+                q.put(e)
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        try:
+            while (item := q.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while t.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    t.join(0.05)

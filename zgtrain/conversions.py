@@ -1,0 +1,102 @@
+"""How a student block starts from its teacher layers. An extensible registry.
+
+Each conversion takes the block's teacher tensors (keys ``layers.{teacher_idx}.*``),
+the teacher config, the train config, a deterministic sample of the block's input
+boundary (for data-driven choices) and the block's generator, and returns a StudentBlock.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from zgdata.errors import ZgError
+from zgtrain.block_model import StudentBlock
+
+__all__ = ["CONVERSIONS", "register", "convert"]
+
+Conversion = Callable[..., StudentBlock]
+CONVERSIONS: dict[str, Conversion] = {}
+
+
+def register(name: str):
+    def deco(fn: Conversion) -> Conversion:
+        CONVERSIONS[name] = fn
+        return fn
+    return deco
+
+
+def _teacher_layers(tensors: dict) -> dict[int, dict[str, torch.Tensor]]:
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        _, idx, rest = k.split(".", 2)
+        out.setdefault(int(idx), {})[rest] = v
+    return dict(sorted(out.items()))
+
+
+def _load(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> StudentBlock:
+    state = {f"layers.{j}.{k}": v.float().clone() for j, layer in enumerate(per_layer) for k, v in layer.items()}
+    missing, unexpected = block.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.startswith("rotary_emb.")]
+    if missing or unexpected:
+        raise ZgError(f"teacher slice does not fit the student block (missing {missing[:3]}, unexpected {unexpected[:3]})",
+                      fix="re-run `dvc repro teacher` to rewrite the slices")
+    return block
+
+
+@register("identity")
+def identity(tensors, config, cfg, sample, gen) -> StudentBlock:
+    layers = list(_teacher_layers(tensors).values())
+    return _load(StudentBlock(config, [config.intermediate_size] * len(layers)), layers)
+
+
+@register("reinit")
+def reinit(tensors, config, cfg, sample, gen) -> StudentBlock:
+    n = len(_teacher_layers(tensors))
+    block = StudentBlock(config, [config.intermediate_size] * n)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * config.initializer_range)
+    return block
+
+
+@register("drop_layers")
+def drop_layers(tensors, config, cfg, sample, gen) -> StudentBlock:
+    layers = list(_teacher_layers(tensors).values())
+    keep = list(cfg.keep_layers)
+    if not keep or sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= len(layers):
+        raise ZgError(f"train.keep_layers is {keep} for a block of {len(layers)} layers", key="train.keep_layers",
+                      fix=f"give sorted offsets within [0, {len(layers) - 1}], e.g. [0, {len(layers) - 1}]")
+    return _load(StudentBlock(config, [config.intermediate_size] * len(keep)), [layers[i] for i in keep])
+
+
+@register("prune_mlp")
+def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """Keep the MLP channels with the largest mean |activation| on the block's own input data."""
+    full = identity(tensors, config, cfg, sample, gen)
+    with torch.no_grad():
+        acts = full.mlp_activations(sample)                     # per layer: (B, T, I)
+    keep_n = max(1, round(config.intermediate_size * (1 - cfg.prune_ratio)))
+    layers = list(_teacher_layers(tensors).values())
+    pruned = []
+    for layer, act in zip(layers, acts):
+        score = act.abs().double().mean(dim=(0, 1))              # (I,)
+        # stable sort on (-score, index): ties resolve by channel index, deterministically
+        order = torch.sort(-score, stable=True).indices[:keep_n]
+        idx = torch.sort(order).values
+        new = dict(layer)
+        new["mlp.gate_proj.weight"] = layer["mlp.gate_proj.weight"][idx]
+        new["mlp.up_proj.weight"] = layer["mlp.up_proj.weight"][idx]
+        new["mlp.down_proj.weight"] = layer["mlp.down_proj.weight"][:, idx]
+        pruned.append(new)
+    return _load(StudentBlock(config, [keep_n] * len(layers)), pruned)
+
+
+def convert(name: str, tensors, config, cfg, sample: torch.Tensor, gen: torch.Generator) -> StudentBlock:
+    if name not in CONVERSIONS:
+        raise ZgError(f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}")
+    return CONVERSIONS[name](tensors, config, cfg, sample, gen)

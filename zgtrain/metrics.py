@@ -1,0 +1,45 @@
+"""Pure evaluation math: per-position NLL, fresh-window context use, normalized boundary error."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["token_nll", "window_nll", "context_targets"]
+
+
+@torch.no_grad()
+def token_nll(model, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(N, T-1) float64 NLL of token t+1 given tokens <= t, full context."""
+    out = []
+    for i in range(0, len(ids), batch_size):
+        x = ids[i:i + batch_size]                                        # (B, T)
+        logits = model(input_ids=x).logits[:, :-1].double()             # (B, T-1, V)
+        out.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none"))
+    return torch.cat(out)
+
+
+def context_targets(n_seqs: int, seq_len: int, *, k: int, min_pos: int, seed: int) -> torch.Tensor:
+    """(k, 2) sampled (sequence, position) target pairs with position >= min_pos; deterministic in seed."""
+    positions = torch.arange(min_pos, seq_len)
+    pairs = torch.cartesian_prod(torch.arange(n_seqs), positions)        # (n_seqs * len(positions), 2)
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(len(pairs), generator=g)[:k]
+    return pairs[torch.sort(pick).values]
+
+
+@torch.no_grad()
+def window_nll(model, ids: torch.Tensor, targets: torch.Tensor, *, window: int, batch_size: int) -> torch.Tensor:
+    """(k,) NLL of each target token seen only through its last ``window`` tokens.
+
+    Each window is a fresh sequence starting at position 0 (not a banded mask: the model
+    needs a real first token for its attention sink).
+    """
+    s, p = targets[:, 0], targets[:, 1]
+    offs = torch.arange(-window, 0)                                      # (W,)
+    windows = ids[s.unsqueeze(1), p.unsqueeze(1) + offs]                 # (k, W)
+    gold = ids[s, p]                                                     # (k,)
+    out = []
+    for i in range(0, len(windows), batch_size):
+        logits = model(input_ids=windows[i:i + batch_size]).logits[:, -1].double()   # (B, V)
+        out.append(torch.nn.functional.cross_entropy(logits, gold[i:i + batch_size], reduction="none"))
+    return torch.cat(out)

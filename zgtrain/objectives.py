@@ -1,0 +1,48 @@
+"""Block objectives: what the block is fed and what it must produce. Pure tensor math.
+
+- regress:        x           -> y      (clean teacher-boundary regression: the interface that composes)
+- noisy_regress:  x + s*noise -> y
+- denoise:        x + s*noise -> x      (unanchored: never sees y)
+
+Losses are per-dimension normalized MSE; the scale is fixed once from a deterministic
+sample so that massive-activation dimensions do not drown the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["Objective", "nmse"]
+
+
+class Objective:
+    def __init__(self, name: str, *, normalize: str, sigma: float, x_sample: torch.Tensor, y_sample: torch.Tensor):
+        self.name, self.sigma = name, sigma
+        xs, ys = x_sample.double().flatten(0, 1), y_sample.double().flatten(0, 1)   # (N*T, C)
+        self.x_std = xs.std(0).float().clamp_min(1e-6)                              # (C,)
+        target = xs if name == "denoise" else ys
+        if normalize == "none":
+            scale = torch.ones(xs.shape[1], dtype=torch.float64)
+        elif normalize == "target":
+            scale = target.var(0)
+        else:  # delta: the block's own residual update
+            scale = (target - xs).var(0)
+        self.scale = scale.float().clamp_min(1e-8)                                    # (C,)
+
+    def batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, target) for one batch; noise comes from the block's own generator."""
+        if self.name == "regress":
+            return x, y
+        noise = torch.randn(x.shape, generator=gen) * self.x_std * self.sigma      # (B, T, C)
+        return x + noise, (y if self.name == "noisy_regress" else x)
+
+    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((pred - target).pow(2) / self.scale).mean()
+
+
+def nmse(pred: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
+    """(sum of squared error, sum of squared deviation of target from its per-dim mean), for a ratio."""
+    t = target.double()
+    err = (pred.double() - t).pow(2).sum()
+    dev = (t - t.flatten(0, 1).mean(0)).pow(2).sum()
+    return float(err), float(dev)
