@@ -118,7 +118,7 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                      "params": ["eval", "gates"],
                      "metrics": [{str(L.eval_metrics): {"cache": False}}],
                      "plots": [{"plots/eval/ce.csv": {"cache": False, "x": "model", "y": "ce"}},
-                               {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": ["teacher_input", "student_input"]}},
+                               {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
     for s in stages.values():
