@@ -31,6 +31,7 @@ def capture(model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype:
                       fix=f"keep every boundary within [0, {depth}]")
     want = set(layers)
     dtype = next(inner.parameters()).dtype
+    input_ids = input_ids.to(inner.embed_tokens.weight.device)
     h = inner.embed_tokens(input_ids).to(dtype)                          # (B, T, C)
     pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)  # (1, T)
     pe = inner.rotary_emb(h, position_ids=pos)                            # cos, sin: (1, T, D)
@@ -39,4 +40,4 @@ def capture(model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype:
         h = inner.layers[i](h, attention_mask=None, position_embeddings=pe, position_ids=pos)
         if i + 1 in want:
             out[i + 1] = h.to(storage_dtype)
-    return out
+    return {k: v.cpu() for k, v in out.items()}

@@ -16,27 +16,46 @@ __all__ = ["collect", "describe_dataset", "provenance", "render"]
 
 
 def provenance(path: Path) -> dict:
-    """How DVC tracks ``path``: the producing stage, a .dvc file, or a `dvc import` source."""
+    """How DVC tracks ``path``: the producing stage, a .dvc file, or a `dvc import` source.
+
+    ``path`` is the dataset's path relative to the DVC project root (the folder holding
+    ``.dvc/``); ``tracked_by`` is the dvc.lock or .dvc file (also relative to the root) that
+    records it, for the dataset itself or for a folder above it. A `dvc import` adds
+    ``import`` with the source repository's url, the path inside it and the pinned commit; a
+    `dvc import-url` adds ``import`` with the source url.
+    """
     path = Path(path).resolve()
-    dvc_file = path.with_name(path.name + ".dvc")
-    if dvc_file.exists():
+    root = next((p for p in (path, *path.parents) if (p / ".dvc").is_dir()), None)
+    if root is None:
+        return {"tracked_by": None}
+    rel = path.relative_to(root).as_posix()
+    for p in (path, *path.parents):
+        if p == root:
+            break
+        dvc_file = p.with_name(p.name + ".dvc")
+        if not dvc_file.is_file():
+            continue
         spec = yaml.safe_load(dvc_file.read_text()) or {}
+        out = {"tracked_by": dvc_file.relative_to(root).as_posix(), "path": rel}
         dep = (spec.get("deps") or [{}])[0]
+        sub = path.relative_to(p).as_posix()
+        inner = dep.get("path") if sub == "." or not dep.get("path") else f"{dep['path']}/{sub}"
         repo = dep.get("repo")
         if repo:
-            return {"tracked_by": str(dvc_file.name), "import": {"url": repo.get("url"), "path": dep.get("path"),
-                                                                 "rev_lock": repo.get("rev_lock")}}
-        return {"tracked_by": str(dvc_file.name)}
-    for parent in path.parents:
-        lock = parent / "dvc.lock"
-        if lock.exists():
-            rel = str(path.relative_to(parent))
-            stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
-            for name, st in stages.items():
-                if any(o.get("path") == rel for o in st.get("outs") or []):
+            out["import"] = {"url": repo.get("url"), "path": inner, "rev": repo.get("rev"),
+                             "rev_lock": repo.get("rev_lock")}
+        elif dep.get("path"):  # dvc import-url
+            out["import"] = {"url": inner, "path": None, "rev": None, "rev_lock": None}
+        return out
+    lock = root / "dvc.lock"
+    if lock.is_file():
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        for name, st in stages.items():
+            for o in st.get("outs") or []:
+                op = str(o.get("path", "")).rstrip("/")
+                if op and (rel == op or rel.startswith(op + "/")):
                     return {"tracked_by": "dvc.lock", "stage": name, "path": rel}
-            return {"tracked_by": None, "path": rel}
-    return {"tracked_by": None}
+    return {"tracked_by": None, "path": rel}
 
 
 def describe_dataset(path: Path, *, version: int | None = None) -> dict:

@@ -49,6 +49,11 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
     except Exception as e:  # lance raises OSError / RuntimeError / pyo3 panics for damaged files
         raise ZgError(f"{path} is not a readable Lance dataset (corrupt or half-written): {str(e)[:160]}",
                       fix=recover) from e
+    # The manifest opens lazily: a data file it lists may be gone (deleted, partial checkout, broken link).
+    missing = [d.path for f in ds.get_fragments() for d in f.data_files() if not (path / "data" / d.path).exists()]
+    if missing:
+        raise ZgError(f"{path} is corrupt: {len(missing)} data file(s) its manifest lists are missing "
+                      f"(e.g. data/{missing[0]})", fix=recover)
     if kind is not None and meta.get("kind") != kind:
         raise ZgError(f"{path} is not a ZeroGraph {kind} dataset (kind={meta.get('kind')!r})", fix=recover)
     if require_complete and meta.get("complete") is not True:

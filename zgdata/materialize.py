@@ -54,12 +54,17 @@ def estimate_bytes(rows: int, seq_len: int, hidden: int, storage_dtype: str, bou
     return rows * seq_len * hidden * BYTES[storage_dtype] * boundaries
 
 
+def _gb(n: float) -> str:
+    """Bytes as GB, with enough digits that a small amount never prints as 0.00."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e9:.2g} GB"
+
+
 def _check_disk(need: int, where: Path) -> None:
     where.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(where).free
     if need * 1.05 > free:
-        raise ZgError(f"not enough free disk at {where}: materialize needs about {need / 1e9:.2f} GB "
-                      f"(rows x seq_len x hidden x bytes x boundaries) but {free / 1e9:.2f} GB is free",
+        raise ZgError(f"not enough free disk at {where}: materialize needs about {_gb(need)} "
+                      f"(rows x seq_len x hidden x bytes x boundaries) but {_gb(free)} is free",
                       fix="free space, store fewer boundaries, or cap corpus.max_train_seqs")
 
 

@@ -1,9 +1,14 @@
-"""Rich progress on stderr (stdout is kept for results)."""
+"""Progress on stderr (stdout is kept for results).
+
+A live Rich bar on a terminal; on a pipe or log file (CI, `dvc repro > log`), a plain
+line every ~10% or 30 s instead, so long runs still show rate and ETA.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
@@ -15,10 +20,32 @@ stderr = Console(stderr=True)
 
 
 @contextlib.contextmanager
+def _plain(description: str, total: int, unit: str, completed: int):
+    t0, done, last = time.perf_counter(), completed, [time.perf_counter(), completed]
+
+    def advance(n: int = 1) -> None:
+        nonlocal done
+        done += n
+        now = time.perf_counter()
+        if done >= total or now - last[0] > 30 or (done - last[1]) >= total / 10:
+            rate = (done - completed) / max(now - t0, 1e-9)
+            eta = (total - done) / rate if rate else float("nan")
+            stderr.print(f"{description}: {done:,}/{total:,} {unit} ({100 * done / max(total, 1):.0f}%), "
+                         f"{rate:,.0f} {unit}/s, ETA {eta:,.0f}s", highlight=False)
+            last[:] = [now, done]
+
+    yield advance
+
+
+@contextlib.contextmanager
 def progress(description: str, total: int, *, unit: str = "tok", completed: int = 0):
     """Yield ``advance(n)``; shows rate in ``unit``/s and the ETA. Silent when ZG_QUIET=1."""
     if os.environ.get("ZG_QUIET") == "1":
         yield lambda n=1: None
+        return
+    if not stderr.is_terminal:
+        with _plain(description, total, unit, completed) as advance:
+            yield advance
         return
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]

@@ -138,7 +138,29 @@ def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
               metadata={k: json.dumps(v) for k, v in metadata.items()})
+    _sort_header_metadata(tmp)
     os.replace(tmp, path)
+
+
+def _sort_header_metadata(path: Path) -> None:
+    """safetensors writes ``__metadata__`` in hash-map order; sort it so equal content gives equal bytes (DVC md5)."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        meta = header.pop("__metadata__", None)
+        if not meta:
+            return
+        new = json.dumps({"__metadata__": dict(sorted(meta.items())), **header}, separators=(",", ":"),
+                         ensure_ascii=False).encode()
+        if len(new) <= n:  # the usual case: same JSON, keys reordered
+            f.seek(8)
+            f.write(new.ljust(n, b" "))
+        else:  # keep the file valid anyway: offsets are relative to the end of the header
+            f.seek(8 + n)
+            data = f.read()
+            new = new.ljust(-(-len(new) // 8) * 8, b" ")
+            f.seek(0)
+            f.write(len(new).to_bytes(8, "little") + new + data)
 
 
 def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, layout: Layout, sha: str) -> None:
@@ -192,8 +214,10 @@ def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_toke
     if not (layout.teacher_hf / "config.json").exists():
         raise ZgError(f"teacher weights not found in {layout.teacher_hf}",
                       fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote")
+    from zgdata.runtime import device
+
     model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, dtype),
-                                                 attn_implementation="sdpa").eval()
+                                                 attn_implementation="sdpa").eval().to(device())
     tok = AutoTokenizer.from_pretrained(layout.teacher_hf) if with_tokenizer else None
     return model, tok
 

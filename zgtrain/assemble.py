@@ -59,13 +59,15 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
     blocks = _blocks(params, layout, which)
     head, hmeta = load_slice(layout.teacher_head)
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
-    if len(set(sizes)) != 1:
-        raise ZgError(f"blocks have different MLP widths {sorted(set(sizes))}; only uniform conversions assemble "
-                      "into a plain transformers config", key="train.prune_ratio",
-                      fix="use the same train.prune_ratio for every block")
     config = LlamaConfig.from_dict(hmeta["config"])
     config.num_hidden_layers = len(sizes)
-    config.intermediate_size = sizes[0]
+    config.intermediate_size = max(sizes)
+    uniform = len(set(sizes)) == 1
+    if not uniform:  # per-layer widths: a config subclass plus modeling code shipped with the model
+        from zgtrain.templates.modeling_zg_llama import ZgLlamaConfig, ZgLlamaForCausalLM
+        config = ZgLlamaConfig(intermediate_sizes=sizes, **{k: v for k, v in config.to_dict().items()
+                                                            if k not in ("model_type", "architectures")})
+        LlamaForCausalLM = ZgLlamaForCausalLM  # noqa: N806
     config._attn_implementation = "sdpa"
     state = {"model.embed_tokens.weight": head["embed_tokens.weight"], "model.norm.weight": head["norm.weight"],
              "lm_head.weight": head["lm_head.weight"]}
@@ -88,7 +90,7 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
     summary = {"params": n, "teacher_params": teacher_params, "param_ratio": n / teacher_params, "layers": len(sizes),
-               "intermediate_size": sizes[0],
+               "intermediate_sizes": sizes, "remote_code": not uniform,
                "blocks": {spec.key: {"state_sha256": meta.get("state_sha256"), "fingerprints": meta["fingerprints"],
                                      "teacher_layers": meta["teacher_layers"]} for spec, _, meta in blocks}}
     return model.eval(), summary
@@ -102,6 +104,13 @@ def assemble(params: dict, *, layout: Layout = Layout()) -> dict:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
+    if summary["remote_code"]:
+        src = Path(__file__).parent / "templates" / "modeling_zg_llama.py"
+        shutil.copy(src, tmp / "modeling_zg_llama.py")
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg["auto_map"] = {"AutoConfig": "modeling_zg_llama.ZgLlamaConfig",
+                           "AutoModelForCausalLM": "modeling_zg_llama.ZgLlamaForCausalLM"}
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     AutoTokenizer.from_pretrained(layout.teacher_hf).save_pretrained(tmp)
     (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": read_teacher_json(layout)["weights_sha256"]},
                                                    indent=2, sort_keys=True) + "\n")

@@ -17,6 +17,7 @@ from zgdata.layout import Layout
 from zgdata.lance_io import open_dataset
 from zgdata.progress import stderr
 from zgdata.reader import BoundaryDataset
+from zgdata.runtime import device
 from zgdata.teacher import load_slice, load_teacher
 from zgdata.tokens import read_tokens
 from zgtrain.assemble import build_student
@@ -48,13 +49,15 @@ def _shift(params: dict, layout: Layout, rows: np.ndarray) -> dict:
     part = section(params, PartitionConfig, "partition")
     head, _ = load_slice(layout.teacher_head)
     ids, _ = read_tokens(layout, rows)
-    h = torch.nn.functional.embedding(ids, head["embed_tokens.weight"].float())   # (N, T, C) student upstream
+    dev = device()
+    h = torch.nn.functional.embedding(ids, head["embed_tokens.weight"].float()).to(dev)   # (N, T, C) student upstream
     out = {}
     with torch.no_grad():
         for spec in part.blocks():
             block, _ = load_block(layout, spec.key)
-            x = BoundaryDataset(layout.boundary(spec.input)).take(rows).float()
-            y = BoundaryDataset(layout.boundary(spec.output)).take(rows).float()
+            block = block.to(dev)
+            x = BoundaryDataset(layout.boundary(spec.input)).take(rows).float().to(dev)
+            y = BoundaryDataset(layout.boundary(spec.output)).take(rows).float().to(dev)
             e_t, d = nmse(block(x), y)
             h = block(h)
             e_s, _ = nmse(h, y)
@@ -121,12 +124,12 @@ def evaluate(params: dict, *, layout: Layout = Layout()) -> dict:
         raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False)[0],
               "untrained": lambda: build_student(params, layout=layout, which="init")[0],
-              "student": lambda: AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32,
+              "student": lambda: AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32, trust_remote_code=True,
                                                                        attn_implementation="sdpa").eval()}
     scores = {}
     for name, load in models.items():
         stderr.print(f"evaluate: {name} ({len(ids)} sequences, {len(targets)} context targets)")
-        scores[name] = _model_scores(load(), ids, targets, cfg)
+        scores[name] = _model_scores(load().to(device()), ids, targets, cfg)
     shift = _shift(params, layout, rows)
     t, u, s = scores["teacher"], scores["untrained"], scores["student"]
     ce_gap = s["ce"] - t["ce"]

@@ -12,9 +12,10 @@ def token_nll(model, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
     """(N, T-1) float64 NLL of token t+1 given tokens <= t, full context."""
     out = []
     for i in range(0, len(ids), batch_size):
-        x = ids[i:i + batch_size]                                        # (B, T)
-        logits = model(input_ids=x).logits[:, :-1].double()             # (B, T-1, V)
-        out.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none"))
+        x = ids[i:i + batch_size].to(model.device)                       # (B, T)
+        logits = model(input_ids=x).logits[:, :-1].float()              # (B, T-1, V)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        out.append(nll.double().cpu())
     return torch.cat(out)
 
 
@@ -40,6 +41,7 @@ def window_nll(model, ids: torch.Tensor, targets: torch.Tensor, *, window: int, 
     gold = ids[s, p]                                                     # (k,)
     out = []
     for i in range(0, len(windows), batch_size):
-        logits = model(input_ids=windows[i:i + batch_size]).logits[:, -1].double()   # (B, V)
-        out.append(torch.nn.functional.cross_entropy(logits, gold[i:i + batch_size], reduction="none"))
+        logits = model(input_ids=windows[i:i + batch_size].to(model.device)).logits[:, -1].double()   # (B, V)
+        out.append(torch.nn.functional.cross_entropy(logits, gold[i:i + batch_size].to(model.device),
+                                                     reduction="none").cpu())
     return torch.cat(out)

@@ -16,10 +16,11 @@ __all__ = ["Objective", "nmse"]
 
 
 class Objective:
-    def __init__(self, name: str, *, normalize: str, sigma: float, x_sample: torch.Tensor, y_sample: torch.Tensor):
+    def __init__(self, name: str, *, normalize: str, sigma: float, x_sample: torch.Tensor, y_sample: torch.Tensor,
+                 device: torch.device | str = "cpu"):
         self.name, self.sigma = name, sigma
         xs, ys = x_sample.double().flatten(0, 1), y_sample.double().flatten(0, 1)   # (N*T, C)
-        self.x_std = xs.std(0).float().clamp_min(1e-6)                              # (C,)
+        self.x_std = xs.std(0).float().clamp_min(1e-6).to(device)                   # (C,)
         target = xs if name == "denoise" else ys
         if normalize == "none":
             scale = torch.ones(xs.shape[1], dtype=torch.float64)
@@ -27,13 +28,14 @@ class Objective:
             scale = target.var(0)
         else:  # delta: the block's own residual update
             scale = (target - xs).var(0)
-        self.scale = scale.float().clamp_min(1e-8)                                    # (C,)
+        self.scale = scale.float().clamp_min(1e-8).to(device)                         # (C,)
 
     def batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, target) for one batch; noise comes from the block's own generator."""
         if self.name == "regress":
             return x, y
-        noise = torch.randn(x.shape, generator=gen) * self.x_std * self.sigma      # (B, T, C)
+        # drawn on the CPU generator, then moved: the same bits on every device
+        noise = torch.randn(x.shape, generator=gen).to(x.device) * self.x_std * self.sigma   # (B, T, C)
         return x + noise, (y if self.name == "noisy_regress" else x)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,8 @@ from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.hashing import canonical_json, sha256_bytes, tensors_sha256
 from zgdata.layout import Layout
+from zgdata.progress import progress
+from zgdata.runtime import device
 from zgdata.teacher import load_slice
 from zgtrain.config import TrainConfig, block_config
 from zgtrain.conversions import convert
@@ -72,7 +74,7 @@ def _save_weights(tensors: dict, path: Path) -> None:
     from safetensors.torch import save_file
 
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
     os.replace(tmp, path)
 
 
@@ -125,13 +127,14 @@ def _heldout(block, targets, cfg: TrainConfig) -> float:
     rows = targets.rows("heldout")
     if cfg.heldout_rows:
         rows = rows[: cfg.heldout_rows]
-    err = dev = 0.0
+    err = spread = 0.0
+    where = next(block.parameters()).device
     with torch.no_grad():
         for i in range(0, len(rows), cfg.batch_size):
             x, y = targets.take(rows[i:i + cfg.batch_size])
-            e, d = nmse(block(x.float()), y.float())
-            err, dev = err + e, dev + d
-    return err / max(dev, 1e-30)
+            e, d = nmse(block(x.to(where).float()), y.to(where).float())
+            err, spread = err + e, spread + d
+    return err / max(spread, 1e-30)
 
 
 def load_block(layout: Layout, key: str, *, which: str = "final"):
@@ -154,6 +157,38 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
     block.load_state_dict(load_file(str(d / ("model.safetensors" if which == "final" else "init.safetensors"))),
                           strict=False)
     return block.eval(), meta
+
+
+def _steps(block, opt, gen, objective, src, cfg: TrainConfig, *, key, d, meta, curve, start, end, seed) -> int:
+    """Optimizer steps [start, end): the only place the block's parameters change."""
+    tokens = 0
+    sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))  # test hook: widen kill window
+    dev = next(block.parameters()).device
+    block.train()
+    with progress(f"train {key}", end - start, unit="step") as advance:
+        for step, rows, x, y in src.batches("train", start_step=start, steps=end, batch_size=cfg.batch_size, seed=seed):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(cfg, step)
+            inp, tgt = objective.batch(x.to(dev).float(), y.to(dev).float(), gen)
+            loss = objective.loss(block(inp), tgt)
+            if not torch.isfinite(loss):
+                raise ZgError(f"block {key}: loss became {loss.item()} at step {step}; the last good checkpoint "
+                              f"(step {json.loads((d / 'meta.json').read_text())['step']}) is intact",
+                              key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(block.parameters(), cfg.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            curve.append(float(loss.detach()))
+            advance(1)
+            tokens += x.shape[0] * x.shape[1]
+            done_steps = step + 1
+            if cfg.checkpoint_every and done_steps % cfg.checkpoint_every == 0 and done_steps < end:
+                _checkpoint(d, meta, block, opt, gen, curve, done_steps)
+            if sleep:
+                time.sleep(sleep)
+    return tokens
 
 
 def train_block(params: dict, key: str, *, targets: str | None = None, stop_after: int | None = None,
@@ -199,10 +234,11 @@ def train_block(params: dict, key: str, *, targets: str | None = None, stop_afte
     sample_rows = src.rows("train")[: cfg.importance_rows]
     xs, ys = (t.float() for t in src.take(sample_rows))
     config = LlamaConfig.from_dict(smeta["config"])
-    block = convert(cfg.conversion, tensors, config, cfg, xs, gen)
+    block = convert(cfg.conversion, tensors, config, cfg, xs, gen).to(device())
     teacher_params = sum(v.numel() for v in tensors.values())
     n_params = sum(p.numel() for p in block.parameters())
-    objective = Objective(cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys)
+    objective = Objective(cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys,
+                          device=device())
     opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     meta = {**identity, "teacher_config": smeta["config"], "teacher_layers": smeta["layers"],
             "intermediate_sizes": block.intermediate_sizes, "params": n_params, "teacher_params": teacher_params,
@@ -216,27 +252,9 @@ def train_block(params: dict, key: str, *, targets: str | None = None, stop_afte
         curve = _restore(d, prior["checkpoint"], block, opt, gen)
         start = prior["step"]
     end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
-    t0, tokens = time.perf_counter(), 0
-    block.train()
-    for step, rows, x, y in src.batches("train", start_step=start, steps=end, batch_size=cfg.batch_size, seed=seed):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step)
-        inp, tgt = objective.batch(x.float(), y.float(), gen)
-        loss = objective.loss(block(inp), tgt)
-        if not torch.isfinite(loss):
-            raise ZgError(f"block {key}: loss became {loss.item()} at step {step}; the last good checkpoint "
-                          f"(step {json.loads((d / 'meta.json').read_text())['step']}) is intact",
-                          key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(block.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        curve.append(float(loss.detach()))
-        tokens += x.shape[0] * x.shape[1]
-        done_steps = step + 1
-        if cfg.checkpoint_every and done_steps % cfg.checkpoint_every == 0 and done_steps < end:
-            _checkpoint(d, meta, block, opt, gen, curve, done_steps)
+    t0 = time.perf_counter()
+    tokens = _steps(block, opt, gen, objective, src, cfg, key=key, d=d, meta=meta, curve=curve, start=start, end=end,
+                    seed=seed)
     seconds = time.perf_counter() - t0
     sha = state_sha256(block, opt)
     if end < cfg.steps:
