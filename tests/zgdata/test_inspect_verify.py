@@ -1,0 +1,161 @@
+"""`zg data inspect` of boundaries, `zg data verify` (recompute and lineage-only), and the reader API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from conftest import zg
+from zgd_helpers import overwrite_table, read_json, set_schema_meta
+from zgdata.boundary import boundary_fingerprint
+from zgdata.errors import ZgError
+from zgdata.lance_io import dir_bytes
+from zgdata.layout import Layout
+from zgdata.reader import BoundaryDataset, BoundaryPair
+
+
+def test_inspect_boundaries_json(tiny_project):
+    res = zg("data", "inspect", "data/boundaries", "--json", cwd=tiny_project)
+    infos = json.loads(res.stdout)
+    teacher = read_json(tiny_project / "models" / "teacher" / "teacher.json")
+    tokens = read_json(tiny_project / "data" / "tokens.json")
+    assert [i["name"] for i in infos] == ["h00", "h02", "h04"]
+    assert [i["layer"] for i in infos] == [0, 2, 4]
+    fingerprints = set()
+    for i in infos:
+        path = tiny_project / "data" / "boundaries" / f"{i['name']}.lance"
+        assert i["kind"] == "boundary" and i["complete"] is True
+        assert i["rows"] == tokens["rows"] == {"train": 48, "heldout": 8}
+        assert i["dtype"] == "bfloat16" and (i["seq_len"], i["hidden"]) == (64, 64)
+        assert i["bytes"] == dir_bytes(path) > 56 * 64 * 64 * 2 / 4  # stored (compressed) hidden states
+        lin = i["lineage"]
+        assert lin["teacher_sha256"] == teacher["weights_sha256"]
+        assert lin["tokenizer_sha256"] == teacher["tokenizer_sha256"]
+        assert lin["tokens_fingerprint"] == tokens["fingerprint"]
+        assert lin["layer"] == i["layer"] and lin["storage_dtype"] == "bfloat16"
+        assert i["fingerprint"] == boundary_fingerprint(lin)
+        fingerprints.add(i["fingerprint"])
+        versions = i["versions"]
+        assert isinstance(versions, list) and versions
+        assert [v["version"] for v in versions] == list(range(1, len(versions) + 1))
+        assert versions[-1]["version"] == i["version"] and versions[-1]["rows"] == 56
+        for v in versions:
+            assert set(v) >= {"version", "timestamp", "rows", "message"}
+            datetime.fromisoformat(v["timestamp"])
+        assert versions[0]["message"].startswith("rows 0-")  # the first commit's summary
+    assert len(fingerprints) == 3
+
+
+def test_verify_passes(tiny_project):
+    res = zg("data", "verify", cwd=tiny_project)
+    assert res.returncode == 0
+    report = read_json(tiny_project / "reports" / "verify.json")
+    assert report["status"] == "ok" and report["failures"] == []
+    assert report["lineage_only"] is False
+    assert len(report["checked_seq_ids"]) == 4  # verify.sample of the tiny profile
+    assert sorted(report["boundaries"]) == ["h00", "h02", "h04"]
+
+
+def _flip_one_value(path, row: int, index: int) -> int:
+    """Flip one bit of one stored bf16 value; written back as a new Lance version with the same schema."""
+    ds = lance.dataset(str(path))
+    table = ds.to_table()
+    col = table.column("hidden").combine_chunks()
+    values = col.values.to_numpy().copy()
+    pos = row * col.type.list_size + index
+    values[pos] ^= np.uint16(1 << 3)
+    hidden = pa.FixedSizeListArray.from_arrays(pa.array(values, type=pa.uint16()), col.type.list_size)
+    return overwrite_table(path, pa.table([table.column("seq_id"), table.column("split"), hidden],
+                                          names=table.column_names))
+
+
+def test_verify_catches_one_flipped_value(tiny_project):
+    path = Layout(tiny_project).boundary("h02")
+    old_version = lance.dataset(str(path)).version
+    row = 37
+    assert _flip_one_value(path, row, 1234) == old_version + 1
+    assert BoundaryDataset(path).meta["complete"] is True  # the tampered version still looks complete
+
+    res = zg("data", "verify", "--sample", "1000", cwd=tiny_project, check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "h02 row 37" in " ".join(res.stderr.split())
+    report = read_json(tiny_project / "reports" / "verify.json")
+    assert report["status"] == "fail"
+    assert len(report["checked_seq_ids"]) == 56  # every row recomputed
+    assert [(f["boundary"], f["check"], f["row"]) for f in report["failures"]] == [("h02", "recompute", row)]
+    assert "1 values differ" in report["failures"][0]["what"]
+
+
+def test_verify_lineage_only_needs_no_teacher_and_catches_mismatch(tiny_project):
+    layout = Layout(tiny_project)
+    shutil.rmtree(layout.teacher_dir)
+    res = zg("data", "verify", "--lineage-only", cwd=tiny_project)
+    report = read_json(layout.verify_report)
+    assert res.returncode == 0 and report["status"] == "ok" and report["lineage_only"] is True
+
+    # h02 claims another teacher; h04's rows are reordered
+    lineage = dict(BoundaryDataset(layout.boundary("h02")).meta["lineage"], teacher_sha256="0" * 64)
+    set_schema_meta(layout.boundary("h02"), lineage=lineage)
+    h04 = lance.dataset(str(layout.boundary("h04"))).to_table()
+    overwrite_table(layout.boundary("h04"), h04.take(np.arange(h04.num_rows)[::-1].copy()))
+
+    res = zg("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "h02" in res.stderr
+    report = read_json(layout.verify_report)
+    got = {(f["boundary"], f["check"]) for f in report["failures"]}
+    assert got == {("h02", "fingerprint"), ("h02", "lineage"), ("h04", "alignment")}
+    assert all("materialize" in f["fix"] for f in report["failures"])
+
+    # the reader refuses the same pairs
+    with pytest.raises(ZgError, match="teacher_sha256"):
+        BoundaryPair(layout.boundary("h00"), layout.boundary("h02"))
+    with pytest.raises(ZgError, match="row-aligned"):
+        BoundaryPair(layout.boundary("h00"), layout.boundary("h04"))
+
+
+def _collect(pair, *, seed: int, steps: int = 6, batch_size: int = 5):
+    return list(pair.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=seed))
+
+
+def test_reader_api(tiny_built):
+    layout = Layout(tiny_built)
+    pair = BoundaryPair(layout.boundary("h00"), layout.boundary("h02"))
+    train, heldout = pair.rows("train"), pair.rows("heldout")
+    assert (len(train), len(heldout)) == (48, 8)
+    assert np.array_equal(train, np.arange(48)) and np.array_equal(heldout, np.arange(48, 56))
+
+    a = _collect(pair, seed=1)
+    assert [s for s, *_ in a] == list(range(6))
+    for step, rows, x, y in a:
+        assert len(rows) == 5 and set(rows.tolist()) <= set(train.tolist())
+        assert x.dtype == y.dtype == torch.bfloat16 and x.shape == y.shape == (5, 64, 64)
+        xi, yo = pair.take(rows)  # aligned: both sides hold the same rows
+        assert torch.equal(x.view(torch.int16), xi.view(torch.int16))
+        assert torch.equal(y.view(torch.int16), yo.view(torch.int16))
+        assert torch.equal(y.view(torch.int16), pair.output.by_seq_id(pair.output.seq_ids[rows]).view(torch.int16))
+    # one epoch of 48 rows covers each row once in the first 48 draws
+    flat = np.concatenate([rows for _, rows, *_ in _collect(pair, seed=1, steps=12, batch_size=4)])
+    assert sorted(flat.tolist()) == list(range(48))
+
+    b = _collect(pair, seed=1)
+    c = _collect(pair, seed=2)
+    assert all(np.array_equal(ra, rb) and torch.equal(xa.view(torch.int16), xb.view(torch.int16))
+               for (_, ra, xa, _), (_, rb, xb, _) in zip(a, b))
+    assert any(not np.array_equal(ra, rc) for (_, ra, *_), (_, rc, *_) in zip(a, c))
+
+    # take by seq_id == take by row, and a resumed iterator continues the same order
+    ds = pair.input
+    rows = np.array([3, 50, 0, 17])
+    assert torch.equal(ds.by_seq_id(ds.seq_ids[rows]).view(torch.int16), ds.take(rows).view(torch.int16))
+    resumed = list(pair.batches("train", start_step=3, steps=6, batch_size=5, seed=1))
+    assert [np.array_equal(r1, r2) for (_, r1, *_), (_, r2, *_) in zip(a[3:], resumed)] == [True] * 3
+    with pytest.raises(ZgError, match="seq_id 999"):
+        ds.by_seq_id([999])

@@ -1,0 +1,78 @@
+"""Helpers shared by the zgdata tests (a plain module: no fixtures, nothing mocked)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import torch
+import yaml
+
+from zgdata.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
+
+__all__ = ["edit_params", "boundary_bits", "assert_user_error", "tree_sha256", "set_schema_meta",
+           "overwrite_table", "read_json"]
+
+
+def edit_params(root: Path, **sections) -> dict:
+    """Merge ``sections`` ({"teacher": {"source": ...}}) into ROOT/params.yaml and write it back."""
+    path = Path(root) / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for name, values in sections.items():
+        params[name] = {**(params.get(name) or {}), **values}
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return params
+
+
+def boundary_bits(root: Path) -> dict[str, dict]:
+    """Every complete boundary dataset of ROOT: fingerprint, seq_ids and the stored bits (int16 view for bf16)."""
+    out = {}
+    for path in sorted((Path(root) / "data" / "boundaries").glob("*.lance")):
+        ds = open_dataset(path, kind="boundary")
+        table = ds.to_table()
+        x = tensor_column(table, "hidden", ds.schema.field("hidden"))
+        bits = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+        out[path.stem] = {"fingerprint": schema_meta(ds.schema)["fingerprint"], "bits": bits.clone(),
+                          "seq_id": torch.from_numpy(table.column("seq_id").to_numpy().copy()),
+                          "dtype": x.dtype}
+    return out
+
+
+def assert_user_error(res, *needles: str) -> str:
+    """A failed `zg` run that printed exactly one ``error:`` line (no traceback) containing every needle."""
+    assert res.returncode != 0, f"expected a failure:\n{res.stdout}\n{res.stderr}"
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), f"expected one error line, got:\n{res.stderr}"
+    for n in needles:
+        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def tree_sha256(path: Path) -> str:
+    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks)."""
+    h = hashlib.sha256()
+    path = Path(path)
+    for p in sorted(x for x in path.rglob("*") if x.is_file()):
+        h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def set_schema_meta(path: Path, **updates) -> None:
+    """Change ``zg.*`` schema metadata of a Lance dataset in place (a new Lance version), JSON-encoded."""
+    ds = lance.dataset(str(path))
+    ds.update_schema_metadata(encode_meta(updates))
+
+
+def overwrite_table(path: Path, table: pa.Table) -> int:
+    """Write ``table`` as a new version of the dataset at ``path``, keeping its schema and metadata."""
+    ds = lance.dataset(str(path))
+    table = pa.Table.from_arrays(table.columns, schema=ds.schema)
+    return lance.write_dataset(table, str(path), mode="overwrite").version
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
