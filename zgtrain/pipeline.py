@@ -49,7 +49,7 @@ PROFILES = {
         "materialize": {"storage_dtype": "bfloat16", "compute_dtype": "float32", "batch_size": 8,
                         "commit_rows": 16, "queue_batches": 4},
         "verify": {"sample": 4, "seed": 0},
-        "train": {**_TRAIN, "steps": 12, "batch_size": 4, "lr": 3.0e-3, "warmup": 2, "checkpoint_every": 4},
+        "train": {**_TRAIN, "steps": 12, "batch_size": 4, "lr": 1.0e-3, "warmup": 2, "checkpoint_every": 4},
         "eval": {**_EVAL, "window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
         "gates": _GATES,
     },

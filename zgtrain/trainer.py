@@ -176,8 +176,11 @@ def _steps(block, opt, gen, objective, src, cfg: TrainConfig, *, key, d, meta, c
                               f"(step {json.loads((d / 'meta.json').read_text())['step']}) is intact",
                               key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
             loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(block.parameters(), cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(block.parameters(), cfg.grad_clip or float("inf"))
+            if not torch.isfinite(norm):
+                raise ZgError(f"block {key}: gradient norm became {norm.item()} at step {step}; the last good "
+                              f"checkpoint (step {json.loads((d / 'meta.json').read_text())['step']}) is intact",
+                              key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
             opt.step()
             opt.zero_grad(set_to_none=True)
             curve.append(float(loss.detach()))
