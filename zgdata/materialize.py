@@ -112,7 +112,9 @@ class _Writer(threading.Thread):
         self.total_rows = total_rows
         self.pending: list = []
         self.error: BaseException | None = None
-        self.sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "0"))  # test hook: widen kill window
+        # test hooks that widen a kill window: after a journaled commit, or between two boundaries' appends
+        self.sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "0"))
+        self.sleep_mid = float(os.environ.get("ZG_FAILPOINT_SLEEP_MID_COMMIT", "0"))
 
     def run(self) -> None:
         try:
@@ -146,6 +148,8 @@ class _Writer(threading.Thread):
             ds = lance.write_dataset(table, str(path), mode="append" if path.exists() else "create",
                                      transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {self.total_rows}"})
             st["versions"][name] = ds.version
+            if self.sleep_mid and st["rows_done"] > 0:
+                time.sleep(self.sleep_mid)
         st["rows_done"] = hi
         self.journal.save()
         self.pending = []

@@ -87,6 +87,25 @@ def test_boundaries_are_transformers_hidden_states(tiny_built):
         hook.remove()
 
 
+def _ahead_of_journal(root) -> list[str]:
+    """Staged boundaries that hold an append the journal has not recorded (a commit cut in half)."""
+    import lance
+
+    out = []
+    for j in (root / "data" / ".staging").glob("*/journal.json"):
+        try:
+            versions = json.loads(j.read_text())["versions"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for path in j.parent.glob("*.lance"):
+            try:
+                if lance.dataset(str(path)).version > versions.get(path.stem, 0):
+                    out.append(path.stem)
+            except Exception:  # being created right now
+                continue
+    return out
+
+
 def _journal_rows(root) -> int:
     best = 0
     for j in (root / "data" / ".staging").glob("*/journal.json"):
@@ -97,19 +116,22 @@ def _journal_rows(root) -> int:
     return best
 
 
-def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project):
+@pytest.mark.parametrize("failpoint", ["ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "ZG_FAILPOINT_SLEEP_MID_COMMIT"])
+def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failpoint):
+    """Killed after a journaled commit, or half-way through one (some boundaries appended, the journal
+    not yet updated: the resume must roll those back)."""
     root = tiny_project
     want = boundary_bits(tiny_built)  # an uninterrupted run (commit_rows 16)
     n_rows = len(want["h00"]["seq_id"])
     edit_params(root, materialize={"commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
-    env = {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"}
+    env = {**os.environ, failpoint: "1.0"}
     with open(root.parent / "killed.stderr", "w") as err:
         proc = subprocess.Popen([str(BIN / "zg"), "data", "materialize"], cwd=root, env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
         try:
             deadline = time.monotonic() + 600  # a hang guard, not a timing assertion
-            while _journal_rows(root) == 0:
+            while _journal_rows(root) == 0 or (failpoint.endswith("MID_COMMIT") and not _ahead_of_journal(root)):
                 assert proc.poll() is None, f"materialize exited ({proc.returncode}) before a commit was seen: " \
                                             f"{(root.parent / 'killed.stderr').read_text()}"
                 assert time.monotonic() < deadline, "no commit was journaled"
@@ -123,6 +145,8 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project):
     assert proc.returncode == -signal.SIGKILL, "materialize finished before it was killed"
     done = _journal_rows(root)
     assert 0 < done < n_rows
+    if failpoint.endswith("MID_COMMIT"):
+        assert _ahead_of_journal(root), "the kill did not land inside a commit"
 
     # nothing that looks complete: data/boundaries has no dataset, the staged ones are marked half-written
     boundaries = root / "data" / "boundaries"
