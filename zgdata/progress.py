@@ -19,6 +19,10 @@ __all__ = ["stderr", "progress"]
 stderr = Console(stderr=True)
 
 
+def _rate(r: float) -> str:
+    return f"{r:,.0f}" if r >= 100 else f"{r:.3g}"
+
+
 @contextlib.contextmanager
 def _plain(description: str, total: int, unit: str, completed: int):
     t0, done, last = time.perf_counter(), completed, [time.perf_counter(), completed]
@@ -31,7 +35,7 @@ def _plain(description: str, total: int, unit: str, completed: int):
             rate = (done - completed) / max(now - t0, 1e-9)
             eta = (total - done) / rate if rate else float("nan")
             stderr.print(f"{description}: {done:,}/{total:,} {unit} ({100 * done / max(total, 1):.0f}%), "
-                         f"{rate:,.0f} {unit}/s, ETA {eta:,.0f}s", highlight=False)
+                         f"{_rate(rate)} {unit}/s, ETA {eta:,.0f}s", highlight=False)
             last[:] = [now, done]
 
     yield advance
@@ -56,6 +60,6 @@ def progress(description: str, total: int, *, unit: str = "tok", completed: int 
             bar.advance(task, n)
             speed = bar.tasks[0].speed
             if speed:
-                bar.update(task, rate=f"{speed:,.0f} {unit}/s")
+                bar.update(task, rate=f"{_rate(speed)} {unit}/s")
 
         yield advance
