@@ -7,11 +7,19 @@ noisy, so compare the ratios, not the absolute figures):
      materialize loads it, runs ``capture`` over every token row in materialize's
      batch size; nothing is written.
   2. ``materialize(...)`` end to end (tokens/s); data/boundaries and data/.staging
-     are deleted before each run. (1) and (2) alternate ``--repeats`` times each;
-     the best of each is compared (the median is printed too).
+     are deleted before each run. (1) and (2) alternate ``--repeats`` times each
+     (order F M, M F, ...); best, median and per-pair ratios are printed, with a
+     section breakdown of materialize (wrapped module globals, no zgdata edits).
   3. bytes on disk per token per boundary / (hidden x 2).
-  4. ``BoundaryPair.batches`` over every train batch (batch 4), bytes/s, against
-     reading the same rows of the same bytes from an ``np.memmap`` of a raw .npy.
+  4. ``BoundaryPair.batches`` over the train batches (batch 4, at least --loader-steps
+     of them, whole seeded epochs), bytes/s, against reading the same rows of the same
+     bytes from an ``np.memmap`` of a raw .npy; plus diagnostics (no prefetch thread,
+     rows sorted per batch, memmap straight onto the Lance pages).
+
+Each timed run records the share of the CPUs that other processes used meanwhile
+("foreign CPU"); before each run the script waits (up to --quiet-timeout) for a quiet
+machine. On a 2-core box shared with other CPU-bound work, torch's 2-thread OpenMP
+team can run several times slower, so trust pairs with similar foreign shares.
 
 Usage:
   python bench/materialize.py                              # smollm2, 24 train + 4 heldout seqs of 512
@@ -56,6 +64,58 @@ from zgtrain.pipeline import profile_params  # noqa: E402
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# noise accounting: other people's processes share these 2 cores
+
+
+def _busy_cpu_s() -> float:
+    """Machine-wide busy CPU seconds (all cores) from /proc/stat; nan where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(v[:8]) - v[3] - v[4]) / hz  # user nice system idle iowait irq softirq steal
+
+
+class CpuMeter:
+    """Wall time, this process's CPU time and everyone else's CPU time over a block.
+
+    ``foreign`` is the share of the machine's cores that *other* processes used while the
+    block ran: 0 is a quiet machine, 0.5 means they took half of it. Compare runs with low
+    ``foreign``; the script also waits for a quiet machine before each run (--quiet).
+    """
+
+    def __enter__(self):
+        self.t, self.busy, self.own = time.perf_counter(), _busy_cpu_s(), _own_cpu_s()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t
+        own = _own_cpu_s() - self.own
+        foreign = max(_busy_cpu_s() - self.busy - own, 0.0)
+        ncpu = os.cpu_count() or 1
+        self.own_util = own / self.wall / ncpu
+        self.foreign = min(foreign / self.wall / ncpu, 1.0)  # /proc/stat ticks are 10 ms: short blocks are rough
+        return False
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def wait_quiet(threshold: float, timeout: float) -> float:
+    """Wait until other processes use < threshold of the machine over a 2 s window; returns that share."""
+    end = time.perf_counter() + timeout
+    while True:
+        with CpuMeter() as m:
+            time.sleep(2.0)
+        if m.foreign < threshold or time.perf_counter() >= end:
+            return m.foreign
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,21 +176,25 @@ def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig)
     ds = open_dataset(layout.tokens, kind="tokens")
     n_rows = ds.count_rows()
     seq_len = tokens_meta(layout)["lineage"]["seq_len"]
-    t1 = time.perf_counter()
     read_s = 0.0
     sink = 0.0
-    for lo in range(0, n_rows, mcfg.batch_size):
-        rows = np.arange(lo, min(lo + mcfg.batch_size, n_rows))
-        tr = time.perf_counter()
-        ids, _ = read_tokens(layout, rows, ds=ds)
-        read_s += time.perf_counter() - tr
-        caps = capture(model, ids, part.boundaries, storage_dtype=storage)
-        sink += float(caps[part.boundaries[-1]][0, 0, 0])  # keep the result alive / observable
-    loop_s = time.perf_counter() - t1
+    per_batch = []
+    with CpuMeter() as meter:
+        for lo in range(0, n_rows, mcfg.batch_size):
+            rows = np.arange(lo, min(lo + mcfg.batch_size, n_rows))
+            tr = time.perf_counter()
+            ids, _ = read_tokens(layout, rows, ds=ds)
+            read_s += time.perf_counter() - tr
+            tc = time.perf_counter()
+            caps = capture(model, ids, part.boundaries, storage_dtype=storage)
+            sink += float(caps[part.boundaries[-1]][0, 0, 0])  # keep the result alive / observable
+            per_batch.append(time.perf_counter() - tc)
+    loop_s = meter.wall
     tokens = n_rows * seq_len
     del model
     return {"tokens": tokens, "load_s": t_load, "loop_s": loop_s, "read_tokens_s": read_s,
-            "total_s": t_load + loop_s, "tok_s": tokens / loop_s, "tok_s_incl_load": tokens / (t_load + loop_s)}
+            "total_s": t_load + loop_s, "tok_s": tokens / loop_s, "tok_s_incl_load": tokens / (t_load + loop_s),
+            "foreign": meter.foreign, "own_util": meter.own_util, "per_batch": per_batch}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,6 +211,7 @@ class _Sections:
     def reset(self):
         self.acc = {}
         self.last_capture_end = None
+        self.captures = []
 
     def add(self, key, dt):
         with self.lock:
@@ -162,6 +227,7 @@ class _Sections:
                 self.add(key, e - t)
                 if mark_capture:
                     self.last_capture_end = e
+                    self.captures.append(e - t)
         return inner
 
     def install(self):
@@ -181,7 +247,7 @@ class _Sections:
                 return sec.saved_flush(w)
             finally:
                 sec.add("writer_flush(bg)", time.perf_counter() - t)
-                sec.add("writer_flushes", 1)
+                sec.add("writer_flushes", 1.0)
         zmat._Writer._flush = flush
 
     def uninstall(self):
@@ -196,16 +262,18 @@ SECTIONS = _Sections()
 def run_materialize(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig) -> dict:
     clear_outputs(layout)
     SECTIONS.reset()
-    t0 = time.perf_counter()
-    res = zmat.materialize(mcfg, part, layout=layout)
+    with CpuMeter() as meter:
+        res = zmat.materialize(mcfg, part, layout=layout)
     t_end = time.perf_counter()
-    wall = t_end - t0
+    wall = meter.wall
     assert not res.skipped, "materialize skipped: outputs were not cleared"
-    out = {"tokens": res.tokens, "wall_s": wall, "seconds": res.seconds, "tok_s": res.tokens / wall}
+    out = {"tokens": res.tokens, "wall_s": wall, "seconds": res.seconds, "tok_s": res.tokens / wall,
+           "foreign": meter.foreign, "own_util": meter.own_util}
     s = dict(SECTIONS.acc)
     if SECTIONS.last_capture_end is not None:
         s["after_last_capture(tail)"] = t_end - SECTIONS.last_capture_end
     out["sections"] = s
+    out["per_batch"] = list(SECTIONS.captures)
     return out
 
 
@@ -235,67 +303,144 @@ def disk_figures(layout: Layout, part: PartitionConfig) -> dict:
 # 4. loader vs memmap
 
 
-def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, batch_size: int,
-                     repeats: int) -> dict:
+def _page_maps(side) -> "callable | None":
+    """Diagnostic only: np.memmap views straight onto the Lance pages of the ``hidden`` column.
+
+    A bf16 boundary is stored uncompressed (flat 16-bit values, one fixed-size list per row),
+    so each page buffer is just rows of raw bytes. Returns rows -> (N, T, C) uint16 copy, or
+    None if the layout is not that (then the figure is skipped).
+    """
+    try:
+        from lance.file import LanceFileReader
+
+        t, c = json.loads(side.field.metadata[b"zg.shape"])
+        row_bytes = t * c * 2
+        col = [f.name for f in side.ds.schema].index("hidden")
+        maps, starts, n = [], [], 0
+        for frag in side.ds.get_fragments():
+            files = frag.data_files()
+            if len(files) != 1:
+                return None
+            path = str(side.path / "data" / files[0].path)
+            md = LanceFileReader(path).metadata()
+            for page in md.columns[col].pages:
+                if len(page.buffers) != 1 or page.buffers[0].size % row_bytes:
+                    return None
+                k = page.buffers[0].size // row_bytes
+                maps.append(np.memmap(path, dtype=np.uint16, mode="r", offset=page.buffers[0].position,
+                                      shape=(k, t, c)))
+                starts.append(n)
+                n += k
+        if n != len(side.seq_ids):
+            return None
+        starts = np.asarray(starts)
+
+        def read(rows):
+            rows = np.asarray(rows)
+            out = np.empty((len(rows), t, c), np.uint16)
+            page = np.searchsorted(starts, rows, side="right") - 1
+            for i, (r, pg) in enumerate(zip(rows, page)):
+                out[i] = maps[pg][r - starts[pg]]
+            return out
+
+        probe = np.arange(min(n, 3))[::-1]
+        if not np.array_equal(read(probe), side.take(probe).view(torch.int16).numpy().view(np.uint16)):
+            return None
+        return read
+    except Exception:  # a diagnostic: never fail the benchmark over it
+        return None
+
+
+def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, batch_size: int, min_steps: int,
+                     repeats: int, quiet: float, quiet_timeout: float) -> dict:
     a, b = part.names[0], part.names[1]
     pair = BoundaryPair(layout.boundary(a), layout.boundary(b))
     n_train = len(pair.rows("train"))
-    steps = -(-n_train // batch_size)
+    epoch_steps = -(-n_train // batch_size)
+    steps = max(epoch_steps, min_steps)  # whole epochs' worth of seeded batches; more steps, steadier timing
     batch_rows = [pair.batch_rows("train", s, batch_size, 0) for s in range(steps)]
 
     # the same bytes, raw: one (N, T, C) uint16 .npy per side
-    full_x, full_y = pair.input.take(np.arange(len(pair.input.seq_ids))), pair.output.take(np.arange(len(pair.output.seq_ids)))
     paths = []
-    for name, full in (("x", full_x), ("y", full_y)):
+    for name, side in (("x", pair.input), ("y", pair.output)):
+        full = side.take(np.arange(len(side.seq_ids)))
         p = scratch / f"memmap_{name}.npy"
         arr = np.lib.format.open_memmap(p, mode="w+", dtype=np.uint16, shape=tuple(full.shape))
         arr[:] = full.view(torch.int16).numpy().view(np.uint16)
         arr.flush()
-        del arr
+        del arr, full
         paths.append(p)
-    del full_x, full_y
 
     def run_loader():
+        nbytes, got = 0, []
+        with CpuMeter() as m:
+            for step, rows, x, y in pair.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
+                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+                got.append(rows)
+        assert len(got) == steps and all(np.array_equal(g, r) for g, r in zip(got, batch_rows))
+        return nbytes, m
+
+    def run_take_sync():  # the loader's own read path without its prefetch thread
         nbytes = 0
-        t = time.perf_counter()
-        got = []
-        for step, rows, x, y in pair.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
-            nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
-            got.append(rows)
-        dt = time.perf_counter() - t
-        assert all(np.array_equal(g, r) for g, r in zip(got, batch_rows)) and len(got) == steps
-        return nbytes, dt
+        with CpuMeter() as m:
+            for rows in batch_rows:
+                x, y = pair.take(rows)
+                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+        return nbytes, m
+
+    def run_take_sorted():  # diagnostic: the same take with each batch's rows sorted
+        nbytes = 0
+        with CpuMeter() as m:
+            for rows in batch_rows:
+                x, y = pair.take(np.sort(rows))
+                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+        return nbytes, m
+
+    px, py = _page_maps(pair.input), _page_maps(pair.output)
+
+    def run_pages():  # diagnostic: memmap straight onto the Lance data files' pages
+        nbytes = 0
+        with CpuMeter() as m:
+            for rows in batch_rows:
+                x = torch.from_numpy(px(rows)).view(torch.bfloat16)
+                y = torch.from_numpy(py(rows)).view(torch.bfloat16)
+                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+        return nbytes, m
 
     def run_memmap():
         mx = np.load(paths[0], mmap_mode="r")
         my = np.load(paths[1], mmap_mode="r")
         nbytes = 0
-        t = time.perf_counter()
-        for rows in batch_rows:
-            x = torch.from_numpy(mx[rows]).view(torch.bfloat16)   # fancy index: a copy out of the map
-            y = torch.from_numpy(my[rows]).view(torch.bfloat16)
-            nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
-        dt = time.perf_counter() - t
-        return nbytes, dt
+        with CpuMeter() as m:
+            for rows in batch_rows:
+                x = torch.from_numpy(mx[rows]).view(torch.bfloat16)   # fancy index: a copy out of the map
+                y = torch.from_numpy(my[rows]).view(torch.bfloat16)
+                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+        return nbytes, m
 
     # correctness: same bytes on one batch
-    x0, y0 = pair.take(batch_rows[0])
+    x0, _ = pair.take(batch_rows[0])
     mx = np.load(paths[0], mmap_mode="r")
     assert torch.equal(x0.view(torch.int16), torch.from_numpy(mx[batch_rows[0]].view(np.int16))), "memmap copy differs"
-    del mx
+    del mx, x0
 
-    run_loader(), run_memmap()  # warm the page cache / first-open costs
-    L, M = [], []
+    runs = [("loader_Bps", run_loader), ("take_Bps", run_take_sync), ("sorted_Bps", run_take_sorted),
+            ("memmap_Bps", run_memmap)] + ([("pages_Bps", run_pages)] if px and py else [])
+    for _, fn in runs:  # warm the page cache / first-open costs
+        fn()
+    out = {k: [] for k, _ in runs}
+    out["foreign"] = []
     for _ in range(repeats):
-        nb, dt = run_loader()
-        L.append(nb / dt)
-        nbm, dtm = run_memmap()
-        assert nbm == nb
-        M.append(nbm / dtm)
+        if quiet > 0:
+            wait_quiet(quiet, quiet_timeout)
+        for key, fn in runs:
+            nb, m = fn()
+            out[key].append(nb / m.wall)
+            out["foreign"].append(m.foreign)
     for p in paths:
         p.unlink()
-    return {"pair": f"{a}->{b}", "steps": steps, "batch_size": batch_size, "bytes_per_pass": nb,
-            "loader_Bps": L, "memmap_Bps": M}
+    return {"pair": f"{a}->{b}", "steps": steps, "epoch_steps": epoch_steps, "batch_size": batch_size,
+            "bytes_per_pass": nb, **out}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,8 +457,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="alternating forward/materialize runs each (>= 2)")
     ap.add_argument("--loader-repeats", type=int, default=3)
     ap.add_argument("--loader-batch", type=int, default=4)
+    ap.add_argument("--loader-steps", type=int, default=60, help="at least this many loader batches per timed pass")
     ap.add_argument("--batch-size", type=int, default=None, help="override materialize.batch_size")
     ap.add_argument("--commit-rows", type=int, default=None, help="override materialize.commit_rows")
+    ap.add_argument("--quiet", type=float, default=0.15,
+                    help="before each timed run, wait until other processes use < this share of the CPUs (0 = don't)")
+    ap.add_argument("--quiet-timeout", type=float, default=90.0, help="longest wait for a quiet machine, seconds")
     ap.add_argument("--progress", action="store_true", help="show materialize's progress bar (ZG_QUIET=0)")
     args = ap.parse_args(argv)
     if args.progress:
@@ -386,23 +535,34 @@ def main(argv=None) -> int:
         SECTIONS.install()
         fwd, mat = [], []
         try:
-            for i in range(max(args.repeats, 1)):
+            def do_fwd(i):
+                q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
                 f = forward_only(layout, mcfg, part)
                 fwd.append(f)
                 log(f"[{i}] forward-only : {f['tok_s']:8.1f} tok/s  loop {f['loop_s']:6.2f}s  "
                     f"(load {f['load_s']:.2f}s, token reads {f['read_tokens_s']:.3f}s; "
-                    f"incl. load {f['tok_s_incl_load']:.1f} tok/s)")
+                    f"incl. load {f['tok_s_incl_load']:.1f} tok/s)  foreign CPU {f['foreign']:.0%} "
+                    f"(before {q:.0%}), own {f['own_util']:.0%}")
+
+            def do_mat(i):
+                q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
                 m = run_materialize(layout, mcfg, part)
                 mat.append(m)
-                sec = "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in m["sections"].items())
+                sec = "  ".join(f"{k}={v:.2f}" for k, v in m["sections"].items())
                 log(f"[{i}] materialize  : {m['tok_s']:8.1f} tok/s  wall {m['wall_s']:6.2f}s  "
-                    f"ratio(this pair) {m['tok_s'] / f['tok_s']:.3f}")
+                    f"foreign CPU {m['foreign']:.0%} (before {q:.0%}), own {m['own_util']:.0%}")
                 log(f"      sections   : {sec}")
+
+            for i in range(max(args.repeats, 1)):  # alternate the order too: F M, M F, F M, ...
+                for step in ((do_fwd, do_mat) if i % 2 == 0 else (do_mat, do_fwd)):
+                    step(i)
+                log(f"[{i}] ratio materialize / forward-only (this pair): {mat[-1]['tok_s'] / fwd[-1]['tok_s']:.3f}")
         finally:
             SECTIONS.uninstall()
 
         disk = disk_figures(layout, part)
-        loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, repeats=args.loader_repeats)
+        loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, min_steps=args.loader_steps,
+                                  repeats=args.loader_repeats, quiet=args.quiet, quiet_timeout=args.quiet_timeout)
 
         f_best = max(x["tok_s"] for x in fwd)
         f_med = statistics.median(x["tok_s"] for x in fwd)
@@ -410,6 +570,13 @@ def main(argv=None) -> int:
         m_best = max(x["tok_s"] for x in mat)
         m_med = statistics.median(x["tok_s"] for x in mat)
         pair_ratios = [m["tok_s"] / f["tok_s"] for f, m in zip(fwd, mat)]
+        # Noise floor: per batch, the fastest capture across repeats (contention comes in bursts).
+        # forward floor = sum of those; materialize floor = its capture floor + its least non-capture time.
+        n_b = len(fwd[0]["per_batch"])
+        f_floor_s = sum(min(x["per_batch"][j] for x in fwd) for j in range(n_b))
+        m_cap_floor_s = sum(min(x["per_batch"][j] for x in mat) for j in range(n_b))
+        m_other_s = min(x["wall_s"] - sum(x["per_batch"]) for x in mat)
+        f_floor, m_floor = n_tok / f_floor_s, n_tok / (m_cap_floor_s + m_other_s)
         l_best, l_med = max(loader["loader_Bps"]), statistics.median(loader["loader_Bps"])
         mm_best, mm_med = max(loader["memmap_Bps"]), statistics.median(loader["memmap_Bps"])
         disk_ratios = [d["ratio"] for d in disk.values()]
@@ -422,22 +589,35 @@ def main(argv=None) -> int:
         log(f"{'forward-only incl. model load, tok/s':<44}{fl_best:12.1f}{statistics.median(x['tok_s_incl_load'] for x in fwd):12.1f}")
         log(f"{'materialize end to end, tok/s':<44}{m_best:12.1f}{m_med:12.1f}")
         log(f"{'RATIO materialize / forward-only':<44}{m_best / f_best:12.3f}{m_med / f_med:12.3f}{'>=0.90':>9}")
+        log(f"{'  noise-floor estimate (per-batch minima)':<44}{m_floor / f_floor:12.3f}"
+            f"   fwd {f_floor:.1f} tok/s, mat {m_floor:.1f} tok/s (capture {m_cap_floor_s:.2f}s + other {m_other_s:.2f}s)")
         log(f"{'  (per alternating pair)':<44}{'  '.join(f'{r:.3f}' for r in pair_ratios):>24}")
         log(f"{'  ratio vs forward incl. load':<44}{m_best / fl_best:12.3f}")
         log(f"{'disk bytes/token/boundary / (hidden*2)':<44}{max(disk_ratios):12.4f}{statistics.median(disk_ratios):12.4f}"
             f"{'(max/med)':>9}")
         log(f"{'loader ' + loader['pair'] + ' batches(), MB/s':<44}{l_best / 1e6:12.1f}{l_med / 1e6:12.1f}")
+        log(f"{'  loader read path, no prefetch thread, MB/s':<44}{max(loader['take_Bps']) / 1e6:12.1f}"
+            f"{statistics.median(loader['take_Bps']) / 1e6:12.1f}")
+        log(f"{'  diag: same takes, rows sorted per batch':<44}{max(loader['sorted_Bps']) / 1e6:12.1f}"
+            f"{statistics.median(loader['sorted_Bps']) / 1e6:12.1f}")
+        if loader.get("pages_Bps"):
+            log(f"{'  diag: np.memmap onto the Lance pages':<44}{max(loader['pages_Bps']) / 1e6:12.1f}"
+                f"{statistics.median(loader['pages_Bps']) / 1e6:12.1f}")
         log(f"{'np.memmap same rows, MB/s':<44}{mm_best / 1e6:12.1f}{mm_med / 1e6:12.1f}")
         log(f"{'RATIO loader / memmap':<44}{l_best / mm_best:12.3f}{l_med / mm_med:12.3f}{'>=0.5':>9}")
         log("-" * 78)
-        log(f"loader pass: {loader['steps']} train batches of {loader['batch_size']} seqs, "
+        log(f"loader pass: {loader['steps']} train batches ({loader['epoch_steps']} per epoch) of {loader['batch_size']} seqs, "
             f"{loader['bytes_per_pass'] / 1e6:.1f} MB (x and y) per pass; "
             f"loader runs MB/s {[round(x / 1e6) for x in loader['loader_Bps']]}, "
+            f"no-thread take runs MB/s {[round(x / 1e6) for x in loader['take_Bps']]}, "
             f"memmap runs MB/s {[round(x / 1e6) for x in loader['memmap_Bps']]}")
         log("disk per boundary (whole dir / data files only, hidden*2 = %d B/token):" % (hidden * 2))
         for n, d in disk.items():
             log(f"  {n}: {d['bytes'] / 1e6:8.2f} MB  {d['per_tok']:8.1f} B/tok  ratio {d['ratio']:.4f} "
                 f"(data {d['data_ratio']:.4f})  fragments={d['fragments']} versions={d['versions']}")
+        log(f"foreign CPU share during timed runs (0 = quiet): forward {[round(x['foreign'], 2) for x in fwd]}, "
+            f"materialize {[round(x['foreign'], 2) for x in mat]}, loader/memmap "
+            f"{[round(x, 2) for x in loader['foreign']]}")
         log(f"loadavg(end)={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         ok = m_best / f_best >= 0.90 and l_best / mm_best >= 0.5
         log(f"goals met: {'yes' if ok else 'NO'}")

@@ -52,8 +52,14 @@ class BoundaryDataset:
     def take(self, rows) -> torch.Tensor:
         """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view)."""
         rows = np.asarray(rows, dtype=np.int64)
-        table = self.ds.take(rows, columns=["hidden"])
-        return tensor_column(table, "hidden", self.field)
+        order = np.argsort(rows, kind="stable")
+        # Lance reads sorted row ids 2-4x faster; restore the caller's order afterwards
+        out = tensor_column(self.ds.take(rows[order], columns=["hidden"]), "hidden", self.field)
+        if np.array_equal(order, np.arange(len(rows))):
+            return out
+        bits = out.view(torch.int16) if out.dtype == torch.bfloat16 else out
+        back = torch.from_numpy(np.take(bits.numpy(), np.argsort(order), axis=0))
+        return back.view(torch.bfloat16) if out.dtype == torch.bfloat16 else back
 
     def by_seq_id(self, seq_ids) -> torch.Tensor:
         try:
