@@ -170,7 +170,8 @@ def test_editing_one_block_reruns_that_block_only(reproduced):
     """Guarantee 4."""
     b00 = read_json(reproduced / "metrics" / "blocks" / "b00.json")
     b01 = read_json(reproduced / "metrics" / "blocks" / "b01.json")
-    set_params(reproduced, {"blocks.b01.lr": 1.0e-3})
+    lr = 2 * load_params_of(reproduced)["train"]["lr"]  # differs from the inherited train.lr
+    set_params(reproduced, {"blocks.b01.lr": lr})
     # dvc status reports the stage whose own deps changed; downstream stages change once it reruns
     assert _status(reproduced) == {"train@b01": [{"changed deps": {"params.yaml": {"blocks.b01": "modified"}}}]}
     assert _repro(reproduced) == ["train@b01", "assemble", "evaluate"]
@@ -178,7 +179,7 @@ def test_editing_one_block_reruns_that_block_only(reproduced):
     assert read_json(reproduced / "metrics" / "blocks" / "b00.json") == b00
     new = read_json(reproduced / "metrics" / "blocks" / "b01.json")
     assert new["state_sha256"] != b01["state_sha256"]
-    assert read_json(reproduced / "models" / "blocks" / "b01" / "meta.json")["config"]["lr"] == 1.0e-3
+    assert read_json(reproduced / "models" / "blocks" / "b01" / "meta.json")["config"]["lr"] == lr
 
 
 def test_editing_eval_reruns_evaluate_only(reproduced):
