@@ -41,41 +41,78 @@ def _throughput(project: Path, key: str, steps: int, targets: str) -> float:
     return steps / (time.perf_counter() - t0)
 
 
+class _RssPeak:
+    """Peak resident memory while active, sampled from /proc every millisecond (torch allocations
+    bypass Python's allocator, and ru_maxrss keeps the load-time peak)."""
+
+    def __enter__(self):
+        import threading
+
+        self.base = self.peak = self._now()
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+        return self
+
+    @staticmethod
+    def _now() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self._now())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.t.join()
+        self.peak = max(self.peak, self._now())
+
+
 def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
-    """Child process: report activation+grad memory of one fwd+bwd (block or full teacher)."""
+    """Child process: memory of one fwd+bwd (block or full teacher) at the same batch.
+
+    Reports the bytes of tensors autograd saves for backward (activation memory, exact,
+    deduplicated by storage) and the peak RSS growth over the process's state just before.
+    """
     import numpy as np
+    import yaml
+    from transformers import LlamaConfig
 
     from zgdata.config import PartitionConfig, section
     from zgdata.layout import Layout
     from zgdata.reader import BoundaryPair
-    from zgdata.teacher import load_teacher, load_slice
+    from zgdata.teacher import load_slice, load_teacher
     from zgdata.tokens import read_tokens
-
-    import yaml
-    from transformers import LlamaConfig
-
-    from zgtrain.conversions import convert
     from zgtrain.config import block_config
+    from zgtrain.conversions import convert
 
     layout = Layout(project)
     params = yaml.safe_load((project / "params.yaml").read_text())
     rows = np.arange(batch)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        saved[st.data_ptr()] = st.nbytes()
+        return t
+
     if mode == "block":
         spec = section(params, PartitionConfig, "partition").block(key)
         x, y = BoundaryPair(layout.boundary(spec.input), layout.boundary(spec.output)).take(rows)
         x, y = x.float(), y.float()
         tensors, meta = load_slice(layout.teacher_slice(key))
         model = convert("identity", tensors, LlamaConfig.from_dict(meta["config"]), block_config(params, key), x, None)
-        base = _rss_mb()
-        loss = (model(x) - y).pow(2).mean()
+        run = lambda: (model(x) - y).pow(2).mean()  # noqa: E731
     else:
         model, _ = load_teacher(layout, with_tokenizer=False)
         model.train()
         ids, _ = read_tokens(layout, rows)
-        base = _rss_mb()
-        loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    print(json.dumps({"peak_growth_mb": _rss_mb() - base}))
+        run = lambda: model(input_ids=ids, labels=ids).loss  # noqa: E731
+    with _RssPeak() as rss, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run().backward()
+    print(json.dumps({"saved_mb": sum(saved.values()) / 2**20, "rss_growth_mb": rss.peak - rss.base}))
 
 
 def main() -> None:
@@ -84,7 +121,9 @@ def main() -> None:
     ap.add_argument("--key", default="b02")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", dest="seq_len", type=int, default=512, help="label only: the project's seq_len")
     ap.add_argument("--child", choices=["block", "full"])
+    ap.add_argument("--memory-only", action="store_true", help="skip the throughput comparison")
     a = ap.parse_args()
     os.environ.setdefault("ZG_QUIET", "1")
     if a.child:
@@ -92,20 +131,26 @@ def main() -> None:
     project = a.project.resolve()
     print(f"# {' '.join(sys.argv)}\n# torch {torch.__version__}, threads {torch.get_num_threads()}")
     rates = {"cached": [], "online": []}
-    for _ in range(2):  # alternate to spread machine noise over both
+    if a.memory_only:
+        rates = None
+    for _ in range(2 if rates is not None else 0):  # alternate to spread machine noise over both
         for t in ("cached", "online"):
             rates[t].append(_throughput(project, a.key, a.steps, t))
-    best = {t: max(v) for t, v in rates.items()}
-    print(f"steps/s cached {best['cached']:.3f}, online {best['online']:.3f}; "
-          f"cached / online = {best['cached'] / best['online']:.2f}x")
+    if rates is not None:
+        best = {t: max(v) for t, v in rates.items()}
+        print(f"steps/s cached {best['cached']:.3f}, online {best['online']:.3f}; "
+              f"cached / online = {best['cached'] / best['online']:.2f}x")
     mem = {}
     for mode in ("block", "full"):
         out = subprocess.run([sys.executable, __file__, "--project", str(project), "--key", a.key, "--child", mode,
                               "--batch", str(a.batch)], capture_output=True, text=True, check=True).stdout
-        mem[mode] = json.loads(out.strip().splitlines()[-1])["peak_growth_mb"]
-    print(f"fwd+bwd peak memory growth at batch {a.batch}: block {a.key} {mem['block']:.0f} MB, full teacher "
-          f"{mem['full']:.0f} MB; block / full = {mem['block'] / mem['full']:.3f} "
-          f"({mem['full'] / mem['block']:.1f}x reduction)")
+        mem[mode] = json.loads(out.strip().splitlines()[-1])
+    b, f = mem["block"], mem["full"]
+    print(f"fwd+bwd at batch {a.batch}x{a.seq_len}: activations saved for backward: block {a.key} "
+          f"{b['saved_mb']:.0f} MB, full teacher {f['saved_mb']:.0f} MB; full / block = "
+          f"{f['saved_mb'] / b['saved_mb']:.1f}x")
+    print(f"peak RSS growth during fwd+bwd: block {b['rss_growth_mb']:.0f} MB, full teacher "
+          f"{f['rss_growth_mb']:.0f} MB; full / block = {f['rss_growth_mb'] / max(b['rss_growth_mb'], 1e-9):.1f}x")
 
 
 if __name__ == "__main__":
