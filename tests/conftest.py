@@ -6,6 +6,8 @@ CLI; ``tiny_project`` hands each test its own copy, so tests never share state.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -59,3 +61,27 @@ def tiny_project(tiny_built, tmp_path) -> Path:
     dst = tmp_path / "proj"
     shutil.copytree(tiny_built, dst, symlinks=True)
     return dst
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def tree_sha256(path: Path) -> str:
+    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks)."""
+    h = hashlib.sha256()
+    path = Path(path)
+    for p in sorted(x for x in path.rglob("*") if x.is_file()):
+        h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def assert_user_error(res, *needles: str) -> str:
+    """A failed `zg` run that printed one ``error:`` line (no traceback) containing every needle."""
+    assert res.returncode != 0, f"expected a failure:\n{res.stdout}\n{res.stderr}"
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, f"expected one error line, got:\n{res.stderr}"
+    for n in needles:
+        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
+    return lines[0]

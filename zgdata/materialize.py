@@ -27,7 +27,7 @@ from zgdata.capture import capture
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
-from zgdata.lance_io import STORAGE, encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
+from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
 from zgdata.layout import Layout
 from zgdata.progress import progress
 from zgdata.teacher import load_teacher, read_teacher_json

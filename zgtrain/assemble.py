@@ -63,11 +63,12 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
     config.num_hidden_layers = len(sizes)
     config.intermediate_size = max(sizes)
     uniform = len(set(sizes)) == 1
+    model_cls = LlamaForCausalLM
     if not uniform:  # per-layer widths: a config subclass plus modeling code shipped with the model
         from zgtrain.templates.modeling_zg_llama import ZgLlamaConfig, ZgLlamaForCausalLM
         config = ZgLlamaConfig(intermediate_sizes=sizes, **{k: v for k, v in config.to_dict().items()
                                                             if k not in ("model_type", "architectures")})
-        LlamaForCausalLM = ZgLlamaForCausalLM  # noqa: N806
+        model_cls = ZgLlamaForCausalLM
     config._attn_implementation = "sdpa"
     state = {"model.embed_tokens.weight": head["embed_tokens.weight"], "model.norm.weight": head["norm.weight"],
              "lm_head.weight": head["lm_head.weight"]}
@@ -79,7 +80,7 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
                     state[f"model.layers.{i}.{k.split('.', 2)[2]}"] = v
             i += 1
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = model_cls(config)
     model.load_state_dict({k: v.to(getattr(torch, hmeta["config"].get("dtype") or "float32")).clone()
                            for k, v in state.items()}, assign=True, strict=False)
     model.tie_weights()

@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch

@@ -24,7 +24,7 @@ import torch
 
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
-from zgdata.hashing import canonical_json, sha256_bytes, tensors_sha256
+from zgdata.hashing import sha256_bytes, tensors_sha256
 from zgdata.layout import Layout
 from zgdata.progress import progress
 from zgdata.runtime import device

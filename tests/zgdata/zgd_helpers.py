@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import lance
@@ -11,6 +9,7 @@ import pyarrow as pa
 import torch
 import yaml
 
+from conftest import assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
 __all__ = ["edit_params", "boundary_bits", "assert_user_error", "tree_sha256", "set_schema_meta",
@@ -41,26 +40,6 @@ def boundary_bits(root: Path) -> dict[str, dict]:
     return out
 
 
-def assert_user_error(res, *needles: str) -> str:
-    """A failed `zg` run that printed exactly one ``error:`` line (no traceback) containing every needle."""
-    assert res.returncode != 0, f"expected a failure:\n{res.stdout}\n{res.stderr}"
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), f"expected one error line, got:\n{res.stderr}"
-    for n in needles:
-        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
-    return lines[0]
-
-
-def tree_sha256(path: Path) -> str:
-    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks)."""
-    h = hashlib.sha256()
-    path = Path(path)
-    for p in sorted(x for x in path.rglob("*") if x.is_file()):
-        h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def set_schema_meta(path: Path, **updates) -> None:
     """Change ``zg.*`` schema metadata of a Lance dataset in place (a new Lance version), JSON-encoded."""
     ds = lance.dataset(str(path))
@@ -74,5 +53,3 @@ def overwrite_table(path: Path, table: pa.Table) -> int:
     return lance.write_dataset(table, str(path), mode="overwrite").version
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import shutil
 from pathlib import Path
 
 import yaml
+
+from conftest import assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
 
 __all__ = ["set_params", "read_json", "tree_sha256", "assert_user_error", "loss_curve", "copy_project",
            "load_params_of"]
@@ -30,30 +30,6 @@ def set_params(root: Path, updates: dict) -> dict:
         node[leaf] = value
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return params
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def tree_sha256(path: Path) -> str:
-    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks)."""
-    h = hashlib.sha256()
-    path = Path(path)
-    for p in sorted(x for x in path.rglob("*") if x.is_file()):
-        h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def assert_user_error(res, *needles: str) -> str:
-    """A failed `zg` run that printed one ``error:`` line (no traceback) containing every needle."""
-    assert res.returncode != 0, f"expected a failure:\n{res.stdout}\n{res.stderr}"
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, f"expected one error line, got:\n{res.stderr}"
-    for n in needles:
-        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
-    return lines[0]
 
 
 def loss_curve(root: Path, key: str = "b00") -> list[tuple[int, float]]:
