@@ -45,8 +45,6 @@ def init(directory: Path = typer.Argument(..., help="new project directory."),
 @app.command("pipeline")
 def pipeline(params: Path = params_option):
     """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
-    import yaml
-
     from zgdata.config import PartitionConfig, load_params, section
     from zgtrain.pipeline import dump_params, write_pipeline
 
@@ -59,12 +57,12 @@ def pipeline(params: Path = params_option):
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
     stderr.print(f"wrote {path} with blocks {', '.join(p['blocks'])}")
-    del yaml
 
 
 @app.command("params")
 def params_doc():
     """Explain every params.yaml key, with its default."""
+    from rich.markup import escape
     from rich.table import Table
 
     from zgdata.config import (CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, VerifyConfig,
@@ -76,7 +74,7 @@ def params_doc():
                      ("materialize", MaterializeConfig), ("verify", VerifyConfig), ("train", TrainConfig),
                      ("eval", EvalConfig), ("gates", GatesConfig)):
         for name, default, doc in describe(cls):
-            table.add_row(f"{sec}.{name}", default, doc)
+            table.add_row(f"{sec}.{name}", escape(default), escape(doc))
     table.add_row("blocks.KEY", "", "per-block in/out boundary names plus any train.* key to override for that block")
     table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key")
     from rich.console import Console
