@@ -84,7 +84,7 @@ def params_doc():
 @train_app.command("block")
 def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
                 targets: Optional[str] = typer.Option(None, help="cached or online (default train.targets)."),
-                stop_after: Optional[int] = typer.Option(None, "--stop-after", help="checkpoint and exit 0 after N steps."),
+                stop_after: Optional[int] = typer.Option(None, "--stop-after", help="run at most N more steps, checkpoint, exit 0; rerun to resume."),
                 restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
                 params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
