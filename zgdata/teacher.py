@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
+from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
@@ -195,9 +196,7 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
             "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype}
     write_slices(model, partition.blocks(), partition, layout, sha)
-    tmp = layout.teacher_json.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, layout.teacher_json)
+    write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
 
 

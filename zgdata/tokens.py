@@ -19,6 +19,7 @@ import pyarrow as pa
 import torch
 
 from zgdata.config import CorpusConfig
+from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
@@ -165,10 +166,7 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None) -> 
          pa.array([n for p in parts for n in p[2]]),
          pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), cfg.seq_len)], schema=schema)
     _write_atomic(table, layout.tokens, message=f"tokens {fp[:12]}: {rows}")
-    tmp = layout.tokens_json.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage},
-                              indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, layout.tokens_json)
+    write_json(layout.tokens_json, {"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage})
     return TokensResult(path=layout.tokens, fingerprint=fp, rows=rows, tokens=tokens)
 
 

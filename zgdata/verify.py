@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +10,7 @@ import torch
 from zgdata.boundary import LINEAGE_KEYS, boundary_fingerprint
 from zgdata.capture import capture
 from zgdata.config import VerifyConfig
+from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.reader import BoundaryDataset
@@ -105,8 +104,5 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
         "checked_seq_ids": checked,
         "failures": failures,
     }
-    layout.verify_report.parent.mkdir(parents=True, exist_ok=True)
-    tmp = layout.verify_report.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, layout.verify_report)
+    write_json(layout.verify_report, report)
     return report

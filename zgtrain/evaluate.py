@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import csv
-import json
-import os
 import time
 
 import numpy as np
 import torch
 
 from zgdata.config import PartitionConfig, section
+from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lance_io import open_dataset
@@ -143,8 +142,5 @@ def evaluate(params: dict, *, layout: Layout = Layout()) -> dict:
               "context_window": cfg.window, "context_targets": int(len(targets)),
               "seconds": time.perf_counter() - t0}
     _plots(layout, scores, shift, part)
-    layout.eval_metrics.parent.mkdir(parents=True, exist_ok=True)
-    tmp = layout.eval_metrics.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, layout.eval_metrics)
+    write_json(layout.eval_metrics, result)
     return result

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zgdata.atomic import write_json
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes, tensors_sha256
@@ -78,13 +79,6 @@ def _save_weights(tensors: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def _checkpoint(d: Path, meta: dict, block, opt, gen, curve: list, step: int) -> None:
     """Write ckpt-STEP/ fully, then point meta.json at it (atomic rename), then drop older ones."""
     name = f"ckpt-{step:06d}"
@@ -98,7 +92,7 @@ def _checkpoint(d: Path, meta: dict, block, opt, gen, curve: list, step: int) ->
     (tmp / "curve.json").write_text(json.dumps(curve))
     shutil.rmtree(d / name, ignore_errors=True)
     os.replace(tmp, d / name)
-    _write_json(d / "meta.json", {**meta, "step": step, "checkpoint": name})
+    write_json(d / "meta.json", {**meta, "step": step, "checkpoint": name})
     for old in d.glob("ckpt-*"):
         if old.name != name:
             shutil.rmtree(old, ignore_errors=True)
@@ -275,7 +269,7 @@ def train_block(params: dict, key: str, *, targets: str | None = None, stop_afte
                "teacher_params": teacher_params, "param_ratio": n_params / teacher_params,
                "objective": cfg.objective, "conversion": cfg.conversion, "targets": cfg.targets,
                "state_sha256": sha, "status": "done", "step": cfg.steps}
-    _write_json(layout.block_metrics(key), metrics)
+    write_json(layout.block_metrics(key), metrics)
     curve_path = layout.block_loss_curve(key)
     curve_path.parent.mkdir(parents=True, exist_ok=True)
     curve_path.write_text("step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(curve)))
