@@ -69,7 +69,8 @@ class TrainConfig:
                   ("schedule", self.schedule in ("cosine", "linear", "constant"), "cosine, linear or constant"),
                   ("prune_ratio", 0 <= self.prune_ratio < 1, "a fraction in [0, 1)"),
                   ("steps", self.steps >= 0, "a count >= 0"), ("batch_size", self.batch_size >= 1, "a count >= 1"),
-                  ("lr", self.lr > 0, "a positive number"), ("noise_sigma", self.noise_sigma >= 0, ">= 0"),
+                  ("lr", 0 < self.lr < float("inf"), "a positive, finite number"), ("noise_sigma", self.noise_sigma >= 0, ">= 0"),
+                  ("beta1", 0 <= self.beta1 < 1, "a value in [0, 1)"), ("beta2", 0 <= self.beta2 < 1, "a value in [0, 1)"),
                   ("checkpoint_every", self.checkpoint_every >= 0, "a count >= 0"),
                   ("warmup", self.warmup >= 0, "a count >= 0")]
         for key, ok, want in checks:

@@ -153,6 +153,12 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
     return block.eval(), meta
 
 
+def _diverged(key: str, d: Path, step: int, what: str) -> ZgError:
+    good = json.loads((d / "meta.json").read_text())["step"]
+    return ZgError(f"block {key}: {what} at step {step}; the last good checkpoint (step {good}) is intact",
+                   key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
+
+
 def _steps(block, opt, gen, objective, src, cfg: TrainConfig, *, key, d, meta, curve, start, end, seed) -> int:
     """Optimizer steps [start, end): the only place the block's parameters change."""
     tokens = 0
@@ -166,16 +172,17 @@ def _steps(block, opt, gen, objective, src, cfg: TrainConfig, *, key, d, meta, c
             inp, tgt = objective.batch(x.to(dev).float(), y.to(dev).float(), gen)
             loss = objective.loss(block(inp), tgt)
             if not torch.isfinite(loss):
-                raise ZgError(f"block {key}: loss became {loss.item()} at step {step}; the last good checkpoint "
-                              f"(step {json.loads((d / 'meta.json').read_text())['step']}) is intact",
-                              key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
+                raise _diverged(key, d, step, f"loss became {loss.item()}")
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(block.parameters(), cfg.grad_clip or float("inf"))
             if not torch.isfinite(norm):
-                raise ZgError(f"block {key}: gradient norm became {norm.item()} at step {step}; the last good "
-                              f"checkpoint (step {json.loads((d / 'meta.json').read_text())['step']}) is intact",
-                              key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
-            opt.step()
+                raise _diverged(key, d, step, f"gradient norm became {norm.item()}")
+            try:
+                opt.step()
+            except (OverflowError, RuntimeError) as e:  # AdamW's step size overflows float32 at absurd lr
+                if "overflow" not in str(e):
+                    raise
+                raise _diverged(key, d, step, f"the optimizer step overflowed ({e})") from e
             opt.zero_grad(set_to_none=True)
             curve.append(float(loss.detach()))
             advance(1)

@@ -258,6 +258,23 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_project):
     assert not unexpected and all(k.startswith("rotary_emb.") for k in missing)
 
 
+def test_absurd_learning_rate_is_a_clear_error_not_a_traceback(tiny_project):
+    # At lr 1e38 AdamW's Python-float step size overflows before any tensor turns non-finite.
+    set_params(tiny_project, {"train.lr": 1.0e38, "train.checkpoint_every": 1, "train.grad_clip": 0})
+    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    line = assert_user_error(res, "blocks.b00", "lower train.lr", "--restart")
+    meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
+    assert meta["done"] is False and f"(step {meta['step']}) is intact" in line
+
+
+@pytest.mark.parametrize("key,value", [("train.lr", float("inf")), ("train.lr", 0.0), ("train.beta2", 1.0)])
+def test_optimizer_params_out_of_range_are_refused_before_training(tiny_project, key, value):
+    set_params(tiny_project, {key: value})
+    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    assert_user_error(res, key)
+    assert not (tiny_project / "models" / "blocks" / "b00").exists()
+
+
 # --- outputs ------------------------------------------------------------------------------------------
 
 def test_metrics_curve_and_block_directory(straight):
