@@ -155,6 +155,9 @@ def test_reader_api(tiny_built):
     ds = pair.input
     rows = np.array([3, 50, 0, 17])
     assert torch.equal(ds.by_seq_id(ds.seq_ids[rows]).view(torch.int16), ds.take(rows).view(torch.int16))
+    # unsorted rows come back in the caller's order: each equals a one-row take (no reordering involved)
+    one_by_one = torch.cat([ds.take([r]) for r in rows])
+    assert torch.equal(ds.take(rows).view(torch.int16), one_by_one.view(torch.int16))
     resumed = list(pair.batches("train", start_step=3, steps=6, batch_size=5, seed=1))
     assert [np.array_equal(r1, r2) for (_, r1, *_), (_, r2, *_) in zip(a[3:], resumed)] == [True] * 3
     with pytest.raises(ZgError, match="seq_id 999"):
