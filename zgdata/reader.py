@@ -57,9 +57,7 @@ class BoundaryDataset:
         out = tensor_column(self.ds.take(rows[order], columns=["hidden"]), "hidden", self.field)
         if np.array_equal(order, np.arange(len(rows))):
             return out
-        bits = out.view(torch.int16) if out.dtype == torch.bfloat16 else out
-        back = torch.from_numpy(np.take(bits.numpy(), np.argsort(order), axis=0))
-        return back.view(torch.bfloat16) if out.dtype == torch.bfloat16 else back
+        return out[torch.from_numpy(np.argsort(order))]
 
     def by_seq_id(self, seq_ids) -> torch.Tensor:
         try:
