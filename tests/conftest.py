@@ -76,12 +76,14 @@ def tree_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def assert_user_error(res, *needles: str) -> str:
-    """A failed `zg` run that printed one ``error:`` line (no traceback) containing every needle."""
+def assert_user_error(res, *needles: str, alone: bool = False) -> str:
+    """A failed `zg` run that printed one ``error:`` line (no traceback) containing every needle.
+
+    ``alone``: that line is all of stderr (commands that fail before any progress output)."""
     assert res.returncode != 0, f"expected a failure:\n{res.stdout}\n{res.stderr}"
     assert "Traceback" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, f"expected one error line, got:\n{res.stderr}"
+    lines = [line for line in res.stderr.splitlines() if line.strip() if alone or line.startswith("error: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), f"expected one error line, got:\n{res.stderr}"
     for n in needles:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
     return lines[0]

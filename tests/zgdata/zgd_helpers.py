@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import lance
@@ -9,7 +10,8 @@ import pyarrow as pa
 import torch
 import yaml
 
-from conftest import assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
+from conftest import assert_user_error as _assert_user_error
+from conftest import read_json, tree_sha256  # noqa: F401 (re-exported)
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
 __all__ = ["edit_params", "boundary_bits", "assert_user_error", "tree_sha256", "set_schema_meta",
@@ -38,6 +40,10 @@ def boundary_bits(root: Path) -> dict[str, dict]:
                           "seq_id": torch.from_numpy(table.column("seq_id").to_numpy().copy()),
                           "dtype": x.dtype}
     return out
+
+
+# The data commands fail before any progress output: their error line must be all of stderr.
+assert_user_error = functools.partial(_assert_user_error, alone=True)
 
 
 def set_schema_meta(path: Path, **updates) -> None:
