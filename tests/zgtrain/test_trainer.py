@@ -263,8 +263,13 @@ def test_absurd_learning_rate_is_a_clear_error_not_a_traceback(tiny_project):
     set_params(tiny_project, {"train.lr": 1.0e38, "train.checkpoint_every": 1, "train.grad_clip": 0})
     res = zg("train", "block", "b00", cwd=tiny_project, check=False)
     line = assert_user_error(res, "blocks.b00", "lower train.lr", "--restart")
-    meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
+    d = tiny_project / "models" / "blocks" / "b00"
+    meta = read_json(d / "meta.json")
     assert meta["done"] is False and f"(step {meta['step']}) is intact" in line
+    assert not (d / "model.safetensors").exists()
+    assert not (tiny_project / "metrics" / "blocks" / "b00.json").exists()
+    weights = load_file(str(d / meta["checkpoint"] / "model.safetensors"))
+    assert weights and all(torch.isfinite(v).all() for v in weights.values())
 
 
 @pytest.mark.parametrize("key,value", [("train.lr", float("inf")), ("train.lr", 0.0), ("train.beta2", 1.0)])
