@@ -130,13 +130,11 @@ def main() -> None:
         return _memory_child(a.project.resolve(), a.key, a.child, a.batch)
     project = a.project.resolve()
     print(f"# {' '.join(sys.argv)}\n# torch {torch.__version__}, threads {torch.get_num_threads()}")
-    rates = {"cached": [], "online": []}
-    if a.memory_only:
-        rates = None
-    for _ in range(2 if rates is not None else 0):  # alternate to spread machine noise over both
-        for t in ("cached", "online"):
-            rates[t].append(_throughput(project, a.key, a.steps, t))
-    if rates is not None:
+    if not a.memory_only:
+        rates = {"cached": [], "online": []}
+        for _ in range(2):  # alternate to spread machine noise over both
+            for t in ("cached", "online"):
+                rates[t].append(_throughput(project, a.key, a.steps, t))
         best = {t: max(v) for t, v in rates.items()}
         print(f"steps/s cached {best['cached']:.3f}, online {best['online']:.3f}; "
               f"cached / online = {best['cached'] / best['online']:.2f}x")
