@@ -31,13 +31,14 @@ def _throughput(project: Path, key: str, steps: int, targets: str) -> float:
     import yaml
 
     from zgdata.layout import Layout
+    from zgtrain.config import ProjectConfig
     from zgtrain.trainer import train_block
 
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["blocks"][key].update(steps=steps, checkpoint_every=0, heldout_rows=1)
     layout = Layout(project)
     t0 = time.perf_counter()
-    train_block(params, key, targets=targets, restart=True, layout=layout)
+    train_block(ProjectConfig.from_params(params), key, targets=targets, restart=True, layout=layout)
     return steps / (time.perf_counter() - t0)
 
 
@@ -85,7 +86,7 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
     from zgdata.reader import BoundaryPair
     from zgdata.teacher import load_slice, load_teacher
     from zgdata.tokens import read_tokens
-    from zgtrain.config import block_config
+    from zgtrain.config import ProjectConfig
     from zgtrain.conversions import convert
 
     layout = Layout(project)
@@ -103,7 +104,7 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
         x, y = BoundaryPair(layout.boundary(spec.input), layout.boundary(spec.output)).take(rows)
         x, y = x.float(), y.float()
         tensors, meta = load_slice(layout.teacher_slice(key))
-        model = convert("identity", tensors, LlamaConfig.from_dict(meta["config"]), block_config(params, key), x, None)
+        model = convert("identity", tensors, LlamaConfig.from_dict(meta["config"]), ProjectConfig.from_params(params).block(key).train, x, None)
         run = lambda: (model(x) - y).pow(2).mean()  # noqa: E731
     else:
         model, _ = load_teacher(layout, with_tokenizer=False)

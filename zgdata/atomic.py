@@ -1,19 +1,71 @@
-"""Atomic small-file writes: write beside the target, then rename, so readers never see half a file."""
+"""Atomic publishing of files and directories: readers see the old version or the new one, never half of one.
+
+``atomic_path(path)`` yields a scratch path beside ``path``; the caller writes a file or a
+directory there, and on a clean exit it replaces ``path`` (a rename on the same filesystem).
+On an exception the scratch path is removed and ``path`` is left as it was. A killed
+process leaves only a hidden ``.NAME.partial`` sibling, which the next write removes.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["write_json"]
+__all__ = ["atomic_path", "replace_path", "write_json", "write_text"]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def replace_path(src: Path, dst: Path) -> None:
+    """Move a finished file or directory ``src`` onto ``dst``, replacing what was there.
+
+    A file is replaced in one rename. A directory cannot be renamed over a non-empty one, so
+    the old one is first renamed aside: at every moment ``dst`` is absent, old or new, never mixed.
+    """
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir() and (dst.exists() or dst.is_symlink()):
+        old = dst.with_name(f".{dst.name}.old")
+        if old.exists() or old.is_symlink():
+            _remove(old)
+        os.replace(dst, old)
+        os.replace(src, dst)
+        _remove(old)
+    else:
+        os.replace(src, dst)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a scratch path for ``path``'s new content; publish it on success, drop it on failure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    if tmp.exists() or tmp.is_symlink():
+        _remove(tmp)  # left by a killed run
+    try:
+        yield tmp
+    except BaseException:
+        if tmp.exists() or tmp.is_symlink():
+            _remove(tmp)
+        raise
+    replace_path(tmp, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_json(path: Path, obj: Any) -> None:
     """Pretty, key-sorted JSON (deterministic bytes for DVC), replaced atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

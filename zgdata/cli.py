@@ -80,7 +80,7 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
 
 @data_app.command("verify")
 def data_verify(params: Path = params_option,
-                sample: Optional[int] = typer.Option(None, help="sequences to recompute (default verify.sample)."),
+                sample: Optional[int] = typer.Option(None, min=1, help="sequences to recompute, >= 1 (default verify.sample)."),
                 lineage_only: bool = typer.Option(False, "--lineage-only",
                                                   help="check lineage and row alignment only; needs no teacher."),
                 boundaries: Optional[Path] = typer.Option(None, help="folder of boundary datasets (default data/boundaries)."),

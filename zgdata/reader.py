@@ -14,9 +14,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from zgdata.boundary import check_pair_lineage
 from zgdata.errors import ZgError
 from zgdata.lance_io import open_dataset, schema_meta, tensor_column
+from zgdata.lineage import check
 
 __all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows"]
 
@@ -92,7 +92,8 @@ class BoundaryPair:
     def __init__(self, input_path: Path, output_path: Path):
         self.input = BoundaryDataset(input_path)
         self.output = BoundaryDataset(output_path)
-        check_pair_lineage(self.input.name, self.input.meta, self.output.name, self.output.meta)
+        check(self.input.name, self.input.meta.get("lineage", {}), self.output.name,
+              self.output.meta.get("lineage", {}))
         if not np.array_equal(self.input.seq_ids, self.output.seq_ids):
             bad = int(np.flatnonzero(self.input.seq_ids != self.output.seq_ids)[0]) \
                 if len(self.input.seq_ids) == len(self.output.seq_ids) else min(len(self.input.seq_ids), len(self.output.seq_ids))

@@ -1,4 +1,4 @@
-"""Side effects in one place: device selection and thread settings.
+"""Side effects in one place: device selection, seeding and random-state capture.
 
 Everything else takes tensors and explicit ``torch.Generator`` objects. The device is
 CPU unless ``ZG_DEVICE`` says otherwise (e.g. ``cuda`` or ``cuda:1``); tests and the
@@ -9,12 +9,14 @@ resume (or its cached/online twin) must use the same device.
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import torch
 
 from zgdata.errors import ZgError
 
-__all__ = ["device"]
+__all__ = ["device", "seed_all", "rng_state", "set_rng_state"]
 
 
 def device() -> torch.device:
@@ -33,3 +35,37 @@ def device() -> torch.device:
         torch.backends.cudnn.benchmark = False
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return dev
+
+
+def seed_all(seed: int) -> torch.Generator:
+    """Seed torch, numpy and Python's global RNGs from ``seed``; return a CPU generator seeded the same.
+
+    Code that draws random numbers takes that generator explicitly; the global seeds only make
+    any library code that draws implicitly deterministic too.
+    """
+    torch.manual_seed(seed % (2**63))
+    np.random.seed(seed % (2**32))
+    random.seed(seed)
+    return torch.Generator().manual_seed(seed % (2**63))
+
+
+def rng_state(gen: torch.Generator) -> tuple[dict[str, torch.Tensor], dict]:
+    """Every random state a run depends on, as (tensors, JSON-able values): no pickles, so no code on load."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    tensors = {"block": gen.get_state(), "torch": torch.get_rng_state(),
+               "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64))}
+    values = {"numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+              "python": {"version": version, "internal": list(internal), "gauss": gauss}}
+    return tensors, values
+
+
+def set_rng_state(gen: torch.Generator, tensors: dict[str, torch.Tensor], values: dict) -> None:
+    """Restore what ``rng_state`` captured."""
+    gen.set_state(tensors["block"])
+    torch.set_rng_state(tensors["torch"])
+    n = values["numpy"]
+    np.random.set_state((n["kind"], tensors["numpy_keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = values["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))

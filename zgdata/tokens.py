@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +18,14 @@ import pyarrow as pa
 import torch
 
 from zgdata.config import CorpusConfig
-from zgdata.atomic import write_json
+from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
 
-__all__ = ["tokenize", "TokensResult", "documents", "corpus_digest", "tokens_meta", "TOKENS_VERSION"]
+__all__ = ["tokenize", "TokensResult", "documents", "corpus_digest", "tokens_meta", "open_tokens", "read_tokens",
+           "TOKENS_VERSION"]
 
 TOKENS_VERSION = 1
 SUFFIXES = (".txt", ".md", ".jsonl")
@@ -174,22 +174,29 @@ def _write_atomic(table: pa.Table, path: Path, *, message: str) -> None:
     """Write next to ``path`` and rename, so a crash never leaves a half-written dataset there."""
     import lance
 
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lance.write_dataset(table, str(tmp), mode="create", transaction_properties={"zg.message": message})
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        lance.write_dataset(table, str(tmp), mode="create", transaction_properties={"zg.message": message})
 
 
 def tokens_meta(layout: Layout = Layout()) -> dict:
+    """The token dataset's own ``zg.*`` metadata (its lineage record is data/tokens.json: zgdata.lineage)."""
+    return schema_meta(open_tokens(layout).schema)
+
+
+def open_tokens(layout: Layout = Layout()):
+    """data/tokens.lance, checked to be the token set data/tokens.json describes."""
+    from zgdata.lineage import check, read_tokens_json
+
     ds = open_dataset(layout.tokens, kind="tokens")
-    return schema_meta(ds.schema)
+    check(str(layout.tokens_json), read_tokens_json(layout), str(layout.tokens), schema_meta(ds.schema),
+          keys=("fingerprint",), fix="restore both from one commit (`dvc checkout data/tokens.lance data/tokens.json`) "
+                                     "or re-run `dvc repro tokens`")
+    return ds
 
 
 def read_tokens(layout: Layout, rows: np.ndarray | list[int] | None = None, *, ds=None) -> tuple[torch.Tensor, list[str]]:
     """(N, T) int64 input ids and splits of the given row numbers (all rows if None)."""
-    ds = ds if ds is not None else open_dataset(layout.tokens, kind="tokens")
+    ds = ds if ds is not None else open_tokens(layout)
     table = ds.to_table(columns=["input_ids", "split"]) if rows is None else \
         ds.take(np.asarray(rows, dtype=np.int64), columns=["input_ids", "split"])
     col = table.column("input_ids").combine_chunks()

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.boundary import LINEAGE_KEYS, boundary_fingerprint
 from zgdata.capture import capture
 from zgdata.config import VerifyConfig
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
 from zgdata.reader import BoundaryDataset
 
 __all__ = ["verify"]
@@ -36,11 +36,9 @@ def _lineage_failures(sets: list[BoundaryDataset]) -> list[dict]:
         if boundary_fingerprint(lin) != b.fingerprint:
             out.append({"boundary": b.name, "check": "fingerprint",
                         "what": f"{b.name}'s fingerprint does not match its lineage", "fix": REMAT})
-        for k in LINEAGE_KEYS:
-            if lin.get(k) != ref.meta["lineage"].get(k):
-                out.append({"boundary": b.name, "check": "lineage",
-                            "what": f"{b.name} has {k}={str(lin.get(k))[:16]} but {ref.name} has "
-                                    f"{str(ref.meta['lineage'].get(k))[:16]}", "fix": REMAT})
+        for k, mine, theirs in mismatches(lin, ref.meta["lineage"]):
+            out.append({"boundary": b.name, "check": "lineage",
+                        "what": mismatch_text(k, b.name, mine, ref.name, theirs), "fix": REMAT})
         if not np.array_equal(b.seq_ids, ref.seq_ids):
             out.append({"boundary": b.name, "check": "alignment",
                         "what": f"{b.name} rows are not aligned with {ref.name} by seq_id", "fix": REMAT})
@@ -48,19 +46,20 @@ def _lineage_failures(sets: list[BoundaryDataset]) -> list[dict]:
 
 
 def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int]]:
-    from zgdata.lance_io import open_dataset, schema_meta
+    from zgdata.lineage import read_tokens_json
     from zgdata.teacher import load_teacher, read_teacher_json
-    from zgdata.tokens import read_tokens
+    from zgdata.tokens import open_tokens, read_tokens
 
     lin = sets[0].meta["lineage"]
-    teacher = read_teacher_json(layout)
-    if teacher["weights_sha256"] != lin["teacher_sha256"]:
-        return [{"boundary": "*", "check": "teacher", "what": f"boundaries come from teacher {lin['teacher_sha256'][:12]} "
-                 f"but models/teacher is {teacher['weights_sha256'][:12]}", "fix": REMAT}], []
-    tok_ds = open_dataset(layout.tokens, kind="tokens")
-    if schema_meta(tok_ds.schema)["fingerprint"] != lin["tokens_fingerprint"]:
-        return [{"boundary": "*", "check": "tokens", "what": "boundaries were made from another token set than "
-                 "data/tokens.lance", "fix": REMAT}], []
+    teacher, tokens = read_teacher_json(layout), read_tokens_json(layout)
+    here = {"teacher_sha256": teacher["weights_sha256"], "tokenizer_sha256": teacher["tokenizer_sha256"],
+            "tokens_fingerprint": tokens["fingerprint"]}
+    bad = mismatches(lin, here, keys=here)
+    if bad:
+        return [{"boundary": "*", "check": "tokens" if k == "tokens_fingerprint" else "teacher",
+                 "what": mismatch_text(k, "the boundaries", a, "models/teacher + data/tokens.json", b), "fix": REMAT}
+                for k, a, b in bad], []
+    tok_ds = open_tokens(layout)
     n = len(sets[0].seq_ids)
     g = torch.Generator().manual_seed(cfg.seed)
     rows = np.sort(torch.randperm(n, generator=g)[: min(sample, n)].numpy())

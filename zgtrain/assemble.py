@@ -7,56 +7,42 @@ MLP widths give a plain Llama config that ``AutoModelForCausalLM.from_pretrained
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 
-from zgdata.boundary import boundary_fingerprint, boundary_lineage
-from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.atomic import atomic_path
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lineage import check, expected_fingerprints
 from zgdata.teacher import load_slice, read_teacher_json
-from zgtrain.trainer import load_block
+from zgtrain.checkpoint import load_block, read_meta
+from zgtrain.config import ProjectConfig
+from zgtrain.student import ship_modeling_code
 
-__all__ = ["assemble", "build_student", "expected_fingerprints"]
-
-
-def expected_fingerprints(params: dict, layout: Layout) -> dict[str, str]:
-    """Fingerprints the current teacher, token set and params give each boundary (no datasets needed)."""
-    part = section(params, PartitionConfig, "partition")
-    mcfg = section(params, MaterializeConfig, "materialize")
-    teacher = read_teacher_json(layout)
-    if not layout.tokens_json.exists():
-        raise ZgError(f"{layout.tokens_json} not found", fix="run `dvc repro tokens` (or `dvc pull data/tokens.json`)")
-    tokens = json.loads(layout.tokens_json.read_text())
-    return {n: boundary_fingerprint(boundary_lineage(teacher, tokens, layer, mcfg))
-            for n, layer in zip(part.names, part.boundaries)}
+__all__ = ["assemble", "build_student"]
 
 
-def _blocks(params: dict, layout: Layout, which: str):
-    part = section(params, PartitionConfig, "partition")
-    want = expected_fingerprints(params, layout)
+def _blocks(project: ProjectConfig, layout: Layout, which: str):
+    part = project.partition
+    want = expected_fingerprints(layout, part, project.materialize)
     out = []
     for spec in part.blocks():
-        if not (layout.block_dir(spec.key) / "meta.json").exists():
+        if read_meta(layout.block_dir(spec.key)) is None:
             raise ZgError(f"block {spec.key} is missing ({layout.block_dir(spec.key)})",
                           fix=f"run `dvc repro train@{spec.key}`")
         block, meta = load_block(layout, spec.key, which=which)
-        for name in (spec.input, spec.output):
-            got = meta["fingerprints"].get(name)
-            if got != want[name]:
-                raise ZgError(f"block {spec.key} is stale: trained on {name} {str(got)[:12]} but the current "
-                              f"boundary is {want[name][:12]}", fix=f"run `dvc repro train@{spec.key}`")
+        check(f"block {spec.key}", meta["fingerprints"], "the current boundaries", want, keys=(spec.input, spec.output),
+              fix=f"block {spec.key} is stale: run `dvc repro train@{spec.key}`")
         out.append((spec, block, meta))
     return out
 
 
-def build_student(params: dict, *, layout: Layout = Layout(), which: str = "final"):
+def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: str = "final"):
     """The assembled LlamaForCausalLM in memory (``which``: final or init weights) and a summary."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    blocks = _blocks(params, layout, which)
+    blocks = _blocks(project, layout, which)
     head, hmeta = load_slice(layout.teacher_head)
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
     config = LlamaConfig.from_dict(hmeta["config"])
@@ -97,24 +83,15 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
     return model.eval(), summary
 
 
-def assemble(params: dict, *, layout: Layout = Layout()) -> dict:
+def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     from transformers import AutoTokenizer
 
-    model, summary = build_student(params, layout=layout)
-    out = layout.student
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if summary["remote_code"]:
-        src = Path(__file__).parent / "templates" / "modeling_zg_llama.py"
-        shutil.copy(src, tmp / "modeling_zg_llama.py")
-        cfg = json.loads((tmp / "config.json").read_text())
-        cfg["auto_map"] = {"AutoConfig": "modeling_zg_llama.ZgLlamaConfig",
-                           "AutoModelForCausalLM": "modeling_zg_llama.ZgLlamaForCausalLM"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    AutoTokenizer.from_pretrained(layout.teacher_hf).save_pretrained(tmp)
-    (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": read_teacher_json(layout)["weights_sha256"]},
-                                                   indent=2, sort_keys=True) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    Path(tmp).rename(out)
-    return {"path": str(out), **{k: v for k, v in summary.items() if k != "blocks"}}
+    model, summary = build_student(project, layout=layout)
+    teacher_sha = read_teacher_json(layout)["weights_sha256"]
+    with atomic_path(layout.student) as tmp:
+        model.save_pretrained(tmp)
+        modeling = ship_modeling_code(tmp) if summary["remote_code"] else None
+        AutoTokenizer.from_pretrained(layout.teacher_hf).save_pretrained(tmp)
+        (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
+                                                        "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
+    return {"path": str(layout.student), **{k: v for k, v in summary.items() if k != "blocks"}}

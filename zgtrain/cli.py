@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
+from typer._click import exceptions as click_exc  # typer raises its own copy of click's exceptions
 
 from zgdata.cli import data_app, emit, params_option, teacher_app
 from zgdata.errors import ZgError
@@ -49,7 +49,7 @@ def pipeline(params: Path = params_option):
     from zgtrain.pipeline import dump_params, write_pipeline
 
     p = load_params(params)
-    part = section(p, PartitionConfig, "partition")
+    part = section(p, PartitionConfig)
     old = p.get("blocks") or {}
     p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
                            "in": b.input, "out": b.output} for b in part.blocks()}
@@ -61,48 +61,48 @@ def pipeline(params: Path = params_option):
 
 @app.command("params")
 def params_doc():
-    """Explain every params.yaml key, with its default."""
+    """Explain every params.yaml key: its default (from the config dataclasses) and allowed values."""
+    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    from zgdata.config import (CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, VerifyConfig,
-                               describe)
-    from zgtrain.config import EvalConfig, GatesConfig, TrainConfig
+    from zgdata.config import describe
+    from zgtrain.config import SECTIONS
 
     table = Table("key", "default", "meaning", show_lines=False)
-    for sec, cls in (("teacher", TeacherConfig), ("corpus", CorpusConfig), ("partition", PartitionConfig),
-                     ("materialize", MaterializeConfig), ("verify", VerifyConfig), ("train", TrainConfig),
-                     ("eval", EvalConfig), ("gates", GatesConfig)):
+    table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key. Allowed: an "
+                               "integer >= 0.")
+    for sec, cls in SECTIONS.items():
         for name, default, doc in describe(cls):
             table.add_row(f"{sec}.{name}", escape(default), escape(doc))
     table.add_row("blocks.KEY", "", "per-block in/out boundary names plus any train.* key to override for that block")
-    table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key")
-    from rich.console import Console
     Console().print(table)
 
 
 @train_app.command("block")
 def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
                 targets: Optional[str] = typer.Option(None, help="cached or online (default train.targets)."),
-                stop_after: Optional[int] = typer.Option(None, "--stop-after", help="run at most N more steps, checkpoint, exit 0; rerun to resume."),
+                stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1,
+                                                         help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."),
                 restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
                 params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
-    from zgdata.config import load_params
+    from zgtrain.config import ProjectConfig
     from zgtrain.trainer import train_block as run
 
-    r = run(load_params(params), key, targets=targets, stop_after=stop_after, restart=restart)
+    r = run(ProjectConfig.load(params), key, targets=targets, stop_after=stop_after, restart=restart)
+    loss = "n/a (no steps)" if r.get("train_loss") is None else f"{r['train_loss']:.4g}"
     emit(r, as_json=as_json, summary=f"{key}: {r['status']} at step {r['step']}/{r['steps']}, "
-         f"train_loss {r.get('train_loss', float('nan')):.4g}, state {r.get('state_sha256', '')[:12]}")
+         f"train_loss {loss}, state {r.get('state_sha256', '')[:12]}")
 
 
 @train_app.command("assemble")
 def train_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Build models/student/: teacher embeddings + trained blocks + final norm + LM head (from_pretrained loads it)."""
-    from zgdata.config import load_params
     from zgtrain.assemble import assemble
+    from zgtrain.config import ProjectConfig
 
-    r = assemble(load_params(params))
+    r = assemble(ProjectConfig.load(params))
     emit(r, as_json=as_json, summary=f"student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) -> {r['path']}")
 
 
@@ -110,10 +110,10 @@ def train_assemble(params: Path = params_option, as_json: bool = typer.Option(Fa
 def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(False, "--json"),
                    strict: bool = typer.Option(False, "--strict", help="exit 1 when a gate fails (CI use).")):
     """Held-out CE, context use and boundary shift of teacher vs student; gates from `gates:`. Writes metrics/eval.json."""
-    from zgdata.config import load_params
+    from zgtrain.config import ProjectConfig
     from zgtrain.evaluate import evaluate
 
-    r = evaluate(load_params(params))
+    r = evaluate(ProjectConfig.load(params))
     verdict = "PASS" if r["gates_passed"]["all"] else "FAIL"
     emit(r, as_json=as_json, summary=f"gates {verdict}: teacher CE {r['teacher_ce']:.3f}, student CE "
          f"{r['student_ce']:.3f} (gap {r['ce_gap']:.3f}), context retention {r['context_retention']:.2f}")
@@ -140,10 +140,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e.render()}", file=sys.stderr)
         sys.exit(e.code)
-    except click.exceptions.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except click_exc.ClickException as e:  # usage errors: unknown command, missing argument, bad option value
+        cmd = e.ctx.command_path if getattr(e, "ctx", None) is not None else "zg"
+        print(f"error: {e.format_message()} Run `{cmd} --help` for usage.", file=sys.stderr)
+        sys.exit(e.exit_code or 2)
+    except click_exc.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)

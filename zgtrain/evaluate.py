@@ -8,21 +8,21 @@ import time
 import numpy as np
 import torch
 
-from zgdata.config import PartitionConfig, section
-from zgdata.atomic import write_json
+from zgdata.atomic import atomic_path, write_json
+from zgdata.config import PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.lance_io import open_dataset
 from zgdata.progress import stderr
 from zgdata.reader import BoundaryDataset
 from zgdata.runtime import device
 from zgdata.teacher import load_slice, load_teacher
-from zgdata.tokens import read_tokens
+from zgdata.tokens import open_tokens, read_tokens
 from zgtrain.assemble import build_student
-from zgtrain.config import EvalConfig, GatesConfig
+from zgtrain.checkpoint import load_block
+from zgtrain.config import GatesConfig, ProjectConfig
 from zgtrain.metrics import context_targets, token_nll, window_nll
 from zgtrain.objectives import nmse
-from zgtrain.trainer import load_block
+from zgtrain.student import load_student
 
 __all__ = ["evaluate", "gate_verdicts"]
 
@@ -42,9 +42,8 @@ def _model_scores(model, ids, targets, cfg: EvalConfig) -> dict:
     return {"ce": float(nll.mean()), "context_use": float((win - full).mean())}
 
 
-def _shift(params: dict, layout: Layout, rows: np.ndarray) -> dict:
+def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray) -> dict:
     """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output."""
-    part = section(params, PartitionConfig, "partition")
     head, _ = load_slice(layout.teacher_head)
     ids, _ = read_tokens(layout, rows)
     dev = device()
@@ -68,8 +67,12 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    d = layout.eval_plots
-    (d / "png").mkdir(parents=True, exist_ok=True)
+    with atomic_path(layout.eval_plots) as d:  # the CSVs and PNGs appear together or not at all
+        (d / "png").mkdir(parents=True)
+        _write_plots(d, layout, scores, shift, part, plt)
+
+
+def _write_plots(d, layout: Layout, scores: dict, shift: dict, part: PartitionConfig, plt) -> None:
     with open(d / "ce.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "ce"])
@@ -101,12 +104,10 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> 
     fig.tight_layout(); fig.savefig(d / "png" / "loss.png", dpi=100); plt.close(fig)
 
 
-def evaluate(params: dict, *, layout: Layout = Layout()) -> dict:
+def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     t0 = time.perf_counter()
-    cfg = section(params, EvalConfig, "eval")
-    gates = section(params, GatesConfig, "gates")
-    part = section(params, PartitionConfig, "partition")
-    tokens = open_dataset(layout.tokens, kind="tokens")
+    cfg, gates, part = project.eval, project.gates, project.partition
+    tokens = open_tokens(layout)
     splits = np.asarray(tokens.to_table(columns=["split"]).column("split").to_pylist())
     rows = np.flatnonzero(splits == "heldout")
     if cfg.heldout_seqs:
@@ -116,19 +117,16 @@ def evaluate(params: dict, *, layout: Layout = Layout()) -> dict:
         raise ZgError(f"eval.context_min_pos {cfg.context_min_pos} is not below seq_len {ids.shape[1]}",
                       key="eval.context_min_pos", fix=f"use a value below {ids.shape[1]}")
     targets = context_targets(len(ids), ids.shape[1], k=cfg.context_targets, min_pos=cfg.context_min_pos, seed=cfg.seed)
-    from transformers import AutoModelForCausalLM
-
     if not (layout.student / "config.json").exists():
         raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False)[0],
-              "untrained": lambda: build_student(params, layout=layout, which="init")[0],
-              "student": lambda: AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32, trust_remote_code=True,
-                                                                       attn_implementation="sdpa").eval()}
+              "untrained": lambda: build_student(project, layout=layout, which="init")[0],
+              "student": lambda: load_student(layout.student)}
     scores = {}
     for name, load in models.items():
         stderr.print(f"evaluate: {name} ({len(ids)} sequences, {len(targets)} context targets)")
         scores[name] = _model_scores(load().to(device()), ids, targets, cfg)
-    shift = _shift(params, layout, rows)
+    shift = _shift(part, layout, rows)
     t, u, s = scores["teacher"], scores["untrained"], scores["student"]
     ce_gap = s["ce"] - t["ce"]
     retention = s["context_use"] / t["context_use"] if t["context_use"] else float("nan")

