@@ -1,0 +1,67 @@
+"""zgdata/lineage.py: lineage records, fingerprints and the one comparison (pure, fast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zgdata.config import MaterializeConfig, PartitionConfig
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.lineage import (LINEAGE_KEYS, boundary_fingerprint, boundary_lineage, check, expected_fingerprints,
+                            mismatches, read_tokens_json)
+
+TEACHER = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64}
+TOKENS = {"fingerprint": "c" * 64, "rows": {"train": 2}, "lineage": {}}
+
+
+def test_boundary_lineage_and_fingerprint():
+    lin = boundary_lineage(TEACHER, TOKENS, 5, MaterializeConfig())
+    assert set(lin) == {*LINEAGE_KEYS, "layer"} and lin["layer"] == 5
+    fp = boundary_fingerprint(lin)
+    assert len(fp) == 64 and fp == boundary_fingerprint(dict(lin))
+    # every lineage input changes the fingerprint
+    for k in (*LINEAGE_KEYS, "layer"):
+        other = dict(lin, **{k: "x" if isinstance(lin[k], str) else lin[k] + 1})
+        assert boundary_fingerprint(other) != fp, k
+    assert boundary_fingerprint(boundary_lineage(TEACHER, TOKENS, 5, MaterializeConfig(storage_dtype="float32"))) != fp
+
+
+def test_missing_input_fails_loudly():
+    lin = boundary_lineage(dict(TEACHER, weights_sha256=""), TOKENS, 0, MaterializeConfig())
+    with pytest.raises(ZgError, match="teacher_sha256.*missing"):
+        boundary_fingerprint(lin)
+
+
+def test_check_has_one_message_format():
+    a = boundary_lineage(TEACHER, TOKENS, 0, MaterializeConfig())
+    b = dict(a, tokens_fingerprint="d" * 64)
+    assert mismatches(a, a) == []
+    assert mismatches(a, b) == [("tokens_fingerprint", "c" * 64, "d" * 64)]
+    with pytest.raises(ZgError) as e:
+        check("h00", a, "h02", b)
+    assert str(e.value).startswith("lineage mismatch on tokens_fingerprint: h00 has " + "c" * 16 + " but h02 has "
+                                   + "d" * 16 + ".")
+    assert "materialize" in e.value.fix
+    check("h00", a, "h02", dict(b, tokens_fingerprint="c" * 64))  # equal: no error
+    with pytest.raises(ZgError, match="custom fix"):
+        check("x", {"k": 1}, "y", {"k": 2}, keys=("k",), fix="custom fix")
+
+
+def test_expected_fingerprints_from_teacher_and_tokens_json(tmp_path):
+    layout = Layout(tmp_path)
+    with pytest.raises(ZgError, match="teacher.json not found"):
+        expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
+    layout.teacher_json.parent.mkdir(parents=True)
+    layout.teacher_json.write_text(json.dumps(TEACHER))
+    with pytest.raises(ZgError, match="tokens.json not found"):
+        expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
+    layout.tokens_json.parent.mkdir(parents=True)
+    layout.tokens_json.write_text("{not json")
+    with pytest.raises(ZgError, match="not valid JSON"):
+        read_tokens_json(layout)
+    layout.tokens_json.write_text(json.dumps(TOKENS))
+    got = expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
+    assert got == {n: boundary_fingerprint(boundary_lineage(TEACHER, TOKENS, layer, MaterializeConfig()))
+                   for n, layer in (("h00", 0), ("h02", 2))}
