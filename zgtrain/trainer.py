@@ -30,6 +30,7 @@ from zgdata.layout import Layout
 from zgdata.progress import progress
 from zgdata.runtime import device
 from zgdata.teacher import load_slice
+from zgdata.timing import span
 from zgtrain.config import TrainConfig, block_config
 from zgtrain.conversions import convert
 from zgtrain.objectives import Objective, nmse
@@ -165,7 +166,7 @@ def _steps(block, opt, gen, objective, src, cfg: TrainConfig, *, key, d, meta, c
     sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))  # test hook: widen kill window
     dev = next(block.parameters()).device
     block.train()
-    with progress(f"train {key}", end - start, unit="step") as advance:
+    with progress(f"train {key}", end - start, unit="step") as advance, span("train.steps"):
         for step, rows, x, y in src.batches("train", start_step=start, steps=end, batch_size=cfg.batch_size, seed=seed):
             for g in opt.param_groups:
                 g["lr"] = lr_at(cfg, step)
