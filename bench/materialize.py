@@ -9,7 +9,7 @@ noisy, so compare the ratios, not the absolute figures):
   2. ``materialize(...)`` end to end (tokens/s); data/boundaries and data/.staging
      are deleted before each run. (1) and (2) alternate ``--repeats`` times each
      (order F M, M F, ...); best, median and per-pair ratios are printed, with a
-     section breakdown of materialize (wrapped module globals, no zgdata edits).
+     section breakdown of materialize from its ``zgdata.timing`` spans.
   3. bytes on disk per token per boundary / (hidden x 2).
   4. ``BoundaryPair.batches`` over the train batches (batch 4, at least --loader-steps
      of them, whole seeded epochs), bytes/s, against reading the same rows of the same
@@ -38,7 +38,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -51,13 +50,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import zgdata.materialize as zmat  # noqa: E402
 from zgdata.capture import capture  # noqa: E402
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section  # noqa: E402
 from zgdata.lance_io import dir_bytes, open_dataset  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
+from zgdata.materialize import materialize  # noqa: E402
 from zgdata.reader import BoundaryPair  # noqa: E402
 from zgdata.teacher import load_teacher, prepare, read_teacher_json  # noqa: E402
+from zgdata.timing import collect  # noqa: E402
 from zgdata.tokens import read_tokens, tokenize, tokens_meta  # noqa: E402
 from zgtrain.pipeline import profile_params  # noqa: E402
 
@@ -198,82 +198,35 @@ def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig)
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. materialize end to end (with a section breakdown from wrapped module globals)
+# 2. materialize end to end (with a section breakdown from zgdata.timing spans)
 
-
-class _Sections:
-    """Wrap functions that zgdata.materialize looks up as module globals, to time its sections."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.reset()
-
-    def reset(self):
-        self.acc = {}
-        self.last_capture_end = None
-        self.captures = []
-
-    def add(self, key, dt):
-        with self.lock:
-            self.acc[key] = self.acc.get(key, 0.0) + dt
-
-    def wrap(self, key, fn, *, mark_capture=False):
-        def inner(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                e = time.perf_counter()
-                self.add(key, e - t)
-                if mark_capture:
-                    self.last_capture_end = e
-                    self.captures.append(e - t)
-        return inner
-
-    def install(self):
-        self.saved = {n: getattr(zmat, n) for n in ("capture", "load_teacher", "read_tokens", "_finalize")}
-        self.saved_flush = zmat._Writer._flush
-        zmat.capture = self.wrap("capture", self.saved["capture"], mark_capture=True)
-        zmat.load_teacher = self.wrap("load_teacher", self.saved["load_teacher"])
-        zmat.read_tokens = self.wrap("read_tokens", self.saved["read_tokens"])
-        zmat._finalize = self.wrap("finalize", self.saved["_finalize"])
-        sec = self
-
-        def flush(w):
-            if not w.pending:
-                return sec.saved_flush(w)
-            t = time.perf_counter()
-            try:
-                return sec.saved_flush(w)
-            finally:
-                sec.add("writer_flush(bg)", time.perf_counter() - t)
-                sec.add("writer_flushes", 1.0)
-        zmat._Writer._flush = flush
-
-    def uninstall(self):
-        for n, f in self.saved.items():
-            setattr(zmat, n, f)
-        zmat._Writer._flush = self.saved_flush
-
-
-SECTIONS = _Sections()
+# printed section label -> the span materialize marks it with (zgdata/materialize.py)
+SECTIONS = {"load_teacher": "materialize.load_teacher", "read_tokens": "materialize.read_tokens",
+            "capture": "materialize.capture", "writer_flush(bg)": "materialize.commit",
+            "finalize": "materialize.finalize"}
 
 
 def run_materialize(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig) -> dict:
     clear_outputs(layout)
-    SECTIONS.reset()
-    with CpuMeter() as meter:
-        res = zmat.materialize(mcfg, part, layout=layout)
+    with collect(samples=True) as timings, CpuMeter() as meter:
+        res = materialize(mcfg, part, layout=layout)
     t_end = time.perf_counter()
     wall = meter.wall
     assert not res.skipped, "materialize skipped: outputs were not cleared"
     out = {"tokens": res.tokens, "wall_s": wall, "seconds": res.seconds, "tok_s": res.tokens / wall,
            "foreign": meter.foreign, "own_util": meter.own_util}
-    s = dict(SECTIONS.acc)
-    if SECTIONS.last_capture_end is not None:
-        s["after_last_capture(tail)"] = t_end - SECTIONS.last_capture_end
+    s = {}
+    for label, name in SECTIONS.items():
+        st = timings[name]
+        if st.count:
+            s[label] = st.seconds
+        if label == "writer_flush(bg)" and st.count:
+            s["writer_flushes"] = float(st.count)
+    cap = timings["materialize.capture"]
+    if cap.count:
+        s["after_last_capture(tail)"] = t_end - cap.last_end
     out["sections"] = s
-    out["per_batch"] = list(SECTIONS.captures)
+    out["per_batch"] = cap.samples
     return out
 
 
@@ -532,33 +485,30 @@ def main(argv=None) -> int:
             log(f"setup        : {k} = {v:.1f}")
 
         # 1 + 2, alternating
-        SECTIONS.install()
         fwd, mat = [], []
-        try:
-            def do_fwd(i):
-                q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
-                f = forward_only(layout, mcfg, part)
-                fwd.append(f)
-                log(f"[{i}] forward-only : {f['tok_s']:8.1f} tok/s  loop {f['loop_s']:6.2f}s  "
-                    f"(load {f['load_s']:.2f}s, token reads {f['read_tokens_s']:.3f}s; "
-                    f"incl. load {f['tok_s_incl_load']:.1f} tok/s)  foreign CPU {f['foreign']:.0%} "
-                    f"(before {q:.0%}), own {f['own_util']:.0%}")
 
-            def do_mat(i):
-                q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
-                m = run_materialize(layout, mcfg, part)
-                mat.append(m)
-                sec = "  ".join(f"{k}={v:.2f}" for k, v in m["sections"].items())
-                log(f"[{i}] materialize  : {m['tok_s']:8.1f} tok/s  wall {m['wall_s']:6.2f}s  "
-                    f"foreign CPU {m['foreign']:.0%} (before {q:.0%}), own {m['own_util']:.0%}")
-                log(f"      sections   : {sec}")
+        def do_fwd(i):
+            q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
+            f = forward_only(layout, mcfg, part)
+            fwd.append(f)
+            log(f"[{i}] forward-only : {f['tok_s']:8.1f} tok/s  loop {f['loop_s']:6.2f}s  "
+                f"(load {f['load_s']:.2f}s, token reads {f['read_tokens_s']:.3f}s; "
+                f"incl. load {f['tok_s_incl_load']:.1f} tok/s)  foreign CPU {f['foreign']:.0%} "
+                f"(before {q:.0%}), own {f['own_util']:.0%}")
 
-            for i in range(max(args.repeats, 1)):  # alternate the order too: F M, M F, F M, ...
-                for step in ((do_fwd, do_mat) if i % 2 == 0 else (do_mat, do_fwd)):
-                    step(i)
-                log(f"[{i}] ratio materialize / forward-only (this pair): {mat[-1]['tok_s'] / fwd[-1]['tok_s']:.3f}")
-        finally:
-            SECTIONS.uninstall()
+        def do_mat(i):
+            q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
+            m = run_materialize(layout, mcfg, part)
+            mat.append(m)
+            sec = "  ".join(f"{k}={v:.2f}" for k, v in m["sections"].items())
+            log(f"[{i}] materialize  : {m['tok_s']:8.1f} tok/s  wall {m['wall_s']:6.2f}s  "
+                f"foreign CPU {m['foreign']:.0%} (before {q:.0%}), own {m['own_util']:.0%}")
+            log(f"      sections   : {sec}")
+
+        for i in range(max(args.repeats, 1)):  # alternate the order too: F M, M F, F M, ...
+            for step in ((do_fwd, do_mat) if i % 2 == 0 else (do_mat, do_fwd)):
+                step(i)
+            log(f"[{i}] ratio materialize / forward-only (this pair): {mat[-1]['tok_s'] / fwd[-1]['tok_s']:.3f}")
 
         disk = disk_figures(layout, part)
         loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, min_steps=args.loader_steps,

@@ -32,6 +32,7 @@ from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
 from zgdata.progress import progress
 from zgdata.teacher import load_teacher, read_teacher_json
+from zgdata.timing import span
 from zgdata.tokens import open_tokens, read_tokens
 
 __all__ = ["materialize", "MaterializeResult", "estimate_bytes"]
@@ -128,10 +129,16 @@ class _Writer(threading.Thread):
             self.error = e
 
     def _flush(self) -> None:
-        import lance
-
         if not self.pending:
             return
+        with span("materialize.commit", rows=sum(len(p[0]) for p in self.pending),
+                  nbytes=sum(t.numel() * t.element_size() for p in self.pending for t in p[2].values())):
+            self._commit()
+
+    def _commit(self) -> None:
+        """Append the pending batches to every boundary (one Lance version each), then journal them."""
+        import lance
+
         st = self.journal.state
         rows = np.concatenate([p[0] for p in self.pending])
         splits = [s for p in self.pending for s in p[1]]
@@ -191,7 +198,8 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
                 "complete": False}
         schemas[n] = pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
                                 hidden_field("hidden", seq_len, hidden, cfg.storage_dtype)], metadata=encode_meta(meta))
-    model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
+    with span("materialize.load_teacher"):
+        model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
     storage = getattr(torch, cfg.storage_dtype)
     writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows)
     tokens_ds = open_tokens(layout)
@@ -200,8 +208,10 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
         with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
             for lo in range(start, n_rows, cfg.batch_size):
                 rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
-                ids, splits = read_tokens(layout, rows, ds=tokens_ds)
-                caps = capture(model, ids, layers, storage_dtype=storage)
+                with span("materialize.read_tokens", rows=len(rows)):
+                    ids, splits = read_tokens(layout, rows, ds=tokens_ds)
+                with span("materialize.capture", rows=len(rows)):
+                    caps = capture(model, ids, layers, storage_dtype=storage)
                 while True:  # never block forever on a dead writer
                     if writer.error is not None:
                         raise writer.error
@@ -217,7 +227,8 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
             writer.join()
     if writer.error is not None:
         raise writer.error
-    stats = _finalize(stage, names, journal, finals)
+    with span("materialize.finalize"):
+        stats = _finalize(stage, names, journal, finals)
     shutil.rmtree(stage, ignore_errors=True)
     return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                              seconds=time.perf_counter() - t0, resumed_from=start, stats=stats)

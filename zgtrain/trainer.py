@@ -25,6 +25,7 @@ from zgdata.lineage import check
 from zgdata.progress import progress
 from zgdata.runtime import device, seed_all
 from zgdata.teacher import load_slice
+from zgdata.timing import span
 from zgtrain import checkpoint
 from zgtrain.config import ProjectConfig, TrainConfig
 from zgtrain.conversions import convert
@@ -46,8 +47,8 @@ def block_seed(global_seed: int, offset: int, key: str) -> int:
 def lr_at(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    span = max(cfg.steps - cfg.warmup, 1)
-    p = min((step - cfg.warmup) / span, 1.0)
+    length = max(cfg.steps - cfg.warmup, 1)
+    p = min((step - cfg.warmup) / length, 1.0)
     if cfg.schedule == "cosine":
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
     if cfg.schedule == "linear":
@@ -107,7 +108,7 @@ def fit(run: Run, end: int) -> None:
     dev = next(block.parameters()).device
     block.train()
     t0 = time.perf_counter()
-    with progress(f"train {key}", end - run.step, unit="step") as advance:
+    with progress(f"train {key}", end - run.step, unit="step") as advance, span("train.steps"):
         for step, rows, x, y in run.src.batches("train", start_step=run.step, steps=end, batch_size=cfg.batch_size,
                                                 seed=run.seed):
             for g in opt.param_groups:
