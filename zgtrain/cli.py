@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         cmd = e.ctx.command_path if getattr(e, "ctx", None) is not None else "zg"
         print(f"error: {e.format_message()} Run `{cmd} --help` for usage.", file=sys.stderr)
         sys.exit(e.exit_code or 2)
-    except click_exc.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
