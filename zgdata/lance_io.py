@@ -18,7 +18,7 @@ import torch
 
 from zgdata.errors import ZgError
 
-__all__ = ["open_dataset", "schema_meta", "hidden_field", "tensor_column", "to_arrow_hidden", "dir_bytes",
+__all__ = ["open_dataset", "schema_meta", "encode_meta", "hidden_field", "tensor_column", "to_arrow_hidden", "dir_bytes",
            "STORAGE", "version_rows"]
 
 # storage dtype -> (arrow value type, torch dtype of the bit pattern)

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.atomic import replace_path
+from zgdata.atomic import replace_path, write_text
 from zgdata.capture import capture
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
@@ -84,9 +84,7 @@ class _Journal:
         self.state = json.loads(path.read_text()) if path.exists() else {"rows_done": 0, "versions": {}, "stats": {}}
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, sort_keys=True))
-        os.replace(tmp, self.path)
+        write_text(self.path, json.dumps(self.state, sort_keys=True))  # compact: rewritten after every commit
 
 
 def _reconcile(stage: Path, names: list[str], journal: _Journal) -> None:

