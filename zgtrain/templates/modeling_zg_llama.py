@@ -1,6 +1,8 @@
 """Llama with a per-layer MLP width, shipped inside ZeroGraph students whose blocks differ in shape.
 
-Load with ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
+zg loads it with ``zgtrain.student.load_student``, which first checks that this file is byte for byte
+the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_remote_code`` to
+``AutoModelForCausalLM.from_pretrained`` only after checking that hash yourself.
 """
 
 import copy
