@@ -16,6 +16,7 @@ import torch
 
 from zgdata.boundary import check_pair_lineage
 from zgdata.errors import ZgError
+from zgdata.integrity import CHECKSUM_COLUMN, check_rows
 from zgdata.lance_io import open_dataset, schema_meta, tensor_column
 
 __all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows"]
@@ -49,12 +50,19 @@ class BoundaryDataset:
     def rows(self, split: str) -> np.ndarray:
         return np.flatnonzero(self.splits == split)
 
-    def take(self, rows) -> torch.Tensor:
-        """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view)."""
+    def take(self, rows, *, check: bool = True) -> torch.Tensor:
+        """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view).
+
+        Every row is checked against the checksum materialize wrote (a ZgError names the first bad
+        row); ``check=False`` is for verify, which has already checked every row and reports instead.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         order = np.argsort(rows, kind="stable")
         # Lance reads sorted row ids 2-4x faster; restore the caller's order afterwards
-        out = tensor_column(self.ds.take(rows[order], columns=["hidden"]), "hidden", self.field)
+        table = self.ds.take(rows[order], columns=["hidden", CHECKSUM_COLUMN] if check else ["hidden"])
+        if check:
+            check_rows(self.path, table, rows[order], self.seq_ids)
+        out = tensor_column(table, "hidden", self.field)
         if np.array_equal(order, np.arange(len(rows))):
             return out
         return out[torch.from_numpy(np.argsort(order))]
