@@ -15,6 +15,7 @@ batches are loaded ahead in a thread (``BoundaryPair.batches``).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +107,8 @@ def _is_read_error(e: BaseException) -> bool:
 
 
 def read_error(path: Path, kind: str | None, e: BaseException) -> ZgError:
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = re.sub(r",?\s*/rustc/\S*", "", first)[:160]  # the Rust source location helps no user
     return ZgError(f"cannot read {path}: a data file is truncated, corrupt or missing ({first})",
                    fix=recover_fix(path, kind))
 
@@ -114,7 +116,8 @@ def read_error(path: Path, kind: str | None, e: BaseException) -> ZgError:
 class _Guarded:
     """A Lance dataset whose reads turn Arrow/Lance errors into one-line ZgErrors naming the dataset.
 
-    Everything else (schema, version, versions(), get_fragments(), ...) is the dataset's own.
+    Everything else (schema, version, versions(), get_fragments(), ...) is the dataset's own;
+    ``scanner()`` is not wrapped, so stream with ``to_batches``.
     """
 
     _READS = ("take", "to_table", "count_rows", "head", "sample")
@@ -123,6 +126,8 @@ class _Guarded:
         self.lance_dataset, self._path, self._kind = ds, Path(path), kind
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "lance_dataset":  # copy/pickle probes, half-built instance
+            raise AttributeError(name)
         attr = getattr(self.lance_dataset, name)
         if name in self._READS:
             return self._wrap(attr)

@@ -61,7 +61,7 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
     if require_complete and kind == "boundary":
         check_format(path, ds.schema, meta)
     # reads (take / to_table / to_batches) open data files lazily: their errors name the dataset too
-    return guarded(ds, path, kind)
+    return guarded(ds, path, kind or meta.get("kind"))  # inspect opens without a kind: the advice still fits
 
 
 def schema_meta(schema: pa.Schema) -> dict[str, Any]:

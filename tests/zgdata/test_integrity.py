@@ -99,13 +99,13 @@ def _truncate_data_file(path):
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
 
-@pytest.mark.parametrize("name", ["h02", "tokens"])
-def test_truncated_data_file_is_one_line_error(tiny_project, name):
+@pytest.mark.parametrize("name, command", [("h02", ("data", "verify")), ("tokens", ("data", "inspect"))])
+def test_truncated_data_file_is_one_line_error(tiny_project, name, command):
     layout = Layout(tiny_project)
     path = layout.tokens if name == "tokens" else layout.boundary(name)
     _truncate_data_file(path)
     rel = str(path.relative_to(tiny_project))
-    res = zg("data", "verify", cwd=tiny_project, check=False)
+    res = zg(*command, cwd=tiny_project, check=False)
     line = assert_user_error(res, rel, "truncated", f"dvc checkout {rel}",
                              "dvc repro -f " + ("tokens" if name == "tokens" else "materialize"))
     assert "h00" not in line and "h04" not in line
