@@ -82,21 +82,24 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
 def data_verify(params: Path = params_option,
                 sample: Optional[int] = typer.Option(None, min=1, help="sequences to recompute, >= 1 (default verify.sample)."),
                 lineage_only: bool = typer.Option(False, "--lineage-only",
-                                                  help="check lineage and row alignment only; needs no teacher."),
+                                                  help="check lineage, row alignment and every row's checksum "
+                                                       "only; needs no teacher."),
                 boundaries: Optional[Path] = typer.Option(None, help="folder of boundary datasets (default data/boundaries)."),
                 as_json: bool = typer.Option(False, "--json")):
-    """Recompute a sample of sequences with the teacher and compare bit for bit; check alignment and lineage.
+    """Check every row's checksum, lineage and alignment; recompute a sample with the teacher bit for bit.
 
-    Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row.
+    Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row, or when a
+    boundary partition.boundaries needs is missing (--lineage-only only lists it: a subset may be pulled).
     """
-    from zgdata.config import VerifyConfig, load_params, section
+    from zgdata.config import PartitionConfig, VerifyConfig, load_params, section
     from zgdata.layout import Layout
     from zgdata.verify import verify
 
     p = load_params(params) if params.exists() or not lineage_only else {}
     cfg = section(p, VerifyConfig, "verify")
+    part = section(p, PartitionConfig, "partition") if "partition" in p else None
     report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
-                    boundaries_dir=boundaries)
+                    boundaries_dir=boundaries, partition=part)
     emit(report, as_json=as_json, summary=f"verify: {report['status']} ({report['summary']})")
     if report["status"] != "ok":
         raise typer.Exit(1)

@@ -76,6 +76,7 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
         import json
         seq_len, hidden = json.loads(f.metadata[b"zg.shape"])
         info.update(layer=meta["layer"], seq_len=seq_len, hidden=hidden, dtype=f.metadata[b"zg.dtype"].decode(),
+                    format_version=meta.get("format_version"),
                     stats=meta.get("stats", {}), software=meta.get("software", {}))
     else:
         info.update(layer=None, seq_len=meta["lineage"]["seq_len"], hidden=None, dtype="int32", stats={})

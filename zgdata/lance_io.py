@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 
 from zgdata.errors import ZgError
+from zgdata.integrity import check_format, guarded, recover_fix
 
 __all__ = ["open_dataset", "schema_meta", "encode_meta", "hidden_field", "tensor_column", "to_arrow_hidden", "dir_bytes",
            "STORAGE", "version_rows"]
@@ -34,8 +35,7 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
     import lance
 
     path = Path(path)
-    recover = ("restore it with `dvc checkout " + str(path) + "` (or `dvc pull`), or re-create it with "
-               "`dvc repro -f " + ("tokens" if kind == "tokens" else "materialize") + "`")
+    recover = recover_fix(path, kind)
     if not path.exists():
         raise ZgError(f"dataset {path} does not exist", fix=recover)
     try:
@@ -58,7 +58,10 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
         raise ZgError(f"{path} is not a ZeroGraph {kind} dataset (kind={meta.get('kind')!r})", fix=recover)
     if require_complete and meta.get("complete") is not True:
         raise ZgError(f"{path} is half-written: it was never marked complete", fix=recover)
-    return ds
+    if require_complete and kind == "boundary":
+        check_format(path, ds.schema, meta)
+    # reads (take / to_table / to_batches) open data files lazily: their errors name the dataset too
+    return guarded(ds, path, kind or meta.get("kind"))  # inspect opens without a kind: the advice still fits
 
 
 def schema_meta(schema: pa.Schema) -> dict[str, Any]:

@@ -24,9 +24,11 @@ import torch
 
 from zgdata.atomic import replace_path, write_text
 from zgdata.capture import capture
+from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
+from zgdata.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN, checksum_array
 from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
@@ -71,7 +73,7 @@ def _check_disk(need: int, where: Path) -> None:
 
 
 def _complete(path: Path, fp: str, rows: int) -> bool:
-    try:
+    try:  # also refuses another boundary format version: an old-format dataset is rewritten
         ds = open_dataset(path, kind="boundary")
     except ZgError:
         return False
@@ -148,8 +150,9 @@ class _Writer(threading.Thread):
             s["rms_sum"] += float(xf.pow(2).mean(-1).sqrt().sum(dtype=torch.float64))
             s["tokens"] += int(x.shape[0] * x.shape[1])
             s["absmax"] = max(s["absmax"], float(xf.abs().max()))
-            table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits),
-                                          to_arrow_hidden(x, self.cfg.storage_dtype)], schema=self.schemas[name])
+            hidden = to_arrow_hidden(x, self.cfg.storage_dtype)
+            table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), hidden,
+                                          checksum_array(hidden)], schema=self.schemas[name])
             path = self.stage / f"{name}.lance"
             ds = lance.write_dataset(table, str(path), mode="append" if path.exists() else "create",
                                      transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {self.total_rows}"})
@@ -182,7 +185,9 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
         return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                                  seconds=time.perf_counter() - t0, skipped=True)
 
-    stage = layout.staging / sha256_bytes(json.dumps(fps, sort_keys=True).encode())[:16]
+    # keyed by the format too: a run interrupted under an older format must not be resumed into this one
+    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION}
+    stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
     stage.mkdir(parents=True, exist_ok=True)
     journal = _Journal(stage / "journal.json")
     _reconcile(stage, names, journal)
@@ -193,9 +198,10 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     for n, layer in zip(names, layers):
         meta = {"kind": "boundary", "name": n, "layer": layer, "fingerprint": fps[n], "lineage": lineages[n],
                 "software": software_versions(), "seq_len": seq_len, "hidden": hidden, "rows": rows_by_split,
-                "complete": False}
+                "format_version": BOUNDARY_FORMAT_VERSION, "complete": False}
         schemas[n] = pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
-                                hidden_field("hidden", seq_len, hidden, cfg.storage_dtype)], metadata=encode_meta(meta))
+                                hidden_field("hidden", seq_len, hidden, cfg.storage_dtype),
+                                pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))], metadata=encode_meta(meta))
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
     storage = getattr(torch, cfg.storage_dtype)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from zgdata.errors import ZgError
+from zgdata.integrity import CHECKSUM_COLUMN, check_rows
 from zgdata.lance_io import open_dataset, schema_meta, tensor_column
 from zgdata.lineage import check
 from zgdata.timing import span
@@ -50,13 +51,20 @@ class BoundaryDataset:
     def rows(self, split: str) -> np.ndarray:
         return np.flatnonzero(self.splits == split)
 
-    def take(self, rows) -> torch.Tensor:
-        """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view)."""
+    def take(self, rows, *, check: bool = True) -> torch.Tensor:
+        """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view).
+
+        Every row is checked against the checksum materialize wrote (a ZgError names the first bad
+        row); ``check=False`` is for verify, which has already checked every row and reports instead.
+        """
         rows = np.asarray(rows, dtype=np.int64)
         order = np.argsort(rows, kind="stable")
         # Lance reads sorted row ids 2-4x faster; restore the caller's order afterwards
         with span("reader.take", rows=len(rows)) as sp:
-            out = tensor_column(self.ds.take(rows[order], columns=["hidden"]), "hidden", self.field)
+            table = self.ds.take(rows[order], columns=["hidden", CHECKSUM_COLUMN] if check else ["hidden"])
+            if check:
+                check_rows(self.path, table, rows[order], self.seq_ids)
+            out = tensor_column(table, "hidden", self.field)
             if not np.array_equal(order, np.arange(len(rows))):
                 out = out[torch.from_numpy(np.argsort(order))]
             sp.nbytes = out.numel() * out.element_size()

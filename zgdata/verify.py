@@ -1,4 +1,4 @@
-"""`zg data verify`: lineage, row alignment and a bit-exact recompute of sampled sequences."""
+"""`zg data verify`: lineage, row alignment, every row's checksum and a bit-exact recompute of sampled sequences."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import torch
 
 from zgdata.capture import capture
-from zgdata.config import VerifyConfig
+from zgdata.config import PartitionConfig, VerifyConfig
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
+from zgdata.integrity import recover_fix, scan_checksums
 from zgdata.layout import Layout
 from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
 from zgdata.reader import BoundaryDataset
@@ -45,6 +46,27 @@ def _lineage_failures(sets: list[BoundaryDataset]) -> list[dict]:
     return out
 
 
+def _missing(folder: Path, partition: PartitionConfig | None) -> list[str]:
+    """Boundaries that partition.boundaries needs but ``folder`` lacks."""
+    return [n for n in (partition.names if partition else []) if not (folder / f"{n}.lance").exists()]
+
+
+def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tuple[list[dict], dict[str, int]]:
+    """Every row of every boundary against its checksum, streamed; the first ``listed`` bad rows each get an entry."""
+    out, counts = [], {}
+    for b in sets:
+        row_bytes = b.field.type.list_size * b.field.type.value_type.bit_width // 8
+        counts[b.name], bad = scan_checksums(b.ds, row_bytes)
+        for row, seq_id in bad[:listed]:
+            out.append({"boundary": b.name, "check": "checksum", "row": row, "seq_id": seq_id,
+                        "what": f"{b.name} row {row} (seq_id {seq_id}): stored hidden states do not match the "
+                                f"checksum written at materialize", "fix": recover_fix(b.path)})
+        if len(bad) > listed:
+            out.append({"boundary": b.name, "check": "checksum", "rows": len(bad),
+                        "what": f"{b.name}: {len(bad) - listed} more rows fail their checksum", "fix": recover_fix(b.path)})
+    return out, counts
+
+
 def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int]]:
     from zgdata.lineage import read_tokens_json
     from zgdata.teacher import load_teacher, read_teacher_json
@@ -70,7 +92,7 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
         ids, _ = read_tokens(layout, [int(sets[0].seq_ids[r])], ds=tok_ds)
         caps = capture(model, ids, [b.meta["layer"] for b in sets], storage_dtype=storage)
         for b in sets:
-            stored = b.take([r])
+            stored = b.take([r], check=False)  # checksums were checked above; report, don't raise
             fresh = caps[b.meta["layer"]]
             if not torch.equal(stored.view(torch.int16) if storage == torch.bfloat16 else stored,
                                fresh.view(torch.int16) if storage == torch.bfloat16 else fresh):
@@ -82,23 +104,37 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
 
 
 def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool = False, layout: Layout = Layout(),
-           boundaries_dir: Path | None = None) -> dict:
+           boundaries_dir: Path | None = None, partition: PartitionConfig | None = None) -> dict:
+    """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
+    depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
+    block's pair runs that mode on a subset."""
     folder = Path(boundaries_dir) if boundaries_dir else layout.boundaries_dir
+    missing = _missing(folder, partition)
     sets = _open_all(folder)
-    failures = _lineage_failures(sets)
+    failures = [] if lineage_only else [
+        {"boundary": n, "check": "missing", "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries "
+         "needs, is missing", "fix": f"`dvc pull {folder / f'{n}.lance'}`, or re-create it with `dvc repro materialize`"}
+        for n in missing]
+    lineage_failures = _lineage_failures(sets)
+    sums, summed = _checksum_failures(sets)
+    failures += lineage_failures + sums
     checked = []
-    if not lineage_only and not failures:
+    if not lineage_only and not lineage_failures:
         more, checked = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
         failures += more
     report = {
         "status": "ok" if not failures else "fail",
-        "summary": (f"{len(sets)} boundaries, lineage and alignment ok" + ("" if lineage_only else
-                    f", {len(checked)} sequences bit-identical")) if not failures else
+        "summary": (f"{len(sets)} boundaries, lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
+                    + ("" if lineage_only else
+                    f", {len(checked)} sequences bit-identical")
+                    + (f"; not present: {', '.join(missing)}" if missing else "")) if not failures else
                    "; ".join(f["what"] for f in failures[:3]) + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
                    + ". " + failures[0]["fix"],
         "lineage_only": lineage_only,
         "boundaries": {b.name: {"fingerprint": b.fingerprint, "rows": len(b.seq_ids), "version": b.ds.version,
-                                "layer": b.meta["layer"]} for b in sets},
+                                "layer": b.meta["layer"], "checksum_rows": summed[b.name]} for b in sets},
+        "checksum_rows_checked": sum(summed.values()),
+        "missing": missing,
         "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},
         "checked_seq_ids": checked,
         "failures": failures,

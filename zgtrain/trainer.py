@@ -166,13 +166,13 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
         flat_b = {**{k: v for k, v in identity.items() if k != "config"}, **identity["config"]}
         raise ZgError(f"models/blocks/{key} holds a checkpoint of another run ({_diff(flat_a, flat_b)})",
                       fix="rerun with --restart to discard it, or restore the old params")
+    # read (and checksum) the data before anything in the block directory changes
+    xs, ys = (t.float() for t in src.take(src.rows("train")[: cfg.importance_rows]))
     if prior is None:
         shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True, exist_ok=True)
 
     gen = seed_all(seed)
-    sample_rows = src.rows("train")[: cfg.importance_rows]
-    xs, ys = (t.float() for t in src.take(sample_rows))
     block = convert(cfg.conversion, tensors, LlamaConfig.from_dict(smeta["config"]), cfg, xs, gen).to(device())
     objective = Objective(cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys,
                           device=device())

@@ -16,6 +16,7 @@ from conftest import zg
 from zgd_helpers import overwrite_table, read_json, set_schema_meta
 from zgdata.lineage import boundary_fingerprint
 from zgdata.errors import ZgError
+from zgdata.integrity import checksum_array
 from zgdata.lance_io import dir_bytes
 from zgdata.layout import Layout
 from zgdata.reader import BoundaryDataset, BoundaryPair
@@ -64,7 +65,10 @@ def test_verify_passes(tiny_project):
 
 
 def _flip_one_value(path, row: int, index: int) -> int:
-    """Flip one bit of one stored bf16 value; written back as a new Lance version with the same schema."""
+    """Flip one bit of one stored bf16 value; written back as a new Lance version with the same schema.
+
+    The row's checksum is rewritten to match (as a capture change that forgot its version bump would
+    write it), so only the recompute can catch it; tests/zgdata/test_integrity.py flips bytes on disk."""
     ds = lance.dataset(str(path))
     table = ds.to_table()
     col = table.column("hidden").combine_chunks()
@@ -72,8 +76,8 @@ def _flip_one_value(path, row: int, index: int) -> int:
     pos = row * col.type.list_size + index
     values[pos] ^= np.uint16(1 << 3)
     hidden = pa.FixedSizeListArray.from_arrays(pa.array(values, type=pa.uint16()), col.type.list_size)
-    return overwrite_table(path, pa.table([table.column("seq_id"), table.column("split"), hidden],
-                                          names=table.column_names))
+    return overwrite_table(path, pa.table([table.column("seq_id"), table.column("split"), hidden,
+                                           checksum_array(hidden)], names=table.column_names))
 
 
 def test_verify_catches_one_flipped_value(tiny_project):
