@@ -29,6 +29,7 @@ from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
 from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
 from zgdata.layout import Layout
+from zgdata.lock import locked, remove_dead_staging
 from zgdata.progress import progress
 from zgdata.teacher import load_teacher, read_teacher_json
 from zgdata.tokens import read_tokens, tokens_meta
@@ -157,6 +158,7 @@ class _Writer(threading.Thread):
             time.sleep(self.sleep)
 
 
+@locked("materialize")
 def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> MaterializeResult:
     t0 = time.perf_counter()
     teacher = read_teacher_json(layout)
@@ -175,11 +177,12 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     n_rows = sum(rows_by_split.values())
     seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
     finals = {n: layout.boundary(n) for n in names}
+    stage = layout.staging / sha256_bytes(json.dumps(fps, sort_keys=True).encode())[:16]
+    remove_dead_staging(layout, keep=stage)
     if all(_complete(finals[n], fps[n], n_rows) for n in names):
         return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                                  seconds=time.perf_counter() - t0, skipped=True)
 
-    stage = layout.staging / sha256_bytes(json.dumps(fps, sort_keys=True).encode())[:16]
     stage.mkdir(parents=True, exist_ok=True)
     journal = _Journal(stage / "journal.json")
     _reconcile(stage, names, journal)

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
+from zgdata.lock import locked
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
 
 __all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "SUPPORTED_TYPES",
@@ -137,10 +140,15 @@ def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
-              metadata={k: json.dumps(v) for k, v in metadata.items()})
-    _sort_header_metadata(tmp)
-    os.replace(tmp, path)
+    try:
+        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
+                  metadata={k: json.dumps(v) for k, v in metadata.items()})
+        _sort_header_metadata(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # leave no temp file beside the DVC outputs
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _sort_header_metadata(path: Path) -> None:
@@ -178,6 +186,7 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
     _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha})
 
 
+@locked("teacher")
 def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
     model, tok = _resolve(cfg.source)
     if model.config.model_type not in SUPPORTED_TYPES:
@@ -189,9 +198,15 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     model.config.dtype = cfg.dtype
     sha = tensors_sha256(model.state_dict())
     tok_sha = tokenizer_sha256(tok)
-    layout.teacher_hf.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(layout.teacher_hf)
-    tok.save_pretrained(layout.teacher_hf)
+    # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
+    layout.teacher_json.unlink(missing_ok=True)
+    hf_tmp = layout.teacher_hf.with_name(layout.teacher_hf.name + ".partial")
+    shutil.rmtree(hf_tmp, ignore_errors=True)
+    hf_tmp.mkdir(parents=True)
+    model.save_pretrained(hf_tmp)
+    tok.save_pretrained(hf_tmp)
+    shutil.rmtree(layout.teacher_hf, ignore_errors=True)
+    os.replace(hf_tmp, layout.teacher_hf)
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
             "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype}

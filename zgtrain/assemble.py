@@ -16,6 +16,7 @@ from zgdata.boundary import boundary_fingerprint, boundary_lineage
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lock import locked
 from zgdata.teacher import load_slice, read_teacher_json
 from zgtrain.trainer import load_block
 
@@ -97,6 +98,7 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
     return model.eval(), summary
 
 
+@locked("assemble")
 def assemble(params: dict, *, layout: Layout = Layout()) -> dict:
     from transformers import AutoTokenizer
 

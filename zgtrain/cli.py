@@ -11,7 +11,7 @@ import click
 import typer
 
 from zgdata.cli import data_app, emit, params_option, teacher_app
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, from_os_error
 from zgdata.progress import stderr
 
 __all__ = ["app", "main"]
@@ -45,6 +45,7 @@ def init(directory: Path = typer.Argument(..., help="new project directory."),
 @app.command("pipeline")
 def pipeline(params: Path = params_option):
     """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
+    from zgdata.atomic import write_text
     from zgdata.config import PartitionConfig, load_params, section
     from zgtrain.pipeline import dump_params, write_pipeline
 
@@ -53,7 +54,7 @@ def pipeline(params: Path = params_option):
     old = p.get("blocks") or {}
     p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
                            "in": b.input, "out": b.output} for b in part.blocks()}
-    params.write_text(dump_params(p))
+    write_text(params, dump_params(p))  # atomic: a full disk must not truncate the user's params
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
     stderr.print(f"wrote {path} with blocks {', '.join(p['blocks'])}")
@@ -146,4 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:  # full disk, quota, permissions, read-only file system: one line; anything else is a bug
+        if debug or (err := from_os_error(e)) is None:
+            raise
+        print(f"error: {err.render()}", file=sys.stderr)
+        sys.exit(err.code)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -12,6 +12,7 @@ from zgdata.config import PartitionConfig, section
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lock import locked
 from zgdata.lance_io import open_dataset
 from zgdata.progress import stderr
 from zgdata.reader import BoundaryDataset
@@ -101,6 +102,7 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> 
     fig.tight_layout(); fig.savefig(d / "png" / "loss.png", dpi=100); plt.close(fig)
 
 
+@locked("evaluate")
 def evaluate(params: dict, *, layout: Layout = Layout()) -> dict:
     t0 = time.perf_counter()
     cfg = section(params, EvalConfig, "eval")

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.atomic import write_json
+from zgdata.atomic import write_json, write_text
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes, tensors_sha256
 from zgdata.layout import Layout
+from zgdata.lock import locked
 from zgdata.progress import progress
 from zgdata.runtime import device
 from zgdata.teacher import load_slice
@@ -195,6 +196,7 @@ def _steps(block, opt, gen, objective, src, cfg: TrainConfig, *, key, d, meta, c
     return tokens
 
 
+@locked("block")
 def train_block(params: dict, key: str, *, targets: str | None = None, stop_after: int | None = None,
                 restart: bool = False, layout: Layout = Layout()) -> dict:
     from transformers import LlamaConfig
@@ -268,8 +270,8 @@ def train_block(params: dict, key: str, *, targets: str | None = None, stop_afte
     block.eval()
     heldout = _heldout(block, src, cfg)
     meta.update(done=True, state_sha256=sha)
+    _save_weights(block.weights(), d / "model.safetensors")  # before meta.json says done, so done implies it exists
     _checkpoint(d, meta, block, opt, gen, curve, cfg.steps)
-    _save_weights(block.weights(), d / "model.safetensors")
     metrics = {"key": key, "steps": cfg.steps, "train_loss": float(np.mean(curve[-10:])) if curve else None,
                "first_loss": curve[0] if curve else None, "heldout_loss": heldout,
                "tokens_per_s": tokens / seconds if seconds > 0 and tokens else None, "params": n_params,
@@ -277,7 +279,5 @@ def train_block(params: dict, key: str, *, targets: str | None = None, stop_afte
                "objective": cfg.objective, "conversion": cfg.conversion, "targets": cfg.targets,
                "state_sha256": sha, "status": "done", "step": cfg.steps}
     write_json(layout.block_metrics(key), metrics)
-    curve_path = layout.block_loss_curve(key)
-    curve_path.parent.mkdir(parents=True, exist_ok=True)
-    curve_path.write_text("step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(curve)))
+    write_text(layout.block_loss_curve(key), "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(curve)))
     return metrics
