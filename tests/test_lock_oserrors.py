@@ -307,3 +307,30 @@ def test_os_errors_of_the_libraries_become_zg_errors(tmp_path):
             raise RuntimeError("could not write") from e
     except RuntimeError as e:
         assert from_os_error(e).render().startswith("Permission denied (EACCES) at /srv/x")
+
+
+def test_lock_nests_in_one_thread_and_refuses_another_thread(tmp_path):
+    import threading
+
+    from zgdata.errors import ZgError
+
+    layout = Layout(tmp_path)
+    refused = []
+
+    def other():
+        try:
+            with stage_lock(layout, "tokens"):
+                refused.append(False)
+        except ZgError as e:
+            refused.append(str(e))
+
+    with stage_lock(layout, "tokens"):
+        with stage_lock(layout, "tokens"):  # a stage calling another under the same lock
+            assert _holder_pid(tmp_path, "tokens") == os.getpid()
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert refused and refused[0] and f"pid {os.getpid()}" in refused[0] and "is writing" in refused[0]
+    assert _holder_pid(tmp_path, "tokens") is None
+    with stage_lock(layout, "tokens"):  # free again once released
+        pass

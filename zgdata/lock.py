@@ -30,6 +30,7 @@ import re
 import shutil
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,13 @@ _STAGES = {
     "evaluate": _Stage(lambda L, k: L.eval_metrics, lambda L, k: L.eval_metrics.parent),
 }
 
-_held: dict[str, int] = {}  # lock file -> depth, so a stage may call another holding the same lock
+# (lock file, thread) -> depth: a stage may call another under the same lock in its own thread; another
+# thread of this process is refused like another process (its flock on a second open file conflicts)
+_held: dict[tuple[str, int], int] = {}
+
+
+def _held_key(path: Path) -> tuple[str, int]:
+    return str(path.resolve()), threading.get_ident()
 
 
 def lock_path(layout: Layout, name: str) -> Path:
@@ -130,8 +137,8 @@ def project_lock(layout: Layout, name: str, *, writes: Path, errors_at: Path | N
     """
     path = lock_path(layout, name)
     with _os_errors_as_zg(errors_at or writes):
-        key = str(path.resolve())
-        if key in _held:  # this process already holds it
+        key = _held_key(path)
+        if key in _held:  # this thread already holds it
             _held[key] += 1
             try:
                 yield
@@ -202,7 +209,7 @@ def remove_dead_staging(layout: Layout, keep: Path) -> list[Path]:
     """Remove staging dirs of other fingerprints (their inputs changed: nothing will resume them).
 
     Only safe under the materialize lock, which this checks."""
-    if str(lock_path(layout, "materialize").resolve()) not in _held:
+    if _held_key(lock_path(layout, "materialize")) not in _held:
         raise RuntimeError("remove_dead_staging needs the materialize lock (@locked('materialize'))")
     staging = layout.staging
     dead = sorted(p for p in staging.iterdir() if p.name != keep.name) if staging.is_dir() else []
