@@ -54,11 +54,14 @@ def atomic_path(path: Path) -> Iterator[Path]:
         _remove(tmp)  # left by a killed run
     try:
         yield tmp
-    except BaseException:
-        if tmp.exists() or tmp.is_symlink():
-            _remove(tmp)
+        replace_path(tmp, path)
+    except BaseException as e:
+        if isinstance(e, OSError) and e.filename is None:  # a failed write() does not say which file
+            e.filename = str(tmp)
+        with contextlib.suppress(OSError):  # e.g. a read-only file system refuses even this
+            if tmp.exists() or tmp.is_symlink():
+                _remove(tmp)
         raise
-    replace_path(tmp, path)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -1,4 +1,4 @@
-"""One error type for everything a user can fix.
+"""One error type for everything a user can fix, and the mapping of OS failures onto it.
 
 The CLI prints ``ZgError`` as a single line (what was wrong, which key, what to do)
 and exits non-zero; anything else is a bug and keeps its traceback.
@@ -6,7 +6,13 @@ and exits non-zero; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["ZgError"]
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+__all__ = ["ZgError", "from_os_error"]
 
 
 class ZgError(Exception):
@@ -24,3 +30,80 @@ class ZgError(Exception):
         if self.fix:
             parts.append(self.fix)
         return " ".join(p.rstrip(".") + "." for p in parts)
+
+
+# The OS conditions a user fixes outside zg: errno -> (what happened, what to do).
+# The message starts with the OS's own words (os.strerror), so it can be searched for.
+_FIXES = {
+    errno.ENOSPC: "free space on that disk (or move the project to a bigger one), then rerun",
+    errno.EDQUOT: "free space or raise your quota on that disk, then rerun",
+    errno.EACCES: "fix the permissions (owner/mode) of that path, or work in a directory you can write",
+    errno.EPERM: "fix the permissions (owner/mode) of that path, or work in a directory you can write",
+    errno.EROFS: "choose a writable directory for the project (or remount that file system read-write)",
+}
+# Libraries written in Rust or C++ (Lance, safetensors, torch, Arrow) raise RuntimeError/ValueError/
+# OSError without errno; their text carries the C library's strerror, often with "(os error N)".
+_STRERROR = {os.strerror(n): n for n in _FIXES}
+_OS_ERROR_N = re.compile(r"\((?:os error|errno) (\d+)\)|\[errno (\d+)\]", re.IGNORECASE)
+_QUOTED_PATH = re.compile(r"""(?:path|file|directory)\s*['"]([^'"]+)['"]""", re.IGNORECASE)
+
+
+def _errno_of(e: BaseException) -> int | None:
+    n = getattr(e, "errno", None)
+    if isinstance(n, int) and n in _FIXES:
+        return n
+    if not isinstance(e, (OSError, RuntimeError, ValueError)) and type(e).__name__ != "SafetensorError":
+        return None
+    text = str(e)
+    for m in _OS_ERROR_N.finditer(text):
+        n = int(m.group(1) or m.group(2))
+        if n in _FIXES:
+            return n
+    for s, n in _STRERROR.items():  # exact strerror text, e.g. "No space left on device"
+        if s in text:
+            return n
+    return None
+
+
+def _torch_write_failed(e: BaseException, path: Path | None) -> bool:
+    """torch.save reports a short write only as "unexpected pos" / "file write failed" (no errno):
+    count it as ENOSPC only when the disk it wrote to is really (nearly) full."""
+    if not isinstance(e, RuntimeError) or "inline_container.cc" not in str(e) or path is None:
+        return False
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free < (1 << 20)
+    except OSError:
+        return False
+
+
+def _show(path) -> str:
+    p = os.fspath(path)
+    rel = os.path.relpath(p) if os.path.isabs(p) else p
+    return rel if not rel.startswith("..") else p
+
+
+def from_os_error(e: BaseException, path: str | os.PathLike | None = None) -> ZgError | None:
+    """A one-line ``ZgError`` for a full disk, a quota, missing permission or a read-only file system
+    (from ``e`` or the exception it was raised from), or None when ``e`` is something else.
+
+    ``path``: where the failing stage writes, named when the error does not carry its own path
+    (Lance reports "No space left on device" without one).
+    """
+    seen, cause = 0, e
+    while cause is not None and seen < 5:
+        n = _errno_of(cause)
+        if n is None and _torch_write_failed(cause, path):
+            n = errno.ENOSPC
+        if n is not None:
+            where = getattr(cause, "filename", None)  # exact when Python raised it
+            if where is None and path is None:  # the stage's own path beats a library's temp name
+                m = _QUOTED_PATH.search(str(cause))
+                where = m.group(1) if m else None
+            where = path if where is None else where
+            at = f" at {_show(where)}" if where is not None else " (the library did not say which path)"
+            return ZgError(f"{os.strerror(n)} ({errno.errorcode[n]}){at}", fix=_FIXES[n])
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return None

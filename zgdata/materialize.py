@@ -32,6 +32,7 @@ from zgdata.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN, checksum_array
 from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
+from zgdata.lock import locked, remove_dead_staging
 from zgdata.progress import progress
 from zgdata.teacher import load_teacher, read_teacher_json
 from zgdata.timing import span
@@ -166,6 +167,7 @@ class _Writer(threading.Thread):
             time.sleep(self.sleep)
 
 
+@locked("materialize")
 def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> MaterializeResult:
     t0 = time.perf_counter()
     teacher = read_teacher_json(layout)
@@ -181,13 +183,14 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     n_rows = sum(rows_by_split.values())
     seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
     finals = {n: layout.boundary(n) for n in names}
+    # keyed by the format too: a run interrupted under an older format must not be resumed into this one
+    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION}
+    stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
+    remove_dead_staging(layout, keep=stage)
     if all(_complete(finals[n], fps[n], n_rows) for n in names):
         return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                                  seconds=time.perf_counter() - t0, skipped=True)
 
-    # keyed by the format too: a run interrupted under an older format must not be resumed into this one
-    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION}
-    stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
     stage.mkdir(parents=True, exist_ok=True)
     journal = _Journal(stage / "journal.json")
     _reconcile(stage, names, journal)

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
+from zgdata.lock import locked
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
 
 __all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "package_dir", "SUPPORTED_TYPES",
@@ -176,6 +179,7 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
     _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha})
 
 
+@locked("teacher")
 def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
     model, tok = _resolve(cfg.source)
     if model.config.model_type not in SUPPORTED_TYPES:
@@ -187,9 +191,15 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     model.config.dtype = cfg.dtype
     sha = tensors_sha256(model.state_dict())
     tok_sha = tokenizer_sha256(tok)
-    layout.teacher_hf.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(layout.teacher_hf)
-    tok.save_pretrained(layout.teacher_hf)
+    # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
+    layout.teacher_json.unlink(missing_ok=True)
+    hf_tmp = layout.teacher_hf.with_name(layout.teacher_hf.name + ".partial")
+    shutil.rmtree(hf_tmp, ignore_errors=True)
+    hf_tmp.mkdir(parents=True)
+    model.save_pretrained(hf_tmp)
+    tok.save_pretrained(hf_tmp)
+    shutil.rmtree(layout.teacher_hf, ignore_errors=True)
+    os.replace(hf_tmp, layout.teacher_hf)
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
             "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype}

@@ -23,6 +23,7 @@ from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
+from zgdata.lock import locked
 
 __all__ = ["tokenize", "TokensResult", "documents", "corpus_digest", "tokens_meta", "open_tokens", "read_tokens",
            "TOKENS_VERSION"]
@@ -116,6 +117,7 @@ def _sample(n: int, k: int, seed: int) -> np.ndarray:
     return np.sort(torch.randperm(n, generator=g)[:k].numpy())
 
 
+@locked("tokens")
 def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None) -> TokensResult:
     from transformers import AutoTokenizer
 
@@ -165,6 +167,7 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None) -> 
         [pa.array(np.arange(len(ids), dtype=np.int64)), pa.array([p[0] for p in parts for _ in p[2]]),
          pa.array([n for p in parts for n in p[2]]),
          pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), cfg.seq_len)], schema=schema)
+    layout.tokens_json.unlink(missing_ok=True)  # until both are written, the pair is absent, never mismatched
     _write_atomic(table, layout.tokens, message=f"tokens {fp[:12]}: {rows}")
     write_json(layout.tokens_json, {"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage})
     return TokensResult(path=layout.tokens, fingerprint=fp, rows=rows, tokens=tokens)

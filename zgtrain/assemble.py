@@ -15,6 +15,7 @@ from zgdata.atomic import atomic_path
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
+from zgdata.lock import locked
 from zgdata.teacher import load_slice, read_teacher_json
 from zgtrain.checkpoint import load_block, read_meta
 from zgtrain.config import ProjectConfig
@@ -83,6 +84,7 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     return model.eval(), summary
 
 
+@locked("assemble")
 def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     from transformers import AutoTokenizer
 

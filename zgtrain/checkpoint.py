@@ -150,9 +150,9 @@ def state_sha256(block, opt) -> str:
 
 
 def finish(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, step: int) -> None:
-    """The last checkpoint, then the final weights that mark the block trained."""
-    save(d, meta, block, opt, gen, curve, step)
+    """The final weights, then the last checkpoint, whose meta.json marks the block done: done implies weights."""
     save_weights(block.weights(), Path(d) / "model.safetensors")
+    save(d, meta, block, opt, gen, curve, step)
 
 
 def load_block(layout: Layout, key: str, *, which: str = "final"):

@@ -11,7 +11,7 @@ import typer
 from typer._click import exceptions as click_exc  # typer raises its own copy of click's exceptions
 
 from zgdata.cli import data_app, emit, params_option, teacher_app
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, from_os_error
 from zgdata.progress import stderr
 
 __all__ = ["app", "main"]
@@ -148,4 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:  # full disk, quota, permissions, read-only file system: one line; anything else is a bug
+        if debug or (err := from_os_error(e)) is None:
+            raise
+        print(f"error: {err.render()}", file=sys.stderr)
+        sys.exit(err.code)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import csv
+import io
 import time
 
 import numpy as np
 import torch
 
-from zgdata.atomic import atomic_path, write_json
+from zgdata.atomic import atomic_path, write_json, write_text
 from zgdata.config import PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lock import locked
 from zgdata.progress import stderr
 from zgdata.reader import BoundaryDataset
 from zgdata.runtime import device
@@ -62,48 +64,47 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray) -> dict:
     return out
 
 
+def _csv(rows: list[list]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
 def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with atomic_path(layout.eval_plots) as d:  # the CSVs and PNGs appear together or not at all
-        (d / "png").mkdir(parents=True)
-        _write_plots(d, layout, scores, shift, part, plt)
+    d = layout.eval_plots
+    write_text(d / "ce.csv", _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"]
+                                                       for n in ("teacher", "untrained", "student")]))
+    write_text(d / "shift.csv", _csv([["block", "teacher_input", "student_input"]]
+                                     + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
+                                        for k, v in shift.items()]))
+    with atomic_path(d / "png") as png:  # a DVC directory output: its images are replaced together
+        png.mkdir(parents=True)
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.bar(["teacher", "untrained", "student"], [scores[n]["ce"] for n in ("teacher", "untrained", "student")])
+        ax.set_ylabel("held-out CE (nats/token)")
+        fig.tight_layout(); fig.savefig(png / "ce.png", dpi=100); plt.close(fig)
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        keys = list(shift)
+        xs = np.arange(len(keys))
+        ax.bar(xs - 0.2, [shift[k]["teacher_input"] for k in keys], 0.4, label="teacher input")
+        ax.bar(xs + 0.2, [shift[k]["student_input"] for k in keys], 0.4, label="student input")
+        ax.set_xticks(xs, keys); ax.set_ylabel("normalized error"); ax.legend()
+        fig.tight_layout(); fig.savefig(png / "shift.png", dpi=100); plt.close(fig)
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for spec in part.blocks():
+            p = layout.block_loss_curve(spec.key)
+            if p.exists():
+                rows = list(csv.DictReader(open(p)))
+                ax.plot([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], label=spec.key)
+        ax.set_yscale("log"); ax.set_xlabel("step"); ax.set_ylabel("train loss"); ax.legend()
+        fig.tight_layout(); fig.savefig(png / "loss.png", dpi=100); plt.close(fig)
 
 
-def _write_plots(d, layout: Layout, scores: dict, shift: dict, part: PartitionConfig, plt) -> None:
-    with open(d / "ce.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "ce"])
-        for name in ("teacher", "untrained", "student"):
-            w.writerow([name, f"{scores[name]['ce']:.6f}"])
-    with open(d / "shift.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["block", "teacher_input", "student_input"])
-        for k, v in shift.items():
-            w.writerow([k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"])
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.bar(["teacher", "untrained", "student"], [scores[n]["ce"] for n in ("teacher", "untrained", "student")])
-    ax.set_ylabel("held-out CE (nats/token)")
-    fig.tight_layout(); fig.savefig(d / "png" / "ce.png", dpi=100); plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    keys = list(shift)
-    xs = np.arange(len(keys))
-    ax.bar(xs - 0.2, [shift[k]["teacher_input"] for k in keys], 0.4, label="teacher input")
-    ax.bar(xs + 0.2, [shift[k]["student_input"] for k in keys], 0.4, label="student input")
-    ax.set_xticks(xs, keys); ax.set_ylabel("normalized error"); ax.legend()
-    fig.tight_layout(); fig.savefig(d / "png" / "shift.png", dpi=100); plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for spec in part.blocks():
-        p = layout.block_loss_curve(spec.key)
-        if p.exists():
-            rows = list(csv.DictReader(open(p)))
-            ax.plot([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], label=spec.key)
-    ax.set_yscale("log"); ax.set_xlabel("step"); ax.set_ylabel("train loss"); ax.legend()
-    fig.tight_layout(); fig.savefig(d / "png" / "loss.png", dpi=100); plt.close(fig)
-
-
+@locked("evaluate")
 def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     t0 = time.perf_counter()
     cfg, gates, part = project.eval, project.gates, project.partition

@@ -159,5 +159,7 @@ def init_project(root: Path, profile: str) -> Path:
     _run(["dvc", "config", "cache.type", "reflink,hardlink,copy"], root)
     write_text(root / "params.yaml", dump_params(params))
     write_pipeline(root, params, code_deps=False)
-    (root / ".gitignore").write_text("/data/.staging/\n__pycache__/\n")
+    (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/lock.py's lock files
+    with open(root / ".dvcignore", "a") as f:
+        f.write("\n/.zg/\n")
     return root

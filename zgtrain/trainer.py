@@ -22,6 +22,7 @@ from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
 from zgdata.layout import Layout
 from zgdata.lineage import check
+from zgdata.lock import locked
 from zgdata.progress import progress
 from zgdata.runtime import device, seed_all
 from zgdata.teacher import load_slice
@@ -196,6 +197,7 @@ def _train_loss(curve: list) -> float | None:
     return float(np.mean(curve[-10:])) if curve else None
 
 
+@locked("block")
 def train_block(project: ProjectConfig, key: str, *, targets: str | None = None, stop_after: int | None = None,
                 restart: bool = False, layout: Layout = Layout()) -> dict:
     """Train block KEY to train.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
