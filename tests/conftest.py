@@ -2,6 +2,9 @@
 
 ``tiny_built`` runs teacher -> tokens -> materialize once per session through the real
 CLI; ``tiny_project`` hands each test its own copy, so tests never share state.
+``reproduced`` is one tiny project after `zg init`, git and a whole `dvc repro`, built once per
+session for tests/zgtrain/test_pipeline.py and tests/test_stage_deps.py (tests that change it
+work on a copy, except test_pipeline's selective-rerun tests, which leave it reproduced and clean).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,6 +65,25 @@ def tiny_project(tiny_built, tmp_path) -> Path:
     dst = tmp_path / "proj"
     shutil.copytree(tiny_built, dst, symlinks=True)
     return dst
+
+
+PIPELINE_STAGES = ["teacher", "tokens", "materialize", "verify", "train@b00", "train@b01", "assemble", "evaluate"]
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> Path:
+    """A tiny project after `zg init`, a git commit, `dvc repro` of every stage and a second commit."""
+    base = tmp_path_factory.mktemp("pipeline")
+    root = base / "proj"
+    zg("init", root, "--profile", "tiny", cwd=base)
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "zg init"], cwd=root)
+    res = run(["dvc", "repro"], cwd=root)
+    ran = re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr)
+    assert ran == PIPELINE_STAGES, ran
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "dvc repro"], cwd=root)
+    return root
 
 
 def read_json(path: Path) -> dict:
