@@ -47,24 +47,25 @@ def _lineage_failures(sets: list[BoundaryDataset]) -> list[dict]:
     return out
 
 
-def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int]]:
+def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int], dict]:
     from zgdata.lance_io import open_dataset, schema_meta
-    from zgdata.teacher import load_teacher, read_teacher_json
+    from zgdata.teacher import load_teacher_checked, read_teacher_json
     from zgdata.tokens import read_tokens
 
     lin = sets[0].meta["lineage"]
     teacher = read_teacher_json(layout)
     if teacher["weights_sha256"] != lin["teacher_sha256"]:
         return [{"boundary": "*", "check": "teacher", "what": f"boundaries come from teacher {lin['teacher_sha256'][:12]} "
-                 f"but models/teacher is {teacher['weights_sha256'][:12]}", "fix": REMAT}], []
+                 f"but models/teacher is {teacher['weights_sha256'][:12]}", "fix": REMAT}], [], {}
     tok_ds = open_dataset(layout.tokens, kind="tokens")
     if schema_meta(tok_ds.schema)["fingerprint"] != lin["tokens_fingerprint"]:
         return [{"boundary": "*", "check": "tokens", "what": "boundaries were made from another token set than "
-                 "data/tokens.lance", "fix": REMAT}], []
+                 "data/tokens.lance", "fix": REMAT}], [], {}
     n = len(sets[0].seq_ids)
     g = torch.Generator().manual_seed(cfg.seed)
     rows = np.sort(torch.randperm(n, generator=g)[: min(sample, n)].numpy())
-    model, _ = load_teacher(layout, dtype=lin["compute_dtype"], with_tokenizer=False)
+    # rehash: verify never trusts the digest cache that makes ordinary teacher loads cheap
+    model, _, identity = load_teacher_checked(layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True)
     storage = getattr(torch, lin["storage_dtype"])
     failures = []
     for r in rows:
@@ -79,7 +80,7 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
                 failures.append({"boundary": b.name, "check": "recompute", "row": int(r), "seq_id": int(b.seq_ids[r]),
                                  "what": f"{b.name} row {r} (seq_id {int(b.seq_ids[r])}): {diff} values differ from "
                                          f"a fresh teacher pass", "fix": REMAT})
-    return failures, [int(sets[0].seq_ids[r]) for r in rows]
+    return failures, [int(sets[0].seq_ids[r]) for r in rows], identity
 
 
 def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool = False, layout: Layout = Layout(),
@@ -87,14 +88,15 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
     folder = Path(boundaries_dir) if boundaries_dir else layout.boundaries_dir
     sets = _open_all(folder)
     failures = _lineage_failures(sets)
-    checked = []
+    checked, identity = [], {}
     if not lineage_only and not failures:
-        more, checked = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
+        more, checked, identity = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
         failures += more
     report = {
         "status": "ok" if not failures else "fail",
         "summary": (f"{len(sets)} boundaries, lineage and alignment ok" + ("" if lineage_only else
-                    f", {len(checked)} sequences bit-identical")) if not failures else
+                    f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed"))
+                   if not failures else
                    "; ".join(f["what"] for f in failures[:3]) + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
                    + ". " + failures[0]["fix"],
         "lineage_only": lineage_only,
@@ -102,6 +104,7 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
                                 "layer": b.meta["layer"]} for b in sets},
         "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},
         "checked_seq_ids": checked,
+        "teacher_files": identity,
         "failures": failures,
     }
     write_json(layout.verify_report, report)

@@ -16,7 +16,7 @@ from zgdata.boundary import boundary_fingerprint, boundary_lineage
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.teacher import load_slice, read_teacher_json
+from zgdata.teacher import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.trainer import load_block
 
 __all__ = ["assemble", "build_student", "expected_fingerprints"]
@@ -98,8 +98,6 @@ def build_student(params: dict, *, layout: Layout = Layout(), which: str = "fina
 
 
 def assemble(params: dict, *, layout: Layout = Layout()) -> dict:
-    from transformers import AutoTokenizer
-
     model, summary = build_student(params, layout=layout)
     out = layout.student
     tmp = out.with_name(out.name + ".partial")
@@ -112,7 +110,7 @@ def assemble(params: dict, *, layout: Layout = Layout()) -> dict:
         cfg["auto_map"] = {"AutoConfig": "modeling_zg_llama.ZgLlamaConfig",
                            "AutoModelForCausalLM": "modeling_zg_llama.ZgLlamaForCausalLM"}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    AutoTokenizer.from_pretrained(layout.teacher_hf).save_pretrained(tmp)
+    load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
     (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": read_teacher_json(layout)["weights_sha256"]},
                                                    indent=2, sort_keys=True) + "\n")
     shutil.rmtree(out, ignore_errors=True)

@@ -67,7 +67,7 @@ def profile_params(profile: str) -> dict:
 
 # Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
 _CODE = {
-    "teacher": ["zgdata/teacher.py", "zgdata/tokenizer_util.py"],
+    "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/tokenizer_util.py"],
     "tokens": ["zgdata/tokens.py"],
     "materialize": ["zgdata/capture_version.py"],
     "verify": ["zgdata/verify.py", "zgdata/capture.py"],
@@ -170,5 +170,5 @@ def init_project(root: Path, profile: str) -> Path:
     _run(["dvc", "config", "cache.type", "reflink,hardlink,copy"], root)
     (root / "params.yaml").write_text(dump_params(params))
     write_pipeline(root, params, code_deps=False)
-    (root / ".gitignore").write_text("/data/.staging/\n__pycache__/\n")
+    (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg: local caches
     return root
