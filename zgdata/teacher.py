@@ -2,18 +2,17 @@
 
 ``prepare`` writes ``models/teacher/``:
   hf/                      safetensors weights + config + tokenizer (loads with from_pretrained)
-  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype
+  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype,
+                           files (sha256 of each file in hf/, checked by every load: zgdata.teacher_identity)
   blocks/bNN.safetensors   each block's own teacher layers, so a block stage never needs the rest
   blocks/head.safetensors  embeddings, final norm and LM head, for assembly
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +24,11 @@ from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.lock import locked
+from zgdata.teacher_identity import RESTORE, FilesCheck, check_files, record_files
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
 
-__all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "package_dir", "SUPPORTED_TYPES",
-           "EMBEDDED_GGUF"]
+__all__ = ["prepare", "PrepareResult", "load_teacher", "load_teacher_checked", "load_tokenizer", "read_teacher_json",
+           "load_slice", "package_dir", "SUPPORTED_TYPES", "EMBEDDED_GGUF"]
 
 SUPPORTED_TYPES = ("llama",)
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -193,16 +193,14 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     tok_sha = tokenizer_sha256(tok)
     # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
     layout.teacher_json.unlink(missing_ok=True)
-    hf_tmp = layout.teacher_hf.with_name(layout.teacher_hf.name + ".partial")
-    shutil.rmtree(hf_tmp, ignore_errors=True)
-    hf_tmp.mkdir(parents=True)
-    model.save_pretrained(hf_tmp)
-    tok.save_pretrained(hf_tmp)
-    shutil.rmtree(layout.teacher_hf, ignore_errors=True)
-    os.replace(hf_tmp, layout.teacher_hf)
+    with atomic_path(layout.teacher_hf) as hf_tmp:  # a fresh folder: no stale file of an earlier teacher is recorded
+        hf_tmp.mkdir(parents=True)
+        model.save_pretrained(hf_tmp)
+        tok.save_pretrained(hf_tmp)
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
-            "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype}
+            "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype,
+            "files": record_files(layout)}
     write_slices(model, partition.blocks(), partition, layout, sha)
     write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
@@ -214,18 +212,61 @@ def read_teacher_json(layout: Layout = Layout()) -> dict:
     return json.loads(layout.teacher_json.read_text())
 
 
-def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
-    """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _checked_dir(layout: Layout, *, rehash: bool) -> tuple[dict, FilesCheck]:
+    """teacher.json and the check that hf/ holds exactly its files: the one gate before anything loads."""
     if not (layout.teacher_hf / "config.json").exists():
         raise ZgError(f"teacher weights not found in {layout.teacher_hf}",
                       fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote")
+    teacher = read_teacher_json(layout)
+    return teacher, check_files(layout, teacher, rehash=rehash)
+
+
+def _check_tokenizer(tok, teacher: dict, layout: Layout) -> None:
+    # The files already match; this catches a tokenizers/transformers that reads them differently.
+    if tokenizer_sha256(tok) != teacher["tokenizer_sha256"]:
+        raise ZgError(f"the tokenizer loaded from {layout.teacher_hf} does not hash to teacher.json's tokenizer_sha256 "
+                      f"({teacher['tokenizer_sha256'][:12]})", fix=RESTORE)
+
+
+def load_tokenizer(layout: Layout = Layout()):
+    """The prepared teacher's tokenizer, after the same identity check as the weights."""
+    from transformers import AutoTokenizer
+
+    teacher, _ = _checked_dir(layout, rehash=False)
+    tok = AutoTokenizer.from_pretrained(layout.teacher_hf)
+    _check_tokenizer(tok, teacher, layout)
+    return tok
+
+
+def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
+                         rehash: bool = False):
+    """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
+    loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from zgdata.runtime import device
 
+    teacher, check = _checked_dir(layout, rehash=rehash)
     model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, dtype),
-                                                 attn_implementation="sdpa").eval().to(device())
+                                                 attn_implementation="sdpa").eval()
+    tensors_checked = rehash and dtype == teacher["dtype"]
+    if tensors_checked:
+        sha = tensors_sha256(model.state_dict())
+        if sha != teacher["weights_sha256"]:
+            raise ZgError(f"the files in {layout.teacher_hf} match teacher.json but load to tensors hashing {sha[:12]}, "
+                          f"not weights_sha256 {teacher['weights_sha256'][:12]} (did transformers change?)",
+                          fix="re-run `dvc repro -f teacher` with this environment, then `dvc repro materialize`")
     tok = AutoTokenizer.from_pretrained(layout.teacher_hf) if with_tokenizer else None
+    if tok is not None:
+        _check_tokenizer(tok, teacher, layout)
+    return model.to(device()), tok, {**check.as_dict(), "weights_sha256_checked": tensors_checked}
+
+
+def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
+    """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
+
+    Refuses (ZgError) unless models/teacher/hf holds exactly the files teacher.json records."""
+    model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer)
     return model, tok
 
 

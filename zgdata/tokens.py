@@ -119,10 +119,7 @@ def _sample(n: int, k: int, seed: int) -> np.ndarray:
 
 @locked("tokens")
 def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None) -> TokensResult:
-    from transformers import AutoTokenizer
-
-    from zgdata.teacher import read_teacher_json
-    from zgdata.tokenizer_util import tokenizer_sha256
+    from zgdata.teacher import load_tokenizer, read_teacher_json
 
     teacher = read_teacher_json(layout)
     max_pos = teacher["architecture"]["max_positions"]
@@ -135,11 +132,8 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None) -> 
     if missing:
         raise ZgError(f"held-out document(s) {missing} are not in the corpus", key="corpus.heldout",
                       fix=f"use document names (file stems), e.g. {', '.join(sorted(names)[:4])}")
-    tok = AutoTokenizer.from_pretrained(layout.teacher_hf)
-    tok_sha = tokenizer_sha256(tok)
-    if tok_sha != teacher["tokenizer_sha256"]:
-        raise ZgError("the tokenizer in models/teacher/hf does not match teacher.json",
-                      fix="re-run `dvc repro teacher`")
+    tok = load_tokenizer(layout)  # checks hf/ against teacher.json, and the tokenizer's hash
+    tok_sha = teacher["tokenizer_sha256"]
     digest = corpus_digest(docs)
     split_spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents), "max_train_seqs": cfg.max_train_seqs,
                   "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}

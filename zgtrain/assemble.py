@@ -16,7 +16,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
 from zgdata.lock import locked
-from zgdata.teacher import load_slice, read_teacher_json
+from zgdata.teacher import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.checkpoint import load_block, read_meta
 from zgtrain.config import ProjectConfig
 from zgtrain.student import ship_modeling_code
