@@ -86,14 +86,12 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
 
 @locked("assemble")
 def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
-    from transformers import AutoTokenizer
-
     model, summary = build_student(project, layout=layout)
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
     with atomic_path(layout.student) as tmp:
         model.save_pretrained(tmp)
         modeling = ship_modeling_code(tmp) if summary["remote_code"] else None
-        AutoTokenizer.from_pretrained(layout.teacher_hf).save_pretrained(tmp)
+        load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
         (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
                                                         "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
     return {"path": str(layout.student), **{k: v for k, v in summary.items() if k != "blocks"}}
