@@ -91,10 +91,12 @@ def read_json(path: Path) -> dict:
 
 
 def tree_sha256(path: Path) -> str:
-    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks)."""
+    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks).
+
+    ``.zg/`` (lock files and caches: runtime state, gitignored, never an output) is left out."""
     h = hashlib.sha256()
     path = Path(path)
-    for p in sorted(x for x in path.rglob("*") if x.is_file()):
+    for p in sorted(x for x in path.rglob("*") if x.is_file() and ".zg" not in x.relative_to(path).parts):
         h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -80,7 +80,7 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
 
 @data_app.command("verify")
 def data_verify(params: Path = params_option,
-                sample: Optional[int] = typer.Option(None, min=1, help="sequences to recompute, >= 1 (default verify.sample)."),
+                sample: Optional[int] = typer.Option(None, help="sequences to recompute, >= 1 (default verify.sample)."),
                 lineage_only: bool = typer.Option(False, "--lineage-only",
                                                   help="check lineage, row alignment and every row's checksum "
                                                        "only; needs no teacher."),
@@ -91,12 +91,13 @@ def data_verify(params: Path = params_option,
     Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row, or when a
     boundary partition.boundaries needs is missing (--lineage-only only lists it: a subset may be pulled).
     """
-    from zgdata.config import PartitionConfig, VerifyConfig, load_params, section
+    from zgdata.config import PartitionConfig, VerifyConfig, check_int, load_params, section
     from zgdata.layout import Layout
     from zgdata.verify import verify
 
     p = load_params(params) if params.exists() or not lineage_only else {}
     cfg = section(p, VerifyConfig, "verify")
+    sample = None if sample is None else check_int("--sample", sample, ge=1)
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
     report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
                     boundaries_dir=boundaries, partition=part)
