@@ -34,7 +34,7 @@ from typing import Iterator
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
 
-__all__ = ["Doc", "Source", "Walk", "FORMATS", "sources", "read", "known_ids", "stem"]
+__all__ = ["Doc", "Source", "Walk", "FORMATS", "sources", "read", "known_ids", "stem", "size"]
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf_disk", "lance")
 RECORD_FORMATS = ("jsonl", "parquet", "hf_disk", "lance")
@@ -161,6 +161,12 @@ def _check_kind(s: Source) -> None:
     if not _kind_ok(s.path, s.format):
         raise ZgError(f"corpus source {s.path} is not a {s.format} {'directory' if want_dir else 'file'}",
                       key="corpus.format", fix="fix corpus.source or set corpus.format: auto")
+
+
+def size(src: Source) -> int:
+    """Bytes of a source on disk (the progress bar's unit)."""
+    p = src.path
+    return p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
 def known_ids(srcs: list[Source]) -> set[str] | None:
@@ -331,8 +337,8 @@ class Walk:
     values) were met, so that a name matching nothing is reported after one pass.
     """
 
-    def __init__(self, cfg: CorpusConfig, srcs: list[Source]):
-        self.cfg, self.srcs = cfg, srcs
+    def __init__(self, cfg: CorpusConfig, srcs: list[Source], *, advance=None):
+        self.cfg, self.srcs, self.advance = cfg, srcs, advance  # advance(bytes): a source was read
         self.wanted = set(cfg.documents)
         self.documents = 0
         self.empty_count = 0  # empty documents skipped
@@ -361,6 +367,8 @@ class Walk:
                     self.some_ids.append(doc.id)
                 self.documents += 1
                 yield doc
+            if self.advance is not None:
+                self.advance(size(src))
 
     def precheck(self) -> None:
         """Before the pass, when ids are known without reading (text files): names that match no file."""

@@ -28,12 +28,13 @@ import torch
 
 from zgdata.atomic import atomic_path, write_json
 from zgdata.config import CorpusConfig
-from zgdata.corpus import Doc, Walk, sources
+from zgdata.corpus import Doc, Walk, size, sources
 from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
-from zgdata.packing import EosPacker, PadPacker, RowSpill
+from zgdata.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
+from zgdata.progress import progress as _progress
 
 __all__ = ["tokenize", "TokensResult", "documents", "corpus_digest", "tokens_meta", "open_tokens", "read_tokens",
            "TOKENS_VERSION", "BATCH_CHARS"]
@@ -113,8 +114,10 @@ def _encoder(tok):
     return encode
 
 
-def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None,
-             batch_chars: int = BATCH_CHARS) -> TokensResult:
+def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, batch_chars: int = BATCH_CHARS,
+             flush_tokens: int = FLUSH_TOKENS) -> TokensResult:
+    """Tokenize the corpus into data/tokens.lance + data/tokens.json (``batch_chars`` and ``flush_tokens`` bound
+    memory; they never change the result)."""
     from transformers import AutoTokenizer
 
     from zgdata.teacher import read_teacher_json
@@ -140,19 +143,23 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None,
     shutil.rmtree(spill_dir, ignore_errors=True)  # left by a killed run
     spill_dir.mkdir(parents=True)
     try:
-        return _tokenize(cfg, layout, teacher, tok, tok_sha, walk, spill_dir, batch_chars)
+        with (progress or _progress)("tokenize", sum(size(s) for s in srcs), unit="B") as advance:
+            walk.advance = advance
+            return _tokenize(cfg, layout, teacher, tok, tok_sha, walk, spill_dir, batch_chars, flush_tokens)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 
 
-def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int) -> TokensResult:
+def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int,
+              flush_tokens: int) -> TokensResult:
     pad = cfg.packing == "pad"
     packers = {}
     for split in ("train", "heldout"):
         spill = RowSpill(spill_dir / f"{split}.arrows", cfg.seq_len, with_length=pad)
         packers[split] = (PadPacker(spill, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None
-                                    else tok.eos_token_id, min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)))
-                          if pad else EosPacker(spill, tok.eos_token_id))
+                                    else tok.eos_token_id, min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)),
+                                    flush_tokens=flush_tokens)
+                          if pad else EosPacker(spill, tok.eos_token_id, flush_tokens=flush_tokens))
     is_heldout = _heldout_rule(cfg)
     digest, held_ids = hashlib.sha256(), hashlib.sha256()
     held_docs = 0
