@@ -79,7 +79,10 @@ def _detect(path: Path) -> str | None:
     if not path.is_dir():
         return None
     if (path / "dataset_dict.json").exists():
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        try:
+            splits = list(json.loads((path / "dataset_dict.json").read_text()).get("splits", []))
+        except (ValueError, AttributeError, TypeError):
+            splits = []
         raise ZgError(f"{path} is a `datasets` DatasetDict (splits {splits})", key=KEY,
                       fix=f"point corpus.source at one split's directory, e.g. {path / (splits or ['train'])[0]}")
     if (path / "state.json").exists():
@@ -304,9 +307,10 @@ def _batches(src: Source, cfg: CorpusConfig):
             raise ZgError(f"{path}/state.json lists data files that are missing or none at all", key=KEY,
                           fix="save the dataset again with Dataset.save_to_disk")
         for f in files:
-            reader = pa.ipc.open_stream(pa.memory_map(str(f)))
-            cols = _columns(reader.schema.names, path, cfg)
-            yield f, (b.select(cols) for b in reader)
+            with pa.OSFile(str(f)) as stream:  # plain reads, not a memory map: resident memory stays one batch
+                reader = pa.ipc.open_stream(stream)
+                cols = _columns(reader.schema.names, path, cfg)
+                yield f, (b.select(cols) for b in reader)
     else:
         import lance
 

@@ -219,17 +219,22 @@ def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, b
     if pad:
         fields.append(pa.field("length", pa.int32()))
     schema = pa.schema(fields, metadata=encode_meta(meta))
-    _write_atomic(pa.RecordBatchReader.from_batches(schema, _kept_rows(spills, keep, schema)), layout.tokens,
+    real = {}
+    _write_atomic(pa.RecordBatchReader.from_batches(schema, _kept_rows(spills, keep, schema, real)), layout.tokens,
                   message=f"tokens {fp[:12]}: {rows}")
+    if pad:
+        lineage["packing"]["real_tokens"] = real
     write_json(layout.tokens_json, {"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage})
     return TokensResult(path=layout.tokens, fingerprint=fp, rows=rows, tokens=tokens, documents=walk.documents,
                         empty_documents=walk.empty_count)
 
 
-def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], schema: pa.Schema):
-    """The final rows, batch by batch: train then heldout, each split's kept rows in order, numbered."""
+def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], schema: pa.Schema, real: dict):
+    """The final rows, batch by batch: train then heldout, each split's kept rows in order, numbered.
+    ``real`` receives the kept rows' real (unpadded) tokens per split when rows carry a length."""
     seq_id = 0
     for split in ("train", "heldout"):
+        real[split] = 0
         sel, start = keep[split], 0
         for b in spills[split].batches():
             if sel is not None:
@@ -239,6 +244,8 @@ def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], 
                     continue
                 b = b.take(pa.array(idx))
             n = b.num_rows
+            if "length" in b.schema.names:
+                real[split] += int(np.asarray(b.column("length")).sum())
             cols = [pa.array(np.arange(seq_id, seq_id + n, dtype=np.int64)), pa.array([split] * n, pa.string()),
                     *b.columns]
             seq_id += n

@@ -255,6 +255,8 @@ def test_pad_packing_starts_each_document_on_a_row(tiny_built, tmp_path):
             else:
                 assert got == want[: len(got)]  # only a short tail row may be dropped
         assert lin["packing"]["mode"] == "pad" and lin["packing"]["min_fill"] == fill
+        assert lin["packing"]["real_tokens"] == {s: int(lengths[np.asarray(t["split"]) == s].sum())
+                                                 for s in ("train", "heldout")}
         dropped = sum(lin["packing"]["dropped_rows"].values())
         assert (dropped == 0) if fill == 0 else (dropped > 0)
     eos = tokenize(_cfg(src), layout=layout).fingerprint
