@@ -56,14 +56,14 @@ def profile_params(profile: str) -> dict:
 
 # Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
 _CODE = {
-    "teacher": ["zgdata/teacher.py", "zgdata/tokenizer_util.py"],
+    "teacher": ["zgdata/teacher.py", "zgdata/tokenizer_util.py", "zgdata/families.py"],
     "tokens": ["zgdata/tokens.py"],
     "materialize": ["zgdata/capture_version.py"],
-    "verify": ["zgdata/verify.py", "zgdata/capture.py"],
+    "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/families.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
-              "zgtrain/targets.py", "zgdata/reader.py"],
-    "assemble": ["zgtrain/assemble.py"],
-    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py"],
+              "zgtrain/targets.py", "zgdata/reader.py", "zgdata/families.py"],
+    "assemble": ["zgtrain/assemble.py", "zgdata/families.py"],
+    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgdata/families.py"],
 }
 
 
