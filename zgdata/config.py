@@ -134,8 +134,9 @@ def check_int(key: str, value, *, ge: int | None = None) -> int:
 @dataclass(kw_only=True, frozen=True)
 class TeacherConfig(Section):
     SECTION: ClassVar[str] = "teacher"
-    source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny`, a local transformers model "
-                                        "directory, or a `.gguf` path.")
+    source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
+                                        "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
+                                        "(families: zgdata/families.py).")
     dtype: str = param("float32", "dtype the teacher weights are saved in (float32 or bfloat16).", choices=DTYPES)
 
 

@@ -143,7 +143,7 @@ def fit(run: Run, end: int) -> None:
 def setup(project: ProjectConfig, key: str, *, targets: str | None = None, restart: bool = False,
           layout: Layout = Layout()) -> Run:
     """Build block KEY's run: a fresh start (init weights + checkpoint 0 written) or a resume from its checkpoint."""
-    from transformers import LlamaConfig
+    from zgdata.families import config_from_dict
 
     blk = project.block(key)
     spec, cfg = blk.spec, blk.train
@@ -174,7 +174,7 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
     d.mkdir(parents=True, exist_ok=True)
 
     gen = seed_all(seed)
-    block = convert(cfg.conversion, tensors, LlamaConfig.from_dict(smeta["config"]), cfg, xs, gen).to(device())
+    block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())
     objective = Objective(cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys,
                           device=device())
     opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
