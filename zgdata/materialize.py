@@ -61,6 +61,7 @@ class MaterializeResult:
     resumed_from: int = 0
     skipped: bool = False
     stats: dict = field(default_factory=dict)
+    shards: list = field(default_factory=list)  # sharded runs: per shard lo, hi, host, pid, threads, seconds, ...
 
 
 def estimate_bytes(rows: int, seq_len: int, hidden: int, storage_dtype: str, boundaries: int) -> int:
@@ -222,14 +223,15 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
                 "format_version": BOUNDARY_FORMAT_VERSION, "complete": False}
         schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype)
     sharded = cfg.workers > 1 if sharded is None else sharded
+    shards: list = []
     with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
         if sharded:
             from zgdata.materialize_sharded import run_sharded
 
-            run_sharded(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas,
-                        journal=journal, n_rows=n_rows, seq_len=seq_len, hidden=hidden,
-                        expect={"teacher_sha256": teacher["weights_sha256"], "tokens_fingerprint": tmeta["fingerprint"]},
-                        advance=advance)
+            expect = {"teacher_sha256": teacher["weights_sha256"], "tokens_fingerprint": tmeta["fingerprint"]}
+            shards = run_sharded(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas,
+                                 journal=journal, n_rows=n_rows, seq_len=seq_len, hidden=hidden, expect=expect,
+                                 advance=advance)
         else:
             _run_local(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas, journal=journal,
                        n_rows=n_rows, seq_len=seq_len, start=start, advance=advance)
@@ -237,7 +239,7 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
         stats = _finalize(stage, names, journal, finals)
     shutil.rmtree(stage, ignore_errors=True)
     return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
-                             seconds=time.perf_counter() - t0, resumed_from=start, stats=stats)
+                             seconds=time.perf_counter() - t0, resumed_from=start, stats=stats, shards=shards)
 
 
 def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, start, advance) -> None:

@@ -39,7 +39,8 @@ def plan(start: int, n_rows: int, *, batch_size: int, rows_per_file: int, worker
 
 
 def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int], schemas: dict, journal,
-                n_rows: int, seq_len: int, hidden: int, expect: dict, advance) -> None:
+                n_rows: int, seq_len: int, hidden: int, expect: dict, advance) -> list[dict]:
+    """Capture the rows after the journal's ``rows_done`` on Ray and commit them; returns where each shard ran."""
     from zgdata import shards
     from zgdata.runtime import device
     from zgdata.shard_task import VERSIONS
@@ -55,14 +56,17 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
             "hooks": {"log": os.environ.get("ZG_TEST_SHARD_LOG"),
                       "sleep": float(os.environ.get("ZG_FAILPOINT_SLEEP_IN_SHARD", "0"))}}
     specs = [{**base, "lo": lo, "hi": hi} for lo, hi in todo]
-    if not specs:  # every row was committed before a kill: only finalization is left
-        return
-    with shards.cluster(cpus=cfg.workers * cfg.worker_threads):
-        for res in shards.run_ordered(specs, workers=cfg.workers, cpus=cfg.worker_threads, gpus=gpus):
-            with span("materialize.commit", rows=res["hi"] - res["lo"]):
-                _commit(stage, names, schemas, journal, res, n_rows)
-            advance((res["hi"] - res["lo"]) * seq_len)
+    ran = []
+    if specs:  # none when every row was committed before a kill: only finalization is left
+        with shards.cluster(cpus=cfg.workers * cfg.worker_threads):
+            for res in shards.run_ordered(specs, workers=cfg.workers, cpus=cfg.worker_threads, gpus=gpus):
+                with span("materialize.commit", rows=res["hi"] - res["lo"]):
+                    _commit(stage, names, schemas, journal, res, n_rows)
+                advance((res["hi"] - res["lo"]) * seq_len)
+                ran.append({k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds",
+                                                  "peak_rss_mb")})
     _remove_orphans(stage, names)
+    return ran
 
 
 def _commit(stage: Path, names: list[str], schemas: dict, journal, res: dict, n_rows: int) -> None:

@@ -143,7 +143,7 @@ def _run(spec: dict) -> dict:
     from zgdata.runtime import set_threads
     from zgdata.tokens import open_tokens, read_tokens
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     set_threads(spec["threads"])
     if spec.get("device"):
         os.environ["ZG_DEVICE"] = spec["device"]  # a joined cluster's workers do not inherit the driver's env
@@ -174,7 +174,7 @@ def _run(spec: dict) -> dict:
     _test_hooks(spec)
     return {"lo": lo, "hi": hi, "fragments": fragments, "stats": stats, "pid": os.getpid(),
             "host": socket.gethostname(), "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _test_hooks(spec: dict) -> None:
