@@ -102,10 +102,12 @@ def ray_session() -> str:
     import ray
 
     started = not ray.is_initialized()
+    # num_workers_soft_limit: keep this process's warm workers (teacher loaded) while a `zg` subprocess's job
+    # starts its own; with the default (= CPUs) Ray kills the idle ones and the next test starts cold
     if started:
         warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
         ray.init(address="local", num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR)
+                 logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": 8})
     yield ray.get_runtime_context().gcs_address
     if started:
         ray.shutdown()

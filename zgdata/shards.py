@@ -41,8 +41,11 @@ def cluster(cpus: int) -> Iterator[None]:
     """Use this process's Ray, join ``ray_address()``, or start a local instance of ``cpus`` CPUs (stopped on exit)."""
     import warnings
 
-    import ray
-
+    try:
+        import ray
+    except ImportError as e:
+        raise ZgError("materialize.workers > 1 runs on Ray, which is not installed", key="materialize.workers",
+                      fix="pip install 'ray>=2.60' (or set materialize.workers: 1)") from e
     if ray.is_initialized():
         yield
         return
