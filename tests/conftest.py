@@ -112,3 +112,27 @@ def assert_user_error(res, *needles: str, alone: bool = False) -> str:
     for n in needles:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
     return lines[0]
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> str:
+    """One local Ray instance for the whole session (2 CPUs, a small object store, no dashboard); its address.
+
+    Reuses an instance this process already runs. Workers inherit this process's environment as it is
+    now; `zg` subprocesses join with ``ZG_RAY_ADDRESS`` set to the address.
+    """
+    import logging
+    import warnings
+
+    import ray
+
+    started = not ray.is_initialized()
+    # num_workers_soft_limit: keep this process's warm workers (teacher loaded) while a `zg` subprocess's job
+    # starts its own; with the default (= CPUs) Ray kills the idle ones and the next test starts cold
+    if started:
+        warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
+        ray.init(address="local", num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": 8})
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()

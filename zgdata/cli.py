@@ -71,6 +71,7 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
 
     Resumable: a killed run continues from its last commit (materialize.commit_rows) and gives the same bits.
     materialize.storage_dtype: bfloat16 (default) or float32. materialize.compute_dtype: dtype of the forward.
+    materialize.workers: N > 1 captures shards of rows in N Ray tasks at once (ZG_RAY_ADDRESS joins a cluster).
     """
     from zgdata.config import MaterializeConfig, PartitionConfig, load_params, section
     from zgdata.materialize import materialize
@@ -78,9 +79,15 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     p = load_params(params)
     r = materialize(section(p, MaterializeConfig, "materialize"), section(p, PartitionConfig, "partition"))
     how = "already up to date" if r.skipped else (f"resumed at row {r.resumed_from}" if r.resumed_from else "written")
+    where = ""
+    if r.shards:  # sharded (materialize.workers > 1): which worker processes ran the shards
+        procs = sorted({(s["host"], s["pid"]) for s in r.shards})
+        where = f" ({len(r.shards)} shards on {len(procs)} worker processes: " + \
+                ", ".join(f"{h}:{p}" for h, p in procs) + ")"
     emit({"paths": {k: str(v) for k, v in r.paths.items()}, "fingerprints": r.fingerprints, "rows": r.rows,
-          "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from},
-         as_json=as_json, summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s")
+          "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from,
+          "shards": r.shards}, as_json=as_json,
+         summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s{where}")
 
 
 @data_app.command("verify")

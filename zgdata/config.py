@@ -265,6 +265,11 @@ class MaterializeConfig(Section):
     batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
     commit_rows: int = param(32, "Sequences per Lance commit; a killed run resumes from the last commit.", ge=1)
     queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)
+    workers: int = param(1, "Processes capturing rows at once. 1: this process. N > 1: shards of rows run as Ray tasks, "
+                            "N at a time (a local Ray instance, or the cluster at ZG_RAY_ADDRESS); same bytes.", ge=1)
+    worker_threads: int = param(1, "With workers > 1: torch threads (and Ray CPUs) of each shard task.", ge=1)
+    rows_per_file: int = param(1024, "With workers > 1: most rows in one shard, written as one Lance file per boundary "
+                                     "(rounded up to a multiple of batch_size, at most rows / workers).", ge=1)
 
     def validate(self):
         if self.storage_dtype == "float16":

@@ -16,7 +16,7 @@ import torch
 
 from zgdata.errors import ZgError
 
-__all__ = ["device", "seed_all", "rng_state", "set_rng_state"]
+__all__ = ["device", "seed_all", "rng_state", "set_rng_state", "set_threads"]
 
 
 def device() -> torch.device:
@@ -35,6 +35,12 @@ def device() -> torch.device:
         torch.backends.cudnn.benchmark = False
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return dev
+
+
+def set_threads(n: int) -> None:
+    """Use ``n`` torch CPU threads in this process (a worker sharing the cores with others asks for its share)."""
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
 
 
 def seed_all(seed: int) -> torch.Generator:
