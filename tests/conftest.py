@@ -87,3 +87,21 @@ def assert_user_error(res, *needles: str, alone: bool = False) -> str:
     for n in needles:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
     return lines[0]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> str:
+    """One Ray cluster for the whole session, for `zg repro --address` and friends: two nodes on this machine
+    (``ray.cluster_utils.Cluster``), 1 CPU and a 100 MB object store each, no dashboard. Yields its address.
+
+    Its processes inherit this environment (PYTHONPATH, PATH with this venv's `zg`, `dvc`, `git`)."""
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024}
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={**node, "include_dashboard": False})
+    try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
