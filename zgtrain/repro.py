@@ -238,8 +238,11 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
 
         with monitor:
             if _use_ray(jobs, address, len(keys), data):
-                from zgtrain import ray_exec
-
+                try:
+                    from zgtrain import ray_exec
+                except ImportError as e:
+                    raise ZgError(f"zg repro --jobs {jobs} needs Ray, which is not installed ({e})", key="--jobs",
+                                  fix="pip install 'zerograph[ray]' (make setup does), or use --jobs 1") from e
                 needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0}
                          for k in keys}
                 cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address, data=data,
