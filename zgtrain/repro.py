@@ -31,6 +31,7 @@ from typing import Callable
 from zgdata.config import load_params
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgtrain import scratch
 from zgtrain.config import ProjectConfig
 from zgtrain.progress_view import Monitor, summary_lines
 
@@ -230,6 +231,9 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
             monitor.finished(r)
             if r.get("status") == "done":
                 try:
+                    if data == "remote":
+                        scratch.receive(root, r)
+                        r = {k: v for k, v in r.items() if k not in ("lock_entry", "uncached")}
                     _record(root, r["key"], project)
                     recorded.append(f"train@{r['key']}")
                 except ZgError as e:
@@ -245,8 +249,9 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
                                   fix="pip install 'zerograph[ray]' (make setup does), or use --jobs 1") from e
                 needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0}
                          for k in keys}
+                source = scratch.prepare(root, keys, project) if data == "remote" else None
                 cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address, data=data,
-                                              on_update=monitor.update, on_result=finished)
+                                              source=source, on_update=monitor.update, on_result=finished)
             else:
                 for k in keys:
                     finished(train_one(root, k, report=monitor.update))

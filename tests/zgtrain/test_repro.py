@@ -264,3 +264,28 @@ def test_bf16_run_and_its_resume_are_bitwise_equal(serial, base, tmp_path):
     fp32 = read_json(serial / "metrics" / "blocks" / "b00.json")
     assert ref["state_sha256"] != fp32["state_sha256"]  # autocast really ran in bf16
     assert _meta(straight, "b00")["config"]["precision"] == "bf16"
+
+
+# --- nodes without a shared file system: the DVC remote is the data plane ------------------------------------
+
+def test_remote_data_plane_workers_clone_pull_train_and_push(serial, base, tmp_path, ray_cluster):
+    root = copy_project(base, tmp_path / "proj")
+    run(["dvc", "remote", "add", "-d", "shared", str(tmp_path / "dvc-remote")], cwd=root)
+    run(["git", "commit", "-qam", "remote"], cwd=root)
+    run(["git", "clone", "-q", "--bare", str(root), str(tmp_path / "origin.git")], cwd=tmp_path)
+    run(["git", "remote", "add", "origin", str(tmp_path / "origin.git")], cwd=root)
+    scratch = tmp_path / "scratch"
+    r = json.loads(_repro(root, "train@b00", "train@b01", "--jobs", "2", "--data", "remote", "--address",
+                          ray_cluster, env={"ZG_SCRATCH": str(scratch)}).stdout)
+    assert r["ran"] == ["train@b00", "train@b01"] or r["ran"] == ["train@b01", "train@b00"]
+    assert len({r["blocks"][k]["node"] for k in ("b00", "b01")}) == 2  # one block on each node
+    for key in ("b00", "b01"):
+        b = r["blocks"][key]
+        assert Path(b["scratch"]).parent == scratch  # trained in a clone, not in the project
+        assert b["state_sha256"] == read_json(serial / "metrics" / "blocks" / f"{key}.json")["state_sha256"]
+        assert _entry(root, f"train@{key}") == _entry(serial, f"train@{key}")
+        assert _untimed(root, f"metrics/blocks/{key}.json") == _untimed(serial, f"metrics/blocks/{key}.json")
+    assert not list(scratch.iterdir())  # each clone is removed once its block is pushed
+    assert not set(_status(root)) & {"train@b00", "train@b01"}
+    pushed = run(["dvc", "status", "--cloud", "--json", "train@b00", "train@b01"], cwd=root).stdout
+    assert json.loads(pushed or "{}") == {}  # the remote holds both blocks
