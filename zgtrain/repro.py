@@ -141,7 +141,7 @@ def train_one(root: str | Path, key: str, report: Callable[[dict], None] | None 
 
     layout = Layout(Path(root))
     where = {"host": socket.gethostname(), "pid": os.getpid()}
-    t0, last = time.monotonic(), [0.0]
+    t0, cpu0, last = time.monotonic(), time.process_time(), [0.0]
     try:
         project = ProjectConfig.load(layout.params)
         steps = project.block(key).train.steps
@@ -159,7 +159,7 @@ def train_one(root: str | Path, key: str, report: Callable[[dict], None] | None 
     except ZgError as e:
         return {"key": key, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix, **where}
     return {**r, **where, "threads": torch.get_num_threads(), "seconds": time.monotonic() - t0,
-            "peak_rss_mb": _peak_rss_mb()}
+            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": _peak_rss_mb()}
 
 
 def _own_keys(layout: Layout, key: str) -> list[str]:
