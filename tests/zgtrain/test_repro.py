@@ -24,7 +24,9 @@ import pytest
 import yaml
 
 from conftest import BIN, run, zg
-from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
+from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
+from zgdata.layout import Layout
+from zgtrain.trainer import train_block
 
 TIMED = {"metrics/blocks/b00.json": "tokens_per_s", "metrics/blocks/b01.json": "tokens_per_s",
          "metrics/eval.json": "seconds"}
@@ -99,9 +101,10 @@ def _lock_free(root, key) -> bool:
 
 @pytest.fixture(scope="module")
 def base(tiny_built, tmp_path_factory) -> Path:
-    """The tiny project with teacher, tokens and materialize recorded in dvc.lock, all committed to git."""
+    """The tiny project with teacher, tokens, materialize and verify recorded in dvc.lock, all committed to git."""
     root = copy_project(tiny_built, tmp_path_factory.mktemp("repro") / "base")
     run(["dvc", "commit", "-f", "teacher", "tokens", "materialize"], cwd=root)
+    run(["dvc", "repro", "verify"], cwd=root)
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "boundaries"], cwd=root)
     return root
@@ -116,17 +119,32 @@ def serial(base, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def parallel(base, tmp_path_factory, ray_cluster) -> tuple[Path, dict]:
+def parallel(base, tmp_path_factory, ray_cluster) -> tuple[Path, dict, int]:
+    """`zg repro --jobs 2` on the session's Ray cluster, with b00's worker killed (kill -9) after its first
+    checkpoint (step 4 of 12): (project, --json result, the killed worker's pid)."""
     root = copy_project(base, tmp_path_factory.mktemp("parallel") / "proj")
-    return root, json.loads(_repro(root, "--jobs", "2", "--address", ray_cluster).stdout)
+    out, err = open(root.parent / "out", "w+"), open(root.parent / "err", "w+")
+    proc = subprocess.Popen([str(BIN / "zg"), "repro", "--json", "--jobs", "2", "--address", ray_cluster], cwd=root,
+                            stdout=out, stderr=err, env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.4"})
+    try:
+        _wait(lambda: (_meta(root, "b00") or {}).get("step", 0) > 0 and _lock_holder(root, "b00"), "checkpoint 4",
+              proc)
+        worker = _lock_holder(root, "b00")
+        assert worker != proc.pid and not _meta(root, "b00")["done"]
+        os.kill(worker, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, err.seek(0) or err.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out.seek(0)
+    return root, json.loads(out.read()), worker
 
 
 # --- guarantee 7: the same end state as a serial `dvc repro` ------------------------------------------------
 
 def test_parallel_repro_ends_where_dvc_repro_does(serial, parallel):
-    root, r = parallel
-    assert r["ran"][0] == "verify" and sorted(r["ran"][1:3]) == ["train@b00", "train@b01"]
-    assert r["ran"][3:] == ["assemble", "evaluate"]
+    root, r, _ = parallel
+    assert sorted(r["ran"][:2]) == ["train@b00", "train@b01"] and r["ran"][2:] == ["assemble", "evaluate"]
     assert set(_lock(root)) == set(_lock(serial))
     for stage in _lock(serial):
         assert _entry(root, stage) == _entry(serial, stage), stage
@@ -142,7 +160,7 @@ def test_parallel_repro_ends_where_dvc_repro_does(serial, parallel):
 
 
 def test_summary_names_where_each_block_ran(parallel):
-    root, r = parallel
+    root, r, _ = parallel
     assert r["cluster"]["nodes"] == 2 and not r["cluster"]["started"]
     for key in ("b00", "b01"):
         b = r["blocks"][key]
@@ -166,34 +184,19 @@ def test_jobs_1_runs_in_process_without_ray(serial, base, tmp_path):
     assert r["ran"] == ["train@b00"] and r["cluster"] is None
     assert r["blocks"]["b00"]["pid"] != os.getpid() and r["blocks"]["b00"]["threads"] == 1
     assert _entry(root, "train@b00") == _entry(serial, "train@b00")
-    assert _status(root).keys() == {"verify", "train@b01", "assemble", "evaluate"}
+    assert _status(root).keys() == {"train@b01", "assemble", "evaluate"}
 
 
 # --- faults --------------------------------------------------------------------------------------------------
 
-def test_worker_killed_mid_block_is_retried_and_resumes_bitwise(serial, base, tmp_path, ray_cluster):
-    root = copy_project(base, tmp_path / "proj")
-    out, err = open(tmp_path / "out", "w+"), open(tmp_path / "err", "w+")
-    proc = subprocess.Popen([str(BIN / "zg"), "repro", "--json", "train@b00", "--jobs", "2", "--address", ray_cluster],
-                            cwd=root, stdout=out, stderr=err,
-                            env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"})
-    try:
-        # past its first checkpoint (step 4 of 12), and well before the end
-        _wait(lambda: (_meta(root, "b00") or {}).get("step", 0) > 0 and _lock_holder(root, "b00"), "checkpoint 4",
-              proc)
-        worker = _lock_holder(root, "b00")
-        assert worker != proc.pid and not _meta(root, "b00")["done"]
-        os.kill(worker, signal.SIGKILL)
-        assert proc.wait(timeout=600) == 0, err.seek(0) or err.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out.seek(0)
-    r = json.loads(out.read())
+def test_worker_killed_mid_block_is_retried_and_resumes_bitwise(serial, parallel):
+    root, r, killed = parallel
     b = r["blocks"]["b00"]
-    assert b["status"] == "done" and b["pid"] != worker  # a retry, in another worker process
+    assert b["status"] == "done" and b["pid"] != killed  # Ray retried it in another worker process
     assert b["state_sha256"] == read_json(serial / "metrics" / "blocks" / "b00.json")["state_sha256"]
     assert _entry(root, "train@b00") == _entry(serial, "train@b00")  # the block directory too: nothing left over
+    curve = (root / "plots" / "loss" / "b00.csv").read_text()
+    assert curve == (serial / "plots" / "loss" / "b00.csv").read_text()
 
 
 def test_driver_killed_then_rerun_finishes_and_retrains_nothing_recorded(base, tmp_path, ray_cluster):
@@ -232,6 +235,7 @@ def test_driver_killed_then_rerun_finishes_and_retrains_nothing_recorded(base, t
 def test_block_failing_for_good_leaves_the_others_recorded(serial, base, tmp_path, ray_cluster):
     root = copy_project(base, tmp_path / "proj")
     set_params(root, {"blocks.b01.lr": 1.0e38})  # AdamW's step size overflows: b01 alone diverges
+    before = tree_sha256(root / "data")
     res = _repro(root, "--jobs", "2", "--address", ray_cluster, check=False)
     assert_user_error(res, "[blocks.b01.lr] train@b01 failed: block b01", "recorded in dvc.lock: train@b00",
                       "not run: assemble, evaluate")
@@ -239,6 +243,7 @@ def test_block_failing_for_good_leaves_the_others_recorded(serial, base, tmp_pat
     assert _entry(root, "train@b00") == _entry(serial, "train@b00")
     assert "train@b01" not in _lock(root) and not (root / "models" / "student").exists()
     assert set(_status(root)) == {"train@b01", "assemble", "evaluate"}
+    assert tree_sha256(root / "data") == before
 
 
 def test_invalid_per_block_value_fails_before_anything_runs(base, tmp_path):
@@ -256,9 +261,9 @@ def test_bf16_run_and_its_resume_are_bitwise_equal(serial, base, tmp_path):
     straight, resumed = (copy_project(base, tmp_path / n) for n in ("straight", "resumed"))
     for root in (straight, resumed):
         set_params(root, {"train.precision": "bf16"})
-    ref = json.loads(zg("train", "block", "b00", "--json", cwd=straight).stdout)
-    stopped = json.loads(zg("train", "block", "b00", "--json", "--stop-after", "5", cwd=resumed).stdout)
-    assert stopped["status"] == "stopped" and stopped["step"] == 5
+    ref = train_block(project_of(straight), "b00", layout=Layout(straight))  # in this process ...
+    stopped = train_block(project_of(resumed), "b00", stop_after=5, layout=Layout(resumed))
+    assert stopped["status"] == "stopped" and stopped["step"] == 5  # ... and the resume in a `zg` process
     done = json.loads(zg("train", "block", "b00", "--json", cwd=resumed).stdout)
     assert done["status"] == "done" and done["state_sha256"] == ref["state_sha256"]
     fp32 = read_json(serial / "metrics" / "blocks" / "b00.json")
