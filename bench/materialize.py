@@ -132,7 +132,7 @@ def setup_project(root: Path, params: dict, *, force: bool) -> dict:
     if have and not force:
         tj = read_teacher_json(layout)
         have = tj.get("source") == tcfg.source and tj.get("dtype") == tcfg.dtype \
-            and tj["architecture"]["num_layers"] >= part.boundaries[-1]
+            and tj["architecture"]["num_layers"] >= part.boundaries[-1] and "files" in tj  # files: identity digests
     if not have or force:
         log(f"preparing teacher {tcfg.source} in {layout.teacher_dir} ...")
         t = time.perf_counter()

@@ -83,9 +83,9 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
     """
     import numpy as np
     import yaml
-    from transformers import LlamaConfig
 
     from zgdata.config import PartitionConfig, section
+    from zgdata.families import config_from_dict
     from zgdata.layout import Layout
     from zgdata.reader import BoundaryPair
     from zgdata.teacher import load_slice, load_teacher
@@ -108,7 +108,7 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
         x, y = BoundaryPair(layout.boundary(spec.input), layout.boundary(spec.output)).take(rows)
         x, y = x.float(), y.float()
         tensors, meta = load_slice(layout.teacher_slice(key))
-        model = convert("identity", tensors, LlamaConfig.from_dict(meta["config"]), ProjectConfig.from_params(params).block(key).train, x, None)
+        model = convert("identity", tensors, config_from_dict(meta["config"]), ProjectConfig.from_params(params).block(key).train, x, None)
         run = lambda: (model(x) - y).pow(2).mean()  # noqa: E731
     else:
         model, _ = load_teacher(layout, with_tokenizer=False)

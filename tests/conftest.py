@@ -2,6 +2,9 @@
 
 ``tiny_built`` runs teacher -> tokens -> materialize once per session through the real
 CLI; ``tiny_project`` hands each test its own copy, so tests never share state.
+``reproduced`` is one tiny project after `zg init`, git and a whole `dvc repro`, built once per
+session for tests/zgtrain/test_pipeline.py and tests/test_stage_deps.py (tests that change it
+work on a copy, except test_pipeline's selective-rerun tests, which leave it reproduced and clean).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,15 +67,36 @@ def tiny_project(tiny_built, tmp_path) -> Path:
     return dst
 
 
+PIPELINE_STAGES = ["teacher", "tokens", "materialize", "verify", "train@b00", "train@b01", "assemble", "evaluate"]
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> Path:
+    """A tiny project after `zg init`, a git commit, `dvc repro` of every stage and a second commit."""
+    base = tmp_path_factory.mktemp("pipeline")
+    root = base / "proj"
+    zg("init", root, "--profile", "tiny", cwd=base)
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "zg init"], cwd=root)
+    res = run(["dvc", "repro"], cwd=root)
+    ran = re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr)
+    assert ran == PIPELINE_STAGES, ran
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "dvc repro"], cwd=root)
+    return root
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
 def tree_sha256(path: Path) -> str:
-    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks)."""
+    """Hash of every file's relative name and content under ``path`` (unchanged-ness checks).
+
+    ``.zg/`` (lock files and caches: runtime state, gitignored, never an output) is left out."""
     h = hashlib.sha256()
     path = Path(path)
-    for p in sorted(x for x in path.rglob("*") if x.is_file()):
+    for p in sorted(x for x in path.rglob("*") if x.is_file() and ".zg" not in x.relative_to(path).parts):
         h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -90,18 +115,35 @@ def assert_user_error(res, *needles: str, alone: bool = False) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> str:
-    """One Ray cluster for the whole session, for `zg repro --address` and friends: two nodes on this machine
-    (``ray.cluster_utils.Cluster``), 1 CPU and a 100 MB object store each, no dashboard. Yields its address.
+def ray_cluster():
+    """The session's one Ray cluster (``ray.cluster_utils.Cluster`` on this machine): a head node of 2 CPUs,
+    a small object store, no dashboard; this process is connected to it. A test may add a node for a while
+    (``add_node`` / ``remove_node``) to run a two-node case.
 
-    Its processes inherit this environment (PYTHONPATH, PATH with this venv's `zg`, `dvc`, `git`)."""
+    Its processes inherit this process's environment as it is now (PYTHONPATH, PATH with this venv's `zg`,
+    `dvc` and `git`); `zg` subprocesses join with ``ZG_RAY_ADDRESS`` or ``--address``.
+    """
+    import logging
+    import warnings
+
+    import ray
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={**node, "include_dashboard": False})
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
+    # num_workers_soft_limit: keep this process's warm workers (teacher loaded) while a `zg` subprocess's job
+    # starts its own; with the default (= CPUs) Ray kills the idle ones and the next test starts cold
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+        "num_cpus": 2, "object_store_memory": 100 << 20, "include_dashboard": False,
+        "_system_config": {"num_workers_soft_limit": 8}})
     try:
-        cluster.add_node(**node)
-        cluster.wait_for_nodes()
-        yield cluster.address
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+        yield cluster
     finally:
+        ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_cluster) -> str:
+    """The address of the session's Ray cluster (``ray_cluster``), which this process is connected to."""
+    return ray_cluster.address

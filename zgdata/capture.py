@@ -2,8 +2,10 @@
 
 Boundary L (the number of layers) is the last layer's output *before* the final norm;
 transformers' ``hidden_states[-1]`` is after it, so we run the layers ourselves with the
-model's own modules. With sdpa attention and no mask this is bit-identical to the
-model's forward (tested), and it lets online targets stop at the block's output layer.
+model's own modules, as its family's adapter (zgdata/families.py) says: embedding (GPT-2
+adds learned positions), per-forward position inputs, and the layer call. With sdpa
+attention and no mask this is bit-identical to the model's forward (tested per family),
+and it lets online targets stop at the block's output layer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from zgdata.capture_version import CAPTURE_VERSION
 from zgdata.errors import ZgError
+from zgdata.families import family_of
 
 __all__ = ["capture", "CAPTURE_VERSION", "ATTN_IMPLEMENTATION"]
 
@@ -24,20 +27,20 @@ def capture(model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype:
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         raise ZgError(f"teacher attention is '{model.config._attn_implementation}', capture needs "
                       f"'{ATTN_IMPLEMENTATION}'", fix="load the teacher with zgdata.teacher.load_teacher")
-    inner = model.model
-    depth = len(inner.layers)
+    fam = family_of(model.config)
+    inner, blocks = fam.inner(model), fam.layers(model)
+    depth = len(blocks)
     if max(layers) > depth or min(layers) < 0:
         raise ZgError(f"boundary layers {layers} are outside [0, {depth}]", key="partition.boundaries",
                       fix=f"keep every boundary within [0, {depth}]")
     want = set(layers)
-    dtype = next(inner.parameters()).dtype
-    input_ids = input_ids.to(inner.embed_tokens.weight.device)
-    h = inner.embed_tokens(input_ids).to(dtype)                          # (B, T, C)
-    pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)  # (1, T)
-    pe = inner.rotary_emb(h, position_ids=pos)                            # cos, sin: (1, T, D)
+    first = next(inner.parameters())
+    input_ids = input_ids.to(first.device)
+    h = fam.embed(inner, input_ids).to(first.dtype)                      # (B, T, C)
+    inputs = fam.layer_inputs(fam.model_rotary(inner), h)                # e.g. rotary cos, sin: (1, T, D)
     out = {0: h.to(storage_dtype)} if 0 in want else {}
     for i in range(max(layers)):
-        h = inner.layers[i](h, attention_mask=None, position_embeddings=pe, position_ids=pos)
+        h = fam.call_layer(blocks[i], h, inputs)
         if i + 1 in want:
             out[i + 1] = h.to(storage_dtype)
     return {k: v.cpu() for k, v in out.items()}

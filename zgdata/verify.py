@@ -67,9 +67,9 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
     return out, counts
 
 
-def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int]]:
+def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int], dict]:
     from zgdata.lineage import read_tokens_json
-    from zgdata.teacher import load_teacher, read_teacher_json
+    from zgdata.teacher import load_teacher_checked, read_teacher_json
     from zgdata.tokens import open_tokens, read_tokens
 
     lin = sets[0].meta["lineage"]
@@ -80,12 +80,13 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
     if bad:
         return [{"boundary": "*", "check": "tokens" if k == "tokens_fingerprint" else "teacher",
                  "what": mismatch_text(k, "the boundaries", a, "models/teacher + data/tokens.json", b), "fix": REMAT}
-                for k, a, b in bad], []
+                for k, a, b in bad], [], {}
     tok_ds = open_tokens(layout)
     n = len(sets[0].seq_ids)
     g = torch.Generator().manual_seed(cfg.seed)
     rows = np.sort(torch.randperm(n, generator=g)[: min(sample, n)].numpy())
-    model, _ = load_teacher(layout, dtype=lin["compute_dtype"], with_tokenizer=False)
+    # rehash: verify never trusts the digest cache that makes ordinary teacher loads cheap
+    model, _, identity = load_teacher_checked(layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True)
     storage = getattr(torch, lin["storage_dtype"])
     failures = []
     for r in rows:
@@ -100,7 +101,7 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
                 failures.append({"boundary": b.name, "check": "recompute", "row": int(r), "seq_id": int(b.seq_ids[r]),
                                  "what": f"{b.name} row {r} (seq_id {int(b.seq_ids[r])}): {diff} values differ from "
                                          f"a fresh teacher pass", "fix": REMAT})
-    return failures, [int(sets[0].seq_ids[r]) for r in rows]
+    return failures, [int(sets[0].seq_ids[r]) for r in rows], identity
 
 
 def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool = False, layout: Layout = Layout(),
@@ -118,15 +119,15 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
     lineage_failures = _lineage_failures(sets)
     sums, summed = _checksum_failures(sets)
     failures += lineage_failures + sums
-    checked = []
+    checked, identity = [], {}
     if not lineage_only and not lineage_failures:
-        more, checked = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
+        more, checked, identity = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
         failures += more
     report = {
         "status": "ok" if not failures else "fail",
         "summary": (f"{len(sets)} boundaries, lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
                     + ("" if lineage_only else
-                    f", {len(checked)} sequences bit-identical")
+                    f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed")
                     + (f"; not present: {', '.join(missing)}" if missing else "")) if not failures else
                    "; ".join(f["what"] for f in failures[:3]) + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
                    + ". " + failures[0]["fix"],
@@ -137,6 +138,7 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
         "missing": missing,
         "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},
         "checked_seq_ids": checked,
+        "teacher_files": identity,
         "failures": failures,
     }
     write_json(layout.verify_report, report)

@@ -1,7 +1,9 @@
 """Assemble the trained blocks into a standard transformers model (``models/student/``).
 
-Teacher embeddings + block layers renumbered in order + final norm + LM head. Uniform
-MLP widths give a plain Llama config that ``AutoModelForCausalLM.from_pretrained`` loads.
+Teacher embeddings + block layers renumbered in order + final norm + LM head, in the teacher
+family's own causal-LM class (zgdata/families.py). Uniform MLP widths give a plain config of
+that family that ``AutoModelForCausalLM.from_pretrained`` loads; per-layer widths ship zg's
+modeling file for the family (zgtrain/student.py pins it).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import torch
 
 from zgdata.atomic import atomic_path
 from zgdata.errors import ZgError
+from zgdata.families import family_of
 from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
 from zgdata.lock import locked
-from zgdata.teacher import load_slice, read_teacher_json
+from zgdata.teacher import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.checkpoint import load_block, read_meta
 from zgtrain.config import ProjectConfig
-from zgtrain.student import ship_modeling_code
+from zgtrain.student import ship_modeling_code, template_class
 
 __all__ = ["assemble", "build_student"]
 
@@ -40,31 +43,26 @@ def _blocks(project: ProjectConfig, layout: Layout, which: str):
 
 
 def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: str = "final"):
-    """The assembled LlamaForCausalLM in memory (``which``: final or init weights) and a summary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """The assembled causal LM in memory (``which``: final or init weights) and a summary."""
     blocks = _blocks(project, layout, which)
     head, hmeta = load_slice(layout.teacher_head)
+    fam = family_of(hmeta["config"])
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
-    config = LlamaConfig.from_dict(hmeta["config"])
-    config.num_hidden_layers = len(sizes)
-    config.intermediate_size = max(sizes)
+    config = fam.student_config(hmeta["config"], sizes)
     uniform = len(set(sizes)) == 1
-    model_cls = LlamaForCausalLM
+    model_cls = fam.causal_lm()
     if not uniform:  # per-layer widths: a config subclass plus modeling code shipped with the model
-        from zgtrain.templates.modeling_zg_llama import ZgLlamaConfig, ZgLlamaForCausalLM
-        config = ZgLlamaConfig(intermediate_sizes=sizes, **{k: v for k, v in config.to_dict().items()
-                                                            if k not in ("model_type", "architectures")})
-        model_cls = ZgLlamaForCausalLM
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, **fields)
+        model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
     config._attn_implementation = "sdpa"
-    state = {"model.embed_tokens.weight": head["embed_tokens.weight"], "model.norm.weight": head["norm.weight"],
-             "lm_head.weight": head["lm_head.weight"]}
+    state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
     for _, block, _ in blocks:
         for j in range(len(block.layers)):
             for k, v in block.weights().items():
                 if k.startswith(f"layers.{j}."):
-                    state[f"model.layers.{i}.{k.split('.', 2)[2]}"] = v
+                    state[fam.layer_key(i, k.split('.', 2)[2])] = v
             i += 1
     with torch.device("meta"):
         model = model_cls(config)
@@ -74,11 +72,11 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ZgError(f"assembled model lacks {missing[:3]}", fix="re-run `dvc repro teacher` and the train stages")
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # rebuild buffers off the meta device
+    fam.rebuild_buffers(model, config)  # derived buffers (rotary) off the meta device
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
     summary = {"params": n, "teacher_params": teacher_params, "param_ratio": n / teacher_params, "layers": len(sizes),
-               "intermediate_sizes": sizes, "remote_code": not uniform,
+               "intermediate_sizes": sizes, "remote_code": not uniform, "family": fam.model_type,
                "blocks": {spec.key: {"state_sha256": meta.get("state_sha256"), "fingerprints": meta["fingerprints"],
                                      "teacher_layers": meta["teacher_layers"]} for spec, _, meta in blocks}}
     return model.eval(), summary
@@ -86,14 +84,12 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
 
 @locked("assemble")
 def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
-    from transformers import AutoTokenizer
-
     model, summary = build_student(project, layout=layout)
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
     with atomic_path(layout.student) as tmp:
         model.save_pretrained(tmp)
-        modeling = ship_modeling_code(tmp) if summary["remote_code"] else None
-        AutoTokenizer.from_pretrained(layout.teacher_hf).save_pretrained(tmp)
+        modeling = ship_modeling_code(tmp, summary["family"]) if summary["remote_code"] else None
+        load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
         (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
                                                         "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
     return {"path": str(layout.student), **{k: v for k, v in summary.items() if k != "blocks"}}

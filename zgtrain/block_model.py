@@ -1,43 +1,43 @@
 """A student block: a stack of decoder layers mapping boundary k to boundary k+1.
 
-It runs the layers exactly as the teacher's own forward does (rotary embeddings from
-position 0, sdpa causal attention, no mask), so an identity block reproduces the
-teacher's boundary bit for bit.
+It runs the teacher family's own decoder-layer class exactly as the teacher's forward does
+(the family adapter in zgdata/families.py: rotary positions from 0 for Llama/Qwen2, nothing
+for GPT-2 whose positions are in boundary 0 already; sdpa causal attention, no mask), so an
+identity block reproduces the teacher's boundary bit for bit. Dropout is off in a block's
+layers: a block trains deterministically toward the teacher's function.
 """
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
+
+from zgdata.families import family_of
 
 __all__ = ["StudentBlock", "layer_config"]
 
 
 def layer_config(config, intermediate_size: int):
-    cfg = copy.deepcopy(config)
-    cfg.intermediate_size = intermediate_size
-    cfg._attn_implementation = "sdpa"
-    return cfg
+    return family_of(config).layer_config(config, intermediate_size)
 
 
 class StudentBlock(nn.Module):
     def __init__(self, config, intermediate_sizes: list[int]):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-
+        fam = family_of(config)
+        self.family = fam
         self.intermediate_sizes = list(intermediate_sizes)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(layer_config(config, m), layer_idx=i)
+        self.layers = nn.ModuleList(fam.make_layer(fam.layer_config(config, m), i)
                                     for i, m in enumerate(intermediate_sizes))
-        self.rotary_emb = LlamaRotaryEmbedding(config=layer_config(config, config.intermediate_size))
+        rotary = fam.rotary(fam.layer_config(config, fam.width(config)))
+        if rotary is not None:  # buffers derived from the config, never saved (see weights())
+            self.rotary_emb = rotary
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) boundary k -> (B, T, C) boundary k+1."""
-        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)  # (1, T)
-        pe = self.rotary_emb(h, position_ids=pos)
+        inputs = self.family.layer_inputs(getattr(self, "rotary_emb", None), h)
         for layer in self.layers:
-            h = layer(h, attention_mask=None, position_embeddings=pe, position_ids=pos)
+            h = self.family.call_layer(layer, h, inputs)
         return h
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -45,10 +45,10 @@ class StudentBlock(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
 
     def mlp_activations(self, h: torch.Tensor) -> list[torch.Tensor]:
-        """Per layer, the MLP's intermediate activation act(gate(x)) * up(x): (B, T, I)."""
+        """Per layer, the MLP's intermediate activation (the input of its output projection): (B, T, I)."""
         acts = []
-        hooks = [layer.mlp.down_proj.register_forward_hook(lambda m, inp, out: acts.append(inp[0].detach()))
-                 for layer in self.layers]
+        hooks = [layer.get_submodule(self.family.mlp_out).register_forward_hook(
+                     lambda m, inp, out: acts.append(inp[0].detach())) for layer in self.layers]
         try:
             self.forward(h)
         finally:

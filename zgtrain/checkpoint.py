@@ -157,8 +157,7 @@ def finish(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, s
 
 def load_block(layout: Layout, key: str, *, which: str = "final"):
     """(StudentBlock, meta) of a trained block: ``final`` weights or the untrained ``init`` weights."""
-    from transformers import LlamaConfig
-
+    from zgdata.families import config_from_dict
     from zgtrain.block_model import StudentBlock
 
     d = layout.block_dir(key)
@@ -168,7 +167,7 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
     if which == "final" and not meta.get("done"):
         raise ZgError(f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
                       fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`")
-    config = LlamaConfig.from_dict(meta["teacher_config"])
+    config = config_from_dict(meta["teacher_config"])
     block = StudentBlock(config, meta["intermediate_sizes"])
     weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
     missing, unexpected = block.load_state_dict(weights, strict=False)

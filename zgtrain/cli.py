@@ -100,7 +100,7 @@ def repro(targets: Optional[list[str]] = typer.Argument(None, help="stages to br
 @train_app.command("block")
 def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
                 targets: Optional[str] = typer.Option(None, help="cached or online (default train.targets)."),
-                stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1,
+                stop_after: Optional[int] = typer.Option(None, "--stop-after",
                                                          help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."),
                 restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
                 params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
@@ -108,6 +108,9 @@ def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
     from zgtrain.config import ProjectConfig
     from zgtrain.trainer import train_block as run
 
+    from zgdata.config import check_int
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), key, targets=targets, stop_after=stop_after, restart=restart)
     loss = "n/a (no steps)" if r.get("train_loss") is None else f"{r['train_loss']:.4g}"
     emit(r, as_json=as_json, summary=f"{key}: {r['status']} at step {r['step']}/{r['steps']}, "
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.code)
     except click_exc.ClickException as e:  # usage errors: unknown command, missing argument, bad option value
         cmd = e.ctx.command_path if getattr(e, "ctx", None) is not None else "zg"
-        print(f"error: {e.format_message()} Run `{cmd} --help` for usage.", file=sys.stderr)
+        print(f"error: {e.format_message().rstrip('.')}. Run `{cmd} --help` for usage.", file=sys.stderr)
         sys.exit(e.exit_code or 2)
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)

@@ -3,6 +3,8 @@
 Each conversion takes the block's teacher tensors (keys ``layers.{teacher_idx}.*``),
 the teacher config, the train config, a deterministic sample of the block's input
 boundary (for data-driven choices) and the block's generator, and returns a StudentBlock.
+Family differences (MLP width, where the channels are, which tensors are norms) come
+from the teacher's adapter in zgdata/families.py.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Callable
 import torch
 
 from zgdata.errors import ZgError
+from zgdata.families import family_of
 from zgtrain.block_model import StudentBlock
 
 __all__ = ["CONVERSIONS", "register", "convert"]
@@ -48,17 +51,18 @@ def _load(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> Stud
 @register("identity")
 def identity(tensors, config, cfg, sample, gen) -> StudentBlock:
     layers = list(_teacher_layers(tensors).values())
-    return _load(StudentBlock(config, [config.intermediate_size] * len(layers)), layers)
+    return _load(StudentBlock(config, [family_of(config).width(config)] * len(layers)), layers)
 
 
 @register("reinit")
 def reinit(tensors, config, cfg, sample, gen) -> StudentBlock:
     n = len(_teacher_layers(tensors))
-    block = StudentBlock(config, [config.intermediate_size] * n)
+    fam = family_of(config)
+    block = StudentBlock(config, [fam.width(config)] * n)
     with torch.no_grad():
         for name, p in block.named_parameters():
-            if name.endswith("layernorm.weight"):
-                p.fill_(1.0)
+            if fam.is_layer_norm(name):  # norms start as identity: weight 1, bias 0; no draw
+                p.fill_(1.0 if name.endswith(".weight") else 0.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * config.initializer_range)
     return block
@@ -71,7 +75,7 @@ def drop_layers(tensors, config, cfg, sample, gen) -> StudentBlock:
     if not keep or sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= len(layers):
         raise ZgError(f"train.keep_layers is {keep} for a block of {len(layers)} layers", key="train.keep_layers",
                       fix=f"give sorted offsets within [0, {len(layers) - 1}], e.g. [0, {len(layers) - 1}]")
-    return _load(StudentBlock(config, [config.intermediate_size] * len(keep)), [layers[i] for i in keep])
+    return _load(StudentBlock(config, [family_of(config).width(config)] * len(keep)), [layers[i] for i in keep])
 
 
 @register("prune_mlp")
@@ -80,7 +84,8 @@ def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
     full = identity(tensors, config, cfg, sample, gen)
     with torch.no_grad():
         acts = full.mlp_activations(sample)                     # per layer: (B, T, I)
-    keep_n = max(1, round(config.intermediate_size * (1 - cfg.prune_ratio)))
+    fam = family_of(config)
+    keep_n = max(1, round(fam.width(config) * (1 - cfg.prune_ratio)))
     layers = list(_teacher_layers(tensors).values())
     pruned = []
     for layer, act in zip(layers, acts):
@@ -88,11 +93,7 @@ def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
         # stable sort on (-score, index): ties resolve by channel index, deterministically
         order = torch.sort(-score, stable=True).indices[:keep_n]
         idx = torch.sort(order).values
-        new = dict(layer)
-        new["mlp.gate_proj.weight"] = layer["mlp.gate_proj.weight"][idx]
-        new["mlp.up_proj.weight"] = layer["mlp.up_proj.weight"][idx]
-        new["mlp.down_proj.weight"] = layer["mlp.down_proj.weight"][:, idx]
-        pruned.append(new)
+        pruned.append(fam.prune_mlp(layer, idx))  # Llama: gate/up rows, down columns; GPT-2: Conv1D + biases
     return _load(StudentBlock(config, [keep_n] * len(layers)), pruned)
 
 

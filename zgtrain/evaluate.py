@@ -12,6 +12,7 @@ import torch
 from zgdata.atomic import atomic_path, write_json, write_text
 from zgdata.config import PartitionConfig
 from zgdata.errors import ZgError
+from zgdata.families import family_of
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.progress import stderr
@@ -46,10 +47,11 @@ def _model_scores(model, ids, targets, cfg: EvalConfig) -> dict:
 
 def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray) -> dict:
     """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output."""
-    head, _ = load_slice(layout.teacher_head)
+    head, hmeta = load_slice(layout.teacher_head)
     ids, _ = read_tokens(layout, rows)
     dev = device()
-    h = torch.nn.functional.embedding(ids, head["embed_tokens.weight"].float()).to(dev)   # (N, T, C) student upstream
+    fam = family_of(hmeta["config"])  # GPT-2 adds learned positions to the token embeddings
+    h = fam.embed_head({k: v.float() for k, v in head.items()}, ids).to(dev)   # (N, T, C) student upstream
     out = {}
     with torch.no_grad():
         for spec in part.blocks():

@@ -56,14 +56,14 @@ def profile_params(profile: str) -> dict:
 
 # Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
 _CODE = {
-    "teacher": ["zgdata/teacher.py", "zgdata/tokenizer_util.py"],
-    "tokens": ["zgdata/tokens.py"],
+    "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/tokenizer_util.py", "zgdata/families.py"],
+    "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
     "materialize": ["zgdata/capture_version.py"],
-    "verify": ["zgdata/verify.py", "zgdata/capture.py"],
+    "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/integrity.py", "zgdata/families.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
-              "zgtrain/targets.py", "zgdata/reader.py"],
-    "assemble": ["zgtrain/assemble.py"],
-    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py"],
+              "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py"],
+    "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
+    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
 }
 
 
@@ -80,15 +80,20 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
         "teacher": {"cmd": "zg teacher prepare", "deps": code("teacher"), "params": ["teacher", "partition"],
                     "outs": [str(L.teacher_hf), str(L.teacher_json), str(L.teacher_head)]
                     + [str(L.teacher_slice(b.key)) for b in blocks]},
-        "tokens": {"cmd": "zg data tokenize", "deps": [str(L.teacher_json)] + code("tokens"), "params": ["corpus"],
-                   "outs": [str(L.tokens), str(L.tokens_json)]},
-        # Lineage inputs only: rewriting a Lance dataset changes its file names, so materialize
-        # must not rerun (and invalidate every block) unless what it captures would change.
+        "tokens": {"cmd": "zg data tokenize", "deps": [str(L.teacher_json), str(L.teacher_hf)] + code("tokens"),
+                   "params": ["corpus"], "outs": [str(L.tokens), str(L.tokens_json)]},
+        # Every file a stage reads is a dep (tests/test_stage_deps.py), so `dvc repro --pull` fetches it.
+        # Rewriting a Lance dataset changes its file names, so a needless materialize rerun invalidates
+        # every block. hf and tokens.lance change only when their stages rerun, and then teacher.json or
+        # tokens.json has usually changed too: teacher prepare writes the same bytes from the same inputs
+        # and library versions, but a forced tokenize rewrites tokens.lance and so reruns materialize.
         "materialize": {"cmd": "zg data materialize",
-                        "deps": [str(L.teacher_json), str(L.tokens_json)] + code("materialize"),
+                        "deps": [str(L.teacher_json), str(L.tokens_json), str(L.teacher_hf), str(L.tokens)]
+                        + code("materialize"),
                         "params": ["materialize.storage_dtype", "materialize.compute_dtype", "partition.boundaries"],
                         "outs": bnd},
-        "verify": {"cmd": "zg data verify", "deps": bnd + [str(L.teacher_hf), str(L.tokens)] + code("verify"),
+        "verify": {"cmd": "zg data verify",
+                   "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens)] + code("verify"),
                    "params": ["verify"], "metrics": [{str(L.verify_report): {"cache": False}}]},
         "train": {"foreach": "${blocks}", "do": {
             "cmd": "zg train block ${key}",
@@ -100,10 +105,13 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
             "plots": [{"plots/loss/${key}.csv": {"cache": False, "x": "step", "y": "loss"}}]}},
         "assemble": {"cmd": "zg train assemble",
                      "deps": [str(L.block_dir(b.key)) for b in blocks] + [str(L.teacher_head), str(L.teacher_hf)]
-                     + code("assemble"), "params": ["partition"], "outs": [str(L.student)]},
+                     + [str(L.teacher_json), str(L.tokens_json)] + code("assemble"),
+                     "params": ["partition"], "outs": [str(L.student)]},
         "evaluate": {"cmd": "zg train evaluate",
                      "deps": [str(L.student), str(L.teacher_hf), str(L.tokens)] + bnd
-                     + [str(L.block_dir(b.key)) for b in blocks] + code("evaluate"),
+                     + [str(L.block_dir(b.key)) for b in blocks]
+                     + [str(L.teacher_head), str(L.teacher_json), str(L.tokens_json)]
+                     + [str(L.block_loss_curve(b.key)) for b in blocks] + code("evaluate"),
                      "params": ["eval", "gates"],
                      "metrics": [{str(L.eval_metrics): {"cache": False}}],
                      "plots": [{"plots/eval/ce.csv": {"cache": False, "x": "model", "y": "ce"}},

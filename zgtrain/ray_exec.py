@@ -77,9 +77,17 @@ def _one_line(e: BaseException) -> str:
 
 
 def _connect(address: str | None, jobs: int, needs: dict[str, dict]) -> dict:
-    kw = dict(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False)
+    """Join ADDRESS, or start a local Ray sized for JOBS blocks (address "local": never some other cluster
+    that happens to run on this machine). A Ray this process already runs (a test's) is used as it is."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
+    kw = dict(logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+    own = not ray.is_initialized()  # whether this call connects (and so disconnects at the end)
     try:
-        if address:
+        if not own:
+            pass
+        elif address:
             ray.init(address=address, **kw)
         else:
             cpus = jobs * max(n["cpus"] for n in needs.values())
@@ -88,21 +96,24 @@ def _connect(address: str | None, jobs: int, needs: dict[str, dict]) -> dict:
                 import torch
 
                 gpus = min(gpus, torch.cuda.device_count())
-            ray.init(num_cpus=cpus, num_gpus=gpus, object_store_memory=_OBJECT_STORE, **kw)
-    except ConnectionError as e:
-        raise ZgError(f"cannot join the Ray cluster at {address} ({_one_line(e)})", key="--address",
-                      fix="start it with `ray start --head` (see docs/SCALE.md) or drop --address") from e
+            ray.init(address="local", num_cpus=cpus, num_gpus=gpus, object_store_memory=_OBJECT_STORE, **kw)
+    except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError ... for a bad address or setup
+        where = f"join the Ray cluster at {address}" if address else "start a local Ray instance"
+        raise ZgError(f"zg repro could not {where} ({_one_line(e)})", key="--address",
+                      fix="check --address / ZG_RAY_ADDRESS (see docs/SCALE.md), or use --jobs 1") from e
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     total = ray.cluster_resources()
     for k, n in needs.items():
         if n["cpus"] > max((x["Resources"].get("CPU", 0) for x in nodes), default=0) or \
                 (n["gpus"] and not total.get("GPU")):
-            ray.shutdown()
+            if own:
+                ray.shutdown()
             what = f"{n['gpus']} GPU" if n["gpus"] and not total.get("GPU") else f"{n['cpus']} CPUs"
             raise ZgError(f"block {k} needs {what} but no node of the Ray cluster has that many",
                           key=f"blocks.{k}.threads" if not n["gpus"] else "ZG_DEVICE",
                           fix="lower train.threads (or blocks.KEY.threads), or add bigger nodes")
-    return {"address": ray.get_runtime_context().gcs_address, "nodes": len(nodes), "started": not address}
+    return {"address": ray.get_runtime_context().gcs_address, "nodes": len(nodes),
+            "started": own and not address, "own": own}
 
 
 def run_blocks(root: Path, keys: list[str], *, needs: dict[str, dict], jobs: int, address: str | None,
@@ -117,15 +128,17 @@ def run_blocks(root: Path, keys: list[str], *, needs: dict[str, dict], jobs: int
 
 def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source) -> dict:
     info = _connect(address, jobs, needs)
+    own = info.pop("own")
+    inbox, pending = None, {}
     try:
         inbox = _Inbox.remote()
         task = ray.remote(_block_task)
-        env, queue, pending = _env(), list(keys), {}
+        env, queue = _env(), list(keys)
         while queue or pending:
             while queue and len(pending) < jobs:
                 k = queue.pop(0)
                 ref = task.options(num_cpus=needs[k]["cpus"], num_gpus=needs[k]["gpus"], max_retries=MAX_RETRIES,
-                                   retry_exceptions=False, name=f"train@{k}").remote(
+                                   retry_exceptions=False, name=f"train@{k}", scheduling_strategy="SPREAD").remote(
                     str(root), k, env, inbox, data, source)
                 pending[ref] = k
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
@@ -140,5 +153,12 @@ def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source
                          "error_key": f"blocks.{k}", "fix": "", "pid": None}
                 on_result(r)
     finally:
-        ray.shutdown()
+        for ref in pending:  # an error or an interrupt in the driver: stop what still runs
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        if inbox is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(inbox)
+        if own:
+            ray.shutdown()
     return info

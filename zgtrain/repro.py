@@ -202,6 +202,7 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
           data: str = "shared") -> dict:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
     from zgdata.runtime import device
+    from zgdata.shards import ray_address
 
     root = Path(root).resolve()
     layout = Layout(root)
@@ -250,7 +251,8 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
                 needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0}
                          for k in keys}
                 source = scratch.prepare(root, keys, project) if data == "remote" else None
-                cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address, data=data,
+                cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address or ray_address(),
+                                              data=data,
                                               source=source, on_update=monitor.update, on_result=finished)
             else:
                 for k in keys:

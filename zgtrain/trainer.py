@@ -152,7 +152,7 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
     ``restart="auto"`` (zg repro) resumes only an unfinished checkpoint of this very run and otherwise starts
     afresh, as `dvc repro` does when it deletes a stale stage's outputs.
     """
-    from transformers import LlamaConfig
+    from zgdata.families import config_from_dict
 
     blk = project.block(key)
     spec, cfg = blk.spec, blk.train
@@ -187,7 +187,7 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
     d.mkdir(parents=True, exist_ok=True)
 
     gen = seed_all(seed)
-    block = convert(cfg.conversion, tensors, LlamaConfig.from_dict(smeta["config"]), cfg, xs, gen).to(device())
+    block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())
     objective = Objective(cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys,
                           device=device())
     opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)

