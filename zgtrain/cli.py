@@ -93,8 +93,8 @@ def repro(targets: Optional[list[str]] = typer.Argument(None, help="stages to br
     from zgtrain.repro import repro as run
 
     r = run(Path.cwd(), list(targets or []), jobs=jobs, address=address, data=data)
-    emit(r, as_json=as_json, summary=f"ran: {', '.join(r['ran']) or 'nothing (up to date)'} "
-                                     f"in {r['seconds']:.0f} s")
+    restored = f"; restored from DVC's run cache: {', '.join(r['restored'])}" if r["restored"] else ""
+    emit(r, as_json=as_json, summary=f"ran: {', '.join(r['ran']) or 'nothing'}{restored} in {r['seconds']:.0f} s")
 
 
 @train_app.command("block")

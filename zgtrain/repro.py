@@ -38,6 +38,7 @@ from zgtrain.progress_view import Monitor, summary_lines
 __all__ = ["repro", "train_one", "plan", "Plan", "stale_stages", "dvc"]
 
 _RAN = re.compile(r"Running stage '([^']+)'")
+_RESTORED = re.compile(r"Stage '([^']+)' is cached - skipping run")  # DVC's run cache had the outputs
 
 
 def dvc(root: Path, *args: str, echo: bool = False) -> str:
@@ -217,9 +218,16 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
     t0 = time.monotonic()
     p = plan(root, targets)
     ran: list[str] = []
+    restored: list[str] = []
+
+    def dvc_repro(*stages: str) -> None:
+        out = dvc(root, "repro", *stages, echo=True)
+        ran.extend(_RAN.findall(out))
+        restored.extend(_RESTORED.findall(out))
+
     stale = stale_stages(root, p.pre + p.blocks + p.post)  # only direct changes: a rerun stage makes more stale
     if set(stale) & set(p.pre):
-        ran += _RAN.findall(dvc(root, "repro", *p.pre, echo=True))
+        dvc_repro(*p.pre)
         stale = stale_stages(root, p.blocks + p.post)
     keys = [s.split("@", 1)[1] for s in stale if s in p.blocks]
     results: dict[str, dict] = {}
@@ -252,8 +260,8 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
                          for k in keys}
                 source = scratch.prepare(root, keys, project) if data == "remote" else None
                 cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address or ray_address(),
-                                              data=data,
-                                              source=source, on_update=monitor.update, on_result=finished)
+                                              data=data, source=source, on_update=monitor.update,
+                                              on_result=finished)
             else:
                 for k in keys:
                     finished(train_one(root, k, report=monitor.update))
@@ -263,6 +271,6 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
         print(line, file=sys.stderr)
     if failed:
         raise _failure(layout, failed, recorded, p.post)
-    if ran or set(stale) & set(p.post):
-        ran += _RAN.findall(dvc(root, "repro", *targets, echo=True))
-    return {"ran": ran, "blocks": results, "jobs": jobs, "cluster": cluster, "seconds": time.monotonic() - t0}
+    if ran or restored or set(stale) & set(p.post):
+        dvc_repro(*targets)
+    return {"ran": ran, "restored": restored, "blocks": results, "jobs": jobs, "cluster": cluster, "seconds": time.monotonic() - t0}
