@@ -17,16 +17,21 @@ included). Goal: speedup >= 0.8 * N (1.6 for N = 2).
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import yaml
+# `python bench/parallel.py` puts bench/ first on sys.path, where bench/tokenize.py would shadow the standard
+# library's tokenize (which inspect, and so Ray and torch, import)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -145,6 +150,9 @@ def main() -> None:
                       f"{b.get('seconds', 0):.1f} s, {b.get('threads')} thread(s), peak RSS "
                       f"{b.get('peak_rss_mb', 0):.0f} MB")
             print(f"  serial process: peak RSS {max(b.get('peak_rss_mb', 0) for b in s['blocks']):.0f} MB")
+            # what the wall ratio would be if each worker had a core of its own: the serial blocks' CPU seconds
+            # over the slowest worker's (its imports and start-up included, Ray's worker start excluded)
+            print(f"  from CPU seconds: {s['own_cpu_s'] / max(b.get('cpu_seconds', 0) for b in p['blocks']):.2f}x")
         best = max(s["seconds"] / p["seconds"] for s, p, _ in rows)
         print(f"SUMMARY: {a.jobs} blocks x {a.steps} steps x {a.batch_size} seqs ({a.profile}); speedup "
               f"best {best:.2f}x over {a.repeats} repeat(s); bits equal in all: {all(r[2] for r in rows)}")
