@@ -115,24 +115,35 @@ def assert_user_error(res, *needles: str, alone: bool = False) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_session() -> str:
-    """One local Ray instance for the whole session (2 CPUs, a small object store, no dashboard); its address.
+def ray_cluster():
+    """The session's one Ray cluster (``ray.cluster_utils.Cluster`` on this machine): a head node of 2 CPUs,
+    a small object store, no dashboard; this process is connected to it. A test may add a node for a while
+    (``add_node`` / ``remove_node``) to run a two-node case.
 
-    Reuses an instance this process already runs. Workers inherit this process's environment as it is
-    now; `zg` subprocesses join with ``ZG_RAY_ADDRESS`` set to the address.
+    Its processes inherit this process's environment as it is now (PYTHONPATH, PATH with this venv's `zg`,
+    `dvc` and `git`); `zg` subprocesses join with ``ZG_RAY_ADDRESS`` or ``--address``.
     """
     import logging
     import warnings
 
     import ray
+    from ray.cluster_utils import Cluster
 
-    started = not ray.is_initialized()
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
     # num_workers_soft_limit: keep this process's warm workers (teacher loaded) while a `zg` subprocess's job
     # starts its own; with the default (= CPUs) Ray kills the idle ones and the next test starts cold
-    if started:
-        warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
-        ray.init(address="local", num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": 8})
-    yield ray.get_runtime_context().gcs_address
-    if started:
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+        "num_cpus": 2, "object_store_memory": 100 << 20, "include_dashboard": False,
+        "_system_config": {"num_workers_soft_limit": 8}})
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+        yield cluster
+    finally:
         ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_cluster) -> str:
+    """The address of the session's Ray cluster (``ray_cluster``), which this process is connected to."""
+    return ray_cluster.address

@@ -80,6 +80,23 @@ def params_doc():
     Console().print(table)
 
 
+@app.command("repro")
+def repro(targets: Optional[list[str]] = typer.Argument(None, help="stages to bring up to date (default: all)."),
+          jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="blocks trained at once (1: in this process, "
+                                                                   "no Ray)."),
+          address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (default: start a "
+                                                                         "local one sized by --jobs)."),
+          data: str = typer.Option("shared", "--data", help="shared: workers see the project's file system; "
+                                                             "remote: they clone it and use the DVC remote."),
+          as_json: bool = typer.Option(False, "--json")):
+    """Like `dvc repro`, with up to --jobs stale blocks trained at once (Ray); each is recorded in dvc.lock."""
+    from zgtrain.repro import repro as run
+
+    r = run(Path.cwd(), list(targets or []), jobs=jobs, address=address, data=data)
+    restored = f"; restored from DVC's run cache: {', '.join(r['restored'])}" if r["restored"] else ""
+    emit(r, as_json=as_json, summary=f"ran: {', '.join(r['ran']) or 'nothing'}{restored} in {r['seconds']:.0f} s")
+
+
 @train_app.command("block")
 def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
                 targets: Optional[str] = typer.Option(None, help="cached or online (default train.targets)."),

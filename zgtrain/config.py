@@ -51,6 +51,10 @@ class TrainConfig(Section):
                       ge=0)
     checkpoint_every: int = param(50, "Steps between checkpoints (0: only at the end).", ge=0)
     heldout_rows: int = param(0, "Held-out sequences for heldout_loss (0: all).", ge=0)
+    threads: int = param(1, "torch CPU threads of a block's training; `zg repro` asks Ray for this many CPUs per "
+                            "block. Part of the run: on CPU another count can change the last bits.", ge=1, le=1024)
+    precision: str = param("fp32", "Block forward + loss: fp32, or bf16 (torch.autocast; on a GPU box use bf16 with "
+                                   "ZG_DEVICE=cuda). Weights and optimizer state stay fp32.", choices=("fp32", "bf16"))
 
     def validate(self):
         from zgtrain.conversions import CONVERSIONS

@@ -24,7 +24,7 @@ from zgdata.layout import Layout
 from zgdata.lineage import check
 from zgdata.lock import locked
 from zgdata.progress import progress
-from zgdata.runtime import device, seed_all
+from zgdata.runtime import autocast, device, seed_all, set_threads
 from zgdata.teacher import load_slice
 from zgdata.timing import span
 from zgtrain import checkpoint
@@ -100,6 +100,8 @@ class Run:
     curve: list = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
+    on_step: object = None
+    """Optional ``on_step(step, loss)`` after each optimizer step (zg repro's progress); never changes the run."""
 
 
 def fit(run: Run, end: int) -> None:
@@ -115,7 +117,8 @@ def fit(run: Run, end: int) -> None:
             for g in opt.param_groups:
                 g["lr"] = lr_at(cfg, step)
             inp, tgt = run.objective.batch(x.to(dev).float(), y.to(dev).float(), run.gen)
-            loss = run.objective.loss(block(inp), tgt)
+            with autocast(dev, cfg.precision):
+                loss = run.objective.loss(block(inp), tgt)
             if not torch.isfinite(loss):
                 raise _diverged(key, d, step, f"loss became {loss.item()}")
             loss.backward()
@@ -135,19 +138,26 @@ def fit(run: Run, end: int) -> None:
             run.step = step + 1
             if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < end:
                 checkpoint.save(d, run.meta, block, opt, run.gen, run.curve, run.step)
+            if run.on_step is not None:
+                run.on_step(run.step, run.curve[-1])
             if sleep:
                 time.sleep(sleep)
     run.seconds += time.perf_counter() - t0
 
 
-def setup(project: ProjectConfig, key: str, *, targets: str | None = None, restart: bool = False,
+def setup(project: ProjectConfig, key: str, *, targets: str | None = None, restart: bool | str = False,
           layout: Layout = Layout()) -> Run:
-    """Build block KEY's run: a fresh start (init weights + checkpoint 0 written) or a resume from its checkpoint."""
+    """Build block KEY's run: a fresh start (init weights + checkpoint 0 written) or a resume from its checkpoint.
+
+    ``restart="auto"`` (zg repro) resumes only an unfinished checkpoint of this very run and otherwise starts
+    afresh, as `dvc repro` does when it deletes a stale stage's outputs.
+    """
     from zgdata.families import config_from_dict
 
     blk = project.block(key)
     spec, cfg = blk.spec, blk.train
     cfg = replace(cfg, targets=targets) if targets else cfg
+    set_threads(cfg.threads)
     tensors, smeta = load_slice(layout.teacher_slice(key))
     if (smeta.get("in"), smeta.get("out")) != (spec.input, spec.output):
         raise ZgError(f"teacher slice for {key} covers {smeta.get('in')}->{smeta.get('out')}, params say "
@@ -161,7 +171,10 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
                 "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
                 "fingerprints": src.fingerprints, "teacher_sha256": smeta["teacher_sha256"]}
     d = layout.block_dir(key)
-    prior = None if restart else checkpoint.read_meta(d)
+    prior = None if restart is True else checkpoint.read_meta(d)
+    if restart == "auto" and prior is not None and (prior.get("done")
+                                                    or {k: prior.get(k) for k in identity} != identity):
+        prior = None
     if prior is not None and {k: prior.get(k) for k in identity} != identity:
         flat_a = {**{k: prior.get(k) for k in identity if k != "config"}, **(prior.get("config") or {})}
         flat_b = {**{k: v for k, v in identity.items() if k != "config"}, **identity["config"]}
@@ -199,11 +212,12 @@ def _train_loss(curve: list) -> float | None:
 
 @locked("block")
 def train_block(project: ProjectConfig, key: str, *, targets: str | None = None, stop_after: int | None = None,
-                restart: bool = False, layout: Layout = Layout()) -> dict:
+                restart: bool | str = False, layout: Layout = Layout(), on_step=None) -> dict:
     """Train block KEY to train.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
     if stop_after is not None and stop_after < 1:
         raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
     run = setup(project, key, targets=targets, restart=restart, layout=layout)
+    run.on_step = on_step
     cfg, d = run.cfg, run.dir
     end = cfg.steps if stop_after is None else min(cfg.steps, run.step + stop_after)
     fit(run, end)

@@ -20,6 +20,7 @@ EXPECTED = {
     "zg init": ["--profile", "ARG:directory"],
     "zg params": [],
     "zg pipeline": ["--params"],
+    "zg repro": ["--address", "--data", "--jobs", "--json", "-j", "ARG:targets"],
     "zg teacher": [],
     "zg teacher prepare": ["--json", "--params"],
     "zg train": [],
