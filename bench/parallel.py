@@ -17,21 +17,16 @@ included). Goal: speedup >= 0.8 * N (1.6 for N = 2).
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-# `python bench/parallel.py` puts bench/ first on sys.path, where bench/tokenize.py would shadow the standard
-# library's tokenize (which inspect, and so Ray and torch, import)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-
-import yaml  # noqa: E402
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,7 +1,7 @@
 """Benchmark streaming tokenization: tokens per second and peak RSS as the corpus grows. Not a test.
 
-    python bench/tokenize.py --sizes 0.1 1 4            # GB of JSONL, generated under --corpora
-    python bench/tokenize.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
+    python bench/tokenize_corpus.py --sizes 0.1 1 4            # GB of JSONL, generated under --corpora
+    python bench/tokenize_corpus.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
 
 Each size is a synthetic JSONL corpus (random slices of the embedded Shakespeare plays, 0.5-50 KB
 per document, a fixed seed), generated once under ``--corpora`` (default /tmp/zg-tokbench) and
