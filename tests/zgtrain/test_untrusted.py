@@ -123,7 +123,7 @@ def test_zg_own_modeling_file_loads(wide_student):
     assert out.shape == (1, 6)
 
 
-def _evil_module(folder: Path, marker: Path) -> str:
+def _evil_module(marker: Path) -> str:
     return f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
 
 
@@ -135,17 +135,17 @@ def test_remote_code_attacks_are_refused(wide_student, tmp_path, attack):
     marker = tmp_path / "pwned"
     cfg = read_json(student / "config.json")
     if attack == "auto_map_to_stranger":
-        (student / "evil.py").write_text(_evil_module(student, marker))
+        (student / "evil.py").write_text(_evil_module(marker))
         (student / MODELING_FILE).unlink()
         cfg["auto_map"] = {"AutoConfig": "evil.ZgLlamaConfig", "AutoModelForCausalLM": "evil.ZgLlamaForCausalLM"}
         (student / "config.json").write_text(json.dumps(cfg))
         needle = "evil.py"
     elif attack == "tampered_modeling_file":
         with open(student / MODELING_FILE, "a") as f:
-            f.write("\n" + _evil_module(student, marker))
+            f.write("\n" + _evil_module(marker))
         needle = MODELING_FILE
     elif attack == "extra_python_file":
-        (student / "helper.py").write_text(_evil_module(student, marker))
+        (student / "helper.py").write_text(_evil_module(marker))
         needle = "helper.py"
     else:  # a plain Llama student that a stranger gave an auto_map
         (student / MODELING_FILE).unlink()
