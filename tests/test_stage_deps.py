@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(STRACE is None, reason="strace is not installed 
                                                        "this test traces the files each stage's command opens")
 
 IGNORED_TOP = (".git", ".dvc", ".zg")
-IGNORED_PREFIX = ("data/.staging/",)
+IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
 # With -y strace prints the path of the descriptor a successful open returns: `= 3</abs/path>`
 # (also on `<... openat resumed>` lines). Failed opens return -1 and carry no path.
 _OPENED = re.compile(r"= \d+<(.*)>$")
@@ -115,7 +115,7 @@ def undeclared(stage: dict, opened: set[str], before: dict[str, bool]) -> list[s
     bad = []
     for p in sorted(opened):
         parts = p.split("/")
-        if parts[0] in IGNORED_TOP or p.startswith(IGNORED_PREFIX) or "__pycache__" in parts:
+        if parts[0] in IGNORED_TOP or (p + "/").startswith(IGNORED_PREFIX) or "__pycache__" in parts:
             continue
         if p not in before or _under(p, own) or _under(p, deps):
             continue  # created by the command itself, its own output, or declared

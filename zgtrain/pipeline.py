@@ -93,7 +93,8 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                         "params": ["materialize.storage_dtype", "materialize.compute_dtype", "partition.boundaries"],
                         "outs": bnd},
         "verify": {"cmd": "zg data verify",
-                   "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens)] + code("verify"),
+                   "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
+                   + code("verify"),
                    "params": ["verify"], "metrics": [{str(L.verify_report): {"cache": False}}]},
         "train": {"foreach": "${blocks}", "do": {
             "cmd": "zg train block ${key}",

@@ -51,8 +51,8 @@ def _swap_weights(root, tmp_path) -> None:
 
 def _build_student(root) -> None:
     """Train b00 and b01 and assemble, in one child process (one interpreter start instead of three)."""
-    code = ("from zgdata.config import load_params; from zgtrain.trainer import train_block; "
-            "from zgtrain.assemble import assemble; p = load_params('params.yaml'); "
+    code = ("from zgtrain.config import ProjectConfig; from zgtrain.trainer import train_block; "
+            "from zgtrain.assemble import assemble; p = ProjectConfig.load('params.yaml'); "
             "[train_block(p, k) for k in ('b00', 'b01')]; assemble(p)")
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, capture_output=True, timeout=600)
     assert (root / "models" / "student" / "config.json").exists()
