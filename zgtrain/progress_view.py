@@ -16,8 +16,9 @@ __all__ = ["Monitor", "summary_lines", "where"]
 
 
 def where(r: dict) -> str:
-    node = r.get("node")
-    return f"{node} pid {r.get('pid')}" if node else f"{r.get('host')} pid {r.get('pid')}"
+    if r.get("pid") is None:
+        return "worker lost"
+    return f"{r.get('node') or r.get('host')} pid {r['pid']}"
 
 
 def _eta(row: dict) -> str:

@@ -142,8 +142,9 @@ def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source
                     str(root), k, env, inbox, data, source)
                 pending[ref] = k
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for u in ray.get(inbox.take.remote()):
-                on_update(u)
+            with contextlib.suppress(ray.exceptions.RayError):  # progress only: results still arrive without it
+                for u in ray.get(inbox.take.remote()):
+                    on_update(u)
             for ref in ready:
                 k = pending.pop(ref)
                 try:

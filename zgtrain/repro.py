@@ -31,6 +31,7 @@ from typing import Callable
 from zgdata.config import load_params
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lock import project_lock
 from zgtrain import scratch
 from zgtrain.config import ProjectConfig
 from zgtrain.progress_view import Monitor, summary_lines
@@ -203,7 +204,6 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
           data: str = "shared") -> dict:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
     from zgdata.runtime import device
-    from zgdata.shards import ray_address
 
     root = Path(root).resolve()
     layout = Layout(root)
@@ -215,6 +215,15 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
         raise ZgError(f"{root} has no dvc.yaml", fix="run zg repro in a project root (see `zg init`)")
     project = ProjectConfig.load(layout.params)  # invalid params fail here, before any stage runs
     dev = device()
+    # one driver per project: a second `zg repro` is refused at once with the first one's pid
+    with project_lock(layout, "repro", writes=root / "dvc.lock", errors_at=root):
+        return _repro(root, layout, project, dev, targets, jobs=jobs, address=address, data=data)
+
+
+def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: list[str], *, jobs: int,
+           address: str | None, data: str) -> dict:
+    from zgdata.shards import ray_address
+
     t0 = time.monotonic()
     p = plan(root, targets)
     ran: list[str] = []
@@ -273,4 +282,5 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
         raise _failure(layout, failed, recorded, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)
-    return {"ran": ran, "restored": restored, "blocks": results, "jobs": jobs, "cluster": cluster, "seconds": time.monotonic() - t0}
+    return {"ran": ran, "restored": restored, "blocks": results, "jobs": jobs, "cluster": cluster,
+            "seconds": time.monotonic() - t0}
