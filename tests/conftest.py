@@ -49,6 +49,18 @@ def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.Co
     return res
 
 
+# Expensive session fixtures are built once per pytest process. Under pytest-xdist (`make test` runs
+# `-n auto --dist loadgroup`) every test that uses one of them goes to the same worker, so the session
+# still starts one Ray cluster and reproduces one pipeline; the other tests spread over the workers.
+SHARED_FIXTURES = {"reproduced", "ray_cluster", "ray_session"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("shared"))
+
+
 @pytest.fixture(scope="session")
 def tiny_built(tmp_path_factory) -> Path:
     """A tiny project after teacher, tokens and materialize (built once per session)."""
