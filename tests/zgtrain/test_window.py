@@ -169,3 +169,74 @@ def test_kv_geometry_of_each_family(name):
     assert s["kv_context"] == 512 and s["teacher_kv_bytes_per_token"] == 4 * per_layer
     assert s["kv_bytes_per_token"] == per_layer * (512 + 256 + 512 + 64) / 512
     assert kv_summary({**config, "dtype": "bfloat16"}, [None])["kv_bytes_per_token"] == per_layer / 2
+
+
+def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built, tmp_path):
+    """The tiny Llama project re-partitioned into three blocks (materialized for real): b00 windowed (window 16 of
+    64 tokens), b01 identity, b02 prune_mlp; trained, assembled, loaded through zg's pinned modeling file with
+    from_pretrained, generating; its logits equal the block-wise forward of the trained blocks bit for bit, and the
+    block metrics, zerograph.json and eval.json report KV-cache bytes per token next to parameters."""
+    import yaml
+
+    from zgdata.materialize import materialize
+    from zgdata.teacher import prepare
+    from zgdata.tokens import read_tokens
+    from zgtrain.assemble import assemble
+    from zgtrain.checkpoint import load_block
+    from zgtrain.evaluate import evaluate
+    from zgtrain.student import load_student, modeling_file, template_sha256
+    from zgtrain.trainer import train_block
+
+    root = copy_project(tiny_built, tmp_path / "proj")
+    layout = Layout(root)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["partition"]["boundaries"] = [0, 1, 2, 4]
+    params["blocks"] = {"b00": {"in": "h00", "out": "h01", "conversion": "window_attention", "window": 16},
+                        "b01": {"in": "h01", "out": "h02", "conversion": "identity", "steps": 0},
+                        "b02": {"in": "h02", "out": "h04", "conversion": "prune_mlp", "prune_ratio": 0.5}}
+    params["train"]["steps"] = 2
+    params["eval"].update(heldout_seqs=2, context_targets=8)  # small: the CE figures are not the point
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    project = project_of(root)
+    prepare(project.teacher, project.partition, layout=layout)
+    materialize(project.materialize, project.partition, layout=layout)
+    metrics = {k: train_block(project, k, restart=True, layout=layout) for k in ("b00", "b01", "b02")}
+    assert all(m["status"] == "done" for m in metrics.values())
+    # block metrics: one layer windowed to 16 of the teacher's 512-position context caches 16/512 of it
+    assert metrics["b00"]["kv_context"] == 512 and metrics["b00"]["kv_ratio"] == 16 / 512
+    assert metrics["b00"]["param_ratio"] == 1.0
+    assert metrics["b01"]["kv_ratio"] == metrics["b02"]["kv_ratio"] == 1.0 and metrics["b02"]["param_ratio"] < 1
+    per_layer = metrics["b01"]["kv_bytes_per_token"]                         # full attention, 1 layer
+    assert metrics["b00"]["kv_bytes_per_token"] == per_layer * 16 / 512
+    assert metrics["b02"]["teacher_kv_bytes_per_token"] == 2 * per_layer
+
+    assemble(project, layout=layout)
+    summary = read_json(layout.student / "zerograph.json")
+    assert summary["layer_windows"] == [16, None, None, None] and summary["remote_code"] is True
+    assert summary["intermediate_sizes"] == [128, 128, 64, 64]
+    assert summary["kv_bytes_per_token"] == per_layer * (16 + 3 * 512) / 512
+    assert summary["teacher_kv_bytes_per_token"] == 4 * per_layer
+    assert sorted(p.name for p in layout.student.glob("*.py")) == [modeling_file("llama")]
+    assert summary["modeling_sha256"] == template_sha256("llama")
+    assert read_json(layout.student / "config.json")["layer_windows"] == [16, None, None, None]
+
+    model = load_student(layout.student)  # from_pretrained, trust_remote_code only for zg's pinned file
+    assert type(model).__name__ == "ZgLlamaForCausalLM"
+    splits = np.asarray([s for s in __import__("lance").dataset(str(layout.tokens)).to_table(
+        columns=["split"]).column("split").to_pylist()])
+    ids, _ = read_tokens(layout, np.flatnonzero(splits == "heldout")[:2])
+    assert ids.shape[1] == 64 > 16
+    fam = family("llama")
+    with torch.no_grad():
+        h = fam.embed(fam.inner(model), ids)
+        for key in ("b00", "b01", "b02"):
+            h = load_block(layout, key)[0](h)
+        assert torch.equal(model(input_ids=ids).logits, model.lm_head(fam.final_norm(model)(h)))
+    out = model.generate(ids[:1, :24], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 28) and torch.equal(out[:, :24], ids[:1, :24])
+
+    result = evaluate(project, layout=layout)
+    assert result["size"]["kv_bytes_per_token"] == summary["kv_bytes_per_token"]
+    assert result["size"]["kv_ratio"] == (16 + 3 * 512) / (4 * 512) and result["size"]["param_ratio"] < 1
+    assert np.isfinite(result["student_ce"]) and set(result["shift"]) == {"b00", "b01", "b02"}
+    assert json.loads(layout.eval_metrics.read_text())["size"] == result["size"]
