@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 
+import lance
 import numpy as np
 import pytest
 import torch
@@ -118,6 +119,15 @@ def test_shipped_modeling_file_runs_the_same_window_as_the_student_blocks(name, 
         logits = loaded(input_ids=ids).logits
         assert torch.equal(logits, blockwise)
         assert not torch.allclose(logits, teacher(input_ids=ids).logits, rtol=1e-4, atol=1e-4)  # windows matter
+        # eager attention (additive float masks) and a left-padded batch (the window merged into a 4-D padding mask)
+        eager = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32,
+                                                     attn_implementation="eager").eval()
+        torch.testing.assert_close(eager(input_ids=ids).logits, logits, rtol=1e-4, atol=1e-4)
+        pad = torch.cat([torch.zeros(2, 3, dtype=torch.long), ids], 1)
+        attn = torch.cat([torch.tensor([[0, 0, 0], [1, 1, 1]]), torch.ones(2, 16, dtype=torch.long)], 1)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        padded = loaded(input_ids=pad, attention_mask=attn, position_ids=pos).logits
+        torch.testing.assert_close(padded[0, 3:], logits[0], rtol=1e-4, atol=1e-4)
 
         prompt = ids[:1, :6]
         out = loaded.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, output_logits=True,
@@ -222,8 +232,7 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
 
     model = load_student(layout.student)  # from_pretrained, trust_remote_code only for zg's pinned file
     assert type(model).__name__ == "ZgLlamaForCausalLM"
-    splits = np.asarray([s for s in __import__("lance").dataset(str(layout.tokens)).to_table(
-        columns=["split"]).column("split").to_pylist()])
+    splits = np.asarray(lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist())
     ids, _ = read_tokens(layout, np.flatnonzero(splits == "heldout")[:2])
     assert ids.shape[1] == 64 > 16
     fam = family("llama")
