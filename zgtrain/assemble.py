@@ -2,8 +2,10 @@
 
 Teacher embeddings + block layers renumbered in order + final norm + LM head, in the teacher
 family's own causal-LM class (zgdata/families.py). Uniform MLP widths give a plain config of
-that family that ``AutoModelForCausalLM.from_pretrained`` loads; per-layer widths ship zg's
-modeling file for the family (zgtrain/student.py pins it).
+that family that ``AutoModelForCausalLM.from_pretrained`` loads; per-layer widths or any
+sliding-window layer (``layer_windows`` in config.json) ship zg's modeling file for the family
+(zgtrain/student.py pins it). zerograph.json records the windows and the KV-cache bytes per token
+(zgtrain/kv_cache.py) next to the parameter counts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from zgdata.lock import locked
 from zgdata.teacher import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.checkpoint import load_block, read_meta
 from zgtrain.config import ProjectConfig
+from zgtrain.kv_cache import kv_summary
 from zgtrain.student import ship_modeling_code, template_class
 
 __all__ = ["assemble", "build_student"]
@@ -48,12 +51,14 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     head, hmeta = load_slice(layout.teacher_head)
     fam = family_of(hmeta["config"])
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
+    windows = [w for _, b, _ in blocks for w in b.windows]
     config = fam.student_config(hmeta["config"], sizes)
-    uniform = len(set(sizes)) == 1
+    uniform = len(set(sizes)) == 1 and not any(w is not None for w in windows)
     model_cls = fam.causal_lm()
-    if not uniform:  # per-layer widths: a config subclass plus modeling code shipped with the model
+    if not uniform:  # per-layer widths or windows: a config subclass plus modeling code shipped with the model
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, **fields)
+        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows,
+                                                               **fields)
         model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
     config._attn_implementation = "sdpa"
     state = {fam.head_key(k): v for k, v in head.items()}
@@ -76,7 +81,8 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
     summary = {"params": n, "teacher_params": teacher_params, "param_ratio": n / teacher_params, "layers": len(sizes),
-               "intermediate_sizes": sizes, "remote_code": not uniform, "family": fam.model_type,
+               "intermediate_sizes": sizes, "layer_windows": windows, "remote_code": not uniform,
+               "family": fam.model_type, **kv_summary(hmeta["config"], windows),
                "blocks": {spec.key: {"state_sha256": meta.get("state_sha256"), "fingerprints": meta["fingerprints"],
                                      "teacher_layers": meta["teacher_layers"]} for spec, _, meta in blocks}}
     return model.eval(), summary

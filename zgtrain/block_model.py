@@ -4,7 +4,8 @@ It runs the teacher family's own decoder-layer class exactly as the teacher's fo
 (the family adapter in zgdata/families.py: rotary positions from 0 for Llama/Qwen2, nothing
 for GPT-2 whose positions are in boundary 0 already; sdpa causal attention, no mask), so an
 identity block reproduces the teacher's boundary bit for bit. Dropout is off in a block's
-layers: a block trains deterministically toward the teacher's function.
+layers: a block trains deterministically toward the teacher's function. A layer with a window
+(``windows``, None: full attention) attends to its last W positions only (zgtrain/window.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from zgdata.families import family_of
+from zgtrain.window import add_windows
 
 __all__ = ["StudentBlock", "layer_config"]
 
@@ -22,13 +24,17 @@ def layer_config(config, intermediate_size: int):
 
 
 class StudentBlock(nn.Module):
-    def __init__(self, config, intermediate_sizes: list[int]):
+    def __init__(self, config, intermediate_sizes: list[int], windows: list[int | None] | None = None):
         super().__init__()
         fam = family_of(config)
         self.family = fam
         self.intermediate_sizes = list(intermediate_sizes)
+        self.windows = list(windows) if windows is not None else [None] * len(self.intermediate_sizes)
+        if len(self.windows) != len(self.intermediate_sizes):
+            raise ValueError(f"{len(self.windows)} windows for {len(self.intermediate_sizes)} layers")
         self.layers = nn.ModuleList(fam.make_layer(fam.layer_config(config, m), i)
                                     for i, m in enumerate(intermediate_sizes))
+        add_windows(self.layers, self.windows)
         rotary = fam.rotary(fam.layer_config(config, fam.width(config)))
         if rotary is not None:  # buffers derived from the config, never saved (see weights())
             self.rotary_emb = rotary

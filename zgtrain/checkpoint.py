@@ -168,7 +168,7 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
         raise ZgError(f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
                       fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`")
     config = config_from_dict(meta["teacher_config"])
-    block = StudentBlock(config, meta["intermediate_sizes"])
+    block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"))  # no "windows": full attention
     weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):

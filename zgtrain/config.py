@@ -22,11 +22,13 @@ __all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "BlockRun", "ProjectConfi
 class TrainConfig(Section):
     SECTION: ClassVar[str] = "train"
     conversion: str = param("prune_mlp", "How the student block starts: a conversion of zgtrain/conversions.py "
-                                         "(identity, prune_mlp, drop_layers, reinit).")
+                                         "(identity, prune_mlp, drop_layers, reinit, window_attention).")
     prune_ratio: float = param(0.5, "prune_mlp: fraction of MLP channels removed (by activation importance on the "
                                     "block's input data).", ge=0, lt=1)
     keep_layers: list = param([], "drop_layers: which of the block's layers to keep, as offsets within the block "
                                   "(e.g. [0, 2, 4]).", item="int")
+    window: int = param(128, "window_attention: each attention layer of the block sees only its last `window` tokens "
+                             "(itself included); a window >= the sequence length is the teacher's attention.", ge=1)
     importance_rows: int = param(16, "prune_mlp: train sequences used to score channel importance.", ge=1)
     objective: str = param("regress", "regress (clean MSE to the target boundary), noisy_regress (input + "
                                       "sigma*noise -> target), denoise (input + sigma*noise -> input, unanchored).")

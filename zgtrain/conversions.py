@@ -97,6 +97,14 @@ def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
     return _load(StudentBlock(config, [keep_n] * len(layers)), pruned)
 
 
+@register("window_attention")
+def window_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """The teacher's layers copied whole; each layer's attention sees only its last ``train.window`` tokens."""
+    layers = list(_teacher_layers(tensors).values())
+    n, width = len(layers), family_of(config).width(config)
+    return _load(StudentBlock(config, [width] * n, [cfg.window] * n), layers)
+
+
 def convert(name: str, tensors, config, cfg, sample: torch.Tensor, gen: torch.Generator) -> StudentBlock:
     if name not in CONVERSIONS:
         raise ZgError(f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import time
 
 import numpy as np
@@ -106,6 +107,14 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> 
         fig.tight_layout(); fig.savefig(png / "loss.png", dpi=100); plt.close(fig)
 
 
+def _size(layout: Layout) -> dict:
+    """The student's parameters and KV-cache bytes per token (zgtrain/kv_cache.py) against the teacher's, as
+    assemble recorded them in zerograph.json (None where a student assembled before KV figures lacks them)."""
+    summary = json.loads((layout.student / "zerograph.json").read_text())
+    return {k: summary.get(k) for k in ("params", "teacher_params", "param_ratio", "kv_context", "kv_bytes_per_token",
+                                        "teacher_kv_bytes_per_token", "kv_ratio")}
+
+
 @locked("evaluate")
 def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     t0 = time.perf_counter()
@@ -141,7 +150,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
               "shift": shift, "gates_passed": gate_verdicts(gates, ce_gap, retention),
               "heldout_sequences": int(len(ids)), "heldout_tokens": int(ids.numel()),
               "context_window": cfg.window, "context_targets": int(len(targets)),
-              "seconds": time.perf_counter() - t0}
+              "size": _size(layout), "seconds": time.perf_counter() - t0}
     _plots(layout, scores, shift, part)
     write_json(layout.eval_metrics, result)
     return result

@@ -64,9 +64,12 @@ _CODE = {
     "materialize": ["zgdata/capture_version.py"],
     "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/integrity.py", "zgdata/families.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
-              "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py"],
-    "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
-    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
+              "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
+              "zgtrain/window.py", "zgtrain/kv_cache.py"],
+    "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py",
+                 "zgtrain/window.py", "zgtrain/kv_cache.py"],
+    "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py",
+                 "zgtrain/window.py"],
 }
 
 

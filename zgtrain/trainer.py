@@ -30,6 +30,7 @@ from zgdata.timing import span
 from zgtrain import checkpoint
 from zgtrain.config import ProjectConfig, TrainConfig
 from zgtrain.conversions import convert
+from zgtrain.kv_cache import kv_summary
 from zgtrain.objectives import Objective, nmse
 from zgtrain.targets import open_targets
 
@@ -192,7 +193,7 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
                           device=device())
     opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     meta = {**identity, "teacher_config": smeta["config"], "teacher_layers": smeta["layers"],
-            "intermediate_sizes": block.intermediate_sizes, "params": sum(p.numel() for p in block.parameters()),
+            "intermediate_sizes": block.intermediate_sizes, "windows": block.windows, "params": sum(p.numel() for p in block.parameters()),
             "teacher_params": sum(v.numel() for v in tensors.values()), "steps": cfg.steps, "done": False,
             "state_sha256": None}
     run = Run(key=key, cfg=cfg, dir=d, meta=meta, block=block, opt=opt, gen=gen, objective=objective, src=src,
@@ -235,6 +236,7 @@ def train_block(project: ProjectConfig, key: str, *, targets: str | None = None,
                "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None,
                "params": run.meta["params"], "teacher_params": run.meta["teacher_params"],
                "param_ratio": run.meta["params"] / run.meta["teacher_params"],
+               **kv_summary(run.meta["teacher_config"], run.block.windows, len(run.meta["teacher_layers"])),
                "objective": cfg.objective, "conversion": cfg.conversion, "targets": cfg.targets,
                "state_sha256": sha, "status": "done", "step": cfg.steps}
     write_json(layout.block_metrics(key), metrics)

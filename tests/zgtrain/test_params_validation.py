@@ -90,6 +90,7 @@ def test_bad_value_is_one_line_and_writes_nothing(tiny_project, monkeypatch, cap
 @pytest.mark.parametrize("updates,needle", [
     ({"seed": -1}, "seed"), ({"seed": "zero"}, "seed"), ({"blocks.b00.lr": "fast"}, "blocks.b00.lr"),
     ({"blocks.b00.grad_clip": -1}, "blocks.b00.grad_clip"), ({"blocks.b00.bogus": 1}, "blocks.b00.bogus"),
+    ({"blocks.b00.window": 0}, "blocks.b00.window"),
     ({"trian.lr": 1e-3}, "trian"),
 ])
 def test_global_and_per_block_keys(tiny_project, monkeypatch, capsys, updates, needle):

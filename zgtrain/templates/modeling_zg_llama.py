@@ -1,22 +1,66 @@
-"""Llama with a per-layer MLP width, shipped inside ZeroGraph students whose blocks differ in shape.
+"""Llama with a per-layer MLP width and per-layer sliding-window attention, shipped inside ZeroGraph
+students whose blocks differ in shape or attention window.
 
 zg loads it with ``zgtrain.student.load_student``, which first checks that this file is byte for byte
 the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_remote_code`` to
 ``AutoModelForCausalLM.from_pretrained`` only after checking that hash yourself.
+
+``layer_windows`` (one entry per layer; null: full attention) restricts a layer's attention to its last
+W positions, itself included. Such layers need ``attn_implementation`` sdpa (the default) or eager.
 """
 
 import copy
 
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP
+
+
+# A verbatim copy of zgtrain/window.py's SlidingWindow (tests/zgtrain/test_window.py checks it).
+class SlidingWindow:
+    """Forward pre-hook (``with_kwargs=True``) of an attention module: attend to the last ``window`` positions only.
+
+    Keys are indexed as the KV cache holds them (0 .. past + new - 1, past = tokens already cached
+    for this layer). Supports sdpa (boolean masks) and eager (additive float masks) attention.
+    """
+
+    def __init__(self, window: int):
+        self.window = int(window)
+
+    def __call__(self, module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        q_len = hidden.shape[-2]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = cache.get_seq_length(module.layer_idx) if cache is not None else 0
+        if past + q_len <= self.window:  # nobody sees beyond the window: full attention, untouched
+            return None
+        impl = getattr(module.config, "_attn_implementation", None) or "eager"
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"zg sliding-window layers need attn_implementation 'sdpa' or 'eager', not {impl!r}")
+        mask = kwargs.get("attention_mask")
+        kv_len = mask.shape[-1] if mask is not None else past + q_len
+        q = torch.arange(past, past + q_len, device=hidden.device)[:, None]
+        k = torch.arange(kv_len, device=hidden.device)[None, :]
+        band = (k <= q) & (k > q - self.window)                            # (q_len, kv_len)
+        if mask is None and impl == "sdpa":
+            mask = band[None, None]
+        elif mask is None:
+            mask = torch.zeros(band.shape, dtype=hidden.dtype, device=hidden.device)[None, None]
+            mask = mask.masked_fill(~band, torch.finfo(hidden.dtype).min)
+        elif mask.dtype == torch.bool:
+            mask = mask & band
+        else:
+            mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
+        return args, {**kwargs, "attention_mask": mask}
 
 
 class ZgLlamaConfig(LlamaConfig):
     model_type = "zg_llama"
 
-    def __init__(self, intermediate_sizes=None, **kwargs):
+    def __init__(self, intermediate_sizes=None, layer_windows=None, **kwargs):
         super().__init__(**kwargs)
         self.intermediate_sizes = list(intermediate_sizes or [self.intermediate_size] * self.num_hidden_layers)
+        self.layer_windows = list(layer_windows or [None] * self.num_hidden_layers)
 
 
 class ZgLlamaForCausalLM(LlamaForCausalLM):
@@ -28,4 +72,7 @@ class ZgLlamaForCausalLM(LlamaForCausalLM):
             cfg = copy.copy(config)
             cfg.intermediate_size = width
             layer.mlp = LlamaMLP(cfg)
+        for layer, window in zip(self.model.layers, config.layer_windows):
+            if window is not None:
+                layer.self_attn.register_forward_pre_hook(SlidingWindow(window), with_kwargs=True)
         self.post_init()

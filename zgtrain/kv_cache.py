@@ -1,0 +1,57 @@
+"""KV-cache size per token of a stack of attention layers at a long context: the cost that windows cut.
+
+At context L a full-attention layer caches L positions and a layer with window W caches min(W, L),
+each position holding one key and one value of ``kv_heads * head_dim`` elements. Bytes per token
+is the whole cache at L divided by L: constant for full attention, falling with L for windows.
+zg reports it at the teacher's longest context (``max_position_embeddings``), in the teacher's
+dtype, next to parameter counts (block metrics, zerograph.json, metrics/eval.json), so a budget
+can be stated in either.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["kv_bytes_per_token", "kv_geometry", "kv_summary"]
+
+
+def kv_bytes_per_token(windows: list[int | None], *, context: int, kv_heads: int, head_dim: int,
+                       dtype_bytes: int) -> float:
+    """KV-cache bytes per token at ``context`` for layers with these windows (None: full attention)."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1, got {context}")
+    positions = sum(context if w is None else min(w, context) for w in windows)
+    return 2 * kv_heads * head_dim * dtype_bytes * positions / context     # 2: a key and a value
+
+
+def _config(config):
+    if isinstance(config, dict):
+        from zgdata.families import config_from_dict
+
+        return config_from_dict(config)
+    return config
+
+
+def kv_geometry(config) -> dict:
+    """{context, kv_heads, head_dim, dtype_bytes} of a teacher config (object or dict, any zg family)."""
+    config = _config(config)
+    heads = config.num_attention_heads  # GPT-2's n_head, through its config's attribute map
+    dtype = getattr(config, "dtype", None) or "float32"
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return {"context": int(config.max_position_embeddings),
+            "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+            "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            "dtype_bytes": torch.empty((), dtype=dtype).element_size()}
+
+
+def kv_summary(config, windows: list[int | None], teacher_layers: int | None = None) -> dict:
+    """KV-cache figures of a student stack against ``teacher_layers`` full-attention teacher layers
+    (default: all of the teacher's)."""
+    config = _config(config)
+    if teacher_layers is None:
+        teacher_layers = config.num_hidden_layers
+    g = kv_geometry(config)
+    student = kv_bytes_per_token(windows, **g)
+    teacher = kv_bytes_per_token([None] * teacher_layers, **g)
+    return {"kv_context": g["context"], "kv_bytes_per_token": student, "teacher_kv_bytes_per_token": teacher,
+            "kv_ratio": student / teacher if teacher else None}
