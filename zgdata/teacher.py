@@ -2,10 +2,15 @@
 
 ``prepare`` writes ``models/teacher/``:
   hf/                      safetensors weights + config + tokenizer (loads with from_pretrained)
-  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype,
-                           files (sha256 of each file in hf/, checked by every load: zgdata.teacher_identity)
+  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype (of the
+                           prepared weights), files (sha256 of each file in hf/, checked by every load:
+                           zgdata.teacher_identity); for a model directory also source_files (zgdata.teacher_source)
   blocks/bNN.safetensors   each block's own teacher layers, so a block stage never needs the rest
   blocks/head.safetensors  embeddings (GPT-2: and positions), final norm and LM head, for assembly
+
+The teacher is loaded once: a model directory (sharded or not) straight in ``teacher.dtype``
+(``auto``: its stored dtype), and the slices are cut from that one model in memory. Every
+teacher forward later loads hf/ in ``materialize.compute_dtype``, the dtype it computes in.
 
 Which modules are layers, head parts and MLP channels is the family adapter's business
 (zgdata/families.py); an unsupported family stops here, before anything is written.
@@ -29,6 +34,7 @@ from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.teacher_identity import RESTORE, FilesCheck, check_files, record_files
+from zgdata.teacher_source import load_dir
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
 
 __all__ = ["prepare", "PrepareResult", "load_teacher", "load_teacher_checked", "load_tokenizer", "read_teacher_json",
@@ -97,26 +103,13 @@ def _from_gguf(path: Path):
     return model, tok
 
 
-def _from_dir(path: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not (path / "config.json").exists():
-        raise ZgError(f"{path} is a directory but not a transformers model (no config.json)", key="teacher.source",
-                      fix="point teacher.source at a directory written by save_pretrained")
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except Exception as e:
-        raise ZgError(f"could not load model directory {path}: {e}".split("\n")[0], key="teacher.source",
-                      fix="check the directory holds weights, config.json and a tokenizer") from e
-    return model, tok
-
-
-def _resolve(source: str):
+def _resolve(source: str, dtype: str):
+    """(model, tokenizer, extra teacher.json fields). A model directory loads straight in ``dtype``
+    (zgdata.teacher_source); a GGUF is dequantized and the tiny models built in float32, then cast by ``prepare``."""
     if source == "smollm2-135m":
-        return _from_gguf(embedded_gguf())
+        return (*_from_gguf(embedded_gguf()), {})
     if source in TINY:
-        return _tiny_teacher(TINY[source])
+        return (*_tiny_teacher(TINY[source]), {})
     if ":" in source and not os.path.exists(source) or source.startswith("random:"):
         raise ZgError(f"unknown teacher alias '{source}'", key="teacher.source",
                       fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path")
@@ -128,8 +121,8 @@ def _resolve(source: str):
         if path.suffix != ".gguf":
             raise ZgError(f"{path} is a file but not a .gguf", key="teacher.source",
                           fix="give a .gguf file or a transformers model directory")
-        return _from_gguf(path)
-    return _from_dir(path)
+        return (*_from_gguf(path), {})
+    return load_dir(path, dtype)
 
 
 def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
@@ -180,13 +173,15 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
 def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
     from transformers import AutoTokenizer
 
-    model, tok = _resolve(cfg.source)
+    model, tok, extra = _resolve(cfg.source, cfg.dtype)
     fam = family(model.config.model_type)
     fam.check(model.config)
     partition.check_depth(model.config.num_hidden_layers)
-    dtype = getattr(torch, cfg.dtype)
-    model = model.to(dtype).eval()
-    model.config.dtype = cfg.dtype
+    if cfg.dtype != "auto":  # a no-op for a model directory, which loaded in this dtype
+        model = model.to(getattr(torch, cfg.dtype))
+    dtype = str(model.dtype).removeprefix("torch.")  # auto: the dtype the source is stored in
+    model = model.eval()
+    model.config.dtype = dtype
     sha = tensors_sha256(model.state_dict())
     # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
     layout.teacher_json.unlink(missing_ok=True)
@@ -199,8 +194,8 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf))
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
-            "architecture": fam.architecture(model.config), "params": n_params, "dtype": cfg.dtype,
-            "files": record_files(layout)}
+            "architecture": fam.architecture(model.config), "params": n_params, "dtype": dtype,
+            "files": record_files(layout), **extra}
     write_slices(model, partition.blocks(), partition, layout, sha)
     write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)

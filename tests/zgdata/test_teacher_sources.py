@@ -1,0 +1,166 @@
+"""Teacher sources: sharded safetensors directories (index + shards), the stored dtype, incomplete checkpoints.
+
+Every source is a tiny random model built from its family's config and saved with save_pretrained; the sharded
+saves use max_shard_size="200KB", which writes model.safetensors.index.json and several shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from conftest import zg
+from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
+from zgdata.config import PartitionConfig, TeacherConfig
+from zgdata.errors import ZgError
+from zgdata.hashing import tensors_sha256
+from zgdata.layout import Layout
+from zgdata.teacher import _tiny_teacher, load_slice, load_teacher, load_teacher_checked, prepare
+from zgdata.teacher_source import INDEX
+
+TINY_PARTITION = PartitionConfig(boundaries=[0, 2, 4])
+
+
+def _save(model, tok, path, **kw):
+    model.save_pretrained(path, **kw)
+    tok.save_pretrained(path)
+    return path
+
+
+def _sharded(model, tok, path, size="200KB"):
+    _save(model, tok, path, max_shard_size=size)
+    shards = sorted(p.name for p in path.glob("model-*.safetensors"))
+    assert (path / INDEX).exists() and not (path / "model.safetensors").exists() and len(shards) >= 3, shards
+    return shards
+
+
+def _weight_map(path) -> dict[str, str]:
+    return json.loads((path / INDEX).read_text())["weight_map"]
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gpt2"])
+def test_sharded_dir_prepares_the_same_teacher_as_one_file(tmp_path, model_type):
+    model, tok = _tiny_teacher(model_type)
+    single = _save(model, tok, tmp_path / "single")
+    shards = _sharded(model, tok, tmp_path / "sharded")
+    a = prepare(TeacherConfig(source=str(single)), TINY_PARTITION, layout=Layout(tmp_path / "a"))
+    b = prepare(TeacherConfig(source=str(tmp_path / "sharded")), TINY_PARTITION, layout=Layout(tmp_path / "b"))
+    assert a.weights_sha256 == b.weights_sha256 == tensors_sha256(model.state_dict())
+    ja, jb = read_json(a.path / "teacher.json"), read_json(b.path / "teacher.json")
+    for key in ("weights_sha256", "tokenizer_sha256", "architecture", "params", "dtype", "files"):
+        assert ja[key] == jb[key], key
+    # bitwise: the prepared weights and every block slice, not only the recorded digests
+    assert tree_sha256(a.path / "hf") == tree_sha256(b.path / "hf")
+    assert tree_sha256(a.path / "blocks") == tree_sha256(b.path / "blocks")
+    # the sharded source is recorded file by file: config, index and every shard
+    assert sorted(jb["source_files"]) == sorted(["config.json", INDEX, *shards])
+    assert all(jb["source_files"][s] == _sha(tmp_path / "sharded" / s) for s in shards)
+    assert sorted(ja["source_files"]) == ["config.json", "model.safetensors"]
+
+
+def test_sharded_dir_end_to_end(tiny_project, tmp_path):
+    """`zg teacher prepare` from a sharded save of the tiny project's own teacher: the same teacher, bit for bit, so
+    the boundaries materialized from the original pass `zg data verify` against it; each slice holds the source's
+    tensors as the index places them."""
+    model, tok = _tiny_teacher("llama")  # what random:tiny builds
+    src = tmp_path / "sharded"
+    _sharded(model, tok, src)
+    before = read_json(tiny_project / "models" / "teacher" / "teacher.json")
+    edit_params(tiny_project, teacher={"source": str(src)})
+    zg("teacher", "prepare", cwd=tiny_project)
+    after = read_json(tiny_project / "models" / "teacher" / "teacher.json")
+    assert after["weights_sha256"] == before["weights_sha256"]
+    assert after["source"] == str(src) and INDEX in after["source_files"]
+    from safetensors import safe_open
+
+    tensors, meta = load_slice(Layout(tiny_project).teacher_slice("b01"))
+    assert meta["layers"] == [2, 3] and sorted(tensors) == sorted(
+        k.removeprefix("model.") for k in _weight_map(src) if k.startswith(("model.layers.2.", "model.layers.3.")))
+    for key, shard in _weight_map(src).items():  # read per key, shard by shard, as the index says
+        if key.startswith(("model.layers.2.", "model.layers.3.")):
+            with safe_open(str(src / shard), framework="pt") as f:
+                assert torch.equal(tensors[key.removeprefix("model.")], f.get_tensor(key)), key
+    zg("data", "verify", cwd=tiny_project)
+    assert read_json(tiny_project / "reports" / "verify.json")["status"] == "ok"
+
+
+def test_bf16_checkpoint_keeps_its_stored_dtype(tmp_path):
+    """teacher.dtype auto keeps a bf16 checkpoint bf16; bfloat16 over an fp32 checkpoint casts at load to the same
+    bits as casting after; computing in float32 loads exactly the bf16 values."""
+    model, tok = _tiny_teacher("qwen2")
+    _sharded(model, tok, tmp_path / "fp32")
+    stored = _tiny_teacher("qwen2")[0].to(torch.bfloat16)
+    _sharded(stored, tok, tmp_path / "bf16", size="100KB")
+    layout = Layout(tmp_path / "auto")
+    auto = prepare(TeacherConfig(source=str(tmp_path / "bf16"), dtype="auto"), TINY_PARTITION, layout=layout)
+    assert read_json(layout.teacher_json)["dtype"] == "bfloat16"
+    assert auto.weights_sha256 == tensors_sha256(stored.state_dict())
+    tensors, _ = load_slice(layout.teacher_slice("b00"))
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    cast = prepare(TeacherConfig(source=str(tmp_path / "fp32"), dtype="bfloat16"), TINY_PARTITION,
+                   layout=Layout(tmp_path / "cast"))
+    assert cast.weights_sha256 == auto.weights_sha256
+    _, _, check = load_teacher_checked(layout, dtype="bfloat16", with_tokenizer=False, rehash=True)
+    assert check["weights_sha256_checked"] is True
+    wide, _ = load_teacher(layout, dtype="float32", with_tokenizer=False)
+    want = stored.state_dict()
+    for k, v in wide.state_dict().items():
+        assert v.dtype == torch.float32 and torch.equal(v, want[k].float()), k
+
+
+@pytest.mark.parametrize("case", ["missing-shard", "shard-lacks-tensor", "truncated-shard"])
+def test_incomplete_sharded_teacher_is_refused(tiny_project, tmp_path, case):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model, tok = _tiny_teacher("llama")
+    src = tmp_path / "sharded"
+    shard = _sharded(model, tok, src)[1]
+    if case == "missing-shard":
+        (src / shard).unlink()
+        needles = (str(src / shard), "is missing", INDEX)
+    elif case == "shard-lacks-tensor":
+        with safe_open(str(src / shard), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        gone = sorted(tensors)[0]
+        del tensors[gone]
+        save_file(tensors, str(src / shard), metadata={"format": "pt"})
+        needles = (str(src / shard), f"lacks tensor '{gone}'", INDEX)
+    else:
+        data = (src / shard).read_bytes()
+        (src / shard).write_bytes(data[: len(data) // 2])
+        needles = (str(src / shard), "not a readable safetensors file")
+    edit_params(tiny_project, teacher={"source": str(src)})
+    before = tree_sha256(tiny_project / "models" / "teacher")
+    res = zg("teacher", "prepare", cwd=tiny_project, check=False)
+    line = assert_user_error(res, "teacher.source", *needles)
+    assert "copy the complete checkpoint" in line, line
+    assert tree_sha256(tiny_project / "models" / "teacher") == before  # the prepared teacher is untouched
+
+
+def test_single_file_missing_a_tensor_is_refused(tmp_path):
+    """Without an index the check is transformers' own report of missing weights (it would initialize them)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model, tok = _tiny_teacher("gpt2")
+    src = _save(model, tok, tmp_path / "single")
+    with safe_open(str(src / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    gone = next(k for k in sorted(tensors) if ".h.1.mlp.c_fc" in k)
+    del tensors[gone]
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    layout = Layout(tmp_path / "proj")
+    prepare(TeacherConfig(source="random:tiny-gpt2"), TINY_PARTITION, layout=layout)
+    before = tree_sha256(layout.teacher_dir)
+    with pytest.raises(ZgError, match=r"lack '.*h\.1\.mlp\.c_fc.*'.*config\.json") as e:
+        prepare(TeacherConfig(source=str(src)), TINY_PARTITION, layout=layout)
+    assert "\n" not in str(e.value) and e.value.key == "teacher.source"
+    assert tree_sha256(layout.teacher_dir) == before
