@@ -115,34 +115,52 @@ def test_bf16_checkpoint_keeps_its_stored_dtype(tmp_path):
         assert v.dtype == torch.float32 and torch.equal(v, want[k].float()), k
 
 
-@pytest.mark.parametrize("case", ["missing-shard", "shard-lacks-tensor", "truncated-shard"])
-def test_incomplete_sharded_teacher_is_refused(tiny_project, tmp_path, case):
+def _break(src, shard: str, case: str) -> tuple[str, ...]:
+    """Damage one shard of the checkpoint at ``src`` as ``case`` says; the needles its error line must hold."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    model, tok = _tiny_teacher("llama")
-    src = tmp_path / "sharded"
-    shard = _sharded(model, tok, src)[1]
     if case == "missing-shard":
         (src / shard).unlink()
-        needles = (str(src / shard), "is missing", INDEX)
-    elif case == "shard-lacks-tensor":
+        return str(src / shard), "is missing", INDEX
+    if case == "shard-lacks-tensor":
         with safe_open(str(src / shard), framework="pt") as f:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         gone = sorted(tensors)[0]
         del tensors[gone]
         save_file(tensors, str(src / shard), metadata={"format": "pt"})
-        needles = (str(src / shard), f"lacks tensor '{gone}'", INDEX)
-    else:
-        data = (src / shard).read_bytes()
-        (src / shard).write_bytes(data[: len(data) // 2])
-        needles = (str(src / shard), "not a readable safetensors file")
+        return str(src / shard), f"lacks tensor '{gone}'", INDEX
+    data = (src / shard).read_bytes()
+    (src / shard).write_bytes(data[: len(data) // 2])
+    return str(src / shard), "not a readable safetensors file"
+
+
+def test_missing_shard_is_refused_by_the_cli(tiny_project, tmp_path):
+    model, tok = _tiny_teacher("llama")
+    src = tmp_path / "sharded"
+    needles = _break(src, _sharded(model, tok, src)[1], "missing-shard")
     edit_params(tiny_project, teacher={"source": str(src)})
     before = tree_sha256(tiny_project / "models" / "teacher")
     res = zg("teacher", "prepare", cwd=tiny_project, check=False)
     line = assert_user_error(res, "teacher.source", *needles)
     assert "copy the complete checkpoint" in line, line
     assert tree_sha256(tiny_project / "models" / "teacher") == before  # the prepared teacher is untouched
+
+
+@pytest.mark.parametrize("case", ["shard-lacks-tensor", "truncated-shard"])
+def test_damaged_shard_is_refused(tmp_path, case):
+    model, tok = _tiny_teacher("qwen2")
+    src = tmp_path / "sharded"
+    needles = _break(src, _sharded(model, tok, src)[1], case)
+    layout = Layout(tmp_path / "proj")
+    prepare(TeacherConfig(source="random:tiny-qwen2"), TINY_PARTITION, layout=layout)
+    before = tree_sha256(layout.teacher_dir)
+    with pytest.raises(ZgError) as e:
+        prepare(TeacherConfig(source=str(src)), TINY_PARTITION, layout=layout)
+    line = str(e.value)
+    assert "\n" not in line and e.value.key == "teacher.source" and "copy the complete checkpoint" in line, line
+    assert all(n in line for n in needles), (needles, line)
+    assert tree_sha256(layout.teacher_dir) == before
 
 
 def test_single_file_missing_a_tensor_is_refused(tmp_path):
