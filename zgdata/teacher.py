@@ -45,6 +45,9 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # random:tiny is the tiny Llama (kept for existing projects); random:tiny-<family> is any family's tiny model
 TINY = {"random:tiny": "llama", **{f"random:tiny-{t}": t for t in sorted(FAMILIES)}}
 ALIASES = ("smollm2-135m", *TINY)
+# hf/ is one file up to this size, else shards + index, each file recorded and checked (teacher_identity).
+# transformers 5's default, spelled out so hf/'s layout (and its DVC hashes) do not move with a release.
+HF_SHARD_SIZE = "50GB"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -187,7 +190,7 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     layout.teacher_json.unlink(missing_ok=True)
     with atomic_path(layout.teacher_hf) as hf_tmp:  # a fresh folder: no stale file of an earlier teacher is recorded
         hf_tmp.mkdir(parents=True)
-        model.save_pretrained(hf_tmp)
+        model.save_pretrained(hf_tmp, max_shard_size=HF_SHARD_SIZE)
         tok.save_pretrained(hf_tmp)
     # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
     # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.

@@ -3,7 +3,7 @@
 Checked before anything loads, from the safetensors headers alone (no tensor is read):
 - a sharded checkpoint (``model.safetensors.index.json`` + ``model-0000K-of-0000N.safetensors``): every shard the
   index names exists, is a readable safetensors file, and holds every tensor the index maps to it;
-- a single ``model.safetensors`` is readable.
+- a single ``model.safetensors`` (which transformers loads in preference to an index beside it) is readable.
 Without this, a missing shard fails deep inside transformers, and a tensor missing from a shard comes up randomly
 initialized with only a warning. After loading, any weight the model expects but did not find is refused too.
 
@@ -72,6 +72,9 @@ def weight_files(path: Path) -> list[str]:
     """The safetensors files a load of ``path`` reads (relative names), after checking they are complete.
 
     Empty when the directory holds no safetensors weights (transformers then decides, e.g. a .bin checkpoint)."""
+    if (path / SINGLE).exists():  # transformers' own order: a single file wins over an index beside it
+        _header_keys(path / SINGLE, path)
+        return [SINGLE]
     if (path / INDEX).exists():
         weight_map = _index(path)
         by_shard: dict[str, set[str]] = {}
@@ -89,9 +92,6 @@ def weight_files(path: Path) -> list[str]:
                               f"(a truncated or mismatched shard)", key=KEY,
                               fix=f"re-copy that shard from the same checkpoint revision; {_complete(path)}")
         return [INDEX, *sorted(by_shard)]
-    if (path / SINGLE).exists():
-        _header_keys(path / SINGLE, path)
-        return [SINGLE]
     return []
 
 

@@ -115,6 +115,32 @@ def test_bf16_checkpoint_keeps_its_stored_dtype(tmp_path):
         assert v.dtype == torch.float32 and torch.equal(v, want[k].float()), k
 
 
+def test_large_teacher_is_prepared_in_shards_and_each_is_checked(tmp_path, monkeypatch):
+    """A teacher over HF_SHARD_SIZE is saved as shards + index: teacher.json records every one, it loads to
+    weights_sha256, and a missing or swapped shard is refused before anything loads."""
+    import zgdata.teacher as teacher
+
+    monkeypatch.setattr(teacher, "HF_SHARD_SIZE", "200KB")  # what a multi-GB teacher gets at the default size
+    layout = Layout(tmp_path / "proj")
+    prep = prepare(TeacherConfig(source="random:tiny-qwen2"), TINY_PARTITION, layout=layout)
+    shards = sorted(p.name for p in layout.teacher_hf.glob("model-*.safetensors"))
+    files = read_json(layout.teacher_json)["files"]
+    assert len(shards) >= 3 and INDEX in files and all(files[s] == _sha(layout.teacher_hf / s) for s in shards)
+    _, _, check = load_teacher_checked(layout, dtype="float32", with_tokenizer=False, rehash=True)
+    assert check["weights_sha256_checked"] is True and check["files"] == len(files)
+    assert tree_sha256(layout.teacher_dir / "blocks") == tree_sha256(
+        prepare(TeacherConfig(source="random:tiny-qwen2"), TINY_PARTITION, layout=Layout(tmp_path / "one")).path
+        / "blocks")  # the slices do not depend on how hf/ is cut
+    assert prep.weights_sha256 == read_json(tmp_path / "one" / "models" / "teacher" / "teacher.json")["weights_sha256"]
+    (layout.teacher_hf / shards[1]).rename(tmp_path / "aside")
+    with pytest.raises(ZgError, match=f"{shards[1]} is missing .teacher.json lists it"):
+        load_teacher(layout, with_tokenizer=False)
+    (tmp_path / "aside").rename(layout.teacher_hf / shards[1])
+    (layout.teacher_hf / shards[1]).write_bytes((layout.teacher_hf / shards[2]).read_bytes())
+    with pytest.raises(ZgError, match=f"{shards[1]} does not match teacher.json"):
+        load_teacher(layout, with_tokenizer=False)
+
+
 def _break(src, shard: str, case: str) -> tuple[str, ...]:
     """Damage one shard of the checkpoint at ``src`` as ``case`` says; the needles its error line must hold."""
     from safetensors import safe_open
