@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from zgdata.errors import ZgError
+from zgdata.families import family
 
 __all__ = ["INDEX", "SINGLE", "weight_files", "source_files", "load_dir"]
 
@@ -45,8 +46,9 @@ def _header_keys(file: Path, path: Path) -> set[str]:
         with safe_open(str(file), framework="pt") as f:
             return set(f.keys())
     except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
-        raise ZgError(f"{file} is not a readable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
-                      key=KEY, fix=f"re-copy that file from the original checkpoint; {_complete(path)}") from e
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ZgError(f"{file} is not a readable safetensors file ({why})", key=KEY,
+                      fix=f"re-copy that file from the original checkpoint; {_complete(path)}") from e
 
 
 def _index(path: Path) -> dict[str, str]:
@@ -111,7 +113,13 @@ def load_dir(path: Path, dtype: str):
     if not (path / "config.json").exists():
         raise ZgError(f"{path} is a directory but not a transformers model (no config.json)", key=KEY,
                       fix="point teacher.source at a directory written by save_pretrained")
-    weights = weight_files(path)  # refuse an incomplete checkpoint before reading any tensor
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ZgError(f"{path / 'config.json'} is not a readable model config ({type(e).__name__})", key=KEY,
+                      fix="point teacher.source at a directory written by save_pretrained") from e
+    family(str(model_type))  # an unsupported family stops here, before any weight is read
+    weights = weight_files(path)  # so does an incomplete checkpoint
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model, info = AutoModelForCausalLM.from_pretrained(
