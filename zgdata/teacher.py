@@ -36,6 +36,7 @@ from zgdata.lock import locked
 from zgdata.teacher_identity import RESTORE, FilesCheck, check_files, record_files
 from zgdata.teacher_source import load_dir
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
+from zgdata.widen import COMPUTE_ATTR
 
 __all__ = ["prepare", "PrepareResult", "load_teacher", "load_teacher_checked", "load_tokenizer", "read_teacher_json",
            "load_slice", "package_dir", "SUPPORTED_TYPES", "EMBEDDED_GGUF"]
@@ -237,17 +238,24 @@ def load_tokenizer(layout: Layout = Layout()):
 
 
 def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
-                         rehash: bool = False):
+                         rehash: bool = False, per_layer: bool = False):
     """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
-    loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`."""
+    loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`.
+    ``per_layer`` (capture only): a teacher stored narrower than ``dtype`` stays in its stored dtype and
+    zgdata.capture widens one layer at a time (zgdata.widen); same bits, no whole-model copy in ``dtype``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zgdata.runtime import device
 
     teacher, check = _checked_dir(layout, rehash=rehash)
-    model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, dtype),
+    load = dtype
+    if per_layer and getattr(torch, teacher["dtype"]).itemsize < getattr(torch, dtype).itemsize:
+        load = teacher["dtype"]
+    model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, load),
                                                  attn_implementation="sdpa").eval()
-    tensors_checked = rehash and dtype == teacher["dtype"]
+    if load != dtype:
+        setattr(model, COMPUTE_ATTR, getattr(torch, dtype))
+    tensors_checked = rehash and load == teacher["dtype"]
     if tensors_checked:
         sha = tensors_sha256(model.state_dict())
         if sha != teacher["weights_sha256"]:
@@ -260,11 +268,13 @@ def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", w
     return model.to(device()), tok, {**check.as_dict(), "weights_sha256_checked": tensors_checked}
 
 
-def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
+def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
+                 per_layer: bool = False):
     """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
+    ``per_layer``: for zgdata.capture only (see load_teacher_checked).
 
     Refuses (ZgError) unless models/teacher/hf holds exactly the files teacher.json records."""
-    model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer)
+    model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer, per_layer=per_layer)
     return model, tok
 
 

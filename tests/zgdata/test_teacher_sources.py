@@ -141,6 +141,33 @@ def test_large_teacher_is_prepared_in_shards_and_each_is_checked(tmp_path, monke
         load_teacher(layout, with_tokenizer=False)
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gpt2"])
+def test_bf16_teacher_computes_in_fp32_one_layer_at_a_time(tmp_path, model_type):
+    """Loaded for capture, a bf16 teacher stays bf16 and capture widens one layer at a time: the boundaries equal
+    those of a whole fp32 load, bit for bit, and no tensor stays widened."""
+    from zgdata.capture import capture
+    from zgdata.widen import compute_dtype
+
+    layout = Layout(tmp_path / "proj")
+    prepare(TeacherConfig(source=f"random:tiny-{model_type}", dtype="bfloat16"), TINY_PARTITION, layout=layout)
+    whole, _ = load_teacher(layout, dtype="float32", with_tokenizer=False)
+    lazy, _, check = load_teacher_checked(layout, dtype="float32", with_tokenizer=False, rehash=True, per_layer=True)
+    assert compute_dtype(lazy) == torch.float32 and compute_dtype(whole) is None
+    assert check["weights_sha256_checked"] is True  # loaded as stored, so verify checks the tensors too
+    stored = {k: v.clone() for k, v in lazy.state_dict().items()}
+    assert {v.dtype for v in stored.values()} == {torch.bfloat16}
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(0))
+    for storage in (torch.float32, torch.bfloat16):
+        a = capture(whole, ids, [0, 2, 4], storage_dtype=storage)
+        b = capture(lazy, ids, [0, 2, 4], storage_dtype=storage)
+        assert all(torch.equal(a[k], b[k]) for k in (0, 2, 4)), storage
+    after = lazy.state_dict()
+    assert all(after[k].dtype == torch.bfloat16 and torch.equal(after[k], v) for k, v in stored.items())
+    narrow, _ = load_teacher(layout, dtype="bfloat16", with_tokenizer=False, per_layer=True)  # computes in bf16
+    assert compute_dtype(narrow) is None
+    assert not torch.equal(capture(narrow, ids, [4], storage_dtype=torch.float32)[4], a[4])
+
+
 def _break(src, shard: str, case: str) -> tuple[str, ...]:
     """Damage one shard of the checkpoint at ``src`` as ``case`` says; the needles its error line must hold."""
     from safetensors import safe_open
