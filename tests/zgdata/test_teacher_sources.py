@@ -168,6 +168,36 @@ def test_bf16_teacher_computes_in_fp32_one_layer_at_a_time(tmp_path, model_type)
     assert not torch.equal(capture(narrow, ids, [4], storage_dtype=torch.float32)[4], a[4])
 
 
+def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
+    """Through the CLI: teacher.dtype bfloat16, compute float32 (the default). materialize and verify load it per
+    layer; the stored boundaries equal a capture by the whole teacher loaded in fp32, and verify also checks the
+    loaded tensors against weights_sha256 (they load in the prepared dtype)."""
+    import shutil
+
+    import numpy as np
+
+    from zgd_helpers import boundary_bits
+    from zgdata.capture import capture
+    from zgdata.tokens import read_tokens
+
+    edit_params(tiny_project, teacher={"dtype": "bfloat16"})
+    zg("teacher", "prepare", cwd=tiny_project)
+    shutil.rmtree(tiny_project / "data" / "boundaries")
+    zg("data", "materialize", cwd=tiny_project)
+    zg("data", "verify", cwd=tiny_project)
+    report = read_json(tiny_project / "reports" / "verify.json")
+    assert report["status"] == "ok" and report["teacher_files"]["weights_sha256_checked"] is True, report["summary"]
+    layout = Layout(tiny_project)
+    whole, _ = load_teacher(layout, dtype="float32", with_tokenizer=False)
+    stored = boundary_bits(tiny_project)
+    rows = np.arange(4)
+    ids, _ = read_tokens(layout, rows)
+    layers = {name: int(name[1:]) for name in stored}
+    fresh = capture(whole, ids, sorted(layers.values()), storage_dtype=torch.bfloat16)
+    for name, layer in layers.items():
+        assert torch.equal(stored[name]["bits"][rows], fresh[layer].view(torch.int16)), name
+
+
 def _break(src, shard: str, case: str) -> tuple[str, ...]:
     """Damage one shard of the checkpoint at ``src`` as ``case`` says; the needles its error line must hold."""
     from safetensors import safe_open
