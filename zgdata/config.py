@@ -267,8 +267,9 @@ class MaterializeConfig(Section):
     storage_dtype: str = param("bfloat16", "dtype of stored boundaries: bfloat16 (default) or float32. float16 is "
                                            "refused (activations reach ~25,000).")
     compute_dtype: str = param("float32", "dtype every teacher forward computes in (materialize, verify, online "
-                                          "targets): the prepared weights are loaded in it. float32 over a bf16 "
-                                          "teacher is exact but holds an fp32 copy of the teacher; bfloat16 does not.",
+                                          "targets; part of the boundary fingerprint). float32 over a bf16 teacher "
+                                          "keeps the teacher bf16 and widens one layer at a time (same bits as a "
+                                          "whole fp32 copy, without it).",
                                choices=DTYPES)
     batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
     commit_rows: int = param(32, "Sequences per Lance commit; a killed run resumes from the last commit.", ge=1)

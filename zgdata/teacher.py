@@ -10,7 +10,8 @@
 
 The teacher is loaded once: a model directory (sharded or not) straight in ``teacher.dtype``
 (``auto``: its stored dtype), and the slices are cut from that one model in memory. Every
-teacher forward later loads hf/ in ``materialize.compute_dtype``, the dtype it computes in.
+teacher forward later computes in ``materialize.compute_dtype``; capture's users load with
+``per_layer=True``, so a narrower teacher stays narrow and is widened a layer at a time (zgdata.widen).
 
 Which modules are layers, head parts and MLP channels is the family adapter's business
 (zgdata/families.py); an unsupported family stops here, before anything is written.
