@@ -2,6 +2,13 @@
 
     python bench/tokenize_corpus.py --sizes 0.1 1 4            # GB of JSONL, generated under --corpora
     python bench/tokenize_corpus.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
+    nice -n 19 python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
+
+The 1 and 4 GB sizes take hours on a shared 2-core machine (about 110 k tok/s with the SmolLM2 tokenizer,
+~0.31 tokens per corpus byte: 4 GB is ~1.2 B tokens, ~3 h) and need disk: each corpus, plus its token set
+(int32 ids: ~1.25 bytes per corpus byte), plus the previous size's token set until the new one replaces it.
+The script checks free space under --corpora before it starts and says how much it needs.
+``--drop-corpora`` deletes each generated corpus after its measurement (regenerating is deterministic).
 
 Each size is a synthetic JSONL corpus (random slices of the embedded Shakespeare plays, 0.5-50 KB
 per document, a fixed seed), generated once under ``--corpora`` (default /tmp/zg-tokbench) and
@@ -64,6 +71,17 @@ def make_corpus(path: Path, gb: float, seed: int = 0) -> Path:
     return path
 
 
+TOKEN_BYTES_PER_CORPUS_BYTE = 1.25  # ~0.31 tokens per byte (SmolLM2 on the plays) x 4 bytes per int32 id
+
+
+def disk_needed(corpora: Path, sizes: list[float]) -> float:
+    """Bytes the run needs free under ``corpora``: the corpora not generated yet, and the two largest token sets
+    (the previous one stays until the next replaces it), with 10% slack."""
+    new = sum(gb * 1e9 for gb in sizes if not (corpora / f"corpus-{gb:g}GB.jsonl").exists())
+    biggest = sorted(sizes)[-2:]
+    return 1.1 * (new + TOKEN_BYTES_PER_CORPUS_BYTE * sum(gb * 1e9 for gb in biggest))
+
+
 def _prepare(work: Path, teacher: str) -> None:
     from zgdata.config import PartitionConfig, TeacherConfig
     from zgdata.layout import Layout
@@ -102,6 +120,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1.0, 4.0], help="corpus sizes in GB")
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/zg-tokbench"), help="where corpora are generated")
     ap.add_argument("--teacher", default="smollm2-135m", help="teacher whose tokenizer is used")
+    ap.add_argument("--drop-corpora", action="store_true", help="delete each corpus after it is measured")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     work = args.corpora / f"project-{args.teacher.replace(':', '-')}"
@@ -111,6 +130,12 @@ def main() -> None:
     os.environ.setdefault("ZG_QUIET", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args.corpora.mkdir(parents=True, exist_ok=True)
+    import shutil
+
+    need, free = disk_needed(args.corpora, args.sizes), shutil.disk_usage(args.corpora).free
+    if need > free:
+        sys.exit(f"sizes {args.sizes} GB need about {need / 1e9:.1f} GB free under {args.corpora}, "
+                 f"{free / 1e9:.1f} GB are: give --corpora on a bigger disk, fewer sizes, or --drop-corpora")
     _prepare(work, args.teacher)
     rows = []
     for gb in args.sizes:
@@ -121,6 +146,8 @@ def main() -> None:
         if res.returncode:
             sys.exit(f"size {gb} GB failed:\n{res.stderr[-3000:]}")
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        if args.drop_corpora:
+            corpus.unlink()
         r = rows[-1]
         print(f"{r['corpus_gb']:.2f} GB  {r['documents']:>9,} docs  {r['tokens']:>13,} tokens  {r['seconds']:8.1f} s  "
               f"{r['tok_per_s']:>10,.0f} tok/s  peak RSS {r['peak_rss_mb']:,.0f} MB "

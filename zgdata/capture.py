@@ -15,6 +15,7 @@ import torch
 from zgdata.capture_version import CAPTURE_VERSION
 from zgdata.errors import ZgError
 from zgdata.families import family_of
+from zgdata.widen import compute_dtype, widened
 
 __all__ = ["capture", "CAPTURE_VERSION", "ATTN_IMPLEMENTATION"]
 
@@ -34,13 +35,16 @@ def capture(model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype:
         raise ZgError(f"boundary layers {layers} are outside [0, {depth}]", key="partition.boundaries",
                       fix=f"keep every boundary within [0, {depth}]")
     want = set(layers)
-    first = next(inner.parameters())
-    input_ids = input_ids.to(first.device)
-    h = fam.embed(inner, input_ids).to(first.dtype)                      # (B, T, C)
-    inputs = fam.layer_inputs(fam.model_rotary(inner), h)                # e.g. rotary cos, sin: (1, T, D)
+    wide = compute_dtype(model)  # a teacher loaded per_layer: widen what runs, while it runs (zgdata.widen)
+    with widened([m for m in inner.children() if m is not blocks], wide):
+        first = next(inner.parameters())
+        input_ids = input_ids.to(first.device)
+        h = fam.embed(inner, input_ids).to(first.dtype)                  # (B, T, C)
+        inputs = fam.layer_inputs(fam.model_rotary(inner), h)            # e.g. rotary cos, sin: (1, T, D)
     out = {0: h.to(storage_dtype)} if 0 in want else {}
     for i in range(max(layers)):
-        h = fam.call_layer(blocks[i], h, inputs)
+        with widened([blocks[i]], wide):
+            h = fam.call_layer(blocks[i], h, inputs)
         if i + 1 in want:
             out[i + 1] = h.to(storage_dtype)
     return {k: v.cpu() for k, v in out.items()}

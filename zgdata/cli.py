@@ -32,8 +32,10 @@ def emit(result: dict, *, as_json: bool, summary: str) -> None:
 def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Resolve `teacher.source`, save it to models/teacher/ with teacher.json, and write per-block slices.
 
-    teacher.source: `smollm2-135m` (embedded GGUF), `random:tiny`, a transformers model directory or a .gguf path.
-    teacher.dtype: float32 or bfloat16. partition.boundaries decides the per-block slices.
+    teacher.source: `smollm2-135m` (embedded GGUF), `random:tiny`, a transformers model directory (safetensors, sharded
+    with an index or not) or a .gguf path. teacher.dtype: float32, bfloat16 or auto (the source's stored dtype): the
+    dtype the prepared weights are saved in; forwards compute in materialize.compute_dtype.
+    partition.boundaries decides the per-block slices.
     """
     from zgdata.config import PartitionConfig, TeacherConfig, load_params, section
     from zgdata.teacher import prepare

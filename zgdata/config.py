@@ -137,7 +137,12 @@ class TeacherConfig(Section):
     source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
                                         "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
                                         "(families: zgdata/families.py).")
-    dtype: str = param("float32", "dtype the teacher weights are saved in (float32 or bfloat16).", choices=DTYPES)
+    dtype: str = param("float32", "dtype the prepared teacher weights are saved in (models/teacher: hf/, slices): "
+                                  "float32, bfloat16, or auto (the source's stored dtype, e.g. a bf16 checkpoint "
+                                  "stays bf16). A model directory loads straight in it, shard by shard, never as a "
+                                  "whole fp32 copy: use auto or bfloat16 for a teacher too big for memory in fp32. "
+                                  "Every forward computes in materialize.compute_dtype.",
+                       choices=(*DTYPES, "auto"))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -261,7 +266,11 @@ class MaterializeConfig(Section):
     SECTION: ClassVar[str] = "materialize"
     storage_dtype: str = param("bfloat16", "dtype of stored boundaries: bfloat16 (default) or float32. float16 is "
                                            "refused (activations reach ~25,000).")
-    compute_dtype: str = param("float32", "dtype of the teacher forward pass.", choices=DTYPES)
+    compute_dtype: str = param("float32", "dtype every teacher forward computes in (materialize, verify, online "
+                                          "targets; part of the boundary fingerprint). float32 over a bf16 teacher "
+                                          "keeps the teacher bf16 and widens one layer at a time (same bits as a "
+                                          "whole fp32 copy, without it).",
+                               choices=DTYPES)
     batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
     commit_rows: int = param(32, "Sequences per Lance commit; a killed run resumes from the last commit.", ge=1)
     queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)

@@ -245,7 +245,7 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
 def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, start, advance) -> None:
     """One process: teacher forward in this thread, Lance commits in a background writer thread."""
     with span("materialize.load_teacher"):
-        model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False)
+        model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
     storage = getattr(torch, cfg.storage_dtype)
     writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows)
     tokens_ds = open_tokens(layout)

@@ -63,7 +63,7 @@ def _teacher(layout: Layout, dtype: str, sha: str):
     key = (str(layout.teacher_hf.resolve()), dtype, sha, str(device()))
     if key not in _TEACHER:
         _TEACHER.clear()  # one teacher per worker process
-        _TEACHER[key], _ = load_teacher(layout, dtype=dtype, with_tokenizer=False)
+        _TEACHER[key], _ = load_teacher(layout, dtype=dtype, with_tokenizer=False, per_layer=True)
     return _TEACHER[key]
 
 

@@ -2,10 +2,16 @@
 
 ``prepare`` writes ``models/teacher/``:
   hf/                      safetensors weights + config + tokenizer (loads with from_pretrained)
-  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype,
-                           files (sha256 of each file in hf/, checked by every load: zgdata.teacher_identity)
+  teacher.json             source, weights_sha256, tokenizer_sha256, architecture, params, dtype (of the
+                           prepared weights), files (sha256 of each file in hf/, checked by every load:
+                           zgdata.teacher_identity); for a model directory also source_files (zgdata.teacher_source)
   blocks/bNN.safetensors   each block's own teacher layers, so a block stage never needs the rest
   blocks/head.safetensors  embeddings (GPT-2: and positions), final norm and LM head, for assembly
+
+The teacher is loaded once: a model directory (sharded or not) straight in ``teacher.dtype``
+(``auto``: its stored dtype), and the slices are cut from that one model in memory. Every
+teacher forward later computes in ``materialize.compute_dtype``; capture's users load with
+``per_layer=True``, so a narrower teacher stays narrow and is widened a layer at a time (zgdata.widen).
 
 Which modules are layers, head parts and MLP channels is the family adapter's business
 (zgdata/families.py); an unsupported family stops here, before anything is written.
@@ -29,7 +35,9 @@ from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.teacher_identity import RESTORE, FilesCheck, check_files, record_files
+from zgdata.teacher_source import load_dir
 from zgdata.tokenizer_util import byte_level_tokenizer, tokenizer_sha256
+from zgdata.widen import COMPUTE_ATTR
 
 __all__ = ["prepare", "PrepareResult", "load_teacher", "load_teacher_checked", "load_tokenizer", "read_teacher_json",
            "load_slice", "package_dir", "SUPPORTED_TYPES", "EMBEDDED_GGUF"]
@@ -39,6 +47,9 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # random:tiny is the tiny Llama (kept for existing projects); random:tiny-<family> is any family's tiny model
 TINY = {"random:tiny": "llama", **{f"random:tiny-{t}": t for t in sorted(FAMILIES)}}
 ALIASES = ("smollm2-135m", *TINY)
+# hf/ is one file up to this size, else shards + index, each file recorded and checked (teacher_identity).
+# transformers 5's default, spelled out so hf/'s layout (and its DVC hashes) do not move with a release.
+HF_SHARD_SIZE = "50GB"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -97,26 +108,13 @@ def _from_gguf(path: Path):
     return model, tok
 
 
-def _from_dir(path: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not (path / "config.json").exists():
-        raise ZgError(f"{path} is a directory but not a transformers model (no config.json)", key="teacher.source",
-                      fix="point teacher.source at a directory written by save_pretrained")
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except Exception as e:
-        raise ZgError(f"could not load model directory {path}: {e}".split("\n")[0], key="teacher.source",
-                      fix="check the directory holds weights, config.json and a tokenizer") from e
-    return model, tok
-
-
-def _resolve(source: str):
+def _resolve(source: str, dtype: str):
+    """(model, tokenizer, extra teacher.json fields). A model directory loads straight in ``dtype``
+    (zgdata.teacher_source); a GGUF is dequantized and the tiny models built in float32, then cast by ``prepare``."""
     if source == "smollm2-135m":
-        return _from_gguf(embedded_gguf())
+        return (*_from_gguf(embedded_gguf()), {})
     if source in TINY:
-        return _tiny_teacher(TINY[source])
+        return (*_tiny_teacher(TINY[source]), {})
     if ":" in source and not os.path.exists(source) or source.startswith("random:"):
         raise ZgError(f"unknown teacher alias '{source}'", key="teacher.source",
                       fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path")
@@ -128,8 +126,8 @@ def _resolve(source: str):
         if path.suffix != ".gguf":
             raise ZgError(f"{path} is a file but not a .gguf", key="teacher.source",
                           fix="give a .gguf file or a transformers model directory")
-        return _from_gguf(path)
-    return _from_dir(path)
+        return (*_from_gguf(path), {})
+    return load_dir(path, dtype)
 
 
 def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
@@ -180,27 +178,29 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
 def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
     from transformers import AutoTokenizer
 
-    model, tok = _resolve(cfg.source)
+    model, tok, extra = _resolve(cfg.source, cfg.dtype)
     fam = family(model.config.model_type)
     fam.check(model.config)
     partition.check_depth(model.config.num_hidden_layers)
-    dtype = getattr(torch, cfg.dtype)
-    model = model.to(dtype).eval()
-    model.config.dtype = cfg.dtype
+    if cfg.dtype != "auto":  # a no-op for a model directory, which loaded in this dtype
+        model = model.to(getattr(torch, cfg.dtype))
+    dtype = str(model.dtype).removeprefix("torch.")  # auto: the dtype the source is stored in
+    model = model.eval()
+    model.config.dtype = dtype
     sha = tensors_sha256(model.state_dict())
     # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
     layout.teacher_json.unlink(missing_ok=True)
     with atomic_path(layout.teacher_hf) as hf_tmp:  # a fresh folder: no stale file of an earlier teacher is recorded
         hf_tmp.mkdir(parents=True)
-        model.save_pretrained(hf_tmp)
+        model.save_pretrained(hf_tmp, max_shard_size=HF_SHARD_SIZE)
         tok.save_pretrained(hf_tmp)
     # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
     # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
     tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf))
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
-            "architecture": fam.architecture(model.config), "params": n_params, "dtype": cfg.dtype,
-            "files": record_files(layout)}
+            "architecture": fam.architecture(model.config), "params": n_params, "dtype": dtype,
+            "files": record_files(layout), **extra}
     write_slices(model, partition.blocks(), partition, layout, sha)
     write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
@@ -239,17 +239,24 @@ def load_tokenizer(layout: Layout = Layout()):
 
 
 def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
-                         rehash: bool = False):
+                         rehash: bool = False, per_layer: bool = False):
     """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
-    loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`."""
+    loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`.
+    ``per_layer`` (capture only): a teacher stored narrower than ``dtype`` stays in its stored dtype and
+    zgdata.capture widens one layer at a time (zgdata.widen); same bits, no whole-model copy in ``dtype``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zgdata.runtime import device
 
     teacher, check = _checked_dir(layout, rehash=rehash)
-    model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, dtype),
+    load = dtype
+    if per_layer and getattr(torch, teacher["dtype"]).itemsize < getattr(torch, dtype).itemsize:
+        load = teacher["dtype"]
+    model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, load),
                                                  attn_implementation="sdpa").eval()
-    tensors_checked = rehash and dtype == teacher["dtype"]
+    if load != dtype:
+        setattr(model, COMPUTE_ATTR, getattr(torch, dtype))
+    tensors_checked = rehash and load == teacher["dtype"]
     if tensors_checked:
         sha = tensors_sha256(model.state_dict())
         if sha != teacher["weights_sha256"]:
@@ -262,11 +269,13 @@ def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", w
     return model.to(device()), tok, {**check.as_dict(), "weights_sha256_checked": tensors_checked}
 
 
-def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True):
+def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
+                 per_layer: bool = False):
     """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
+    ``per_layer``: for zgdata.capture only (see load_teacher_checked).
 
     Refuses (ZgError) unless models/teacher/hf holds exactly the files teacher.json records."""
-    model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer)
+    model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer, per_layer=per_layer)
     return model, tok
 
 

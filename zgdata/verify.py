@@ -86,7 +86,8 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
     g = torch.Generator().manual_seed(cfg.seed)
     rows = np.sort(torch.randperm(n, generator=g)[: min(sample, n)].numpy())
     # rehash: verify never trusts the digest cache that makes ordinary teacher loads cheap
-    model, _, identity = load_teacher_checked(layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True)
+    model, _, identity = load_teacher_checked(layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True,
+                                                per_layer=True)
     storage = getattr(torch, lin["storage_dtype"])
     failures = []
     for r in rows:

@@ -59,10 +59,11 @@ def profile_params(profile: str) -> dict:
 
 # Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
 _CODE = {
-    "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/tokenizer_util.py", "zgdata/families.py"],
+    "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/teacher_source.py",
+                "zgdata/tokenizer_util.py", "zgdata/families.py"],
     "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
     "materialize": ["zgdata/capture_version.py"],
-    "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/integrity.py", "zgdata/families.py"],
+    "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/widen.py", "zgdata/integrity.py", "zgdata/families.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
               "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
               "zgtrain/window.py", "zgtrain/kv_cache.py"],

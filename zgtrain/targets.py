@@ -53,7 +53,7 @@ class OnlineTargets:
         lin = expected_lineages(layout, partition, mcfg, (spec.input, spec.output))
         self.lineage = lin[spec.input]
         self.fingerprints = {n: boundary_fingerprint(v) for n, v in lin.items()}
-        self.model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False)
+        self.model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False, per_layer=True)
         self.storage = getattr(torch, mcfg.storage_dtype)
         self.splits = np.asarray(self.tokens.to_table(columns=["split"]).column("split").to_pylist())
 
