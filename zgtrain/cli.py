@@ -34,7 +34,8 @@ def _root(debug: bool = typer.Option(False, "--debug", help="show tracebacks (al
 
 @app.command("init")
 def init(directory: Path = typer.Argument(..., help="new project directory."),
-         profile: str = typer.Option("smollm2", help="smollm2 (the default conversion) or tiny (seconds, for tries and tests).")):
+         profile: str = typer.Option("smollm2", help="smollm2 (the default conversion), tiny (seconds, for tries and tests), "
+                                          "local (greedy local pretraining from scratch) or local-tiny.")):
     """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
     from zgtrain.pipeline import init_project
 
@@ -115,6 +116,23 @@ def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
     loss = "n/a (no steps)" if r.get("train_loss") is None else f"{r['train_loss']:.4g}"
     emit(r, as_json=as_json, summary=f"{key}: {r['status']} at step {r['step']}/{r['steps']}, "
          f"train_loss {loss}, state {r.get('state_sha256', '')[:12]}")
+
+
+@train_app.command("local")
+def train_local(stop_after: Optional[int] = typer.Option(None, "--stop-after",
+                                                         help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."),
+                restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+                params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Greedy local pretraining (`local:`): train a Llama from scratch as K isolated blocks; writes models/local/hf."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.local_train import train_local as run
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    r = run(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
+    ce = f", held-out CE {r['heldout_ce']:.4f}" if "heldout_ce" in r else ""
+    emit(r, as_json=as_json, summary=f"local ({r['k']} blocks): {r['status']} at step {r['step']}/{r['steps']}"
+                                     f"{ce}, state {r['state_sha256'][:12]}")
 
 
 @train_app.command("assemble")

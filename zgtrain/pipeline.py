@@ -38,18 +38,35 @@ PROFILES = {
         "train": {"steps": 12, "warmup": 2, "checkpoint_every": 4},
         "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
     },
+    # Greedy local pretraining from scratch (zgtrain/local_train.py): the teacher gives only its tokenizer,
+    # the partition cuts local.layers into K blocks. Stages: teacher, tokens, local (see dvc_yaml).
+    "local": {
+        "corpus": {"seq_len": 256, "max_heldout_seqs": 64},
+        "partition": {"boundaries": [0, 2, 4, 6, 8]},
+        "local": {},
+    },
+    "local-tiny": {
+        "teacher": {"source": "random:tiny"},
+        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 32,
+                   "max_train_seqs": 64, "max_heldout_seqs": 8},
+        "partition": {"boundaries": [0, 2, 4]},
+        "local": {"layers": 4, "hidden": 32, "heads": 2, "kv_heads": 2, "intermediate": 64, "steps": 8,
+                  "batch_size": 4, "warmup": 2, "checkpoint_every": 4},
+    },
 }
 
 
 def profile_params(profile: str) -> dict:
     """params.yaml of a profile: every section's defaults with the profile's overrides, then its blocks."""
-    from zgtrain.config import SECTIONS, ProjectConfig
+    from zgtrain.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig
 
     if profile not in PROFILES:
         raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
     over = PROFILES[profile]
     params: dict = {"seed": 0}
     for name, cls in SECTIONS.items():
+        if name in OPTIONAL_SECTIONS and name not in over:
+            continue
         params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
     part = section(params, PartitionConfig)
     params["blocks"] = {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
@@ -67,6 +84,8 @@ _CODE = {
               "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py"],
     "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
+    "local": ["zgtrain/local_train.py", "zgtrain/local_model.py", "zgtrain/local_schedule.py",
+              "zgtrain/local_config.py", "zgtrain/checkpoint.py", "zgtrain/metrics.py", "zgdata/families.py"],
 }
 
 
@@ -122,6 +141,13 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
+        stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {
+            "cmd": "zg train local", "deps": [str(L.tokens), str(L.tokens_json), str(L.teacher_hf),
+                                              str(L.teacher_json)] + code("local"),
+            "params": ["seed", "partition", "local"], "outs": ["models/local"],
+            "metrics": [{"metrics/local.json": {"cache": False}}],
+            "plots": [{"plots/local/loss.csv": {"cache": False, "x": "step"}}]}}
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
