@@ -53,12 +53,13 @@ def pipeline(params: Path = params_option):
     p = load_params(params)
     part = section(p, PartitionConfig)
     old = p.get("blocks") or {}
-    p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
-                           "in": b.input, "out": b.output} for b in part.blocks()}
+    p["blocks"] = {} if "local" in p else {  # a local project's blocks are its partition's
+        b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
+                "out": b.output} for b in part.blocks()}
     write_text(params, dump_params(p))
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
-    stderr.print(f"wrote {path} with blocks {', '.join(p['blocks'])}")
+    stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in part.blocks())}")
 
 
 @app.command("params")

@@ -69,7 +69,8 @@ def profile_params(profile: str) -> dict:
             continue
         params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
     part = section(params, PartitionConfig)
-    params["blocks"] = {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    # blocks: carries per-block train overrides of a conversion; a local project's blocks come from the partition
+    params["blocks"] = {} if "local" in params else {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
     ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
     return params
 
@@ -142,6 +143,7 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                "plots/eval/png"]},
     }
     if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
+        stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
         stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {
             "cmd": "zg train local", "deps": [str(L.tokens), str(L.tokens_json), str(L.teacher_hf),
                                               str(L.teacher_json)] + code("local"),

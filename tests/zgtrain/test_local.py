@@ -19,6 +19,7 @@ import time
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from conftest import BIN, run, zg
@@ -77,8 +78,9 @@ def test_profile_runs_from_init_through_dvc_repro(local_repro):
     root, m = local_repro
     params = load_params_of(root)
     assert "local" in params and "local" not in profile_params("tiny") and "local" not in profile_params("smollm2")
-    stages = set(__import__("yaml").safe_load((root / "dvc.yaml").read_text())["stages"])
-    assert stages == {"teacher", "tokens", "local"}
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert set(stages) == {"teacher", "tokens", "local"} and stages["teacher"]["params"] == ["teacher"]
+    assert not (root / "models" / "teacher" / "blocks").exists()  # the teacher gives its tokenizer only
     assert m["status"] == "done" and m["step"] == m["steps"] == 8 and m["k"] == 2
     assert 0 < m["heldout_ce"] < 8 and m["heldout_tokens"] > 0
     # the saved transformers folder scores what the last block's own forward scores
@@ -149,12 +151,17 @@ def test_schedules_agree_with_a_transformer_aux_head_and_mtp_everywhere(local_re
     assert runs[0]["local_params"] > ref["local_params"]  # a decoder layer and two MTP projections per block
 
 
-def test_k1_and_k2_see_the_same_tokens(local_repro, tmp_path):
+def test_k1_arm_runs_as_a_dvc_experiment_and_sees_the_same_tokens(local_repro, tmp_path):
     ref_root, ref = local_repro
-    k1 = _copy(ref_root, tmp_path / "k1", {"partition.boundaries": [0, 4]})
-    r = _train(k1)
+    root = tmp_path / "proj"
+    shutil.copytree(ref_root, root, symlinks=True)
+    res = run(["dvc", "exp", "run", "-S", "partition.boundaries=[0,4]"], cwd=root)
+    # the partition is the local stage's alone: the teacher (tokenizer only) and the token set stay
+    assert "Running stage 'local'" in res.stdout
+    assert "Running stage 'teacher'" not in res.stdout and "Running stage 'tokens'" not in res.stdout
+    r = read_json(root / "metrics" / "local.json")
     assert r["k"] == 1 and r["local_params"] == 0  # end to end: the model's own head, no auxiliary one
-    assert r["tokens_sha256"] == ref["tokens_sha256"] and _batches(k1)[0] == _batches(ref_root)[0]
+    assert r["tokens_sha256"] == ref["tokens_sha256"] and _batches(root)[0] == _batches(ref_root)[0]
     assert _batches(ref_root)[0] == _batches(ref_root)[1]  # every block of an arm trains on every batch
     assert r["state_sha256"] != ref["state_sha256"]
 
