@@ -13,7 +13,10 @@ from typing import ClassVar
 from zgdata.config import Section, param
 from zgdata.errors import ZgError
 
-__all__ = ["LocalConfig"]
+__all__ = ["LocalConfig", "BLOCK_KEYS"]
+
+# What `local.blocks.bNN` may override for one block (each block has its own optimizer).
+BLOCK_KEYS = ("steps", "lr", "warmup", "weight_decay", "grad_clip")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -36,6 +39,13 @@ class LocalConfig(Section):
                      choices=("none", "first", "all"))
     mtp_depth: int = param(2, "Farthest token predicted by the MTP term (2: t+2 only).", ge=2)
     mtp_weight: float = param(1.0, "Weight of the MTP term (mean over its offsets) in a block's loss.", ge=0)
+    mode: str = param("simultaneous", "simultaneous: every block trains on every batch, reading its predecessor's "
+                                      "live output. sequential: one DVC stage per block; block k trains to the end, "
+                                      "its outputs over every row become data/local/hNN.lance, block k+1 trains "
+                                      "from that dataset.", choices=("simultaneous", "sequential"))
+    blocks: dict = param({}, "Per-block overrides, e.g. {b01: {lr: 2e-3}}: steps (sequential mode only), lr, warmup, "
+                             "weight_decay, grad_clip. In sequential mode `zg pipeline` lists every block, so that "
+                             "editing block k reruns blocks k..K-1 only.")
     # execution: both schedules give bitwise-identical parameters (blocks are gradient-isolated)
     schedule: str = param("phased", "phased: every block's forward, then every backward + optimizer step. "
                                     "early_backward: a block's backward and step are issued as soon as its forward "
@@ -59,7 +69,31 @@ class LocalConfig(Section):
     threads: int = param(1, "torch CPU threads (part of the run's bits on CPU).", ge=1, le=1024)
 
     def validate(self):
+        if not isinstance(self.blocks, dict):
+            raise ZgError(f"local.blocks is {self.blocks!r}", key="local.blocks",
+                          fix="use a mapping of block keys to overrides, e.g. {b01: {lr: 0.002}}")
+        for key, over in self.blocks.items():
+            over = {} if over is None else over
+            if not isinstance(over, dict) or set(map(str, over)) - set(BLOCK_KEYS):
+                raise ZgError(f"local.blocks.{key} is {over!r}", key=f"local.blocks.{key}",
+                              fix=f"override only {', '.join(BLOCK_KEYS)}")
+            if "steps" in over and self.mode != "sequential":
+                raise ZgError(f"local.blocks.{key}.steps is set but local.mode is {self.mode}",
+                              key=f"local.blocks.{key}.steps", fix="every block takes every step in simultaneous mode")
+            self.of(str(key))  # range-checks the values, naming local.blocks.KEY.NAME
         if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
             raise ZgError(f"local.hidden={self.hidden}, local.heads={self.heads}, local.kv_heads={self.kv_heads}",
                           key="local.heads", fix="hidden must be a multiple of heads with an even head size, and "
                                                  "heads a multiple of kv_heads")
+
+    def of(self, key: str) -> "LocalConfig":
+        """This config with block ``key``'s overrides applied (and no ``blocks``)."""
+        from dataclasses import asdict
+
+        over = self.blocks.get(key) or {}
+        try:
+            return LocalConfig(**{**asdict(self), **over, "blocks": {}})
+        except ZgError as e:
+            name = (e.key or "").removeprefix("local.")
+            raise ZgError(e.what.replace(f"local.{name}", f"local.blocks.{key}.{name}"),
+                          key=f"local.blocks.{key}.{name}", fix=e.fix) from e

@@ -21,7 +21,7 @@ __all__ = ["SCHEDULES", "update"]
 
 def update(run, i: int, loss: torch.Tensor) -> None:
     """Block i's backward, clip and AdamW step (no host sync: the norm stays a tensor)."""
-    blk, opt, clip = run.blocks[i], run.opts[i], run.cfg.grad_clip
+    blk, opt, clip = run.blocks[i], run.opts[i], run.bcfgs[i].grad_clip
     loss.backward()
     if clip:
         torch.nn.utils.clip_grad_norm_(blk.parameters(), clip)

@@ -40,7 +40,8 @@ from zgtrain.local_model import build_model, llama_config, make_blocks
 from zgtrain.local_schedule import SCHEDULES
 from zgtrain.trainer import block_seed
 
-__all__ = ["train_local", "setup", "fit", "LocalRun", "local_paths", "LOCAL_VERSION"]
+__all__ = ["train_local", "build", "setup", "fit", "adamw", "lr_at", "LocalRun", "local_paths", "heldout_scores",
+           "LOCAL_VERSION"]
 
 LOCAL_VERSION = 1
 # Keys that never change the trained bits, so a resume may change them.
@@ -80,6 +81,7 @@ class LocalRun:
     tokens: int = 0
     seconds: float = 0.0
     state: dict = field(default_factory=dict)  # per-schedule scratch (CUDA streams)
+    bcfgs: list = field(default_factory=list)  # per block: local: with local.blocks.KEY applied
 
 
 def _check_partition(project: ProjectConfig) -> list[int]:
@@ -115,8 +117,8 @@ def _read_meta(path: Path) -> dict | None:
         raise ZgError(f"{path} is not valid JSON ({e})", fix="rerun with `zg train local --restart`") from e
 
 
-def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout()) -> LocalRun:
-    """Build the run from params and data; resume it from its checkpoint when one of this very run exists."""
+def build(project: ProjectConfig, layout: Layout) -> LocalRun:
+    """The run's data, model and blocks at their seeded init (no optimizer, nothing read from a checkpoint)."""
     cfg, paths = project.local, local_paths(layout)
     boundaries = _check_partition(project)
     set_threads(cfg.threads)
@@ -146,14 +148,28 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     model.to(dev)
     for blk in blocks:
         blk.to(dev).train()
-    opts = [torch.optim.AdamW(blk.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                              weight_decay=cfg.weight_decay) for blk in blocks]
     identity = {"local_version": LOCAL_VERSION, "seed": project.seed, "boundaries": boundaries, "keys": keys,
                 "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
                 "tokens_fingerprint": rec["fingerprint"], "tokenizer_sha256": teacher["tokenizer_sha256"]}
-    run = LocalRun(cfg=cfg, keys=keys, blocks=blocks, opts=opts, gens=gens, model=model, tokenizer=tok, ids=ids,
-                   train_rows=train_rows, heldout_rows=heldout_rows, identity=identity, paths=paths,
-                   data_seed=block_seed(project.seed, cfg.seed, "local/data"), curves=[[] for _ in keys])
+    return LocalRun(cfg=cfg, keys=keys, blocks=blocks, opts=[], gens=gens, model=model, tokenizer=tok, ids=ids,
+                    train_rows=train_rows, heldout_rows=heldout_rows, identity=identity, paths=paths,
+                    data_seed=block_seed(project.seed, cfg.seed, "local/data"), curves=[[] for _ in keys],
+                    bcfgs=[cfg.of(k) for k in keys])
+
+
+def adamw(blk, cfg: LocalConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(blk.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+
+def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout()) -> LocalRun:
+    """Build the run from params and data; resume it from its checkpoint when one of this very run exists."""
+    if project.local.mode != "simultaneous":
+        raise ZgError("local.mode is sequential: its blocks train one DVC stage each", key="local.mode",
+                      fix="run `dvc repro` (stages local_bNN, local_export) or `zg train local-block KEY`")
+    run = build(project, layout)
+    run.opts = [adamw(blk, c) for blk, c in zip(run.blocks, run.bcfgs)]
+    keys, blocks, opts, gens, identity = run.keys, run.blocks, run.opts, run.gens, run.identity
+    paths = run.paths
     d = paths["run"]
     prior = None if restart else _read_meta(d / "meta.json")
     if prior is not None and {k: prior.get(k) for k in identity} != identity:
@@ -190,9 +206,9 @@ def fit(run: LocalRun, end: int) -> None:
             rows = step_rows(run.train_rows, step, cfg.batch_size, run.data_seed)
             batch = run.ids[rows]
             digest = sha256_bytes(batch.numpy().tobytes())[:16]
-            for opt in run.opts:
+            for opt, bcfg in zip(run.opts, run.bcfgs):
                 for g in opt.param_groups:
-                    g["lr"] = lr_at(cfg, step)
+                    g["lr"] = lr_at(bcfg, step)
             results = schedule(run, batch.to(dev))
             for i, (loss, terms) in enumerate(results):  # one sync per step, after every block's work is issued
                 value = float(loss.detach())
@@ -221,25 +237,24 @@ def tokens_sha256(run: LocalRun) -> str:
 
 
 @torch.no_grad()
-def _heldout(run: LocalRun) -> dict:
-    """Full-model CE of the saved transformers folder, and each block's local (head) CE, on held-out rows."""
+def heldout_scores(hf: Path, blocks: list, keys: list, ids: torch.Tensor, batch_size: int) -> dict:
+    """Full-model CE of the saved transformers folder ``hf``, and each block's local (head) CE, on rows ``ids``."""
     from transformers import AutoModelForCausalLM
 
     from zgtrain.metrics import token_nll
 
-    dev, bs = next(run.model.parameters()).device, run.cfg.eval_batch_size
-    ids = run.ids[run.heldout_rows]
-    model = AutoModelForCausalLM.from_pretrained(run.paths["hf"]).to(dev).eval()
-    ce = float(token_nll(model, ids, bs).mean())
-    sums = [0.0] * len(run.blocks)
-    for blk in run.blocks:
+    dev = next(blocks[0].parameters()).device
+    model = AutoModelForCausalLM.from_pretrained(hf).to(dev).eval()
+    ce = float(token_nll(model, ids, batch_size).mean())
+    sums = [0.0] * len(blocks)
+    for blk in blocks:
         blk.eval()
-    for i in range(0, len(ids), bs):
-        x = y = ids[i:i + bs].to(dev)
-        for j, blk in enumerate(run.blocks):
+    for i in range(0, len(ids), batch_size):
+        x = y = ids[i:i + batch_size].to(dev)
+        for j, blk in enumerate(blocks):
             x, _, terms = blk(x, y)
             sums[j] += float(terms["next"]) * len(y)
-    return {"heldout_ce": ce, "block_ce": {k: s / len(ids) for k, s in zip(run.keys, sums)},
+    return {"heldout_ce": ce, "block_ce": {k: s / len(ids) for k, s in zip(keys, sums)},
             "heldout_tokens": int(ids[:, 1:].numel())}
 
 
@@ -265,7 +280,7 @@ def train_local(project: ProjectConfig, *, stop_after: int | None = None, restar
         with atomic_path(paths["hf"]) as tmp:
             run.model.save_pretrained(tmp)
             run.tokenizer.save_pretrained(tmp)
-        scores = _heldout(run)
+        scores = heldout_scores(paths["hf"], run.blocks, run.keys, run.ids[run.heldout_rows], cfg.eval_batch_size)
         _save(run, done=True, extra={"state_sha256": shas["state_sha256"]})
         train = {k: float(np.mean([c["loss"] for c in curve[-10:]])) if curve else None
                  for k, curve in zip(run.keys, run.curves)}
