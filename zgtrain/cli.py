@@ -53,6 +53,9 @@ def pipeline(params: Path = params_option):
     p = load_params(params)
     part = section(p, PartitionConfig)
     old = p.get("blocks") or {}
+    if isinstance(p.get("local"), dict) and p["local"].get("mode") == "sequential":  # one params key per block stage
+        over = p["local"].get("blocks") or {}
+        p["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in part.blocks()}
     p["blocks"] = {} if "local" in p else {  # a local project's blocks are its partition's
         b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
                 "out": b.output} for b in part.blocks()}
@@ -134,6 +137,33 @@ def train_local(stop_after: Optional[int] = typer.Option(None, "--stop-after",
     ce = f", held-out CE {r['heldout_ce']:.4f}" if "heldout_ce" in r else ""
     emit(r, as_json=as_json, summary=f"local ({r['k']} blocks): {r['status']} at step {r['step']}/{r['steps']}"
                                      f"{ce}, state {r['state_sha256'][:12]}")
+
+
+@train_app.command("local-block")
+def train_local_block(key: str = typer.Argument(..., help="block key, e.g. b01."),
+                      stop_after: Optional[int] = typer.Option(None, "--stop-after",
+                                                               help="run at most N (>= 1) more steps, checkpoint, exit 0."),
+                      restart: bool = typer.Option(False, "--restart", help="discard a checkpoint of another run."),
+                      params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Sequential local pretraining (local.mode: sequential): train block KEY from its input dataset, write its outputs."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.local_seq import train_block as run
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    r = run(ProjectConfig.load(params), key, stop_after=stop_after, restart=restart)
+    emit(r, as_json=as_json, summary=f"local {key}: {r['status']} at step {r['step']}/{r['steps']}, "
+                                     f"state {r['state_sha256'][:12]}")
+
+
+@train_app.command("local-export")
+def train_local_export(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Sequential local pretraining: every trained block into models/local/hf; held-out CE into metrics/local.json."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.local_seq import export
+
+    r = export(ProjectConfig.load(params))
+    emit(r, as_json=as_json, summary=f"local ({r['k']} blocks, sequential): held-out CE {r['heldout_ce']:.4f}")
 
 
 @train_app.command("assemble")

@@ -86,7 +86,8 @@ _CODE = {
     "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
     "local": ["zgtrain/local_train.py", "zgtrain/local_model.py", "zgtrain/local_schedule.py",
-              "zgtrain/local_config.py", "zgtrain/checkpoint.py", "zgtrain/metrics.py", "zgdata/families.py"],
+              "zgtrain/local_config.py", "zgtrain/local_seq.py", "zgtrain/checkpoint.py", "zgtrain/metrics.py",
+              "zgdata/families.py"],
 }
 
 
@@ -150,11 +151,36 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
             "params": ["seed", "partition", "local"], "outs": ["models/local"],
             "metrics": [{"metrics/local.json": {"cache": False}}],
             "plots": [{"plots/local/loss.csv": {"cache": False, "x": "step"}}]}}
+    if params.get("local", {}).get("mode") == "sequential":
+        stages = {k: v for k, v in stages.items() if k != "local"} | _sequential_stages(params, blocks, code)
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
             body.pop("deps", None)
     return {"stages": stages}
+
+
+def _sequential_stages(params: dict, blocks, code) -> dict:
+    """local.mode: sequential: one stage per block (input: the previous block's output dataset), then export."""
+    from zgtrain.local_config import LocalConfig
+    from zgtrain.local_train import _NOT_IDENTITY
+
+    L = Layout(Path(""))
+    data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
+    shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*_NOT_IDENTITY, "blocks")]
+    bnd = [f"data/local/{n}.lance" for n in section(params, PartitionConfig).names]
+    out = {}
+    for i, b in enumerate(blocks):
+        out[f"local_{b.key}"] = {
+            "cmd": f"zg train local-block {b.key}", "deps": data + ([bnd[i]] if i else []) + code("local"),
+            "params": ["seed", "partition", *shared, f"local.blocks.{b.key}"],
+            "outs": [f"models/local/blocks/{b.key}"] + ([bnd[i + 1]] if i < len(blocks) - 1 else []),
+            "metrics": [{f"metrics/local/{b.key}.json": {"cache": False}}]}
+    out["local_export"] = {"cmd": "zg train local-export",
+                           "deps": data + [f"models/local/blocks/{b.key}" for b in blocks] + code("local"),
+                           "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
+                           "outs": ["models/local/hf"], "metrics": [{"metrics/local.json": {"cache": False}}]}
+    return out
 
 
 class _Dumper(yaml.SafeDumper):
