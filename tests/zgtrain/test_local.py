@@ -180,3 +180,54 @@ def test_resume_of_another_run_is_refused_unless_restart(local_repro, tmp_path):
     with pytest.raises(ZgError, match="another run .*lr"):
         _train(root)
     assert _train(root, restart=True)["status"] == "done"
+
+
+# --- sequential (dataset-centric) mode ------------------------------------------------------------------
+
+def test_sequential_mode_stages_lineage_and_downstream_only_reruns(local_repro, tmp_path):
+    ref_root, ref = local_repro
+    root = _copy(ref_root, tmp_path / "proj", {"local.mode": "sequential"})
+    assert load_params_of(root)["local"]["blocks"] == {"b00": {}, "b01": {}}  # one params key per block stage
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "sequential"], cwd=root)
+    res = run(["dvc", "repro"], cwd=root)
+    for stage in ("local_b00", "local_b01", "local_export"):
+        assert f"Running stage '{stage}'" in res.stdout, res.stdout
+    m = read_json(root / "metrics" / "local.json")
+    assert m["mode"] == "sequential" and m["k"] == 2 and 0 < m["heldout_ce"] < 8
+    # block 0 trains alone from the same init on the same batches: bitwise the simultaneous run's block 0
+    assert m["block_state_sha256"]["b00"] == ref["block_state_sha256"]["b00"]
+    assert m["block_state_sha256"]["b01"] != ref["block_state_sha256"]["b01"]
+    assert m["tokens_sha256"] == ref["tokens_sha256"]
+    # block 1 trained from block 0's outputs, whose lineage is block 0's state
+    import lance
+
+    from zgdata.lance_io import schema_meta
+
+    h02 = schema_meta(lance.dataset(str(root / "data" / "local" / "h02.lance")).schema)
+    assert h02["block"] == "b00" and h02["state_sha256"] == m["block_state_sha256"]["b00"] and h02["layer"] == 2
+    assert read_json(root / "metrics" / "local" / "b01.json")["input_fingerprint"] == h02["fingerprint"]
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "dvc repro"], cwd=root)
+    # editing block 1 reruns block 1 and the export only
+    set_params(root, {"local.blocks.b01": {"lr": 0.002}})
+    res = run(["dvc", "repro"], cwd=root)
+    assert "Running stage 'local_b01'" in res.stdout and "Running stage 'local_export'" in res.stdout
+    assert "Running stage 'local_b00'" not in res.stdout
+    m2 = read_json(root / "metrics" / "local.json")
+    assert m2["block_state_sha256"]["b00"] == m["block_state_sha256"]["b00"]
+    assert m2["block_state_sha256"]["b01"] != m["block_state_sha256"]["b01"]
+
+
+def test_local_block_params_are_checked(tmp_path):
+    params = profile_params("local-tiny")
+    params["local"]["blocks"] = {"b01": {"steps": 3}}
+    with pytest.raises(ZgError, match="local.blocks.b01.steps is set but local.mode is simultaneous"):
+        project_of(params)
+    params["local"].update(mode="sequential", blocks={"b01": {"lr": -1}})
+    with pytest.raises(ZgError) as e:
+        project_of(params)
+    assert e.value.key == "local.blocks.b01.lr"
+    params["local"]["blocks"] = {"b01": {"aux": "mlp"}}
+    with pytest.raises(ZgError, match="override only steps, lr"):
+        project_of(params)

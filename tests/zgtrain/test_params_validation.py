@@ -56,7 +56,8 @@ def _cases():
     for sec, name, v in (("train", "conversion", "bogus"), ("train", "objective", "bogus"),
                          ("materialize", "storage_dtype", "float16"), ("partition", "boundaries", [4, 2]),
                          ("corpus", "heldout", []), ("corpus", "source", {"a": 1}), ("eval", "window", 1000),
-                         ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1])):
+                         ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1]),
+                         ("local", "blocks", "b01")):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
 
