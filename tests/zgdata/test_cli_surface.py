@@ -28,6 +28,8 @@ EXPECTED = {
     "zg train block": ["--json", "--params", "--restart", "--stop-after", "--targets", "ARG:key"],
     "zg train evaluate": ["--json", "--params", "--strict"],
     "zg train local": ["--json", "--params", "--restart", "--stop-after"],
+    "zg train local-block": ["--json", "--params", "--restart", "--stop-after", "ARG:key"],
+    "zg train local-export": ["--json", "--params"],
 }
 
 
