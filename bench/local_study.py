@@ -12,9 +12,11 @@ held-out CE of the full model and its gap to K=1 (same seed) in nats. Arms:
 - K in {1, 2, 4} (partition.boundaries), mlp aux, no MTP;
 - MLP vs Transformer aux at K=4;
 - MTP none / first / all at K=4 (Transformer aux, the study's best head);
-- 3 seeds (local.seed 0, 1, 2) for the K=4 headline arms and for K=1 (the gaps are per seed).
-
-The sequential (dataset-centric) mode of the issue is not implemented, so that arm is absent.
+- 3 seeds (local.seed 0, 1, 2) for the K=4 headline arms and for K=1 (the gaps are per seed);
+- simultaneous vs sequential at K=4 (mlp aux): the sequential arm runs last for each seed, because its
+  stages differ: the script edits params.yaml, runs `zg pipeline`, then `dvc exp run` (an experiment
+  includes the workspace's dvc.yaml), and switches back the same way. Each block of the sequential arm
+  trains local.steps steps on the same batches: the same tokens per block as the simultaneous arm.
 Activation memory and the schedule ratio come from bench/local_schedule.py on the same project.
 """
 
@@ -42,7 +44,20 @@ def arms(seeds: list[int]) -> list[tuple[str, int, dict]]:
             out.append(("K=2 mlp", seed, {"partition.boundaries": K[2], **plain}))
         for name, over in HEADLINE:
             out.append((name, seed, {"partition.boundaries": K[4], **{f"local.{k}": v for k, v in over.items()}}))
+        out.append(("K=4 mlp sequential", seed, {"partition.boundaries": K[4], **plain, "local.mode": "sequential"}))
     return out
+
+
+def _pipeline(root: Path, mode: str, boundaries: str, run: bool) -> None:
+    """Set local.mode and the partition in params.yaml, then regenerate dvc.yaml (its stages depend on the mode)."""
+    print(f"# params.yaml: local.mode={mode}, partition.boundaries={boundaries}; then zg pipeline", flush=True)
+    if run:
+        import yaml
+
+        p = yaml.safe_load((root / "params.yaml").read_text())
+        p["local"]["mode"], p["partition"]["boundaries"] = mode, json.loads(boundaries)
+        (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    _sh(["zg", "pipeline"], root, run)
 
 
 def _sh(cmd: list[str], cwd: Path, run: bool) -> str:
@@ -66,8 +81,12 @@ def main() -> None:
     _sh(["git", "add", "-A"], root, args.run)
     _sh(["git", "commit", "-qm", "zg init --profile local"], root, args.run)
     _sh(["dvc", "repro", "tokens"], root, args.run)
-    results = []
+    results, mode = [], "simultaneous"
     for name, seed, over in arms(args.seeds):
+        want = over.pop("local.mode", "simultaneous")
+        if want != mode:
+            _pipeline(root, want, over["partition.boundaries"], args.run)
+            mode = want
         sets = [x for k, v in {**over, "local.seed": seed, "local.steps": args.steps}.items() for x in ("-S", f"{k}={v}")]
         _sh(["dvc", "exp", "run", *sets], root, args.run)
         if args.run:
@@ -80,7 +99,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, seed, m in results:
         print(f"| {name} | {seed} | {m['heldout_ce']:.4f} | {m['heldout_ce'] - base[seed]:+.4f} | "
-              f"{m['tokens_sha256'][:12]} | {m['tokens_per_s']:.0f} |")
+              f"{m['tokens_sha256'][:12]} | {m.get('tokens_per_s') or float('nan'):.0f} |")
 
 
 if __name__ == "__main__":
