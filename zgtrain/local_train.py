@@ -180,8 +180,9 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
                       fix="rerun with `zg train local --restart` to discard it, or restore the old params")
     for dead in d.glob(".*.partial") if d.is_dir() else []:  # what a killed run's atomic writes left
         shutil.rmtree(dead) if dead.is_dir() else dead.unlink()
-    if prior is None:
-        shutil.rmtree(paths["dir"], ignore_errors=True)
+    if prior is None:  # this mode's outputs only: a sequential run's models/local/blocks/ stays
+        shutil.rmtree(paths["run"], ignore_errors=True)
+        shutil.rmtree(paths["hf"], ignore_errors=True)
         _save(run)
     else:
         c = d / str(prior.get("checkpoint"))
