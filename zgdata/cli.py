@@ -41,7 +41,8 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
     from zgdata.teacher import prepare
 
     p = load_params(params)
-    r = prepare(section(p, TeacherConfig, "teacher"), section(p, PartitionConfig, "partition"))
+    # a local-pretraining project (`local:` section) trains from scratch: it needs the tokenizer, no slices
+    r = prepare(section(p, TeacherConfig, "teacher"), None if "local" in p else section(p, PartitionConfig, "partition"))
     emit({"path": str(r.path), "weights_sha256": r.weights_sha256, "tokenizer_sha256": r.tokenizer_sha256,
           "params": r.params}, as_json=as_json,
          summary=f"teacher ready: {r.params:,} params, weights {r.weights_sha256[:12]} -> {r.path}")

@@ -175,13 +175,15 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
 
 
 @locked("teacher")
-def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = Layout()) -> PrepareResult:
+def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: Layout = Layout()) -> PrepareResult:
+    """``partition=None``: no per-block slices (a project that uses the teacher's tokenizer only)."""
     from transformers import AutoTokenizer
 
     model, tok, extra = _resolve(cfg.source, cfg.dtype)
     fam = family(model.config.model_type)
     fam.check(model.config)
-    partition.check_depth(model.config.num_hidden_layers)
+    if partition is not None:
+        partition.check_depth(model.config.num_hidden_layers)
     if cfg.dtype != "auto":  # a no-op for a model directory, which loaded in this dtype
         model = model.to(getattr(torch, cfg.dtype))
     dtype = str(model.dtype).removeprefix("torch.")  # auto: the dtype the source is stored in
@@ -201,7 +203,8 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig, *, layout: Layout = 
     meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
             "architecture": fam.architecture(model.config), "params": n_params, "dtype": dtype,
             "files": record_files(layout), **extra}
-    write_slices(model, partition.blocks(), partition, layout, sha)
+    if partition is not None:
+        write_slices(model, partition.blocks(), partition, layout, sha)
     write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
 

@@ -34,7 +34,8 @@ def _root(debug: bool = typer.Option(False, "--debug", help="show tracebacks (al
 
 @app.command("init")
 def init(directory: Path = typer.Argument(..., help="new project directory."),
-         profile: str = typer.Option("smollm2", help="smollm2 (the default conversion) or tiny (seconds, for tries and tests).")):
+         profile: str = typer.Option("smollm2", help="smollm2 (the default conversion), tiny (seconds, for tries and tests), "
+                                          "local (greedy local pretraining from scratch) or local-tiny.")):
     """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
     from zgtrain.pipeline import init_project
 
@@ -52,12 +53,16 @@ def pipeline(params: Path = params_option):
     p = load_params(params)
     part = section(p, PartitionConfig)
     old = p.get("blocks") or {}
-    p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
-                           "in": b.input, "out": b.output} for b in part.blocks()}
+    if isinstance(p.get("local"), dict) and p["local"].get("mode") == "sequential":  # one params key per block stage
+        over = p["local"].get("blocks") or {}
+        p["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in part.blocks()}
+    p["blocks"] = {} if "local" in p else {  # a local project's blocks are its partition's
+        b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
+                "out": b.output} for b in part.blocks()}
     write_text(params, dump_params(p))
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
-    stderr.print(f"wrote {path} with blocks {', '.join(p['blocks'])}")
+    stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in part.blocks())}")
 
 
 @app.command("params")
@@ -115,6 +120,50 @@ def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
     loss = "n/a (no steps)" if r.get("train_loss") is None else f"{r['train_loss']:.4g}"
     emit(r, as_json=as_json, summary=f"{key}: {r['status']} at step {r['step']}/{r['steps']}, "
          f"train_loss {loss}, state {r.get('state_sha256', '')[:12]}")
+
+
+@train_app.command("local")
+def train_local(stop_after: Optional[int] = typer.Option(None, "--stop-after",
+                                                         help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."),
+                restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+                params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Greedy local pretraining (`local:`): train a Llama from scratch as K isolated blocks; writes models/local/hf."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.local_train import train_local as run
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    r = run(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
+    ce = f", held-out CE {r['heldout_ce']:.4f}" if "heldout_ce" in r else ""
+    emit(r, as_json=as_json, summary=f"local ({r['k']} blocks): {r['status']} at step {r['step']}/{r['steps']}"
+                                     f"{ce}, state {r['state_sha256'][:12]}")
+
+
+@train_app.command("local-block")
+def train_local_block(key: str = typer.Argument(..., help="block key, e.g. b01."),
+                      stop_after: Optional[int] = typer.Option(None, "--stop-after",
+                                                               help="run at most N (>= 1) more steps, checkpoint, exit 0."),
+                      restart: bool = typer.Option(False, "--restart", help="discard a checkpoint of another run."),
+                      params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Sequential local pretraining (local.mode: sequential): train block KEY from its input dataset, write its outputs."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.local_seq import train_block as run
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    r = run(ProjectConfig.load(params), key, stop_after=stop_after, restart=restart)
+    emit(r, as_json=as_json, summary=f"local {key}: {r['status']} at step {r['step']}/{r['steps']}, "
+                                     f"state {r['state_sha256'][:12]}")
+
+
+@train_app.command("local-export")
+def train_local_export(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Sequential local pretraining: every trained block into models/local/hf; held-out CE into metrics/local.json."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.local_seq import export
+
+    r = export(ProjectConfig.load(params))
+    emit(r, as_json=as_json, summary=f"local ({r['k']} blocks, sequential): held-out CE {r['heldout_ce']:.4f}")
 
 
 @train_app.command("assemble")

@@ -14,8 +14,9 @@ from typing import Any, ClassVar, Mapping
 from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, PartitionConfig, Section, TeacherConfig,
                            VerifyConfig, check_int, load_params, param, section)
 from zgdata.errors import ZgError
+from zgtrain.local_config import LocalConfig
 
-__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "BlockRun", "ProjectConfig", "SECTIONS"]
+__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "BlockRun", "ProjectConfig", "SECTIONS", "OPTIONAL_SECTIONS"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -94,7 +95,9 @@ class GatesConfig(Section):
 # Every section of params.yaml, in file order, with the class that parses it.
 SECTIONS = {"teacher": TeacherConfig, "corpus": CorpusConfig, "partition": PartitionConfig,
             "materialize": MaterializeConfig, "verify": VerifyConfig, "train": TrainConfig, "eval": EvalConfig,
-            "gates": GatesConfig}
+            "gates": GatesConfig, "local": LocalConfig}
+# Sections written to a profile's params.yaml only when the profile sets them (local: `zg init --profile local`).
+OPTIONAL_SECTIONS = ("local",)
 _TOP = ("seed", *SECTIONS, "blocks")
 
 
@@ -136,6 +139,7 @@ class ProjectConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
     blocks: dict = field(default_factory=dict)
     """{key: BlockRun} for every block listed under ``blocks:``."""
 

@@ -38,21 +38,39 @@ PROFILES = {
         "train": {"steps": 12, "warmup": 2, "checkpoint_every": 4},
         "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
     },
+    # Greedy local pretraining from scratch (zgtrain/local_train.py): the teacher gives only its tokenizer,
+    # the partition cuts local.layers into K blocks. Stages: teacher, tokens, local (see dvc_yaml).
+    "local": {
+        "corpus": {"seq_len": 256, "max_heldout_seqs": 64},
+        "partition": {"boundaries": [0, 2, 4, 6, 8]},
+        "local": {},
+    },
+    "local-tiny": {
+        "teacher": {"source": "random:tiny"},
+        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 32,
+                   "max_train_seqs": 64, "max_heldout_seqs": 8},
+        "partition": {"boundaries": [0, 2, 4]},
+        "local": {"layers": 4, "hidden": 32, "heads": 2, "kv_heads": 2, "intermediate": 64, "steps": 8,
+                  "batch_size": 4, "warmup": 2, "checkpoint_every": 4},
+    },
 }
 
 
 def profile_params(profile: str) -> dict:
     """params.yaml of a profile: every section's defaults with the profile's overrides, then its blocks."""
-    from zgtrain.config import SECTIONS, ProjectConfig
+    from zgtrain.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig
 
     if profile not in PROFILES:
         raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
     over = PROFILES[profile]
     params: dict = {"seed": 0}
     for name, cls in SECTIONS.items():
+        if name in OPTIONAL_SECTIONS and name not in over:
+            continue
         params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
     part = section(params, PartitionConfig)
-    params["blocks"] = {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    # blocks: carries per-block train overrides of a conversion; a local project's blocks come from the partition
+    params["blocks"] = {} if "local" in params else {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
     ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
     return params
 
@@ -71,6 +89,9 @@ _CODE = {
                  "zgtrain/window.py", "zgtrain/kv_cache.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py",
                  "zgtrain/window.py"],
+    "local": ["zgtrain/local_train.py", "zgtrain/local_model.py", "zgtrain/local_schedule.py",
+              "zgtrain/local_config.py", "zgtrain/local_seq.py", "zgtrain/checkpoint.py", "zgtrain/metrics.py",
+              "zgdata/families.py"],
 }
 
 
@@ -126,11 +147,44 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
+        stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
+        stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {
+            "cmd": "zg train local", "deps": [str(L.tokens), str(L.tokens_json), str(L.teacher_hf),
+                                              str(L.teacher_json)] + code("local"),
+            "params": ["seed", "partition", "local"], "outs": ["models/local"],
+            "metrics": [{"metrics/local.json": {"cache": False}}],
+            "plots": [{"plots/local/loss.csv": {"cache": False, "x": "step"}}]}}
+    if params.get("local", {}).get("mode") == "sequential":
+        stages = {k: v for k, v in stages.items() if k != "local"} | _sequential_stages(params, blocks, code)
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
             body.pop("deps", None)
     return {"stages": stages}
+
+
+def _sequential_stages(params: dict, blocks, code) -> dict:
+    """local.mode: sequential: one stage per block (input: the previous block's output dataset), then export."""
+    from zgtrain.local_config import LocalConfig
+    from zgtrain.local_train import _NOT_IDENTITY
+
+    L = Layout(Path(""))
+    data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
+    shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*_NOT_IDENTITY, "blocks")]
+    bnd = [f"data/local/{n}.lance" for n in section(params, PartitionConfig).names]
+    out = {}
+    for i, b in enumerate(blocks):
+        out[f"local_{b.key}"] = {
+            "cmd": f"zg train local-block {b.key}", "deps": data + ([bnd[i]] if i else []) + code("local"),
+            "params": ["seed", "partition", *shared, f"local.blocks.{b.key}"],
+            "outs": [f"models/local/blocks/{b.key}"] + ([bnd[i + 1]] if i < len(blocks) - 1 else []),
+            "metrics": [{f"metrics/local/{b.key}.json": {"cache": False}}]}
+    out["local_export"] = {"cmd": "zg train local-export",
+                           "deps": data + [f"models/local/blocks/{b.key}" for b in blocks] + code("local"),
+                           "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
+                           "outs": ["models/local/hf"], "metrics": [{"metrics/local.json": {"cache": False}}]}
+    return out
 
 
 class _Dumper(yaml.SafeDumper):
