@@ -67,6 +67,7 @@ _CODE = {
               "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py"],
     "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
+    "lm_eval": ["zgtrain/lm_eval_run.py", "zgtrain/lm_eval_task.py", "zgtrain/student.py"],
 }
 
 
@@ -122,6 +123,12 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
+        stages["lm_eval"] = {"cmd": "zg train lm-eval",
+                             "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
+                                      str(L.tokens_json)] + code("lm_eval"),
+                             "params": ["lm_eval"], "outs": ["eval/lm_eval"],
+                             "metrics": [{"metrics/lm_eval.json": {"cache": False}}]}
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
