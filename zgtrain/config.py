@@ -110,7 +110,8 @@ class LmEvalConfig(Section):
     def validate(self):
         for t in self.tasks:
             if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", t):
-                raise ZgError(f"lm_eval.tasks has {t[:60]!r}", key="lm_eval.tasks",
+                raise ZgError(f"lm_eval.tasks is {repr(self.tasks)[:120]} ({t[:60]!r} is not a task name)",
+                              key="lm_eval.tasks",
                               fix="use lm-eval task names (letters, digits, _ . -), e.g. [zg_nextline, hellaswag]")
 
 
