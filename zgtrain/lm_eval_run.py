@@ -38,7 +38,7 @@ __all__ = ["STANDARD", "PRIMARY", "metrics_path", "lm_eval_tasks", "run_lm_eval"
 STANDARD = {"hellaswag": "hellaswag", "arc_easy": "arc", "arc_challenge": "arc", "piqa": "piqa",
             "lambada_openai": "lambada", "lambada_standard": "lambada", "winogrande": "winogrande"}
 # The metric reported as a task's accuracy (all metrics are kept): the usual one for each task.
-PRIMARY = {NEXTLINE: "acc_norm", "hellaswag": "acc_norm", "arc_challenge": "acc_norm"}
+PRIMARY = {"hellaswag": "acc_norm", "arc_challenge": "acc_norm"}
 _INSTALL = "install it with `pip install 'zerograph[eval]'` (or `make setup`)"
 
 
@@ -149,6 +149,8 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
     standard = [t for t in tasks if t != NEXTLINE]
     tm = _task_manager(TaskManager, standard)
     _check_standard(tm, standard)
+    if not (layout.student / "config.json").exists():  # before anything is written
+        raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
     specs, lineage = [], {}
     if NEXTLINE in tasks:
         lineage[NEXTLINE] = meta = write_nextline_task(cfg, layout)
@@ -157,8 +159,6 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
         specs.append(task_config(str(files["jsonl"].resolve()),
                                  str((Path(layout.root) / ".zg" / "cache" / "hf_datasets").resolve()), meta))
     specs += standard
-    if not (layout.student / "config.json").exists():
-        raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
     results, models = {}, {}
     for who in ("teacher", "student"):
         stderr.print(f"lm-eval: {who} on {', '.join(tasks)}" + (f" (at most {limit} examples each)" if limit else ""))

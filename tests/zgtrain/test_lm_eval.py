@@ -71,7 +71,7 @@ def test_lm_eval_stage_runs_offline_on_teacher_and_student(reproduced, tmp_path)
     assert m["models"]["student"]["trust_remote_code"] is True
     assert m["models"]["student"]["modeling_sha256"] == template_sha256("llama")
     t = m["tasks"][NEXTLINE]
-    assert (t["examples"], t["of"], t["metric"], t["chance"]) == (LIMIT, lineage["examples"], "acc_norm", 0.25)
+    assert (t["examples"], t["of"], t["metric"], t["chance"]) == (LIMIT, lineage["examples"], "acc", 0.25)
 
     from zgdata.teacher import load_teacher
     from zgtrain.student import load_student
@@ -86,7 +86,7 @@ def test_lm_eval_stage_runs_offline_on_teacher_and_student(reproduced, tmp_path)
             assert got[who] == pytest.approx(mine[who][metric], abs=1e-9), (metric, who, got, mine)
         pct = got["student_pct_of_teacher"]
         assert pct is None if got["teacher"] == 0 else pct == pytest.approx(100 * got["student"] / got["teacher"])
-    assert (t["teacher"], t["student"]) == (t["metrics"]["acc_norm"]["teacher"], t["metrics"]["acc_norm"]["student"])
+    assert (t["teacher"], t["student"]) == (t["metrics"]["acc"]["teacher"], t["metrics"]["acc"]["student"])
 
 
 def test_nextline_task_is_deterministic_and_true_to_the_heldout_text(tiny_project, tmp_path):
@@ -113,7 +113,8 @@ def test_nextline_task_is_deterministic_and_true_to_the_heldout_text(tiny_projec
 
 
 def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
-    """hellaswag with an empty datasets cache, offline: one line saying how to provide the data; nothing written."""
+    """hellaswag with an empty datasets cache, offline: one line saying how to provide the data; nothing written.
+    It is refused before any model is loaded: this project has no student yet."""
     before = tree_sha256(tiny_project)
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
     res = zg("train", "lm-eval", "hellaswag", cwd=tiny_project, check=False, env=env)
@@ -121,3 +122,7 @@ def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
                       "HF_DATASETS_CACHE", "[lm_eval.tasks]")
     assert tree_sha256(tiny_project) == before
     assert not (tiny_project / "metrics" / "lm_eval.json").exists()
+    # no student yet: refused before the task files are written
+    res = zg("train", "lm-eval", cwd=tiny_project, check=False, env=env)
+    assert_user_error(res, "models/student not found", "dvc repro assemble")
+    assert tree_sha256(tiny_project) == before
