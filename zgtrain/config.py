@@ -96,8 +96,8 @@ class LmEvalConfig(Section):
     SECTION: ClassVar[str] = "lm_eval"
     tasks: list = param([], "lm-eval tasks of the lm_eval stage: zg_nextline (built from the held-out split, "
                             "offline) and/or standard ones (hellaswag, arc_easy, piqa, lambada_openai: need a local "
-                            "datasets cache). Empty: no lm_eval stage in dvc.yaml; `zg train lm-eval` runs "
-                            "zg_nextline.", item="str")
+                            "datasets cache). Empty: no lm_eval stage in dvc.yaml (rerun `zg pipeline` after "
+                            "editing); `zg train lm-eval` then runs zg_nextline.", item="str")
     limit: int = param(0, "Examples scored per task (lm-eval's limit; 0: all).", ge=0)
     batch_size: int = param(8, "lm-eval batch size (requests per forward pass).", ge=1)
     examples: int = param(200, "zg_nextline: examples drawn from the held-out split (fewer if it has fewer lines).",
