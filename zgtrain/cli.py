@@ -195,6 +195,25 @@ def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(Fa
         raise typer.Exit(1)
 
 
+@train_app.command("lm-eval")
+def train_lm_eval(tasks: Optional[list[str]] = typer.Argument(None, help="lm-eval tasks (default: lm_eval.tasks, else "
+                                                                          "zg_nextline, built from the held-out split)."),
+                  limit: Optional[int] = typer.Option(None, "--limit", help="examples per task (default lm_eval.limit; "
+                                                                             "0: all)."),
+                  params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """lm-evaluation-harness on teacher and student (HF model class, local folders). Writes metrics/lm_eval.json."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.lm_eval_run import run_lm_eval
+
+    limit = None if limit is None else check_int("--limit", limit, ge=0)
+    r = run_lm_eval(ProjectConfig.load(params), tasks, limit=limit)
+    parts = [f"{t} {v['metric']} teacher {v['teacher']:.3f} student {v['student']:.3f}"
+             + (f" ({v['student_pct_of_teacher']:.0f}% of teacher)" if v["student_pct_of_teacher"] is not None else "")
+             for t, v in r["tasks"].items() if v.get("metric") and v["teacher"] is not None and v["student"] is not None]
+    emit(r, as_json=as_json, summary="; ".join(parts) or "lm-eval: no accuracy metric reported")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here

@@ -7,6 +7,7 @@ and refuses anything unknown or out of range. Stage functions take the result, n
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -16,7 +17,8 @@ from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, Partition
 from zgdata.errors import ZgError
 from zgtrain.local_config import LocalConfig
 
-__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "BlockRun", "ProjectConfig", "SECTIONS", "OPTIONAL_SECTIONS"]
+__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "LmEvalConfig", "BlockRun", "ProjectConfig", "SECTIONS",
+           "OPTIONAL_SECTIONS"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -92,10 +94,35 @@ class GatesConfig(Section):
     min_context_retention: float = param(0.5, "Fail if student context use / teacher context use is below this.")
 
 
+@dataclass(kw_only=True, frozen=True)
+class LmEvalConfig(Section):
+    """`zg train lm-eval`: lm-evaluation-harness on teacher and student (zgtrain/lm_eval_run.py)."""
+    SECTION: ClassVar[str] = "lm_eval"
+    tasks: list = param([], "lm-eval tasks of the lm_eval stage: zg_nextline (built from the held-out split, "
+                            "offline) and/or standard ones (hellaswag, arc_easy, piqa, lambada_openai: need a local "
+                            "datasets cache). Empty: no lm_eval stage in dvc.yaml (rerun `zg pipeline` after "
+                            "editing); `zg train lm-eval` then runs zg_nextline.", item="str")
+    limit: int = param(0, "Examples scored per task (lm-eval's limit; 0: all).", ge=0)
+    batch_size: int = param(8, "lm-eval batch size (requests per forward pass).", ge=1)
+    examples: int = param(200, "zg_nextline: examples drawn from the held-out split (fewer if it has fewer lines).",
+                          ge=1)
+    choices: int = param(4, "zg_nextline: choices per example (the true next line + distractors from other "
+                            "held-out segments).", ge=2, le=16)
+    context_lines: int = param(4, "zg_nextline: non-blank lines of context before the line to choose.", ge=1)
+    seed: int = param(0, "zg_nextline: seed of the example sample, distractors and answer positions.", ge=0)
+
+    def validate(self):
+        for t in self.tasks:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", t):
+                raise ZgError(f"lm_eval.tasks is {repr(self.tasks)[:120]} ({t[:60]!r} is not a task name)",
+                              key="lm_eval.tasks",
+                              fix="use lm-eval task names (letters, digits, _ . -), e.g. [zg_nextline, hellaswag]")
+
+
 # Every section of params.yaml, in file order, with the class that parses it.
 SECTIONS = {"teacher": TeacherConfig, "corpus": CorpusConfig, "partition": PartitionConfig,
             "materialize": MaterializeConfig, "verify": VerifyConfig, "train": TrainConfig, "eval": EvalConfig,
-            "gates": GatesConfig, "local": LocalConfig}
+            "gates": GatesConfig, "lm_eval": LmEvalConfig, "local": LocalConfig}
 # Sections written to a profile's params.yaml only when the profile sets them (local: `zg init --profile local`).
 OPTIONAL_SECTIONS = ("local",)
 _TOP = ("seed", *SECTIONS, "blocks")
@@ -139,6 +166,7 @@ class ProjectConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
+    lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     blocks: dict = field(default_factory=dict)
     """{key: BlockRun} for every block listed under ``blocks:``."""

@@ -92,6 +92,7 @@ _CODE = {
     "local": ["zgtrain/local_train.py", "zgtrain/local_model.py", "zgtrain/local_schedule.py",
               "zgtrain/local_config.py", "zgtrain/local_seq.py", "zgtrain/checkpoint.py", "zgtrain/metrics.py",
               "zgdata/families.py"],
+    "lm_eval": ["zgtrain/lm_eval_run.py", "zgtrain/lm_eval_task.py", "zgtrain/student.py"],
 }
 
 
@@ -147,6 +148,12 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
+        stages["lm_eval"] = {"cmd": "zg train lm-eval",
+                             "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
+                                      str(L.tokens_json)] + code("lm_eval"),
+                             "params": ["lm_eval"], "outs": ["eval/lm_eval"],
+                             "metrics": [{"metrics/lm_eval.json": {"cache": False}}]}
     if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
         stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
         stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {

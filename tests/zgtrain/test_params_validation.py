@@ -20,7 +20,7 @@ from zgtrain.config import SECTIONS
 # The command that reads each section first.
 COMMAND = {"teacher": ["teacher", "prepare"], "corpus": ["data", "tokenize"], "partition": ["teacher", "prepare"],
            "materialize": ["data", "materialize"], "verify": ["data", "verify"], "train": ["train", "block", "b00"],
-           "eval": ["train", "evaluate"], "gates": ["train", "evaluate"],
+           "eval": ["train", "evaluate"], "gates": ["train", "evaluate"], "lm_eval": ["train", "lm-eval"],
            "local": ["train", "local"]}
 WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
 
@@ -57,7 +57,7 @@ def _cases():
                          ("materialize", "storage_dtype", "float16"), ("partition", "boundaries", [4, 2]),
                          ("corpus", "heldout", []), ("corpus", "source", {"a": 1}), ("eval", "window", 1000),
                          ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1]),
-                         ("local", "blocks", "b01")):
+                         ("lm_eval", "tasks", ["hella swag"]), ("local", "blocks", "b01")):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
 
