@@ -39,11 +39,24 @@ PROFILES = {
         "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
     },
 }
+# Search profiles (issue 14): the default ones plus a variant library and a budget. Variants are off unless a
+# profile (or params.yaml) has a variants: section; then `zg pipeline` adds the variant@BLOCK-NAME and search stages.
+PROFILES["search"] = {**copy.deepcopy(PROFILES["smollm2"]), "variants": {
+    "p25": {"conversion": "prune_mlp", "prune_ratio": 0.25},
+    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5},
+    "p75": {"conversion": "prune_mlp", "prune_ratio": 0.75},
+    "drop3": {"conversion": "drop_layers", "keep_layers": [0, 2, 4]},   # 5 teacher layers -> 3
+    "drop2": {"conversion": "drop_layers", "keep_layers": [0, 4]},      # 5 teacher layers -> 2
+}, "search": {"budget": 0.625}}
+PROFILES["tiny-search"] = {**copy.deepcopy(PROFILES["tiny"]), "variants": {
+    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5, "steps": 4},
+    "drop": {"conversion": "drop_layers", "keep_layers": [0], "steps": 4},
+}, "search": {"budget": 0.75}}
 
 
 def profile_params(profile: str) -> dict:
     """params.yaml of a profile: every section's defaults with the profile's overrides, then its blocks."""
-    from zgtrain.config import SECTIONS, ProjectConfig
+    from zgtrain.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig
 
     if profile not in PROFILES:
         raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
@@ -51,6 +64,11 @@ def profile_params(profile: str) -> dict:
     params: dict = {"seed": 0}
     for name, cls in SECTIONS.items():
         params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
+    if "variants" in over:  # optional sections: only where the profile sets them (the default params stay as they were)
+        params["variants"] = copy.deepcopy(over["variants"])
+    for name, cls in OPTIONAL_SECTIONS.items():
+        if name in over:
+            params[name] = {**defaults(cls), **copy.deepcopy(over[name])}
     part = section(params, PartitionConfig)
     params["blocks"] = {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
     ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
@@ -68,6 +86,8 @@ _CODE = {
     "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
 }
+_CODE["variant"] = _CODE["train"] + ["zgtrain/variants.py", "zgtrain/variant_scores.py"]
+_CODE["search"] = ["zgtrain/search.py", "zgtrain/variants.py"]
 
 
 def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
@@ -122,11 +142,43 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    if params.get("variants"):
+        stages.update(_search_stages(params, blocks, code))
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
             body.pop("deps", None)
     return {"stages": stages}
+
+
+def _search_stages(params: dict, blocks, code) -> dict:
+    """variant@BLOCK-NAME per (block, variant) and search: only where params has a variant library.
+
+    Each variant stage depends on its own ``variants.NAME`` entry (plus ``seed`` and the ``train:`` defaults it
+    inherits), so editing one variant reruns only its stages. Its scores run the downstream teacher blocks, so
+    every teacher slice is a dep (they change together, with the teacher stage)."""
+    from zgtrain.variants import search_choice, search_metrics, variant_dir, variant_metrics, variant_plot
+
+    L = Layout(Path(""))
+    names = list(params["variants"])
+    runs = {f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names}
+    item = ("${item.block}", "${item.variant}")
+    return {
+        "variant": {"foreach": runs, "do": {
+            "cmd": "zg train variant ${item.block} ${item.variant}",
+            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance", str(L.tokens),
+                     str(L.tokens_json), str(L.teacher_head)] + [str(L.teacher_slice(b.key)) for b in blocks]
+            + code("variant"),
+            "params": ["seed", "train", "variants.${item.variant}"],
+            "outs": [str(variant_dir(L, *item))],
+            "metrics": [{str(variant_metrics(L, *item)): {"cache": False}}],
+            "plots": [{str(variant_plot(L, *item)): {"cache": False, "x": "step", "y": "loss"}}]}},
+        "search": {"cmd": "zg search run",
+                   "deps": [str(variant_metrics(L, b.key, v)) for b in blocks for v in names] + code("search"),
+                   "params": ["search"],
+                   "outs": [{str(search_choice(L)): {"cache": False}}],
+                   "metrics": [{str(search_metrics(L)): {"cache": False}}]},
+    }
 
 
 class _Dumper(yaml.SafeDumper):
