@@ -149,6 +149,17 @@ def search_run(params: Path = params_option, as_json: bool = typer.Option(False,
          f"blocks, budget {r['budget_params']:,.0f}), predicted CE delta {r['predicted_ce_delta']:+.4f}")
 
 
+@search_app.command("assemble")
+def search_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Build models/search/student/ from search/choice.json: each block's chosen variant or the teacher block."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.search_assemble import assemble_choice
+
+    r = assemble_choice(ProjectConfig.load(params))
+    emit(r, as_json=as_json, summary=f"searched student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) "
+         f"-> {r['path']}")
+
+
 @search_app.command("show")
 def search_show(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """List each (block, variant): trained and scored or not, stale or not (`dvc status`), its scores."""
