@@ -58,6 +58,11 @@ def pipeline(params: Path = params_option):
     old = p.get("blocks") or {}
     p["blocks"] = {b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
                            "in": b.input, "out": b.output} for b in part.blocks()}
+    if p.get("variants") and "search" not in p:  # the search stage depends on search:, so it must exist
+        from zgdata.config import defaults
+        from zgtrain.config import SearchConfig
+
+        p["search"] = defaults(SearchConfig)
     write_text(params, dump_params(p))
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)

@@ -253,3 +253,28 @@ def test_the_searched_mix_assembles_loads_and_generates(searched):
     ids, _ = read_tokens(Layout(searched), [0])
     out = model.generate(ids[:, :8], max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert out.shape == (1, 12) and torch.equal(out[:, :8], ids[:, :8])
+
+
+@pytest.mark.parametrize("updates,args,needle", [
+    ({"search.budget": 0}, ["search", "run"], "search.budget is 0"),
+    ({"search.budget": "half"}, ["search", "run"], "search.budget is 'half'"),
+    ({"search.budget_unit": "bytes"}, ["search", "run"], "search.budget_unit is 'bytes'"),
+    ({"search.cost": "kv"}, ["search", "show"], "search.cost is 'kv'"),
+    ({"search.bogus": 1}, ["search", "run"], "search.bogus"),
+    ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
+    ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
+    ({}, ["search", "run"], "no variant library"),
+])
+def test_bad_search_params_are_one_line_and_write_nothing(tiny_project, monkeypatch, capsys, updates, args, needle):
+    from zgtrain.cli import main
+
+    set_params(tiny_project, updates)
+    before = tree_sha256(tiny_project)
+    monkeypatch.chdir(tiny_project)
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_.value.code not in (0, None) and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert tree_sha256(tiny_project) == before
