@@ -7,8 +7,8 @@ and refuses anything unknown or out of range. Stage functions take the result, n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 

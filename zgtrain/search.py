@@ -21,7 +21,9 @@ from zgdata.lock import project_lock
 from zgtrain.config import IDENTITY_VARIANT, ProjectConfig
 from zgtrain.variants import search_choice, search_metrics, stage_name, variant_metrics
 
-__all__ = ["solve", "min_cost", "options", "run_search"]
+__all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED"]
+
+RANKED = 5  # mixes listed in search/choice.json's "ranked": the best first, then the next-best feasible ones
 
 
 def min_cost(choices: Sequence[Sequence[tuple[float, float]]]) -> float:
@@ -47,6 +49,39 @@ def solve(choices: Sequence[Sequence[tuple[float, float]]], budget: float) -> tu
         if not states:
             return None
     return min(states)[2]
+
+
+def _key(choices, idx: tuple[int, ...]) -> tuple:
+    delta = cost = 0.0
+    for b, j in enumerate(idx):  # the summation order of solve()
+        cost, delta = cost + choices[b][j][0], delta + choices[b][j][1]
+    return delta, cost, idx
+
+
+def ranked(choices: Sequence[Sequence[tuple[float, float]]], budget: float, k: int) -> list[tuple[int, ...]]:
+    """The K best mixes within the budget, best first, in ``solve``'s order (exact, Lawler's partition).
+
+    After taking the best mix x of a space, the rest of the space splits into disjoint subspaces: for each
+    block i, blocks before i fixed to x's options and block i barred from x[i]; each is solved with ``solve``."""
+    import heapq
+
+    def best(allowed):
+        pick = solve([[choices[b][j] for j in allowed[b]] for b in range(len(choices))], budget)
+        return None if pick is None else tuple(allowed[b][j] for b, j in enumerate(pick))
+
+    allowed = [list(range(len(o))) for o in choices]
+    first = best(allowed)
+    heap = [] if first is None else [(_key(choices, first), allowed)]
+    out = []
+    while heap and len(out) < k:
+        (_, _, x), allowed = heapq.heappop(heap)
+        out.append(x)
+        for i in range(len(choices)):
+            sub = [[x[b]] for b in range(i)] + [[j for j in allowed[i] if j != x[i]]] + allowed[i + 1:]
+            y = best(sub) if sub[i] else None
+            if y is not None:
+                heapq.heappush(heap, (_key(choices, y), sub))
+    return out
 
 
 def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
@@ -95,11 +130,15 @@ def _run(project: ProjectConfig, layout: Layout) -> dict:
                       f"library ({least:,} params, {least / teacher:.4f} of the teacher's {teacher:,} block params)",
                       key="search.budget", fix=f"set search.budget >= {smallest}, or add cheaper variants")
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
+    # the next-best feasible mixes, for a loop that tries another mix when the assembled one fails a gate
+    alternatives = [{"mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
+                     "params": sum(opts[b][j]["params"] for b, j in zip(blocks, idx)),
+                     "predicted_ce_delta": _key(choices, idx)[0]} for idx in ranked(choices, budget, RANKED)]
     params = sum(o["params"] for o in chosen.values())
     delta = sum(o["ce_delta"] for o in chosen.values())
     choice = {"cost": cfg.cost, "budget": cfg.budget, "budget_unit": cfg.budget_unit, "budget_params": budget,
               "teacher_params": teacher, "params": params, "param_ratio": params / teacher,
-              "predicted_ce_delta": delta, "blocks": chosen}
+              "predicted_ce_delta": delta, "blocks": chosen, "ranked": alternatives}
     # uniform mixes (one variant everywhere): what the study compares the searched mix against
     uniform = {v: {"params": sum(o["params"] for b in blocks for o in opts[b] if o["variant"] == v),
                    "predicted_ce_delta": sum(o["ce_delta"] for b in blocks for o in opts[b] if o["variant"] == v)}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import run, zg
-from zgt_helpers import assert_user_error, load_params_of, read_json, set_params, tree_sha256
+from zgt_helpers import load_params_of, read_json, set_params, tree_sha256
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.config import ProjectConfig
@@ -114,6 +114,17 @@ def test_variants_are_off_by_default():
 
 # --- a reproduced tiny-search project -------------------------------------------------------------------
 
+def _zg_here(root, monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """The `zg` CLI in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from zgtrain.cli import main
+
+    monkeypatch.chdir(root)
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out = capsys.readouterr()
+    return exit_.value.code, out.out, out.err
+
+
 def _ran(res) -> list[str]:
     return re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr)
 
@@ -140,7 +151,7 @@ def searched(tiny_built, tmp_path_factory):
     return root
 
 
-def test_variant_stages_write_their_models_and_scores(searched):
+def test_variant_stages_write_their_models_and_scores(searched, monkeypatch, capsys):
     assert _status(searched) == {}
     for b in BLOCKS:
         for v in VARIANTS:
@@ -153,8 +164,9 @@ def test_variant_stages_write_their_models_and_scores(searched):
             assert m["downstream_blocks"] == list(BLOCKS[BLOCKS.index(b) + 1:])
     # the main pipeline's blocks were not touched
     assert not (searched / "models" / "blocks").exists()
-    shown = json.loads(zg("search", "show", "--json", cwd=searched).stdout)
-    assert (shown["exist"], shown["stale"], shown["total"]) == (4, 0, 4)
+    code, out, _ = _zg_here(searched, monkeypatch, capsys, "search", "show", "--json")
+    shown = json.loads(out)
+    assert code == 0 and (shown["exist"], shown["stale"], shown["total"]) == (4, 0, 4)
 
 
 def test_search_choice_is_the_best_mix_within_budget(searched):
@@ -170,36 +182,42 @@ def test_search_choice_is_the_best_mix_within_budget(searched):
     best = brute_force([[(c, d) for _, c, d in opts[b]] for b in BLOCKS], budget)
     assert {b: choice["blocks"][b]["variant"] for b in BLOCKS} == {b: opts[b][j][0] for b, j in zip(BLOCKS, best)}
     assert choice["params"] <= budget == choice["budget_params"]
+    assert choice["ranked"][0]["mix"] == {b: o["variant"] for b, o in choice["blocks"].items()}
+    assert len(choice["ranked"]) == 5 and all(r["params"] <= budget for r in choice["ranked"])
     assert read_json(searched / "metrics" / "search.json")["choice"] == {b: o["variant"]
                                                                        for b, o in choice["blocks"].items()}
 
 
-def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_path):
+def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_path, monkeypatch, capsys):
     root = tmp_path / "proj"
     shutil.copytree(searched, root, symlinks=True)
     before = tree_sha256(root / "search")
     set_params(root, {"search.budget": 0.1})
-    res = zg("search", "run", cwd=root, check=False)
-    line = assert_user_error(res, "search.budget 0.1", "below the cheapest mix", "set search.budget >=")
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    lines = err.strip().splitlines()
+    assert code not in (0, None) and len(lines) == 1 and "Traceback" not in err, err
+    for needle in ("error: search.budget 0.1", "below the cheapest mix", "set search.budget >="):
+        assert needle in lines[0], lines[0]
     assert tree_sha256(root / "search") == before
-    smallest = float(re.search(r"search\.budget >= ([0-9.]+)", line).group(1))
+    smallest = float(re.search(r"search\.budget >= ([0-9.]+)", lines[0]).group(1))
     set_params(root, {"search.budget": smallest})
-    zg("search", "run", cwd=root)
+    assert _zg_here(root, monkeypatch, capsys, "search", "run")[0] == 0
     cheapest = {b: min(VARIANTS, key=lambda v: read_json(root / "metrics" / "variants" / b / f"{v}.json")["params"])
                 for b in BLOCKS}
     assert read_json(root / "metrics" / "search.json")["choice"] == cheapest
     set_params(root, {"search.budget": 40000, "search.budget_unit": "absolute"})
-    assert_user_error(zg("search", "run", cwd=root, check=False), "search.budget 40000", "budget_unit: absolute")
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    assert code not in (0, None) and "search.budget 40000" in err and "budget_unit: absolute" in err, err
 
 
-def test_editing_one_variant_reruns_only_its_stages(searched):
+def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsys):
     """Keep last: it edits the shared project (and leaves it reproduced)."""
     drop = {b: read_json(searched / "metrics" / "variants" / b / "drop.json") for b in BLOCKS}
     p50 = {b: read_json(searched / "metrics" / "variants" / b / "p50.json") for b in BLOCKS}
     set_params(searched, {"variants.p50.lr": 2 * load_params_of(searched)["train"]["lr"]})
     assert _status(searched) == {f"variant@{b}-p50": [{"changed deps": {"params.yaml": {"variants.p50": "modified"}}}]
                                  for b in BLOCKS}
-    shown = json.loads(zg("search", "show", "--json", cwd=searched).stdout)
+    shown = json.loads(_zg_here(searched, monkeypatch, capsys, "search", "show", "--json")[1])
     assert {(r["block"], r["variant"]) for r in shown["variants"] if r["stale"]} == {(b, "p50") for b in BLOCKS}
     res = run(["dvc", "repro", "search"], cwd=searched)
     assert _ran(res) == [f"variant@{b}-p50" for b in BLOCKS] + ["search"]
@@ -236,13 +254,13 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     assert abs(m["ce_delta"]) < 0.02
 
 
-def test_the_searched_mix_assembles_loads_and_generates(searched):
+def test_the_searched_mix_assembles_loads_and_generates(searched, monkeypatch, capsys):
     """`zg search assemble`: the chosen variants (or teacher blocks) in one student, which zg's loader opens
     (per-layer widths: zg's own modeling code) and which generates."""
     from zgdata.tokens import read_tokens
     from zgtrain.student import load_student
 
-    zg("search", "assemble", cwd=searched)
+    assert _zg_here(searched, monkeypatch, capsys, "search", "assemble")[0] == 0
     choice = read_json(searched / "search" / "choice.json")
     summary = read_json(searched / "models" / "search" / "student" / "zerograph.json")
     assert summary["choice"] == {b: o["variant"] for b, o in choice["blocks"].items()}
@@ -266,15 +284,31 @@ def test_the_searched_mix_assembles_loads_and_generates(searched):
     ({}, ["search", "run"], "no variant library"),
 ])
 def test_bad_search_params_are_one_line_and_write_nothing(tiny_project, monkeypatch, capsys, updates, args, needle):
-    from zgtrain.cli import main
-
     set_params(tiny_project, updates)
     before = tree_sha256(tiny_project)
-    monkeypatch.chdir(tiny_project)
-    with pytest.raises(SystemExit) as exit_:
-        main(args)
-    err = capsys.readouterr().err
+    code, _, err = _zg_here(tiny_project, monkeypatch, capsys, *args)
     lines = [line for line in err.splitlines() if line.strip()]
-    assert exit_.value.code not in (0, None) and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert code not in (0, None) and len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0], lines[0]
     assert tree_sha256(tiny_project) == before
+
+
+def test_ranked_mixes_are_the_k_best_by_brute_force():
+    from zgtrain.search import ranked
+
+    rng = random.Random(1)
+    for _ in range(150):
+        choices = [[(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25])) for _ in range(rng.randint(1, 4))]
+                   for _ in range(rng.randint(1, 4))]
+        budget, k = rng.uniform(0, 30), rng.randint(1, 6)
+        feasible = []
+        for idx in itertools.product(*(range(len(o)) for o in choices)):
+            cost, delta = 0.0, 0.0
+            for b, j in enumerate(idx):
+                cost, delta = cost + choices[b][j][0], delta + choices[b][j][1]
+            if cost <= budget:
+                feasible.append((delta, cost, idx))
+        want = [idx for _, _, idx in sorted(feasible)[:k]]
+        got = ranked(choices, budget, k)
+        assert got == want, (choices, budget, k)
+        assert not got or got[0] == solve(choices, budget)
