@@ -196,7 +196,7 @@ def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_p
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
     lines = err.strip().splitlines()
     assert code not in (0, None) and len(lines) == 1 and "Traceback" not in err, err
-    for needle in ("error: search.budget 0.1", "below the cheapest mix", "set search.budget >="):
+    for needle in ("error: [search.budget] search.budget 0.1 (", "below the cheapest mix", "set search.budget >="):
         assert needle in lines[0], lines[0]
     assert tree_sha256(root / "search") == before
     smallest = float(re.search(r"search\.budget >= ([0-9.]+)", lines[0]).group(1))
