@@ -210,6 +210,29 @@ def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_p
     assert code not in (0, None) and "search.budget 40000" in err and "budget_unit: absolute" in err, err
 
 
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
+def test_search_stages_read_only_declared_deps(searched, tmp_path):
+    """tests/test_stage_deps.py's check (strace) on one variant stage, the search and search_assemble."""
+    import yaml
+    from test_stage_deps import _expand, _paths, _tree, trace_stage, undeclared
+
+    root = tmp_path / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    stages = {"variant@b01-drop": _expand(spec["variant"]["do"], "b01-drop", spec["variant"]["foreach"]["b01-drop"]),
+              "search": spec["search"], "search_assemble": spec["search_assemble"]}
+    found = {}
+    for name, stage in stages.items():
+        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+            p = root / out
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        before = _tree(root)
+        opened = trace_stage(root, stage, tmp_path / f"{name}.strace")
+        assert "params.yaml" in opened and any(p.startswith("metrics/") or p.startswith("data/") for p in opened)
+        found[name] = undeclared(stage, opened, before)
+    assert found == {name: [] for name in stages}
+
+
 def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsys):
     """Keep last: it edits the shared project (and leaves it reproduced)."""
     drop = {b: read_json(searched / "metrics" / "variants" / b / "drop.json") for b in BLOCKS}
