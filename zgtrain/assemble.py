@@ -27,7 +27,7 @@ from zgtrain.config import ProjectConfig
 from zgtrain.kv_cache import kv_summary
 from zgtrain.student import ship_modeling_code, template_class
 
-__all__ = ["assemble", "build_student"]
+__all__ = ["assemble", "build_student", "build_from_blocks", "save_student"]
 
 
 def _blocks(project: ProjectConfig, layout: Layout, which: str):
@@ -47,7 +47,11 @@ def _blocks(project: ProjectConfig, layout: Layout, which: str):
 
 def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: str = "final"):
     """The assembled causal LM in memory (``which``: final or init weights) and a summary."""
-    blocks = _blocks(project, layout, which)
+    return build_from_blocks(_blocks(project, layout, which), layout=layout)
+
+
+def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
+    """The causal LM of ``blocks`` ([(BlockSpec, StudentBlock, meta)] in order) between the teacher's head slice."""
     head, hmeta = load_slice(layout.teacher_head)
     fam = family_of(hmeta["config"])
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
@@ -91,11 +95,16 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
 @locked("assemble")
 def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     model, summary = build_student(project, layout=layout)
+    return save_student(model, summary, layout.student, layout=layout)
+
+
+def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout()) -> dict:
+    """Write an assembled model as a student folder (weights, shipped modeling code, tokenizer, zerograph.json)."""
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
-    with atomic_path(layout.student) as tmp:
+    with atomic_path(path) as tmp:
         model.save_pretrained(tmp)
         modeling = ship_modeling_code(tmp, summary["family"]) if summary["remote_code"] else None
         load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
         (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
                                                         "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
-    return {"path": str(layout.student), **{k: v for k, v in summary.items() if k != "blocks"}}
+    return {"path": str(path), **{k: v for k, v in summary.items() if k != "blocks"}}

@@ -24,6 +24,9 @@ train_app = typer.Typer(help="Train blocks, assemble the student, evaluate it.",
 app.add_typer(teacher_app, name="teacher")
 app.add_typer(data_app, name="data")
 app.add_typer(train_app, name="train")
+search_app = typer.Typer(help="The variant library and the budgeted search over it (params variants:, search:).",
+                         no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(search_app, name="search")
 
 
 @app.callback()
@@ -35,7 +38,8 @@ def _root(debug: bool = typer.Option(False, "--debug", help="show tracebacks (al
 @app.command("init")
 def init(directory: Path = typer.Argument(..., help="new project directory."),
          profile: str = typer.Option("smollm2", help="smollm2 (the default conversion), tiny (seconds, for tries and tests), "
-                                          "local (greedy local pretraining from scratch) or local-tiny.")):
+                                          "local (greedy local pretraining from scratch) or local-tiny; "
+                                          "search / tiny-search (the same plus a variant library).")):
     """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
     from zgtrain.pipeline import init_project
 
@@ -59,6 +63,11 @@ def pipeline(params: Path = params_option):
     p["blocks"] = {} if "local" in p else {  # a local project's blocks are its partition's
         b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
                 "out": b.output} for b in part.blocks()}
+    if p.get("variants") and "search" not in p:  # the search stage depends on search:, so it must exist
+        from zgdata.config import defaults
+        from zgtrain.config import SearchConfig
+
+        p["search"] = defaults(SearchConfig)
     write_text(params, dump_params(p))
     code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
@@ -73,14 +82,16 @@ def params_doc():
     from rich.table import Table
 
     from zgdata.config import describe
-    from zgtrain.config import SECTIONS
+    from zgtrain.config import OPTIONAL_SECTIONS, SECTIONS
 
     table = Table("key", "default", "meaning", show_lines=False)
     table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key. Allowed: an "
                                "integer >= 0.")
-    for sec, cls in SECTIONS.items():
+    for sec, cls in {**SECTIONS, **OPTIONAL_SECTIONS}.items():
         for name, default, doc in describe(cls):
             table.add_row(f"{sec}.{name}", escape(default), escape(doc))
+    table.add_row("variants.NAME", "", "optional variant library: each NAME is any train.* keys it overrides; "
+                                       "`zg pipeline` adds a variant@BLOCK-NAME stage per block and a search stage")
     table.add_row("blocks.KEY", "", "per-block in/out boundary names plus any train.* key to override for that block")
     Console().print(table)
 
@@ -164,6 +175,61 @@ def train_local_export(params: Path = params_option, as_json: bool = typer.Optio
 
     r = export(ProjectConfig.load(params))
     emit(r, as_json=as_json, summary=f"local ({r['k']} blocks, sequential): held-out CE {r['heldout_ce']:.4f}")
+
+
+@train_app.command("variant")
+def train_variant(key: str = typer.Argument(..., help="block key, e.g. b00."),
+                  variant: str = typer.Argument(..., help="variant name (params.yaml variants:)."),
+                  restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+                  params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Train block KEY as VARIANT (train: + variants.VARIANT) into models/variants/KEY/VARIANT, then score it."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.variants import train_variant as run
+
+    r = run(ProjectConfig.load(params), key, variant, restart=restart)
+    emit(r, as_json=as_json, summary=f"{key}/{variant}: {r['status']}, {r.get('params', 0):,} params, "
+         f"replace-one-block CE delta {r.get('ce_delta', float('nan')):+.4f}")
+
+
+@search_app.command("run")
+def search_run(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Pick one variant (or the teacher block) per block within search.budget; writes search/choice.json."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.search import run_search
+
+    r = run_search(ProjectConfig.load(params))
+    mix = ", ".join(f"{b}={o['variant']}" for b, o in r["blocks"].items())
+    emit(r, as_json=as_json, summary=f"mix {mix}: {r['params']:,} params ({r['param_ratio']:.3f} of the teacher's "
+         f"blocks, budget {r['budget_params']:,.0f}), predicted CE delta {r['predicted_ce_delta']:+.4f}")
+
+
+@search_app.command("assemble")
+def search_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Build models/search/student/ from search/choice.json: each block's chosen variant or the teacher block."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.search_assemble import assemble_choice
+
+    r = assemble_choice(ProjectConfig.load(params))
+    emit(r, as_json=as_json, summary=f"searched student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) "
+         f"-> {r['path']}")
+
+
+@search_app.command("show")
+def search_show(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """List each (block, variant): trained and scored or not, stale or not (`dvc status`), its scores."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.variants import show
+
+    r = show(ProjectConfig.load(params), stale=(params.parent / "dvc.yaml").exists())
+    if as_json:
+        emit(r, as_json=True, summary="")
+        return
+    for v in r["variants"]:
+        ce = "-" if v["ce_delta"] is None else f"{v['ce_delta']:+.4f}"
+        n = "-" if v["params"] is None else f"{v['params']:,}"
+        print(f"{v['block']}\t{v['variant']}\t{'exists' if v['exists'] else 'missing'}\t"
+              f"{'stale' if v['stale'] else 'up to date'}\tparams {n}\tce_delta {ce}")
+    stderr.print(f"{r['exist']}/{r['total']} variants trained, {r['stale']} stale")
 
 
 @train_app.command("assemble")

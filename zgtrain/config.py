@@ -17,8 +17,8 @@ from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, Partition
 from zgdata.errors import ZgError
 from zgtrain.local_config import LocalConfig
 
-__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "LmEvalConfig", "BlockRun", "ProjectConfig", "SECTIONS",
-           "OPTIONAL_SECTIONS"]
+__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "LmEvalConfig", "SearchConfig", "BlockRun", "ProjectConfig",
+           "SECTIONS", "OPTIONAL_SECTIONS", "IDENTITY_VARIANT"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -119,13 +119,28 @@ class LmEvalConfig(Section):
                               fix="use lm-eval task names (letters, digits, _ . -), e.g. [zg_nextline, hellaswag]")
 
 
+@dataclass(kw_only=True, frozen=True)
+class SearchConfig(Section):
+    SECTION: ClassVar[str] = "search"
+    budget: float = param(0.625, "Budget of the searched mix: a fraction of the teacher's block cost (budget_unit: "
+                                 "fraction) or an absolute cost (budget_unit: absolute).", gt=0)
+    budget_unit: str = param("fraction", "fraction (of the teacher's summed block cost) or absolute.",
+                             choices=("fraction", "absolute"))
+    cost: str = param("params", "What the budget counts: params (block parameters).", choices=("params",))
+
+
 # Every section of params.yaml, in file order, with the class that parses it.
 SECTIONS = {"teacher": TeacherConfig, "corpus": CorpusConfig, "partition": PartitionConfig,
             "materialize": MaterializeConfig, "verify": VerifyConfig, "train": TrainConfig, "eval": EvalConfig,
-            "gates": GatesConfig, "lm_eval": LmEvalConfig, "local": LocalConfig}
-# Sections written to a profile's params.yaml only when the profile sets them (local: `zg init --profile local`).
-OPTIONAL_SECTIONS = ("local",)
-_TOP = ("seed", *SECTIONS, "blocks")
+            "gates": GatesConfig, "lm_eval": LmEvalConfig}
+# Sections a params.yaml may leave out (then: defaults); profiles write them only when they set them, so the
+# default params.yaml does not change: search (with a variants: library), local (`zg init --profile local`).
+# ``variants:`` (a mapping of named train overrides) is parsed below.
+OPTIONAL_SECTIONS = {"search": SearchConfig, "local": LocalConfig}
+_TOP = ("seed", *SECTIONS, "variants", *OPTIONAL_SECTIONS, "blocks")
+# The search's name for "keep the teacher block": never a trained variant, so no variant may take it.
+IDENTITY_VARIANT = "teacher"
+_VARIANT_NAME = re.compile(r"[a-z0-9][a-z0-9_]{0,31}")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -136,21 +151,43 @@ class BlockRun:
     train: TrainConfig
 
 
-def _block_train(base: TrainConfig, key: str, body: Mapping[str, Any]) -> TrainConfig:
-    over = {k: v for k, v in body.items() if k not in ("in", "out")}
+def _block_train(base: TrainConfig, key: str, body: Mapping[str, Any], where: str = "blocks") -> TrainConfig:
+    """``base`` with the train overrides of ``WHERE.KEY`` (a block's or a variant's), errors naming that key."""
+    over = {k: v for k, v in body.items() if k not in ("in", "out")} if where == "blocks" else dict(body)
     known = set(asdict(base))
     unknown = sorted(set(map(str, over)) - known)
     if unknown:
-        raise ZgError(f"unknown key(s) {', '.join(f'blocks.{key}.{u}' for u in unknown)}", key=f"blocks.{key}",
-                      fix=f"per-block keys override train:, known: {', '.join(sorted(known))}")
+        raise ZgError(f"unknown key(s) {', '.join(f'{where}.{key}.{u}' for u in unknown)}", key=f"{where}.{key}",
+                      fix=f"{'per-block' if where == 'blocks' else 'variant'} keys override train:, known: "
+                          f"{', '.join(sorted(known))}")
     try:
         return TrainConfig(**{**asdict(base), **over})
-    except ZgError as e:  # name the per-block key the bad value came from
+    except ZgError as e:  # name the per-block (per-variant) key the bad value came from
         name = (e.key or "").removeprefix("train.")
         if name in over:
-            raise ZgError(e.what.replace(f"train.{name}", f"blocks.{key}.{name}"), key=f"blocks.{key}.{name}",
+            raise ZgError(e.what.replace(f"train.{name}", f"{where}.{key}.{name}"), key=f"{where}.{key}.{name}",
                           fix=e.fix) from e
         raise
+
+
+def _variants(base: TrainConfig, raw) -> dict:
+    """``variants:`` -> {name: TrainConfig}: each variant is train: with its own overrides (not blocks.KEY's)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ZgError(f"params section 'variants' must be a mapping of name -> train overrides, not "
+                      f"{type(raw).__name__}", key="variants", fix="e.g. variants: {p50: {prune_ratio: 0.5}}")
+    out = {}
+    for name, body in raw.items():
+        if not isinstance(name, str) or not _VARIANT_NAME.fullmatch(name) or name == IDENTITY_VARIANT:
+            raise ZgError(f"variant name {name!r} is not allowed", key=f"variants.{name}",
+                          fix=f"use 1-32 of a-z, 0-9, _ starting with a letter or digit (it names stages and "
+                              f"folders), not '{IDENTITY_VARIANT}' (the search's name for the teacher block)")
+        if not isinstance(body, Mapping) or not body:
+            raise ZgError(f"variants.{name} must be a mapping of train keys it overrides", key=f"variants.{name}",
+                          fix="e.g. {conversion: prune_mlp, prune_ratio: 0.25}")
+        out[name] = _block_train(base, name, body, where="variants")
+    return out
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -170,6 +207,9 @@ class ProjectConfig:
     local: LocalConfig = field(default_factory=LocalConfig)
     blocks: dict = field(default_factory=dict)
     """{key: BlockRun} for every block listed under ``blocks:``."""
+    variants: dict = field(default_factory=dict)
+    """{name: TrainConfig} of the variant library (``variants:``; empty: no variant stages)."""
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "ProjectConfig":
@@ -177,7 +217,7 @@ class ProjectConfig:
         if unknown:
             raise ZgError(f"unknown params section(s) {', '.join(unknown)}", key=unknown[0],
                           fix=f"known sections: {', '.join(_TOP)}")
-        sections = {name: section(params, cls_) for name, cls_ in SECTIONS.items()}
+        sections = {name: section(params, cls_) for name, cls_ in {**SECTIONS, **OPTIONAL_SECTIONS}.items()}
         blocks_raw = params.get("blocks") or {}
         if not isinstance(blocks_raw, Mapping):
             raise ZgError("params section 'blocks' must be a mapping", key="blocks", fix="run `zg pipeline`")
@@ -188,7 +228,8 @@ class ProjectConfig:
                               fix="run `zg pipeline` to regenerate blocks:")
             spec = sections["partition"].block(str(key), body)
             blocks[spec.key] = BlockRun(spec=spec, train=_block_train(sections["train"], spec.key, body))
-        return cls(seed=check_int("seed", params.get("seed", 0), ge=0), blocks=blocks, **sections)
+        variants = _variants(sections["train"], params.get("variants"))
+        return cls(seed=check_int("seed", params.get("seed", 0), ge=0), blocks=blocks, variants=variants, **sections)
 
     @classmethod
     def load(cls, path: Path) -> "ProjectConfig":
@@ -199,3 +240,11 @@ class ProjectConfig:
             raise ZgError(f"block '{key}' is not in params.yaml blocks:", key="blocks",
                           fix=f"use one of {', '.join(self.blocks) or '(none)'}, or run `zg pipeline`")
         return self.blocks[key]
+
+    def variant(self, key: str, name: str) -> BlockRun:
+        """Block KEY trained as variant NAME: its boundary pair with ``train:`` + ``variants.NAME``."""
+        spec = self.block(key).spec
+        if name not in self.variants:
+            raise ZgError(f"variant '{name}' is not in params.yaml variants:", key="variants",
+                          fix=f"use one of {', '.join(self.variants) or '(none: add a variants: section)'}")
+        return BlockRun(spec=spec, train=self.variants[name])

@@ -54,6 +54,19 @@ PROFILES = {
                   "batch_size": 4, "warmup": 2, "checkpoint_every": 4},
     },
 }
+# Search profiles (issue 14): the default ones plus a variant library and a budget. Variants are off unless a
+# profile (or params.yaml) has a variants: section; then `zg pipeline` adds the variant@BLOCK-NAME and search stages.
+PROFILES["search"] = {**copy.deepcopy(PROFILES["smollm2"]), "variants": {
+    "p25": {"conversion": "prune_mlp", "prune_ratio": 0.25},
+    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5},
+    "p75": {"conversion": "prune_mlp", "prune_ratio": 0.75},
+    "drop3": {"conversion": "drop_layers", "keep_layers": [0, 2, 4]},   # 5 teacher layers -> 3
+    "drop2": {"conversion": "drop_layers", "keep_layers": [0, 4]},      # 5 teacher layers -> 2
+}, "search": {"budget": 0.625}}
+PROFILES["tiny-search"] = {**copy.deepcopy(PROFILES["tiny"]), "variants": {
+    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5, "steps": 4},
+    "drop": {"conversion": "drop_layers", "keep_layers": [0], "steps": 4},
+}, "search": {"budget": 0.75}}
 
 
 def profile_params(profile: str) -> dict:
@@ -65,9 +78,12 @@ def profile_params(profile: str) -> dict:
     over = PROFILES[profile]
     params: dict = {"seed": 0}
     for name, cls in SECTIONS.items():
-        if name in OPTIONAL_SECTIONS and name not in over:
-            continue
         params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
+    if "variants" in over:  # optional sections: only where the profile sets them (the default params stay as they were)
+        params["variants"] = copy.deepcopy(over["variants"])
+    for name, cls in OPTIONAL_SECTIONS.items():
+        if name in over:
+            params[name] = {**defaults(cls), **copy.deepcopy(over[name])}
     part = section(params, PartitionConfig)
     # blocks: carries per-block train overrides of a conversion; a local project's blocks come from the partition
     params["blocks"] = {} if "local" in params else {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
@@ -94,6 +110,9 @@ _CODE = {
               "zgdata/families.py"],
     "lm_eval": ["zgtrain/lm_eval_run.py", "zgtrain/lm_eval_task.py", "zgtrain/student.py"],
 }
+_CODE["variant"] = _CODE["train"] + ["zgtrain/variants.py", "zgtrain/variant_scores.py"]
+_CODE["search"] = ["zgtrain/search.py", "zgtrain/variants.py"]
+_CODE["search_assemble"] = _CODE["assemble"] + ["zgtrain/search_assemble.py", "zgtrain/variants.py"]
 
 
 def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
@@ -148,6 +167,8 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    if params.get("variants"):
+        stages.update(_search_stages(params, blocks, code))
     if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
         stages["lm_eval"] = {"cmd": "zg train lm-eval",
                              "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
@@ -192,6 +213,44 @@ def _sequential_stages(params: dict, blocks, code) -> dict:
                            "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
                            "outs": ["models/local/hf"], "metrics": [{"metrics/local.json": {"cache": False}}]}
     return out
+
+
+def _search_stages(params: dict, blocks, code) -> dict:
+    """variant@BLOCK-NAME per (block, variant) and search: only where params has a variant library.
+
+    Each variant stage depends on its own ``variants.NAME`` entry (plus ``seed`` and the ``train:`` defaults it
+    inherits), so editing one variant reruns only its stages. Its scores run the downstream teacher blocks, so
+    every teacher slice is a dep (they change together, with the teacher stage)."""
+    from zgtrain.variants import (search_choice, search_metrics, search_student, variant_dir, variant_metrics,
+                                  variant_plot)
+
+    L = Layout(Path(""))
+    names = list(params["variants"])
+    runs = {f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names}
+    item = ("${item.block}", "${item.variant}")
+    return {
+        "variant": {"foreach": runs, "do": {
+            "cmd": "zg train variant ${item.block} ${item.variant}",
+            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance", str(L.tokens),
+                     str(L.tokens_json), str(L.teacher_head)] + [str(L.teacher_slice(b.key)) for b in blocks]
+            + code("variant"),
+            "params": ["seed", "train", "variants.${item.variant}"],
+            "outs": [str(variant_dir(L, *item))],
+            "metrics": [{str(variant_metrics(L, *item)): {"cache": False}}],
+            "plots": [{str(variant_plot(L, *item)): {"cache": False, "x": "step", "y": "loss"}}]}},
+        "search": {"cmd": "zg search run",
+                   "deps": [str(variant_metrics(L, b.key, v)) for b in blocks for v in names] + code("search"),
+                   "params": ["search"],
+                   "outs": [{str(search_choice(L)): {"cache": False}}],
+                   "metrics": [{str(search_metrics(L)): {"cache": False}}]},
+        # the chosen mix as a student; which variant folders it reads depends on the choice, so it lists all
+        "search_assemble": {"cmd": "zg search assemble",
+                            "deps": [str(search_choice(L))] + [str(variant_dir(L, b.key, v)) for b in blocks for v in names]
+                            + [str(L.teacher_slice(b.key)) for b in blocks]
+                            + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens_json)]
+                            + code("search_assemble"),
+                            "params": ["partition"], "outs": [str(search_student(L))]},
+    }
 
 
 class _Dumper(yaml.SafeDumper):

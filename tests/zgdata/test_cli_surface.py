@@ -21,6 +21,10 @@ EXPECTED = {
     "zg params": [],
     "zg pipeline": ["--params"],
     "zg repro": ["--address", "--data", "--jobs", "--json", "-j", "ARG:targets"],
+    "zg search": [],
+    "zg search assemble": ["--json", "--params"],
+    "zg search run": ["--json", "--params"],
+    "zg search show": ["--json", "--params"],
     "zg teacher": [],
     "zg teacher prepare": ["--json", "--params"],
     "zg train": [],
@@ -31,6 +35,7 @@ EXPECTED = {
     "zg train local": ["--json", "--params", "--restart", "--stop-after"],
     "zg train local-block": ["--json", "--params", "--restart", "--stop-after", "ARG:key"],
     "zg train local-export": ["--json", "--params"],
+    "zg train variant": ["--json", "--params", "--restart", "ARG:key", "ARG:variant"],
 }
 
 

@@ -15,13 +15,15 @@ import yaml
 from conftest import zg
 from zgt_helpers import assert_user_error, set_params, tree_sha256
 from zgtrain.cli import main
-from zgtrain.config import SECTIONS
+from zgtrain.config import OPTIONAL_SECTIONS, SECTIONS
+
+ALL_SECTIONS = {**SECTIONS, **OPTIONAL_SECTIONS}
 
 # The command that reads each section first.
 COMMAND = {"teacher": ["teacher", "prepare"], "corpus": ["data", "tokenize"], "partition": ["teacher", "prepare"],
            "materialize": ["data", "materialize"], "verify": ["data", "verify"], "train": ["train", "block", "b00"],
            "eval": ["train", "evaluate"], "gates": ["train", "evaluate"], "lm_eval": ["train", "lm-eval"],
-           "local": ["train", "local"]}
+           "local": ["train", "local"], "search": ["search", "run"]}
 WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
 
 
@@ -46,7 +48,7 @@ def _out_of_range(f) -> list:
 
 
 def _cases():
-    for sec, cls in SECTIONS.items():
+    for sec, cls in ALL_SECTIONS.items():
         for f in fields(cls):
             for v in WRONG_TYPE.get(_kind(f), []):
                 yield pytest.param(sec, f.name, v, id=f"{sec}.{f.name}={v!r}")
@@ -64,7 +66,7 @@ def _cases():
 def test_every_key_is_checked():
     """The cases below cover every field of every section with at least one wrong value."""
     covered = {(c.values[0], c.values[1]) for c in _cases()}
-    every = {(sec, f.name) for sec, cls in SECTIONS.items() for f in fields(cls)}
+    every = {(sec, f.name) for sec, cls in ALL_SECTIONS.items() for f in fields(cls)}
     assert every - covered == set()
 
 

@@ -25,6 +25,10 @@ def test_profiles_are_overrides_of_the_defaults(profile):
     params = profile_params(profile)
     project = ProjectConfig.from_params(params)
     for section, over in PROFILES[profile].items():
+        if section == "variants":  # {name: TrainConfig}: train: with the variant's own overrides
+            assert list(project.variants) == list(over)
+            assert all(getattr(project.variants[n], k) == v for n, o in over.items() for k, v in o.items())
+            continue
         for key, value in over.items():
             assert getattr(getattr(project, section), key) == value, (section, key)
     # a local-pretraining profile trains its partition's blocks from `local:`, with no per-block overrides

@@ -1,0 +1,337 @@
+"""The variant library and the budgeted search (issue 14): the solver (pure), params validation, and one
+tiny-search project reproduced with real `dvc repro` (session fixture ``searched``): its generated stages,
+selective reruns when one variant changes, and the infeasible-budget error."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import re
+import shutil
+
+import pytest
+import torch
+
+from conftest import run, zg
+from zgt_helpers import load_params_of, read_json, set_params, tree_sha256
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgtrain.config import ProjectConfig
+from zgtrain.pipeline import dump_params, dvc_yaml, profile_params
+from zgtrain.search import min_cost, solve
+
+BLOCKS, VARIANTS = ("b00", "b01"), ("p50", "drop")
+
+
+# --- the solver (pure) ---------------------------------------------------------------------------------
+
+def brute_force(choices, budget):
+    """Every mix, by (delta, cost, indices): the definition solve() must meet."""
+    best = None
+    for idx in itertools.product(*(range(len(o)) for o in choices)):
+        cost = sum(choices[b][j][0] for b, j in enumerate(idx))
+        delta = 0.0
+        for b, j in enumerate(idx):  # same summation order as solve()
+            delta += choices[b][j][1]
+        if cost <= budget and (best is None or (delta, cost, idx) < best):
+            best = (delta, cost, idx)
+    return None if best is None else best[2]
+
+
+def test_solver_on_a_hand_checked_instance():
+    # (cost, delta) per option; option 0 is the teacher block (full cost, delta 0)
+    choices = [[(10, 0.0), (6, 0.10), (3, 0.50)],
+               [(10, 0.0), (6, 0.30), (3, 0.35)],
+               [(10, 0.0), (6, 0.05), (3, 0.90)]]
+    # budget 30: the teacher everywhere. 26: one block at 6, the cheapest delta there is block 2's (0.05).
+    assert solve(choices, 30) == (0, 0, 0)
+    assert solve(choices, 26) == (0, 0, 1)
+    # 19: cost 30 - 11 needed. Candidates: (6,3,10)=19 -> .10+.35=.45; (6,6,6)=18 -> .45; (3,6,10)=19 -> .80;
+    # (10,3,6)=19 -> .40 (best); (6,10,3)=19 -> 1.0; (10,6,3)=19 -> 1.2
+    assert solve(choices, 19) == (0, 2, 1)
+    # 18: (6,6,6) .45 vs (6,3,6) 15 -> .50 vs (10,3,3) 16 -> 1.25 vs (3,6,6)=15 -> .85 ... (6,6,6) wins
+    assert solve(choices, 18) == (1, 1, 1)
+    assert solve(choices, 9) == (2, 2, 2) and min_cost(choices) == 9
+    assert solve(choices, 8.999) is None
+
+
+def test_solver_ties_break_toward_lower_cost_then_earlier_options():
+    assert solve([[(5, 0.0), (3, 0.0), (3, 0.0)]], 10) == (1,)
+    assert solve([[(4, 0.2), (4, 0.2)], [(1, 0.0), (1, 0.0)]], 10) == (0, 0)
+
+
+def test_solver_is_optimal_against_brute_force():
+    rng = random.Random(0)
+    for _ in range(300):
+        n_blocks, n_opts = rng.randint(1, 4), rng.randint(1, 4)
+        choices = [[(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25, 0.5])) for _ in range(n_opts)]
+                   for _ in range(n_blocks)]
+        budget = rng.uniform(0, 9 * n_blocks)
+        assert solve(choices, budget) == brute_force(choices, budget), (choices, budget)
+
+
+# --- params -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variants,key", [
+    ({"p50": {"prune_ratio": 1.5}}, "variants.p50.prune_ratio"),
+    ({"p50": {"nope": 1}}, "variants.p50"),
+    ({"p50": {"conversion": "nope"}}, "variants.p50.conversion"),
+    ({"p50": 0.5}, "variants.p50"),
+    ({"P-50": {"steps": 1}}, "variants.P-50"),
+    ({"teacher": {"steps": 1}}, "variants.teacher"),
+    ([{"steps": 1}], "variants"),
+])
+def test_bad_variants_name_their_key(variants, key):
+    params = profile_params("tiny")
+    params["variants"] = variants
+    with pytest.raises(ZgError) as e:
+        ProjectConfig.from_params(params)
+    assert e.value.key == key, e.value
+
+
+def test_a_variant_carries_any_train_key_and_inherits_the_rest():
+    params = profile_params("tiny-search")
+    params["train"]["lr"] = 0.004
+    params["variants"]["p50"]["batch_size"] = 2
+    project = ProjectConfig.from_params(params)
+    v = project.variant("b01", "p50").train
+    assert (v.conversion, v.prune_ratio, v.steps, v.batch_size, v.lr) == ("prune_mlp", 0.5, 4, 2, 0.004)
+    with pytest.raises(ZgError, match="variant 'p25' is not in params.yaml variants"):
+        project.variant("b00", "p25")
+
+
+def test_variants_are_off_by_default():
+    for profile in ("smollm2", "tiny"):
+        params = profile_params(profile)
+        assert "variants" not in params and "search" not in params
+        assert not ProjectConfig.from_params(params).variants
+        assert {"variant", "search"}.isdisjoint(dvc_yaml(params, code_deps=True)["stages"])
+    stages = dvc_yaml(profile_params("search"), code_deps=True)["stages"]
+    assert len(stages["variant"]["foreach"]) == 6 * 5 and "search" in stages
+
+
+# --- a reproduced tiny-search project -------------------------------------------------------------------
+
+def _zg_here(root, monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """The `zg` CLI in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from zgtrain.cli import main
+
+    monkeypatch.chdir(root)
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out = capsys.readouterr()
+    return exit_.value.code, out.out, out.err
+
+
+def _ran(res) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr)
+
+
+def _status(root) -> dict:
+    """`dvc status` of the search stage and everything upstream (the main pipeline's blocks never ran here)."""
+    return json.loads(run(["dvc", "status", "--json", "--with-deps", "search"], cwd=root).stdout or "{}")
+
+
+@pytest.fixture(scope="session")
+def searched(tiny_built, tmp_path_factory):
+    """tiny_built's data under the tiny-search profile (same teacher, corpus, partition), its teacher, tokens
+    and materialize stages recorded with `dvc commit` (they would rebuild the same data), then a real
+    `dvc repro search`: every variant stage and the search."""
+    root = tmp_path_factory.mktemp("search") / "proj"
+    shutil.copytree(tiny_built, root, symlinks=True)
+    (root / "params.yaml").write_text(dump_params(profile_params("tiny-search")))
+    zg("pipeline", cwd=root)
+    run(["dvc", "commit", "-f", "teacher", "tokens", "materialize"], cwd=root)
+    res = run(["dvc", "repro", "search"], cwd=root)
+    assert _ran(res) == [f"variant@{b}-{v}" for b in BLOCKS for v in VARIANTS] + ["search"], res.stdout
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "search"], cwd=root)
+    return root
+
+
+def test_variant_stages_write_their_models_and_scores(searched, monkeypatch, capsys):
+    assert _status(searched) == {}
+    for b in BLOCKS:
+        for v in VARIANTS:
+            m = read_json(searched / "metrics" / "variants" / b / f"{v}.json")
+            meta = read_json(searched / "models" / "variants" / b / v / "meta.json")
+            assert (m["block"], m["variant"], m["status"]) == (b, v, "done") and meta["done"]
+            assert meta["config"]["conversion"] == {"p50": "prune_mlp", "drop": "drop_layers"}[v]
+            assert m["params"] < m["teacher_params"] and m["heldout_nmse"] == m["heldout_loss"] >= 0
+            assert m["ce_delta"] == m["replace_ce"] - m["teacher_ce"] and math.isfinite(m["ce_delta"])
+            assert m["downstream_blocks"] == list(BLOCKS[BLOCKS.index(b) + 1:])
+    # the main pipeline's blocks were not touched
+    assert not (searched / "models" / "blocks").exists()
+    code, out, _ = _zg_here(searched, monkeypatch, capsys, "search", "show", "--json")
+    shown = json.loads(out)
+    assert code == 0 and (shown["exist"], shown["stale"], shown["total"]) == (4, 0, 4)
+
+
+def test_search_choice_is_the_best_mix_within_budget(searched):
+    choice = read_json(searched / "search" / "choice.json")
+    opts = {b: [("teacher", read_json(searched / "metrics" / "variants" / b / "p50.json")["teacher_params"], 0.0)]
+            for b in BLOCKS}
+    assert sum(o[0][1] for o in opts.values()) == choice["teacher_params"]
+    for b in BLOCKS:
+        for v in VARIANTS:
+            m = read_json(searched / "metrics" / "variants" / b / f"{v}.json")
+            opts[b].append((v, m["params"], m["ce_delta"]))
+    budget = 0.75 * choice["teacher_params"]
+    best = brute_force([[(c, d) for _, c, d in opts[b]] for b in BLOCKS], budget)
+    assert {b: choice["blocks"][b]["variant"] for b in BLOCKS} == {b: opts[b][j][0] for b, j in zip(BLOCKS, best)}
+    assert choice["params"] <= budget == choice["budget_params"]
+    assert choice["ranked"][0]["mix"] == {b: o["variant"] for b, o in choice["blocks"].items()}
+    assert len(choice["ranked"]) == 5 and all(r["params"] <= budget for r in choice["ranked"])
+    assert read_json(searched / "metrics" / "search.json")["choice"] == {b: o["variant"]
+                                                                       for b, o in choice["blocks"].items()}
+
+
+def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    before = tree_sha256(root / "search")
+    set_params(root, {"search.budget": 0.1})
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    lines = err.strip().splitlines()
+    assert code not in (0, None) and len(lines) == 1 and "Traceback" not in err, err
+    for needle in ("error: [search.budget] search.budget 0.1 (", "below the cheapest mix", "set search.budget >="):
+        assert needle in lines[0], lines[0]
+    assert tree_sha256(root / "search") == before
+    smallest = float(re.search(r"search\.budget >= ([0-9.]+)", lines[0]).group(1))
+    set_params(root, {"search.budget": smallest})
+    assert _zg_here(root, monkeypatch, capsys, "search", "run")[0] == 0
+    cheapest = {b: min(VARIANTS, key=lambda v: read_json(root / "metrics" / "variants" / b / f"{v}.json")["params"])
+                for b in BLOCKS}
+    assert read_json(root / "metrics" / "search.json")["choice"] == cheapest
+    set_params(root, {"search.budget": 40000, "search.budget_unit": "absolute"})
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    assert code not in (0, None) and "search.budget 40000" in err and "budget_unit: absolute" in err, err
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
+def test_search_stages_read_only_declared_deps(searched, tmp_path):
+    """tests/test_stage_deps.py's check (strace) on one variant stage, the search and search_assemble."""
+    import yaml
+    from test_stage_deps import _expand, _paths, _tree, trace_stage, undeclared
+
+    root = tmp_path / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    stages = {"variant@b01-drop": _expand(spec["variant"]["do"], "b01-drop", spec["variant"]["foreach"]["b01-drop"]),
+              "search": spec["search"], "search_assemble": spec["search_assemble"]}
+    found = {}
+    for name, stage in stages.items():
+        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+            p = root / out
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        before = _tree(root)
+        opened = trace_stage(root, stage, tmp_path / f"{name}.strace")
+        assert "params.yaml" in opened and any(p.startswith("metrics/") or p.startswith("data/") for p in opened)
+        found[name] = undeclared(stage, opened, before)
+    assert found == {name: [] for name in stages}
+
+
+def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsys):
+    """Keep last: it edits the shared project (and leaves it reproduced)."""
+    drop = {b: read_json(searched / "metrics" / "variants" / b / "drop.json") for b in BLOCKS}
+    p50 = {b: read_json(searched / "metrics" / "variants" / b / "p50.json") for b in BLOCKS}
+    set_params(searched, {"variants.p50.lr": 2 * load_params_of(searched)["train"]["lr"]})
+    assert _status(searched) == {f"variant@{b}-p50": [{"changed deps": {"params.yaml": {"variants.p50": "modified"}}}]
+                                 for b in BLOCKS}
+    shown = json.loads(_zg_here(searched, monkeypatch, capsys, "search", "show", "--json")[1])
+    assert {(r["block"], r["variant"]) for r in shown["variants"] if r["stale"]} == {(b, "p50") for b in BLOCKS}
+    res = run(["dvc", "repro", "search"], cwd=searched)
+    assert _ran(res) == [f"variant@{b}-p50" for b in BLOCKS] + ["search"]
+    assert _status(searched) == {}
+    for b in BLOCKS:
+        assert read_json(searched / "metrics" / "variants" / b / "drop.json") == drop[b]
+        assert read_json(searched / "metrics" / "variants" / b / "p50.json")["state_sha256"] != p50[b]["state_sha256"]
+
+
+# --- the replace-one-block score ------------------------------------------------------------------------
+
+def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_project):
+    """An untrained identity variant of b00 is the teacher: its replace-one-block CE (stored boundary h00 ->
+    identity b00 -> teacher b01 from its slice -> head slice) matches the full teacher's held-out CE up to the
+    bfloat16 rounding of the stored boundaries, and so does the reference CE (stored h02 -> b01 -> head)."""
+    from zgdata.teacher import load_teacher
+    from zgdata.tokens import read_tokens
+    from zgtrain.variants import train_variant
+
+    params = load_params_of(tiny_project)
+    params["variants"] = {"ident": {"conversion": "identity", "steps": 0}}
+    layout = Layout(tiny_project)
+    m = train_variant(ProjectConfig.from_params(params), "b00", "ident", layout=layout)
+    assert m["params"] == m["teacher_params"]
+    teacher, _ = load_teacher(layout, with_tokenizer=False)
+    import lance
+    splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
+    ids, _ = read_tokens(layout, [i for i, s in enumerate(splits) if s == "heldout"])
+    with torch.no_grad():
+        logits = teacher(input_ids=ids).logits[:, :-1]
+    ce = float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]))
+    assert m["score_tokens"] == ids[:, 1:].numel()
+    assert abs(m["replace_ce"] - ce) < 0.02 and abs(m["teacher_ce"] - ce) < 0.02, (m, ce)
+    assert abs(m["ce_delta"]) < 0.02
+
+
+def test_the_searched_mix_assembles_loads_and_generates(searched, monkeypatch, capsys):
+    """`zg search assemble`: the chosen variants (or teacher blocks) in one student, which zg's loader opens
+    (per-layer widths: zg's own modeling code) and which generates."""
+    from zgdata.tokens import read_tokens
+    from zgtrain.student import load_student
+
+    assert _zg_here(searched, monkeypatch, capsys, "search", "assemble")[0] == 0
+    choice = read_json(searched / "search" / "choice.json")
+    summary = read_json(searched / "models" / "search" / "student" / "zerograph.json")
+    assert summary["choice"] == {b: o["variant"] for b, o in choice["blocks"].items()}
+    assert summary["params"] < summary["teacher_params"]
+    model = load_student(searched / "models" / "search" / "student")
+    assert model.config.num_hidden_layers == summary["layers"]
+    assert sum(p.numel() for p in model.parameters()) == summary["params"]
+    ids, _ = read_tokens(Layout(searched), [0])
+    out = model.generate(ids[:, :8], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 12) and torch.equal(out[:, :8], ids[:, :8])
+
+
+@pytest.mark.parametrize("updates,args,needle", [
+    ({"search.budget": 0}, ["search", "run"], "search.budget is 0"),
+    ({"search.budget": "half"}, ["search", "run"], "search.budget is 'half'"),
+    ({"search.budget_unit": "bytes"}, ["search", "run"], "search.budget_unit is 'bytes'"),
+    ({"search.cost": "kv"}, ["search", "show"], "search.cost is 'kv'"),
+    ({"search.bogus": 1}, ["search", "run"], "search.bogus"),
+    ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
+    ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
+    ({}, ["search", "run"], "no variant library"),
+])
+def test_bad_search_params_are_one_line_and_write_nothing(tiny_project, monkeypatch, capsys, updates, args, needle):
+    set_params(tiny_project, updates)
+    before = tree_sha256(tiny_project)
+    code, _, err = _zg_here(tiny_project, monkeypatch, capsys, *args)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code not in (0, None) and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert tree_sha256(tiny_project) == before
+
+
+def test_ranked_mixes_are_the_k_best_by_brute_force():
+    from zgtrain.search import ranked
+
+    rng = random.Random(1)
+    for _ in range(150):
+        choices = [[(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25])) for _ in range(rng.randint(1, 4))]
+                   for _ in range(rng.randint(1, 4))]
+        budget, k = rng.uniform(0, 30), rng.randint(1, 6)
+        feasible = []
+        for idx in itertools.product(*(range(len(o)) for o in choices)):
+            cost, delta = 0.0, 0.0
+            for b, j in enumerate(idx):
+                cost, delta = cost + choices[b][j][0], delta + choices[b][j][1]
+            if cost <= budget:
+                feasible.append((delta, cost, idx))
+        want = [idx for _, _, idx in sorted(feasible)[:k]]
+        got = ranked(choices, budget, k)
+        assert got == want, (choices, budget, k)
+        assert not got or got[0] == solve(choices, budget)
