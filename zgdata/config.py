@@ -270,6 +270,9 @@ class MaterializeConfig(Section):
     worker_threads: int = param(1, "With workers > 1: torch threads (and Ray CPUs) of each shard task.", ge=1)
     rows_per_file: int = param(1024, "With workers > 1: most rows in one shard, written as one Lance file per boundary "
                                      "(rounded up to a multiple of batch_size, at most rows / workers).", ge=1)
+    codec: str = param("raw", "How hidden states are stored: raw (one column of the dtype's bits, plain Lance) or zstd "
+                              "(lossless byte split: zstd of the sign/exponent bytes, ~0.72x raw on bf16). Never "
+                              "lineage: the values, fingerprint and training bits are the same.", choices=("raw", "zstd"))
 
     def validate(self):
         if self.storage_dtype == "float16":

@@ -29,12 +29,12 @@ import torch
 from zgdata import boundary_stats
 from zgdata.atomic import replace_path, write_text
 from zgdata.capture import capture
-from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
+from zgdata.codec import FORMAT_OF, codec_meta, codec_of, hidden_arrays, hidden_fields
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
 from zgdata.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN, checksum_array
-from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
+from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
 from zgdata.lock import locked, remove_dead_staging
@@ -82,12 +82,13 @@ def _check_disk(need: int, where: Path) -> None:
                       fix="free space, store fewer boundaries, or cap corpus.max_train_seqs")
 
 
-def _complete(path: Path, fp: str, rows: int) -> bool:
+def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
     try:  # also refuses another boundary format version: an old-format dataset is rewritten
         ds = open_dataset(path, kind="boundary")
+        meta = schema_meta(ds.schema)
+        return meta.get("fingerprint") == fp and codec_of(meta) == codec and ds.count_rows() == rows
     except ZgError:
         return False
-    return schema_meta(ds.schema).get("fingerprint") == fp and ds.count_rows() == rows
 
 
 class _Journal:
@@ -157,9 +158,9 @@ class _Writer(threading.Thread):
             x = torch.cat([p[2][name] for p in self.pending])                   # (N, T, C) storage dtype
             st["stats"][name] = boundary_stats.combine(st["stats"].get(name, boundary_stats.empty()),
                                                        boundary_stats.batch_stats(x))
-            hidden = to_arrow_hidden(x, self.cfg.storage_dtype)
-            table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), hidden,
-                                          checksum_array(hidden)], schema=self.schemas[name])
+            values, bits = hidden_arrays(x, self.cfg.storage_dtype, self.cfg.codec)
+            table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), *values,
+                                          checksum_array(bits)], schema=self.schemas[name])
             path = self.stage / f"{name}.lance"
             ds = lance.write_dataset(table, str(path), mode="append" if path.exists() else "create",
                                      transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {self.total_rows}"})
@@ -173,10 +174,10 @@ class _Writer(threading.Thread):
             time.sleep(self.sleep)
 
 
-def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str) -> pa.Schema:
+def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str, codec: str = "raw") -> pa.Schema:
     """The Arrow schema of a boundary dataset (``meta``: its zg.* schema metadata, or None for the bare fields)."""
     return pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
-                      hidden_field("hidden", seq_len, hidden, storage_dtype),
+                      *hidden_fields(seq_len, hidden, storage_dtype, codec),
                       pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))],
                      metadata=encode_meta(meta) if meta is not None else None)
 
@@ -203,10 +204,12 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
     finals = {n: layout.boundary(n) for n in names}
     # keyed by the format too: a run interrupted under an older format must not be resumed into this one
-    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION, "zg.journal": JOURNAL_VERSION}
+    key = {**fps, "zg.format_version": FORMAT_OF[cfg.codec], "zg.journal": JOURNAL_VERSION}
+    if cfg.codec != "raw":
+        key["zg.codec"] = cfg.codec
     stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
     remove_dead_staging(layout, keep=stage)
-    if all(_complete(finals[n], fps[n], n_rows) for n in names):
+    if all(_complete(finals[n], fps[n], n_rows, cfg.codec) for n in names):
         return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                                  seconds=time.perf_counter() - t0, skipped=True)
 
@@ -220,8 +223,8 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     for n, layer in zip(names, layers):
         meta = {"kind": "boundary", "name": n, "layer": layer, "fingerprint": fps[n], "lineage": lineages[n],
                 "software": software_versions(), "seq_len": seq_len, "hidden": hidden, "rows": rows_by_split,
-                "format_version": BOUNDARY_FORMAT_VERSION, "complete": False}
-        schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype)
+                "format_version": FORMAT_OF[cfg.codec], "codec": codec_meta(cfg.codec), "complete": False}
+        schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype, cfg.codec)
     sharded = cfg.workers > 1 if sharded is None else sharded
     shards: list = []
     with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:

@@ -51,7 +51,7 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
                 workers=cfg.workers)
     base = {"root": str(Path(layout.root).resolve()), "stage": str(stage.resolve()), "names": names,
             "layers": layers, "batch_size": cfg.batch_size, "seq_len": seq_len, "hidden": hidden,
-            "storage_dtype": cfg.storage_dtype, "compute_dtype": cfg.compute_dtype, "threads": cfg.worker_threads,
+            "storage_dtype": cfg.storage_dtype, "codec": cfg.codec, "compute_dtype": cfg.compute_dtype, "threads": cfg.worker_threads,
             "versions": VERSIONS, "expect": expect, "device": "cuda" if gpus else str(dev),
             "hooks": {"log": os.environ.get("ZG_TEST_SHARD_LOG"),
                       "sleep": float(os.environ.get("ZG_FAILPOINT_SLEEP_IN_SHARD", "0"))}}

@@ -14,9 +14,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from zgdata.codec import codec_of, decode_rows, hidden_columns, value_info
 from zgdata.errors import ZgError
-from zgdata.integrity import CHECKSUM_COLUMN, check_rows
-from zgdata.lance_io import open_dataset, schema_meta, tensor_column
+from zgdata.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
+from zgdata.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.lineage import check
 from zgdata.timing import span
 
@@ -30,7 +31,10 @@ class BoundaryDataset:
         self.path = Path(path)
         self.ds = open_dataset(self.path, kind="boundary", version=version)
         self.meta = schema_meta(self.ds.schema)
-        self.field = self.ds.schema.field("hidden")
+        self.codec = codec_of(self.meta)
+        self.columns = hidden_columns(self.codec)
+        self.field = self.ds.schema.field(self.columns[0])  # carries zg.dtype and zg.shape
+        self.dtype, self.seq_len, self.hidden = value_info(self.ds.schema, self.meta)
         cols = self.ds.to_table(columns=["seq_id", "split"])
         self.seq_ids = cols.column("seq_id").to_numpy()
         self.splits = np.asarray(cols.column("split").to_pylist())
@@ -51,6 +55,19 @@ class BoundaryDataset:
     def rows(self, split: str) -> np.ndarray:
         return np.flatnonzero(self.splits == split)
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row's decoded values."""
+        return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
+
+    def decode(self, table, rows=None, *, strict: bool = True) -> np.ndarray:
+        """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error."""
+        try:
+            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict)
+        except ValueError as e:
+            where = f" (rows {int(np.min(rows))}-{int(np.max(rows))})" if rows is not None and len(rows) else ""
+            raise ZgError(f"{self.path}{where}: {e}", fix=recover_fix(self.path)) from e
+
     def take(self, rows, *, check: bool = True) -> torch.Tensor:
         """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view).
 
@@ -61,12 +78,13 @@ class BoundaryDataset:
         order = np.argsort(rows, kind="stable")
         # Lance reads sorted row ids 2-4x faster; restore the caller's order afterwards
         with span("reader.take", rows=len(rows)) as sp:
-            table = self.ds.take(rows[order], columns=["hidden", CHECKSUM_COLUMN] if check else ["hidden"])
+            table = self.ds.take(rows[order], columns=self.columns + ([CHECKSUM_COLUMN] if check else []))
+            values = self.decode(table, rows)
             if check:
-                check_rows(self.path, table, rows[order], self.seq_ids)
-            out = tensor_column(table, "hidden", self.field)
+                check_rows(self.path, table, rows[order], self.seq_ids, values)
             if not np.array_equal(order, np.arange(len(rows))):
-                out = out[torch.from_numpy(np.argsort(order))]
+                values = values[np.argsort(order)]
+            out = rows_tensor(values, self.dtype, self.seq_len, self.hidden)
             sp.nbytes = out.numel() * out.element_size()
         return out
 

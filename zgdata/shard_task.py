@@ -31,7 +31,7 @@ from zgdata.capture import capture
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
 from zgdata.errors import ZgError, from_os_error
 from zgdata.integrity import checksum_array
-from zgdata.lance_io import to_arrow_hidden
+from zgdata.codec import hidden_arrays
 from zgdata.layout import Layout
 from zgdata import boundary_stats
 
@@ -153,7 +153,8 @@ def _run(spec: dict) -> dict:
     tokens = open_tokens(layout)
     names, layers, lo, hi = spec["names"], spec["layers"], spec["lo"], spec["hi"]
     storage = getattr(torch, spec["storage_dtype"])
-    schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"])
+    codec = spec.get("codec", "raw")
+    schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
     streams = _Streams(stage, names, schema, rows_per_file=hi - lo)
     try:
@@ -164,9 +165,9 @@ def _run(spec: dict) -> dict:
             for n, layer in zip(names, layers):
                 x = caps[layer]
                 stats[n] = boundary_stats.combine(stats[n], boundary_stats.batch_stats(x))
-                hidden = to_arrow_hidden(x, spec["storage_dtype"])
-                streams.put(n, pa.RecordBatch.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), hidden,
-                                                           checksum_array(hidden)], schema=schema))
+                values, bits = hidden_arrays(x, spec["storage_dtype"], codec)
+                streams.put(n, pa.RecordBatch.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), *values,
+                                                           checksum_array(bits)], schema=schema))
     except BaseException:
         streams.close(abort=True)
         raise

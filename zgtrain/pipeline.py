@@ -61,7 +61,7 @@ def profile_params(profile: str) -> dict:
 _CODE = {
     "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/tokenizer_util.py", "zgdata/families.py"],
     "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
-    "materialize": ["zgdata/capture_version.py"],
+    "materialize": ["zgdata/capture_version.py", "zgdata/codec.py"],
     "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/integrity.py", "zgdata/families.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
               "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py"],
@@ -93,7 +93,8 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
         "materialize": {"cmd": "zg data materialize",
                         "deps": [str(L.teacher_json), str(L.tokens_json), str(L.teacher_hf), str(L.tokens)]
                         + code("materialize"),
-                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "partition.boundaries"],
+                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "materialize.codec",
+                                   "partition.boundaries"],
                         "outs": bnd},
         "verify": {"cmd": "zg data verify",
                    "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
