@@ -263,7 +263,13 @@ class MaterializeConfig(Section):
                                            "refused (activations reach ~25,000).")
     compute_dtype: str = param("float32", "dtype of the teacher forward pass.", choices=DTYPES)
     batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
-    commit_rows: int = param(32, "Sequences per Lance commit; a killed run resumes from the last commit.", ge=1)
+    commit_rows: int = param(0, "Most sequences per commit group (0: no row bound; commit_mb and commit_seconds decide). "
+                                "A killed run resumes from the last commit, losing at most one group.", ge=0)
+    commit_mb: int = param(2048, "A commit group closes once it holds this many MB of hidden states (all boundaries); "
+                                 "each group is one Lance version and one data file per boundary.", ge=1)
+    commit_seconds: float = param(600.0, "A commit group also closes after this many seconds.", gt=0)
+    file_mb: int = param(16384, "Finalize compacts each boundary into data files of about this many MB (decoded values) "
+                                "and publishes it as one Lance version.", ge=1)
     queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)
     workers: int = param(1, "Processes capturing rows at once. 1: this process. N > 1: shards of rows run as Ray tasks, "
                             "N at a time (a local Ray instance, or the cluster at ZG_RAY_ADDRESS); same bytes.", ge=1)

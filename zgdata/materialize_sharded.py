@@ -65,8 +65,7 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
                 advance((res["hi"] - res["lo"]) * seq_len)
                 ran.append({k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds",
                                                   "peak_rss_mb")})
-    _remove_orphans(stage, names)
-    return ran
+    return ran  # materialize removes orphaned files before finalizing
 
 
 def _commit(stage: Path, names: list[str], schemas: dict, journal, res: dict, n_rows: int) -> None:
@@ -94,7 +93,7 @@ def _commit(stage: Path, names: list[str], schemas: dict, journal, res: dict, n_
         if sleep_mid and st["rows_done"] > 0:
             time.sleep(sleep_mid)
     st["rows_done"] = hi
-    st.setdefault("shards", []).append([lo, hi])
+    st.setdefault("shards", []).append([lo, hi])  # shards, or commit groups of a one-process run
     journal.save()
     if sleep:
         time.sleep(sleep)
