@@ -153,7 +153,10 @@ class _Writer(threading.Thread):
         from zgdata.shard_task import _Streams
 
         if self.group is None:
-            self.group = {"streams": _Streams(self.stage, self.names, self.bare, rows_per_file=2**31 - 1),
+            # one writer per dataset here: "create" until the first commit spares Lance's "no dataset" warning
+            fresh = not any((self.stage / f"{n}.lance" / "_versions").exists() for n in self.names)
+            self.group = {"streams": _Streams(self.stage, self.names, self.bare, rows_per_file=2**31 - 1,
+                                              mode="create" if fresh else "append"),
                           "lo": int(rows[0]), "hi": int(rows[0]), "bytes": 0, "t0": time.monotonic(),
                           "stats": {n: boundary_stats.empty() for n in self.names}}
         g = self.group

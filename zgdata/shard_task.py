@@ -89,7 +89,9 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
 class _Streams:
     """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
 
-    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2):
+    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2,
+                 mode: str = "append"):
+        self.mode = mode
         self.q = {n: queue.Queue(maxsize=depth) for n in names}
         self.out: dict[str, list] = {}
         self.err: dict[str, BaseException] = {}
@@ -109,7 +111,7 @@ class _Streams:
 
         try:
             frags = write_fragments(pa.RecordBatchReader.from_batches(schema, batches()), str(path), schema=schema,
-                                    mode="append", max_rows_per_file=rows_per_file)
+                                    mode=self.mode, max_rows_per_file=rows_per_file)
             self.out[name] = [f.to_json() for f in frags]
         except BaseException as e:  # re-raised by put()/close() in the capturing thread
             self.err[name] = e
