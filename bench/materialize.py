@@ -423,6 +423,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=None, help="override materialize.batch_size")
     ap.add_argument("--commit-rows", type=int, default=None, help="override materialize.commit_rows")
     ap.add_argument("--codec", default=None, choices=["raw", "zstd"], help="override materialize.codec")
+    ap.add_argument("--loader-only", action="store_true",
+                    help="only the loader vs memmap figures, on the boundaries already in --workdir")
     ap.add_argument("--quiet", type=float, default=0.15,
                     help="before each timed run, wait until other processes use < this share of the CPUs (0 = don't)")
     ap.add_argument("--quiet-timeout", type=float, default=90.0, help="longest wait for a quiet machine, seconds")
@@ -485,6 +487,20 @@ def main(argv=None) -> int:
     log(f"partition    : {part.boundaries}")
     log("=" * 78)
 
+    if args.loader_only:
+        loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, min_steps=args.loader_steps,
+                                  repeats=args.loader_repeats, quiet=args.quiet, quiet_timeout=args.quiet_timeout)
+        codec = BoundaryDataset(layout.boundary(part.names[0])).codec
+        mm_b, mm_m = max(loader["memmap_Bps"]), statistics.median(loader["memmap_Bps"])
+        log(f"loader only, codec {codec}, pair {loader['pair']}, {loader['steps']} batches of {loader['batch_size']}")
+        for key, label in (("loader_Bps", "loader batches() (checksum on first read)"),
+                           ("recheck_Bps", "loader batches(), checksum every read"),
+                           ("take_Bps", "loader read path, no prefetch thread"), ("memmap_Bps", "np.memmap same rows")):
+            b, m = max(loader[key]), statistics.median(loader[key])
+            log(f"  {label:<44} best {b / 1e6:8.1f} MB/s  median {m / 1e6:8.1f} MB/s  ratio to memmap "
+                f"best {b / mm_b:.3f} median {m / mm_m:.3f}")
+        log(f"  foreign CPU share: {[round(x, 2) for x in loader['foreign']]}")
+        return 0
     try:
         setup = setup_project(root, params, force=args.force_prepare)
         tmeta = tokens_meta(layout)
