@@ -20,7 +20,7 @@ __all__ = ["page_reader"]
 
 
 def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe):
-    """rows (sorted int64) -> (N, row_values) array read from mapped pages, or None if the layout is not flat."""
+    """rows (int64, any order) -> (N, row_values) array read from mapped pages, or None if the layout is not flat."""
     try:
         from lance.file import LanceFileReader
 

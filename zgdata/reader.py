@@ -87,19 +87,19 @@ class BoundaryDataset:
         need = check and (self.recheck or not self._verified[srt].all())
         with span("reader.take", rows=len(rows)) as sp:
             pages = self._page_reader()
-            if pages is not None:
-                values = pages(srt)
+            if pages is not None:  # mapped pages: read straight into the caller's order, one copy
+                values = pages(rows)
                 if need:
-                    check_rows(self.path, self._checksums(srt), srt, self.seq_ids, values)
+                    check_rows(self.path, self._checksums(rows), rows, self.seq_ids, values)
             else:
                 table = self.ds.take(srt, columns=self.columns + ([CHECKSUM_COLUMN] if need else []))
                 values = self.decode(table, rows)
                 if need:
                     check_rows(self.path, table, srt, self.seq_ids, values)
+                if not np.array_equal(order, np.arange(len(rows))):
+                    values = values[np.argsort(order)]
             if need:
                 self._verified[srt] = True
-            if not np.array_equal(order, np.arange(len(rows))):
-                values = values[np.argsort(order)]
             out = rows_tensor(values, self.dtype, self.seq_len, self.hidden)
             sp.nbytes = out.numel() * out.element_size()
         return out
