@@ -31,13 +31,14 @@ from zgdata.capture import capture
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
 from zgdata.errors import ZgError, from_os_error
 from zgdata.integrity import checksum_array
-from zgdata.codec import hidden_arrays
+from zgdata.codec import CODECS, hidden_arrays
 from zgdata.layout import Layout
 from zgdata import boundary_stats
 
 __all__ = ["run_shard", "VERSIONS"]
 
-VERSIONS = {"capture": CAPTURE_VERSION, "format": BOUNDARY_FORMAT_VERSION}
+# a worker whose zg differs in any of these would write other bytes: the driver refuses it
+VERSIONS = {"capture": CAPTURE_VERSION, "format": BOUNDARY_FORMAT_VERSION, "codecs": list(CODECS)}
 _TEACHER: dict = {}  # this worker process's teacher, kept for its next shard: {key: model}
 
 
