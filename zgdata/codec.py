@@ -21,6 +21,7 @@ recorded in the schema metadata as ``zg.codec``.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -132,20 +133,38 @@ def decode_rows(table, codec: str, storage_dtype: str, seq_len: int, hidden: int
     lo = _flat_values(table.column("hidden_lo"), n * (nbytes - 1)).reshape(-1, n, nbytes - 1)
     out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
     out[:, :, :-1] = lo
-    z = _zstd()
     col = table.column("hidden_hi")
-    i = 0
-    for ch in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
-        for j in range(len(ch)):
-            buf = ch[j].as_buffer()
-            try:
-                hi = z.decompress(buf, decompressed_size=n, asbytes=False)
-                if hi.size != n:
-                    raise ValueError(f"{hi.size} bytes, not {n}")
-                out[i, :, -1] = np.frombuffer(hi, dtype=np.uint8)
-            except (ValueError, OSError, pa.ArrowException) as e:
-                if strict:  # the reader names the dataset and the row
-                    raise ValueError(f"the compressed high bytes of the {i}th row read do not decode ({e})") from e
-                out[i, :, -1] = 0
-            i += 1
+    bufs = [ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col])
+            for j in range(len(ch))]
+
+    def one(i: int) -> str | None:
+        """Decode row i's high bytes into ``out``; an error text if they do not decode."""
+        try:
+            hi = _zstd().decompress(bufs[i], decompressed_size=n, asbytes=False)
+            if hi.size != n:
+                return f"{hi.size} bytes, not {n}"
+            out[i, :, -1] = np.frombuffer(hi, dtype=np.uint8)
+            return None
+        except (ValueError, OSError, pa.ArrowException) as e:
+            out[i, :, -1] = 0
+            return str(e)
+
+    # zstd and numpy's copies release the GIL: rows decode in parallel threads
+    errors = list(_pool().map(one, range(len(bufs)))) if len(bufs) > 1 else [one(i) for i in range(len(bufs))]
+    bad = [(i, e) for i, e in enumerate(errors) if e is not None]
+    if bad and strict:  # the reader names the dataset and the rows
+        i, e = bad[0]
+        raise ValueError(f"the compressed high bytes of the {i}th row read do not decode ({e})")
     return out.reshape(len(lo), n * nbytes).view(_NP[storage_dtype])
+
+
+_POOL = None
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="zg-zstd")
+    return _POOL
