@@ -55,7 +55,7 @@ from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, Teac
 from zgdata.lance_io import dir_bytes, open_dataset  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
 from zgdata.materialize import materialize  # noqa: E402
-from zgdata.reader import BoundaryPair  # noqa: E402
+from zgdata.reader import BoundaryDataset, BoundaryPair  # noqa: E402
 from zgdata.teacher import load_teacher, prepare, read_teacher_json  # noqa: E402
 from zgdata.timing import collect  # noqa: E402
 from zgdata.tokens import read_tokens, tokenize, tokens_meta  # noqa: E402
@@ -242,7 +242,7 @@ def disk_figures(layout: Layout, part: PartitionConfig) -> dict:
         p = layout.boundary(n)
         ds = open_dataset(p, kind="boundary")
         rows = ds.count_rows()
-        seq_len = json.loads(ds.schema.field("hidden").metadata[b"zg.shape"])[0]
+        seq_len = BoundaryDataset(p).seq_len
         b = dir_bytes(p)
         data_b = sum(f.stat().st_size for f in (p / "data").rglob("*") if f.is_file()) if (p / "data").exists() else b
         tok = rows * seq_len
@@ -333,6 +333,15 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
         assert len(got) == steps and all(np.array_equal(g, r) for g, r in zip(got, batch_rows))
         return nbytes, m
 
+    def run_loader_recheck():  # checksums on every read, as on a first epoch (the default checks a row once)
+        p2 = BoundaryPair(layout.boundary(a), layout.boundary(b))
+        p2.input.recheck = p2.output.recheck = True
+        nbytes = 0
+        with CpuMeter() as m:
+            for step, rows, x, y in p2.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
+                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+        return nbytes, m
+
     def run_take_sync():  # the loader's own read path without its prefetch thread
         nbytes = 0
         with CpuMeter() as m:
@@ -377,7 +386,7 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
     assert torch.equal(x0.view(torch.int16), torch.from_numpy(mx[batch_rows[0]].view(np.int16))), "memmap copy differs"
     del mx, x0
 
-    runs = [("loader_Bps", run_loader), ("take_Bps", run_take_sync), ("sorted_Bps", run_take_sorted),
+    runs = [("loader_Bps", run_loader), ("recheck_Bps", run_loader_recheck), ("take_Bps", run_take_sync), ("sorted_Bps", run_take_sorted),
             ("memmap_Bps", run_memmap)] + ([("pages_Bps", run_pages)] if px and py else [])
     for _, fn in runs:  # warm the page cache / first-open costs
         fn()
@@ -413,6 +422,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loader-steps", type=int, default=60, help="at least this many loader batches per timed pass")
     ap.add_argument("--batch-size", type=int, default=None, help="override materialize.batch_size")
     ap.add_argument("--commit-rows", type=int, default=None, help="override materialize.commit_rows")
+    ap.add_argument("--codec", default=None, choices=["raw", "zstd"], help="override materialize.codec")
+    ap.add_argument("--loader-only", action="store_true",
+                    help="only the loader vs memmap figures, on the boundaries already in --workdir")
     ap.add_argument("--quiet", type=float, default=0.15,
                     help="before each timed run, wait until other processes use < this share of the CPUs (0 = don't)")
     ap.add_argument("--quiet-timeout", type=float, default=90.0, help="longest wait for a quiet machine, seconds")
@@ -439,6 +451,8 @@ def main(argv=None) -> int:
         params["materialize"]["batch_size"] = args.batch_size
     if args.commit_rows is not None:
         params["materialize"]["commit_rows"] = args.commit_rows
+    if args.codec is not None:
+        params["materialize"]["codec"] = args.codec
     mcfg = section(params, MaterializeConfig, "materialize")
     part = section(params, PartitionConfig, "partition")
 
@@ -473,6 +487,20 @@ def main(argv=None) -> int:
     log(f"partition    : {part.boundaries}")
     log("=" * 78)
 
+    if args.loader_only:
+        loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, min_steps=args.loader_steps,
+                                  repeats=args.loader_repeats, quiet=args.quiet, quiet_timeout=args.quiet_timeout)
+        codec = BoundaryDataset(layout.boundary(part.names[0])).codec
+        mm_b, mm_m = max(loader["memmap_Bps"]), statistics.median(loader["memmap_Bps"])
+        log(f"loader only, codec {codec}, pair {loader['pair']}, {loader['steps']} batches of {loader['batch_size']}")
+        for key, label in (("loader_Bps", "loader batches() (checksum on first read)"),
+                           ("recheck_Bps", "loader batches(), checksum every read"),
+                           ("take_Bps", "loader read path, no prefetch thread"), ("memmap_Bps", "np.memmap same rows")):
+            b, m = max(loader[key]), statistics.median(loader[key])
+            log(f"  {label:<44} best {b / 1e6:8.1f} MB/s  median {m / 1e6:8.1f} MB/s  ratio to memmap "
+                f"best {b / mm_b:.3f} median {m / mm_m:.3f}")
+        log(f"  foreign CPU share: {[round(x, 2) for x in loader['foreign']]}")
+        return 0
     try:
         setup = setup_project(root, params, force=args.force_prepare)
         tmeta = tokens_meta(layout)
@@ -546,6 +574,10 @@ def main(argv=None) -> int:
         log(f"{'disk bytes/token/boundary / (hidden*2)':<44}{max(disk_ratios):12.4f}{statistics.median(disk_ratios):12.4f}"
             f"{'(max/med)':>9}")
         log(f"{'loader ' + loader['pair'] + ' batches(), MB/s':<44}{l_best / 1e6:12.1f}{l_med / 1e6:12.1f}")
+        log(f"{'  loader, checksum on every read, MB/s':<44}{max(loader['recheck_Bps']) / 1e6:12.1f}"
+            f"{statistics.median(loader['recheck_Bps']) / 1e6:12.1f}")
+        log(f"{'  RATIO loader (checksum every read) / memmap':<44}{max(loader['recheck_Bps']) / mm_best:12.3f}"
+            f"{statistics.median(loader['recheck_Bps']) / mm_med:12.3f}")
         log(f"{'  loader read path, no prefetch thread, MB/s':<44}{max(loader['take_Bps']) / 1e6:12.1f}"
             f"{statistics.median(loader['take_Bps']) / 1e6:12.1f}")
         log(f"{'  diag: same takes, rows sorted per batch':<44}{max(loader['sorted_Bps']) / 1e6:12.1f}"

@@ -9,6 +9,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from zgdata.codec import codec_of, value_info
 from zgdata.errors import ZgError
 from zgdata.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
 
@@ -67,16 +68,14 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
                       fix="inspect data/tokens.lance or data/boundaries/")
     splits = ds.to_table(columns=["split"]).column("split").to_numpy(zero_copy_only=False)
     names, counts = np.unique(splits, return_counts=True)
-    info = {"path": str(path), "name": meta.get("name", Path(path).stem), "kind": kind, "version": ds.version,
+    info = {"codec": None, "path": str(path), "name": meta.get("name", Path(path).stem), "kind": kind, "version": ds.version,
             "rows": {str(k): int(v) for k, v in zip(names, counts)}, "complete": meta.get("complete") is True,
             "bytes": dir_bytes(path), "fingerprint": meta.get("fingerprint"), "lineage": meta.get("lineage", {}),
             "versions": version_rows(ds), "source": provenance(path)}
     if kind == "boundary":
-        f = ds.schema.field("hidden")
-        import json
-        seq_len, hidden = json.loads(f.metadata[b"zg.shape"])
-        info.update(layer=meta["layer"], seq_len=seq_len, hidden=hidden, dtype=f.metadata[b"zg.dtype"].decode(),
-                    format_version=meta.get("format_version"),
+        dtype, seq_len, hidden = value_info(ds.schema, meta)
+        info.update(layer=meta["layer"], seq_len=seq_len, hidden=hidden, dtype=dtype,
+                    format_version=meta.get("format_version"), codec=codec_of(meta),
                     stats=meta.get("stats", {}), software=meta.get("software", {}))
     else:
         info.update(layer=None, seq_len=meta["lineage"]["seq_len"], hidden=None, dtype="int32", stats={})
@@ -106,7 +105,7 @@ def _short(x) -> str:
 def render(infos: list[dict], console: Console | None = None) -> None:
     console = console or Console()
     t = Table(title="ZeroGraph datasets", show_lines=False)
-    for col in ("name", "layer", "rows", "seq_len", "hidden", "dtype", "bytes", "fingerprint", "teacher", "tokenizer",
+    for col in ("name", "layer", "rows", "seq_len", "hidden", "dtype", "codec", "bytes", "fingerprint", "teacher", "tokenizer",
                 "tokens", "stats", "complete", "source"):
         t.add_column(col)
     for i in infos:
@@ -118,7 +117,7 @@ def render(infos: list[dict], console: Console | None = None) -> None:
                  f"stage {src['stage']}" if src.get("stage") else src.get("tracked_by") or "untracked")
         tokens_fp = lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")
         t.add_row(i["name"], str(i["layer"] if i["layer"] is not None else "-"), rows, str(i["seq_len"]),
-                  str(i["hidden"] or "-"), i["dtype"], f"{i['bytes'] / 1e6:.1f} MB", _short(i["fingerprint"]),
+                  str(i["hidden"] or "-"), i["dtype"], i["codec"] or "-", f"{i['bytes'] / 1e6:.1f} MB", _short(i["fingerprint"]),
                   _short(lin.get("teacher_sha256")), _short(lin.get("tokenizer_sha256")), _short(tokens_fp), stats,
                   "yes" if i["complete"] else "NO", where)
     console.print(t)

@@ -56,15 +56,18 @@ def hidden_checksums(col) -> list[bytes]:
 
 
 def checksum_array(col) -> pa.Array:
-    """The ``checksum`` column materialize writes for a hidden column."""
-    return pa.array(hidden_checksums(col), type=pa.binary(CHECKSUM_BYTES))
+    """The ``checksum`` column materialize writes: of a raw hidden column, or of (N, T*C) numpy rows of bits."""
+    sums = [row_checksum(r) for r in col] if isinstance(col, np.ndarray) else hidden_checksums(col)
+    return pa.array(sums, type=pa.binary(CHECKSUM_BYTES))
 
 
-def mismatched_rows(table) -> list[int]:
-    """Positions (0-based, within ``table``) whose hidden bytes do not match their stored checksum."""
+def mismatched_rows(table, values: np.ndarray | None = None) -> list[int]:
+    """Positions (0-based, within ``table``) whose hidden bits do not match their stored checksum.
+
+    ``values``: the rows' decoded bits, (N, T*C) (zgdata/codec.py); default the raw ``hidden`` column."""
     stored = table.column(CHECKSUM_COLUMN).to_pylist()
-    return [i for i, (want, got) in enumerate(zip(stored, hidden_checksums(table.column("hidden"))))
-            if want != got]
+    got = [row_checksum(r) for r in values] if values is not None else hidden_checksums(table.column("hidden"))
+    return [i for i, (want, have) in enumerate(zip(stored, got)) if want != have]
 
 
 def recover_fix(path: Path, kind: str | None = None) -> str:
@@ -73,9 +76,9 @@ def recover_fix(path: Path, kind: str | None = None) -> str:
             f"`dvc repro -f {'tokens' if kind == 'tokens' else 'materialize'}`")
 
 
-def check_rows(path: Path, table, rows, seq_ids) -> None:
+def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = None) -> None:
     """Raise if any row of ``table`` (read from ``path``; dataset row numbers ``rows``) fails its checksum."""
-    bad = mismatched_rows(table)
+    bad = mismatched_rows(table, values)
     if not bad:
         return
     r = int(rows[bad[0]])
@@ -86,14 +89,19 @@ def check_rows(path: Path, table, rows, seq_ids) -> None:
 
 def check_format(path: Path, schema: pa.Schema, meta: dict) -> None:
     """Refuse a boundary dataset written in another format (e.g. before per-row checksums)."""
+    from zgdata.codec import FORMAT_OF, codec_of
+
     have = meta.get("format_version")
     field = schema.field(CHECKSUM_COLUMN) if CHECKSUM_COLUMN in schema.names else None
-    if have == BOUNDARY_FORMAT_VERSION and field is not None and field.type == pa.binary(CHECKSUM_BYTES):
+    codec = codec_of(meta)
+    if have == FORMAT_OF[codec] and field is not None and field.type == pa.binary(CHECKSUM_BYTES):
         return
     if have is None:
         what = f"was written before boundary format {BOUNDARY_FORMAT_VERSION} (no zg.format_version, no per-row checksums)"
-    elif have != BOUNDARY_FORMAT_VERSION:
-        what = f"has boundary format {have}, but this zg reads format {BOUNDARY_FORMAT_VERSION}"
+    elif have not in FORMAT_OF.values():
+        what = f"has boundary format {have}, but this zg reads formats {', '.join(map(str, sorted(FORMAT_OF.values())))}"
+    elif have != FORMAT_OF[codec]:
+        what = f"has boundary format {have}, which does not match its codec {codec!r}"
     else:
         what = f"claims boundary format {have} but has no valid `{CHECKSUM_COLUMN}` column"
     raise ZgError(f"{path} {what}", fix="rematerialize it with `dvc repro -f materialize` "
@@ -163,14 +171,16 @@ def guarded(ds, path: Path, kind: str | None):
     return _Guarded(ds, path, kind)
 
 
-def scan_checksums(ds, row_bytes: int, *, batch_bytes: int = 64 << 20) -> tuple[int, list[tuple[int, int]]]:
+def scan_checksums(ds, row_bytes: int, *, batch_bytes: int = 64 << 20, columns=("hidden",),
+                   decode=None) -> tuple[int, list[tuple[int, int]]]:
     """Check every row's checksum, streaming about ``batch_bytes`` at a time (never the whole dataset).
 
-    Returns (rows checked, [(row, seq_id) of each row that fails]).
+    ``columns``/``decode``: the value columns and a batch -> (N, T*C) bits decoder (zgdata/codec.py);
+    default the raw ``hidden`` column. Returns (rows checked, [(row, seq_id) of each row that fails]).
     """
     n, bad = 0, []
-    for rb in ds.to_batches(columns=["seq_id", "hidden", CHECKSUM_COLUMN], batch_size=max(1, batch_bytes // row_bytes)):
+    for rb in ds.to_batches(columns=["seq_id", *columns, CHECKSUM_COLUMN], batch_size=max(1, batch_bytes // row_bytes)):
         seq = rb.column("seq_id")
-        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb)]
+        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb, decode(rb) if decode else None)]
         n += rb.num_rows
     return n, bad

@@ -20,7 +20,7 @@ from zgdata.errors import ZgError
 from zgdata.integrity import check_format, guarded, recover_fix
 
 __all__ = ["open_dataset", "schema_meta", "encode_meta", "hidden_field", "tensor_column", "to_arrow_hidden", "dir_bytes",
-           "STORAGE", "version_rows"]
+           "STORAGE", "version_rows", "rows_tensor"]
 
 # storage dtype -> (arrow value type, torch dtype of the bit pattern)
 STORAGE = {"bfloat16": (pa.uint16(), torch.int16), "float32": (pa.float32(), torch.float32)}
@@ -112,6 +112,16 @@ def tensor_column(table: pa.Table, name: str, field: pa.Field) -> torch.Tensor:
     if dtype == "bfloat16":
         ten = ten.view(torch.bfloat16)
     return ten.reshape(len(table), t, c)
+
+
+def rows_tensor(values: np.ndarray, storage_dtype: str, seq_len: int, hidden: int) -> torch.Tensor:
+    """(N, T, C) tensor of (N, T*C) stored bits, without a copy (bf16: a view of the uint16 bits)."""
+    with warnings.catch_warnings():  # arrow buffers are read-only; we never write through the view
+        warnings.simplefilter("ignore", UserWarning)
+        ten = torch.from_numpy(values if storage_dtype != "bfloat16" else values.view(np.int16))
+    if storage_dtype == "bfloat16":
+        ten = ten.view(torch.bfloat16)
+    return ten.reshape(len(values), seq_len, hidden)
 
 
 def version_rows(ds) -> list[dict]:

@@ -29,12 +29,12 @@ import torch
 from zgdata import boundary_stats
 from zgdata.atomic import replace_path, write_text
 from zgdata.capture import capture
-from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
+from zgdata.codec import FORMAT_OF, codec_meta, codec_of, hidden_arrays, hidden_fields
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
 from zgdata.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN, checksum_array
-from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, to_arrow_hidden
+from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
 from zgdata.lock import locked, remove_dead_staging
@@ -82,12 +82,13 @@ def _check_disk(need: int, where: Path) -> None:
                       fix="free space, store fewer boundaries, or cap corpus.max_train_seqs")
 
 
-def _complete(path: Path, fp: str, rows: int) -> bool:
+def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
     try:  # also refuses another boundary format version: an old-format dataset is rewritten
         ds = open_dataset(path, kind="boundary")
+        meta = schema_meta(ds.schema)
+        return meta.get("fingerprint") == fp and codec_of(meta) == codec and ds.count_rows() == rows
     except ZgError:
         return False
-    return schema_meta(ds.schema).get("fingerprint") == fp and ds.count_rows() == rows
 
 
 class _Journal:
@@ -110,73 +111,80 @@ def _reconcile(stage: Path, names: list[str], journal: _Journal) -> None:
             shutil.rmtree(path, ignore_errors=True)
             continue
         ds = lance.dataset(str(path))
-        if ds.version != want:
+        if ds.version != want:  # one commit further, or compacted by an interrupted finalize
             lance.dataset(str(path), version=want).restore()
 
 
 class _Writer(threading.Thread):
-    """Background writer: bounded queue in, one Lance append per boundary per commit group."""
+    """Background writer: bounded queue in; each commit group streams into one Lance data file per boundary.
 
-    def __init__(self, *, stage, names, schemas, journal, cfg, total_rows):
+    A group closes at ``commit_rows`` rows (0: no row bound), ``commit_mb`` of hidden states (all
+    boundaries) or ``commit_seconds``, whichever comes first; it is then committed (one Lance version
+    per boundary) and journaled, exactly as a shard of a sharded run (materialize_sharded._commit).
+    A killed run therefore loses at most the open group; its written but uncommitted files are
+    orphans, deleted before publishing. Memory stays a few batches whatever the group size.
+    """
+
+    def __init__(self, *, stage, names, schemas, journal, cfg, total_rows, seq_len, hidden):
         super().__init__(daemon=True)
         self.q: queue.Queue = queue.Queue(maxsize=cfg.queue_batches)
         self.stage, self.names, self.schemas, self.journal, self.cfg = stage, names, schemas, journal, cfg
         self.total_rows = total_rows
-        self.pending: list = []
+        self.bare = boundary_schema(None, seq_len, hidden, cfg.storage_dtype, cfg.codec)
+        self.group = None  # the open group: streams, first and next row, stats, bytes, start time
         self.error: BaseException | None = None
-        # test hooks that widen a kill window: after a journaled commit, or between two boundaries' appends
-        self.sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "0"))
-        self.sleep_mid = float(os.environ.get("ZG_FAILPOINT_SLEEP_MID_COMMIT", "0"))
 
     def run(self) -> None:
         try:
             while (item := self.q.get()) is not None:
-                self.pending.append(item)
-                if sum(len(p[0]) for p in self.pending) >= self.cfg.commit_rows:
+                self._add(*item)
+                g = self.group
+                if ((self.cfg.commit_rows and g["hi"] - g["lo"] >= self.cfg.commit_rows)
+                        or g["bytes"] >= self.cfg.commit_mb * 2**20
+                        or time.monotonic() - g["t0"] >= self.cfg.commit_seconds):
                     self._flush()
             self._flush()
         except BaseException as e:  # surfaced by the main thread
             self.error = e
+            if self.group is not None:
+                self.group["streams"].close(abort=True)
+
+    def _add(self, rows, splits, caps) -> None:
+        from zgdata.shard_task import _Streams
+
+        if self.group is None:
+            # one writer per dataset here: "create" until the first commit spares Lance's "no dataset" warning
+            fresh = not any((self.stage / f"{n}.lance" / "_versions").exists() for n in self.names)
+            self.group = {"streams": _Streams(self.stage, self.names, self.bare, rows_per_file=2**31 - 1,
+                                              mode="create" if fresh else "append"),
+                          "lo": int(rows[0]), "hi": int(rows[0]), "bytes": 0, "t0": time.monotonic(),
+                          "stats": {n: boundary_stats.empty() for n in self.names}}
+        g = self.group
+        for name in self.names:
+            x = caps[name]                                                   # (N, T, C) storage dtype
+            g["stats"][name] = boundary_stats.combine(g["stats"][name], boundary_stats.batch_stats(x))
+            values, bits = hidden_arrays(x, self.cfg.storage_dtype, self.cfg.codec)
+            g["streams"].put(name, pa.RecordBatch.from_arrays(
+                [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)], schema=self.bare))
+            g["bytes"] += x.numel() * x.element_size()
+        g["hi"] = int(rows[-1]) + 1
 
     def _flush(self) -> None:
-        if not self.pending:
+        from zgdata.materialize_sharded import _commit
+
+        g, self.group = self.group, None
+        if g is None:
             return
-        with span("materialize.commit", rows=sum(len(p[0]) for p in self.pending),
-                  nbytes=sum(t.numel() * t.element_size() for p in self.pending for t in p[2].values())):
-            self._commit()
-
-    def _commit(self) -> None:
-        """Append the pending batches to every boundary (one Lance version each), then journal them."""
-        import lance
-
-        st = self.journal.state
-        rows = np.concatenate([p[0] for p in self.pending])
-        splits = [s for p in self.pending for s in p[1]]
-        lo, hi = int(rows[0]), int(rows[-1]) + 1
-        for name in self.names:
-            x = torch.cat([p[2][name] for p in self.pending])                   # (N, T, C) storage dtype
-            st["stats"][name] = boundary_stats.combine(st["stats"].get(name, boundary_stats.empty()),
-                                                       boundary_stats.batch_stats(x))
-            hidden = to_arrow_hidden(x, self.cfg.storage_dtype)
-            table = pa.Table.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), hidden,
-                                          checksum_array(hidden)], schema=self.schemas[name])
-            path = self.stage / f"{name}.lance"
-            ds = lance.write_dataset(table, str(path), mode="append" if path.exists() else "create",
-                                     transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {self.total_rows}"})
-            st["versions"][name] = ds.version
-            if self.sleep_mid and st["rows_done"] > 0:
-                time.sleep(self.sleep_mid)
-        st["rows_done"] = hi
-        self.journal.save()
-        self.pending = []
-        if self.sleep:
-            time.sleep(self.sleep)
+        with span("materialize.commit", rows=g["hi"] - g["lo"], nbytes=g["bytes"]):
+            fragments = g["streams"].close()
+            _commit(self.stage, self.names, self.schemas, self.journal,
+                    {"lo": g["lo"], "hi": g["hi"], "fragments": fragments, "stats": g["stats"]}, self.total_rows)
 
 
-def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str) -> pa.Schema:
+def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str, codec: str = "raw") -> pa.Schema:
     """The Arrow schema of a boundary dataset (``meta``: its zg.* schema metadata, or None for the bare fields)."""
     return pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
-                      hidden_field("hidden", seq_len, hidden, storage_dtype),
+                      *hidden_fields(seq_len, hidden, storage_dtype, codec),
                       pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))],
                      metadata=encode_meta(meta) if meta is not None else None)
 
@@ -203,10 +211,12 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
     finals = {n: layout.boundary(n) for n in names}
     # keyed by the format too: a run interrupted under an older format must not be resumed into this one
-    key = {**fps, "zg.format_version": BOUNDARY_FORMAT_VERSION, "zg.journal": JOURNAL_VERSION}
+    key = {**fps, "zg.format_version": FORMAT_OF[cfg.codec], "zg.journal": JOURNAL_VERSION}
+    if cfg.codec != "raw":
+        key["zg.codec"] = cfg.codec
     stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
     remove_dead_staging(layout, keep=stage)
-    if all(_complete(finals[n], fps[n], n_rows) for n in names):
+    if all(_complete(finals[n], fps[n], n_rows, cfg.codec) for n in names):
         return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                                  seconds=time.perf_counter() - t0, skipped=True)
 
@@ -220,8 +230,8 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     for n, layer in zip(names, layers):
         meta = {"kind": "boundary", "name": n, "layer": layer, "fingerprint": fps[n], "lineage": lineages[n],
                 "software": software_versions(), "seq_len": seq_len, "hidden": hidden, "rows": rows_by_split,
-                "format_version": BOUNDARY_FORMAT_VERSION, "complete": False}
-        schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype)
+                "format_version": FORMAT_OF[cfg.codec], "codec": codec_meta(cfg.codec), "complete": False}
+        schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype, cfg.codec)
     sharded = cfg.workers > 1 if sharded is None else sharded
     shards: list = []
     with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
@@ -234,20 +244,25 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
                                  advance=advance)
         else:
             _run_local(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas, journal=journal,
-                       n_rows=n_rows, seq_len=seq_len, start=start, advance=advance)
+                       n_rows=n_rows, seq_len=seq_len, hidden=hidden, start=start, advance=advance)
+    from zgdata.materialize_sharded import _remove_orphans
+
+    _remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
     with span("materialize.finalize"):
-        stats = _finalize(stage, names, journal, finals)
+        stats = _finalize(stage, names, journal, finals, n_rows=n_rows, row_bytes=seq_len * hidden * BYTES[cfg.storage_dtype],
+                          file_mb=cfg.file_mb)
     shutil.rmtree(stage, ignore_errors=True)
     return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                              seconds=time.perf_counter() - t0, resumed_from=start, stats=stats, shards=shards)
 
 
-def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, start, advance) -> None:
+def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, start, advance) -> None:
     """One process: teacher forward in this thread, Lance commits in a background writer thread."""
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
     storage = getattr(torch, cfg.storage_dtype)
-    writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows)
+    writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows,
+                     seq_len=seq_len, hidden=hidden)
     tokens_ds = open_tokens(layout)
     writer.start()
     try:
@@ -274,14 +289,50 @@ def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, s
         raise writer.error
 
 
-def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str, Path]) -> dict:
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # same file system: no bytes copied
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str, Path], *, n_rows: int,
+              row_bytes: int, file_mb: int) -> dict:
+    """Compact each staged boundary into large files and publish it as a new dataset of one version.
+
+    The staged dataset has one version per commit group. Finalize compacts its fragments into files
+    of about ``file_mb`` (Lance ``compact_files``), then links those files into a fresh dataset whose
+    version 1 is an Overwrite of them with the complete schema metadata and a message saying what
+    was materialized, and renames that into place. So a boundary has about rows x row_bytes / file_mb
+    files and one version, whatever its size. The staged dataset is left intact until the staging
+    dir is removed, so a run killed here redoes this step from the journal.
+    """
     import lance
 
     stats = {}
+    groups = len(journal.state.get("shards", [])) or None
     for n in names:
         stats[n] = boundary_stats.summary(journal.state["stats"][n])
-        ds = lance.dataset(str(stage / f"{n}.lance"))
-        ds.update_schema_metadata(encode_meta({"stats": stats[n], "complete": True}))
+        src, pub = stage / f"{n}.lance", stage / f"{n}.publish.lance"
+        ds = lance.dataset(str(src))
+        if len(ds.get_fragments()) > 1:
+            with span("materialize.compact", rows=n_rows):
+                ds.optimize.compact_files(target_rows_per_fragment=max(1, file_mb * 2**20 // row_bytes),
+                                          compaction_mode="try_binary_copy", num_threads=1)
+                ds = lance.dataset(str(src))
+        frags = ds.get_fragments()
+        shutil.rmtree(pub, ignore_errors=True)
+        (pub / "data").mkdir(parents=True)
+        for f in frags:
+            for d in f.data_files():
+                _link_or_copy(src / "data" / d.path, pub / "data" / d.path)
+        schema = ds.schema.with_metadata({**ds.schema.metadata, **{k.encode(): v.encode() for k, v in
+                                                                   encode_meta({"stats": stats[n], "complete": True}).items()}})
+        msg = (f"materialized rows 0-{n_rows - 1}" + (f" in {groups} commit groups" if groups else "")
+               + f", {len(frags)} data file{'s' if len(frags) != 1 else ''}")
+        tx = lance.Transaction(read_version=0, operation=lance.LanceOperation.Overwrite(schema, [f.metadata for f in frags]),
+                               transaction_properties={"zg.message": msg})
+        lance.LanceDataset.commit(str(pub), tx)
     for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
-        replace_path(stage / f"{n}.lance", finals[n])
+        replace_path(stage / f"{n}.publish.lance", finals[n])
     return stats

@@ -51,7 +51,7 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
                 workers=cfg.workers)
     base = {"root": str(Path(layout.root).resolve()), "stage": str(stage.resolve()), "names": names,
             "layers": layers, "batch_size": cfg.batch_size, "seq_len": seq_len, "hidden": hidden,
-            "storage_dtype": cfg.storage_dtype, "compute_dtype": cfg.compute_dtype, "threads": cfg.worker_threads,
+            "storage_dtype": cfg.storage_dtype, "codec": cfg.codec, "compute_dtype": cfg.compute_dtype, "threads": cfg.worker_threads,
             "versions": VERSIONS, "expect": expect, "device": "cuda" if gpus else str(dev),
             "hooks": {"log": os.environ.get("ZG_TEST_SHARD_LOG"),
                       "sleep": float(os.environ.get("ZG_FAILPOINT_SLEEP_IN_SHARD", "0"))}}
@@ -65,8 +65,7 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
                 advance((res["hi"] - res["lo"]) * seq_len)
                 ran.append({k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds",
                                                   "peak_rss_mb")})
-    _remove_orphans(stage, names)
-    return ran
+    return ran  # materialize removes orphaned files before finalizing
 
 
 def _commit(stage: Path, names: list[str], schemas: dict, journal, res: dict, n_rows: int) -> None:
@@ -94,7 +93,7 @@ def _commit(stage: Path, names: list[str], schemas: dict, journal, res: dict, n_
         if sleep_mid and st["rows_done"] > 0:
             time.sleep(sleep_mid)
     st["rows_done"] = hi
-    st.setdefault("shards", []).append([lo, hi])
+    st.setdefault("shards", []).append([lo, hi])  # shards, or commit groups of a one-process run
     journal.save()
     if sleep:
         time.sleep(sleep)

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 import torch
 
+from zgdata.codec import codec_of, decode_rows, hidden_columns, value_info
 from zgdata.errors import ZgError
-from zgdata.integrity import CHECKSUM_COLUMN, check_rows
-from zgdata.lance_io import open_dataset, schema_meta, tensor_column
+from zgdata.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
+from zgdata.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.lineage import check
 from zgdata.timing import span
 
@@ -26,11 +28,14 @@ __all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows"]
 class BoundaryDataset:
     """One complete boundary dataset, opened read-only."""
 
-    def __init__(self, path: Path, *, version: int | None = None):
-        self.path = Path(path)
+    def __init__(self, path: Path, *, version: int | None = None, recheck: bool = False):
+        self.path, self.recheck = Path(path), recheck
         self.ds = open_dataset(self.path, kind="boundary", version=version)
         self.meta = schema_meta(self.ds.schema)
-        self.field = self.ds.schema.field("hidden")
+        self.codec = codec_of(self.meta)
+        self.columns = hidden_columns(self.codec)
+        self.field = self.ds.schema.field(self.columns[0])  # carries zg.dtype and zg.shape
+        self.dtype, self.seq_len, self.hidden = value_info(self.ds.schema, self.meta)
         cols = self.ds.to_table(columns=["seq_id", "split"])
         self.seq_ids = cols.column("seq_id").to_numpy()
         self.splits = np.asarray(cols.column("split").to_pylist())
@@ -39,6 +44,9 @@ class BoundaryDataset:
             raise ZgError(f"{self.path} has {len(self.seq_ids)} rows but its metadata promises {expected}",
                           fix=f"restore it with `dvc checkout {self.path}` or re-run `dvc repro -f materialize`")
         self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
+        self._verified = np.zeros(len(self.seq_ids), dtype=bool)  # rows whose checksum this object has checked
+        self._pages, self._sums = False, None
+        self._np_dtype = np.uint16 if self.dtype == "bfloat16" else np.float32
 
     @property
     def name(self) -> str:
@@ -51,24 +59,68 @@ class BoundaryDataset:
     def rows(self, split: str) -> np.ndarray:
         return np.flatnonzero(self.splits == split)
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row's decoded values."""
+        return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
+
+    def decode(self, table, rows=None, *, strict: bool = True) -> np.ndarray:
+        """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error."""
+        try:
+            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict)
+        except ValueError as e:
+            where = f" (rows {int(np.min(rows))}-{int(np.max(rows))})" if rows is not None and len(rows) else ""
+            raise ZgError(f"{self.path}{where}: {e}", fix=recover_fix(self.path)) from e
+
     def take(self, rows, *, check: bool = True) -> torch.Tensor:
         """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view).
 
-        Every row is checked against the checksum materialize wrote (a ZgError names the first bad
-        row); ``check=False`` is for verify, which has already checked every row and reports instead.
+        Each row is checked against the checksum materialize wrote the first time this dataset object
+        reads it (a ZgError names the first bad row; ``recheck=True`` at open checks on every read);
+        ``check=False`` is for verify, which has already checked every row and reports instead.
         """
         rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self.seq_ids)):
+            raise IndexError(f"row numbers must be in [0, {len(self.seq_ids)}) for {self.path}")
         order = np.argsort(rows, kind="stable")
-        # Lance reads sorted row ids 2-4x faster; restore the caller's order afterwards
+        srt = rows[order]  # Lance (and the page maps) read sorted rows fastest; the caller's order is restored below
+        need = check and (self.recheck or not self._verified[srt].all())
         with span("reader.take", rows=len(rows)) as sp:
-            table = self.ds.take(rows[order], columns=["hidden", CHECKSUM_COLUMN] if check else ["hidden"])
-            if check:
-                check_rows(self.path, table, rows[order], self.seq_ids)
-            out = tensor_column(table, "hidden", self.field)
-            if not np.array_equal(order, np.arange(len(rows))):
-                out = out[torch.from_numpy(np.argsort(order))]
+            pages = self._page_reader()
+            if pages is not None:  # mapped pages: read straight into the caller's order, one copy
+                values = pages(rows)
+                if need:
+                    check_rows(self.path, self._checksums(rows), rows, self.seq_ids, values)
+            else:
+                table = self.ds.take(srt, columns=self.columns + ([CHECKSUM_COLUMN] if need else []))
+                values = self.decode(table, rows)
+                if need:
+                    check_rows(self.path, table, srt, self.seq_ids, values)
+                if not np.array_equal(order, np.arange(len(rows))):
+                    values = values[np.argsort(order)]
+            if need:
+                self._verified[srt] = True
+            out = rows_tensor(values, self.dtype, self.seq_len, self.hidden)
             sp.nbytes = out.numel() * out.element_size()
         return out
+
+    def _page_reader(self):
+        """Mapped pages of a raw dataset (zgdata/pagemap.py), built on first use; None: read with Lance take."""
+        if self._pages is False:
+            self._pages = None
+            if self.codec == "raw":
+                from zgdata.pagemap import page_reader
+
+                self._pages = page_reader(
+                    self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype,
+                    lambda r: self.decode(self.ds.take(r, columns=self.columns), r))
+        return self._pages
+
+    def _checksums(self, rows: np.ndarray):
+        """A one-column table of the stored checksums of ``rows`` (the column is read once, 16 bytes a row)."""
+        if self._sums is None:
+            self._sums = self.ds.to_table(columns=[CHECKSUM_COLUMN]).column(CHECKSUM_COLUMN).combine_chunks()
+        return pa.table({CHECKSUM_COLUMN: self._sums.take(pa.array(rows))})
 
     def by_seq_id(self, seq_ids) -> torch.Tensor:
         try:
@@ -103,6 +155,7 @@ class BoundaryPair:
     def __init__(self, input_path: Path, output_path: Path):
         self.input = BoundaryDataset(input_path)
         self.output = BoundaryDataset(output_path)
+        self._pool = None
         check(self.input.name, self.input.meta.get("lineage", {}), self.output.name,
               self.output.meta.get("lineage", {}))
         if not np.array_equal(self.input.seq_ids, self.output.seq_ids):
@@ -119,7 +172,13 @@ class BoundaryPair:
         return self.input.rows(split)
 
     def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.input.take(rows), self.output.take(rows)
+        """Both sides' rows; the target side is read in a second thread (copies and hashing release the GIL)."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zg-pair")
+        y = self._pool.submit(self.output.take, rows)
+        return self.input.take(rows), y.result()
 
     def batch_rows(self, split: str, step: int, batch_size: int, seed: int) -> np.ndarray:
         rows = self.rows(split)

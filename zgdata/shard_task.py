@@ -31,13 +31,14 @@ from zgdata.capture import capture
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
 from zgdata.errors import ZgError, from_os_error
 from zgdata.integrity import checksum_array
-from zgdata.lance_io import to_arrow_hidden
+from zgdata.codec import CODECS, hidden_arrays
 from zgdata.layout import Layout
 from zgdata import boundary_stats
 
 __all__ = ["run_shard", "VERSIONS"]
 
-VERSIONS = {"capture": CAPTURE_VERSION, "format": BOUNDARY_FORMAT_VERSION}
+# a worker whose zg differs in any of these would write other bytes: the driver refuses it
+VERSIONS = {"capture": CAPTURE_VERSION, "format": BOUNDARY_FORMAT_VERSION, "codecs": list(CODECS)}
 _TEACHER: dict = {}  # this worker process's teacher, kept for its next shard: {key: model}
 
 
@@ -89,7 +90,9 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
 class _Streams:
     """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
 
-    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2):
+    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2,
+                 mode: str = "append"):
+        self.mode = mode
         self.q = {n: queue.Queue(maxsize=depth) for n in names}
         self.out: dict[str, list] = {}
         self.err: dict[str, BaseException] = {}
@@ -109,7 +112,7 @@ class _Streams:
 
         try:
             frags = write_fragments(pa.RecordBatchReader.from_batches(schema, batches()), str(path), schema=schema,
-                                    mode="append", max_rows_per_file=rows_per_file)
+                                    mode=self.mode, max_rows_per_file=rows_per_file)
             self.out[name] = [f.to_json() for f in frags]
         except BaseException as e:  # re-raised by put()/close() in the capturing thread
             self.err[name] = e
@@ -153,7 +156,8 @@ def _run(spec: dict) -> dict:
     tokens = open_tokens(layout)
     names, layers, lo, hi = spec["names"], spec["layers"], spec["lo"], spec["hi"]
     storage = getattr(torch, spec["storage_dtype"])
-    schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"])
+    codec = spec.get("codec", "raw")
+    schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
     streams = _Streams(stage, names, schema, rows_per_file=hi - lo)
     try:
@@ -164,9 +168,9 @@ def _run(spec: dict) -> dict:
             for n, layer in zip(names, layers):
                 x = caps[layer]
                 stats[n] = boundary_stats.combine(stats[n], boundary_stats.batch_stats(x))
-                hidden = to_arrow_hidden(x, spec["storage_dtype"])
-                streams.put(n, pa.RecordBatch.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), hidden,
-                                                           checksum_array(hidden)], schema=schema))
+                values, bits = hidden_arrays(x, spec["storage_dtype"], codec)
+                streams.put(n, pa.RecordBatch.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), *values,
+                                                           checksum_array(bits)], schema=schema))
     except BaseException:
         streams.close(abort=True)
         raise

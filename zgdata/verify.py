@@ -55,8 +55,8 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
     """Every row of every boundary against its checksum, streamed; the first ``listed`` bad rows each get an entry."""
     out, counts = [], {}
     for b in sets:
-        row_bytes = b.field.type.list_size * b.field.type.value_type.bit_width // 8
-        counts[b.name], bad = scan_checksums(b.ds, row_bytes)
+        counts[b.name], bad = scan_checksums(b.ds, b.row_bytes, columns=b.columns,
+                                             decode=lambda rb, b=b: b.decode(rb, strict=False))
         for row, seq_id in bad[:listed]:
             out.append({"boundary": b.name, "check": "checksum", "row": row, "seq_id": seq_id,
                         "what": f"{b.name} row {row} (seq_id {seq_id}): stored hidden states do not match the "

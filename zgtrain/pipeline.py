@@ -25,6 +25,8 @@ PROFILES = {
     "smollm2": {
         "corpus": {"max_train_seqs": 128, "max_heldout_seqs": 16},
         "verify": {"sample": 2},
+        # lossless: 0.72x the bytes of raw bf16 boundaries, same values and block bits (README, storage codec)
+        "materialize": {"codec": "zstd"},
         # both cores of the 2-core demo machine, as torch used before train.threads existed: the
         # demo's blocks keep their speed (25-minute budget) and the bits recorded in docs/RESULTS.md
         "train": {"threads": 2},
@@ -96,7 +98,7 @@ _CODE = {
     "teacher": ["zgdata/teacher.py", "zgdata/teacher_identity.py", "zgdata/teacher_source.py",
                 "zgdata/tokenizer_util.py", "zgdata/families.py"],
     "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
-    "materialize": ["zgdata/capture_version.py"],
+    "materialize": ["zgdata/capture_version.py", "zgdata/codec.py"],
     "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/widen.py", "zgdata/integrity.py", "zgdata/families.py"],
     "train": ["zgtrain/trainer.py", "zgtrain/block_model.py", "zgtrain/conversions.py", "zgtrain/objectives.py",
               "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
@@ -138,7 +140,8 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
         "materialize": {"cmd": "zg data materialize",
                         "deps": [str(L.teacher_json), str(L.tokens_json), str(L.teacher_hf), str(L.tokens)]
                         + code("materialize"),
-                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "partition.boundaries"],
+                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "materialize.codec",
+                                   "partition.boundaries"],
                         "outs": bnd},
         "verify": {"cmd": "zg data verify",
                    "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]

@@ -50,7 +50,8 @@ def test_inspect_boundaries_json(tiny_project):
         for v in versions:
             assert set(v) >= {"version", "timestamp", "rows", "message"}
             datetime.fromisoformat(v["timestamp"])
-        assert versions[0]["message"].startswith("rows 0-")  # the first commit's summary
+        # published as one version (commit groups compacted): what was materialized
+        assert versions[0]["message"].startswith("materialized rows 0-55 in 4 commit groups"), versions
     assert len(fingerprints) == 3
 
 

@@ -169,7 +169,7 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     with pytest.raises(ZgError, match="no valid `checksum` column.*rematerialize"):
         BoundaryDataset(path)
     _rewrite(path, full, {**meta, b"zg.format_version": b"1"})
-    with pytest.raises(ZgError, match="boundary format 1, but this zg reads format 2.*rematerialize"):
+    with pytest.raises(ZgError, match="boundary format 1, but this zg reads formats 2, 3.*rematerialize"):
         BoundaryDataset(path)
 
     # materialize does not take it for complete: it rewrites the dataset, bit for bit as before

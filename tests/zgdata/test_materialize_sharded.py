@@ -106,12 +106,12 @@ def test_sharded_equals_single_process(tiny_built, tiny_project, ray_session):
     r = materialize(cfg, part, layout=Layout(tiny_project))
     assert not r.skipped and r.resumed_from == 0
     got = _assert_same_as_single_process(tiny_project, tiny_built)
-    # 56 rows, batch 8, 2 workers: two shards of whole batches, one data file per shard and boundary
-    assert {n: g["fragments"] for n, g in got.items()} == {n: [32, 24] for n in got}
+    # 56 rows, batch 8, 2 workers: two shards of whole batches, committed one each, compacted into one file
+    assert {n: g["fragments"] for n, g in got.items()} == {n: [56] for n in got}
     assert r.stats == {n: g["stats"] for n, g in got.items()}
     assert not any((tiny_project / "data" / ".staging").iterdir())
     versions = lance.dataset(str(tiny_project / "data" / "boundaries" / "h02.lance")).versions()
-    assert len(versions) == 3  # one commit per shard, then the stats / complete flag
+    assert len(versions) == 1 and versions[0]["metadata"]["total_rows"] == "56"  # published as one version
 
 
 def test_killed_worker_is_retried_and_its_files_never_published(tiny_built, tiny_project, ray_session, tmp_path,
@@ -147,7 +147,7 @@ def test_killed_worker_is_retried_and_its_files_never_published(tiny_built, tiny
     assert not _alive(killed["pid"])
     assert sorted({e["lo"] for e in _log(log)}) == [0, 16, 32, 48]
     got = _assert_same_as_single_process(tiny_project, tiny_built)  # incl.: the dead attempt's files are gone
-    assert {n: g["fragments"] for n, g in got.items()} == {n: [16, 16, 16, 8] for n in got}
+    assert {n: g["fragments"] for n, g in got.items()} == {n: [56] for n in got}  # 4 shards, compacted
 
 
 def _journal(root) -> dict:

@@ -1,0 +1,176 @@
+"""Boundary storage: the zstd codec reads back bit-identical, commit groups compact into one published
+version, a killed materialize with the codec resumes bitwise, and the public reading API."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+import yaml
+
+from conftest import BIN, zg
+from zgd_helpers import boundary_bits, edit_params, overwrite_table, read_json
+from zgdata.boundaries import open_boundary
+from zgdata.codec import FORMAT_OF
+from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
+from zgdata.errors import ZgError
+from zgdata.inspect import collect
+from zgdata.lance_io import dir_bytes, schema_meta
+from zgdata.layout import Layout
+from zgdata.materialize import materialize
+from zgdata.reader import BoundaryDataset, BoundaryPair
+from zgdata.verify import verify
+
+NAMES = ["h00", "h02", "h04"]
+
+
+def _configs(root):
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    return section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
+
+
+def _values(path) -> tuple[torch.Tensor, np.ndarray]:
+    b = BoundaryDataset(path, recheck=True)
+    return b.take(np.arange(len(b.seq_ids))).view(torch.int16).clone(), b.seq_ids.copy()
+
+
+def _assert_same_values(root, want_root) -> None:
+    for n in NAMES:
+        (x, ids), (w, wids) = _values(Layout(root).boundary(n)), _values(Layout(want_root).boundary(n))
+        assert torch.equal(x, w) and np.array_equal(ids, wids), n
+
+
+@pytest.fixture(scope="module")
+def zstd_built(tiny_built, tmp_path_factory):
+    """The tiny project rematerialized with codec zstd, a commit group per batch (time-based: 1 us)."""
+    root = tmp_path_factory.mktemp("zstd") / "proj"
+    shutil.copytree(tiny_built, root, symlinks=True)
+    edit_params(root, materialize={"codec": "zstd", "commit_rows": 0, "commit_seconds": 1e-6})
+    shutil.rmtree(root / "data" / "boundaries")
+    cfg, part = _configs(root)
+    res = materialize(cfg, part, layout=Layout(root))
+    assert not res.skipped
+    return root
+
+
+def test_zstd_reads_back_bit_identical_and_smaller(tiny_built, zstd_built):
+    _assert_same_values(zstd_built, tiny_built)
+    raw, comp = boundary_bits(tiny_built), {n: BoundaryDataset(Layout(zstd_built).boundary(n)) for n in NAMES}
+    for n in NAMES:
+        meta = comp[n].meta
+        assert meta["fingerprint"] == raw[n]["fingerprint"]  # the codec is not lineage
+        assert meta["codec"]["name"] == "zstd" and meta["format_version"] == FORMAT_OF["zstd"] == 3
+        ds = lance.dataset(str(Layout(zstd_built).boundary(n)))
+        assert ds.schema.names == ["seq_id", "split", "hidden_hi", "hidden_lo", "checksum"]
+        assert dir_bytes(Layout(zstd_built).boundary(n)) < dir_bytes(Layout(tiny_built).boundary(n))
+        # the checksum column is of the decoded bits: identical to the raw dataset's
+        want = lance.dataset(str(Layout(tiny_built).boundary(n))).to_table(columns=["checksum"])
+        assert ds.to_table(columns=["checksum"]).equals(want)
+    infos = {i["name"]: i for i in collect([zstd_built / "data" / "boundaries"])}
+    assert {n: i["codec"] for n, i in infos.items()} == {n: "zstd" for n in NAMES}
+    # changing the codec reruns the DVC stage (materialize.codec is one of its params)
+    stage = yaml.safe_load((zstd_built / "dvc.yaml").read_text())["stages"]["materialize"]
+    assert "materialize.codec" in stage["params"]
+
+
+def test_commit_groups_are_compacted_into_one_published_version(zstd_built):
+    for n in NAMES:
+        path = Layout(zstd_built).boundary(n)
+        ds = lance.dataset(str(path))
+        assert len(ds.versions()) == 1 and len(ds.get_fragments()) == 1, n
+        assert len(list((path / "data").iterdir())) == 1, n  # no file of a pre-compaction group is left
+        (info,) = collect([path])
+        # 56 rows in batches of 8, a 1-microsecond commit_seconds: every batch was its own group
+        assert [v["message"] for v in info["versions"]] == ["materialized rows 0-55 in 7 commit groups, 1 data file"]
+    assert not (zstd_built / "data" / ".staging").exists() or not any((zstd_built / "data" / ".staging").iterdir())
+
+
+def test_verify_and_training_reader_accept_zstd(zstd_built, tiny_built):
+    rep = verify(VerifyConfig(sample=2), layout=Layout(zstd_built))
+    assert rep["status"] == "ok", rep["failures"]
+    assert rep["checksum_rows_checked"] == 3 * 56
+    raw = BoundaryPair(Layout(tiny_built).boundary("h00"), Layout(tiny_built).boundary("h02"))
+    comp = BoundaryPair(Layout(zstd_built).boundary("h00"), Layout(zstd_built).boundary("h02"))
+    got = list(comp.batches("train", start_step=0, steps=9, batch_size=8, seed=3))
+    want = list(raw.batches("train", start_step=0, steps=9, batch_size=8, seed=3))
+    for (s, r, x, y), (s2, r2, x2, y2) in zip(got, want):  # the trainer's batches: same order, same bits
+        assert s == s2 and np.array_equal(r, r2)
+        assert torch.equal(x.view(torch.int16), x2.view(torch.int16)) and torch.equal(y.view(torch.int16), y2.view(torch.int16))
+
+
+def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
+    root = tmp_path / "proj"
+    shutil.copytree(zstd_built, root, symlinks=True)
+    path = Layout(root).boundary("h02")
+    table = lance.dataset(str(path)).to_table()
+    hi = table.column("hidden_hi").to_pylist()
+    hi[5] = hi[6]              # a valid zstd frame of another row: decodes, but to other values
+    hi[9] = b"not zstd at all"  # does not decode
+    overwrite_table(path, table.set_column(2, table.schema.field(2), pa.array(hi, type=pa.large_binary())))
+    with pytest.raises(ZgError, match=r"h02.lance row 5 \(seq_id \d+\) does not match its checksum"):
+        BoundaryDataset(path).take([5])
+    with pytest.raises(ZgError, match="h02.lance.*do not decode"):
+        BoundaryDataset(path).take([9])
+    rep = verify(VerifyConfig(sample=1), layout=Layout(root), lineage_only=True)
+    assert rep["status"] == "fail"
+    assert sorted(f["row"] for f in rep["failures"] if f["check"] == "checksum") == [5, 9]
+
+
+def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
+    from test_materialize import _journal_rows
+
+    root = tiny_project
+    edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})
+    shutil.rmtree(root / "data" / "boundaries")
+    env = {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"}
+    proc = subprocess.Popen([str(BIN / "zg"), "data", "materialize"], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600  # a hang guard, not a timing assertion
+        while _journal_rows(root) == 0:
+            assert proc.poll() is None, "materialize exited before a commit was journaled"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    done = _journal_rows(root)
+    assert proc.returncode == -signal.SIGKILL and 0 < done < 56
+    res = zg("data", "materialize", "--json", cwd=root)
+    assert json.loads(res.stdout)["resumed_from"] == done
+    _assert_same_values(root, tiny_built)
+    assert all(schema_meta(lance.dataset(str(Layout(root).boundary(n))).schema)["codec"]["name"] == "zstd"
+               for n in NAMES)
+
+
+def test_public_api_rows_tokens_and_dataloader(zstd_built, tiny_built):
+    from torch.utils.data import DataLoader
+
+    for root in (tiny_built, zstd_built):  # raw and zstd alike
+        b = open_boundary(root / "data" / "boundaries" / "h02.lance")
+        want = BoundaryDataset(Layout(tiny_built).boundary("h02")).take(np.arange(56))
+        assert (b.name, b.layer, b.seq_len, b.hidden, b.dtype, len(b)) == ("h02", 2, 64, 64, "bfloat16", 56)
+        assert torch.equal(b.take([3, 1]).view(torch.int16), want[[3, 1]].view(torch.int16))
+        train = b.rows("train")
+        rows = b.rows_dataset("train")
+        assert len(rows) == len(train) and torch.equal(rows[4].view(torch.int16), want[train[4]].view(torch.int16))
+        toks = b.tokens_dataset("train")
+        assert len(toks) == len(train) * 64
+        i = 5 * 64 + 17
+        assert torch.equal(toks[i].view(torch.int16), want[train[5], 17].view(torch.int16))
+        loader = DataLoader(toks, batch_size=100, shuffle=False)
+        first = next(iter(loader))
+        assert first.shape == (100, 64) and first.dtype == torch.bfloat16
+        assert torch.equal(first.view(torch.int16), want[torch.from_numpy(train[:2])].reshape(-1, 64)[:100].view(torch.int16))

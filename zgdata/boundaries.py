@@ -1,0 +1,125 @@
+"""Public reading API: a boundary dataset as torch tensors, for work outside zg (probes, SAEs, ...).
+
+    from zgdata.boundaries import open_boundary
+    b = open_boundary("data/boundaries/h05.lance")        # raw or zstd codec alike
+    x = b.take([0, 7])                                     # (2, seq_len, hidden) torch.bfloat16
+    rows = b.rows_dataset("train")                         # torch Dataset: one (seq_len, hidden) row each
+    toks = b.tokens_dataset("train")                       # torch Dataset: one (hidden,) vector per token
+
+Every read checks each row's checksum (a ZgError names a damaged row). Values are the stored
+bits: bf16 boundaries come back as bf16 (``.float()`` for fp32 math). The datasets reopen the
+Lance dataset lazily in each process, so they work with ``DataLoader(num_workers > 0)``, and
+they define ``__getitems__``, so a DataLoader batch is one sorted Lance read, not one per item.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from zgdata.reader import BoundaryDataset
+
+__all__ = ["open_boundary", "Boundary", "RowDataset", "TokenDataset"]
+
+
+class Boundary:
+    """One complete boundary dataset: metadata, row numbers per split, and rows as tensors."""
+
+    def __init__(self, path, *, version: int | None = None):
+        self._b = BoundaryDataset(Path(path), version=version)
+
+    name = property(lambda self: self._b.name)
+    path = property(lambda self: self._b.path)
+    layer = property(lambda self: self._b.meta["layer"])
+    seq_len = property(lambda self: self._b.seq_len)
+    hidden = property(lambda self: self._b.hidden)
+    dtype = property(lambda self: self._b.dtype)      # the storage dtype: "bfloat16" or "float32"
+    codec = property(lambda self: self._b.codec)
+    fingerprint = property(lambda self: self._b.fingerprint)
+    lineage = property(lambda self: dict(self._b.meta["lineage"]))
+    seq_ids = property(lambda self: self._b.seq_ids)
+
+    def __len__(self) -> int:
+        return len(self._b.seq_ids)
+
+    def rows(self, split: str | None = None) -> np.ndarray:
+        """Row numbers of a split ("train", "heldout"), or of every row."""
+        return np.arange(len(self)) if split is None else self._b.rows(split)
+
+    def take(self, rows) -> torch.Tensor:
+        """(N, seq_len, hidden) tensor of the given row numbers, in their order."""
+        return self._b.take(rows)
+
+    def rows_dataset(self, split: str | None = None) -> "RowDataset":
+        return RowDataset(self._b.path, split)
+
+    def tokens_dataset(self, split: str | None = None) -> "TokenDataset":
+        return TokenDataset(self._b.path, split)
+
+
+def open_boundary(path, *, version: int | None = None) -> Boundary:
+    """Open a boundary dataset written by ``zg data materialize`` (any codec, any Lance version)."""
+    return Boundary(path, version=version)
+
+
+class _Lazy(Dataset):
+    """Holds a path; opens the boundary on first use in each process (Lance handles do not pickle)."""
+
+    def __init__(self, path, split: str | None):
+        self.path, self.split = Path(path), split
+        self._open()
+
+    def _open(self) -> None:
+        self._b = Boundary(self.path)
+        self._rows = self._b.rows(self.split)
+
+    def __getstate__(self):
+        return {"path": self.path, "split": self.split}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._b = None
+
+    def _boundary(self) -> Boundary:
+        if self._b is None:
+            self._open()
+        return self._b
+
+
+class RowDataset(_Lazy):
+    """A torch Dataset over whole rows (sequences) of one split: item i is a (seq_len, hidden) tensor."""
+
+    def __len__(self) -> int:
+        self._boundary()
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, idx) -> list[torch.Tensor]:
+        b = self._boundary()
+        return list(b.take(self._rows[np.asarray(idx, dtype=np.int64)]).clone().unbind(0))
+
+
+class TokenDataset(_Lazy):
+    """A torch Dataset over token positions of one split: item i is the (hidden,) vector of token i
+    (row ``i // seq_len`` of the split, position ``i % seq_len``)."""
+
+    def __len__(self) -> int:
+        return len(self._rows) * self._boundary().seq_len
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, idx) -> list[torch.Tensor]:
+        b = self._boundary()
+        idx = np.asarray(idx, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"token index out of range [0, {len(self)})")
+        row, pos = np.divmod(idx, b.seq_len)
+        uniq, inv = np.unique(row, return_inverse=True)   # each needed row is read once
+        x = b.take(self._rows[uniq])
+        return list(x[torch.from_numpy(inv.reshape(-1)), torch.from_numpy(pos)].clone().unbind(0))
