@@ -226,9 +226,8 @@ def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_l
     """Read, tokenize (teacher's tokenizer), EOS-pack and cap one extra set; record its lineage."""
     import torch
 
-    from zgdata.hashing import fingerprint
+    from zgdata.hashing import fingerprint, sha256_bytes
     from zgdata.packing import EosPacker
-    from zgdata.tokens import _pair
 
     rows = _Rows(seq_len)
     packer = EosPacker(rows, tok.eos_token_id)
@@ -247,7 +246,8 @@ def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_l
             if not d.text.strip():
                 empty += 1
                 continue
-            digest.update(_pair(d.id, d.text))
+            # as zgdata.tokens' corpus_digest: sha256(id) + sha256(text) of each document, in reading order
+            digest.update(sha256_bytes(d.id.encode()).encode() + sha256_bytes(d.text.encode()).encode())
             docs += 1
             batch.append(d)
             chars += len(d.text)
