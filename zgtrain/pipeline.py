@@ -75,7 +75,7 @@ _CODE = {
     "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py",
                  "zgtrain/eval_sets.py", "zgtrain/set_metrics.py", "zgtrain/bootstrap.py", "zgtrain/generation.py",
-                 "zgdata/corpus.py", "zgdata/packing.py"],
+                 "zgdata/corpus.py"],
 }
 
 
