@@ -57,6 +57,8 @@ class EvalSetSpec(Section):
     text_field: str = param("text", "Record sources: the field holding the text.")
     id_field: str = param("id", "Record sources: the field naming a document (else STEM#N).")
     max_seqs: int = param(0, "Keep at most this many sequences (a seeded sample, eval.seed); 0 keeps all.", ge=0)
+    context_targets: int = param(0, "Context use: targets scored on this set (0: eval.context_targets). Each costs "
+                                    "a forward pass of eval.window tokens.", ge=0)
 
 
 def _spec(i: int, raw) -> EvalSetSpec:
@@ -124,6 +126,7 @@ class EvalSet:
     ids: Any  # (N, T) int64 torch tensor
     lengths: Any  # (N,) real tokens per row (pad packing), or None: every position is real
     lineage: dict
+    context_targets: int = 0  # 0: eval.context_targets
 
     @property
     def mask(self):
@@ -278,7 +281,7 @@ def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_l
         lineage["embedded"] = EMBEDDED[spec.source]
     full = bool((lengths == seq_len).all())  # no padded row kept: every position is real, no mask needed
     return EvalSet(name=spec.name, ids=torch.from_numpy(ids), lengths=None if full else torch.from_numpy(lengths),
-                   lineage=lineage)
+                   lineage=lineage, context_targets=spec.context_targets)
 
 
 def spec_dicts(specs: list[EvalSetSpec]) -> list[dict]:

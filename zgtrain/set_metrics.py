@@ -22,7 +22,8 @@ GATES = ("max_ce_gap", "min_context_retention")
 
 def targets_for(evalset, cfg) -> torch.Tensor:
     ids = evalset.ids
-    return context_targets(len(ids), ids.shape[1], k=cfg.context_targets, min_pos=cfg.context_min_pos,
+    return context_targets(len(ids), ids.shape[1], k=evalset.context_targets or cfg.context_targets,
+                           min_pos=cfg.context_min_pos,
                            seed=cfg.seed, lengths=evalset.lengths)
 
 

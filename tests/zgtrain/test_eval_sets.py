@@ -74,7 +74,7 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
         (root / "ood" / name).write_text(text)
     first = read_json(reproduced / "metrics" / "eval.json")
     params = set_params(root, {
-        "eval.sets": [{"name": "news", "source": "ood/news.jsonl", "max_seqs": 4},
+        "eval.sets": [{"name": "news", "source": "ood/news.jsonl", "max_seqs": 4, "context_targets": 16},
                       {"name": "notes", "source": "ood/*.txt", "format": "text"}],
         "gates.sets": ["heldout", "news"], "gates.max_ce_gap": -100, "gates.min_context_retention": -1e9})
     res = zg("train", "evaluate", cwd=root)
@@ -93,6 +93,7 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
     assert total % 64 > 1  # the tail is a padded last row: every token is used
     assert notes["tokens"] == notes["tokens_total"] == total and notes["rows"] == notes["rows_packed"] == -(-total // 64)
     assert m["sets"]["notes"]["ce_tokens"] == total - notes["rows"]
+    assert m["sets"]["news"]["context_targets"] == 16 and m["sets"]["notes"]["context_targets"] == 64  # eval.*
     # the same inputs in another process give the same figures and intervals, bit for bit
     assert m["sets"]["heldout"] == first["sets"]["heldout"]
     # gates per set: every gate of every set is listed; only gates.sets decide
@@ -120,6 +121,7 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
     ([{"name": "x", "source": "a.txt"}, {"name": "x", "source": "b.txt"}], None, "eval.sets[1].name"),
     ([{"name": "x", "source": "a.txt", "format": "csv"}], None, "eval.sets[0].format"),
     ([{"name": "x", "source": "a.txt", "max_seqs": -1}], None, "eval.sets[0].max_seqs"),
+    ([{"name": "x", "source": "a.txt", "context_targets": "many"}], None, "eval.sets[0].context_targets"),
     ([{"name": "x", "source": 5}], None, "eval.sets[0].source"),
     ([{"name": "x", "source": "embedded:poems"}], None, "eval.sets[0].source"),
     ([], ["docs"], "gates.sets"),
