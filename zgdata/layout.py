@@ -89,5 +89,9 @@ class Layout:
         return self.root / "metrics" / "eval.json"
 
     @property
+    def generation_report(self) -> Path:
+        return self.root / "reports" / "generation.md"
+
+    @property
     def eval_plots(self) -> Path:
         return self.root / "plots" / "eval"

@@ -251,12 +251,18 @@ def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(Fa
 
     r = evaluate(ProjectConfig.load(params))
     verdict = "PASS" if r["gates_passed"]["all"] else "FAIL"
+    others = "".join(f"; {n}: gap {f['ce_gap']:.3f}, retention {f['context_retention']:.2f}"
+                     for n, f in r["sets"].items() if n != "heldout")
     emit(r, as_json=as_json, summary=f"gates {verdict}: teacher CE {r['teacher_ce']:.3f}, student CE "
-         f"{r['student_ce']:.3f} (gap {r['ce_gap']:.3f}), context retention {r['context_retention']:.2f}")
-    for name, g in r["gates_passed"].items():
-        if name != "all" and not g["passed"]:
-            op = "<=" if name.startswith("max") else ">="
-            print(f"gate gates.{name} failed: measured {g['value']:.4g}, needs {op} {g['threshold']}", file=sys.stderr)
+         f"{r['student_ce']:.3f} (gap {r['ce_gap']:.3f}), context retention {r['context_retention']:.2f}{others}")
+    for set_name, v in r["gates_passed"].items():
+        if set_name == "all" or not v["judged"]:
+            continue
+        for name, g in v.items():
+            if name not in ("all", "judged") and not g["passed"]:
+                op = "<=" if name.startswith("max") else ">="
+                print(f"gate gates.{name} failed on eval set '{set_name}': measured {g['value']:.4g}, needs {op} "
+                      f"{g['threshold']}", file=sys.stderr)
     if strict and not r["gates_passed"]["all"]:
         raise typer.Exit(1)
 

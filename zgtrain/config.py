@@ -79,12 +79,30 @@ class EvalConfig(Section):
     context_min_pos: int = param(256, "Context use: targets are drawn from positions >= this.", ge=1)
     heldout_seqs: int = param(0, "Held-out sequences for CE (0: all).", ge=0)
     batch_size: int = param(8, "Sequences per forward pass.", ge=1)
-    seed: int = param(0, "Seed of the target sample.", ge=0)
+    seed: int = param(0, "Seed of the target sample, of each set's max_seqs sample and of the bootstrap.", ge=0)
+    sets: list = param([], "Extra evaluation sets besides the in-domain held-out split ('heldout'): a list of "
+                           "{name, source (path, glob, list, or embedded:docs), format, text_field, id_field, "
+                           "max_seqs}; see zgtrain/eval_sets.py.")
+    bootstrap: int = param(1000, "Bootstrap resamples (of whole sequences) behind the 95% intervals of CE gap and "
+                                 "context retention.", ge=10)
+    generate_prompts: int = param(3, "Generation check: held-out prompts continued greedily by teacher and student "
+                                     "(reports/generation.md); 0: none.", ge=0)
+    prompt_tokens: int = param(32, "Generation check: tokens of each prompt.", ge=1)
+    generate_tokens: int = param(32, "Generation check: new tokens of each greedy continuation.", ge=1)
 
     def validate(self):
         if self.context_min_pos < self.window:
             raise ZgError(f"eval.window={self.window} and eval.context_min_pos={self.context_min_pos}",
                           key="eval.window", fix="need 1 <= window <= context_min_pos")
+        from zgtrain.eval_sets import parse_sets, spec_dicts
+
+        object.__setattr__(self, "sets", spec_dicts(parse_sets(self.sets)))  # every key filled in
+
+    def set_specs(self):
+        """``sets`` as typed specs (zgtrain.eval_sets.EvalSetSpec)."""
+        from zgtrain.eval_sets import parse_sets
+
+        return parse_sets(self.sets)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -92,6 +110,17 @@ class GatesConfig(Section):
     SECTION: ClassVar[str] = "gates"
     max_ce_gap: float = param(0.5, "Fail if student CE exceeds teacher CE by more than this many nats/token.")
     min_context_retention: float = param(0.5, "Fail if student context use / teacher context use is below this.")
+    sets: list = param(["heldout"], "Evaluation sets the gates judge ('heldout': the in-domain split, or names "
+                                    "of eval.sets); every set's figures are reported either way.", item="str")
+
+    def check_sets(self, evaluation: "EvalConfig") -> None:
+        known = ["heldout"] + [s["name"] for s in evaluation.sets]
+        if not self.sets:
+            raise ZgError("gates.sets is empty", key="gates.sets", fix=f"name at least one of {', '.join(known)}")
+        for name in self.sets:
+            if name not in known:
+                raise ZgError(f"gates.sets names '{name}', which is not an evaluation set", key="gates.sets",
+                              fix=f"use names of {', '.join(known)} (eval.sets declares the extra ones)")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -228,6 +257,7 @@ class ProjectConfig:
                               fix="run `zg pipeline` to regenerate blocks:")
             spec = sections["partition"].block(str(key), body)
             blocks[spec.key] = BlockRun(spec=spec, train=_block_train(sections["train"], spec.key, body))
+        sections["gates"].check_sets(sections["eval"])
         variants = _variants(sections["train"], params.get("variants"))
         return cls(seed=check_int("seed", params.get("seed", 0), ge=0), blocks=blocks, variants=variants, **sections)
 

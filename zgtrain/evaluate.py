@@ -1,4 +1,12 @@
-"""Evaluate the assembled student against the teacher on the held-out split, with gates."""
+"""Evaluate the assembled student against the teacher on every evaluation set, with gates.
+
+The sets are the in-domain held-out split plus ``eval.sets`` (zgtrain/eval_sets.py). Each
+model is loaded once and scored on every set (zgtrain/set_metrics.py); the teacher and the
+student also continue a few held-out prompts (zgtrain/generation.py). metrics/eval.json keeps
+the in-domain figures at the top level (as before sets existed) and every set's figures,
+intervals and lineage under ``sets``; ``gates_passed`` holds each set's verdict and ``all``,
+the verdict over the sets ``gates.sets`` names.
+"""
 
 from __future__ import annotations
 
@@ -20,30 +28,17 @@ from zgdata.progress import stderr
 from zgdata.reader import BoundaryDataset
 from zgdata.runtime import device
 from zgdata.teacher import load_slice, load_teacher
-from zgdata.tokens import open_tokens, read_tokens
+from zgdata.tokens import read_tokens
 from zgtrain.assemble import build_student
 from zgtrain.checkpoint import load_block
-from zgtrain.config import GatesConfig, ProjectConfig
-from zgtrain.metrics import context_targets, token_nll, window_nll
+from zgtrain.config import ProjectConfig
+from zgtrain.eval_sets import HELDOUT, heldout_set, tokenize_set
+from zgtrain.generation import greedy, matching_prefix, prompts, report
 from zgtrain.objectives import nmse
+from zgtrain.set_metrics import figures, gate_verdicts, score, targets_for
 from zgtrain.student import load_student
 
 __all__ = ["evaluate", "gate_verdicts"]
-
-
-def gate_verdicts(gates: GatesConfig, ce_gap: float, retention: float) -> dict:
-    checks = {"max_ce_gap": (ce_gap, ce_gap <= gates.max_ce_gap, gates.max_ce_gap),
-              "min_context_retention": (retention, retention >= gates.min_context_retention, gates.min_context_retention)}
-    out = {k: {"passed": bool(ok), "value": v, "threshold": t} for k, (v, ok, t) in checks.items()}
-    out["all"] = all(v["passed"] for v in out.values())
-    return out
-
-
-def _model_scores(model, ids, targets, cfg: EvalConfig) -> dict:
-    nll = token_nll(model, ids, cfg.batch_size)                          # (N, T-1)
-    full = nll[targets[:, 0], targets[:, 1] - 1]                         # target p predicted at p-1
-    win = window_nll(model, ids, targets, window=cfg.window, batch_size=cfg.batch_size)
-    return {"ce": float(nll.mean()), "context_use": float((win - full).mean())}
 
 
 def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray) -> dict:
@@ -73,7 +68,19 @@ def _csv(rows: list[list]) -> str:
     return buf.getvalue()
 
 
-def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> None:
+SET_COLUMNS = ("ce_tokens", "teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_recovered",
+               "context_retention", "top1_agreement")
+
+
+def _sets_csv(figs: dict) -> str:
+    head = ["set", *SET_COLUMNS, "ce_gap_lo", "ce_gap_hi", "context_retention_lo", "context_retention_hi"]
+    rows = [[name, *[f"{f[c]:.6f}" if isinstance(f[c], float) else f[c] for c in SET_COLUMNS],
+             *[f"{f[k][e]:.6f}" for k in ("ce_gap_ci95", "context_retention_ci95") for e in ("lo", "hi")]]
+            for name, f in figs.items()]
+    return _csv([head] + rows)
+
+
+def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, figs: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -81,14 +88,17 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig) -> 
     d = layout.eval_plots
     write_text(d / "ce.csv", _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"]
                                                        for n in ("teacher", "untrained", "student")]))
+    write_text(d / "sets.csv", _sets_csv(figs))
     write_text(d / "shift.csv", _csv([["block", "teacher_input", "student_input"]]
                                      + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
                                         for k, v in shift.items()]))
     with atomic_path(d / "png") as png:  # a DVC directory output: its images are replaced together
         png.mkdir(parents=True)
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.bar(["teacher", "untrained", "student"], [scores[n]["ce"] for n in ("teacher", "untrained", "student")])
-        ax.set_ylabel("held-out CE (nats/token)")
+        fig, ax = plt.subplots(figsize=(max(5, 2 * len(figs)), 3.5))
+        xs = np.arange(len(figs))
+        for j, m in enumerate(("teacher", "untrained", "student")):
+            ax.bar(xs + (j - 1) * 0.27, [f[f"{m}_ce"] for f in figs.values()], 0.27, label=m)
+        ax.set_xticks(xs, list(figs)); ax.set_ylabel("CE (nats/token)"); ax.legend()
         fig.tight_layout(); fig.savefig(png / "ce.png", dpi=100); plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 3.5))
         keys = list(shift)
@@ -115,42 +125,73 @@ def _size(layout: Layout) -> dict:
                                         "teacher_kv_bytes_per_token", "kv_ratio")}
 
 
+def _sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
+    from zgdata.teacher import read_teacher_json
+
+    specs = project.eval.set_specs()
+    if not specs:
+        return [held]
+    tok_sha = read_teacher_json(layout)["tokenizer_sha256"]
+    extra = []
+    for i, spec in enumerate(specs):
+        stderr.print(f"evaluate: tokenizing eval set '{spec.name}' ({spec.source})")
+        extra.append(tokenize_set(spec, i, tok=tok, tokenizer_sha256=tok_sha, seq_len=held.ids.shape[1],
+                                  seed=project.eval.seed, layout=layout))
+    return [held, *extra]
+
+
 @locked("evaluate")
 def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+    from zgdata.teacher import load_tokenizer
+
     t0 = time.perf_counter()
     cfg, gates, part = project.eval, project.gates, project.partition
-    tokens = open_tokens(layout)
-    splits = np.asarray(tokens.to_table(columns=["split"]).column("split").to_pylist())
-    rows = np.flatnonzero(splits == "heldout")
-    if cfg.heldout_seqs:
-        rows = rows[: cfg.heldout_seqs]
-    ids, _ = read_tokens(layout, rows, ds=tokens)
-    if cfg.context_min_pos >= ids.shape[1]:
-        raise ZgError(f"eval.context_min_pos {cfg.context_min_pos} is not below seq_len {ids.shape[1]}",
-                      key="eval.context_min_pos", fix=f"use a value below {ids.shape[1]}")
-    targets = context_targets(len(ids), ids.shape[1], k=cfg.context_targets, min_pos=cfg.context_min_pos, seed=cfg.seed)
+    held, rows = heldout_set(layout, cfg.heldout_seqs)
+    seq_len = held.ids.shape[1]
+    if cfg.context_min_pos >= seq_len:
+        raise ZgError(f"eval.context_min_pos {cfg.context_min_pos} is not below seq_len {seq_len}",
+                      key="eval.context_min_pos", fix=f"use a value below {seq_len}")
+    gen_rows, gen_prompt = prompts(held.ids, cfg.generate_prompts, cfg.prompt_tokens) if cfg.generate_prompts \
+        else ([], held.ids[:0, :1])
     if not (layout.student / "config.json").exists():
         raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
+    tok = load_tokenizer(layout)  # checks the teacher's files and tokenizer hash
+    sets = _sets(project, layout, held, tok)
+    targets = {s.name: targets_for(s, cfg) for s in sets}
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False)[0],
               "untrained": lambda: build_student(project, layout=layout, which="init")[0],
               "student": lambda: load_student(layout.student)}
-    scores = {}
+    scores: dict = {s.name: {} for s in sets}
+    continuations = {}
     for name, load in models.items():
-        stderr.print(f"evaluate: {name} ({len(ids)} sequences, {len(targets)} context targets)")
-        scores[name] = _model_scores(load().to(device()), ids, targets, cfg)
+        model = load().to(device())
+        for s in sets:
+            scores[s.name][name] = score(model, name, s, targets[s.name], cfg)
+        if name != "untrained" and gen_rows:
+            continuations[name] = greedy(model, gen_prompt, cfg.generate_tokens)
+        del model
     shift = _shift(part, layout, rows)
-    t, u, s = scores["teacher"], scores["untrained"], scores["student"]
-    ce_gap = s["ce"] - t["ce"]
-    retention = s["context_use"] / t["context_use"] if t["context_use"] else float("nan")
-    denom = u["ce"] - t["ce"]
-    result = {"teacher_ce": t["ce"], "student_ce": s["ce"], "untrained_ce": u["ce"], "ce_gap": ce_gap,
-              "ce_recovered": (u["ce"] - s["ce"]) / denom if denom else float("nan"),
-              "teacher_context_use": t["context_use"], "student_context_use": s["context_use"],
-              "untrained_context_use": u["context_use"], "context_retention": retention,
-              "shift": shift, "gates_passed": gate_verdicts(gates, ce_gap, retention),
-              "heldout_sequences": int(len(ids)), "heldout_tokens": int(ids.numel()),
-              "context_window": cfg.window, "context_targets": int(len(targets)),
-              "size": _size(layout), "seconds": time.perf_counter() - t0}
-    _plots(layout, scores, shift, part)
+    figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}
+    verdicts = {n: {**gate_verdicts(gates, f["ce_gap"], f["context_retention"]), "judged": n in gates.sets}
+                for n, f in figs.items()}
+    h = figs[HELDOUT]
+    result = {k: h[k] for k in ("teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_gap_ci95", "ce_recovered",
+                                "teacher_context_use", "student_context_use", "untrained_context_use",
+                                "context_retention", "context_retention_ci95", "top1_agreement")}
+    result.update(shift=shift, gates_passed={"all": all(v["all"] for v in verdicts.values() if v["judged"]),
+                                             **verdicts},
+                  heldout_sequences=int(len(held.ids)), heldout_tokens=int(held.ids.numel()),
+                  context_window=cfg.window, context_targets=int(len(targets[HELDOUT])), sets=figs,
+                  size=_size(layout))
+    if gen_rows:
+        same = matching_prefix(continuations["teacher"], continuations["student"])
+        result["generation"] = {"prompts": len(gen_rows), "prompt_tokens": cfg.prompt_tokens,
+                                "new_tokens": cfg.generate_tokens, "matching_prefix_mean": float(np.mean(same))}
+        text = report(tok, gen_rows, gen_prompt, continuations["teacher"], continuations["student"], HELDOUT)
+    else:
+        text = report(tok, [], gen_prompt, gen_prompt, gen_prompt, HELDOUT)
+    result["seconds"] = time.perf_counter() - t0
+    _plots(layout, {m: {"ce": h[f"{m}_ce"]} for m in models}, shift, part, figs)
+    write_text(layout.generation_report, text)
     write_json(layout.eval_metrics, result)
     return result

@@ -59,7 +59,8 @@ def _cases():
                          ("materialize", "storage_dtype", "float16"), ("partition", "boundaries", [4, 2]),
                          ("corpus", "heldout", []), ("corpus", "source", {"a": 1}), ("eval", "window", 1000),
                          ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1]),
-                         ("lm_eval", "tasks", ["hella swag"]), ("local", "blocks", "b01")):
+                         ("lm_eval", "tasks", ["hella swag"]), ("local", "blocks", "b01"),
+                         ("eval", "sets", [{"name": "x"}]), ("gates", "sets", ["nope"])):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
 
@@ -86,7 +87,7 @@ def test_bad_value_is_one_line_and_writes_nothing(tiny_project, monkeypatch, cap
     assert code not in (0, None), err
     assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
     assert f"{sec}.{name}" in lines[0], lines[0]
-    if name not in ("boundaries", "heldout", "source", "window"):  # their messages name the rule, not the value
+    if name not in ("boundaries", "heldout", "source", "window", "sets"):  # their messages name the rule, not the value
         assert repr(value)[:20] in lines[0] or str(value)[:20] in lines[0], lines[0]
     assert tree_sha256(tiny_project) == before
 

@@ -43,10 +43,13 @@ def test_repro_writes_eval_metrics(reproduced):
     for v in m["shift"].values():
         assert set(v) == {"teacher_input", "student_input"} and all(x >= 0 for x in v.values())
     gates = m["gates_passed"]
-    assert set(gates) == {"all", "max_ce_gap", "min_context_retention"}
-    assert gates["all"] == (gates["max_ce_gap"]["passed"] and gates["min_context_retention"]["passed"])
-    assert gates["max_ce_gap"]["threshold"] == load_params_of(reproduced)["gates"]["max_ce_gap"]
-    assert gates["max_ce_gap"]["value"] == m["ce_gap"]
+    assert set(gates) == {"all", "heldout", "docs"}  # the tiny profile's sets: in-domain + embedded:docs
+    held = gates["heldout"]
+    assert held["judged"] is True and gates["docs"]["judged"] is False  # gates.sets defaults to [heldout]
+    assert set(held) == {"all", "judged", "max_ce_gap", "min_context_retention"}
+    assert gates["all"] == held["all"] == (held["max_ce_gap"]["passed"] and held["min_context_retention"]["passed"])
+    assert held["max_ce_gap"]["threshold"] == load_params_of(reproduced)["gates"]["max_ce_gap"]
+    assert held["max_ce_gap"]["value"] == m["ce_gap"]
     assert _status(reproduced) == {}
     lock = (reproduced / "dvc.lock").read_text()
     assert all(f"{s}:" in lock for s in STAGES)
@@ -59,7 +62,8 @@ def test_dvc_metrics_and_plots_show(reproduced):
         assert path in text, path
     plots = json.loads(run(["dvc", "plots", "show", "--json"], cwd=reproduced).stdout)
     text = json.dumps(plots)
-    for path in ("plots/loss/b00.csv", "plots/loss/b01.csv", "plots/eval/ce.csv", "plots/eval/shift.csv"):
+    for path in ("plots/loss/b00.csv", "plots/loss/b01.csv", "plots/eval/ce.csv", "plots/eval/sets.csv",
+                 "plots/eval/shift.csv"):
         assert path in text, path
     assert "errors" not in plots or not plots["errors"], plots.get("errors")
 
@@ -83,9 +87,9 @@ def test_gates_come_from_params(reproduced, tmp_path):
     set_params(root, {"gates.max_ce_gap": -1, "gates.min_context_retention": -1.0e9})
     lenient = zg("train", "evaluate", cwd=root)  # no --strict: a failed gate is reported, exit 0
     m = read_json(root / "metrics" / "eval.json")
-    g = m["gates_passed"]
-    assert g["all"] is False and g["max_ce_gap"]["passed"] is False and g["max_ce_gap"]["threshold"] == -1
-    assert g["min_context_retention"]["passed"] is True
+    g = m["gates_passed"]["heldout"]
+    assert m["gates_passed"]["all"] is False and g["max_ce_gap"]["passed"] is False
+    assert g["max_ce_gap"]["threshold"] == -1 and g["min_context_retention"]["passed"] is True
     assert "gates.max_ce_gap" in lenient.stderr
 
     strict = zg("train", "evaluate", "--strict", cwd=root, check=False)

