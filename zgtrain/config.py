@@ -15,7 +15,7 @@ from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, Partition
                            VerifyConfig, check_int, load_params, param, section)
 from zgdata.errors import ZgError
 
-__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "BlockRun", "ProjectConfig", "SECTIONS"]
+__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "RepairConfig", "BlockRun", "ProjectConfig", "SECTIONS"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -89,10 +89,45 @@ class GatesConfig(Section):
     min_context_retention: float = param(0.5, "Fail if student context use / teacher context use is below this.")
 
 
+@dataclass(kw_only=True, frozen=True)
+class RepairConfig(Section):
+    """Optional global distillation of the assembled student on the teacher's logits (zgtrain/repair.py)."""
+
+    SECTION: ClassVar[str] = "repair"
+    steps: int = param(0, "Repair: optimizer steps of global distillation after assemble (0: no repair stage, the "
+                          "student is the final model). Trains on the train split only.", ge=0)
+    trainable: str = param("all", "Repair: what trains: all parameters, or only the norms (layer norms + final norm).",
+                           choices=("all", "norms"))
+    temperature: float = param(2.0, "Repair: softmax temperature T of the KL(teacher || student) term (scaled by "
+                                     "T^2).", gt=0, le=100)
+    ce_weight: float = param(0.0, "Repair: weight of the next-token cross-entropy added to the KL term (0: KL only).",
+                             ge=0)
+    batch_size: int = param(4, "Repair: whole train sequences per step.", ge=1)
+    lr: float = param(1e-4, "Repair: peak learning rate (AdamW).", gt=0)
+    beta1: float = param(0.9, "Repair: AdamW beta1.", ge=0, lt=1)
+    beta2: float = param(0.95, "Repair: AdamW beta2.", ge=0, lt=1)
+    weight_decay: float = param(0.0, "Repair: AdamW weight decay.", ge=0)
+    warmup: int = param(10, "Repair: linear warmup steps.", ge=0)
+    schedule: str = param("cosine", "Repair: LR schedule after warmup: cosine (to 10%), linear (to 0) or constant.",
+                          choices=("cosine", "linear", "constant"))
+    grad_clip: float = param(1.0, "Repair: max gradient norm (0 disables).", ge=0)
+    seed: int = param(0, "Repair: seed offset; the run's seed is a stable hash of (params seed, this, 'repair').",
+                      ge=0)
+    checkpoint_every: int = param(50, "Repair: steps between checkpoints (0: only at the end).", ge=0)
+    eval_rows: int = param(16, "Repair: the KL before/after is reported on the first N train and N held-out "
+                               "sequences.", ge=1)
+    threads: int = param(1, "Repair: torch CPU threads (part of the run's bits on CPU, like train.threads).",
+                         ge=1, le=1024)
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0
+
+
 # Every section of params.yaml, in file order, with the class that parses it.
 SECTIONS = {"teacher": TeacherConfig, "corpus": CorpusConfig, "partition": PartitionConfig,
             "materialize": MaterializeConfig, "verify": VerifyConfig, "train": TrainConfig, "eval": EvalConfig,
-            "gates": GatesConfig}
+            "gates": GatesConfig, "repair": RepairConfig}
 _TOP = ("seed", *SECTIONS, "blocks")
 
 
@@ -134,6 +169,7 @@ class ProjectConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
+    repair: RepairConfig = field(default_factory=RepairConfig)
     blocks: dict = field(default_factory=dict)
     """{key: BlockRun} for every block listed under ``blocks:``."""
 

@@ -25,6 +25,7 @@ from zgtrain.checkpoint import load_block
 from zgtrain.config import GatesConfig, ProjectConfig
 from zgtrain.metrics import context_targets, token_nll, window_nll
 from zgtrain.objectives import nmse
+from zgtrain.repair_eval import add_repaired, repaired_loader
 from zgtrain.student import load_student
 
 __all__ = ["evaluate", "gate_verdicts"]
@@ -125,6 +126,8 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False)[0],
               "untrained": lambda: build_student(project, layout=layout, which="init")[0],
               "student": lambda: load_student(layout.student)}
+    if project.repair.enabled:  # issue 15: also score models/repaired; the gates judge it (zgtrain/repair_eval.py)
+        models["repaired"] = repaired_loader(layout)
     scores = {}
     for name, load in models.items():
         stderr.print(f"evaluate: {name} ({len(ids)} sequences, {len(targets)} context targets)")
@@ -142,6 +145,8 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
               "heldout_sequences": int(len(ids)), "heldout_tokens": int(ids.numel()),
               "context_window": cfg.window, "context_targets": int(len(targets)),
               "seconds": time.perf_counter() - t0}
+    if project.repair.enabled:
+        add_repaired(result, scores, gate_verdicts, gates)
     _plots(layout, scores, shift, part)
     write_json(layout.eval_metrics, result)
     return result

@@ -37,6 +37,8 @@ PROFILES = {
         "materialize": {"batch_size": 8, "commit_rows": 16},
         "train": {"steps": 12, "warmup": 2, "checkpoint_every": 4},
         "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16},
+        # repair stays off (steps 0); these fit a 12-step repair of the tiny student when a test turns it on
+        "repair": {"lr": 3e-4, "warmup": 2, "checkpoint_every": 4},
     },
 }
 
@@ -67,6 +69,9 @@ _CODE = {
               "zgtrain/targets.py", "zgtrain/checkpoint.py", "zgdata/reader.py", "zgdata/families.py"],
     "assemble": ["zgtrain/assemble.py", "zgtrain/student.py", "zgtrain/templates", "zgdata/families.py"],
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
+    "repair_eval": ["zgtrain/repair_eval.py", "zgtrain/repair_paths.py"],
+    "repair": ["zgtrain/repair.py", "zgtrain/repair_paths.py", "zgtrain/repair_model.py", "zgtrain/checkpoint.py",
+               "zgtrain/student.py", "zgdata/reader.py", "zgdata/families.py"],
 }
 
 
@@ -122,11 +127,36 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    _add_repair(stages, params, part, L, code)
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
             body.pop("deps", None)
     return {"stages": stages}
+
+
+def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+    """The optional `repair` stage (issue 15), only when repair.steps > 0: the default pipeline is unchanged.
+
+    It reads the student, the head slice and the last boundary (the teacher's logits, no teacher forward)
+    and the train tokens; evaluate then also scores models/repaired and gates the repaired model.
+    """
+    from zgtrain.config import RepairConfig
+    from zgtrain.repair_paths import repair_paths
+
+    if not section(params, RepairConfig).enabled:
+        return
+    rp = repair_paths(L)
+    stages["repair"] = {"cmd": "zg train repair",
+                        "deps": [str(L.student), str(L.teacher_head), str(L.boundary(part.names[-1])), str(L.tokens),
+                                 str(L.tokens_json)] + code("repair"),
+                        "params": ["seed", "repair"], "outs": [str(rp.run_dir), str(rp.model)],
+                        "metrics": [{str(rp.metrics): {"cache": False}}],
+                        "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+    ev = stages.pop("evaluate")
+    ev["deps"] = ev["deps"][:1] + [str(rp.model)] + ev["deps"][1:] + code("repair_eval")
+    ev["params"] = ev["params"] + ["repair.steps"]
+    stages["evaluate"] = ev  # after repair in dvc.yaml's order
 
 
 class _Dumper(yaml.SafeDumper):
