@@ -20,7 +20,7 @@ from zgtrain.config import SECTIONS
 # The command that reads each section first.
 COMMAND = {"teacher": ["teacher", "prepare"], "corpus": ["data", "tokenize"], "partition": ["teacher", "prepare"],
            "materialize": ["data", "materialize"], "verify": ["data", "verify"], "train": ["train", "block", "b00"],
-           "eval": ["train", "evaluate"], "gates": ["train", "evaluate"]}
+           "eval": ["train", "evaluate"], "gates": ["train", "evaluate"], "repair": ["train", "repair"]}
 WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
 
 

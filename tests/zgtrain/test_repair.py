@@ -37,9 +37,10 @@ def _curve(root) -> str:
 @pytest.fixture(scope="module")
 def assembled(tiny_built, tmp_path_factory):
     """The tiny project with both blocks briefly trained (2 steps: a student with a gap left to repair), the
-    student assembled and repair turned on (``repair.steps: 12``)."""
+    student assembled and repair turned on (``repair.steps: 12``). b00 keeps more MLP channels than b01, so
+    the student has per-layer widths and ships zg's pinned modeling file, which models/repaired must keep."""
     root = copy_project(tiny_built, tmp_path_factory.mktemp("assembled") / "proj")
-    set_params(root, {"train.steps": 2, "train.warmup": 1, "train.checkpoint_every": 0})
+    set_params(root, {"train.steps": 2, "train.warmup": 1, "train.checkpoint_every": 0, "blocks.b00.prune_ratio": 0.25})
     for key in ("b00", "b01"):
         zg("train", "block", key, cwd=root)
     zg("train", "assemble", cwd=root)
@@ -70,6 +71,10 @@ def test_repair_lowers_the_training_kl_and_writes_a_loadable_model(straight):
     student, repaired = load_student(root / "models" / "student"), load_student(root / "models" / "repaired")
     a, b = student.state_dict(), repaired.state_dict()
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    assert (root / "models" / "repaired" / "modeling_zg_llama.py").read_bytes() == \
+        (root / "models" / "student" / "modeling_zg_llama.py").read_bytes()
+    assert read_json(root / "models" / "repaired" / "config.json")["auto_map"] == \
+        read_json(root / "models" / "student" / "config.json")["auto_map"]
     summary = read_json(root / "models" / "repaired" / "zerograph.json")
     assert summary["repair"]["state_sha256"] == res["state_sha256"]
     assert summary["repair"]["student_sha256"] == res["student_sha256"]
