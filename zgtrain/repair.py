@@ -16,6 +16,7 @@ like models/student), metrics/repair.json and plots/loss/repair.csv.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -45,8 +46,9 @@ from zgtrain.trainer import block_seed, lr_at
 __all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "student_sha256", "REPAIR_VERSION"]
 
 REPAIR_VERSION = 1
-# Keys that do not change the trained bits, so a resume may change them.
-_NOT_IDENTITY = ("checkpoint_every", "eval_rows")
+# Keys that do not change the trained bits, so a resume may change them (eval_rows does not either, but the
+# KL before/after must be measured on the same rows, so it stays in the identity).
+_NOT_IDENTITY = ("checkpoint_every",)
 _RESTART = "rerun with `zg train repair --restart` to start the repair afresh"
 
 
@@ -114,13 +116,10 @@ def mean_kl(model: RepairModel, head: TeacherHead, data: RepairData, rows: np.nd
     return total / max(count, 1.0)
 
 
-def _eval_rows(data: RepairData, cfg: RepairConfig) -> dict[str, np.ndarray]:
-    return {split: data.rows(split)[: cfg.eval_rows] for split in ("train", "heldout")}
-
-
-def _kl(run_or_parts, rows: dict) -> dict:
-    model, head, data, bs = run_or_parts
-    return {split: mean_kl(model, head, data, r, bs) for split, r in rows.items()}
+def _kls(model: RepairModel, head: TeacherHead, data: RepairData, cfg: RepairConfig) -> dict:
+    """KL at T=1 on the first ``repair.eval_rows`` train and held-out sequences (held-out: reported, never trained)."""
+    return {split: mean_kl(model, head, data, data.rows(split)[: cfg.eval_rows], cfg.batch_size)
+            for split in ("train", "heldout")}
 
 
 def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout()) -> RepairRun:
@@ -173,7 +172,7 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     run = RepairRun(cfg=cfg, paths=paths, meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed)
     if prior is None:
         # what repair starts from, measured once: a resumed run's model has already moved
-        meta["kl_before"] = _kl((model, head, data, cfg.batch_size), _eval_rows(data, cfg))
+        meta["kl_before"] = _kls(model, head, data, cfg)
         checkpoint.save(d, meta, model, opt, gen, run.curve, 0)
     else:
         meta["kl_before"] = prior.get("kl_before")
@@ -231,14 +230,12 @@ def _publish(run: RepairRun, layout: Layout, summary: dict) -> None:
             if p.is_file() and not (p.suffix == ".safetensors" or p.name in ("config.json", "generation_config.json")
                                     or p.name.endswith(".safetensors.index.json")):
                 shutil.copyfile(p, tmp / p.name)
-        zg = json_load(tmp / "zerograph.json")
+        zg = _read_json(tmp / "zerograph.json")
         zg["repair"] = summary
         write_json(tmp / "zerograph.json", zg)
 
 
-def json_load(path: Path) -> dict:
-    import json
-
+def _read_json(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -267,7 +264,7 @@ def _repair(project, *, stop_after, restart, layout, paths) -> dict:
         checkpoint.save(paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, end)
         return {"status": "stopped", "step": end, "steps": cfg.steps, "state_sha256": sha,
                 "train_loss": float(np.mean(run.curve[-10:])) if run.curve else None}
-    after = _kl((run.model, run.head, run.data, cfg.batch_size), _eval_rows(run.data, cfg))
+    after = _kls(run.model, run.head, run.data, cfg)
     before = run.meta["kl_before"]
     run.meta.update(done=True, state_sha256=sha)
     checkpoint.finish(paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, cfg.steps)

@@ -152,8 +152,8 @@ def test_resume_with_changed_config_is_refused_unless_restart(assembled, tmp_pat
     res = zg("train", "repair", cwd=root, check=False)
     assert_user_error(res, "models/repair", "config", "--restart")
     assert tree_sha256(root / "models") == before
-    # checkpoint_every and eval_rows do not change the trained bits: a resume may change them
-    set_params(root, {"repair.temperature": 2.0, "repair.checkpoint_every": 5, "repair.eval_rows": 4})
+    # checkpoint_every does not change the trained bits: a resume may change it
+    set_params(root, {"repair.temperature": 2.0, "repair.checkpoint_every": 5})
     assert _repair_json(root, "--stop-after", "1")["step"] == 3
 
 
