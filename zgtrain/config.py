@@ -96,8 +96,13 @@ class RepairConfig(Section):
     SECTION: ClassVar[str] = "repair"
     steps: int = param(0, "Repair: optimizer steps of global distillation after assemble (0: no repair stage, the "
                           "student is the final model). Trains on the train split only.", ge=0)
-    trainable: str = param("all", "Repair: what trains: all parameters, or only the norms (layer norms + final norm).",
-                           choices=("all", "norms"))
+    trainable: str = param("all", "Repair: what trains: all parameters, only the norms (layer norms + final norm), "
+                                  "or lora (low-rank adapters on the decoder layers' nn.Linear modules, merged into "
+                                  "the weights of models/repaired; GPT-2's Conv1D layers have none).",
+                           choices=("all", "norms", "lora"))
+    lora_rank: int = param(8, "Repair, trainable lora: rank of each adapter.", ge=1)
+    lora_alpha: float = param(16.0, "Repair, trainable lora: the adapter's update is scaled by lora_alpha / lora_rank.",
+                              gt=0)
     temperature: float = param(2.0, "Repair: softmax temperature T of the KL(teacher || student) term (scaled by "
                                      "T^2).", gt=0, le=100)
     ce_weight: float = param(0.0, "Repair: weight of the next-token cross-entropy added to the KL term (0: KL only).",

@@ -157,18 +157,18 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
         changed = sorted(k for k in identity if prior.get(k) != identity[k])
         raise ZgError(f"{d} holds a repair run of another student, data or config (differs in {', '.join(changed)})",
                       fix=_RESTART)
-    if prior is None:
-        shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True, exist_ok=True)
-
     gen = seed_all(seed)
     dev = device()
-    model = RepairModel(lm, cfg.trainable).to(dev)
     head = TeacherHead(head_tensors, lm).to(dev)
+    n_params = sum(p.numel() for p in lm.parameters())  # the student's own, adapters left out
+    model = RepairModel(lm, cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, gen=gen).to(dev)
     opt = torch.optim.AdamW(model.trainable(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    if prior is None:  # only now, when nothing can refuse the run any more
+        shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True, exist_ok=True)
     meta = {**identity, "steps": cfg.steps, "done": False, "state_sha256": None,
             "trainable_params": sum(p.numel() for p in model.trainable()),
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": n_params}
     run = RepairRun(cfg=cfg, paths=paths, meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed)
     if prior is None:
         # what repair starts from, measured once: a resumed run's model has already moved
@@ -224,6 +224,7 @@ def fit(run: RepairRun, end: int) -> None:
 def _publish(run: RepairRun, layout: Layout, summary: dict) -> None:
     """models/repaired: the student folder with the repaired weights (float32, the precision they trained in)."""
     src = layout.student
+    run.model.merge_adapters()  # trainable lora: fold the adapters in (after state_sha256 and the checkpoint)
     with atomic_path(run.paths.model) as tmp:
         run.model.lm.save_pretrained(tmp)
         for p in sorted(src.iterdir()):  # tokenizer, zerograph.json, zg's pinned modeling file: as the student's

@@ -18,7 +18,30 @@ from torch import nn
 from zgdata.errors import ZgError
 from zgdata.families import family_of
 
-__all__ = ["RepairModel", "TeacherHead", "distill_loss", "token_kl"]
+__all__ = ["RepairModel", "LoRALinear", "TeacherHead", "distill_loss", "token_kl"]
+
+
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear plus a trainable low-rank update ``scale * B @ A`` (B starts at zero: no change at
+    step 0). Written here rather than taken from peft: a dozen lines, no new dependency, and the adapters
+    checkpoint through zgtrain/checkpoint.py like any other tensor."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, gen: torch.Generator):
+        super().__init__()
+        self.base = base
+        a = torch.randn(rank, base.in_features, generator=gen) / base.in_features ** 0.5
+        self.lora_a = nn.Parameter(a.to(base.weight.device, base.weight.dtype))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device,
+                                               dtype=base.weight.dtype))
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+
+    @torch.no_grad()
+    def merged(self) -> nn.Linear:
+        self.base.weight += (self.lora_b @ self.lora_a) * self.scale
+        return self.base
 
 
 class RepairModel(nn.Module):
@@ -29,11 +52,22 @@ class RepairModel(nn.Module):
     no dropout (GPT-2 has some), so a step is a pure function of weights, optimizer state and batch.
     """
 
-    def __init__(self, lm: nn.Module, trainable: str):
+    def __init__(self, lm: nn.Module, trainable: str, *, lora_rank: int = 8, lora_alpha: float = 16.0,
+                 gen: torch.Generator | None = None):
         super().__init__()
         self.lm = lm.eval()
         fam = family_of(lm.config)
-        if trainable == "norms":
+        if trainable == "lora":
+            for p in lm.parameters():
+                p.requires_grad_(False)
+            for layer in fam.layers(lm):
+                for name, mod in list(layer.named_modules()):
+                    if type(mod) is nn.Linear:
+                        parent, _, leaf = name.rpartition(".")
+                        setattr(layer.get_submodule(parent) if parent else layer, leaf,
+                                LoRALinear(mod, lora_rank, lora_alpha, gen))
+            keep = {id(p) for m in lm.modules() if isinstance(m, LoRALinear) for p in (m.lora_a, m.lora_b)}
+        elif trainable == "norms":
             keep = {id(p) for layer in fam.layers(lm) for n in fam.layer_norms
                     for p in getattr(layer, n).parameters()}
             keep |= {id(p) for p in fam.final_norm(lm).parameters()}
@@ -48,6 +82,13 @@ class RepairModel(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) float32 logits."""
         return self.lm(input_ids=ids).logits.float()
+
+    def merge_adapters(self) -> None:
+        """Fold every LoRA adapter into its linear layer: the model is a plain transformers model again."""
+        for parent in list(self.lm.modules()):
+            for leaf, child in list(parent.named_children()):
+                if isinstance(child, LoRALinear):
+                    setattr(parent, leaf, child.merged())
 
     def trainable(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

@@ -82,6 +82,27 @@ def test_repair_lowers_the_training_kl_and_writes_a_loadable_model(straight):
         ["ckpt-000012", "meta.json", "model.safetensors"]
 
 
+def test_lora_trains_only_adapters_and_merges_them_into_a_plain_model(assembled, tmp_path):
+    from safetensors.torch import load_file
+
+    from zgtrain.repair import repair
+    from zgtrain.student import load_student
+
+    root = copy_project(assembled, tmp_path / "proj")
+    set_params(root, {"repair.trainable": "lora", "repair.lr": 1e-3})
+    res = repair(project_of(root), layout=Layout(root))
+    assert res["status"] == "done" and res["kl_train_after"] < res["kl_train_before"], res
+    assert 0 < res["trainable_params"] < res["params"] == sum(v.numel() for v in load_file(
+        str(root / "models" / "student" / "model.safetensors")).values())
+    a = load_file(str(root / "models" / "student" / "model.safetensors"))
+    b = load_file(str(root / "models" / "repaired" / "model.safetensors"))
+    assert a.keys() == b.keys()  # adapters merged: no lora_* tensors, a plain (pinned-code) student folder
+    changed = {k for k in a if not torch.equal(a[k], b[k])}
+    assert "model.layers.0.self_attn.q_proj.weight" in changed
+    assert all(k.endswith("proj.weight") for k in changed), changed  # embeddings and norms untouched
+    load_student(root / "models" / "repaired")
+
+
 def test_head_slice_on_the_last_boundary_is_the_teachers_logits(straight):
     """The repair targets need no teacher forward: final norm + LM head of the head slice on the stored last
     boundary give the teacher's own logits up to the boundary's bf16 rounding, far closer than the student."""
