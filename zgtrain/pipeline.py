@@ -71,7 +71,7 @@ _CODE = {
     "evaluate": ["zgtrain/evaluate.py", "zgtrain/metrics.py", "zgtrain/student.py", "zgdata/families.py"],
     "repair_eval": ["zgtrain/repair_eval.py", "zgtrain/repair_paths.py"],
     "repair": ["zgtrain/repair.py", "zgtrain/repair_paths.py", "zgtrain/repair_model.py", "zgtrain/checkpoint.py",
-               "zgtrain/student.py", "zgdata/reader.py", "zgdata/families.py"],
+               "zgtrain/trainer.py", "zgtrain/student.py", "zgdata/reader.py", "zgdata/families.py"],
 }
 
 
