@@ -217,7 +217,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
 def test_bad_repair_params_name_their_key(tiny_project):
     from zgdata.errors import ZgError
 
-    for key, value in [("repair.temperature", 0), ("repair.trainable", "lora"), ("repair.ce_weight", -1),
+    for key, value in [("repair.temperature", 0), ("repair.trainable", "bogus"), ("repair.lora_rank", 0), ("repair.ce_weight", -1),
                        ("repair.lr", "fast"), ("repair.nope", 1)]:
         params = profile_params("tiny")
         params["repair"][key.split(".")[1]] = value
