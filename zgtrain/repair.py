@@ -184,6 +184,12 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     return run
 
 
+def _diverged(d: Path, step: int, what: str) -> ZgError:
+    good = checkpoint.read_meta(d)["step"]
+    return ZgError(f"repair: {what} at step {step}; the last good checkpoint (step {good}) is intact",
+                   key="repair.lr", fix="lower repair.lr and rerun with `zg train repair --restart`")
+
+
 def fit(run: RepairRun, end: int) -> None:
     """Optimizer steps [run.step, end) on train rows only: the only place the repaired weights change."""
     cfg, model, opt, d = run.cfg, run.model, run.opt, run.paths.run_dir
@@ -204,11 +210,13 @@ def fit(run: RepairRun, end: int) -> None:
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.trainable(), cfg.grad_clip or float("inf"))
             if not (torch.isfinite(loss) and torch.isfinite(norm)):
-                good = checkpoint.read_meta(d)["step"]
-                raise ZgError(f"repair: the loss or its gradient became non-finite at step {step}; the last good "
-                              f"checkpoint (step {good}) is intact", key="repair.lr",
-                              fix="lower repair.lr and rerun with `zg train repair --restart`")
-            opt.step()
+                raise _diverged(d, step, "the loss or its gradient became non-finite")
+            try:
+                opt.step()
+            except (OverflowError, RuntimeError) as e:  # AdamW's step size overflows float32 at absurd lr
+                if "overflow" not in str(e):
+                    raise
+                raise _diverged(d, step, "the optimizer step overflowed") from e
             opt.zero_grad(set_to_none=True)
             run.curve.append(float(loss.detach()))
             advance(1)
