@@ -229,3 +229,16 @@ def test_bad_repair_params_name_their_key(tiny_project):
     before = tree_sha256(tiny_project)
     assert_user_error(zg("train", "repair", cwd=tiny_project, check=False), "repair.steps", alone=True)
     assert tree_sha256(tiny_project) == before
+
+
+def test_divergence_is_one_error_and_keeps_the_last_good_checkpoint(assembled, tmp_path):
+    from zgdata.errors import ZgError
+    from zgtrain.repair import repair
+
+    root = copy_project(assembled, tmp_path / "proj")
+    set_params(root, {"repair.lr": 1e30, "repair.warmup": 0})
+    with pytest.raises(ZgError, match="last good checkpoint .step 0. is intact") as e:
+        repair(project_of(root), layout=Layout(root))
+    assert e.value.key == "repair.lr"
+    assert read_json(root / "models" / "repair" / "meta.json")["step"] == 0
+    assert not (root / "models" / "repaired").exists() and not (root / "metrics" / "repair.json").exists()
