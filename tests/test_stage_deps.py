@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PIPELINE_STAGES
+from conftest import PIPELINE_STAGES, zg
 
 STRACE = shutil.which("strace") or ("/usr/bin/strace" if os.access("/usr/bin/strace", os.X_OK) else None)
 pytestmark = pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace): "
@@ -142,16 +142,13 @@ def _group(paths: list[str], outputs: dict[str, str]) -> str:
     return "; ".join(shown)
 
 
-def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):
-    root = tmp_path / "proj"
-    shutil.copytree(reproduced, root, symlinks=True)
-    stages = pipeline_stages(root)
-    assert list(stages) == PIPELINE_STAGES
+def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_path: Path) -> dict[str, list[str]]:
+    """Run each named stage's cmd under strace (its outputs deleted first); {stage: undeclared paths}."""
     outputs = {o: name for name, s in stages.items()
                for o in _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots"))}
-
     found = {}
-    for name, stage in stages.items():
+    for name in names:
+        stage = stages[name]
         for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
             p = root / out
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
@@ -164,9 +161,33 @@ def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):
         assert not stage.get("deps") or any(_under(p, _paths(stage["deps"])) for p in opened), (name, sorted(opened))
         bad = undeclared(stage, opened, before)
         if bad:
-            found[name] = bad
+            found[name] = _group(bad, outputs)
+    return found
 
+
+def _fail(found: dict[str, str]) -> None:
     if found:
         pytest.fail("stages read project files that are not their declared deps (stage -> undeclared paths):\n"
-                    + "\n".join(f"  {name} -> {_group(paths, outputs)}" for name, paths in found.items())
+                    + "\n".join(f"  {name} -> {paths}" for name, paths in found.items())
                     + "\nadd them to the stage's deps in zgtrain/pipeline.py dvc_yaml() and run `zg pipeline`")
+
+
+def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):
+    root = tmp_path / "proj"
+    shutil.copytree(reproduced, root, symlinks=True)
+    stages = pipeline_stages(root)
+    assert list(stages) == PIPELINE_STAGES
+    _fail(_trace_stages(root, stages, list(stages), tmp_path))
+
+
+def test_repair_stage_and_its_evaluate_read_only_declared_deps(reproduced, tmp_path):
+    """With the optional repair stage on (repair.steps > 0, issue 15): repair, then evaluate reading models/repaired."""
+    root = tmp_path / "proj"
+    shutil.copytree(reproduced, root, symlinks=True)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["repair"]["steps"] = 3
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    zg("pipeline", cwd=root)
+    stages = pipeline_stages(root)
+    assert list(stages) == PIPELINE_STAGES[:-1] + ["repair", "evaluate"]
+    _fail(_trace_stages(root, stages, ["repair", "evaluate"], tmp_path))

@@ -242,6 +242,24 @@ def train_assemble(params: Path = params_option, as_json: bool = typer.Option(Fa
     emit(r, as_json=as_json, summary=f"student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) -> {r['path']}")
 
 
+@train_app.command("repair")
+def train_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
+                                                          help="run at most N (>= 1) more steps, checkpoint, exit 0."),
+                 restart: bool = typer.Option(False, "--restart", help="discard models/repair's checkpoint."),
+                 params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Repair (repair.steps > 0): distil models/student on the teacher's logits (head slice on the last boundary),
+    train split only. Writes models/repaired; resumes from models/repair's checkpoint."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.repair import repair
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    r = repair(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
+    kl = f", train KL {r['kl_train_before']:.4g} -> {r['kl_train_after']:.4g}" if r["status"] == "done" else ""
+    emit(r, as_json=as_json, summary=f"repair: {r['status']} at step {r['step']}/{r['steps']}{kl}, "
+         f"state {r['state_sha256'][:12]}")
+
+
 @train_app.command("evaluate")
 def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(False, "--json"),
                    strict: bool = typer.Option(False, "--strict", help="exit 1 when a gate fails (CI use).")):

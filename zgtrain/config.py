@@ -17,8 +17,8 @@ from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, Partition
 from zgdata.errors import ZgError
 from zgtrain.local_config import LocalConfig
 
-__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "LmEvalConfig", "SearchConfig", "BlockRun", "ProjectConfig",
-           "SECTIONS", "OPTIONAL_SECTIONS", "IDENTITY_VARIANT"]
+__all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "LmEvalConfig", "RepairConfig", "SearchConfig", "BlockRun",
+           "ProjectConfig", "SECTIONS", "OPTIONAL_SECTIONS", "IDENTITY_VARIANT"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -158,10 +158,50 @@ class SearchConfig(Section):
     cost: str = param("params", "What the budget counts: params (block parameters).", choices=("params",))
 
 
+@dataclass(kw_only=True, frozen=True)
+class RepairConfig(Section):
+    """Optional global distillation of the assembled student on the teacher's logits (zgtrain/repair.py)."""
+
+    SECTION: ClassVar[str] = "repair"
+    steps: int = param(0, "Repair: optimizer steps of global distillation after assemble (0: no repair stage, the "
+                          "student is the final model). Trains on the train split only.", ge=0)
+    trainable: str = param("all", "Repair: what trains: all parameters, only the norms (layer norms + final norm), "
+                                  "or lora (low-rank adapters on the decoder layers' nn.Linear modules, merged into "
+                                  "the weights of models/repaired; GPT-2's Conv1D layers have none).",
+                           choices=("all", "norms", "lora"))
+    lora_rank: int = param(8, "Repair, trainable lora: rank of each adapter.", ge=1)
+    lora_alpha: float = param(16.0, "Repair, trainable lora: the adapter's update is scaled by lora_alpha / lora_rank.",
+                              gt=0)
+    temperature: float = param(2.0, "Repair: softmax temperature T of the KL(teacher || student) term (scaled by "
+                                     "T^2).", gt=0, le=100)
+    ce_weight: float = param(0.0, "Repair: weight of the next-token cross-entropy added to the KL term (0: KL only).",
+                             ge=0)
+    batch_size: int = param(4, "Repair: whole train sequences per step.", ge=1)
+    lr: float = param(1e-4, "Repair: peak learning rate (AdamW).", gt=0)
+    beta1: float = param(0.9, "Repair: AdamW beta1.", ge=0, lt=1)
+    beta2: float = param(0.95, "Repair: AdamW beta2.", ge=0, lt=1)
+    weight_decay: float = param(0.0, "Repair: AdamW weight decay.", ge=0)
+    warmup: int = param(10, "Repair: linear warmup steps.", ge=0)
+    schedule: str = param("cosine", "Repair: LR schedule after warmup: cosine (to 10%), linear (to 0) or constant.",
+                          choices=("cosine", "linear", "constant"))
+    grad_clip: float = param(1.0, "Repair: max gradient norm (0 disables).", ge=0)
+    seed: int = param(0, "Repair: seed offset; the run's seed is a stable hash of (params seed, this, 'repair').",
+                      ge=0)
+    checkpoint_every: int = param(50, "Repair: steps between checkpoints (0: only at the end).", ge=0)
+    eval_rows: int = param(16, "Repair: the KL before/after is reported on the first N train and N held-out "
+                               "sequences.", ge=1)
+    threads: int = param(1, "Repair: torch CPU threads (part of the run's bits on CPU, like train.threads).",
+                         ge=1, le=1024)
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0
+
+
 # Every section of params.yaml, in file order, with the class that parses it.
 SECTIONS = {"teacher": TeacherConfig, "corpus": CorpusConfig, "partition": PartitionConfig,
             "materialize": MaterializeConfig, "verify": VerifyConfig, "train": TrainConfig, "eval": EvalConfig,
-            "gates": GatesConfig, "lm_eval": LmEvalConfig}
+            "gates": GatesConfig, "repair": RepairConfig, "lm_eval": LmEvalConfig}
 # Sections a params.yaml may leave out (then: defaults); profiles write them only when they set them, so the
 # default params.yaml does not change: search (with a variants: library), local (`zg init --profile local`).
 # ``variants:`` (a mapping of named train overrides) is parsed below.
@@ -232,6 +272,7 @@ class ProjectConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
+    repair: RepairConfig = field(default_factory=RepairConfig)
     lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     blocks: dict = field(default_factory=dict)

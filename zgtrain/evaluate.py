@@ -36,6 +36,7 @@ from zgtrain.eval_sets import HELDOUT, heldout_set, tokenize_set
 from zgtrain.generation import greedy, matching_prefix, prompts, report
 from zgtrain.objectives import nmse
 from zgtrain.set_metrics import figures, gate_verdicts, score, targets_for
+from zgtrain.repair_eval import add_repaired, repaired_loader
 from zgtrain.student import load_student
 
 __all__ = ["evaluate", "gate_verdicts"]
@@ -86,8 +87,7 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, fig
     import matplotlib.pyplot as plt
 
     d = layout.eval_plots
-    write_text(d / "ce.csv", _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"]
-                                                       for n in ("teacher", "untrained", "student")]))
+    write_text(d / "ce.csv", _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"] for n in scores]))
     write_text(d / "sets.csv", _sets_csv(figs))
     write_text(d / "shift.csv", _csv([["block", "teacher_input", "student_input"]]
                                      + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
@@ -161,6 +161,8 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False)[0],
               "untrained": lambda: build_student(project, layout=layout, which="init")[0],
               "student": lambda: load_student(layout.student)}
+    if project.repair.enabled:  # issue 15: also score models/repaired; the gates judge it (zgtrain/repair_eval.py)
+        models["repaired"] = repaired_loader(layout)
     scores: dict = {s.name: {} for s in sets}
     continuations = {}
     for name, load in models.items():
@@ -190,8 +192,13 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
         text = report(tok, gen_rows, gen_prompt, continuations["teacher"], continuations["student"], HELDOUT)
     else:
         text = report(tok, [], gen_prompt, gen_prompt, gen_prompt, HELDOUT)
+    if project.repair.enabled:
+        add_repaired(result, scores, figs, gates, figures=lambda s, sc: figures(s, sc, targets[s.name], cfg), sets=sets)
     result["seconds"] = time.perf_counter() - t0
-    _plots(layout, {m: {"ce": h[f"{m}_ce"]} for m in models}, shift, part, figs)
+    ces = {m: {"ce": h[f"{m}_ce"]} for m in ("teacher", "untrained", "student")}
+    if "repaired" in result:
+        ces["repaired"] = {"ce": result["repaired"]["ce"]}
+    _plots(layout, ces, shift, part, figs)
     write_text(layout.generation_report, text)
     write_json(layout.eval_metrics, result)
     return result

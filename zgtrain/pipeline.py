@@ -48,6 +48,8 @@ PROFILES = {
         "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16,
                  "sets": [{**DOCS_SET, "max_seqs": 16, "context_targets": 0}], "prompt_tokens": 16,
                  "generate_tokens": 16},
+        # repair stays off (steps 0); these fit a 12-step repair of the tiny student when a test turns it on
+        "repair": {"lr": 3e-4, "warmup": 2, "checkpoint_every": 4},
     },
     # Greedy local pretraining from scratch (zgtrain/local_train.py): the teacher gives only its tokenizer,
     # the partition cuts local.layers into K blocks. Stages: teacher, tokens, local (see dvc_yaml).
@@ -121,6 +123,9 @@ _CODE = {
               "zgtrain/local_config.py", "zgtrain/local_seq.py", "zgtrain/checkpoint.py", "zgtrain/metrics.py",
               "zgdata/families.py"],
     "lm_eval": ["zgtrain/lm_eval_run.py", "zgtrain/lm_eval_task.py", "zgtrain/student.py"],
+    "repair_eval": ["zgtrain/repair_eval.py", "zgtrain/repair_paths.py"],
+    "repair": ["zgtrain/repair.py", "zgtrain/repair_paths.py", "zgtrain/repair_model.py", "zgtrain/checkpoint.py",
+               "zgtrain/trainer.py", "zgtrain/student.py", "zgdata/reader.py", "zgdata/families.py"],
 }
 _CODE["variant"] = _CODE["train"] + ["zgtrain/variants.py", "zgtrain/variant_scores.py"]
 _CODE["search"] = ["zgtrain/search.py", "zgtrain/variants.py"]
@@ -183,6 +188,7 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
+    _add_repair(stages, params, part, L, code)
     if params.get("variants"):
         stages.update(_search_stages(params, blocks, code))
     if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
@@ -267,6 +273,30 @@ def _search_stages(params: dict, blocks, code) -> dict:
                             + code("search_assemble"),
                             "params": ["partition"], "outs": [str(search_student(L))]},
     }
+
+
+def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+    """The optional `repair` stage (issue 15), only when repair.steps > 0: the default pipeline is unchanged.
+
+    It reads the student, the head slice and the last boundary (the teacher's logits, no teacher forward)
+    and the train tokens; evaluate then also scores models/repaired and gates the repaired model.
+    """
+    from zgtrain.config import RepairConfig
+    from zgtrain.repair_paths import repair_paths
+
+    if not section(params, RepairConfig).enabled:
+        return
+    rp = repair_paths(L)
+    stages["repair"] = {"cmd": "zg train repair",
+                        "deps": [str(L.student), str(L.teacher_head), str(L.boundary(part.names[-1])), str(L.tokens),
+                                 str(L.tokens_json)] + code("repair"),
+                        "params": ["seed", "repair"], "outs": [str(rp.run_dir), str(rp.model)],
+                        "metrics": [{str(rp.metrics): {"cache": False}}],
+                        "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+    ev = stages.pop("evaluate")
+    ev["deps"] = ev["deps"][:1] + [str(rp.model)] + ev["deps"][1:] + code("repair_eval")
+    ev["params"] = ev["params"] + ["repair.steps"]
+    stages["evaluate"] = ev  # after repair in dvc.yaml's order
 
 
 class _Dumper(yaml.SafeDumper):

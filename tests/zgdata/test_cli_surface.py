@@ -32,6 +32,7 @@ EXPECTED = {
     "zg train block": ["--json", "--params", "--restart", "--stop-after", "--targets", "ARG:key"],
     "zg train evaluate": ["--json", "--params", "--strict"],
     "zg train lm-eval": ["--json", "--limit", "--params", "ARG:tasks"],
+    "zg train repair": ["--json", "--params", "--restart", "--stop-after"],
     "zg train local": ["--json", "--params", "--restart", "--stop-after"],
     "zg train local-block": ["--json", "--params", "--restart", "--stop-after", "ARG:key"],
     "zg train local-export": ["--json", "--params"],

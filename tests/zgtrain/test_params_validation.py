@@ -23,7 +23,8 @@ ALL_SECTIONS = {**SECTIONS, **OPTIONAL_SECTIONS}
 COMMAND = {"teacher": ["teacher", "prepare"], "corpus": ["data", "tokenize"], "partition": ["teacher", "prepare"],
            "materialize": ["data", "materialize"], "verify": ["data", "verify"], "train": ["train", "block", "b00"],
            "eval": ["train", "evaluate"], "gates": ["train", "evaluate"], "lm_eval": ["train", "lm-eval"],
-           "local": ["train", "local"], "search": ["search", "run"]}
+           "local": ["train", "local"], "search": ["search", "run"],
+           "repair": ["train", "repair"]}
 WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
 
 

@@ -1,0 +1,143 @@
+"""The repair study of issue 15 (part 5), on the default teacher: NOT RUN in the session that wrote it.
+
+For each seed, one `zg init --profile smollm2` project and three arms that share its teacher, tokens and
+boundaries:
+
+  base      the default conversion (`dvc repro`)                          -> metrics/eval.json
+  repair    base + the repair stage (repair.steps = --repair-steps)        -> eval.json `repaired` entry
+  matched   no repair; every block trains longer by the same extra tokens:
+            train.steps += repair.steps * repair.batch_size / train.batch_size (rounded up), i.e. every
+            layer sees as many extra sequences in block training as repair shows the whole model
+
+The repair arm reruns only `repair` and `evaluate` (the blocks are up to date); the matched arm reruns the
+blocks, assemble and evaluate. Each arm's metrics/eval.json is copied whole into OUT/seedN/ARM.json, so
+per-set figures (eval.sets) and lm-eval results, where this zg version writes them, come along; the table
+printed at the end reads the in-domain figures and, when present, every set's CE gap.
+
+Budget: the default conversion is about 25 minutes on the 2-core demo machine; a seed costs about three
+of those plus the repair steps (CPU: roughly 2-4 s per repair step of 4 x 512 tokens on SmolLM2-135M, its
+49,152-token vocabulary dominating). Run it on a bigger box, or with ZG_DEVICE=cuda.
+
+    python bench/repair_study.py --out bench/out/repair_study --seeds 0 1 2 --repair-steps 200
+    python bench/repair_study.py --dry-run            # print the commands only
+
+The numbers then go into docs/RESULTS.md with the command line used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def sh(cmd: list[str], cwd: Path, dry: bool) -> None:
+    print(f"[{cwd}] $ {' '.join(cmd)}", file=sys.stderr, flush=True)
+    if not dry:
+        subprocess.run(cmd, cwd=cwd, check=True)
+
+
+def set_params(root: Path, updates: dict, dry: bool) -> None:
+    print(f"[{root}] params: {updates}", file=sys.stderr)
+    if dry:
+        return
+    path = root / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for dotted, value in updates.items():
+        *parents, leaf = dotted.split(".")
+        node = params
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def arm(root: Path, out: Path, name: str, dry: bool) -> None:
+    sh(["zg", "pipeline"], root, dry)
+    sh(["dvc", "repro"], root, dry)
+    if not dry:
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / "metrics" / "eval.json", out / f"{name}.json")
+        if (root / "metrics" / "repair.json").exists() and name == "repair":
+            shutil.copyfile(root / "metrics" / "repair.json", out / "repair_metrics.json")
+
+
+def run_seed(seed: int, args) -> None:
+    root = Path(args.work) / f"seed{seed}"
+    out = Path(args.out) / f"seed{seed}"
+    if root.exists() and not args.dry_run:
+        shutil.rmtree(root)
+    sh(["zg", "init", str(root), "--profile", "smollm2"], Path(args.work), args.dry_run)
+    set_params(root, {"seed": seed}, args.dry_run)
+    arm(root, out, "base", args.dry_run)
+
+    set_params(root, {"repair.steps": args.repair_steps, "repair.batch_size": args.repair_batch,
+                      "repair.lr": args.repair_lr, "repair.temperature": args.temperature,
+                      "repair.ce_weight": args.ce_weight, "repair.trainable": args.trainable}, args.dry_run)
+    arm(root, out, "repair", args.dry_run)
+
+    if args.dry_run:
+        train = {"steps": 100, "batch_size": 4}  # the smollm2 profile's defaults, for the printout
+    else:
+        train = yaml.safe_load((root / "params.yaml").read_text())["train"]
+    extra = math.ceil(args.repair_steps * args.repair_batch / train["batch_size"])
+    set_params(root, {"repair.steps": 0, "train.steps": train["steps"] + extra}, args.dry_run)
+    arm(root, out, "matched", args.dry_run)
+
+
+def _ce(ev: dict, arm_name: str) -> tuple[float, float]:
+    """(CE gap, CE recovered) in domain of the arm's final model."""
+    if arm_name == "repair":
+        return ev["repaired"]["ce_gap"], ev["repaired"]["ce_recovered"]
+    return ev["ce_gap"], ev["ce_recovered"]
+
+
+def table(args) -> str:
+    rows = ["| seed | arm | CE gap (in domain) | CE recovered | gap closed by repair | other sets: CE gap |",
+            "|---|---|---|---|---|---|"]
+    for seed in args.seeds:
+        d = Path(args.out) / f"seed{seed}"
+        for name in ("base", "repair", "matched"):
+            p = d / f"{name}.json"
+            if not p.exists():
+                continue
+            ev = json.loads(p.read_text())
+            gap, rec = _ce(ev, name)
+            closed = f"{ev['repaired']['ce_gap_closed']:.1%}" if name == "repair" else ""
+            sets = ev.get("sets") or {}
+            other = ", ".join(f"{k} {v.get('ce_gap', float('nan')):.3f}" for k, v in sets.items()
+                              if isinstance(v, dict)) or "(no eval.sets in this zg)"
+            rows.append(f"| {seed} | {name} | {gap:.4f} | {rec:.1%} | {closed} | {other} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--repair-steps", type=int, default=200)
+    ap.add_argument("--repair-batch", type=int, default=4)
+    ap.add_argument("--repair-lr", type=float, default=1e-4)
+    ap.add_argument("--temperature", type=float, default=2.0)
+    ap.add_argument("--ce-weight", type=float, default=0.0)
+    ap.add_argument("--trainable", default="all", choices=("all", "norms"))
+    ap.add_argument("--work", default="/tmp/zg-repair-study", help="where the projects are built")
+    ap.add_argument("--out", default="bench/out/repair_study", help="where each arm's eval.json is copied")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--table-only", action="store_true", help="print the table of an earlier run")
+    args = ap.parse_args()
+    if not args.table_only:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+        for seed in args.seeds:
+            run_seed(seed, args)
+    if not args.dry_run:
+        print(table(args))
+
+
+if __name__ == "__main__":
+    main()
