@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from conftest import BIN, zg
-from zgd_helpers import boundary_bits, edit_params, overwrite_table, read_json
+from zgd_helpers import boundary_bits, edit_params, overwrite_table
 from zgdata.boundaries import open_boundary
 from zgdata.codec import FORMAT_OF
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section

@@ -11,19 +11,15 @@ the user errors go through the real CLI.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import BIN, run, zg
-from zgt_helpers import assert_user_error, load_params_of, project_of, read_json, set_params, tree_sha256
+from conftest import run, zg
+from zgt_helpers import kill_after_first_checkpoint, assert_user_error, load_params_of, project_of, read_json, set_params, tree_sha256
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.local_train import train_local
@@ -97,23 +93,7 @@ def test_kill_9_then_resume_is_bitwise_identical(local_repro, tmp_path):
     ref_root, ref = local_repro
     root = _copy(ref_root, tmp_path / "proj")
     meta_path = root / "models" / "local" / "run" / "meta.json"
-    # ZG_FAILPOINT_SLEEP_AFTER_STEP sleeps after each step, so the kill lands after checkpoint 4, before the end
-    with open(tmp_path / "killed.stderr", "w") as err:
-        proc = subprocess.Popen([str(BIN / "zg"), "train", "local"], cwd=root, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"})
-        try:
-            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
-            while proc.poll() is None and time.monotonic() < deadline:
-                if meta_path.exists() and read_json(meta_path)["step"] > 0:  # meta.json is replaced atomically
-                    break
-                time.sleep(0.01)
-            assert proc.poll() is None, f"trainer exited before the kill (rc {proc.returncode})"
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    kill_after_first_checkpoint(["train", "local"], root, meta_path, tmp_path / "killed.stderr")
     meta = read_json(meta_path)
     assert meta["done"] is False and meta["step"] == 4
     assert sorted(p.name for p in (meta_path.parent / meta["checkpoint"]).iterdir()) == KEYS

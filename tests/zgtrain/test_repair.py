@@ -9,17 +9,13 @@ straight `zg train repair` with the tiny profile's repair params and ``repair.st
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import BIN, zg
-from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
+from conftest import zg
+from zgt_helpers import kill_after_first_checkpoint, assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
 from zgdata.layout import Layout
 from zgtrain.pipeline import dvc_yaml, profile_params
 
@@ -130,24 +126,7 @@ def test_kill_9_between_checkpoints_then_resume_is_bitwise_identical(straight, a
     ref_root, ref = straight
     root = copy_project(assembled, tmp_path / "proj")
     meta_path = root / "models" / "repair" / "meta.json"
-    # ZG_FAILPOINT_SLEEP_AFTER_STEP sleeps after each optimizer step, so the kill lands after a checkpoint
-    # (every 4 steps) and before the run can finish.
-    with open(tmp_path / "killed.stderr", "w") as err:
-        proc = subprocess.Popen([str(BIN / "zg"), "train", "repair"], cwd=root, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"})
-        try:
-            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
-            while proc.poll() is None and time.monotonic() < deadline:
-                if meta_path.exists() and read_json(meta_path)["step"] > 0:  # meta.json is replaced atomically
-                    break
-                time.sleep(0.01)
-            assert proc.poll() is None, f"repair exited before the kill (rc {proc.returncode})"
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    kill_after_first_checkpoint(["train", "repair"], root, meta_path, tmp_path / "killed.stderr")
     meta = read_json(meta_path)
     assert meta["done"] is False and 0 < meta["step"] < STEPS
     assert not (root / "models" / "repaired").exists()  # nothing published by the killed run

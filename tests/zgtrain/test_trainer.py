@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import signal
-import subprocess
-import time
 
 import lance
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import BIN, zg
-from zgt_helpers import (assert_user_error, copy_project, load_params_of, loss_curve, project_of, read_json,
+from conftest import zg
+from zgt_helpers import (kill_after_first_checkpoint, assert_user_error, copy_project, load_params_of, loss_curve, project_of, read_json,
                          set_params, tree_sha256)
 from zgdata.errors import ZgError
 from zgdata.lance_io import schema_meta
@@ -102,25 +98,7 @@ def test_kill_9_between_checkpoints_then_resume_is_bitwise_identical(straight, t
     _reference_params(tiny_project)
     meta_path = tiny_project / "models" / "blocks" / "b00" / "meta.json"
     assert not meta_path.exists()
-    # ZG_FAILPOINT_SLEEP_AFTER_STEP (test hook in zgtrain/trainer.py) sleeps after each optimizer step,
-    # so the kill lands after checkpoint 4 and before the run can finish.
-    with open(tiny_project.parent / "killed.stderr", "w") as err:
-        proc = subprocess.Popen([str(BIN / "zg"), "train", "block", "b00"], cwd=tiny_project,
-                                stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"})
-        try:
-            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
-            while proc.poll() is None and time.monotonic() < deadline:
-                if meta_path.exists() and read_json(meta_path)["step"] > 0:  # meta.json is replaced atomically
-                    break
-                time.sleep(0.01)
-            assert proc.poll() is None, f"trainer exited before the kill (rc {proc.returncode})"
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            if proc.poll() is None:
-                proc.kill()  # when an assertion above failed; a second SIGKILL after ours is harmless
-            proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    kill_after_first_checkpoint(["train", "block", "b00"], tiny_project, meta_path, tiny_project.parent / "killed.stderr")
     meta = read_json(meta_path)
     assert meta["done"] is False and 0 < meta["step"] < 12
     assert (meta_path.parent / meta["checkpoint"] / "model.safetensors").exists()

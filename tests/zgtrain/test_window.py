@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from zgt_helpers import copy_project, project_of, read_json, set_params
+from zgt_helpers import copy_project, project_of, read_json
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
 from zgdata.layout import Layout

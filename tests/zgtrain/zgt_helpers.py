@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import csv
+import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import yaml
 
-from conftest import assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
+from conftest import BIN, assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
 
 __all__ = ["set_params", "read_json", "tree_sha256", "assert_user_error", "loss_curve", "copy_project",
-           "load_params_of", "project_of"]
+           "load_params_of", "project_of", "kill_after_first_checkpoint"]
 
 
 def load_params_of(root: Path) -> dict:
@@ -52,3 +56,26 @@ def loss_curve(root: Path, key: str = "b00") -> list[tuple[int, float]]:
 def copy_project(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def kill_after_first_checkpoint(args: list[str], cwd: Path, meta_path: Path, stderr_path: Path) -> None:
+    """Run ``zg ARGS`` in CWD and `kill -9` it once META_PATH records a step > 0 (a checkpoint), before it ends.
+
+    ZG_FAILPOINT_SLEEP_AFTER_STEP (the trainers' test hook) sleeps after each optimizer step, so the kill lands
+    after a checkpoint and before the run can finish. meta.json is replaced atomically, so a read sees it whole."""
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen([str(BIN / "zg"), *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"})
+        try:
+            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
+            while proc.poll() is None and time.monotonic() < deadline:
+                if meta_path.exists() and read_json(meta_path)["step"] > 0:
+                    break
+                time.sleep(0.01)
+            assert proc.poll() is None, f"zg {' '.join(args)} exited before the kill (rc {proc.returncode})"
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # when an assertion above failed; a second SIGKILL after ours is harmless
+            proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
