@@ -19,7 +19,8 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import run, zg
-from zgt_helpers import kill_after_first_checkpoint, assert_user_error, load_params_of, project_of, read_json, set_params, tree_sha256
+from zgt_helpers import (assert_user_error, kill_after_first_checkpoint, load_params_of, project_of, read_json,
+                         set_params, tree_sha256)
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.local_train import train_local

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import zg
-from zgt_helpers import kill_after_first_checkpoint, assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
+from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, project_of, read_json,
+                         set_params, tree_sha256)
 from zgdata.layout import Layout
 from zgtrain.pipeline import dvc_yaml, profile_params
 

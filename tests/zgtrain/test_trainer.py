@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import zg
-from zgt_helpers import (kill_after_first_checkpoint, assert_user_error, copy_project, load_params_of, loss_curve, project_of, read_json,
-                         set_params, tree_sha256)
+from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, load_params_of, loss_curve,
+                         project_of, read_json, set_params, tree_sha256)
 from zgdata.errors import ZgError
 from zgdata.lance_io import schema_meta
 from zgdata.layout import Layout
