@@ -6,16 +6,14 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 import torch
 import yaml
 
-from conftest import BIN, zg
-from zgd_helpers import (assert_user_error, boundary_bits, edit_params, read_json, set_schema_meta,
+from conftest import zg
+from zgd_helpers import (assert_user_error, boundary_bits, edit_params, kill_9_when, read_json, set_schema_meta,
                          tree_sha256)
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section
 from zgdata.errors import ZgError
@@ -125,23 +123,10 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
     n_rows = len(want["h00"]["seq_id"])
     edit_params(root, materialize={"commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
-    env = {**os.environ, failpoint: "1.0"}
-    with open(root.parent / "killed.stderr", "w") as err:
-        proc = subprocess.Popen([str(BIN / "zg"), "data", "materialize"], cwd=root, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)
-        try:
-            deadline = time.monotonic() + 600  # a hang guard, not a timing assertion
-            while _journal_rows(root) == 0 or (failpoint.endswith("MID_COMMIT") and not _ahead_of_journal(root)):
-                assert proc.poll() is None, f"materialize exited ({proc.returncode}) before a commit was seen: " \
-                                            f"{(root.parent / 'killed.stderr').read_text()}"
-                assert time.monotonic() < deadline, "no commit was journaled"
-                time.sleep(0.02)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    mid = failpoint.endswith("MID_COMMIT")
+    proc = kill_9_when(lambda: _journal_rows(root) > 0 and (not mid or bool(_ahead_of_journal(root))),
+                       ["data", "materialize"], root, {**os.environ, failpoint: "1.0"}, root.parent / "killed.stderr",
+                       "the first journaled commit")
     assert proc.returncode == -signal.SIGKILL, "materialize finished before it was killed"
     done = _journal_rows(root)
     assert 0 < done < n_rows

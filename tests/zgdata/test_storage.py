@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import time
 
 import lance
 import numpy as np
@@ -17,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import BIN, zg
-from zgd_helpers import boundary_bits, edit_params, overwrite_table
+from conftest import zg
+from zgd_helpers import boundary_bits, edit_params, kill_9_when, overwrite_table
 from zgdata.boundaries import open_boundary
 from zgdata.codec import FORMAT_OF
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
@@ -131,21 +129,9 @@ def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
     root = tiny_project
     edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
-    env = {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"}
-    proc = subprocess.Popen([str(BIN / "zg"), "data", "materialize"], cwd=root, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600  # a hang guard, not a timing assertion
-        while _journal_rows(root) == 0:
-            assert proc.poll() is None, "materialize exited before a commit was journaled"
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = kill_9_when(lambda: _journal_rows(root) > 0, ["data", "materialize"], root,
+                       {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"}, root.parent / "killed.stderr",
+                       "the first journaled commit")
     done = _journal_rows(root)
     assert proc.returncode == -signal.SIGKILL and 0 < done < 56
     res = zg("data", "materialize", "--json", cwd=root)

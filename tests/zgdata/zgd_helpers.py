@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import lance
@@ -11,11 +15,11 @@ import torch
 import yaml
 
 from conftest import assert_user_error as _assert_user_error
-from conftest import read_json, tree_sha256  # noqa: F401 (re-exported)
+from conftest import BIN, read_json, tree_sha256  # noqa: F401 (re-exported)
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
 __all__ = ["edit_params", "boundary_bits", "assert_user_error", "tree_sha256", "set_schema_meta",
-           "overwrite_table", "read_json"]
+           "overwrite_table", "read_json", "kill_9_when"]
 
 
 def edit_params(root: Path, **sections) -> dict:
@@ -59,3 +63,24 @@ def overwrite_table(path: Path, table: pa.Table) -> int:
     return lance.write_dataset(table, str(path), mode="overwrite").version
 
 
+
+
+def kill_9_when(ready, args: list[str], cwd: Path, env: dict, stderr_path: Path, what: str) -> subprocess.Popen:
+    """Run ``zg ARGS`` in CWD and `kill -9` it as soon as ``ready()`` is true (polled while it runs).
+
+    WHAT names the awaited event in the failure messages; the run's stderr goes to STDERR_PATH."""
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen([str(BIN / "zg"), *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 600  # a hang guard, not a timing assertion
+            while not ready():
+                assert proc.poll() is None, f"zg exited ({proc.returncode}) before {what}: {stderr_path.read_text()}"
+                assert time.monotonic() < deadline, f"gave up waiting for {what}"
+                time.sleep(0.02)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return proc
