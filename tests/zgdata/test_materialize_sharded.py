@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from fractions import Fraction
@@ -22,8 +21,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import BIN, zg
-from zgd_helpers import assert_user_error, boundary_bits, edit_params, tree_sha256
+from conftest import zg
+from zgd_helpers import assert_user_error, boundary_bits, edit_params, kill_9_when, tree_sha256
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.lance_io import open_dataset, schema_meta
@@ -180,21 +179,10 @@ def test_killed_driver_resumes_without_redoing_committed_shards(tiny_built, tiny
     edit_params(root, materialize={"workers": 2, "rows_per_file": 16})
     shutil.rmtree(root / "data" / "boundaries")
     env = {**os.environ, "ZG_RAY_ADDRESS": ray_session, "ZG_TEST_SHARD_LOG": str(log)}
-    with open(tmp_path / "killed.stderr", "w") as err:
-        proc = subprocess.Popen([str(BIN / "zg"), "data", "materialize"], cwd=root, env={**env, failpoint: "600"},
-                                stdout=subprocess.DEVNULL, stderr=err)
-        try:
-            deadline = time.monotonic() + HANG_GUARD_S
-            while not _journal(root).get("rows_done") or (failpoint.endswith("MID_COMMIT") and not _ahead_of_journal(root)):
-                assert proc.poll() is None, (tmp_path / "killed.stderr").read_text()
-                assert time.monotonic() < deadline, "no shard commit was journaled"
-                time.sleep(0.05)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    mid = failpoint.endswith("MID_COMMIT")
+    proc = kill_9_when(lambda: bool(_journal(root).get("rows_done")) and (not mid or _ahead_of_journal(root)),
+                       ["data", "materialize"], root, {**env, failpoint: "600"}, tmp_path / "killed.stderr",
+                       "the first journaled shard commit")
     assert proc.returncode == -signal.SIGKILL
     journal = _journal(root)
     done = journal["rows_done"]
