@@ -53,7 +53,7 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
             "layers": layers, "batch_size": cfg.batch_size, "seq_len": seq_len, "hidden": hidden,
             "storage_dtype": cfg.storage_dtype, "codec": cfg.codec, "compute_dtype": cfg.compute_dtype, "threads": cfg.worker_threads,
             "versions": VERSIONS, "expect": expect, "device": "cuda" if gpus else str(dev),
-            "hooks": {"log": os.environ.get("ZG_TEST_SHARD_LOG"),
+            "hooks": {"log": os.environ.get("ZG_TEST_SHARD_LOG"), "driver": os.getpid(),
                       "sleep": float(os.environ.get("ZG_FAILPOINT_SLEEP_IN_SHARD", "0"))}}
     specs = [{**base, "lo": lo, "hi": hi} for lo, hi in todo]
     ran = []

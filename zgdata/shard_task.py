@@ -184,7 +184,8 @@ def _run(spec: dict) -> dict:
 def _test_hooks(spec: dict) -> None:
     """Test hooks (the driver passes ZG_TEST_SHARD_LOG / ZG_FAILPOINT_SLEEP_IN_SHARD in the spec).
 
-    After its fragments are written, each attempt appends ``{"lo", "hi", "pid"}`` to the log. With a
+    After its fragments are written, each attempt appends ``{"lo", "hi", "pid", "driver"}`` to the log (the
+    driver's pid tells a killed run's late task from its rerun's). With a
     sleep, the one attempt that first creates ``<log>.sleeper`` then sleeps: a window in which a test
     kills this worker with kill -9 (its retry, and every other shard, run straight through).
     """
@@ -193,7 +194,7 @@ def _test_hooks(spec: dict) -> None:
         return
     log = Path(hooks["log"])
     with open(log, "a") as f:  # one short write in append mode: lines of concurrent workers do not mix
-        f.write(json.dumps({"lo": spec["lo"], "hi": spec["hi"], "pid": os.getpid()}) + "\n")
+        f.write(json.dumps({"lo": spec["lo"], "hi": spec["hi"], "pid": os.getpid(), "driver": hooks.get("driver")}) + "\n")
     if hooks.get("sleep"):
         try:
             with open(f"{log}.sleeper", "x") as f:
