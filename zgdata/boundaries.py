@@ -6,7 +6,11 @@
     rows = b.rows_dataset("train")                         # torch Dataset: one (seq_len, hidden) row each
     toks = b.tokens_dataset("train")                       # torch Dataset: one (hidden,) vector per token
 
-Every read checks each row's checksum (a ZgError names a damaged row). Values are the stored
+A project's h00 under ``materialize.virtual_first: true`` is not stored: ``open_boundary`` of its
+path (absent) computes it from data/tokens.lance and the head slice's embedding, bit-identical to a
+stored one (``b.codec == "virtual"``; zgdata/virtual.py).
+
+Every read of a stored boundary checks each row's checksum (a ZgError names a damaged row). Values are the stored
 bits: bf16 boundaries come back as bf16 (``.float()`` for fp32 math). The datasets reopen the
 Lance dataset lazily in each process, so they work with ``DataLoader(num_workers > 0)``, and
 they define ``__getitems__``, so a DataLoader batch is one sorted Lance read, not one per item.
@@ -29,7 +33,11 @@ class Boundary:
     """One complete boundary dataset: metadata, row numbers per split, and rows as tensors."""
 
     def __init__(self, path, *, version: int | None = None):
-        self._b = BoundaryDataset(Path(path), version=version)
+        from zgdata.virtual import virtual_from_params
+
+        # a project's h00 under materialize.virtual_first is not on disk: it is computed from tokens + embedding
+        vb = virtual_from_params(Path(path)) if not Path(path).exists() and version is None else None
+        self._b = vb if vb is not None else BoundaryDataset(Path(path), version=version)
 
     name = property(lambda self: self._b.name)
     path = property(lambda self: self._b.path)

@@ -76,13 +76,16 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     commit_rows) and gives the same bits; each boundary is published compacted, as one Lance version.
     materialize.storage_dtype: bfloat16 (default) or float32. materialize.compute_dtype: dtype of the forward.
     materialize.codec: raw or zstd (lossless, ~0.72x the bytes; same values and fingerprint).
+    materialize.virtual_first: true stores no h00; its readers recompute it from the tokens and the embedding.
     materialize.workers: N > 1 captures shards of rows in N Ray tasks at once (ZG_RAY_ADDRESS joins a cluster).
     """
     from zgdata.config import MaterializeConfig, PartitionConfig, load_params, section
     from zgdata.materialize import materialize
 
     p = load_params(params)
-    r = materialize(section(p, MaterializeConfig, "materialize"), section(p, PartitionConfig, "partition"))
+    part = section(p, PartitionConfig, "partition")
+    r = materialize(section(p, MaterializeConfig, "materialize"), part)
+    virtual = [n for n in part.names if n not in r.paths]  # materialize.virtual_first: computed by its readers
     how = "already up to date" if r.skipped else (f"resumed at row {r.resumed_from}" if r.resumed_from else "written")
     where = ""
     if r.shards:  # sharded (materialize.workers > 1): which worker processes ran the shards
@@ -92,7 +95,8 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     emit({"paths": {k: str(v) for k, v in r.paths.items()}, "fingerprints": r.fingerprints, "rows": r.rows,
           "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from,
           "shards": r.shards}, as_json=as_json,
-         summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s{where}")
+         summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s{where}"
+                 + (f"; {', '.join(virtual)} virtual (not stored)" if virtual else ""))
 
 
 @data_app.command("verify")
@@ -108,7 +112,7 @@ def data_verify(params: Path = params_option,
     Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row, or when a
     boundary partition.boundaries needs is missing (--lineage-only only lists it: a subset may be pulled).
     """
-    from zgdata.config import PartitionConfig, VerifyConfig, check_int, load_params, section
+    from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, check_int, load_params, section
     from zgdata.layout import Layout
     from zgdata.verify import verify
 
@@ -116,8 +120,9 @@ def data_verify(params: Path = params_option,
     cfg = section(p, VerifyConfig, "verify")
     sample = None if sample is None else check_int("--sample", sample, ge=1)
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
+    mcfg = section(p, MaterializeConfig, "materialize") if part is not None else None  # virtual_first: h00 computed
     report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
-                    boundaries_dir=boundaries, partition=part)
+                    boundaries_dir=boundaries, partition=part, mcfg=mcfg)
     emit(report, as_json=as_json, summary=f"verify: {report['status']} ({report['summary']})")
     if report["status"] != "ok":
         raise typer.Exit(1)

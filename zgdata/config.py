@@ -288,6 +288,10 @@ class MaterializeConfig(Section):
     codec: str = param("raw", "How hidden states are stored: raw (one column of the dtype's bits, plain Lance) or zstd "
                               "(lossless byte split: zstd of the sign/exponent bytes, ~0.72x raw on bf16). Never "
                               "lineage: the values, fingerprint and training bits are the same.", choices=("raw", "zstd"))
+    virtual_first: bool = param(False, "true: a boundary at layer 0 (h00, the embedding) is not stored; every reader "
+                                       "recomputes it, bit-identical, from data/tokens.lance and the embedding in "
+                                       "models/teacher/blocks/head.safetensors (zgdata/virtual.py), and train@b00 "
+                                       "depends on those instead of data/boundaries/h00.lance.")
 
     def validate(self):
         if self.storage_dtype == "float16":

@@ -82,19 +82,37 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
     return info
 
 
+def describe_virtual(vb) -> dict:
+    """A virtual boundary (materialize.virtual_first, zgdata/virtual.py): nothing stored, computed on read."""
+    return {"codec": "virtual", "path": str(vb.path), "name": vb.name, "kind": "boundary", "version": None,
+            "rows": dict(vb.meta["rows"]), "complete": True, "bytes": 0, "fingerprint": vb.fingerprint,
+            "lineage": vb.meta["lineage"], "versions": [], "layer": 0, "seq_len": vb.seq_len, "hidden": vb.hidden,
+            "dtype": vb.dtype, "format_version": None, "stats": {}, "software": {}, "virtual": True,
+            "source": {"tracked_by": None, "virtual": " + ".join(vb.meta["lineage"]["computed_from"])
+                       + f" (embedding {vb.meta['lineage']['embedding_sha256'][:12]})"}}
+
+
 def collect(paths: list[Path], *, version: int | None = None) -> list[dict]:
+    from zgdata.virtual import virtual_from_params
+
     out = []
     for p in paths:
         p = Path(p)
         if not p.exists():
+            vb = virtual_from_params(p)  # data/boundaries/h00.lance of a project whose h00 is virtual
+            if vb is not None:
+                out.append(describe_virtual(vb))
+                continue
             raise ZgError(f"{p} does not exist", fix="run `dvc repro` (or `dvc pull`) first, or give another path")
         if p.suffix == ".lance" or (p / "_versions").exists():
             out.append(describe_dataset(p, version=version))
         else:
-            found = sorted(p.glob("*.lance"))
-            if not found:
+            vb = virtual_from_params(p / "h00.lance")  # the folder of a project whose h00 is virtual: it comes first
+            found = [x for x in sorted(p.glob("*.lance")) if vb is None or x.name != "h00.lance"]
+            if not found and vb is None:
                 raise ZgError(f"{p} holds no .lance dataset", fix="give a dataset path or data/boundaries")
-            out.extend(describe_dataset(x, version=version) for x in found)
+            out.extend(([describe_virtual(vb)] if vb is not None else [])
+                       + [describe_dataset(x, version=version) for x in found])
     return out
 
 
@@ -113,7 +131,7 @@ def render(infos: list[dict], console: Console | None = None) -> None:
         rows = " ".join(f"{k}={v}" for k, v in sorted(i["rows"].items()))
         stats = f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-"
         src = i["source"]
-        where = (f"import {src['import']['url']}" if src.get("import") else
+        where = (f"virtual: {src['virtual']}" if src.get("virtual") else f"import {src['import']['url']}" if src.get("import") else
                  f"stage {src['stage']}" if src.get("stage") else src.get("tracked_by") or "untracked")
         tokens_fp = lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")
         t.add_row(i["name"], str(i["layer"] if i["layer"] is not None else "-"), rows, str(i["seq_len"]),
@@ -122,6 +140,8 @@ def render(infos: list[dict], console: Console | None = None) -> None:
                   "yes" if i["complete"] else "NO", where)
     console.print(t)
     for i in infos:
+        if i.get("virtual"):  # nothing stored, so no versions
+            continue
         v = Table(title=f"{i['name']} versions", show_header=True)
         for col in ("version", "timestamp", "rows", "message"):
             v.add_column(col)

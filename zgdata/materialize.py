@@ -42,6 +42,7 @@ from zgdata.progress import progress
 from zgdata.teacher import load_teacher, read_teacher_json
 from zgdata.timing import span
 from zgdata.tokens import open_tokens, read_tokens
+from zgdata.virtual import stored
 
 __all__ = ["materialize", "MaterializeResult", "estimate_bytes", "boundary_schema", "JOURNAL_VERSION"]
 
@@ -203,7 +204,7 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
           key="teacher.source", fix="re-run `dvc repro tokens` so the tokens come from this teacher's tokenizer")
     arch = teacher["architecture"]
     partition.check_depth(arch["num_layers"])
-    names, layers = partition.names, partition.boundaries
+    names, layers = stored(partition, cfg)  # materialize.virtual_first: h00 is recomputed by its readers (zgdata/virtual.py)
     lineages = {n: boundary_lineage(teacher, tmeta, layer, cfg) for n, layer in zip(names, layers)}
     fps = {n: boundary_fingerprint(lin) for n, lin in lineages.items()}
     rows_by_split = tmeta["rows"]

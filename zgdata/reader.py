@@ -150,11 +150,11 @@ def step_rows(rows: np.ndarray, step: int, batch_size: int, seed: int) -> np.nda
 
 
 class BoundaryPair:
-    """The (input, target) boundaries of one block."""
+    """The (input, target) boundaries of one block (paths, or boundaries already open: a virtual h00)."""
 
-    def __init__(self, input_path: Path, output_path: Path):
-        self.input = BoundaryDataset(input_path)
-        self.output = BoundaryDataset(output_path)
+    def __init__(self, input_path, output_path):
+        self.input = input_path if hasattr(input_path, "take") else BoundaryDataset(input_path)
+        self.output = output_path if hasattr(output_path, "take") else BoundaryDataset(output_path)
         self._pool = None
         check(self.input.name, self.input.meta.get("lineage", {}), self.output.name,
               self.output.meta.get("lineage", {}))

@@ -105,20 +105,36 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
     return failures, [int(sets[0].seq_ids[r]) for r in rows], identity
 
 
+def _virtual(layout: Layout, partition, mcfg, lineage_only: bool) -> tuple[list, list[str]]:
+    """(virtual boundaries, the names of those that cannot be computed here) under materialize.virtual_first."""
+    from zgdata.virtual import VirtualBoundary, is_virtual
+
+    names = [n for n in partition.names if is_virtual(n, partition, mcfg)] if partition and mcfg else []
+    if lineage_only and not (layout.tokens.exists() and layout.teacher_head.exists()):
+        return [], names  # a subset was pulled: listed as not present, as a stored one would be
+    return [VirtualBoundary(layout, mcfg, n) for n in names], []
+
+
 def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool = False, layout: Layout = Layout(),
-           boundaries_dir: Path | None = None, partition: PartitionConfig | None = None) -> dict:
+           boundaries_dir: Path | None = None, partition: PartitionConfig | None = None, mcfg=None) -> dict:
     """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
     depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
-    block's pair runs that mode on a subset."""
+    block's pair runs that mode on a subset. ``mcfg`` (materialize): with virtual_first, h00 is computed from
+    the tokens and the head slice (zgdata/virtual.py); its lineage and alignment are checked and the sample is
+    recomputed with the teacher like a stored boundary's (it has no checksums: nothing is stored)."""
     folder = Path(boundaries_dir) if boundaries_dir else layout.boundaries_dir
-    missing = _missing(folder, partition)
-    sets = _open_all(folder)
+    virtual, unbuilt = _virtual(layout, partition, mcfg, lineage_only) if boundaries_dir is None else ([], [])
+    vnames = {b.name for b in virtual} | set(unbuilt)
+    missing = [n for n in _missing(folder, partition) if n not in vnames] + unbuilt
+    stored = [b for b in _open_all(folder) if b.name not in vnames]  # a stale stored h00 is not what readers use
+    sets = sorted(stored + virtual, key=lambda b: b.meta["layer"])
     failures = [] if lineage_only else [
         {"boundary": n, "check": "missing", "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries "
          "needs, is missing", "fix": f"`dvc pull {folder / f'{n}.lance'}`, or re-create it with `dvc repro materialize`"}
         for n in missing]
     lineage_failures = _lineage_failures(sets)
-    sums, summed = _checksum_failures(sets)
+    sums, summed = _checksum_failures(stored)
+    summed.update({b.name: 0 for b in virtual})
     failures += lineage_failures + sums
     checked, identity = [], {}
     if not lineage_only and not lineage_failures:
@@ -126,15 +142,18 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
         failures += more
     report = {
         "status": "ok" if not failures else "fail",
-        "summary": (f"{len(sets)} boundaries, lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
+        "summary": (f"{len(sets)} boundaries" + (f" ({', '.join(sorted(b.name for b in virtual))} virtual)" if virtual else "")
+                    + f", lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
                     + ("" if lineage_only else
                     f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed")
                     + (f"; not present: {', '.join(missing)}" if missing else "")) if not failures else
                    "; ".join(f["what"] for f in failures[:3]) + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
                    + ". " + failures[0]["fix"],
         "lineage_only": lineage_only,
-        "boundaries": {b.name: {"fingerprint": b.fingerprint, "rows": len(b.seq_ids), "version": b.ds.version,
-                                "layer": b.meta["layer"], "checksum_rows": summed[b.name]} for b in sets},
+        "boundaries": {b.name: {"fingerprint": b.fingerprint, "rows": len(b.seq_ids),
+                                "version": b.ds.version if b.ds is not None else None, "layer": b.meta["layer"],
+                                "checksum_rows": summed[b.name], **({"virtual": True} if b.ds is None else {})}
+                       for b in sets},
         "checksum_rows_checked": sum(summed.values()),
         "missing": missing,
         "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},

@@ -42,7 +42,7 @@ from zgtrain.student import load_student
 __all__ = ["evaluate", "gate_verdicts"]
 
 
-def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray) -> dict:
+def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg=None) -> dict:
     """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output."""
     head, hmeta = load_slice(layout.teacher_head)
     ids, _ = read_tokens(layout, rows)
@@ -54,13 +54,21 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray) -> dict:
         for spec in part.blocks():
             block, _ = load_block(layout, spec.key)
             block = block.to(dev)
-            x = BoundaryDataset(layout.boundary(spec.input)).take(rows).float().to(dev)
-            y = BoundaryDataset(layout.boundary(spec.output)).take(rows).float().to(dev)
+            x, y = (_boundary(layout, n, part, mcfg).take(rows).float().to(dev) for n in (spec.input, spec.output))
             e_t, d = nmse(block(x), y)
             h = block(h)
             e_s, _ = nmse(h, y)
             out[spec.key] = {"teacher_input": e_t / d, "student_input": e_s / d}
     return out
+
+
+def _boundary(layout: Layout, name: str, part: PartitionConfig, mcfg):
+    """A stored boundary, or h00 recomputed (materialize.virtual_first: zgdata/virtual.py)."""
+    if mcfg is None:
+        return BoundaryDataset(layout.boundary(name))
+    from zgdata.virtual import open_boundary_in
+
+    return open_boundary_in(layout, name, part, mcfg)
 
 
 def _csv(rows: list[list]) -> str:
@@ -172,7 +180,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
         if name != "untrained" and gen_rows:
             continuations[name] = greedy(model, gen_prompt, cfg.generate_tokens)
         del model
-    shift = _shift(part, layout, rows)
+    shift = _shift(part, layout, rows, project.materialize)
     figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}
     verdicts = {n: {**gate_verdicts(gates, f["ce_gap"], f["context_retention"]), "judged": n in gates.sets}
                 for n, f in figs.items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from zgdata.atomic import write_text
-from zgdata.config import PartitionConfig, defaults, section
+from zgdata.config import MaterializeConfig, PartitionConfig, defaults, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.eval_sets import literal_paths
@@ -127,6 +127,7 @@ _CODE = {
     "repair": ["zgtrain/repair.py", "zgtrain/repair_paths.py", "zgtrain/repair_model.py", "zgtrain/checkpoint.py",
                "zgtrain/trainer.py", "zgtrain/student.py", "zgdata/reader.py", "zgdata/families.py"],
 }
+_CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 _CODE["variant"] = _CODE["train"] + ["zgtrain/variants.py", "zgtrain/variant_scores.py"]
 _CODE["search"] = ["zgtrain/search.py", "zgtrain/variants.py"]
 _CODE["search_assemble"] = _CODE["assemble"] + ["zgtrain/search_assemble.py", "zgtrain/variants.py"]
@@ -191,6 +192,7 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
     _add_repair(stages, params, part, L, code)
     if params.get("variants"):
         stages.update(_search_stages(params, blocks, code))
+    _virtual_first(stages, params, part, L, code)
     if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
         stages["lm_eval"] = {"cmd": "zg train lm-eval",
                              "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
@@ -273,6 +275,35 @@ def _search_stages(params: dict, blocks, code) -> dict:
                             + code("search_assemble"),
                             "params": ["partition"], "outs": [str(search_student(L))]},
     }
+
+
+def _virtual_first(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+    """materialize.virtual_first (zgdata/virtual.py): h00 is no output; what reads it depends on the tokens and the
+    head slice (the embedding) instead. Off by default: the default pipeline is unchanged.
+
+    DVC gives every item of a foreach the same number of deps, so the train stages iterate over a generated
+    mapping with two input slots: b00's hold data/tokens.lance and the head slice, every other block's hold its
+    input boundary (twice)."""
+    if not (section(params, MaterializeConfig).virtual_first and part.boundaries[0] == 0) or "train" not in stages:
+        return
+    h00, tokens, head = str(L.boundary(part.names[0])), str(L.tokens), str(L.teacher_head)
+    mat = stages["materialize"]
+    mat["outs"] = [o for o in mat["outs"] if o != h00]
+    mat["params"] = mat["params"] + ["materialize.virtual_first"]
+    stages["verify"]["deps"] = [d for d in stages["verify"]["deps"] if d != h00] + [head] + code("virtual")
+    # evaluate reads the tokens and the head slice already
+    stages["evaluate"]["deps"] = [d for d in stages["evaluate"]["deps"] if d != h00] + code("virtual")
+    src = {b.key: (tokens, head) if b.input == part.names[0] else (str(L.boundary(b.input)),) * 2 for b in part.blocks()}
+    train = stages["train"]
+    train["foreach"] = {b.key: {"in": b.input, "out": b.output, "src": src[b.key][0], "aux": src[b.key][1]}
+                        for b in part.blocks()}
+    train["do"]["deps"] = ["${item.src}", "${item.aux}"] + [d for d in train["do"]["deps"] if "${item.in}" not in d] \
+        + code("virtual")
+    if "variant" in stages:  # a b00 variant reads the tokens and the head slice, deps of every variant already
+        for run in stages["variant"]["foreach"].values():
+            run["src"] = tokens if run["in"] == part.names[0] else str(L.boundary(run["in"]))
+        do = stages["variant"]["do"]
+        do["deps"] = ["${item.src}" if "${item.in}" in d else d for d in do["deps"]] + code("virtual")
 
 
 def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:

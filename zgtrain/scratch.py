@@ -46,8 +46,12 @@ def _git(root: Path, *args: str) -> str:
 
 
 def _inputs(project: ProjectConfig, key: str) -> list[str]:
+    from zgdata.virtual import is_virtual
+
     spec, layout = project.block(key).spec, Layout(Path(""))
-    return [str(layout.boundary(spec.input)), str(layout.boundary(spec.output)), str(layout.teacher_slice(key))]
+    first = [str(layout.tokens), str(layout.teacher_head)] if is_virtual(spec.input, project.partition, project.materialize) \
+        else [str(layout.boundary(spec.input))]  # a virtual h00 is computed from these (zgdata/virtual.py)
+    return first + [str(layout.boundary(spec.output)), str(layout.teacher_slice(key))]
 
 
 def prepare(root: Path, keys: list[str], project: ProjectConfig) -> dict:
