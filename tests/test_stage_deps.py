@@ -65,9 +65,10 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
     params = yaml.safe_load((root / "params.yaml").read_text())
     stages = {}
     for name, body in spec["stages"].items():
-        if "foreach" in body:
-            assert body["foreach"] == "${blocks}", body["foreach"]
-            for key, item in params["blocks"].items():
+        if "foreach" in body:  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/pipeline.py)
+            assert body["foreach"] == "${blocks}" or isinstance(body["foreach"], dict), body["foreach"]
+            items = params["blocks"] if body["foreach"] == "${blocks}" else body["foreach"]
+            for key, item in items.items():
                 stages[f"{name}@{key}"] = _expand(body["do"], key, item)
         else:
             stages[name] = body

@@ -1,0 +1,113 @@
+"""A virtual first boundary (issue 16 part 2, materialize.virtual_first): h00 is not stored, every reader
+recomputes it from data/tokens.lance and the head slice's embedding, bit-identical to the stored one, and
+train@b00 depends on those files (traced with strace) and trains to the same state_sha256."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import assert_user_error, read_json, tree_sha256, zg
+from test_stage_deps import STRACE, pipeline_stages, trace_stage, undeclared
+from zgd_helpers import edit_params
+from zgdata.boundaries import open_boundary
+from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.inspect import collect
+from zgdata.layout import Layout
+from zgdata.materialize import materialize
+from zgdata.reader import BoundaryDataset
+from zgdata.virtual import VirtualBoundary
+from zgtrain.pipeline import write_pipeline
+
+
+def _virtual(root) -> VirtualBoundary:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    return VirtualBoundary(Layout(root), section(params, MaterializeConfig, "materialize"))
+
+
+def test_virtual_h00_is_bitwise_the_stored_one_and_trains_b00_to_the_same_state(tiny_project, tmp_path):
+    root, layout = tiny_project, Layout(tiny_project)
+    zg("train", "block", "b00", cwd=root)
+    want = read_json(layout.block_dir("b00") / "meta.json")["state_sha256"]
+
+    params = edit_params(root, materialize={"virtual_first": True})
+    write_pipeline(root, params, code_deps=False)  # what `zg pipeline` does
+    shutil.move(layout.boundary("h00"), tmp_path / "h00.lance")  # a virtual project never has it
+    stored = BoundaryDataset(tmp_path / "h00.lance", recheck=True)
+    res = materialize(section(params, MaterializeConfig), section(params, PartitionConfig), layout=layout)
+    assert res.skipped and list(res.paths) == ["h02", "h04"] and not layout.boundary("h00").exists()
+
+    virt = _virtual(root)
+    rows = np.random.default_rng(0).permutation(len(stored.seq_ids))  # any order, as training asks
+    assert torch.equal(virt.take(rows), stored.take(rows))
+    assert virt.take(rows).dtype == torch.bfloat16
+    assert virt.fingerprint == stored.fingerprint and np.array_equal(virt.seq_ids, stored.seq_ids)
+    assert np.array_equal(virt.rows("heldout"), stored.rows("heldout"))
+    lin = virt.meta["lineage"]
+    assert lin["virtual"] is True and len(lin["embedding_sha256"]) == 64
+    assert lin["computed_from"] == ["data/tokens.lance", "models/teacher/blocks/head.safetensors"]
+    # the public API opens the absent path of a virtual h00
+    pub = open_boundary(layout.boundary("h00"))
+    assert pub.codec == "virtual" and torch.equal(pub.take([5, 0]), stored.take([5, 0]))
+    assert torch.equal(pub.tokens_dataset("train")[70], stored.take(stored.rows("train")[1:2])[0, 6])
+
+    # dvc.yaml: no h00 out; train@b00 reads the tokens and the head slice, and nothing undeclared
+    stages = pipeline_stages(root)
+    assert "data/boundaries/h00.lance" not in stages["materialize"]["outs"]
+    b00 = stages["train@b00"]
+    assert b00["deps"][:2] == ["data/tokens.lance", "models/teacher/blocks/head.safetensors"]
+    assert not any("h00" in d for s in stages.values() for d in s.get("deps", []))
+    shutil.rmtree(layout.block_dir("b00"))
+    if STRACE:
+        before = {p.relative_to(root).as_posix(): p.is_dir() for p in root.rglob("*")}
+        opened = trace_stage(root, b00, tmp_path / "b00.strace")
+        assert any(p.startswith("data/tokens.lance/") for p in opened), sorted(opened)
+        assert "models/teacher/blocks/head.safetensors" in opened
+        assert undeclared(b00, opened, before) == []
+    else:
+        zg("train", "block", "b00", cwd=root)
+    assert read_json(layout.block_dir("b00") / "meta.json")["state_sha256"] == want
+
+    # verify recomputes the virtual h00 with the teacher; inspect says what it is made of
+    rep = zg("data", "verify", "--json", cwd=root)
+    report = yaml.safe_load(rep.stdout)
+    assert report["status"] == "ok" and report["boundaries"]["h00"]["virtual"] is True, report
+    assert report["boundaries"]["h00"]["fingerprint"] == stored.fingerprint
+    info = {i["name"]: i for i in collect([layout.boundaries_dir])}
+    assert info["h00"]["codec"] == "virtual" and info["h00"]["lineage"]["embedding_sha256"] == lin["embedding_sha256"]
+    assert "head.safetensors" in info["h00"]["source"]["virtual"]
+
+
+def test_virtual_h00_without_the_head_slice_is_a_user_error(tiny_project):
+    root, layout = tiny_project, Layout(tiny_project)
+    edit_params(root, materialize={"virtual_first": True})
+    shutil.rmtree(layout.boundary("h00"))
+    layout.teacher_head.unlink()
+    before = tree_sha256(root / "data")
+    res = zg("train", "block", "b00", cwd=root, check=False)
+    assert_user_error(res, "head.safetensors", "dvc pull")
+    assert tree_sha256(root / "data") == before and not layout.block_dir("b00").exists()
+
+
+@pytest.mark.parametrize("profile", ["tiny", "smollm2"])
+def test_virtual_first_is_off_by_default_and_changes_only_h00_stages(profile):
+    from zgtrain.pipeline import dvc_yaml, profile_params
+
+    params = profile_params(profile)
+    assert params["materialize"]["virtual_first"] is False
+    off = dvc_yaml(params, code_deps=True)["stages"]
+    assert off["train"]["foreach"] == "${blocks}" and "data/boundaries/h00.lance" in off["materialize"]["outs"]
+    params["materialize"]["virtual_first"] = True
+    on = dvc_yaml(params, code_deps=True)["stages"]
+    assert on["materialize"]["outs"] == off["materialize"]["outs"][1:]
+    assert "materialize.virtual_first" in on["materialize"]["params"]
+    assert {k: v for k, v in on.items() if k not in ("materialize", "verify", "train", "evaluate")} == \
+        {k: v for k, v in off.items() if k not in ("materialize", "verify", "train", "evaluate")}
+    items = on["train"]["foreach"]
+    assert (items["b00"]["src"], items["b00"]["aux"]) == ("data/tokens.lance", "models/teacher/blocks/head.safetensors")
+    assert items["b01"]["src"] == items["b01"]["aux"] == f"data/boundaries/{items['b01']['in']}.lance"
+    assert "zgdata/virtual.py" in on["train"]["do"]["deps"] and "zgdata/virtual.py" not in off["train"]["do"]["deps"]
