@@ -61,7 +61,8 @@ def _cases():
                          ("corpus", "heldout", []), ("corpus", "source", {"a": 1}), ("eval", "window", 1000),
                          ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1]),
                          ("lm_eval", "tasks", ["hella swag"]), ("local", "blocks", "b01"),
-                         ("eval", "sets", [{"name": "x"}]), ("gates", "sets", ["nope"])):
+                         ("eval", "sets", [{"name": "x"}]), ("gates", "sets", ["nope"]),
+                         ("materialize", "virtual_first", "yes")):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
 
