@@ -342,6 +342,23 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
                 nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
         return nbytes, m
 
+    def run_fresh(cache_mb):  # a new pair per pass: every row read for the first time (a first epoch)
+        def run():
+            old = os.environ.get("ZG_DECODED_CACHE_MB")
+            if cache_mb is not None:
+                os.environ["ZG_DECODED_CACHE_MB"] = str(cache_mb)
+            try:
+                p2 = BoundaryPair(layout.boundary(a), layout.boundary(b))
+                nbytes = 0
+                with CpuMeter() as m:
+                    for step, rows, x, y in p2.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
+                        nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+                return nbytes, m
+            finally:
+                if cache_mb is not None:
+                    os.environ.pop("ZG_DECODED_CACHE_MB", None) if old is None else os.environ.__setitem__("ZG_DECODED_CACHE_MB", old)
+        return run
+
     def run_take_sync():  # the loader's own read path without its prefetch thread
         nbytes = 0
         with CpuMeter() as m:
@@ -386,7 +403,8 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
     assert torch.equal(x0.view(torch.int16), torch.from_numpy(mx[batch_rows[0]].view(np.int16))), "memmap copy differs"
     del mx, x0
 
-    runs = [("loader_Bps", run_loader), ("recheck_Bps", run_loader_recheck), ("take_Bps", run_take_sync), ("sorted_Bps", run_take_sorted),
+    runs = [("loader_Bps", run_loader), ("fresh_Bps", run_fresh(None)), ("nocache_Bps", run_fresh(0)),
+            ("recheck_Bps", run_loader_recheck), ("take_Bps", run_take_sync), ("sorted_Bps", run_take_sorted),
             ("memmap_Bps", run_memmap)] + ([("pages_Bps", run_pages)] if px and py else [])
     for _, fn in runs:  # warm the page cache / first-open costs
         fn()
@@ -494,6 +512,8 @@ def main(argv=None) -> int:
         mm_b, mm_m = max(loader["memmap_Bps"]), statistics.median(loader["memmap_Bps"])
         log(f"loader only, codec {codec}, pair {loader['pair']}, {loader['steps']} batches of {loader['batch_size']}")
         for key, label in (("loader_Bps", "loader batches() (checksum on first read)"),
+                           ("fresh_Bps", "loader batches(), fresh pair (first epoch)"),
+                           ("nocache_Bps", "fresh pair, ZG_DECODED_CACHE_MB=0 (before)"),
                            ("recheck_Bps", "loader batches(), checksum every read"),
                            ("take_Bps", "loader read path, no prefetch thread"), ("memmap_Bps", "np.memmap same rows")):
             b, m = max(loader[key]), statistics.median(loader[key])

@@ -105,15 +105,22 @@ class BoundaryDataset:
         return out
 
     def _page_reader(self):
-        """Mapped pages of a raw dataset (zgdata/pagemap.py), built on first use; None: read with Lance take."""
+        """Mapped pages of a raw dataset (zgdata/pagemap.py), or the decoded-row cache of a compressed one
+        (zgdata/decoded_cache.py), built on first use; None: read with Lance take (and decode) every time."""
         if self._pages is False:
             self._pages = None
+            fetch = lambda r: self.decode(self.ds.take(r, columns=self.columns), r)  # noqa: E731
             if self.codec == "raw":
                 from zgdata.pagemap import page_reader
 
-                self._pages = page_reader(
-                    self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype,
-                    lambda r: self.decode(self.ds.take(r, columns=self.columns), r))
+                self._pages = page_reader(self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype,
+                                          fetch)
+            else:
+                from zgdata.decoded_cache import decoded_cache
+
+                self._pages = decoded_cache(len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch)
+        if self.recheck and self.codec != "raw":
+            return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
         return self._pages
 
     def _checksums(self, rows: np.ndarray):
