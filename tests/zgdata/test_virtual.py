@@ -111,3 +111,20 @@ def test_virtual_first_is_off_by_default_and_changes_only_h00_stages(profile):
     assert (items["b00"]["src"], items["b00"]["aux"]) == ("data/tokens.lance", "models/teacher/blocks/head.safetensors")
     assert items["b01"]["src"] == items["b01"]["aux"] == f"data/boundaries/{items['b01']['in']}.lance"
     assert "zgdata/virtual.py" in on["train"]["do"]["deps"] and "zgdata/virtual.py" not in off["train"]["do"]["deps"]
+
+
+def test_remote_workers_pull_what_train_at_b00_declares():
+    """zg repro --data remote: a worker pulls exactly the stage's data deps (zgtrain/scratch.py)."""
+    from zgtrain.config import ProjectConfig
+    from zgtrain.pipeline import dvc_yaml, profile_params
+    from zgtrain.scratch import _inputs
+
+    params = profile_params("tiny")
+    params["materialize"]["virtual_first"] = True
+    project = ProjectConfig.from_params(params)
+    train = dvc_yaml(params, code_deps=False)["stages"]["train"]
+    for key, item in train["foreach"].items():
+        deps = [d.replace("${key}", key).replace("${item.src}", item["src"]).replace("${item.aux}", item["aux"])
+                .replace("${item.out}", item["out"]) for d in train["do"]["deps"]]
+        assert sorted(set(deps)) == sorted(_inputs(project, key)), key
+    assert _inputs(project, "b00")[:2] == ["data/tokens.lance", "models/teacher/blocks/head.safetensors"]
