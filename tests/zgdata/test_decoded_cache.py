@@ -55,4 +55,18 @@ def test_over_budget_or_off_is_no_cache(monkeypatch):
     monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
     assert decoded_cache(2**20, 6, np.uint16, _fetch([])) is None  # 12 MB > 1 MB
     monkeypatch.delenv("ZG_DECODED_CACHE_MB")
-    assert decoded_cache(40, 6, np.uint16, _fetch([])) is not None  # default: 1/8 of memory
+    assert decoded_cache(40, 6, np.uint16, _fetch([])) is not None  # default: 1/16 of memory
+
+
+def test_caches_of_one_process_share_one_budget(monkeypatch):
+    """Two boundaries of 0.6 MB under a 1 MB budget: the second is not cached while the first lives."""
+    import gc
+
+    monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
+    rows = 600_000 // (6 * 2)
+    first = decoded_cache(rows, 6, np.uint16, _fetch([]))
+    assert first is not None
+    assert decoded_cache(rows, 6, np.uint16, _fetch([])) is None
+    del first
+    gc.collect()
+    assert decoded_cache(rows, 6, np.uint16, _fetch([])) is not None  # released with the first cache
