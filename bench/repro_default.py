@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,8 @@ TIMED_KEYS = {"tokens_per_s", "seconds"}  # wall-clock figures inside metrics fi
 
 def sh(cmd: list, cwd: Path) -> float:
     t0 = time.perf_counter()
-    res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # dvc's stage commands run `zg`
+    res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, env=env)
     if res.returncode:
         sys.exit(f"{' '.join(map(str, cmd))} failed in {cwd}:\n{res.stdout}\n{res.stderr}")
     return time.perf_counter() - t0
