@@ -12,7 +12,8 @@ figures left out), the same block `state_sha256` and the same `metrics/eval.json
 the script checks all three and exits non-zero on any difference. It prints both wall times and their ratio.
 `train.threads` is part of a block's identity (the thread count changes float reductions on this CPU), so
 both arms set the same value; 1 thread x N jobs is the setting that can use N cores.
-Not a test: it trains every block of the profile twice (the default profile: about 2 x 15 min on 2 cores).
+Not a test: it trains every block of the profile twice. Measured on the default profile (2 shared cores,
+2026-11-30): serial 1,579 s, parallel 1,317 s, speedup 1.20, all three views identical.
 """
 
 from __future__ import annotations
