@@ -4,9 +4,12 @@
     python bench/tokenize_corpus.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
     nice -n 19 python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
 
-The 1 and 4 GB sizes take hours on a shared 2-core machine (about 110 k tok/s with the SmolLM2 tokenizer,
-~0.31 tokens per corpus byte: 4 GB is ~1.2 B tokens, ~3 h) and need disk: each corpus, plus its token set
-(int32 ids: ~1.25 bytes per corpus byte), plus the previous size's token set until the new one replaces it.
+Throughput is the tokenizer's Rust BPE (~90% of the time; zgdata/encode.py calls it as directly as stays
+bit-identical): with the SmolLM2 tokenizer, ~0.31 tokens per corpus byte, 0.1 GB ran at 349 k tok/s under
+`nice -n 19` on the shared 2-core machine (2026-11-30, load average ~6; 107 k tok/s before zgdata/encode.py, at
+load ~9). 4 GB is ~1.24 B tokens: about 1 h at that rate, several when other jobs take the cores (at `nice 19`
+the 1 GB run then crawled). Disk: each corpus, plus its token set (int32 ids: ~1.25 bytes per corpus byte),
+plus the previous size's token set until the new one replaces it.
 The script checks free space under --corpora before it starts and says how much it needs.
 ``--drop-corpora`` deletes each generated corpus after its measurement (regenerating is deterministic).
 

@@ -1,7 +1,8 @@
 """Corpus -> packed token sequences in ``data/tokens.lance`` with lineage, streamed in bounded memory.
 
 Documents (zgdata/corpus.py) are split train/heldout whole, tokenized in batches through
-the teacher's fast tokenizer, packed into ``seq_len`` rows as they arrive
+the teacher's fast tokenizer (zgdata/encode.py: its Rust batch API, the next batch encoded
+while this one is packed; the ids of ``tok(text)``), packed into ``seq_len`` rows as they arrive
 (zgdata/packing.py: ``eos`` or ``pad``) and spilled to disk per split; the seeded row caps
 then pick rows from the spills into a Lance dataset written batch by batch into a
 staging path and renamed into place. Rows: train first, then heldout; ``seq_id`` is the

@@ -166,7 +166,8 @@ def test_tokenize_fast_path_equals_the_reference_path(tiny_built, tmp_path, monk
         cfg = CorpusConfig(source=[str(src)], heldout=[], heldout_fraction=0.2, seq_len=16, packing=packing)
         tokens.tokenize(cfg, layout=layout, batch_chars=200, flush_tokens=40)
         t = lance.dataset(str(layout.tokens)).to_table()
-        return layout.tokens_json.read_bytes(), {"schema": t.schema, **{c: t.column(c).to_pylist() for c in t.schema.names}}
+        return layout.tokens_json.read_bytes(), {"schema": t.schema,
+                                                 **{c: t.column(c).to_pylist() for c in t.schema.names}}
 
     for packing in ("eos", "pad"):
         fast = token_set(tmp_path / f"fast-{packing}", packing, batch_encoder)
