@@ -4,9 +4,12 @@
     python bench/tokenize_corpus.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
     nice -n 19 python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
 
-The 1 and 4 GB sizes take hours on a shared 2-core machine (about 110 k tok/s with the SmolLM2 tokenizer,
-~0.31 tokens per corpus byte: 4 GB is ~1.2 B tokens, ~3 h) and need disk: each corpus, plus its token set
-(int32 ids: ~1.25 bytes per corpus byte), plus the previous size's token set until the new one replaces it.
+Throughput is the tokenizer's Rust BPE (~90% of the time; zgdata/encode.py calls it as directly as stays
+bit-identical): with the SmolLM2 tokenizer, ~0.31 tokens per corpus byte, 0.1 GB ran at 349 k tok/s under
+`nice -n 19` on the shared 2-core machine (2026-11-30, load average ~6; 107 k tok/s before zgdata/encode.py, at
+load ~9). 4 GB is ~1.24 B tokens: about 1 h at that rate, several when other jobs take the cores (at `nice 19`
+the 1 GB run then crawled). Disk: each corpus, plus its token set (int32 ids: ~1.25 bytes per corpus byte),
+plus the previous size's token set until the new one replaces it.
 The script checks free space under --corpora before it starts and says how much it needs.
 ``--drop-corpora`` deletes each generated corpus after its measurement (regenerating is deterministic).
 
@@ -15,7 +18,7 @@ per document, a fixed seed), generated once under ``--corpora`` (default /tmp/zg
 reused. Each size is tokenized in its own subprocess (`zgdata.tokens.tokenize`, seq_len 512,
 1% of documents held out by fraction, no row caps: every row is written), which reports:
   tok/s        tokens written / wall seconds of tokenize() (reading, tokenizing, packing, writing)
-  peak RSS     the process's maximum resident memory (ru_maxrss), and its growth over the RSS
+  peak RSS     the process's own maximum resident memory (VmHWM), and its growth over the RSS
                right before tokenize() (torch, transformers and the tokenizer already loaded)
 Flat growth across sizes is the claim: memory is bounded by the batch (zgdata.tokens.BATCH_CHARS),
 the packing buffer (zgdata.packing.FLUSH_TOKENS) and Lance's write buffers, not the corpus.
@@ -33,7 +36,6 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -45,6 +47,13 @@ sys.path.insert(0, str(ROOT))
 def _rss_now_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    """This process's own high-water RSS (VmHWM). Not ru_maxrss: Linux carries that over exec from the process
+    that spawned it, so a child of a parent that prepared the teacher (~1.2 GB) reported the parent's peak."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
 def make_corpus(path: Path, gb: float, seed: int = 0) -> Path:
@@ -108,7 +117,7 @@ def child(work: Path, corpus: Path) -> dict:
     t0 = time.perf_counter()
     r = tokenize(cfg, layout=Layout(work))
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _peak_rss_mb()
     tokens = sum(r.tokens.values())
     return {"corpus_gb": corpus.stat().st_size / 1e9, "documents": r.documents, "tokens": tokens,
             "seconds": wall, "tok_per_s": tokens / wall, "rss_before_mb": base, "peak_rss_mb": peak,

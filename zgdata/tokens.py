@@ -1,7 +1,8 @@
 """Corpus -> packed token sequences in ``data/tokens.lance`` with lineage, streamed in bounded memory.
 
 Documents (zgdata/corpus.py) are split train/heldout whole, tokenized in batches through
-the teacher's fast tokenizer, packed into ``seq_len`` rows as they arrive
+the teacher's fast tokenizer (zgdata/encode.py: its Rust batch API, the next batch encoded
+while this one is packed; the ids of ``tok(text)``), packed into ``seq_len`` rows as they arrive
 (zgdata/packing.py: ``eos`` or ``pad``) and spilled to disk per split; the seeded row caps
 then pick rows from the spills into a Lance dataset written batch by batch into a
 staging path and renamed into place. Rows: train first, then heldout; ``seq_id`` is the
@@ -29,6 +30,7 @@ import torch
 from zgdata.atomic import atomic_path, write_json
 from zgdata.config import CorpusConfig
 from zgdata.corpus import Doc, Walk, size, sources
+from zgdata.encode import batch_encoder, pipelined
 from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
@@ -107,14 +109,6 @@ def _batches(walk: Walk, max_chars: int) -> Iterator[list[Doc]]:
         yield batch
 
 
-def _encoder(tok):
-    """texts -> token ids, exactly as ``tok(text, add_special_tokens=False)`` gives them, in batches."""
-    def encode(texts: list[str]) -> list[np.ndarray]:
-        out = tok(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
-        return [np.asarray(x, dtype=np.int32) for x in out["input_ids"]]
-    return encode
-
-
 @locked("tokens")
 def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, batch_chars: int = BATCH_CHARS,
              flush_tokens: int = FLUSH_TOKENS) -> TokensResult:
@@ -159,9 +153,9 @@ def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, b
     is_heldout = _heldout_rule(cfg)
     digest, held_ids = hashlib.sha256(), hashlib.sha256()
     held_docs = 0
-    encode = _encoder(tok)
-    for batch in _batches(walk, batch_chars):
-        for d, ids in zip(batch, encode([d.text for d in batch])):
+    encode = batch_encoder(tok)  # exactly tok(text, add_special_tokens=False)'s ids, via the Rust batch API
+    for batch, encoded in pipelined(_batches(walk, batch_chars), lambda b: encode([d.text for d in b])):
+        for d, ids in zip(batch, encoded):
             digest.update(_pair(d.id, d.text))
             held = is_heldout(d)
             if held:
