@@ -94,11 +94,13 @@ def test_virtual_h00_without_the_head_slice_is_a_user_error(tiny_project):
 
 
 @pytest.mark.parametrize("profile", ["tiny", "smollm2"])
-def test_virtual_first_is_off_by_default_and_changes_only_h00_stages(profile):
+def test_virtual_first_changes_only_h00_stages(profile):
+    """Off in the tiny profile (and the key's default); on in the default conversion (smollm2)."""
     from zgtrain.pipeline import dvc_yaml, profile_params
 
     params = profile_params(profile)
-    assert params["materialize"]["virtual_first"] is False
+    assert params["materialize"]["virtual_first"] is (profile == "smollm2")
+    params["materialize"]["virtual_first"] = False
     off = dvc_yaml(params, code_deps=True)["stages"]
     assert off["train"]["foreach"] == "${blocks}" and "data/boundaries/h00.lance" in off["materialize"]["outs"]
     params["materialize"]["virtual_first"] = True
