@@ -130,11 +130,15 @@ class BoundaryDataset:
         return pa.table({CHECKSUM_COLUMN: self._sums.take(pa.array(rows))})
 
     def by_seq_id(self, seq_ids) -> torch.Tensor:
-        try:
-            rows = [self._row_of[int(s)] for s in seq_ids]
-        except KeyError as e:
-            raise ZgError(f"seq_id {e.args[0]} is not in {self.path}", fix="use seq_ids from data/tokens.lance") from e
-        return self.take(rows)
+        return self.take(rows_of_seq_ids(self._row_of, seq_ids, self.path))
+
+
+def rows_of_seq_ids(row_of: dict, seq_ids, where) -> list[int]:
+    """Row numbers of ``seq_ids`` in a boundary whose ``row_of`` maps seq_id -> row; ``where`` names it in errors."""
+    try:
+        return [row_of[int(s)] for s in seq_ids]
+    except KeyError as e:
+        raise ZgError(f"seq_id {e.args[0]} is not in {where}", fix="use seq_ids from data/tokens.lance") from e
 
 
 def epoch_order(n: int, epoch: int, seed: int) -> torch.Tensor:

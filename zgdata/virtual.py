@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from zgdata.config import MaterializeConfig, PartitionConfig
-from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
 __all__ = ["is_virtual", "stored", "VirtualBoundary", "open_boundary_in", "virtual_from_params"]
@@ -126,11 +125,9 @@ class VirtualBoundary:
         return out
 
     def by_seq_id(self, seq_ids) -> torch.Tensor:
-        try:
-            rows = [self._row_of[int(s)] for s in seq_ids]
-        except KeyError as e:
-            raise ZgError(f"seq_id {e.args[0]} is not in {self.layout.tokens}", fix="use seq_ids from data/tokens.lance") from e
-        return self.take(rows)
+        from zgdata.reader import rows_of_seq_ids
+
+        return self.take(rows_of_seq_ids(self._row_of, seq_ids, self.layout.tokens))
 
 
 def open_boundary_in(layout: Layout, name: str, partition: PartitionConfig, mcfg: MaterializeConfig):

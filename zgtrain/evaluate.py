@@ -25,7 +25,7 @@ from zgdata.families import family_of
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.progress import stderr
-from zgdata.reader import BoundaryDataset
+from zgdata.virtual import open_boundary_in
 from zgdata.runtime import device
 from zgdata.teacher import load_slice, load_teacher
 from zgdata.tokens import read_tokens
@@ -42,7 +42,7 @@ from zgtrain.student import load_student
 __all__ = ["evaluate", "gate_verdicts"]
 
 
-def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg=None) -> dict:
+def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dict:
     """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output."""
     head, hmeta = load_slice(layout.teacher_head)
     ids, _ = read_tokens(layout, rows)
@@ -54,21 +54,13 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg=None) -
         for spec in part.blocks():
             block, _ = load_block(layout, spec.key)
             block = block.to(dev)
-            x, y = (_boundary(layout, n, part, mcfg).take(rows).float().to(dev) for n in (spec.input, spec.output))
+            # h00 may be virtual (materialize.virtual_first: zgdata/virtual.py)
+            x, y = (open_boundary_in(layout, n, part, mcfg).take(rows).float().to(dev) for n in (spec.input, spec.output))
             e_t, d = nmse(block(x), y)
             h = block(h)
             e_s, _ = nmse(h, y)
             out[spec.key] = {"teacher_input": e_t / d, "student_input": e_s / d}
     return out
-
-
-def _boundary(layout: Layout, name: str, part: PartitionConfig, mcfg):
-    """A stored boundary, or h00 recomputed (materialize.virtual_first: zgdata/virtual.py)."""
-    if mcfg is None:
-        return BoundaryDataset(layout.boundary(name))
-    from zgdata.virtual import open_boundary_in
-
-    return open_boundary_in(layout, name, part, mcfg)
 
 
 def _csv(rows: list[list]) -> str:

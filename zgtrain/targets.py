@@ -20,14 +20,11 @@ __all__ = ["CachedTargets", "OnlineTargets", "open_targets"]
 class CachedTargets:
     kind = "cached"
 
-    def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig | None = None,
-                 mcfg: MaterializeConfig | None = None):
-        if partition is not None and mcfg is not None:  # h00 may be virtual (materialize.virtual_first)
-            from zgdata.virtual import open_boundary_in
+    def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
+        from zgdata.virtual import open_boundary_in
 
-            self.pair = BoundaryPair(*(open_boundary_in(layout, n, partition, mcfg) for n in (spec.input, spec.output)))
-        else:
-            self.pair = BoundaryPair(layout.boundary(spec.input), layout.boundary(spec.output))
+        # h00 may be virtual (materialize.virtual_first)
+        self.pair = BoundaryPair(*(open_boundary_in(layout, n, partition, mcfg) for n in (spec.input, spec.output)))
         self.lineage = self.pair.input.meta["lineage"]
         self.fingerprints = {spec.input: self.pair.input.fingerprint, spec.output: self.pair.output.fingerprint}
 
