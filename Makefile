@@ -24,7 +24,7 @@ demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 tests
 
 bench: setup
 	$(BIN)/python bench/materialize.py
