@@ -55,10 +55,37 @@ def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.Co
 SHARED_FIXTURES = {"reproduced", "ray_cluster", "ray_session"}
 
 
+def _module_fixture_group(item) -> str | None:
+    """The test module whose own module- or session-scoped fixture ``item`` uses (a prepared SmolLM2, a
+    searched or reproduced project...), so that all of that module's users run on one worker and the
+    fixture is built once, not once per worker. ``tiny_built`` (conftest) is used everywhere: not grouped."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info else None
+        if defs and defs[-1].scope in ("module", "session") and defs[-1].baseid.endswith(".py"):
+            return defs[-1].baseid
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the "@group" node-id suffix
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("shared"))
+        elif group := _module_fixture_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup`, refuse to run if xdist did not turn the groups into node-id suffixes (it stops
+    doing so, silently, with pytest 9.2: pytest-dev/pytest-xdist#1386): every worker would rebuild the shared
+    fixtures, and the suite would take minutes longer with nothing failing."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not apply --dist loadgroup to {len(lost)} grouped tests "
+                                f"(e.g. {lost[0]}); install the pytest that pyproject.toml's [test] extra pins")
 
 
 @pytest.fixture(scope="session")

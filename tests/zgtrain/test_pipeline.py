@@ -180,7 +180,8 @@ def test_editing_eval_reruns_evaluate_only(reproduced):
 
 def test_objective_study_arms_as_dvc_experiments(reproduced, tmp_path):
     """`dvc exp run -S ...` arms: the online-targets arm reproduces the cached blocks bit for bit, the
-    denoise and noisy_regress arms change them, and `dvc exp show` compares all of them."""
+    denoise arm changes them, and `dvc exp show` compares them (noisy_regress's own effect on a block is
+    tested in test_trainer.py)."""
     root = copy_project(reproduced, tmp_path / "proj")
     base = {k: read_json(root / "metrics" / "blocks" / f"{k}.json")["state_sha256"] for k in ("b00", "b01")}
     run(["dvc", "exp", "run", "-n", "online", "-S", "train.targets=online"], cwd=root)
@@ -191,13 +192,7 @@ def test_objective_study_arms_as_dvc_experiments(reproduced, tmp_path):
     denoise = {k: read_json(root / "metrics" / "blocks" / f"{k}.json") for k in ("b00", "b01")}
     assert all(v["objective"] == "denoise" for v in denoise.values())
     assert {k: v["state_sha256"] for k, v in denoise.items()} != base
-    run(["dvc", "exp", "run", "-n", "noisy", "-S", "train.objective=noisy_regress", "-S", "train.targets=cached"],
-        cwd=root)
-    noisy = {k: read_json(root / "metrics" / "blocks" / f"{k}.json") for k in ("b00", "b01")}
-    assert all(v["objective"] == "noisy_regress" for v in noisy.values())
-    noisy_sha = {k: v["state_sha256"] for k, v in noisy.items()}
-    assert noisy_sha != base and noisy_sha != {k: v["state_sha256"] for k, v in denoise.items()}
     shown = json.loads(run(["dvc", "exp", "show", "--json"], cwd=root).stdout)
     names = {e.get("name") for rev in shown for e in (rev.get("experiments") or []) for e in (e.get("revs") or [e])}
-    assert {"online", "denoise", "noisy"} <= names, names
+    assert {"online", "denoise"} <= names, names
     assert "student_ce" in json.dumps(shown)
