@@ -2,14 +2,14 @@
 
     python bench/tokenize_corpus.py --sizes 0.1 1 4            # GB of JSONL, generated under --corpora
     python bench/tokenize_corpus.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
-    nice -n 19 python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
+    python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
 
 Throughput is the tokenizer's Rust BPE (~90% of the time; zgdata/encode.py calls it as directly as stays
-bit-identical): with the SmolLM2 tokenizer, ~0.31 tokens per corpus byte, 0.1 GB ran at 349 k tok/s under
-`nice -n 19` on the shared 2-core machine (2026-11-30, load average ~6; 107 k tok/s before zgdata/encode.py, at
-load ~9). 4 GB is ~1.24 B tokens: about 1 h at that rate, several when other jobs take the cores (at `nice 19`
-the 1 GB run then crawled). Disk: each corpus, plus its token set (int32 ids: ~1.25 bytes per corpus byte),
-plus the previous size's token set until the new one replaces it.
+bit-identical): with the SmolLM2 tokenizer, ~0.31 tokens per corpus byte. On the 2-core machine with nothing
+else running (2026-11-30): 0.1 GB 883 k tok/s, peak RSS 632 MB; 1 GB 994 k tok/s, 647 MB; 4 GB (1.23 B tokens)
+952 k tok/s, 704 MB; 29 minutes for the three, corpus generation included. Under load the rate falls with the cores left (349 k tok/s at
+0.1 GB with a load average of 5-11). Disk: each corpus, plus its token set (int32 ids: ~1.25 bytes per corpus
+byte), plus the previous size's token set until the new one replaces it.
 The script checks free space under --corpora before it starts and says how much it needs.
 ``--drop-corpora`` deletes each generated corpus after its measurement (regenerating is deterministic).
 

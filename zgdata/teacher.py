@@ -245,8 +245,9 @@ def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", w
                          rehash: bool = False, per_layer: bool = False):
     """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
     loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`.
-    ``per_layer`` (capture only): a teacher stored narrower than ``dtype`` stays in its stored dtype and
-    zgdata.capture widens one layer at a time (zgdata.widen); same bits, no whole-model copy in ``dtype``."""
+    ``per_layer``: a teacher stored narrower than ``dtype`` stays in its stored dtype, and zgdata.capture (or, for a
+    whole forward, ``zgdata.widen.running_widened``) widens one layer at a time; same bits, no whole-model copy in
+    ``dtype``. Run such a model only through one of those two."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zgdata.runtime import device
@@ -275,7 +276,7 @@ def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", w
 def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
                  per_layer: bool = False):
     """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
-    ``per_layer``: for zgdata.capture only (see load_teacher_checked).
+    ``per_layer``: see load_teacher_checked (then run it only through zgdata.capture or running_widened).
 
     Refuses (ZgError) unless models/teacher/hf holds exactly the files teacher.json records."""
     model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer, per_layer=per_layer)

@@ -7,17 +7,20 @@ carries its compute dtype in ``COMPUTE_ATTR``; zgdata.capture widens the embeddi
 decoder layer, only while it runs, and puts the stored tensors back. bf16 -> fp32 is exact, so every
 op sees the very fp32 values a whole fp32 load would give: the boundaries are bit-identical (tested
 per family in tests/zgdata/test_teacher_sources.py), and no CAPTURE_VERSION bump is needed.
+
+``running_widened`` does the same for a whole-model forward (evaluate, lm-eval): forward hooks widen each
+top-level piece (embeddings, each decoder layer, final norm, head) only while that piece runs.
 """
 
 from __future__ import annotations
 
 import itertools
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Iterable, Iterator
 
 import torch
 
-__all__ = ["COMPUTE_ATTR", "compute_dtype", "widened"]
+__all__ = ["COMPUTE_ATTR", "compute_dtype", "widened", "running_widened"]
 
 COMPUTE_ATTR = "zg_compute_dtype"
 
@@ -45,3 +48,41 @@ def widened(modules: Iterable[torch.nn.Module], dtype: torch.dtype | None) -> It
     finally:
         for t, data in reversed(saved):
             t.data = data
+
+
+@contextmanager
+def running_widened(model) -> Iterator[None]:
+    """Within the block, calling ``model`` (a causal LM loaded per_layer, whole forward) widens each top-level piece
+    only while it runs: the inner model's other children (embeddings, rotary, final norm), each decoder layer, then
+    the output head. At most one layer's wide copy exists at a time, and the logits are those of a whole
+    ``compute_dtype`` load, bit for bit. A model without a compute dtype runs as it is."""
+    dtype = compute_dtype(model)
+    if dtype is None:
+        yield
+        return
+    from zgdata.families import family_of
+
+    fam = family_of(model.config)
+    inner, blocks = fam.inner(model), fam.layers(model)
+    pieces = [m for m in inner.children() if m is not blocks] + list(blocks) + [model.get_output_embeddings()]
+    running: dict[int, ExitStack] = {}
+
+    def before(module, args):
+        stack = ExitStack()
+        stack.enter_context(widened([module], dtype))
+        running[id(module)] = stack
+
+    def after(module, args, output):
+        running.pop(id(module)).close()
+
+    handles = []
+    try:
+        for m in {id(m): m for m in pieces}.values():
+            handles += [m.register_forward_pre_hook(before), m.register_forward_hook(after)]
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for stack in running.values():  # a forward that raised mid-piece
+            stack.close()
+        running.clear()

@@ -29,6 +29,7 @@ from zgdata.virtual import open_boundary_in
 from zgdata.runtime import device
 from zgdata.teacher import load_slice, load_teacher
 from zgdata.tokens import read_tokens
+from zgdata.widen import running_widened
 from zgtrain.assemble import build_student
 from zgtrain.checkpoint import load_block
 from zgtrain.config import ProjectConfig
@@ -158,7 +159,8 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     tok = load_tokenizer(layout)  # checks the teacher's files and tokenizer hash
     sets = _sets(project, layout, held, tok)
     targets = {s.name: targets_for(s, cfg) for s in sets}
-    models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False)[0],
+    # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.widen)
+    models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
               "untrained": lambda: build_student(project, layout=layout, which="init")[0],
               "student": lambda: load_student(layout.student)}
     if project.repair.enabled:  # issue 15: also score models/repaired; the gates judge it (zgtrain/repair_eval.py)
@@ -167,10 +169,11 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     continuations = {}
     for name, load in models.items():
         model = load().to(device())
-        for s in sets:
-            scores[s.name][name] = score(model, name, s, targets[s.name], cfg)
-        if name != "untrained" and gen_rows:
-            continuations[name] = greedy(model, gen_prompt, cfg.generate_tokens)
+        with running_widened(model):
+            for s in sets:
+                scores[s.name][name] = score(model, name, s, targets[s.name], cfg)
+            if name != "untrained" and gen_rows:
+                continuations[name] = greedy(model, gen_prompt, cfg.generate_tokens)
         del model
     shift = _shift(part, layout, rows, project.materialize)
     figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}

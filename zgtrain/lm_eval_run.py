@@ -140,6 +140,7 @@ def run_lm_eval(project, tasks: list[str] | None = None, *, limit: int | None = 
 
 def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path: Path) -> dict:
     from zgdata.teacher import load_teacher, read_teacher_json
+    from zgdata.widen import running_widened
     from zgtrain.student import load_student
 
     t0 = time.perf_counter()
@@ -163,7 +164,9 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
     for who in ("teacher", "student"):
         stderr.print(f"lm-eval: {who} on {', '.join(tasks)}" + (f" (at most {limit} examples each)" if limit else ""))
         if who == "teacher":
-            model, tok = load_teacher(layout)  # the student is scored with the same (checked) tokenizer
+            # the student is scored with the same (checked) tokenizer; a teacher stored narrower than fp32 stays so
+            # and is widened one piece at a time while it runs (zgdata.widen)
+            model, tok = load_teacher(layout, per_layer=True)
             models[who] = {"path": str(layout.teacher_hf), "weights_sha256": read_teacher_json(layout)["weights_sha256"]}
         else:
             model = load_student(layout.student)  # checks zg's pinned modeling file before any trust_remote_code
@@ -172,7 +175,8 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
             models[who] = {"path": str(layout.student), "trust_remote_code": remote,
                            "modeling_sha256": summary.get("modeling_sha256") if remote else None}
         lm = HFLM(pretrained=model.to(device()), tokenizer=tok, batch_size=cfg.batch_size)
-        results[who] = _evaluate(lm_eval, lm, specs, tm, limit or None)
+        with running_widened(model):
+            results[who] = _evaluate(lm_eval, lm, specs, tm, limit or None)
         del lm, model
     per_task = {}
     for task in tasks:

@@ -169,6 +169,43 @@ def test_bf16_teacher_computes_in_fp32_one_layer_at_a_time(tmp_path, model_type)
     assert not torch.equal(capture(narrow, ids, [4], storage_dtype=torch.float32)[4], a[4])
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gpt2"])
+def test_bf16_teacher_runs_whole_in_fp32_one_piece_at_a_time(tmp_path, model_type):
+    """What evaluate and lm-eval do with a bf16 teacher: loaded per_layer and run whole under running_widened, its
+    logits and greedy continuations equal a whole fp32 load's bit for bit; while a decoder layer runs it is the
+    only wide one, and afterwards every tensor is its stored bf16 self again."""
+    from zgdata.families import family_of
+    from zgdata.widen import running_widened
+    from zgtrain.generation import greedy
+
+    layout = Layout(tmp_path / "proj")
+    prepare(TeacherConfig(source=f"random:tiny-{model_type}", dtype="bfloat16"), TINY_PARTITION, layout=layout)
+    whole, _ = load_teacher(layout, dtype="float32", with_tokenizer=False)
+    lazy, _ = load_teacher(layout, dtype="float32", with_tokenizer=False, per_layer=True)
+    stored = {k: v.clone() for k, v in lazy.state_dict().items()}
+    layers = family_of(lazy.config).layers(lazy)
+    wide_while_running = []
+
+    def count_wide(module, args, output):
+        wide_while_running.append([next(m.parameters()).dtype for m in layers].count(torch.float32))
+
+    hooks = [m.register_forward_hook(count_wide) for m in layers]  # registered first: runs before the restore
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), running_widened(lazy):
+        logits = lazy(input_ids=ids).logits
+        continued = greedy(lazy, ids[:, :8], 6)
+    for h in hooks:
+        h.remove()
+    with torch.no_grad():
+        assert torch.equal(logits, whole(input_ids=ids).logits)
+        assert torch.equal(continued, greedy(whole, ids[:, :8], 6))
+    assert logits.dtype == torch.float32 and wide_while_running and set(wide_while_running) == {1}
+    after = lazy.state_dict()
+    assert all(after[k].dtype == torch.bfloat16 and torch.equal(after[k], v) for k, v in stored.items())
+    with torch.no_grad(), running_widened(whole):  # a model loaded in its compute dtype runs as it is
+        assert torch.equal(whole(input_ids=ids).logits, logits)
+
+
 def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
     """Through the CLI: teacher.dtype bfloat16, compute float32 (the default). materialize and verify load it per
     layer; the stored boundaries equal a capture by the whole teacher loaded in fp32, and verify also checks the
