@@ -66,6 +66,8 @@ def arm(root: Path, out: Path, name: str, dry: bool) -> None:
         shutil.copyfile(root / "metrics" / "eval.json", out / f"{name}.json")
         if (root / "metrics" / "repair.json").exists() and name == "repair":
             shutil.copyfile(root / "metrics" / "repair.json", out / "repair_metrics.json")
+        if (root / "metrics" / "lm_eval.json").exists():
+            shutil.copyfile(root / "metrics" / "lm_eval.json", out / f"{name}_lm_eval.json")
 
 
 def run_seed(seed: int, args) -> None:
@@ -74,12 +76,14 @@ def run_seed(seed: int, args) -> None:
     if root.exists() and not args.dry_run:
         shutil.rmtree(root)
     sh(["zg", "init", str(root), "--profile", "smollm2"], Path(args.work), args.dry_run)
-    set_params(root, {"seed": seed}, args.dry_run)
+    set_params(root, {"seed": seed, "lm_eval.tasks": args.lm_eval}, args.dry_run)
     arm(root, out, "base", args.dry_run)
 
     set_params(root, {"repair.steps": args.repair_steps, "repair.batch_size": args.repair_batch,
                       "repair.lr": args.repair_lr, "repair.temperature": args.temperature,
-                      "repair.ce_weight": args.ce_weight, "repair.trainable": args.trainable}, args.dry_run)
+                      "repair.ce_weight": args.ce_weight, "repair.trainable": args.trainable,
+                      "repair.warmup": args.warmup, "repair.threads": args.threads,
+                      "repair.checkpoint_every": 0}, args.dry_run)
     arm(root, out, "repair", args.dry_run)
 
     if args.dry_run:
@@ -91,29 +95,41 @@ def run_seed(seed: int, args) -> None:
     arm(root, out, "matched", args.dry_run)
 
 
-def _ce(ev: dict, arm_name: str) -> tuple[float, float]:
-    """(CE gap, CE recovered) in domain of the arm's final model."""
-    if arm_name == "repair":
-        return ev["repaired"]["ce_gap"], ev["repaired"]["ce_recovered"]
-    return ev["ce_gap"], ev["ce_recovered"]
+def _sets(ev: dict, arm_name: str) -> dict:
+    """Every eval set's figures of the arm's final model: the repaired model's in the repair arm."""
+    return ev["repaired"]["sets"] if arm_name == "repair" else ev["sets"]
+
+
+def _lm_eval(d: Path, arm_name: str) -> str:
+    p = d / f"{arm_name}_lm_eval.json"
+    if not p.exists():
+        return ""
+    who = "repaired" if arm_name == "repair" else "student"
+    cells = []
+    for task, t in json.loads(p.read_text())["tasks"].items():
+        cells.append(f"{task} {t['metric']} {t[who]:.3f} ({t[f'{who}_pct_of_teacher']:.0f}% of {t['teacher']:.3f})")
+    return "; ".join(cells)
 
 
 def table(args) -> str:
-    rows = ["| seed | arm | CE gap (in domain) | CE recovered | gap closed by repair | other sets: CE gap |",
-            "|---|---|---|---|---|---|"]
+    """Per seed and arm: every eval set's CE gap (95% CI), CE recovered and, against base, the share of the gap
+    closed; then the lm-eval headline metric of the arm's final model."""
+    rows = ["| seed | arm | set | CE gap (95% CI) | CE recovered | gap closed vs base | lm-eval |",
+            "|---|---|---|---|---|---|---|"]
     for seed in args.seeds:
         d = Path(args.out) / f"seed{seed}"
+        base = json.loads((d / "base.json").read_text())["sets"] if (d / "base.json").exists() else {}
         for name in ("base", "repair", "matched"):
             p = d / f"{name}.json"
             if not p.exists():
                 continue
-            ev = json.loads(p.read_text())
-            gap, rec = _ce(ev, name)
-            closed = f"{ev['repaired']['ce_gap_closed']:.1%}" if name == "repair" else ""
-            sets = ev.get("sets") or {}
-            other = ", ".join(f"{k} {v.get('ce_gap', float('nan')):.3f}" for k, v in sets.items()
-                              if isinstance(v, dict)) or "(no eval.sets in this zg)"
-            rows.append(f"| {seed} | {name} | {gap:.4f} | {rec:.1%} | {closed} | {other} |")
+            for i, (set_name, f) in enumerate(_sets(json.loads(p.read_text()), name).items()):
+                ci = f.get("ce_gap_ci95") or {}
+                gap0 = base.get(set_name, {}).get("ce_gap")
+                closed = f"{(gap0 - f['ce_gap']) / gap0:.0%}" if gap0 and name != "base" else ""
+                lm = _lm_eval(d, name) if i == 0 else ""
+                rows.append(f"| {seed} | {name} | {set_name} | {f['ce_gap']:.3f} ({ci.get('lo', float('nan')):.3f}-"
+                            f"{ci.get('hi', float('nan')):.3f}) | {f['ce_recovered']:.3f} | {closed} | {lm} |")
     return "\n".join(rows)
 
 
@@ -126,6 +142,10 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=2.0)
     ap.add_argument("--ce-weight", type=float, default=0.0)
     ap.add_argument("--trainable", default="all", choices=("all", "norms"))
+    ap.add_argument("--warmup", type=int, default=10, help="repair.warmup")
+    ap.add_argument("--threads", type=int, default=2, help="repair.threads (the blocks use train.threads)")
+    ap.add_argument("--lm-eval", nargs="*", default=["zg_nextline"],
+                    help="lm_eval.tasks of every arm (the lm_eval stage scores teacher, student and repaired)")
     ap.add_argument("--work", default="/tmp/zg-repair-study", help="where the projects are built")
     ap.add_argument("--out", default="bench/out/repair_study", help="where each arm's eval.json is copied")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

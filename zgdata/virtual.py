@@ -26,7 +26,7 @@ import torch
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.layout import Layout
 
-__all__ = ["is_virtual", "stored", "VirtualBoundary", "open_boundary_in", "virtual_from_params"]
+__all__ = ["is_virtual", "stored", "VirtualBoundary", "open_boundary_in", "open_pair_in", "virtual_from_params"]
 
 
 def is_virtual(name: str, partition: PartitionConfig, mcfg: MaterializeConfig) -> bool:
@@ -137,6 +137,11 @@ def open_boundary_in(layout: Layout, name: str, partition: PartitionConfig, mcfg
     from zgdata.reader import BoundaryDataset
 
     return BoundaryDataset(layout.boundary(name))
+
+
+def open_pair_in(layout: Layout, spec, partition: PartitionConfig, mcfg: MaterializeConfig) -> tuple:
+    """Block ``spec``'s (input, output) boundaries, each virtual or stored as ``open_boundary_in`` decides."""
+    return tuple(open_boundary_in(layout, n, partition, mcfg) for n in (spec.input, spec.output))
 
 
 def virtual_from_params(path: Path):

@@ -25,7 +25,7 @@ from zgdata.families import family_of
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.progress import stderr
-from zgdata.virtual import open_boundary_in
+from zgdata.virtual import open_pair_in
 from zgdata.runtime import device
 from zgdata.teacher import load_slice, load_teacher
 from zgdata.tokens import read_tokens
@@ -56,7 +56,7 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dic
             block, _ = load_block(layout, spec.key)
             block = block.to(dev)
             # h00 may be virtual (materialize.virtual_first: zgdata/virtual.py)
-            x, y = (open_boundary_in(layout, n, part, mcfg).take(rows).float().to(dev) for n in (spec.input, spec.output))
+            x, y = (ds.take(rows).float().to(dev) for ds in open_pair_in(layout, spec, part, mcfg))
             e_t, d = nmse(block(x), y)
             h = block(h)
             e_s, _ = nmse(h, y)
@@ -74,22 +74,27 @@ SET_COLUMNS = ("ce_tokens", "teacher_ce", "student_ce", "untrained_ce", "ce_gap"
                "context_retention", "top1_agreement")
 
 
-def _sets_csv(figs: dict) -> str:
+def _sets_csv(figs: dict, repaired: dict) -> str:
+    """One row per eval set; with repair on, the repaired model's CE and gap as two more columns."""
     head = ["set", *SET_COLUMNS, "ce_gap_lo", "ce_gap_hi", "context_retention_lo", "context_retention_hi"]
+    head += ["repaired_ce", "repaired_ce_gap"] if repaired else []
     rows = [[name, *[f"{f[c]:.6f}" if isinstance(f[c], float) else f[c] for c in SET_COLUMNS],
-             *[f"{f[k][e]:.6f}" for k in ("ce_gap_ci95", "context_retention_ci95") for e in ("lo", "hi")]]
+             *[f"{f[k][e]:.6f}" for k in ("ce_gap_ci95", "context_retention_ci95") for e in ("lo", "hi")],
+             *([f"{repaired[name]['ce']:.6f}", f"{repaired[name]['ce_gap']:.6f}"] if repaired else [])]
             for name, f in figs.items()]
     return _csv([head] + rows)
 
 
-def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, figs: dict) -> None:
+def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, figs: dict, repaired: dict) -> None:
+    """CSVs for `dvc plots` and PNGs: CE per set (teacher, untrained, student and, with repair on, repaired),
+    boundary shift per block, every block's train loss. ``repaired``: set -> the repaired model's figures."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     d = layout.eval_plots
     write_text(d / "ce.csv", _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"] for n in scores]))
-    write_text(d / "sets.csv", _sets_csv(figs))
+    write_text(d / "sets.csv", _sets_csv(figs, repaired))
     write_text(d / "shift.csv", _csv([["block", "teacher_input", "student_input"]]
                                      + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
                                         for k, v in shift.items()]))
@@ -97,8 +102,12 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, fig
         png.mkdir(parents=True)
         fig, ax = plt.subplots(figsize=(max(5, 2 * len(figs)), 3.5))
         xs = np.arange(len(figs))
-        for j, m in enumerate(("teacher", "untrained", "student")):
-            ax.bar(xs + (j - 1) * 0.27, [f[f"{m}_ce"] for f in figs.values()], 0.27, label=m)
+        bars = {m: [f[f"{m}_ce"] for f in figs.values()] for m in ("teacher", "untrained", "student")}
+        if repaired:
+            bars["repaired"] = [repaired[name]["ce"] for name in figs]
+        w = 0.8 / len(bars)
+        for j, (m, ys) in enumerate(bars.items()):
+            ax.bar(xs + (j - (len(bars) - 1) / 2) * w, ys, w, label=m)
         ax.set_xticks(xs, list(figs)); ax.set_ylabel("CE (nats/token)"); ax.legend()
         fig.tight_layout(); fig.savefig(png / "ce.png", dpi=100); plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -201,7 +210,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     ces = {m: {"ce": h[f"{m}_ce"]} for m in ("teacher", "untrained", "student")}
     if "repaired" in result:
         ces["repaired"] = {"ce": result["repaired"]["ce"]}
-    _plots(layout, ces, shift, part, figs)
+    _plots(layout, ces, shift, part, figs, result.get("repaired", {}).get("sets", {}))
     write_text(layout.generation_report, text)
     write_json(layout.eval_metrics, result)
     return result

@@ -1,4 +1,5 @@
-"""`zg train lm-eval`: lm-evaluation-harness (`lm_eval.simple_evaluate`, HF model class) on teacher and student.
+"""`zg train lm-eval`: lm-evaluation-harness (`lm_eval.simple_evaluate`, HF model class) on teacher and student,
+and on the repaired student when repair is on (``repair.steps > 0``, issue 15).
 
 Both models are loaded by zg's own checked loaders and handed to lm-eval's ``HFLM`` as model
 objects, so what lm-eval scores is exactly what zg checked: the teacher whose files match
@@ -10,7 +11,7 @@ Offline: zg's own task (``zg_nextline``, zgtrain/lm_eval_task.py) is local JSONL
 offline under zg (``HF_HUB_OFFLINE=1`` unless the user sets it): with no copy in the local datasets
 cache they are refused in one line, before any model is loaded.
 
-Writes ``metrics/lm_eval.json``: per task, each metric for teacher and student and the student's
+Writes ``metrics/lm_eval.json``: per task, each metric for teacher, student (and repaired) and each one's
 percentage of the teacher; the task's lineage; the models' identities.
 """
 
@@ -125,6 +126,24 @@ def _pct(student: float | None, teacher: float | None) -> float | None:
     return None if not teacher or student is None else 100.0 * student / teacher
 
 
+def _task_figures(results: dict, task: str) -> dict:
+    """One task's figures: every metric for each scored model (teacher, student and, with repair on, repaired)
+    with lm-eval's standard error and each model's percentage of the teacher; the task's primary metric up top."""
+    (tv, te) = _scores(results["teacher"], task)
+    scored = {who: _scores(r, task) for who, r in results.items() if who != "teacher"}
+    metrics = {}
+    for m in tv:
+        if not all(m in v for v, _ in scored.values()):
+            continue
+        metrics[m] = {"teacher": tv[m], "teacher_stderr": te.get(m)}
+        for who, (v, e) in scored.items():
+            metrics[m].update({who: v[m], f"{who}_pct_of_teacher": _pct(v[m], tv[m]), f"{who}_stderr": e.get(m)})
+    primary = PRIMARY.get(task, "acc") if PRIMARY.get(task, "acc") in metrics else next(iter(metrics), None)
+    n = results["teacher"].get("n-samples", {}).get(task, {})
+    top = {k: v for k, v in metrics[primary].items() if not k.endswith("_stderr")} if primary else {}
+    return {"metric": primary, **top, "examples": n.get("effective"), "of": n.get("original"), "metrics": metrics}
+
+
 def _evaluate(lm_eval, lm, specs: list, tm, limit: int | None) -> dict:
     return lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=tm, limit=limit, num_fewshot=0,
                                    log_samples=False, bootstrap_iters=1000, random_seed=0, numpy_random_seed=1234,
@@ -141,6 +160,8 @@ def run_lm_eval(project, tasks: list[str] | None = None, *, limit: int | None = 
 def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path: Path) -> dict:
     from zgdata.teacher import load_teacher, read_teacher_json
     from zgdata.widen import running_widened
+    from zgtrain.repair_eval import repaired_loader
+    from zgtrain.repair_paths import repair_paths
     from zgtrain.student import load_student
 
     t0 = time.perf_counter()
@@ -161,7 +182,8 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
                                  str((Path(layout.root) / ".zg" / "cache" / "hf_datasets").resolve()), meta))
     specs += standard
     results, models = {}, {}
-    for who in ("teacher", "student"):
+    loaders = {"repaired": repaired_loader(layout)} if project.repair.enabled else {}  # checked before any run
+    for who in ("teacher", "student", *loaders):
         stderr.print(f"lm-eval: {who} on {', '.join(tasks)}" + (f" (at most {limit} examples each)" if limit else ""))
         if who == "teacher":
             # the student is scored with the same (checked) tokenizer; a teacher stored narrower than fp32 stays so
@@ -169,26 +191,19 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
             model, tok = load_teacher(layout, per_layer=True)
             models[who] = {"path": str(layout.teacher_hf), "weights_sha256": read_teacher_json(layout)["weights_sha256"]}
         else:
-            model = load_student(layout.student)  # checks zg's pinned modeling file before any trust_remote_code
-            summary = json.loads((layout.student / "zerograph.json").read_text())
-            remote = bool(json.loads((layout.student / "config.json").read_text()).get("auto_map"))
-            models[who] = {"path": str(layout.student), "trust_remote_code": remote,
+            folder = layout.student if who == "student" else repair_paths(layout).model
+            # load_student checks zg's pinned modeling file before any trust_remote_code
+            model = load_student(folder) if who == "student" else loaders[who]()
+            summary = json.loads((folder / "zerograph.json").read_text())
+            remote = bool(json.loads((folder / "config.json").read_text()).get("auto_map"))
+            models[who] = {"path": str(folder), "trust_remote_code": remote,
                            "modeling_sha256": summary.get("modeling_sha256") if remote else None}
         lm = HFLM(pretrained=model.to(device()), tokenizer=tok, batch_size=cfg.batch_size)
         with running_widened(model):
             results[who] = _evaluate(lm_eval, lm, specs, tm, limit or None)
         del lm, model
-    per_task = {}
+    per_task = {task: _task_figures(results, task) for task in tasks}
     for task in tasks:
-        (tv, te), (sv, se) = _scores(results["teacher"], task), _scores(results["student"], task)
-        metrics = {m: {"teacher": tv[m], "student": sv[m], "student_pct_of_teacher": _pct(sv[m], tv[m]),
-                       "teacher_stderr": te.get(m), "student_stderr": se.get(m)} for m in tv if m in sv}
-        primary = PRIMARY.get(task, "acc") if PRIMARY.get(task, "acc") in metrics else next(iter(metrics), None)
-        n = results["teacher"].get("n-samples", {}).get(task, {})
-        per_task[task] = {"metric": primary, **({k: metrics[primary][k] for k in ("teacher", "student",
-                                                                                  "student_pct_of_teacher")}
-                                                if primary else {}),
-                          "examples": n.get("effective"), "of": n.get("original"), "metrics": metrics}
         if task == NEXTLINE:
             per_task[task]["chance"] = 1.0 / cfg.choices
     result = {"tasks": per_task, "task_lineage": lineage, "models": models,

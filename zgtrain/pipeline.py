@@ -200,6 +200,10 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                       str(L.tokens_json)] + code("lm_eval"),
                              "params": ["lm_eval"], "outs": ["eval/lm_eval"],
                              "metrics": [{"metrics/lm_eval.json": {"cache": False}}]}
+        if "repair" in stages:  # lm-eval then scores models/repaired too
+            lm = stages["lm_eval"]
+            lm["deps"] = lm["deps"][:1] + [stages["repair"]["outs"][1]] + lm["deps"][1:] + code("repair_eval")
+            lm["params"] = lm["params"] + ["repair.steps"]
     if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
         stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
         stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {

@@ -21,10 +21,10 @@ class CachedTargets:
     kind = "cached"
 
     def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
-        from zgdata.virtual import open_boundary_in
+        from zgdata.virtual import open_pair_in
 
         # h00 may be virtual (materialize.virtual_first)
-        self.pair = BoundaryPair(*(open_boundary_in(layout, n, partition, mcfg) for n in (spec.input, spec.output)))
+        self.pair = BoundaryPair(*open_pair_in(layout, spec, partition, mcfg))
         self.lineage = self.pair.input.meta["lineage"]
         self.fingerprints = {spec.input: self.pair.input.fingerprint, spec.output: self.pair.output.fingerprint}
 

@@ -15,7 +15,7 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families import config_from_dict, family_of
 from zgdata.layout import Layout
-from zgdata.virtual import open_boundary_in
+from zgdata.virtual import open_pair_in
 from zgdata.runtime import device
 from zgdata.teacher import load_slice
 from zgdata.tokens import read_tokens
@@ -68,7 +68,7 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
     dev = device()
     for m in (swapped, *downstream):
         m.to(dev)
-    x_ds, y_ds = (open_boundary_in(layout, n, part, project.materialize) for n in (spec.input, spec.output))  # h00 may be virtual
+    x_ds, y_ds = open_pair_in(layout, spec, part, project.materialize)  # h00 may be virtual
     rows = x_ds.rows("heldout")
     if cfg.heldout_rows:
         rows = rows[: cfg.heldout_rows]

@@ -1,9 +1,9 @@
 """lm-evaluation-harness as a real client (`zg train lm-eval`, the optional `lm_eval` DVC stage).
 
-lm-eval really runs, offline, on the tiny project's teacher and on a student that ships zg's own
-modeling file (so the trust_remote_code path is exercised). Its accuracies are checked against
-scores computed here from the same models and the same JSONL, so the figures are lm-eval's scoring
-of those two models on zg's task, not anything else.
+lm-eval really runs, offline, on the tiny project's teacher, on a student that ships zg's own
+modeling file (so the trust_remote_code path is exercised) and on that student after repair. Its
+accuracies are checked against scores computed here from the same models and the same JSONL, so the
+figures are lm-eval's scoring of those models on zg's task, not anything else.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 
 import pytest
 import torch
+import yaml
 
 from conftest import run, zg
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
@@ -53,14 +54,19 @@ def _accuracies(model, tok, examples) -> dict:
     return {"acc": acc / len(examples), "acc_norm": norm / len(examples)}
 
 
-def test_lm_eval_stage_runs_offline_on_teacher_and_student(reproduced, tmp_path):
+def test_lm_eval_stage_runs_offline_on_teacher_student_and_repaired(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
-    # b01 narrower than b00: the student ships zg's modeling file and loads with trust_remote_code
-    set_params(root, {"blocks.b01.prune_ratio": 0.75, "lm_eval.tasks": [NEXTLINE], "lm_eval.limit": LIMIT})
+    # b01 narrower than b00: the student ships zg's modeling file and loads with trust_remote_code;
+    # repair on: the stage scores models/repaired too, and depends on it
+    set_params(root, {"blocks.b01.prune_ratio": 0.75, "lm_eval.tasks": [NEXTLINE], "lm_eval.limit": LIMIT,
+                      "repair.steps": 3})
     zg("pipeline", cwd=root)
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["lm_eval"]
+    assert "models/repaired" in stage["deps"] and "repair.steps" in stage["params"]
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # nothing cached
     res = run(["dvc", "repro", "lm_eval"], cwd=root, env=env)  # evaluate is not upstream of it: left stale
-    assert re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr) == ["train@b01", "assemble", "lm_eval"]
+    assert re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr) == ["train@b01", "assemble", "repair",
+                                                                                "lm_eval"]
     assert "changed" not in run(["dvc", "status", "lm_eval"], cwd=root).stdout
 
     m = read_json(root / "metrics" / "lm_eval.json")
@@ -68,8 +74,9 @@ def test_lm_eval_stage_runs_offline_on_teacher_and_student(reproduced, tmp_path)
     lineage = m["task_lineage"][NEXTLINE]
     assert lineage["tokens_fingerprint"] == read_json(root / "data" / "tokens.json")["fingerprint"]
     assert lineage["jsonl_sha256"] == hashlib.sha256(files["jsonl"].read_bytes()).hexdigest()
-    assert m["models"]["student"]["trust_remote_code"] is True
-    assert m["models"]["student"]["modeling_sha256"] == template_sha256("llama")
+    for who in ("student", "repaired"):
+        assert m["models"][who]["trust_remote_code"] is True
+        assert m["models"][who]["modeling_sha256"] == template_sha256("llama")
     t = m["tasks"][NEXTLINE]
     assert (t["examples"], t["of"], t["metric"], t["chance"]) == (LIMIT, lineage["examples"], "acc", 0.25)
 
@@ -79,14 +86,17 @@ def test_lm_eval_stage_runs_offline_on_teacher_and_student(reproduced, tmp_path)
     examples = [json.loads(line) for line in files["jsonl"].read_text().splitlines()][:LIMIT]
     teacher, tok = load_teacher(Layout(root))
     mine = {"teacher": _accuracies(teacher, tok, examples),
-            "student": _accuracies(load_student(Layout(root).student), tok, examples)}
+            "student": _accuracies(load_student(Layout(root).student), tok, examples),
+            "repaired": _accuracies(load_student(root / "models" / "repaired"), tok, examples)}
     for metric in ("acc", "acc_norm"):
         got = t["metrics"][metric]
-        for who in ("teacher", "student"):
+        for who in ("teacher", "student", "repaired"):
             assert got[who] == pytest.approx(mine[who][metric], abs=1e-9), (metric, who, got, mine)
-        pct = got["student_pct_of_teacher"]
-        assert pct is None if got["teacher"] == 0 else pct == pytest.approx(100 * got["student"] / got["teacher"])
-    assert (t["teacher"], t["student"]) == (t["metrics"]["acc"]["teacher"], t["metrics"]["acc"]["student"])
+        for who in ("student", "repaired"):
+            pct = got[f"{who}_pct_of_teacher"]
+            assert pct is None if got["teacher"] == 0 else pct == pytest.approx(100 * got[who] / got["teacher"])
+    assert (t["teacher"], t["student"], t["repaired"]) == tuple(t["metrics"]["acc"][w]
+                                                              for w in ("teacher", "student", "repaired"))
 
 
 def test_nextline_task_is_deterministic_and_true_to_the_heldout_text(tiny_project, tmp_path):

@@ -8,6 +8,7 @@ straight `zg train repair` with the tiny profile's repair params and ``repair.st
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -171,6 +172,12 @@ def test_evaluate_scores_the_repaired_model_and_gates_it(straight, tmp_path):
         assert f["ce_gap"] == f["ce"] - ev["sets"][name]["teacher_ce"]
     assert set(rep["sets"]) == set(ev["sets"]) and rep["sets"]["heldout"]["ce"] == rep["ce"]
     assert rep["ce"] != ev["student_ce"]
+    # the plots carry the repaired model: a column per set in sets.csv, a row in ce.csv (6 decimals)
+    rows = {r["set"]: r for r in csv.DictReader(open(root / "plots" / "eval" / "sets.csv"))}
+    assert {n: float(r["repaired_ce"]) for n, r in rows.items()} == pytest.approx(
+        {n: f["ce"] for n, f in rep["sets"].items()}, abs=5e-7)
+    ces = {r["model"]: float(r["ce"]) for r in csv.DictReader(open(root / "plots" / "eval" / "ce.csv"))}
+    assert ces["repaired"] == pytest.approx(rep["ce"], abs=5e-7)
     # a repaired model of another student is refused, nothing published is touched
     (root / "models" / "student" / "zerograph.json").write_text("{}\n")
     before = tree_sha256(root / "metrics")
