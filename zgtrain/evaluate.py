@@ -201,7 +201,11 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
         same = matching_prefix(continuations["teacher"], continuations["student"])
         result["generation"] = {"prompts": len(gen_rows), "prompt_tokens": cfg.prompt_tokens,
                                 "new_tokens": cfg.generate_tokens, "matching_prefix_mean": float(np.mean(same))}
-        text = report(tok, gen_rows, gen_prompt, continuations["teacher"], continuations["student"], HELDOUT)
+        if "repaired" in continuations:
+            result["generation"]["repaired_matching_prefix_mean"] = float(np.mean(
+                matching_prefix(continuations["teacher"], continuations["repaired"])))
+        text = report(tok, gen_rows, gen_prompt, continuations["teacher"], continuations["student"], HELDOUT,
+                      repaired=continuations.get("repaired"))
     else:
         text = report(tok, [], gen_prompt, gen_prompt, gen_prompt, HELDOUT)
     if project.repair.enabled:

@@ -52,18 +52,22 @@ def _cell(text: str) -> str:
 
 
 def report(tok, rows: list[int], prompt: torch.Tensor, teacher: torch.Tensor, student: torch.Tensor,
-           set_name: str) -> str:
-    same = matching_prefix(teacher, student)
+           set_name: str, repaired: torch.Tensor | None = None) -> str:
+    """Markdown: per prompt, the teacher's, the student's and (with repair on) the repaired student's greedy
+    continuations side by side, with how many leading tokens each shares with the teacher."""
+    cols = {"student": student, **({"repaired": repaired} if repaired is not None else {})}
+    same = {who: matching_prefix(teacher, c) for who, c in cols.items()}
     lines = ["# Generation check", "",
              f"Greedy continuations ({teacher.shape[1]} new tokens, argmax, no sampling) of {len(rows)} prompts "
-             f"of {prompt.shape[1]} tokens from the '{set_name}' set, by the teacher and the student. "
-             "Written by `zg train evaluate`; `matching` counts the leading tokens the student shares with the "
-             "teacher.", ""]
+             f"of {prompt.shape[1]} tokens from the '{set_name}' set, by the teacher and the "
+             f"{' and the '.join(cols)}. Written by `zg train evaluate`; `matching` counts the leading tokens "
+             "each shares with the teacher.", ""]
     for i, row in enumerate(rows):
-        lines += [f"## Prompt {i + 1} (row {row}; matching {same[i]}/{teacher.shape[1]})", "",
-                  "| prompt | teacher | student |", "|---|---|---|",
+        match = ", ".join(f"{who} {same[who][i]}/{teacher.shape[1]}" for who in cols)
+        lines += [f"## Prompt {i + 1} (row {row}; matching {match})", "",
+                  "| prompt | teacher | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols),
                   f"| {_cell(tok.decode(prompt[i]))} | {_cell(tok.decode(teacher[i]))} | "
-                  f"{_cell(tok.decode(student[i]))} |", ""]
+                  + " | ".join(_cell(tok.decode(c[i])) for c in cols.values()) + " |", ""]
     if not rows:
         lines += ["No prompts (eval.generate_prompts is 0).", ""]
     return "\n".join(lines)

@@ -178,6 +178,11 @@ def test_evaluate_scores_the_repaired_model_and_gates_it(straight, tmp_path):
         {n: f["ce"] for n, f in rep["sets"].items()}, abs=5e-7)
     ces = {r["model"]: float(r["ce"]) for r in csv.DictReader(open(root / "plots" / "eval" / "ce.csv"))}
     assert ces["repaired"] == pytest.approx(rep["ce"], abs=5e-7)
+    # the generation check shows the repaired model's continuations beside the student's
+    gen = ev["generation"]
+    report = (root / "reports" / "generation.md").read_text()
+    assert report.count("| prompt | teacher | student | repaired |") == gen["prompts"] > 0
+    assert 0 <= gen["repaired_matching_prefix_mean"] <= gen["new_tokens"]
     # a repaired model of another student is refused, nothing published is touched
     (root / "models" / "student" / "zerograph.json").write_text("{}\n")
     before = tree_sha256(root / "metrics")
