@@ -1,7 +1,7 @@
-"""The repair study of issue 15 (part 5), on the default teacher: NOT RUN in the session that wrote it.
+"""The repair study of issue 15 (part 5), on the default teacher; results in docs/RESULTS.md.
 
-For each seed, one `zg init --profile smollm2` project and three arms that share its teacher, tokens and
-boundaries:
+For each seed (the top-level `seed`, which seeds every block and the repair run), one
+`zg init --profile smollm2` project and three arms that share its teacher, tokens and boundaries:
 
   base      the default conversion (`dvc repro`)                          -> metrics/eval.json
   repair    base + the repair stage (repair.steps = --repair-steps)        -> eval.json `repaired` entry
@@ -9,19 +9,21 @@ boundaries:
             train.steps += repair.steps * repair.batch_size / train.batch_size (rounded up), i.e. every
             layer sees as many extra sequences in block training as repair shows the whole model
 
-The repair arm reruns only `repair` and `evaluate` (the blocks are up to date); the matched arm reruns the
-blocks, assemble and evaluate. Each arm's metrics/eval.json is copied whole into OUT/seedN/ARM.json, so
-per-set figures (eval.sets) and lm-eval results, where this zg version writes them, come along; the table
-printed at the end reads the in-domain figures and, when present, every set's CE gap.
+Every arm runs the `lm_eval` stage on zg's offline `zg_nextline` task (--lm-eval), on teacher, student
+and, in the repair arm, the repaired student. The repair arm reruns only `repair`, `evaluate` and
+`lm_eval` (the blocks are up to date); the matched arm reruns the blocks, assemble, evaluate and lm_eval.
+Each arm's metrics/eval.json (and lm_eval.json) is copied whole into OUT/seedN/, and the table printed at
+the end gives every eval set's CE gap, its interval, CE recovered and the share of base's gap closed.
 
-Budget: the default conversion is about 25 minutes on the 2-core demo machine; a seed costs about three
-of those plus the repair steps (CPU: roughly 2-4 s per repair step of 4 x 512 tokens on SmolLM2-135M, its
-49,152-token vocabulary dominating). Run it on a bigger box, or with ZG_DEVICE=cuda.
+Cost on the project's 2-core machine, nothing else running: base about 19 minutes (materialize 2.8 min,
+six blocks of 100 steps, evaluate 2.8 min, lm_eval 1.9 min); repair about 12 s a step (4 x 512 tokens:
+a forward and backward of the whole 135M student plus its 49,152-wide head), so 96 steps are about 19
+minutes, plus evaluate and lm_eval on three models; matched about as long as base plus the extra steps.
 
-    python bench/repair_study.py --out bench/out/repair_study --seeds 0 1 2 --repair-steps 200
+    python bench/repair_study.py --seeds 0 --repair-steps 96 --out bench/out/repair_study
+    python bench/repair_study.py --seeds 1 --repair-steps 96 --arms base repair --out bench/out/repair_study
     python bench/repair_study.py --dry-run            # print the commands only
-
-The numbers then go into docs/RESULTS.md with the command line used.
+    python bench/repair_study.py --table-only --seeds 0 1 --out bench/out/repair_study
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def run_seed(seed: int, args) -> None:
                       "repair.warmup": args.warmup, "repair.threads": args.threads,
                       "repair.checkpoint_every": 0}, args.dry_run)
     arm(root, out, "repair", args.dry_run)
+    if "matched" not in args.arms:
+        return
 
     if args.dry_run:
         train = {"steps": 100, "batch_size": 4}  # the smollm2 profile's defaults, for the printout
@@ -146,6 +150,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="repair.threads (the blocks use train.threads)")
     ap.add_argument("--lm-eval", nargs="*", default=["zg_nextline"],
                     help="lm_eval.tasks of every arm (the lm_eval stage scores teacher, student and repaired)")
+    ap.add_argument("--arms", nargs="+", default=["base", "repair", "matched"], choices=("base", "repair", "matched"),
+                    help="run matched too, or stop after base + repair (the matched arm costs a second conversion)")
     ap.add_argument("--work", default="/tmp/zg-repair-study", help="where the projects are built")
     ap.add_argument("--out", default="bench/out/repair_study", help="where each arm's eval.json is copied")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
