@@ -108,7 +108,8 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, fig
         w = 0.8 / len(bars)
         for j, (m, ys) in enumerate(bars.items()):
             ax.bar(xs + (j - (len(bars) - 1) / 2) * w, ys, w, label=m)
-        ax.set_xticks(xs, list(figs)); ax.set_ylabel("CE (nats/token)"); ax.legend()
+        ax.set_xticks(xs, list(figs)); ax.set_ylabel("CE (nats/token)")
+        ax.legend(ncol=len(bars), fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0))  # above the bars
         fig.tight_layout(); fig.savefig(png / "ce.png", dpi=100); plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 3.5))
         keys = list(shift)
