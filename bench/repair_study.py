@@ -127,7 +127,8 @@ def table(args) -> str:
             p = d / f"{name}.json"
             if not p.exists():
                 continue
-            for i, (set_name, f) in enumerate(_sets(json.loads(p.read_text()), name).items()):
+            sets = sorted(_sets(json.loads(p.read_text()), name).items(), key=lambda kv: kv[0] != "heldout")
+            for i, (set_name, f) in enumerate(sets):  # the in-domain held-out split first
                 ci = f.get("ce_gap_ci95") or {}
                 gap0 = base.get(set_name, {}).get("ce_gap")
                 closed = f"{(gap0 - f['ce_gap']) / gap0:.0%}" if gap0 and name != "base" else ""
