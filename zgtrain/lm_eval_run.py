@@ -182,8 +182,12 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
                                  str((Path(layout.root) / ".zg" / "cache" / "hf_datasets").resolve()), meta))
     specs += standard
     results, models = {}, {}
-    loaders = {"repaired": repaired_loader(layout)} if project.repair.enabled else {}  # checked before any run
-    for who in ("teacher", "student", *loaders):
+    # the students' folders and checked loaders (load_student checks zg's pinned modeling file before any
+    # trust_remote_code; the repaired model is first checked to be repaired from this student, before any run)
+    students = {"student": (layout.student, lambda: load_student(layout.student))}
+    if project.repair.enabled:
+        students["repaired"] = (repair_paths(layout).model, repaired_loader(layout))
+    for who in ("teacher", *students):
         stderr.print(f"lm-eval: {who} on {', '.join(tasks)}" + (f" (at most {limit} examples each)" if limit else ""))
         if who == "teacher":
             # the student is scored with the same (checked) tokenizer; a teacher stored narrower than fp32 stays so
@@ -191,9 +195,8 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
             model, tok = load_teacher(layout, per_layer=True)
             models[who] = {"path": str(layout.teacher_hf), "weights_sha256": read_teacher_json(layout)["weights_sha256"]}
         else:
-            folder = layout.student if who == "student" else repair_paths(layout).model
-            # load_student checks zg's pinned modeling file before any trust_remote_code
-            model = load_student(folder) if who == "student" else loaders[who]()
+            folder, load = students[who]
+            model = load()
             summary = json.loads((folder / "zerograph.json").read_text())
             remote = bool(json.loads((folder / "config.json").read_text()).get("auto_map"))
             models[who] = {"path": str(folder), "trust_remote_code": remote,

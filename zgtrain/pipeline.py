@@ -190,20 +190,16 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                                {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
                                "plots/eval/png"]},
     }
-    _add_repair(stages, params, part, L, code)
-    if params.get("variants"):
-        stages.update(_search_stages(params, blocks, code))
-    _virtual_first(stages, params, part, L, code)
     if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
         stages["lm_eval"] = {"cmd": "zg train lm-eval",
                              "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
                                       str(L.tokens_json)] + code("lm_eval"),
                              "params": ["lm_eval"], "outs": ["eval/lm_eval"],
                              "metrics": [{"metrics/lm_eval.json": {"cache": False}}]}
-        if "repair" in stages:  # lm-eval then scores models/repaired too
-            lm = stages["lm_eval"]
-            lm["deps"] = lm["deps"][:1] + [stages["repair"]["outs"][1]] + lm["deps"][1:] + code("repair_eval")
-            lm["params"] = lm["params"] + ["repair.steps"]
+    _add_repair(stages, params, part, L, code)
+    if params.get("variants"):
+        stages.update(_search_stages(params, blocks, code))
+    _virtual_first(stages, params, part, L, code)
     if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
         stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
         stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {
@@ -315,7 +311,8 @@ def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, co
     """The optional `repair` stage (issue 15), only when repair.steps > 0: the default pipeline is unchanged.
 
     It reads the student, the head slice and the last boundary (the teacher's logits, no teacher forward)
-    and the train tokens; evaluate then also scores models/repaired and gates the repaired model.
+    and the train tokens; evaluate then also scores models/repaired and gates the repaired model, and the
+    lm_eval stage (when on) scores it too.
     """
     from zgtrain.config import RepairConfig
     from zgtrain.repair_paths import repair_paths
@@ -329,10 +326,12 @@ def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, co
                         "params": ["seed", "repair"], "outs": [str(rp.run_dir), str(rp.model)],
                         "metrics": [{str(rp.metrics): {"cache": False}}],
                         "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
-    ev = stages.pop("evaluate")
-    ev["deps"] = ev["deps"][:1] + [str(rp.model)] + ev["deps"][1:] + code("repair_eval")
-    ev["params"] = ev["params"] + ["repair.steps"]
-    stages["evaluate"] = ev  # after repair in dvc.yaml's order
+    for name in ("evaluate", "lm_eval"):  # the stages that score models/repaired beside the student
+        if name in stages:
+            st = stages.pop(name)
+            st["deps"] = st["deps"][:1] + [str(rp.model)] + st["deps"][1:] + code("repair_eval")
+            st["params"] = st["params"] + ["repair.steps"]
+            stages[name] = st  # after repair in dvc.yaml's order
 
 
 class _Dumper(yaml.SafeDumper):
