@@ -1,109 +1,123 @@
-"""The issue 14 study (NOT RUN YET: it trains 6 blocks x 5 variants of the default teacher, hours on 2 cores).
+"""The issue 14 study: the budgeted search against the uniform conversion of the same size (NOT RUN on the default
+teacher yet: 6 blocks x 5 variants plus 3 uniform conversions are hours on 2 cores; see docs/RESULTS.md).
 
-For each budget (fraction of the teacher's block parameters), the searched mix against the uniform conversion
-of each variant: held-out CE, CE gap, context retention, gates (CE recovered is left out: it needs an
-untrained reference per mix); plus a Pareto plot
-(parameters vs held-out CE) of every uniform candidate and the chosen mixes, and the wall time of the search.
+In a project made with `zg init --profile search` (or tiny-search, for a smoke run), for each budget (a fraction
+of the teacher's block parameters):
+
+  search arm   `dvc exp run -S search.budget=B search_assemble`: the search picks the mix, search_assemble
+               judges it on every eval set and tries the next-best mixes when it fails a gate
+               (metrics/search_eval.json: CE, gap, CE recovered, context retention, gates per try)
+  uniform arm  `dvc exp run -S train.conversion=prune_mlp -S train.prune_ratio=R evaluate`: the main pipeline's
+               uniform MLP prune, R chosen so its block parameters are the closest to (not above) the searched
+               mix's (metrics/eval.json: the same figures)
+
+Every arm runs in the one workspace, so it reuses the one materialize and every variant stage (`dvc exp run`
+restores what is up to date). OUT gets study.json (every arm's figures and wall time), pareto.csv and
+pareto.png: block parameters vs held-out CE of every candidate (the teacher with one block replaced by one
+variant: the replace-one-block CE), the searched mixes and the uniform conversions.
 
     zg init study --profile search && cd study && git add -A && git commit -qm init
-    time dvc repro search                 # teacher, tokens, materialize (the one teacher pass) + every variant
-    python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 0.625 0.75 --out docs/search
-
-Every mix is assembled in memory (zgtrain/assemble.py ``build_from_blocks``) and scored as `zg train evaluate`
-scores the student (same held-out rows, context targets and gates from params.yaml).
+    python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 0.625 0.75 --out search_study
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 
-def _mix_model(project, layout, mix: dict):
-    from zgdata.families import config_from_dict
-    from zgdata.teacher import load_slice
-    from zgtrain.assemble import build_from_blocks
-    from zgtrain.checkpoint import load_block
-    from zgtrain.conversions import identity
-    from zgtrain.variants import VariantLayout
+def exp_run(root: Path, sets: dict, target: str, dry: bool) -> float:
+    """One arm: the committed params.yaml with SETS, as a `dvc exp run` of TARGET (its results stay applied)."""
+    cmd = ["dvc", "exp", "run", target] + [a for k, v in sets.items() for a in ("-S", f"{k}={v}")]
+    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    if not dry:  # an earlier arm's -S values stay in the workspace: start from the committed params
+        subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=root, check=True)
+        subprocess.run(cmd, cwd=root, check=True)
+    return time.perf_counter() - t0
 
-    blocks = []
-    for spec in project.partition.blocks():
-        if mix[spec.key] == "teacher":
-            t, m = load_slice(layout.teacher_slice(spec.key))
-            blocks.append((spec, identity(t, config_from_dict(m["config"]), None, None, None),
-                           {"state_sha256": None, "fingerprints": {}, "teacher_layers": m["layers"]}))
-        else:
-            b, meta = load_block(VariantLayout(root=layout.root, block=spec.key, variant=mix[spec.key]), spec.key)
-            blocks.append((spec, b, meta))
-    return build_from_blocks(blocks, layout=layout)
+
+def prune_ratio_for(root: Path, params: int) -> float:
+    """The largest uniform MLP prune ratio whose block params stay <= PARAMS (a variant's metrics give the sizes)."""
+    from zgtrain.config import ProjectConfig
+
+    project = ProjectConfig.load(root / "params.yaml")
+    m = [json.loads(p.read_text()) for p in sorted((root / "metrics" / "variants").glob("*/*.json"))]
+    mlp_full = {}
+    for x in m:  # a prune variant's saving per pruned channel gives the MLP's share of each block
+        v = project.variant(x["block"], x["variant"]).train
+        if v.conversion == "prune_mlp" and v.prune_ratio > 0:
+            mlp_full[x["block"]] = (x["teacher_params"] - x["params"]) / v.prune_ratio
+    teacher = sum(x["teacher_params"] for x in {x["block"]: x for x in m}.values())
+    ratio = (teacher - params) / sum(mlp_full.values())
+    return min(0.95, max(0.0, round(ratio + 0.005, 2)))  # round up: the channel count rounds down
+
+
+def candidates(root: Path) -> list[dict]:
+    out = []
+    teacher = {}
+    for p in sorted((root / "metrics" / "variants").glob("*/*.json")):
+        x = json.loads(p.read_text())
+        teacher[x["block"]] = x["teacher_params"]
+        out.append(x)
+    total = sum(teacher.values())
+    return [{"name": f"{x['block']}/{x['variant']}", "params": total - x["teacher_params"] + x["params"],
+             "ce": x["replace_ce"]} for x in out]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.625, 0.75])
-    ap.add_argument("--out", type=Path, default=Path("docs/search"))
+    ap.add_argument("--out", type=Path, default=Path("search_study"))
+    ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
-
-    import numpy as np
-
-    from zgdata.layout import Layout
-    from zgdata.teacher import load_teacher
-    from zgdata.tokens import open_tokens, read_tokens
-    from zgtrain.config import ProjectConfig
-    from zgtrain.evaluate import _model_scores, gate_verdicts
-    from zgtrain.metrics import context_targets
-    from zgtrain.search import options, solve
-
-    layout = Layout(a.project)
-    project = ProjectConfig.load(layout.params)
-    tokens = open_tokens(layout)
-    splits = np.asarray(tokens.to_table(columns=["split"]).column("split").to_pylist())
-    rows = np.flatnonzero(splits == "heldout")
-    ids, _ = read_tokens(layout, rows, ds=tokens)
-    targets = context_targets(len(ids), ids.shape[1], k=project.eval.context_targets,
-                              min_pos=project.eval.context_min_pos, seed=project.eval.seed)
-    score = lambda model: _model_scores(model, ids, targets, project.eval)  # noqa: E731
-    teacher = score(load_teacher(layout, with_tokenizer=False)[0])
-
-    t0 = time.perf_counter()
-    opts = options(project, layout)
-    blocks = list(opts)
-    choices = [[(o["params"], o["ce_delta"]) for o in opts[b]] for b in blocks]
-    total = sum(o[0]["params"] for o in opts.values())
-    mixes = {f"search@{b}": {k: opts[k][j]["variant"] for k, j in zip(blocks, solve(choices, b * total))}
-             for b in a.budgets}
-    search_s = time.perf_counter() - t0
-    for v in project.variants:
-        mixes[f"uniform:{v}"] = {k: v for k in blocks}
-
-    rows_out = {}
-    for name, mix in mixes.items():
-        model, summary = _mix_model(project, layout, mix)
-        s = score(model)
-        gap = s["ce"] - teacher["ce"]
-        retention = s["context_use"] / teacher["context_use"]
-        rows_out[name] = {"mix": mix, "params": summary["params"], "param_ratio": summary["param_ratio"],
-                          "ce": s["ce"], "ce_gap": gap, "context_retention": retention,
-                          "gates": gate_verdicts(project.gates, gap, retention)["all"]}
-        print(json.dumps({name: rows_out[name]}))
+    root = a.project.resolve()
+    arms = {}
+    for b in a.budgets:
+        secs = exp_run(root, {"search.budget": b}, "search_assemble", a.dry_run)
+        if a.dry_run:
+            continue
+        ev = json.loads((root / "metrics" / "search_eval.json").read_text())
+        pick = ev["selected"] if ev["passed"] else ev["unmet"]["closest_try"]
+        t = ev["tries"][pick]
+        arms[f"search@{b}"] = {"mix": t["mix"], "params": t["params"], "heldout": t["sets"]["heldout"],
+                               "sets": t["sets"], "gates_passed": t["gates_passed"]["all"], "tries": len(ev["tries"]),
+                               "seconds": secs}
+        ratio = prune_ratio_for(root, t["params"])
+        secs = exp_run(root, {"train.conversion": "prune_mlp", "train.prune_ratio": ratio}, "evaluate", a.dry_run)
+        e = json.loads((root / "metrics" / "eval.json").read_text())
+        summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
+        block_params = sum(json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"]
+                           for k in summary["blocks"])
+        arms[f"uniform@{b}"] = {"prune_ratio": ratio, "params": block_params, "heldout": e["sets"]["heldout"],
+                                "sets": e["sets"], "gates_passed": e["gates_passed"]["all"], "seconds": secs}
+        print(json.dumps({k: arms[k] for k in (f"search@{b}", f"uniform@{b}")}, indent=1, default=str))
+    if a.dry_run:
+        return
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "study.json").write_text(json.dumps({"teacher": teacher, "mixes": rows_out,
-                                                  "search_seconds": search_s}, indent=2))
-    (a.out / "pareto.csv").write_text("name,params,ce\n" + "".join(
-        f"{n},{r['params']},{r['ce']:.6f}\n" for n, r in rows_out.items()))
+    cands = candidates(root)
+    (a.out / "study.json").write_text(json.dumps({"arms": arms, "candidates": cands}, indent=2) + "\n")
+    rows = [(c["name"], "candidate", c["params"], c["ce"]) for c in cands]
+    rows += [(n, n.split("@")[0], r["params"], r["heldout"]["student_ce"]) for n, r in arms.items()]
+    (a.out / "pareto.csv").write_text("name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for n, r in rows_out.items():
-        ax.scatter(r["params"], r["ce"], marker="*" if n.startswith("search") else "o")
-        ax.annotate(n, (r["params"], r["ce"]), fontsize=7)
-    ax.axhline(teacher["ce"], ls="--", c="gray")
-    ax.set_xlabel("parameters"); ax.set_ylabel("held-out CE (nats/token)")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind, marker in (("candidate", "."), ("search", "*"), ("uniform", "s")):
+        pts = [(p, c, n) for n, k, p, c in rows if k == kind]
+        if pts:
+            ax.scatter([p for p, _, _ in pts], [c for _, c, _ in pts], marker=marker, label=kind)
+            if kind != "candidate":
+                for p, c, n in pts:
+                    ax.annotate(n, (p, c), fontsize=7)
+    ax.set_xlabel("block parameters"); ax.set_ylabel("held-out CE (nats/token)"); ax.legend()
     fig.tight_layout(); fig.savefig(a.out / "pareto.png", dpi=100)
 
 

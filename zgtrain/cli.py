@@ -200,18 +200,24 @@ def search_run(params: Path = params_option, as_json: bool = typer.Option(False,
     r = run_search(ProjectConfig.load(params))
     mix = ", ".join(f"{b}={o['variant']}" for b, o in r["blocks"].items())
     emit(r, as_json=as_json, summary=f"mix {mix}: {r['params']:,} params ({r['param_ratio']:.3f} of the teacher's "
-         f"blocks, budget {r['budget_params']:,.0f}), predicted CE delta {r['predicted_ce_delta']:+.4f}")
+         f"blocks), {r['kv_bytes']:,.0f} KV bytes/token ({r['kv_ratio']:.3f}); budget {r['budget_cost']:,.0f} "
+         f"({r['cost']}); predicted CE delta {r['predicted_ce_delta']:+.4f}")
 
 
 @search_app.command("assemble")
 def search_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
-    """Build models/search/student/ from search/choice.json: each block's chosen variant or the teacher block."""
+    """Build the searched student and judge it: the best mix of search/choice.json is assembled (each block's chosen
+    variant or the teacher block) and evaluated on every eval set; if it fails a gate, the next-best mixes within
+    the budget are tried, up to search.max_tries. The first that passes (else the closest miss) is written to
+    models/search/student/; every try's figures go to metrics/search_eval.json."""
     from zgtrain.config import ProjectConfig
     from zgtrain.search_assemble import assemble_choice
 
     r = assemble_choice(ProjectConfig.load(params))
-    emit(r, as_json=as_json, summary=f"searched student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) "
-         f"-> {r['path']}")
+    verdict = f"passes the gates (try {r['written_try'] + 1} of {len(r['tries'])})" if r["passed"] else \
+        f"NO mix passes the gates in {len(r['tries'])} tries: {r['unmet']['message']}"
+    emit(r, as_json=as_json, summary=f"searched student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher), "
+         f"{verdict} -> {r['path']}")
 
 
 @search_app.command("show")

@@ -155,7 +155,12 @@ class SearchConfig(Section):
                                  "fraction) or an absolute cost (budget_unit: absolute).", gt=0)
     budget_unit: str = param("fraction", "fraction (of the teacher's summed block cost) or absolute.",
                              choices=("fraction", "absolute"))
-    cost: str = param("params", "What the budget counts: params (block parameters).", choices=("params",))
+    cost: str = param("params", "What the budget counts: params (block parameters) or kv_bytes (KV-cache bytes per "
+                                "token at the teacher's longest context, zgtrain/kv_cache.py).",
+                      choices=("params", "kv_bytes"))
+    max_tries: int = param(3, "`zg search assemble` evaluates the best mix; if it fails a gate, the next-best mixes "
+                              "within the budget, up to this many in all. The first that passes is the student.",
+                           ge=1, le=5)
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -40,7 +40,7 @@ from zgtrain.set_metrics import figures, gate_verdicts, score, targets_for
 from zgtrain.repair_eval import add_repaired, repaired_loader
 from zgtrain.student import load_student
 
-__all__ = ["evaluate", "gate_verdicts"]
+__all__ = ["evaluate", "eval_sets", "gate_verdicts"]
 
 
 def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dict:
@@ -136,7 +136,8 @@ def _size(layout: Layout) -> dict:
                                         "teacher_kv_bytes_per_token", "kv_ratio")}
 
 
-def _sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
+def eval_sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
+    """The in-domain held-out set ``held`` and every eval.sets entry, tokenized with the teacher's tokenizer."""
     from zgdata.teacher import read_teacher_json
 
     specs = project.eval.set_specs()
@@ -167,7 +168,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     if not (layout.student / "config.json").exists():
         raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
     tok = load_tokenizer(layout)  # checks the teacher's files and tokenizer hash
-    sets = _sets(project, layout, held, tok)
+    sets = eval_sets(project, layout, held, tok)
     targets = {s.name: targets_for(s, cfg) for s in sets}
     # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.widen)
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],

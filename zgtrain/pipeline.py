@@ -131,7 +131,8 @@ _CODE = {
 _CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 _CODE["variant"] = _CODE["train"] + ["zgtrain/variants.py", "zgtrain/variant_scores.py"]
 _CODE["search"] = ["zgtrain/search.py", "zgtrain/variants.py"]
-_CODE["search_assemble"] = _CODE["assemble"] + ["zgtrain/search_assemble.py", "zgtrain/variants.py"]
+_CODE["search_assemble"] = list(dict.fromkeys(_CODE["assemble"] + _CODE["evaluate"] + [  # it evaluates each try
+    "zgtrain/search_assemble.py", "zgtrain/search_eval.py", "zgtrain/variants.py"]))
 
 
 def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
@@ -246,8 +247,8 @@ def _search_stages(params: dict, blocks, code) -> dict:
     Each variant stage depends on its own ``variants.NAME`` entry (plus ``seed`` and the ``train:`` defaults it
     inherits), so editing one variant reruns only its stages. Its scores run the downstream teacher blocks, so
     every teacher slice is a dep (they change together, with the teacher stage)."""
-    from zgtrain.variants import (search_choice, search_metrics, search_student, variant_dir, variant_metrics,
-                                  variant_plot)
+    from zgtrain.variants import (search_choice, search_eval_metrics, search_metrics, search_student, variant_dir,
+                                  variant_metrics, variant_plot)
 
     L = Layout(Path(""))
     names = list(params["variants"])
@@ -268,13 +269,17 @@ def _search_stages(params: dict, blocks, code) -> dict:
                    "params": ["search"],
                    "outs": [{str(search_choice(L)): {"cache": False}}],
                    "metrics": [{str(search_metrics(L)): {"cache": False}}]},
-        # the chosen mix as a student; which variant folders it reads depends on the choice, so it lists all
+        # the chosen mix as a student, judged on the eval sets (the next-best mixes when it fails a gate); which
+        # variant folders it reads depends on the choice, so it lists all
         "search_assemble": {"cmd": "zg search assemble",
                             "deps": [str(search_choice(L))] + [str(variant_dir(L, b.key, v)) for b in blocks for v in names]
                             + [str(L.teacher_slice(b.key)) for b in blocks]
-                            + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens_json)]
-                            + code("search_assemble"),
-                            "params": ["partition"], "outs": [str(search_student(L))]},
+                            + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
+                               str(L.tokens_json)] + code("search_assemble")
+                            + literal_paths((params.get("eval") or {}).get("sets")),
+                            "params": ["partition", "eval", "gates", "search.max_tries"],
+                            "outs": [str(search_student(L))],
+                            "metrics": [{str(search_eval_metrics(L)): {"cache": False}}]},
     }
 
 

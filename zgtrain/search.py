@@ -1,7 +1,9 @@
 """The budgeted search (issue 14): one variant per block, minimizing the summed replace-one-block CE deltas.
 
-Each block's options are its trained variants (metrics/variants/BLOCK/NAME.json: cost and ce_delta) and the
-teacher block itself (``teacher``: its parameters, delta 0). ``solve`` is exact: a dynamic program over the
+Each block's options are its trained variants (metrics/variants/BLOCK/NAME.json: params, KV-cache bytes per
+token and ce_delta) and the teacher block itself (``teacher``: its parameters and KV bytes, delta 0). The budget
+counts ``search.cost``: parameters, or KV-cache bytes per token at the teacher's longest context (what windows
+and dropped layers save; zgtrain/kv_cache.py). ``solve`` is exact: a dynamic program over the
 blocks that keeps, after each block, only the partial mixes no other partial mix beats on both cost and
 delta (the Pareto front). Dropping a beaten partial mix never loses the optimum, since any completion of it
 completes the better one too, at no more cost and no more delta. Ties break toward the lower cost, then the
@@ -85,7 +87,7 @@ def ranked(choices: Sequence[Sequence[tuple[float, float]]], budget: float, k: i
 
 
 def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
-    """{block: [{variant, params, ce_delta}, ...]}, the teacher block first, from the variant metrics files."""
+    """{block: [{variant, params, kv_bytes, ce_delta}, ...]}, the teacher block first, from the variant metrics."""
     out = {}
     for block in project.blocks:
         opts = []
@@ -95,12 +97,15 @@ def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
                 m = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError, UnicodeDecodeError):
                 raise ZgError(f"{path} is missing or unreadable", fix=f"run `dvc repro {stage_name(block, v)}`")
-            if m.get("status") != "done" or "ce_delta" not in m or (m.get("block"), m.get("variant")) != (block, v):
+            if m.get("status") != "done" or "ce_delta" not in m or "kv_bytes_per_token" not in m \
+                    or (m.get("block"), m.get("variant")) != (block, v):
                 raise ZgError(f"{path} is not the scores of a finished {block}/{v}",
                               fix=f"run `dvc repro {stage_name(block, v)}`")
             if not opts:
-                opts.append({"variant": IDENTITY_VARIANT, "params": int(m["teacher_params"]), "ce_delta": 0.0})
-            opts.append({"variant": v, "params": int(m["params"]), "ce_delta": float(m["ce_delta"])})
+                opts.append({"variant": IDENTITY_VARIANT, "params": int(m["teacher_params"]),
+                             "kv_bytes": float(m["teacher_kv_bytes_per_token"]), "ce_delta": 0.0})
+            opts.append({"variant": v, "params": int(m["params"]), "kv_bytes": float(m["kv_bytes_per_token"]),
+                         "ce_delta": float(m["ce_delta"])})
         out[block] = opts
     return out
 
@@ -111,6 +116,15 @@ def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
         return _run(project, layout)
 
 
+UNITS = {"params": "params", "kv_bytes": "KV bytes/token"}
+
+
+def _totals(opts: dict, idx) -> dict:
+    """Params and KV bytes per token of a mix (indices into each block's options)."""
+    picked = [opts[b][j] for b, j in zip(opts, idx)]
+    return {"params": sum(o["params"] for o in picked), "kv_bytes": sum(o["kv_bytes"] for o in picked)}
+
+
 def _run(project: ProjectConfig, layout: Layout) -> dict:
     cfg = project.search
     if not project.variants:
@@ -118,32 +132,35 @@ def _run(project: ProjectConfig, layout: Layout) -> dict:
                       fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`")
     opts = options(project, layout)
     blocks = list(opts)
-    choices = [[(o["params"], o["ce_delta"]) for o in opts[b]] for b in blocks]
-    teacher = sum(o[0]["params"] for o in opts.values())
-    budget = cfg.budget * teacher if cfg.budget_unit == "fraction" else cfg.budget
+    choices = [[(o[cfg.cost], o["ce_delta"]) for o in opts[b]] for b in blocks]
+    teacher = _totals(opts, [0] * len(blocks))
+    full, unit = teacher[cfg.cost], UNITS[cfg.cost]
+    budget = cfg.budget * full if cfg.budget_unit == "fraction" else cfg.budget
     pick = solve(choices, budget)
     if pick is None:
         least = min_cost(choices)
-        smallest = f"{math.ceil(least / teacher * 1e4) / 1e4} (budget_unit: fraction)" if cfg.budget_unit == "fraction" \
-            else f"{least} (budget_unit: absolute)"
-        raise ZgError(f"search.budget {cfg.budget} ({budget:,.0f} params) is below the cheapest mix of the variant "
-                      f"library ({least:,} params, {least / teacher:.4f} of the teacher's {teacher:,} block params)",
-                      key="search.budget", fix=f"set search.budget >= {smallest}, or add cheaper variants")
+        smallest = f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)" if cfg.budget_unit == "fraction" \
+            else f"{math.ceil(least * 1e4) / 1e4:g} (budget_unit: absolute)"
+        raise ZgError(f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
+                      f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
+                      f"teacher's {full:,.0f})", key="search.budget", fix=f"set search.budget >= {smallest}, or add "
+                      f"cheaper variants")
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
-    # the next-best feasible mixes, for a loop that tries another mix when the assembled one fails a gate
-    alternatives = [{"mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
-                     "params": sum(opts[b][j]["params"] for b, j in zip(blocks, idx)),
+    # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
+    alternatives = [{"mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)}, **_totals(opts, idx),
                      "predicted_ce_delta": _key(choices, idx)[0]} for idx in ranked(choices, budget, RANKED)]
-    params = sum(o["params"] for o in chosen.values())
-    delta = sum(o["ce_delta"] for o in chosen.values())
-    choice = {"cost": cfg.cost, "budget": cfg.budget, "budget_unit": cfg.budget_unit, "budget_params": budget,
-              "teacher_params": teacher, "params": params, "param_ratio": params / teacher,
-              "predicted_ce_delta": delta, "blocks": chosen, "ranked": alternatives}
+    got = _totals(opts, pick)
+    choice = {"cost": cfg.cost, "budget": cfg.budget, "budget_unit": cfg.budget_unit, "budget_cost": budget,
+              "teacher_params": teacher["params"], "teacher_kv_bytes": teacher["kv_bytes"], **got,
+              "param_ratio": got["params"] / teacher["params"], "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],
+              "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()), "blocks": chosen,
+              "ranked": alternatives}
     # uniform mixes (one variant everywhere): what the study compares the searched mix against
-    uniform = {v: {"params": sum(o["params"] for b in blocks for o in opts[b] if o["variant"] == v),
-                   "predicted_ce_delta": sum(o["ce_delta"] for b in blocks for o in opts[b] if o["variant"] == v)}
-               for v in project.variants}
-    metrics = {k: choice[k] for k in ("budget_params", "teacher_params", "params", "param_ratio", "predicted_ce_delta")}
+    uniform = {v: {**_totals(opts, [j] * len(blocks)),
+                   "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
+               for j, v in enumerate(project.variants, start=1)}
+    metrics = {k: choice[k] for k in ("cost", "budget_cost", "teacher_params", "teacher_kv_bytes", "params", "kv_bytes",
+                                      "param_ratio", "kv_ratio", "predicted_ce_delta")}
     metrics.update(candidates=sum(len(o) for o in opts.values()), mixes=math.prod(len(o) for o in opts.values()),
                    uniform=uniform, choice={b: o["variant"] for b, o in chosen.items()})
     write_json(search_choice(layout), choice)

@@ -20,7 +20,8 @@ from pathlib import Path
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
-__all__ = ["variant_dir", "variant_metrics", "variant_plot", "search_choice", "search_metrics", "search_student",
+__all__ = ["variant_dir", "variant_metrics", "variant_plot", "search_choice", "search_metrics", "search_eval_metrics",
+           "search_student",
            "VariantLayout",
            "variant_project", "train_variant", "stage_name", "show"]
 
@@ -43,6 +44,10 @@ def search_choice(layout: Layout) -> Path:
 
 def search_metrics(layout: Layout) -> Path:
     return layout.root / "metrics" / "search.json"
+
+
+def search_eval_metrics(layout: Layout) -> Path:
+    return layout.root / "metrics" / "search_eval.json"
 
 
 def search_student(layout: Layout) -> Path:
