@@ -21,7 +21,8 @@ a forward and backward of the whole 135M student plus its 49,152-wide head), so 
 minutes, plus evaluate and lm_eval on three models; matched about as long as base plus the extra steps.
 
     python bench/repair_study.py --seeds 0 --repair-steps 96 --out bench/out/repair_study
-    python bench/repair_study.py --seeds 1 --repair-steps 96 --arms base repair --out bench/out/repair_study
+    python bench/repair_study.py --seeds 1 2 --repair-steps 96 --cache /tmp/zg-repair-study/cache \
+        --out bench/out/repair_study
     python bench/repair_study.py --dry-run            # print the commands only
     python bench/repair_study.py --table-only --seeds 0 1 --out bench/out/repair_study
 """
@@ -78,6 +79,8 @@ def run_seed(seed: int, args) -> None:
     if root.exists() and not args.dry_run:
         shutil.rmtree(root)
     sh(["zg", "init", str(root), "--profile", "smollm2"], Path(args.work), args.dry_run)
+    if args.cache:  # teacher, tokens and materialize do not depend on the seed: later seeds restore them
+        sh(["dvc", "cache", "dir", str(Path(args.cache).resolve())], root, args.dry_run)
     set_params(root, {"seed": seed, "lm_eval.tasks": args.lm_eval}, args.dry_run)
     arm(root, out, "base", args.dry_run)
 
@@ -154,6 +157,9 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["base", "repair", "matched"], choices=("base", "repair", "matched"),
                     help="run matched too, or stop after base + repair (the matched arm costs a second conversion)")
     ap.add_argument("--work", default="/tmp/zg-repair-study", help="where the projects are built")
+    ap.add_argument("--cache", help="a DVC cache the seeds' projects share: the seed-independent stages (teacher, "
+                                    "tokens, materialize: about 4 minutes) run once and later seeds restore them "
+                                    "from its run cache")
     ap.add_argument("--out", default="bench/out/repair_study", help="where each arm's eval.json is copied")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--table-only", action="store_true", help="print the table of an earlier run")
