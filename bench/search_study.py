@@ -1,5 +1,4 @@
-"""The issue 14 study: the budgeted search against the uniform conversion of the same size (NOT RUN on the default
-teacher yet: 6 blocks x 5 variants plus 3 uniform conversions are hours on 2 cores; see docs/RESULTS.md).
+"""The issue 14 study: the budgeted search against the uniform conversion of the same size.
 
 In a project made with `zg init --profile search` (or tiny-search, for a smoke run), for each budget (a fraction
 of the teacher's block parameters):
@@ -14,10 +13,13 @@ of the teacher's block parameters):
 Every arm runs in the one workspace, so it reuses the one materialize and every variant stage (`dvc exp run`
 restores what is up to date). OUT gets study.json (every arm's figures and wall time), pareto.csv and
 pareto.png: block parameters vs held-out CE of every candidate (the teacher with one block replaced by one
-variant: the replace-one-block CE), the searched mixes and the uniform conversions.
+variant: the replace-one-block CE), the searched mixes and the uniform conversions. study.json's "cost" puts the
+wall time of the search (its first arm trains every variant) next to what online targets would have added to the
+same variant trainings (ONLINE_RATES, below).
 
     zg init study --profile search && cd study && git add -A && git commit -qm init
     python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 0.625 0.75 --out search_study
+    python /path/to/zerograph/bench/search_study.py --project . --out search_study --cost-only   # redo "cost"
 """
 
 from __future__ import annotations
@@ -28,6 +30,40 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+# Training tokens/s of each default block, cached against online targets, measured on the default teacher
+# (prune_mlp 0.5, 100 steps of 4 x 512 tokens, one idle 2-core machine): docs/RESULTS.md, "Cached == online on
+# the default teacher, bitwise" (`dvc exp run -n online -S train.targets=online`). Online targets rerun the
+# teacher's layers 0..end of the block every step, whatever the student is, so each step of a variant of that
+# block pays the same extra seconds: tokens_per_step * (1 / online - 1 / cached).
+ONLINE_RATES = {"b00": (1755, 1185), "b01": (1650, 878), "b02": (1682, 730), "b03": (1646, 602),
+                "b04": (1692, 469), "b05": (1777, 468)}
+
+
+def cost(root: Path, arms: dict) -> dict:
+    """Wall time of the search (the first search arm: every variant stage, the search, the assemble loop) and
+    the extra seconds online targets would have cost the same variant trainings."""
+    import yaml
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    per_step = params["train"]["batch_size"] * params["corpus"]["seq_len"]
+    extra, steps, unknown = 0.0, 0, set()
+    for p in sorted((root / "metrics" / "variants").glob("*/*.json")):
+        x = json.loads(p.read_text())
+        steps += x["steps"]
+        if x["block"] not in ONLINE_RATES:
+            unknown.add(x["block"])
+            continue
+        cached, online = ONLINE_RATES[x["block"]]
+        extra += x["steps"] * per_step * (1 / online - 1 / cached)
+    first = next((r for n, r in arms.items() if n.startswith("search@")), None)
+    out = {"variant_stages": len(list((root / "metrics" / "variants").glob("*/*.json"))), "variant_steps": steps,
+           "search_wall_s": first["seconds"] if first else None, "online_extra_s": None if unknown else extra,
+           "online_rates_tokens_per_s": ONLINE_RATES}
+    if unknown:
+        out["note"] = f"no measured online rate for blocks {sorted(unknown)} (not the default partition)"
+    return out
 
 
 def exp_run(root: Path, sets: dict, target: str, dry: bool) -> float:
@@ -75,8 +111,15 @@ def main() -> None:
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.625, 0.75])
     ap.add_argument("--out", type=Path, default=Path("search_study"))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--cost-only", action="store_true", help="recompute study.json's cost from OUT and the project")
     a = ap.parse_args()
     root = a.project.resolve()
+    if a.cost_only:
+        study = json.loads((a.out / "study.json").read_text())
+        study["cost"] = cost(root, study["arms"])
+        (a.out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+        print(json.dumps(study["cost"], indent=1))
+        return
     arms = {}
     for b in a.budgets:
         secs = exp_run(root, {"search.budget": b}, "search_assemble", a.dry_run)
@@ -101,7 +144,8 @@ def main() -> None:
         return
     a.out.mkdir(parents=True, exist_ok=True)
     cands = candidates(root)
-    (a.out / "study.json").write_text(json.dumps({"arms": arms, "candidates": cands}, indent=2) + "\n")
+    (a.out / "study.json").write_text(json.dumps({"arms": arms, "candidates": cands,
+                                                        "cost": cost(root, arms)}, indent=2) + "\n")
     rows = [(c["name"], "candidate", c["params"], c["ce"]) for c in cands]
     rows += [(n, n.split("@")[0], r["params"], r["heldout"]["student_ce"]) for n, r in arms.items()]
     (a.out / "pareto.csv").write_text("name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows))
