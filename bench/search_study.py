@@ -41,6 +41,11 @@ ONLINE_RATES = {"b00": (1755, 1185), "b01": (1650, 878), "b02": (1682, 730), "b0
                 "b04": (1692, 469), "b05": (1777, 468)}
 
 
+def variant_scores(root: Path) -> list[dict]:
+    """Every variant stage's metrics (metrics/variants/BLOCK/NAME.json), in block then name order."""
+    return [json.loads(p.read_text()) for p in sorted((root / "metrics" / "variants").glob("*/*.json"))]
+
+
 def cost(root: Path, arms: dict) -> dict:
     """Wall time of the search (the first search arm: every variant stage, the search, the assemble loop) and
     the extra seconds online targets would have cost the same variant trainings."""
@@ -48,9 +53,9 @@ def cost(root: Path, arms: dict) -> dict:
 
     params = yaml.safe_load((root / "params.yaml").read_text())
     per_step = params["train"]["batch_size"] * params["corpus"]["seq_len"]
+    variants = variant_scores(root)
     extra, steps, unknown = 0.0, 0, set()
-    for p in sorted((root / "metrics" / "variants").glob("*/*.json")):
-        x = json.loads(p.read_text())
+    for x in variants:
         steps += x["steps"]
         if x["block"] not in ONLINE_RATES:
             unknown.add(x["block"])
@@ -58,7 +63,7 @@ def cost(root: Path, arms: dict) -> dict:
         cached, online = ONLINE_RATES[x["block"]]
         extra += x["steps"] * per_step * (1 / online - 1 / cached)
     first = next((r for n, r in arms.items() if n.startswith("search@")), None)
-    out = {"variant_stages": len(list((root / "metrics" / "variants").glob("*/*.json"))), "variant_steps": steps,
+    out = {"variant_stages": len(variants), "variant_steps": steps,
            "search_wall_s": first["seconds"] if first else None, "online_extra_s": None if unknown else extra,
            "online_rates_tokens_per_s": ONLINE_RATES}
     if unknown:
@@ -82,7 +87,7 @@ def prune_ratio_for(root: Path, params: int) -> float:
     from zgtrain.config import ProjectConfig
 
     project = ProjectConfig.load(root / "params.yaml")
-    m = [json.loads(p.read_text()) for p in sorted((root / "metrics" / "variants").glob("*/*.json"))]
+    m = variant_scores(root)
     mlp_full = {}
     for x in m:  # a prune variant's saving per pruned channel gives the MLP's share of each block
         v = project.variant(x["block"], x["variant"]).train
@@ -94,13 +99,8 @@ def prune_ratio_for(root: Path, params: int) -> float:
 
 
 def candidates(root: Path) -> list[dict]:
-    out = []
-    teacher = {}
-    for p in sorted((root / "metrics" / "variants").glob("*/*.json")):
-        x = json.loads(p.read_text())
-        teacher[x["block"]] = x["teacher_params"]
-        out.append(x)
-    total = sum(teacher.values())
+    out = variant_scores(root)
+    total = sum({x["block"]: x["teacher_params"] for x in out}.values())
     return [{"name": f"{x['block']}/{x['variant']}", "params": total - x["teacher_params"] + x["params"],
              "ce": x["replace_ce"]} for x in out]
 
