@@ -1,23 +1,28 @@
-"""The greedy local pretraining study of issue 17, as DVC experiments of one `local` project. NOT RUN YET.
+"""The greedy local pretraining study of issue 17, as DVC experiments of `local` projects.
 
-    python bench/local_study.py --workdir /tmp/zg-local-study            # print the commands only
-    python bench/local_study.py --workdir /tmp/zg-local-study --run      # run them (hours on 2 CPU cores)
+    python bench/local_study.py --workdir /tmp/zg-local-study --out bench/out/local_study          # print only
+    python bench/local_study.py --workdir /tmp/zg-local-study --out bench/out/local_study --run
 
-Setup: `zg init --profile local` (8 layers, hidden 256, SmolLM2 tokenizer, the Shakespeare plays,
-seq_len 256), `dvc repro tokens` once, then one `dvc exp run -S ...` per arm and seed. Every arm
-trains on the same seeded batches (metrics/local.json `tokens_sha256` proves it) for local.steps
-steps of local.batch_size sequences: budget-matched tokens. The table it prints holds each arm's
-held-out CE of the full model and its gap to K=1 (same seed) in nats. Arms:
+Setup: per lane, one `zg init --profile local` project (8 layers, hidden 256, SmolLM2 tokenizer, the
+Shakespeare plays, seq_len 256) whose DVC cache is shared (`dvc cache dir`), `dvc repro tokens`
+(the first lane tokenizes, the others restore from the run cache), then one `dvc exp run -S ...` per
+arm. The lanes run side by side, each with `local.threads` threads (2 lanes x 1 thread on a 2-core
+machine). Every arm trains on the same seeded batches (metrics/local.json `tokens_sha256` proves
+it) for `--steps` steps of 8 sequences: budget-matched tokens. Arms:
 
 - K in {1, 2, 4} (partition.boundaries), mlp aux, no MTP;
 - MLP vs Transformer aux at K=4;
-- MTP none / first / all at K=4 (Transformer aux, the study's best head);
-- 3 seeds (local.seed 0, 1, 2) for the K=4 headline arms and for K=1 (the gaps are per seed);
-- simultaneous vs sequential at K=4 (mlp aux): the sequential arm runs last for each seed, because its
-  stages differ: the script edits params.yaml, runs `zg pipeline`, then `dvc exp run` (an experiment
-  includes the workspace's dvc.yaml), and switches back the same way. Each block of the sequential arm
-  trains local.steps steps on the same batches: the same tokens per block as the simultaneous arm.
-Activation memory and the schedule ratio come from bench/local_schedule.py on the same project.
+- MTP none / first / all at K=4 (Transformer aux);
+- seeds 0, 1, 2 (local.seed) for K=1 and the K=4 headline arms (mlp and transformer aux), so each
+  seed has its own gap to K=1;
+- simultaneous vs sequential at K=4 (mlp aux, seed 0). The sequential arm runs last in its lane: its
+  stages differ, so the script sets local.mode in params.yaml and runs `zg pipeline` before
+  `dvc exp run` (an experiment includes the workspace's dvc.yaml). Each of its blocks trains
+  `--steps` steps on the same batches: the same tokens per block as the simultaneous arm.
+
+Each arm's metrics/local.json goes to OUT/arms/<arm>-s<seed>.json; OUT/study.json holds all of them
+and the gaps; the table is printed. Activation memory and the schedule ratio come from
+bench/local_schedule.py on the first lane's project.
 """
 
 from __future__ import annotations
@@ -26,80 +31,142 @@ import argparse
 import json
 import shlex
 import subprocess
+import threading
 from pathlib import Path
 
 K = {1: "[0,8]", 2: "[0,4,8]", 4: "[0,2,4,6,8]"}
-HEADLINE = [("K=4 mlp", {"aux": "mlp", "mtp": "none"}), ("K=4 transformer", {"aux": "transformer", "mtp": "none"}),
-            ("K=4 transformer mtp=first", {"aux": "transformer", "mtp": "first"}),
-            ("K=4 transformer mtp=all", {"aux": "transformer", "mtp": "all"})]
+# (name, relative cost per step, overrides); cost balances the lanes
+ARMS = [("K=1", 1.0, {"partition.boundaries": K[1]}),
+        ("K=2 mlp", 1.6, {"partition.boundaries": K[2]}),
+        ("K=4 mlp", 2.6, {"partition.boundaries": K[4]}),
+        ("K=4 transformer", 2.8, {"partition.boundaries": K[4], "local.aux": "transformer"}),
+        ("K=4 transformer mtp=first", 3.3, {"partition.boundaries": K[4], "local.aux": "transformer",
+                                            "local.mtp": "first"}),
+        ("K=4 transformer mtp=all", 5.0, {"partition.boundaries": K[4], "local.aux": "transformer",
+                                          "local.mtp": "all"}),
+        ("K=4 mlp sequential", 3.0, {"partition.boundaries": K[4], "local.mode": "sequential"})]
+SEEDED = ("K=1", "K=4 mlp", "K=4 transformer")  # the arms that run with every seed
+PLAIN = {"local.aux": "mlp", "local.mtp": "none"}  # `dvc exp run -S` leaves the last arm's values in params.yaml
 
 
-def arms(seeds: list[int]) -> list[tuple[str, int, dict]]:
-    out = []
-    for seed in seeds:
-        # every arm sets every key the study varies: `dvc exp run -S` leaves the last arm's values in params.yaml
-        plain = {"local.aux": "mlp", "local.mtp": "none"}
-        out.append(("K=1 (end to end)", seed, {"partition.boundaries": K[1], **plain}))
-        if seed == seeds[0]:
-            out.append(("K=2 mlp", seed, {"partition.boundaries": K[2], **plain}))
-        for name, over in HEADLINE:
-            out.append((name, seed, {"partition.boundaries": K[4], **{f"local.{k}": v for k, v in over.items()}}))
-        out.append(("K=4 mlp sequential", seed, {"partition.boundaries": K[4], **plain, "local.mode": "sequential"}))
+def arms(seeds: list[int]) -> list[tuple[str, int, float, dict]]:
+    out = [(n, seeds[0], c, {**PLAIN, **o}) for n, c, o in ARMS]
+    out += [(n, s, c, {**PLAIN, **o}) for s in seeds[1:] for n, c, o in ARMS if n in SEEDED]
     return out
 
 
-def _pipeline(root: Path, mode: str, boundaries: str, run: bool) -> None:
-    """Set local.mode and the partition in params.yaml, then regenerate dvc.yaml (its stages depend on the mode)."""
-    print(f"# params.yaml: local.mode={mode}, partition.boundaries={boundaries}; then zg pipeline", flush=True)
-    if run:
-        import yaml
-
-        p = yaml.safe_load((root / "params.yaml").read_text())
-        p["local"]["mode"], p["partition"]["boundaries"] = mode, json.loads(boundaries)
-        (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    _sh(["zg", "pipeline"], root, run)
+def lanes(todo: list, n: int) -> list[list]:
+    """Greedy longest-first split by cost; in a lane, the first seed first, the sequential arm last (it rewrites
+    dvc.yaml)."""
+    out, load = [[] for _ in range(n)], [0.0] * n
+    for arm in sorted(todo, key=lambda a: -a[2]):
+        i = load.index(min(load))
+        out[i].append(arm)
+        load[i] += arm[2]
+    return [sorted(lane, key=lambda a: ("local.mode" in a[3], a[1])) for lane in out]
 
 
 def _sh(cmd: list[str], cwd: Path, run: bool) -> str:
     print(f"$ (cd {cwd} && {shlex.join(cmd)})", flush=True)
     if not run:
         return ""
-    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"{shlex.join(cmd)} failed in {cwd} (exit {res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res.stdout
+
+
+def _slug(name: str, seed: int) -> str:
+    return name.replace("=", "").replace(" ", "-") + f"-s{seed}"
+
+
+def setup_lane(root: Path, cache: Path, base: dict, run: bool) -> None:
+    _sh(["zg", "init", str(root), "--profile", "local"], root.parent, run)
+    _sh(["dvc", "cache", "dir", str(cache)], root, run)
+    if run:
+        import yaml
+
+        p = yaml.safe_load((root / "params.yaml").read_text())
+        p["local"].update(base)
+        (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    print(f"# params.yaml local: {base}", flush=True)
+    _sh(["git", "add", "-A"], root, run)
+    _sh(["git", "commit", "-qm", "zg init --profile local"], root, run)
+
+
+def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
+    mode = "simultaneous"
+    for name, seed, _, over in lane:
+        over = dict(over)
+        want = over.pop("local.mode", "simultaneous")
+        if want != mode:
+            print(f"# params.yaml: local.mode={want}, partition.boundaries={over['partition.boundaries']}; "
+                  f"then zg pipeline", flush=True)
+            if run:
+                import yaml
+
+                p = yaml.safe_load((root / "params.yaml").read_text())
+                p["local"]["mode"], p["partition"]["boundaries"] = want, json.loads(over["partition.boundaries"])
+                (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+            _sh(["zg", "pipeline"], root, run)
+            mode = want
+        sets = [x for k, v in {**over, "local.seed": seed, "local.steps": steps}.items() for x in ("-S", f"{k}={v}")]
+        _sh(["dvc", "exp", "run", *sets], root, run)
+        if run:
+            m = json.loads((root / "metrics" / "local.json").read_text())
+            (out / "arms").mkdir(parents=True, exist_ok=True)
+            (out / "arms" / f"{_slug(name, seed)}.json").write_text(json.dumps({"arm": name, "seed": seed,
+                                                                                "set": over, **m}, indent=1))
+
+
+def table(out: Path) -> str:
+    rows = [json.loads(p.read_text()) for p in sorted((out / "arms").glob("*.json"))]
+    order = {n: i for i, (n, _, _) in enumerate(ARMS)}
+    rows.sort(key=lambda r: (order[r["arm"]], r["seed"]))
+    base = {r["seed"]: r["heldout_ce"] for r in rows if r["arm"] == "K=1"}
+    lines = ["| arm | seed | held-out CE | gap to K=1 (nats) | tokens_sha256 | tokens/s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        gap = r["heldout_ce"] - base[r["seed"]] if r["seed"] in base else float("nan")
+        lines.append(f"| {r['arm']} | {r['seed']} | {r['heldout_ce']:.4f} | {gap:+.4f} | {r['tokens_sha256'][:12]} | "
+                     f"{r.get('tokens_per_s') or float('nan'):.0f} |")
+    (out / "study.json").write_text(json.dumps({"arms": rows, "k1_ce": base}, indent=1))
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="per-arm metrics, study.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=1000, help="local.steps of every arm (x batch 8 x 256 tokens)")
+    ap.add_argument("--steps", type=int, default=128, help="local.steps of every arm (x batch 8 x 256 tokens)")
+    ap.add_argument("--warmup", type=int, default=13)
+    ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    ap.add_argument("--lanes", type=int, default=2, help="projects run side by side")
+    ap.add_argument("--threads", type=int, default=1, help="local.threads of each lane")
+    ap.add_argument("--table-only", action="store_true", help="print the table of OUT's arms")
     ap.add_argument("--run", action="store_true", help="run the commands (default: print them)")
     args = ap.parse_args()
-    root = args.workdir / "proj"
+    if args.table_only:
+        print(table(args.out))
+        return
+    base = {"warmup": args.warmup, "precision": args.precision, "threads": args.threads, "checkpoint_every": 0}
+    roots = [args.workdir / f"lane{i}" for i in range(args.lanes)]
     if args.run:
         args.workdir.mkdir(parents=True, exist_ok=True)
-    _sh(["zg", "init", str(root), "--profile", "local"], args.workdir, args.run)
-    _sh(["git", "add", "-A"], root, args.run)
-    _sh(["git", "commit", "-qm", "zg init --profile local"], root, args.run)
-    _sh(["dvc", "repro", "tokens"], root, args.run)
-    results, mode = [], "simultaneous"
-    for name, seed, over in arms(args.seeds):
-        want = over.pop("local.mode", "simultaneous")
-        if want != mode:
-            _pipeline(root, want, over["partition.boundaries"], args.run)
-            mode = want
-        sets = [x for k, v in {**over, "local.seed": seed, "local.steps": args.steps}.items() for x in ("-S", f"{k}={v}")]
-        _sh(["dvc", "exp", "run", *sets], root, args.run)
-        if args.run:
-            m = json.loads((root / "metrics" / "local.json").read_text())
-            results.append((name, seed, m))
-    if not args.run:
-        return
-    base = {seed: m["heldout_ce"] for name, seed, m in results if name.startswith("K=1")}
-    print("| arm | seed | held-out CE | gap to K=1 (nats) | tokens_sha256 | tokens/s |")
-    print("|---|---|---|---|---|---|")
-    for name, seed, m in results:
-        print(f"| {name} | {seed} | {m['heldout_ce']:.4f} | {m['heldout_ce'] - base[seed]:+.4f} | "
-              f"{m['tokens_sha256'][:12]} | {m.get('tokens_per_s') or float('nan'):.0f} |")
+        args.out.mkdir(parents=True, exist_ok=True)
+    for root in roots:
+        setup_lane(root, args.workdir / "cache", base, args.run)
+    for root in roots:  # the first tokenizes; the others restore tokens from the shared run cache
+        _sh(["dvc", "repro", "tokens"], root, args.run)
+    work = lanes(arms(args.seeds), args.lanes)
+    threads = [threading.Thread(target=run_lane, args=(root, lane, args.steps, args.out, args.run))
+               for root, lane in zip(roots, work)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if args.run:
+        print(table(args.out))
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from zgdata.families import family
+from zgdata.runtime import autocast
+from zgtrain.linear_ce import linear_ce
 from zgtrain.local_config import LocalConfig
 
 __all__ = ["llama_config", "build_model", "LocalBlock", "make_blocks"]
@@ -75,8 +76,9 @@ class LocalBlock(nn.Module):
     """Decoder layers [lo, hi) of the model plus the head its loss reads (aux, or the model's own for the last)."""
 
     def __init__(self, model, lo: int, hi: int, *, first: bool, last: bool, aux: str, mtp_offsets: list[int],
-                 gen: torch.Generator):
+                 gen: torch.Generator, precision: str = "fp32"):
         super().__init__()
+        self.precision = precision
         from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
         config, inner = model.config, model.model
@@ -107,25 +109,36 @@ class LocalBlock(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, *, mtp_weight: float = 1.0):
-        """(boundary out, loss, {term: detached value}): x is token ids for block 0, else the previous boundary."""
+        """(boundary out, loss, {term: detached value}): x is token ids for block 0, else the previous boundary.
+
+        Under ``precision: bf16`` the boundary passed on is cast back to fp32, so the next block's input
+        (and a sequential run's stored boundary) has one dtype whatever the precision.
+        """
+        with autocast(x.device, self.precision):
+            h, loss, terms = self._forward(x, ids, mtp_weight)
+        return h.float(), loss.float(), terms
+
+    def _forward(self, x, ids, mtp_weight):
         h = self.embed_tokens(x) if self.first else x
         inputs = _LLAMA.layer_inputs(self.rotary_emb, h)
         for layer in self.layers:
             h = _LLAMA.call_layer(layer, h, inputs)
         z = h if self.last else self.aux(h, inputs)
-        loss = _ce(self.lm_head(self.norm(z)), ids, 1)
+        loss = self._ce(z, ids, 1)
         terms = {"next": loss.detach()}
         if self.mtp_offsets:
-            mtp = torch.stack([_ce(self.lm_head(self.norm(z + proj(z))), ids, d)
+            mtp = torch.stack([self._ce(z + proj(z), ids, d)
                                for proj, d in zip(self.mtp, self.mtp_offsets)]).mean()
             terms["mtp"] = mtp.detach()
             loss = loss + mtp_weight * mtp
         return h, loss, terms
 
 
-def _ce(logits: torch.Tensor, ids: torch.Tensor, offset: int) -> torch.Tensor:
-    """Mean CE of token t+offset from position t."""
-    return F.cross_entropy(logits[:, :-offset].float().reshape(-1, logits.shape[-1]), ids[:, offset:].reshape(-1))
+    def _ce(self, z: torch.Tensor, ids: torch.Tensor, offset: int) -> torch.Tensor:
+        """Mean CE of token t+offset from position t, through this block's norm and head (zgtrain/linear_ce.py)."""
+        y = self.norm(z[:, :-offset]).float()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        return linear_ce(y.reshape(-1, y.shape[-1]), self.lm_head.weight, ids[:, offset:].reshape(-1), dtype=dtype)
 
 
 def make_blocks(model, boundaries: list[int], cfg: LocalConfig, gens: list[torch.Generator]) -> list[LocalBlock]:
@@ -133,5 +146,6 @@ def make_blocks(model, boundaries: list[int], cfg: LocalConfig, gens: list[torch
     k = len(boundaries) - 1
     offsets = list(range(2, cfg.mtp_depth + 1))
     return [LocalBlock(model, lo, hi, first=i == 0, last=i == k - 1, aux=cfg.aux, gen=gens[i],
-                       mtp_offsets=offsets if cfg.mtp == "all" or (cfg.mtp == "first" and i == 0) else [])
+                       mtp_offsets=offsets if cfg.mtp == "all" or (cfg.mtp == "first" and i == 0) else [],
+                       precision=cfg.precision)
             for i, (lo, hi) in enumerate(zip(boundaries, boundaries[1:]))]

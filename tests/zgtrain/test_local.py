@@ -132,6 +132,20 @@ def test_schedules_agree_with_a_transformer_aux_head_and_mtp_everywhere(local_re
     assert runs[0]["local_params"] > ref["local_params"]  # a decoder layer and two MTP projections per block
 
 
+def test_bf16_precision_is_deterministic_schedule_free_and_keeps_an_fp32_model(local_repro, tmp_path):
+    ref_root, ref = local_repro
+    over = {"local.precision": "bf16", "local.mtp": "first"}
+    runs = [_train(_copy(ref_root, tmp_path / s, {**over, "local.schedule": s})) for s in ("phased", "early_backward")]
+    again = _train(_copy(ref_root, tmp_path / "again", {**over, "local.schedule": "phased"}))
+    assert runs[0]["state_sha256"] == runs[1]["state_sha256"] == again["state_sha256"]
+    fp32 = _train(_copy(ref_root, tmp_path / "fp32", {"local.mtp": "first"}))
+    assert fp32["state_sha256"] != runs[0]["state_sha256"]  # bf16 autocast changes the arithmetic
+    assert fp32["tokens_sha256"] == runs[0]["tokens_sha256"] == ref["tokens_sha256"]
+    w = _weights(tmp_path / "phased")
+    assert w and all(t.dtype == torch.float32 for t in w.values())
+    assert abs(runs[0]["heldout_ce"] - fp32["heldout_ce"]) < 0.05  # same recipe, bf16 rounding only
+
+
 def test_k1_arm_runs_as_a_dvc_experiment_and_sees_the_same_tokens(local_repro, tmp_path):
     ref_root, ref = local_repro
     root = tmp_path / "proj"
