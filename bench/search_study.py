@@ -20,6 +20,7 @@ same variant trainings (ONLINE_RATES, below).
     zg init study --profile search && cd study && git add -A && git commit -qm init
     python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 0.625 0.75 --out search_study
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --cost-only   # redo "cost"
+    python /path/to/zerograph/bench/search_study.py --project . --out search_study --plot-only   # redraw the PNG
 """
 
 from __future__ import annotations
@@ -105,6 +106,34 @@ def candidates(root: Path) -> list[dict]:
              "ce": x["replace_ce"]} for x in out]
 
 
+def plot(rows: list[tuple], path: Path) -> None:
+    """Block parameters vs held-out CE. The y axis ends 0.5 nats above the worst mix: candidates beyond it (layer
+    drops that break the model) are drawn on the top edge as triangles, labelled with their CE."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mixes = [c for _, k, _, c in rows if k != "candidate"]
+    ce = sorted(c for _, k, _, c in rows)
+    top = (max(mixes) if mixes else ce[len(ce) * 9 // 10]) + 0.5
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind, marker in (("candidate", "."), ("search", "*"), ("uniform", "s")):
+        pts = [(p, c, n) for n, k, p, c in rows if k == kind and c <= top]
+        if pts:
+            ax.scatter([p for p, _, _ in pts], [c for _, c, _ in pts], marker=marker, label=kind)
+            if kind != "candidate":
+                for p, c, n in pts:
+                    ax.annotate(n, (p, c), fontsize=7)
+    off = [(p, c, n) for n, k, p, c in rows if c > top]
+    if off:
+        ax.scatter([p for p, _, _ in off], [top] * len(off), marker="^", color="grey", label="off scale")
+        for i, (p, c, n) in enumerate(off):
+            ax.annotate(f"{n} {c:.1f}", (p, top), fontsize=6, xytext=(0, -8 - 7 * i), textcoords="offset points")
+    ax.set_ylim(top=top + 0.05)
+    ax.set_xlabel("block parameters"); ax.set_ylabel("held-out CE (nats/token)"); ax.legend()
+    fig.tight_layout(); fig.savefig(path, dpi=100)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--project", type=Path, required=True)
@@ -112,7 +141,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("search_study"))
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--cost-only", action="store_true", help="recompute study.json's cost from OUT and the project")
+    ap.add_argument("--plot-only", action="store_true", help="redraw OUT/pareto.png from OUT/pareto.csv")
     a = ap.parse_args()
+    if a.plot_only:
+        lines = (a.out / "pareto.csv").read_text().splitlines()[1:]
+        plot([(n, k, int(p), float(c)) for n, k, p, c in (ln.split(",") for ln in lines)], a.out / "pareto.png")
+        return
     root = a.project.resolve()
     if a.cost_only:
         study = json.loads((a.out / "study.json").read_text())
@@ -149,21 +183,7 @@ def main() -> None:
     rows = [(c["name"], "candidate", c["params"], c["ce"]) for c in cands]
     rows += [(n, n.split("@")[0], r["params"], r["heldout"]["student_ce"]) for n, r in arms.items()]
     (a.out / "pareto.csv").write_text("name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, marker in (("candidate", "."), ("search", "*"), ("uniform", "s")):
-        pts = [(p, c, n) for n, k, p, c in rows if k == kind]
-        if pts:
-            ax.scatter([p for p, _, _ in pts], [c for _, c, _ in pts], marker=marker, label=kind)
-            if kind != "candidate":
-                for p, c, n in pts:
-                    ax.annotate(n, (p, c), fontsize=7)
-    ax.set_xlabel("block parameters"); ax.set_ylabel("held-out CE (nats/token)"); ax.legend()
-    fig.tight_layout(); fig.savefig(a.out / "pareto.png", dpi=100)
-
+    plot(rows, a.out / "pareto.png")
 
 if __name__ == "__main__":
     main()
