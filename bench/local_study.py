@@ -49,9 +49,9 @@ SEEDED = ("K=1", "K=4 mlp", "K=4 transformer")  # the arms that run with every s
 PLAIN = {"local.aux": "mlp", "local.mtp": "none"}  # `dvc exp run -S` leaves the last arm's values in params.yaml
 
 
-def arms(seeds: list[int]) -> list[tuple[str, int, float, dict]]:
+def arms(seeds: list[int], seeded=SEEDED) -> list[tuple[str, int, float, dict]]:
     out = [(n, seeds[0], c, {**PLAIN, **o}) for n, c, o in ARMS]
-    out += [(n, s, c, {**PLAIN, **o}) for s in seeds[1:] for n, c, o in ARMS if n in SEEDED]
+    out += [(n, s, c, {**PLAIN, **o}) for s in seeds[1:] for n, c, o in ARMS if n in seeded]
     return out
 
 
@@ -81,6 +81,9 @@ def _slug(name: str, seed: int) -> str:
 
 
 def setup_lane(root: Path, cache: Path, base: dict, run: bool) -> None:
+    if run and (root / "params.yaml").exists():
+        print(f"# {root} exists: reused as it is", flush=True)
+        return
     _sh(["zg", "init", str(root), "--profile", "local"], root.parent, run)
     _sh(["dvc", "cache", "dir", str(cache)], root, run)
     if run:
@@ -138,8 +141,11 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="per-arm metrics, study.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=128, help="local.steps of every arm (x batch 8 x 256 tokens)")
-    ap.add_argument("--warmup", type=int, default=13)
+    ap.add_argument("--seeded", nargs="+", default=list(SEEDED), choices=[n for n, _, _ in ARMS],
+                    help="the arms that run with every seed (the others: the first seed only)")
+    ap.add_argument("--only", nargs="+", metavar="ARM@SEED", help="run only these arms, e.g. 'K=1@2'")
+    ap.add_argument("--steps", type=int, default=112, help="local.steps of every arm (x batch 8 x 256 tokens)")
+    ap.add_argument("--warmup", type=int, default=11)
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
     ap.add_argument("--lanes", type=int, default=2, help="projects run side by side")
     ap.add_argument("--threads", type=int, default=1, help="local.threads of each lane")
@@ -158,7 +164,8 @@ def main() -> None:
         setup_lane(root, args.workdir / "cache", base, args.run)
     for root in roots:  # the first tokenizes; the others restore tokens from the shared run cache
         _sh(["dvc", "repro", "tokens"], root, args.run)
-    work = lanes(arms(args.seeds), args.lanes)
+    todo = [a for a in arms(args.seeds, args.seeded) if not args.only or f"{a[0]}@{a[1]}" in args.only]
+    work = lanes(todo, args.lanes)
     threads = [threading.Thread(target=run_lane, args=(root, lane, args.steps, args.out, args.run))
                for root, lane in zip(roots, work)]
     for t in threads:

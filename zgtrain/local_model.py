@@ -118,11 +118,21 @@ class LocalBlock(nn.Module):
             h, loss, terms = self._forward(x, ids, mtp_weight)
         return h.float(), loss.float(), terms
 
-    def _forward(self, x, ids, mtp_weight):
+    def boundary(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output alone (no head, no loss): what ``forward`` passes on, bit for bit."""
+        with autocast(x.device, self.precision):
+            h, _ = self._trunk(x)
+        return h.float()
+
+    def _trunk(self, x):
         h = self.embed_tokens(x) if self.first else x
         inputs = _LLAMA.layer_inputs(self.rotary_emb, h)
         for layer in self.layers:
             h = _LLAMA.call_layer(layer, h, inputs)
+        return h, inputs
+
+    def _forward(self, x, ids, mtp_weight):
+        h, inputs = self._trunk(x)
         z = h if self.last else self.aux(h, inputs)
         loss = self._ce(z, ids, 1)
         terms = {"next": loss.detach()}

@@ -89,8 +89,8 @@ def _write_outputs(path: Path, blk, ids: torch.Tensor, inputs, meta: dict, batch
         for i in range(0, n, batch_size):
             rows = np.arange(i, min(i + batch_size, n))
             y = ids[rows].to(dev)
-            with torch.no_grad():
-                h, _, _ = blk(y if inputs is None else _take(inputs, rows).to(dev), y)
+            with torch.no_grad():  # the boundary only: the block's head and loss are not needed here
+                h = blk.boundary(y if inputs is None else _take(inputs, rows).to(dev))
             yield pa.record_batch([pa.array(rows, type=pa.int64()), to_arrow_hidden(h.float().cpu(), "float32")],
                                   schema=schema)
 
