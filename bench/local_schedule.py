@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--memory-only", action="store_true", help="skip the timed runs (the memory count is exact)")
     args = ap.parse_args()
     from zgdata.runtime import device
 
@@ -106,27 +107,36 @@ def main() -> None:
         root = _scratch(args.project.resolve(), Path(tmp))
         params = yaml.safe_load((root / "params.yaml").read_text())
         print(f"device {device()}, partition {params['partition']['boundaries']}, model {params['local']}")
-        rates: dict[str, list[float]] = {"phased": [], "early_backward": []}
-        shas = set()
-        for i in range(args.repeats + 1):
-            for schedule in rates:
-                rate, sha = _timed(root, schedule, args.steps)
-                shas.add(sha)
-                print(f"  run {i} {schedule:15s} {rate:10.1f} tokens/s" + ("  (warm-up, not counted)" if i == 0 else ""))
-                if i:
-                    rates[schedule].append(rate)
-        if len(shas) != 1:
-            raise SystemExit(f"the schedules disagree: state_sha256 {sorted(shas)}")
-        med = {k: statistics.median(v) for k, v in rates.items()}
-        print(f"schedules bitwise equal (state_sha256 {shas.pop()[:12]})")
-        print(f"throughput early_backward / phased = {med['early_backward'] / med['phased']:.3f} "
-              f"(median of {args.repeats}: {med['early_backward']:.1f} / {med['phased']:.1f} tokens/s)")
-        per_block = _saved_bytes(root, None)
-        whole = _saved_bytes(root, [0, params["local"]["layers"]])[0]
-        for k, b in enumerate(per_block):
-            print(f"  block b{k:02d}: {b / 2**20:9.2f} MiB saved for backward")
-        print(f"activations saved for backward: end to end {whole / 2**20:.2f} MiB, largest block "
-              f"{max(per_block) / 2**20:.2f} MiB -> {whole / max(per_block):.2f}x less per block")
+        if not args.memory_only:
+            _throughput(root, args.steps, args.repeats)
+        _memory(root, params)
+
+
+def _throughput(root: Path, steps: int, repeats: int) -> None:
+    rates: dict[str, list[float]] = {"phased": [], "early_backward": []}
+    shas = set()
+    for i in range(repeats + 1):
+        for schedule in rates:
+            rate, sha = _timed(root, schedule, steps)
+            shas.add(sha)
+            print(f"  run {i} {schedule:15s} {rate:10.1f} tokens/s" + ("  (warm-up, not counted)" if i == 0 else ""))
+            if i:
+                rates[schedule].append(rate)
+    if len(shas) != 1:
+        raise SystemExit(f"the schedules disagree: state_sha256 {sorted(shas)}")
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"schedules bitwise equal (state_sha256 {shas.pop()[:12]})")
+    print(f"throughput early_backward / phased = {med['early_backward'] / med['phased']:.3f} "
+          f"(median of {repeats}: {med['early_backward']:.1f} / {med['phased']:.1f} tokens/s)")
+
+
+def _memory(root: Path, params: dict) -> None:
+    per_block = _saved_bytes(root, None)
+    whole = _saved_bytes(root, [0, params["local"]["layers"]])[0]
+    for k, b in enumerate(per_block):
+        print(f"  block b{k:02d}: {b / 2**20:9.2f} MiB saved for backward")
+    print(f"activations saved for backward: end to end {whole / 2**20:.2f} MiB, largest block "
+          f"{max(per_block) / 2**20:.2f} MiB -> {whole / max(per_block):.2f}x less per block")
 
 
 if __name__ == "__main__":
