@@ -185,5 +185,6 @@ def main() -> None:
     (a.out / "pareto.csv").write_text("name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows))
     plot(rows, a.out / "pareto.png")
 
+
 if __name__ == "__main__":
     main()

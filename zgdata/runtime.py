@@ -55,7 +55,12 @@ def autocast(dev: torch.device, precision: str):
 
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=dev.type, dtype=compute_dtype(precision))
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype of a ``precision`` setting: fp32 or bf16."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def seed_all(seed: int) -> torch.Generator:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from zgdata.families import family
-from zgdata.runtime import autocast
+from zgdata.runtime import autocast, compute_dtype
 from zgtrain.linear_ce import linear_ce
 from zgtrain.local_config import LocalConfig
 
@@ -147,8 +147,8 @@ class LocalBlock(nn.Module):
     def _ce(self, z: torch.Tensor, ids: torch.Tensor, offset: int) -> torch.Tensor:
         """Mean CE of token t+offset from position t, through this block's norm and head (zgtrain/linear_ce.py)."""
         y = self.norm(z[:, :-offset]).float()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-        return linear_ce(y.reshape(-1, y.shape[-1]), self.lm_head.weight, ids[:, offset:].reshape(-1), dtype=dtype)
+        return linear_ce(y.reshape(-1, y.shape[-1]), self.lm_head.weight, ids[:, offset:].reshape(-1),
+                         dtype=compute_dtype(self.precision))
 
 
 def make_blocks(model, boundaries: list[int], cfg: LocalConfig, gens: list[torch.Generator]) -> list[LocalBlock]:

@@ -88,10 +88,10 @@ def _write_outputs(path: Path, blk, ids: torch.Tensor, inputs, meta: dict, batch
     def batches():  # a generator runs when Lance pulls from it, so it holds no_grad itself
         for i in range(0, n, batch_size):
             rows = np.arange(i, min(i + batch_size, n))
-            y = ids[rows].to(dev)
+            x = ids[rows] if inputs is None else _take(inputs, rows)
             with torch.no_grad():  # the boundary only: the block's head and loss are not needed here
-                h = blk.boundary(y if inputs is None else _take(inputs, rows).to(dev))
-            yield pa.record_batch([pa.array(rows, type=pa.int64()), to_arrow_hidden(h.float().cpu(), "float32")],
+                h = blk.boundary(x.to(dev))
+            yield pa.record_batch([pa.array(rows, type=pa.int64()), to_arrow_hidden(h.cpu(), "float32")],
                                   schema=schema)
 
     with atomic_path(path) as tmp:

@@ -146,6 +146,21 @@ def test_bf16_precision_is_deterministic_schedule_free_and_keeps_an_fp32_model(l
     assert abs(runs[0]["heldout_ce"] - fp32["heldout_ce"]) < 0.05  # same recipe, bf16 rounding only
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_boundary_is_what_forward_passes_on(local_repro, tmp_path, precision):
+    """LocalBlock.boundary (the sequential mode's stored outputs) equals forward's output bit for bit."""
+    from zgtrain.local_train import build
+
+    root = _copy(local_repro[0], tmp_path / precision, {"local.precision": precision})
+    run = build(project_of(root), Layout(root))
+    x = batch = run.ids[:3]
+    with torch.no_grad():
+        for blk in run.blocks:
+            h = blk(x, batch)[0]
+            assert h.dtype == torch.float32 and torch.equal(blk.boundary(x), h)
+            x = h
+
+
 def test_k1_arm_runs_as_a_dvc_experiment_and_sees_the_same_tokens(local_repro, tmp_path):
     ref_root, ref = local_repro
     root = tmp_path / "proj"
