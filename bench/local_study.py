@@ -80,6 +80,17 @@ def _slug(name: str, seed: int) -> str:
     return name.replace("=", "").replace(" ", "-") + f"-s{seed}"
 
 
+def _params(root: Path, edit=None) -> dict:
+    """params.yaml of a lane, rewritten by ``edit(params)`` when given."""
+    import yaml
+
+    p = yaml.safe_load((root / "params.yaml").read_text())
+    if edit is not None:
+        edit(p)
+        (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    return p
+
+
 def setup_lane(root: Path, cache: Path, base: dict, run: bool) -> None:
     if run and (root / "params.yaml").exists():
         print(f"# {root} exists: reused as it is", flush=True)
@@ -87,30 +98,26 @@ def setup_lane(root: Path, cache: Path, base: dict, run: bool) -> None:
     _sh(["zg", "init", str(root), "--profile", "local"], root.parent, run)
     _sh(["dvc", "cache", "dir", str(cache)], root, run)
     if run:
-        import yaml
-
-        p = yaml.safe_load((root / "params.yaml").read_text())
-        p["local"].update(base)
-        (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+        _params(root, lambda p: p["local"].update(base))
     print(f"# params.yaml local: {base}", flush=True)
     _sh(["git", "add", "-A"], root, run)
     _sh(["git", "commit", "-qm", "zg init --profile local"], root, run)
 
 
 def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
-    mode = "simultaneous"
+    mode = _params(root)["local"]["mode"] if run else "simultaneous"  # a reused lane may be sequential
     for name, seed, _, over in lane:
         over = dict(over)
         want = over.pop("local.mode", "simultaneous")
         if want != mode:
             print(f"# params.yaml: local.mode={want}, partition.boundaries={over['partition.boundaries']}; "
                   f"then zg pipeline", flush=True)
-            if run:
-                import yaml
 
-                p = yaml.safe_load((root / "params.yaml").read_text())
-                p["local"]["mode"], p["partition"]["boundaries"] = want, json.loads(over["partition.boundaries"])
-                (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+            def switch(p, want=want, boundaries=json.loads(over["partition.boundaries"])):
+                p["local"]["mode"], p["partition"]["boundaries"] = want, boundaries
+
+            if run:
+                _params(root, switch)
             _sh(["zg", "pipeline"], root, run)
             mode = want
         sets = [x for k, v in {**over, "local.seed": seed, "local.steps": steps}.items() for x in ("-S", f"{k}={v}")]
