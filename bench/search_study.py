@@ -10,6 +10,15 @@ of the teacher's block parameters):
                uniform MLP prune, R chosen so its block parameters are the closest to (not above) the searched
                mix's (metrics/eval.json: the same figures)
 
+With --repair-steps N (Puzzle's order: local training, search, then global distillation of the chosen mix), the
+script first commits repair.steps N and the regenerated dvc.yaml to the project; each budget's arms then target
+`search_repair` (the kept mix repaired and judged again: metrics/search_repair.json) and `evaluate` (which runs
+the main pipeline's `repair` and gates models/repaired): the same repair for both arms of a budget, and the
+figures before repair from the same runs. study.json gains search+repair@B and uniform+repair@B.
+
+Arms already in OUT/study.json for other budgets are kept (the runs are deterministic, so budgets can be run in
+separate invocations: e.g. 0.625 and 0.75 without repair, then 0.5 with --repair-steps).
+
 Every arm runs in the one workspace, so it reuses the one materialize and every variant stage (`dvc exp run`
 restores what is up to date). OUT gets study.json (every arm's figures and wall time), pareto.csv and
 pareto.png: block parameters vs held-out CE of every candidate (the teacher with one block replaced by one
@@ -19,6 +28,7 @@ same variant trainings (ONLINE_RATES, below).
 
     zg init study --profile search && cd study && git add -A && git commit -qm init
     python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 0.625 0.75 --out search_study
+    python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 --repair-steps 48 --out search_study
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --cost-only   # redo "cost"
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --plot-only   # redraw the PNG
 """
@@ -63,7 +73,7 @@ def cost(root: Path, arms: dict) -> dict:
             continue
         cached, online = ONLINE_RATES[x["block"]]
         extra += x["steps"] * per_step * (1 / online - 1 / cached)
-    first = next((r for n, r in arms.items() if n.startswith("search@")), None)
+    first = next((r for n, r in arms.items() if n.startswith("search@") and "seconds" in r), None)
     out = {"variant_stages": len(variants), "variant_steps": steps,
            "search_wall_s": first["seconds"] if first else None, "online_extra_s": None if unknown else extra,
            "online_rates_tokens_per_s": ONLINE_RATES}
@@ -81,6 +91,25 @@ def exp_run(root: Path, sets: dict, target: str, dry: bool) -> float:
         subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=root, check=True)
         subprocess.run(cmd, cwd=root, check=True)
     return time.perf_counter() - t0
+
+
+def enable_repair(root: Path, steps: int, dry: bool) -> None:
+    """Commit repair.steps STEPS and the dvc.yaml it generates (search_repair, repair) to the project."""
+    import yaml
+
+    from zgtrain.pipeline import dump_params
+
+    print(f"# params.yaml repair.steps: {steps}; zg pipeline; git commit", file=sys.stderr, flush=True)
+    if dry:
+        return
+    path = root / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    params.setdefault("repair", {})["steps"] = steps
+    path.write_text(dump_params(params))
+    subprocess.run(["zg", "pipeline"], cwd=root, check=True)
+    subprocess.run(["git", "add", "params.yaml", "dvc.yaml"], cwd=root, check=True)
+    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=root).returncode:  # else committed already
+        subprocess.run(["git", "commit", "-qm", f"search study: repair.steps {steps}"], cwd=root, check=True)
 
 
 def prune_ratio_for(root: Path, params: int) -> float:
@@ -117,7 +146,8 @@ def plot(rows: list[tuple], path: Path) -> None:
     ce = sorted(c for _, k, _, c in rows)
     top = (max(mixes) if mixes else ce[len(ce) * 9 // 10]) + 0.5
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, marker in (("candidate", "."), ("search", "*"), ("uniform", "s")):
+    for kind, marker in (("candidate", "."), ("search", "*"), ("uniform", "s"), ("search+repair", "P"),
+                         ("uniform+repair", "D")):
         pts = [(p, c, n) for n, k, p, c in rows if k == kind and c <= top]
         if pts:
             ax.scatter([p for p, _, _ in pts], [c for _, c, _ in pts], marker=marker, label=kind)
@@ -139,6 +169,8 @@ def main() -> None:
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.625, 0.75])
     ap.add_argument("--out", type=Path, default=Path("search_study"))
+    ap.add_argument("--repair-steps", type=int, default=0,
+                    help="repair both arms of each budget: commit repair.steps N (and dvc.yaml) to the project first")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--cost-only", action="store_true", help="recompute study.json's cost from OUT and the project")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT/pareto.png from OUT/pareto.csv")
@@ -154,10 +186,15 @@ def main() -> None:
         (a.out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
         print(json.dumps(study["cost"], indent=1))
         return
-    arms = {}
+    if a.repair_steps:
+        enable_repair(root, a.repair_steps, a.dry_run)
+    old = a.out / "study.json"
+    arms = json.loads(old.read_text())["arms"] if old.exists() and not a.dry_run else {}
     for b in a.budgets:
         secs = exp_run(root, {"search.budget": b}, "search_assemble", a.dry_run)
         if a.dry_run:
+            if a.repair_steps:
+                exp_run(root, {"search.budget": b}, "search_repair", a.dry_run)
             continue
         ev = json.loads((root / "metrics" / "search_eval.json").read_text())
         pick = ev["selected"] if ev["passed"] else ev["unmet"]["closest_try"]
@@ -165,15 +202,27 @@ def main() -> None:
         arms[f"search@{b}"] = {"mix": t["mix"], "params": t["params"], "heldout": t["sets"]["heldout"],
                                "sets": t["sets"], "gates_passed": t["gates_passed"]["all"], "tries": len(ev["tries"]),
                                "seconds": secs}
+        if a.repair_steps:
+            secs = exp_run(root, {"search.budget": b}, "search_repair", a.dry_run)
+            r = json.loads((root / "metrics" / "search_repair.json").read_text())
+            arms[f"search+repair@{b}"] = {"mix": r["mix"], "params": r["params"], "heldout": r["sets"]["heldout"],
+                                          "sets": r["sets"], "gates_passed": r["passed"], "repair_steps": r["steps"],
+                                          "ce_gap_closed": r["ce_gap_closed"], "seconds": secs}
         ratio = prune_ratio_for(root, t["params"])
         secs = exp_run(root, {"train.conversion": "prune_mlp", "train.prune_ratio": ratio}, "evaluate", a.dry_run)
         e = json.loads((root / "metrics" / "eval.json").read_text())
         summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
         block_params = sum(json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"]
                            for k in summary["blocks"])
+        student_gates = e.get("student_gates_passed", e["gates_passed"])  # with repair, gates_passed judges it
         arms[f"uniform@{b}"] = {"prune_ratio": ratio, "params": block_params, "heldout": e["sets"]["heldout"],
-                                "sets": e["sets"], "gates_passed": e["gates_passed"]["all"], "seconds": secs}
-        print(json.dumps({k: arms[k] for k in (f"search@{b}", f"uniform@{b}")}, indent=1, default=str))
+                                "sets": e["sets"], "gates_passed": student_gates["all"], "seconds": secs}
+        if a.repair_steps:
+            sets = {n: {"student_ce": f["ce"], **f} for n, f in e["repaired"]["sets"].items()}
+            arms[f"uniform+repair@{b}"] = {"prune_ratio": ratio, "params": block_params, "heldout": sets["heldout"],
+                                           "sets": sets, "gates_passed": e["gates_passed"]["all"],
+                                           "repair_steps": a.repair_steps, "seconds": None}  # inside uniform's
+        print(json.dumps({k: v for k, v in arms.items() if k.endswith(f"@{b}")}, indent=1, default=str))
     if a.dry_run:
         return
     a.out.mkdir(parents=True, exist_ok=True)

@@ -220,6 +220,29 @@ def search_assemble(params: Path = params_option, as_json: bool = typer.Option(F
          f"{verdict} -> {r['path']}")
 
 
+@search_app.command("repair")
+def search_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
+                                                           help="run at most N (>= 1) more steps, checkpoint, exit 0."),
+                  restart: bool = typer.Option(False, "--restart", help="discard models/search/repair's checkpoint."),
+                  params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Repair the searched student (repair.steps > 0, the repair: settings): distil models/search/student on the
+    teacher's logits into models/search/repaired, then judge it on every eval set against the gates. Writes
+    metrics/search_repair.json (before and after); resumes from models/search/repair's checkpoint."""
+    from zgdata.config import check_int
+    from zgtrain.config import ProjectConfig
+    from zgtrain.search_repair import repair_search
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    r = repair_search(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
+    if r["status"] != "done":
+        emit(r, as_json=as_json, summary=f"search repair: {r['status']} at step {r['step']}/{r['steps']}")
+        return
+    first = next(iter(r["sets"]))
+    emit(r, as_json=as_json, summary=f"repaired searched student (try {r['try']}): {first} CE gap "
+         f"{r['before']['sets'][first]['ce_gap']:.4f} -> {r['sets'][first]['ce_gap']:.4f}, "
+         + ("passes the gates" if r["passed"] else f"FAILS the gates: {r['unmet']}"))
+
+
 @search_app.command("show")
 def search_show(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """List each (block, variant): trained and scored or not, stale or not (`dvc status`), its scores."""

@@ -133,6 +133,7 @@ _CODE["variant"] = _CODE["train"] + ["zgtrain/variants.py", "zgtrain/variant_sco
 _CODE["search"] = ["zgtrain/search.py", "zgtrain/variants.py"]
 _CODE["search_assemble"] = list(dict.fromkeys(_CODE["assemble"] + _CODE["evaluate"] + [  # it evaluates each try
     "zgtrain/search_assemble.py", "zgtrain/search_eval.py", "zgtrain/variants.py"]))
+_CODE["search_repair"] = list(dict.fromkeys(_CODE["repair"] + ["zgtrain/search_repair.py"]))
 
 
 def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
@@ -242,11 +243,14 @@ def _sequential_stages(params: dict, blocks, code) -> dict:
 
 
 def _search_stages(params: dict, blocks, code) -> dict:
-    """variant@BLOCK-NAME per (block, variant) and search: only where params has a variant library.
+    """variant@BLOCK-NAME per (block, variant), search and search_assemble: only where params has a variant library.
 
     Each variant stage depends on its own ``variants.NAME`` entry (plus ``seed`` and the ``train:`` defaults it
     inherits), so editing one variant reruns only its stages. Its scores run the downstream teacher blocks, so
-    every teacher slice is a dep (they change together, with the teacher stage)."""
+    every teacher slice is a dep (they change together, with the teacher stage). With repair.steps > 0,
+    search_repair repairs the kept mix and judges it again."""
+    from zgtrain.config import RepairConfig
+    from zgtrain.repair_paths import search_repair_paths
     from zgtrain.variants import (search_choice, search_eval_metrics, search_metrics, search_student, variant_dir,
                                   variant_metrics, variant_plot)
 
@@ -254,7 +258,7 @@ def _search_stages(params: dict, blocks, code) -> dict:
     names = list(params["variants"])
     runs = {f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names}
     item = ("${item.block}", "${item.variant}")
-    return {
+    out = {
         "variant": {"foreach": runs, "do": {
             "cmd": "zg train variant ${item.block} ${item.variant}",
             "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance", str(L.tokens),
@@ -281,6 +285,18 @@ def _search_stages(params: dict, blocks, code) -> dict:
                             "outs": [str(search_student(L))],
                             "metrics": [{str(search_eval_metrics(L)): {"cache": False}}]},
     }
+    if section(params, RepairConfig).enabled:  # global distillation of the kept mix (zgtrain/search_repair.py)
+        rp, sa = search_repair_paths(L), out["search_assemble"]
+        out["search_repair"] = {
+            "cmd": "zg search repair",
+            # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
+            "deps": list(dict.fromkeys([str(search_student(L)), str(search_eval_metrics(L)),
+                                        str(L.boundary(blocks[-1].output))] + sa["deps"][1:] + code("search_repair"))),
+            "params": ["seed", "repair"] + sa["params"][:-1],
+            "outs": [str(rp.run_dir), str(rp.model)],
+            "metrics": [{str(rp.metrics): {"cache": False}}],
+            "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+    return out
 
 
 def _virtual_first(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:

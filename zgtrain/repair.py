@@ -95,6 +95,7 @@ class RepairRun:
     gen: torch.Generator
     data: RepairData
     seed: int
+    student: Path      # the folder it started from: its tokenizer, zerograph.json and modeling file are copied
     step: int = 0
     curve: list = field(default_factory=list)
     tokens: int = 0
@@ -122,14 +123,19 @@ def _kls(model: RepairModel, head: TeacherHead, data: RepairData, cfg: RepairCon
             for split in ("train", "heldout")}
 
 
-def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout()) -> RepairRun:
-    """Build the repair run: a fresh start (checkpoint 0, KL before measured) or a resume from models/repair."""
+def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout(), student: Path | None = None,
+          paths: RepairPaths | None = None) -> RepairRun:
+    """Build the repair run: a fresh start (checkpoint 0, KL before measured) or a resume from its run folder.
+
+    ``student`` and ``paths`` default to the main pipeline's (models/student, models/repair, models/repaired); the
+    search repair (zgtrain/search_repair.py) passes models/search/student and its own folders."""
     cfg, part = project.repair, project.partition
     if not cfg.enabled:
         raise ZgError("repair.steps is 0: the repair stage is off", key="repair.steps",
                       fix="set repair.steps > 0 in params.yaml and run `zg pipeline`")
     set_threads(cfg.threads)
-    paths = repair_paths(layout)
+    paths = paths or repair_paths(layout)
+    student = Path(student or layout.student)
     head_tensors, hmeta = load_slice(layout.teacher_head)
     last = part.names[-1]
     data = RepairData(layout, last)
@@ -144,8 +150,8 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
                       fix=f"end partition.boundaries with {n_layers}, or set repair.steps: 0")
     if not len(data.rows("train")):
         raise ZgError(f"{layout.boundary(last)} has no 'train' rows", fix="check corpus.heldout and the caps")
-    student_sha = student_sha256(layout.student)
-    lm = load_student(layout.student)
+    student_sha = student_sha256(student)
+    lm = load_student(student)
     seed = block_seed(project.seed, cfg.seed, "repair")
     identity = {"repair_version": REPAIR_VERSION, "seed": seed,
                 "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
@@ -169,7 +175,8 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     meta = {**identity, "steps": cfg.steps, "done": False, "state_sha256": None,
             "trainable_params": sum(p.numel() for p in model.trainable()),
             "params": n_params}
-    run = RepairRun(cfg=cfg, paths=paths, meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed)
+    run = RepairRun(cfg=cfg, paths=paths, meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed,
+                    student=student)
     if prior is None:
         # what repair starts from, measured once: a resumed run's model has already moved
         meta["kl_before"] = _kls(model, head, data, cfg)
@@ -229,9 +236,9 @@ def fit(run: RepairRun, end: int) -> None:
     run.seconds += time.perf_counter() - t0
 
 
-def _publish(run: RepairRun, layout: Layout, summary: dict) -> None:
-    """models/repaired: the student folder with the repaired weights (float32, the precision they trained in)."""
-    src = layout.student
+def _publish(run: RepairRun, summary: dict) -> None:
+    """models/repaired (or paths.model): the student folder with the repaired weights (float32, the precision they trained in)."""
+    src = run.student
     run.model.merge_adapters()  # trainable lora: fold the adapters in (after state_sha256 and the checkpoint)
     with atomic_path(run.paths.model) as tmp:
         run.model.lm.save_pretrained(tmp)
@@ -252,19 +259,20 @@ def _read_json(path: Path) -> dict:
 
 
 def repair(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-           layout: Layout = Layout()) -> dict:
-    """Run (or resume) the repair to repair.steps (or ``stop_after`` more steps), then publish models/repaired."""
-    paths = repair_paths(layout)
+           layout: Layout = Layout(), student: Path | None = None, paths: RepairPaths | None = None) -> dict:
+    """Run (or resume) the repair to repair.steps (or ``stop_after`` more steps), then publish models/repaired
+    (``student`` and ``paths``: as in ``setup``)."""
+    paths = paths or repair_paths(layout)
     if stop_after is not None and stop_after < 1:
         raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
-    with project_lock(layout, "repair", writes=paths.run_dir, errors_at=paths.run_dir.parent):
-        return _repair(project, stop_after=stop_after, restart=restart, layout=layout, paths=paths)
+    with project_lock(layout, paths.lock, writes=paths.run_dir, errors_at=paths.run_dir.parent):
+        return _repair(project, stop_after=stop_after, restart=restart, layout=layout, paths=paths, student=student)
 
 
-def _repair(project, *, stop_after, restart, layout, paths) -> dict:
+def _repair(project, *, stop_after, restart, layout, paths, student) -> dict:
     for dead in sorted(paths.run_dir.glob(".*.partial")) if paths.run_dir.is_dir() else []:
         shutil.rmtree(dead) if dead.is_dir() else dead.unlink()  # a killed run's half-written checkpoint
-    run = setup(project, restart=restart, layout=layout)
+    run = setup(project, restart=restart, layout=layout, student=student, paths=paths)
     cfg = run.cfg
     end = cfg.steps if stop_after is None else min(cfg.steps, run.step + stop_after)
     fit(run, end)
@@ -286,7 +294,7 @@ def _repair(project, *, stop_after, restart, layout, paths) -> dict:
                "params": run.meta["params"], "temperature": cfg.temperature, "ce_weight": cfg.ce_weight,
                "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None,
                "student_sha256": run.meta["student_sha256"], "targets": "head slice on the last boundary, on the fly"}
-    _publish(run, layout, {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable",
+    _publish(run, {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable",
                                                    "temperature", "ce_weight")})
     write_json(paths.metrics, metrics)
     write_text(paths.loss_curve, "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))

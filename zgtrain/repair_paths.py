@@ -13,7 +13,7 @@ from pathlib import Path
 
 from zgdata.layout import Layout
 
-__all__ = ["RepairPaths", "repair_paths", "student_sha256"]
+__all__ = ["RepairPaths", "repair_paths", "search_repair_paths", "student_sha256"]
 
 
 @dataclass(frozen=True)
@@ -22,12 +22,21 @@ class RepairPaths:
     model: Path        # the repaired student: a transformers folder like models/student
     metrics: Path      # metrics/repair.json: KL before/after on train and held-out rows, state_sha256
     loss_curve: Path   # plots/loss/repair.csv
+    lock: str = "repair"  # .zg/locks/<lock>.lock: one run per folder at a time
 
 
 def repair_paths(layout: Layout = Layout()) -> RepairPaths:
     root = layout.root
     return RepairPaths(run_dir=root / "models" / "repair", model=root / "models" / "repaired",
                        metrics=root / "metrics" / "repair.json", loss_curve=root / "plots" / "loss" / "repair.csv")
+
+
+def search_repair_paths(layout: Layout = Layout()) -> RepairPaths:
+    """The search repair's (zgtrain/search_repair.py): the searched student of models/search/student, repaired."""
+    root = layout.root
+    return RepairPaths(run_dir=root / "models" / "search" / "repair", model=root / "models" / "search" / "repaired",
+                       metrics=root / "metrics" / "search_repair.json",
+                       loss_curve=root / "plots" / "loss" / "search_repair.csv", lock="search-repair")
 
 
 def student_sha256(folder: Path) -> str:

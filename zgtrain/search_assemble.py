@@ -28,10 +28,10 @@ from zgtrain.config import IDENTITY_VARIANT, ProjectConfig
 from zgtrain.conversions import identity
 from zgtrain.variants import VariantLayout, search_choice, search_eval_metrics, search_student, stage_name
 
-__all__ = ["read_choice", "mix_blocks", "assemble_choice"]
+__all__ = ["read_choice", "mix_blocks", "assemble_choice", "checked_mix"]
 
 
-def _checked_mix(project: ProjectConfig, mix: dict, path) -> dict[str, str]:
+def checked_mix(project: ProjectConfig, mix: dict, path) -> dict[str, str]:
     mix = {b: str(v) for b, v in mix.items()}
     if list(mix) != list(project.blocks) or not set(mix.values()) <= {IDENTITY_VARIANT, *project.variants}:
         raise ZgError(f"{path} chooses {mix}, which does not fit params.yaml's blocks and variants",
@@ -47,11 +47,11 @@ def read_choice(project: ProjectConfig, layout: Layout) -> tuple[dict, list[dict
         choice = json.loads(path.read_text())
         best = {b: o["variant"] for b, o in choice["blocks"].items()}
         ranked = list(choice["ranked"])
-        mixes = [_checked_mix(project, r["mix"], path) for r in ranked]
+        mixes = [checked_mix(project, r["mix"], path) for r in ranked]
         costs = [{k: r[k] for k in ("params", "kv_bytes", "predicted_ce_delta")} for r in ranked]
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise ZgError(f"{path} is missing or not a search choice ({str(e)[:80]})", fix="run `dvc repro search`") from e
-    if not mixes or mixes[0] != _checked_mix(project, best, path):
+    if not mixes or mixes[0] != checked_mix(project, best, path):
         raise ZgError(f"{path}: its ranked mixes do not start with its choice", fix="rerun `dvc repro search`")
     return choice, mixes, costs
 

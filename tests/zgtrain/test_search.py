@@ -415,3 +415,57 @@ def test_a_kv_bytes_budget_picks_the_best_mix_by_kv_cache_size(searched, tmp_pat
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
     err = " ".join(err.split())  # the console wraps long lines
     assert code not in (0, None) and "KV bytes/token, search.cost: kv_bytes" in err and "search.budget >= 0.5" in err
+
+
+# --- repair of the searched mix (search_repair) ---------------------------------------------------------
+
+def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_path):
+    """With repair.steps > 0, `zg pipeline` adds search_repair: the mix search_assemble kept is distilled on the
+    teacher's logits into models/search/repaired and judged again on every set. Before search_assemble has run it
+    is one clear error; editing repair: reruns it alone; the main pipeline's repair stays untouched."""
+    from zgtrain.repair_paths import student_sha256
+    from zgtrain.student import load_student
+
+    assert "search_repair" not in dvc_yaml(profile_params("tiny-search"), code_deps=False)["stages"]
+    root = tmp_path / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    set_params(root, {"repair.steps": 6, "repair.warmup": 1, "repair.lr": 3e-4, "repair.checkpoint_every": 0})
+    zg("pipeline", cwd=root)
+    before = tree_sha256(root / "models")
+    res = zg("search", "repair", cwd=root, check=False)
+    assert res.returncode not in (0, None) and "metrics/search_eval.json" in res.stderr, res.stderr
+    assert "dvc repro search_assemble" in res.stderr and tree_sha256(root / "models") == before
+
+    res = run(["dvc", "repro", "search_repair"], cwd=root)
+    assert _ran(res) == ["search_assemble", "search_repair"], res.stdout
+    report = read_json(root / "metrics" / "search_eval.json")
+    kept = report["selected"] if report["passed"] else report["unmet"]["closest_try"]
+    t = report["tries"][kept]
+    rep = read_json(root / "metrics" / "search_repair.json")
+    assert rep["status"] == "done" and rep["steps"] == 6 and rep["mix"] == t["mix"] and rep["try"] == kept + 1
+    assert rep["kl_train_after"] < rep["kl_train_before"], rep  # the repair's real effect
+    assert rep["student_sha256"] == student_sha256(root / "models" / "search" / "student")
+    for name, f in rep["sets"].items():
+        b = t["sets"][name]
+        assert rep["before"]["sets"][name]["ce_gap"] == b["ce_gap"]
+        assert f["teacher_ce"] == b["teacher_ce"] and f["ce_gap"] == f["student_ce"] - f["teacher_ce"]
+        assert f["student_ce"] != b["student_ce"]
+        assert rep["ce_gap_closed"][name] == (b["ce_gap"] - f["ce_gap"]) / b["ce_gap"]
+        assert rep["gates_passed"][name]["max_ce_gap"]["value"] == f["ce_gap"]
+    judged = [v["all"] for v in rep["gates_passed"].values() if isinstance(v, dict) and v["judged"]]
+    assert judged and rep["passed"] == all(judged) == rep["gates_passed"]["all"]
+    assert ("unmet" in rep) == (not rep["passed"])
+
+    student = load_student(root / "models" / "search" / "student")
+    repaired = load_student(root / "models" / "search" / "repaired")
+    a, b = student.state_dict(), repaired.state_dict()
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    summary = read_json(root / "models" / "search" / "repaired" / "zerograph.json")
+    assert summary["choice"] == t["mix"] and summary["repair"]["state_sha256"] == rep["state_sha256"]
+    assert not (root / "models" / "repaired").exists() and not (root / "models" / "repair").exists()
+    assert (root / "plots" / "loss" / "search_repair.csv").read_text().count("\n") == 6 + 1
+
+    set_params(root, {"repair.lr": 2e-4})
+    res = run(["dvc", "repro", "search_repair"], cwd=root)
+    assert _ran(res) == ["search_repair"], res.stdout
+    assert read_json(root / "metrics" / "search_repair.json")["state_sha256"] != rep["state_sha256"]
