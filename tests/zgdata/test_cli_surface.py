@@ -23,6 +23,7 @@ EXPECTED = {
     "zg repro": ["--address", "--data", "--jobs", "--json", "-j", "ARG:targets"],
     "zg search": [],
     "zg search assemble": ["--json", "--params"],
+    "zg search repair": ["--json", "--params", "--restart", "--stop-after"],
     "zg search run": ["--json", "--params"],
     "zg search show": ["--json", "--params"],
     "zg teacher": [],
