@@ -5,10 +5,19 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
+from zgdata import decoded_cache as module
 from zgdata.decoded_cache import decoded_cache
 
 ROWS = np.arange(40 * 6, dtype=np.uint16).reshape(40, 6)
+
+
+@pytest.fixture(autouse=True)
+def _empty_process_budget(monkeypatch):
+    """The budget is per process: caches that other tests of this xdist worker keep alive (module fixtures) would
+    count against these tests' 1 MB. Start each test from an empty account; the real one is restored after."""
+    monkeypatch.setattr(module, "_reserved", 0)
 
 
 def _fetch(calls):
