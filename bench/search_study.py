@@ -16,8 +16,9 @@ script first commits repair.steps N and the regenerated dvc.yaml to the project;
 the main pipeline's `repair` and gates models/repaired): the same repair for both arms of a budget, and the
 figures before repair from the same runs. study.json gains search+repair@B and uniform+repair@B.
 
-Arms already in OUT/study.json for other budgets are kept (the runs are deterministic, so budgets can be run in
-separate invocations: e.g. 0.625 and 0.75 without repair, then 0.5 with --repair-steps).
+Arms already in OUT/study.json for other budgets are kept, so budgets can be run in separate invocations: e.g.
+0.625 and 0.75 without repair, then 0.5 with --repair-steps. The runs are bitwise deterministic on one machine;
+on another CPU model the figures can move in the last digits (about 1e-6 nats, docs/RESULTS.md).
 
 Every arm runs in the one workspace, so it reuses the one materialize and every variant stage (`dvc exp run`
 restores what is up to date). OUT gets study.json (every arm's figures and wall time), pareto.csv and
@@ -28,7 +29,7 @@ same variant trainings (ONLINE_RATES, below).
 
     zg init study --profile search && cd study && git add -A && git commit -qm init
     python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 0.625 0.75 --out search_study
-    python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 --repair-steps 48 --out search_study
+    python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 --repair-steps 32 --out search_study
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --cost-only   # redo "cost"
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --plot-only   # redraw the PNG
 """

@@ -292,7 +292,7 @@ def _search_stages(params: dict, blocks, code) -> dict:
             # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
             "deps": list(dict.fromkeys([str(search_student(L)), str(search_eval_metrics(L)),
                                         str(L.boundary(blocks[-1].output))] + sa["deps"][1:] + code("search_repair"))),
-            "params": ["seed", "repair"] + sa["params"][:-1],
+            "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
             "outs": [str(rp.run_dir), str(rp.model)],
             "metrics": [{str(rp.metrics): {"cache": False}}],
             "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}

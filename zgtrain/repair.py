@@ -237,7 +237,8 @@ def fit(run: RepairRun, end: int) -> None:
 
 
 def _publish(run: RepairRun, summary: dict) -> None:
-    """models/repaired (or paths.model): the student folder with the repaired weights (float32, the precision they trained in)."""
+    """paths.model (models/repaired): the student folder with the repaired weights (float32, the precision they
+    trained in)."""
     src = run.student
     run.model.merge_adapters()  # trainable lora: fold the adapters in (after state_sha256 and the checkpoint)
     with atomic_path(run.paths.model) as tmp:
@@ -294,8 +295,8 @@ def _repair(project, *, stop_after, restart, layout, paths, student) -> dict:
                "params": run.meta["params"], "temperature": cfg.temperature, "ce_weight": cfg.ce_weight,
                "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None,
                "student_sha256": run.meta["student_sha256"], "targets": "head slice on the last boundary, on the fly"}
-    _publish(run, {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable",
-                                                   "temperature", "ce_weight")})
+    _publish(run, {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable", "temperature",
+                                           "ce_weight")})
     write_json(paths.metrics, metrics)
     write_text(paths.loss_curve, "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))
     return metrics

@@ -15,7 +15,7 @@ from zgdata.layout import Layout
 from zgtrain.repair_paths import repair_paths, student_sha256
 from zgtrain.set_metrics import gate_verdicts
 
-__all__ = ["repaired_loader", "add_repaired"]
+__all__ = ["repaired_loader", "add_repaired", "gap_closed"]
 
 
 def repaired_loader(layout: Layout) -> Callable:
@@ -36,6 +36,11 @@ def repaired_loader(layout: Layout) -> Callable:
     return lambda: load_student(folder)
 
 
+def gap_closed(before: float, after: float) -> float:
+    """The share of the CE gap ``before`` that repair closed (NaN when there was no finite gap to close)."""
+    return (before - after) / before if before and math.isfinite(before) else float("nan")
+
+
 def add_repaired(result: dict, scores: dict, figs: dict, gates, *, figures: Callable, sets: list) -> dict:
     """Add ``repaired`` next to the student's figures, per eval set as the student's are (``figures(set, scores)``
     with the repaired model in the student's place); the gates then judge the repaired model (``gates_passed``,
@@ -47,14 +52,12 @@ def add_repaired(result: dict, scores: dict, figs: dict, gates, *, figures: Call
     for s in sets:
         sc = scores[s.name]
         f = figures(s, {"teacher": sc["teacher"], "untrained": sc["untrained"], "student": sc["repaired"]})
-        gap0 = figs[s.name]["ce_gap"]
         per_set[s.name] = {"ce": f["student_ce"], "ce_gap": f["ce_gap"], "ce_gap_ci95": f["ce_gap_ci95"],
                            "ce_recovered": f["ce_recovered"], "context_use": f["student_context_use"],
                            "context_retention": f["context_retention"],
                            "context_retention_ci95": f["context_retention_ci95"],
                            "top1_agreement": f["top1_agreement"],
-                           "ce_gap_closed": (gap0 - f["ce_gap"]) / gap0 if gap0 and math.isfinite(gap0)
-                           else float("nan")}
+                           "ce_gap_closed": gap_closed(figs[s.name]["ce_gap"], f["ce_gap"])}
     verdicts = {n: {**gate_verdicts(gates, f["ce_gap"], f["context_retention"]), "judged": n in gates.sets}
                 for n, f in per_set.items()}
     first = sets[0].name  # the in-domain held-out split

@@ -17,13 +17,13 @@ repair and passes after; it never goes on to a mix that would have done better a
 from __future__ import annotations
 
 import json
-import math
 
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.progress import stderr
 from zgtrain.config import ProjectConfig
+from zgtrain.repair_eval import gap_closed
 from zgtrain.repair_paths import search_repair_paths
 from zgtrain.variants import search_eval_metrics, search_student
 
@@ -73,10 +73,7 @@ def repair_search(project: ProjectConfig, *, stop_after: int | None = None, rest
     judge = MixJudge(project, layout)
     init, _ = build_from_blocks(mix_blocks(project, mix, layout, "init"), layout=layout)
     verdict = judge.judge(load_student(paths.model), init, "repaired")
-    closed = {}
-    for name, f in verdict["sets"].items():
-        gap0 = before["sets"][name]["ce_gap"]
-        closed[name] = (gap0 - f["ce_gap"]) / gap0 if gap0 and math.isfinite(gap0) else float("nan")
+    closed = {n: gap_closed(before["sets"][n]["ce_gap"], f["ce_gap"]) for n, f in verdict["sets"].items()}
     passed = verdict["gates_passed"]["all"]
     report = {**res, "mix": mix, "try": i + 1, "params": before["params"], "kv_bytes": before["kv_bytes"],
               "passed": passed, **verdict, "ce_gap_closed": closed,
