@@ -471,3 +471,13 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_pa
     res = run(["dvc", "repro", "search_repair"], cwd=root)
     assert _ran(res) == ["search_repair"], res.stdout
     assert read_json(root / "metrics" / "search_repair.json")["state_sha256"] != rep["state_sha256"]
+
+    # a searched student that is not the mix the report kept is refused before anything is written
+    summary_path = root / "models" / "search" / "student" / "zerograph.json"
+    summary = read_json(summary_path)
+    summary["search"]["try"] += 1
+    summary_path.write_text(json.dumps(summary))
+    before = tree_sha256(root / "models"), tree_sha256(root / "metrics")
+    res = zg("search", "repair", cwd=root, check=False)
+    assert res.returncode not in (0, None) and "is not the mix" in res.stderr, res.stderr
+    assert (tree_sha256(root / "models"), tree_sha256(root / "metrics")) == before
