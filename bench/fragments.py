@@ -1,7 +1,7 @@
 """Benchmark: Lance fragments, data files and versions per boundary as rows grow, and read throughput
 before and after finalize's compaction. Not a test.
 
-Drives materialize's own writer (``zgdata.materialize._Writer``: commit groups streamed into one
+Drives materialize's own writer (``zgdata.materialize.driver._Writer``: commit groups streamed into one
 data file per boundary per group, journaled) and finalize (``_finalize``: compact, publish as one
 version) on synthetic bf16 rows, so no teacher runs. Two settings per size:
 
@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from zgdata.config import MaterializeConfig  # noqa: E402
-from zgdata.materialize import _finalize, _Journal, _Writer, boundary_schema  # noqa: E402
+from zgdata.materialize.driver import _finalize, _Journal, _Writer, boundary_schema  # noqa: E402
 
 
 def write(stage: Path, rows: int, seq_len: int, hidden: int, cfg: MaterializeConfig) -> _Journal:

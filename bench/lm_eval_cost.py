@@ -37,9 +37,9 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
 
     from zgdata.layout import Layout
-    from zgdata.teacher import load_teacher
-    from zgtrain.config import ProjectConfig
-    from zgtrain.lm_eval_task import task_config, task_files, write_nextline_task
+    from zgdata.teacher.prepare import load_teacher
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.evaluate.lm_eval_task import task_config, task_files, write_nextline_task
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     cfg = ProjectConfig.load(Path("params.yaml")).lm_eval

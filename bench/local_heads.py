@@ -1,4 +1,4 @@
-"""One LM head's loss + backward at the `local` profile's size: F.cross_entropy against zgtrain/linear_ce.py.
+"""One LM head's loss + backward at the `local` profile's size: F.cross_entropy against zgtrain/local/linear_ce.py.
 
     python bench/local_heads.py [--tokens 2040] [--hidden 256] [--vocab 49152] [--threads 2] [--repeats 5]
 
@@ -17,7 +17,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from zgtrain.linear_ce import linear_ce
+from zgtrain.local.linear_ce import linear_ce
 
 
 def main() -> None:

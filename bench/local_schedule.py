@@ -40,7 +40,7 @@ def _scratch(project: Path, into: Path) -> Path:
 
 
 def _project(root: Path, **local):
-    from zgtrain.config import ProjectConfig
+    from zgtrain.project.config import ProjectConfig
 
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["local"].update(local)
@@ -52,7 +52,7 @@ def _project(root: Path, **local):
 
 def _timed(root: Path, schedule: str, steps: int) -> tuple[float, str]:
     from zgdata.layout import Layout
-    from zgtrain.local_train import fit, setup, state_sha256
+    from zgtrain.local.simultaneous import fit, setup, state_sha256
 
     run = setup(_project(root, schedule=schedule, steps=steps, checkpoint_every=0), restart=True, layout=Layout(root))
     if torch.cuda.is_available() and next(run.model.parameters()).is_cuda:
@@ -67,7 +67,7 @@ def _saved_bytes(root: Path, boundaries: list[int] | None) -> list[int]:
     """Per block, bytes of distinct storages saved for backward by one forward on the first training batch."""
     from zgdata.layout import Layout
     from zgdata.reader import step_rows
-    from zgtrain.local_train import setup
+    from zgtrain.local.simultaneous import setup
 
     over = {"checkpoint_every": 0, "steps": 1}
     if boundaries is not None:

@@ -54,12 +54,12 @@ from zgdata.capture import capture  # noqa: E402
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section  # noqa: E402
 from zgdata.lance_io import dir_bytes, open_dataset  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
-from zgdata.materialize import materialize  # noqa: E402
+from zgdata.materialize.driver import materialize  # noqa: E402
 from zgdata.reader import BoundaryDataset, BoundaryPair  # noqa: E402
-from zgdata.teacher import load_teacher, prepare, read_teacher_json  # noqa: E402
+from zgdata.teacher.prepare import load_teacher, prepare, read_teacher_json  # noqa: E402
 from zgdata.timing import collect  # noqa: E402
 from zgdata.tokens import read_tokens, tokenize, tokens_meta  # noqa: E402
-from zgtrain.pipeline import profile_params  # noqa: E402
+from zgtrain.project.pipeline import profile_params  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -200,7 +200,7 @@ def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig)
 # ---------------------------------------------------------------------------------------------
 # 2. materialize end to end (with a section breakdown from zgdata.timing spans)
 
-# printed section label -> the span materialize marks it with (zgdata/materialize.py)
+# printed section label -> the span materialize marks it with (zgdata/materialize/driver.py)
 SECTIONS = {"load_teacher": "materialize.load_teacher", "read_tokens": "materialize.read_tokens",
             "capture": "materialize.capture", "writer_flush(bg)": "materialize.commit",
             "finalize": "materialize.finalize"}

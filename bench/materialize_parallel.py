@@ -55,9 +55,9 @@ from materialize import _busy_cpu_s, clear_outputs, setup_project  # noqa: E402 
 from zgdata.config import MaterializeConfig, PartitionConfig, section  # noqa: E402
 from zgdata.lance_io import open_dataset, schema_meta  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
-from zgdata.materialize import materialize  # noqa: E402
+from zgdata.materialize.driver import materialize  # noqa: E402
 from zgdata.tokens import tokens_meta  # noqa: E402
-from zgtrain.pipeline import profile_params  # noqa: E402
+from zgtrain.project.pipeline import profile_params  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -98,7 +98,7 @@ def enable_repair(root: Path, steps: int, dry: bool) -> None:
     """Commit repair.steps STEPS and the dvc.yaml it generates (search_repair, repair) to the project."""
     import yaml
 
-    from zgtrain.pipeline import dump_params
+    from zgtrain.project.pipeline import dump_params
 
     print(f"# params.yaml repair.steps: {steps}; zg pipeline; git commit", file=sys.stderr, flush=True)
     if dry:
@@ -115,7 +115,7 @@ def enable_repair(root: Path, steps: int, dry: bool) -> None:
 
 def prune_ratio_for(root: Path, params: int) -> float:
     """The largest uniform MLP prune ratio whose block params stay <= PARAMS (a variant's metrics give the sizes)."""
-    from zgtrain.config import ProjectConfig
+    from zgtrain.project.config import ProjectConfig
 
     project = ProjectConfig.load(root / "params.yaml")
     m = variant_scores(root)

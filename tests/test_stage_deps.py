@@ -65,7 +65,7 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
     params = yaml.safe_load((root / "params.yaml").read_text())
     stages = {}
     for name, body in spec["stages"].items():
-        if "foreach" in body:  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/pipeline.py)
+        if "foreach" in body:  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/project/pipeline.py)
             assert body["foreach"] == "${blocks}" or isinstance(body["foreach"], dict), body["foreach"]
             items = params["blocks"] if body["foreach"] == "${blocks}" else body["foreach"]
             for key, item in items.items():
@@ -170,7 +170,7 @@ def _fail(found: dict[str, str]) -> None:
     if found:
         pytest.fail("stages read project files that are not their declared deps (stage -> undeclared paths):\n"
                     + "\n".join(f"  {name} -> {paths}" for name, paths in found.items())
-                    + "\nadd them to the stage's deps in zgtrain/pipeline.py dvc_yaml() and run `zg pipeline`")
+                    + "\nadd them to the stage's deps in zgtrain/project/pipeline.py dvc_yaml() and run `zg pipeline`")
 
 
 def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):

@@ -27,7 +27,7 @@ def capture(model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype:
     """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed."""
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         raise ZgError(f"teacher attention is '{model.config._attn_implementation}', capture needs "
-                      f"'{ATTN_IMPLEMENTATION}'", fix="load the teacher with zgdata.teacher.load_teacher")
+                      f"'{ATTN_IMPLEMENTATION}'", fix="load the teacher with zgdata.teacher.prepare.load_teacher")
     fam = family_of(model.config)
     inner, blocks = fam.inner(model), fam.layers(model)
     depth = len(blocks)

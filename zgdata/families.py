@@ -15,7 +15,7 @@ is the last layer's output *before* the final norm.
 
 Adding a family: subclass ``Family`` (or ``RotaryFamily`` for Llama-like models), fill in
 the class attributes, override what differs, add it to ``FAMILIES``, ship a
-``zgtrain/templates/modeling_zg_<model_type>.py`` for students with per-layer MLP widths,
+``zgtrain/student/templates/modeling_zg_<model_type>.py`` for students with per-layer MLP widths,
 and add it to the parametrization of tests/zgtrain/test_families.py. Changing what an existing
 adapter computes (``embed``, ``layer_inputs``, ``call_layer``) changes stored boundaries: bump
 CAPTURE_VERSION in zgdata/capture_version.py with it.

@@ -61,7 +61,7 @@ def boundary_fingerprint(lineage: Mapping) -> str:
 def expected_lineages(layout: Layout, partition: PartitionConfig, cfg: MaterializeConfig,
                       names: Iterable[str] | None = None) -> dict[str, dict]:
     """{boundary name: lineage} the current teacher.json, tokens.json and params give (no datasets read)."""
-    from zgdata.teacher import read_teacher_json
+    from zgdata.teacher.prepare import read_teacher_json
 
     teacher, tokens = read_teacher_json(layout), read_tokens_json(layout)
     want = list(names) if names is not None else partition.names

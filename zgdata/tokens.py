@@ -114,7 +114,7 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, bat
              flush_tokens: int = FLUSH_TOKENS) -> TokensResult:
     """Tokenize the corpus into data/tokens.lance + data/tokens.json (``batch_chars`` and ``flush_tokens`` bound
     memory; they never change the result)."""
-    from zgdata.teacher import load_tokenizer, read_teacher_json
+    from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
 
     teacher = read_teacher_json(layout)
     max_pos = teacher["architecture"]["max_positions"]

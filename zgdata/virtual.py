@@ -64,7 +64,7 @@ class VirtualBoundary:
         from zgdata.hashing import tensors_sha256
         from zgdata.lance_io import open_dataset, schema_meta
         from zgdata.lineage import boundary_fingerprint
-        from zgdata.teacher import load_slice
+        from zgdata.teacher.prepare import load_slice
 
         self.layout, self.path = layout, layout.boundary(name)  # where a stored one would be (for messages)
         head, hmeta = load_slice(layout.teacher_head)

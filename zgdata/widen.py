@@ -6,7 +6,7 @@ afford. Loaded for capture (``load_teacher(..., per_layer=True)``), it stays in 
 carries its compute dtype in ``COMPUTE_ATTR``; zgdata.capture widens the embedding modules, then each
 decoder layer, only while it runs, and puts the stored tensors back. bf16 -> fp32 is exact, so every
 op sees the very fp32 values a whole fp32 load would give: the boundaries are bit-identical (tested
-per family in tests/zgdata/test_teacher_sources.py), and no CAPTURE_VERSION bump is needed.
+per family in tests/zgdata/teacher/test_teacher_sources.py), and no CAPTURE_VERSION bump is needed.
 
 ``running_widened`` does the same for a whole-model forward (evaluate, lm-eval): forward hooks widen each
 top-level piece (embeddings, each decoder layer, final norm, head) only while that piece runs.

@@ -41,7 +41,7 @@ def init(directory: Path = typer.Argument(..., help="new project directory."),
                                           "local (greedy local pretraining from scratch) or local-tiny; "
                                           "search / tiny-search (the same plus a variant library).")):
     """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
-    from zgtrain.pipeline import init_project
+    from zgtrain.project.pipeline import init_project
 
     root = init_project(directory, profile)
     stderr.print(f"project ready in {root} (profile {profile}); next: cd {root} && dvc repro")
@@ -52,7 +52,7 @@ def pipeline(params: Path = params_option):
     """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
     from zgdata.atomic import write_text
     from zgdata.config import PartitionConfig, load_params, section
-    from zgtrain.pipeline import dump_params, write_pipeline
+    from zgtrain.project.pipeline import dump_params, write_pipeline
 
     p = load_params(params)
     part = section(p, PartitionConfig)
@@ -65,11 +65,11 @@ def pipeline(params: Path = params_option):
                 "out": b.output} for b in part.blocks()}
     if p.get("variants") and "search" not in p:  # the search stage depends on search:, so it must exist
         from zgdata.config import defaults
-        from zgtrain.config import SearchConfig
+        from zgtrain.project.config import SearchConfig
 
         p["search"] = defaults(SearchConfig)
     write_text(params, dump_params(p))
-    code_deps = (params.parent / "zgtrain" / "trainer.py").exists()
+    code_deps = (params.parent / "zgtrain" / "block" / "train.py").exists()
     path = write_pipeline(params.parent, p, code_deps=code_deps)
     stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in part.blocks())}")
 
@@ -82,7 +82,7 @@ def params_doc():
     from rich.table import Table
 
     from zgdata.config import describe
-    from zgtrain.config import OPTIONAL_SECTIONS, SECTIONS
+    from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
 
     table = Table("key", "default", "meaning", show_lines=False)
     table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key. Allowed: an "
@@ -106,7 +106,7 @@ def repro(targets: Optional[list[str]] = typer.Argument(None, help="stages to br
                                                              "remote: they clone it and use the DVC remote."),
           as_json: bool = typer.Option(False, "--json")):
     """Like `dvc repro`, with up to --jobs stale blocks trained at once (Ray); each is recorded in dvc.lock."""
-    from zgtrain.repro import repro as run
+    from zgtrain.exec.repro import repro as run
 
     r = run(Path.cwd(), list(targets or []), jobs=jobs, address=address, data=data)
     restored = f"; restored from DVC's run cache: {', '.join(r['restored'])}" if r["restored"] else ""
@@ -121,8 +121,8 @@ def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
                 restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
                 params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.trainer import train_block as run
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.block.train import train_block as run
 
     from zgdata.config import check_int
 
@@ -140,8 +140,8 @@ def train_local(stop_after: Optional[int] = typer.Option(None, "--stop-after",
                 params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Greedy local pretraining (`local:`): train a Llama from scratch as K isolated blocks; writes models/local/hf."""
     from zgdata.config import check_int
-    from zgtrain.config import ProjectConfig
-    from zgtrain.local_train import train_local as run
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.local.simultaneous import train_local as run
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
@@ -158,8 +158,8 @@ def train_local_block(key: str = typer.Argument(..., help="block key, e.g. b01."
                       params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Sequential local pretraining (local.mode: sequential): train block KEY from its input dataset, write its outputs."""
     from zgdata.config import check_int
-    from zgtrain.config import ProjectConfig
-    from zgtrain.local_seq import train_block as run
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.local.sequential import train_block as run
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), key, stop_after=stop_after, restart=restart)
@@ -170,8 +170,8 @@ def train_local_block(key: str = typer.Argument(..., help="block key, e.g. b01."
 @train_app.command("local-export")
 def train_local_export(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Sequential local pretraining: every trained block into models/local/hf; held-out CE into metrics/local.json."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.local_seq import export
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.local.sequential import export
 
     r = export(ProjectConfig.load(params))
     emit(r, as_json=as_json, summary=f"local ({r['k']} blocks, sequential): held-out CE {r['heldout_ce']:.4f}")
@@ -183,8 +183,8 @@ def train_variant(key: str = typer.Argument(..., help="block key, e.g. b00."),
                   restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
                   params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Train block KEY as VARIANT (train: + variants.VARIANT) into models/variants/KEY/VARIANT, then score it."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.variants import train_variant as run
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.variants import train_variant as run
 
     r = run(ProjectConfig.load(params), key, variant, restart=restart)
     emit(r, as_json=as_json, summary=f"{key}/{variant}: {r['status']}, {r.get('params', 0):,} params, "
@@ -194,8 +194,8 @@ def train_variant(key: str = typer.Argument(..., help="block key, e.g. b00."),
 @search_app.command("run")
 def search_run(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Pick one variant (or the teacher block) per block within search.budget; writes search/choice.json."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.search import run_search
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.solve import run_search
 
     r = run_search(ProjectConfig.load(params))
     mix = ", ".join(f"{b}={o['variant']}" for b, o in r["blocks"].items())
@@ -210,8 +210,8 @@ def search_assemble(params: Path = params_option, as_json: bool = typer.Option(F
     variant or the teacher block) and evaluated on every eval set; if it fails a gate, the next-best mixes within
     the budget are tried, up to search.max_tries. The first that passes (else the closest miss) is written to
     models/search/student/; every try's figures go to metrics/search_eval.json."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.search_assemble import assemble_choice
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.assemble import assemble_choice
 
     r = assemble_choice(ProjectConfig.load(params))
     verdict = f"passes the gates (try {r['written_try'] + 1} of {len(r['tries'])})" if r["passed"] else \
@@ -229,8 +229,8 @@ def search_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
     teacher's logits into models/search/repaired, then judge it on every eval set against the gates. Writes
     metrics/search_repair.json (before and after); resumes from models/search/repair's checkpoint."""
     from zgdata.config import check_int
-    from zgtrain.config import ProjectConfig
-    from zgtrain.search_repair import repair_search
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.repair import repair_search
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = repair_search(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
@@ -246,8 +246,8 @@ def search_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
 @search_app.command("show")
 def search_show(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """List each (block, variant): trained and scored or not, stale or not (`dvc status`), its scores."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.variants import show
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.variants import show
 
     r = show(ProjectConfig.load(params), stale=(params.parent / "dvc.yaml").exists())
     if as_json:
@@ -264,8 +264,8 @@ def search_show(params: Path = params_option, as_json: bool = typer.Option(False
 @train_app.command("assemble")
 def train_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """Build models/student/: teacher embeddings + trained blocks + final norm + LM head (from_pretrained loads it)."""
-    from zgtrain.assemble import assemble
-    from zgtrain.config import ProjectConfig
+    from zgtrain.student.assemble import assemble
+    from zgtrain.project.config import ProjectConfig
 
     r = assemble(ProjectConfig.load(params))
     emit(r, as_json=as_json, summary=f"student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) -> {r['path']}")
@@ -279,8 +279,8 @@ def train_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
     """Repair (repair.steps > 0): distil models/student on the teacher's logits (head slice on the last boundary),
     train split only. Writes models/repaired; resumes from models/repair's checkpoint."""
     from zgdata.config import check_int
-    from zgtrain.config import ProjectConfig
-    from zgtrain.repair import repair
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.repair.train import repair
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = repair(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
@@ -293,8 +293,8 @@ def train_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
 def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(False, "--json"),
                    strict: bool = typer.Option(False, "--strict", help="exit 1 when a gate fails (CI use).")):
     """Held-out CE, context use and boundary shift of teacher vs student; gates from `gates:`. Writes metrics/eval.json."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.evaluate import evaluate
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.evaluate.run import evaluate
 
     r = evaluate(ProjectConfig.load(params))
     verdict = "PASS" if r["gates_passed"]["all"] else "FAIL"
@@ -322,8 +322,8 @@ def train_lm_eval(tasks: Optional[list[str]] = typer.Argument(None, help="lm-eva
                   params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """lm-evaluation-harness on teacher and student (HF model class, local folders). Writes metrics/lm_eval.json."""
     from zgdata.config import check_int
-    from zgtrain.config import ProjectConfig
-    from zgtrain.lm_eval_run import run_lm_eval
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.evaluate.lm_eval import run_lm_eval
 
     limit = None if limit is None else check_int("--limit", limit, ge=0)
     r = run_lm_eval(ProjectConfig.load(params), tasks, limit=limit)

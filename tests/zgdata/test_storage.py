@@ -24,7 +24,7 @@ from zgdata.errors import ZgError
 from zgdata.inspect import collect
 from zgdata.lance_io import dir_bytes, schema_meta
 from zgdata.layout import Layout
-from zgdata.materialize import materialize
+from zgdata.materialize.driver import materialize
 from zgdata.reader import BoundaryDataset, BoundaryPair
 from zgdata.verify import verify
 

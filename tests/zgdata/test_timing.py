@@ -13,7 +13,7 @@ import yaml
 from zgdata import timing
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.layout import Layout
-from zgdata.materialize import materialize
+from zgdata.materialize.driver import materialize
 from zgdata.reader import BoundaryDataset, BoundaryPair
 from zgdata.timing import collect, span
 

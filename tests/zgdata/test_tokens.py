@@ -13,7 +13,7 @@ from conftest import zg
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig, section
 from zgdata.layout import Layout
-from zgdata.teacher import prepare
+from zgdata.teacher.prepare import prepare
 from zgdata.tokens import corpus_digest, documents, read_tokens, tokenize, tokens_meta
 
 TEXTS = {

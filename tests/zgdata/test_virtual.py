@@ -18,10 +18,10 @@ from zgdata.boundaries import open_boundary
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.inspect import collect
 from zgdata.layout import Layout
-from zgdata.materialize import materialize
+from zgdata.materialize.driver import materialize
 from zgdata.reader import BoundaryDataset
 from zgdata.virtual import VirtualBoundary
-from zgtrain.pipeline import write_pipeline
+from zgtrain.project.pipeline import write_pipeline
 
 
 def _virtual(root) -> VirtualBoundary:
@@ -96,7 +96,7 @@ def test_virtual_h00_without_the_head_slice_is_a_user_error(tiny_project):
 @pytest.mark.parametrize("profile", ["tiny", "smollm2"])
 def test_virtual_first_changes_only_h00_stages(profile):
     """Off in the tiny profile (and the key's default); on in the default conversion (smollm2)."""
-    from zgtrain.pipeline import dvc_yaml, profile_params
+    from zgtrain.project.pipeline import dvc_yaml, profile_params
 
     params = profile_params(profile)
     assert params["materialize"]["virtual_first"] is (profile == "smollm2")
@@ -116,10 +116,10 @@ def test_virtual_first_changes_only_h00_stages(profile):
 
 
 def test_remote_workers_pull_what_train_at_b00_declares():
-    """zg repro --data remote: a worker pulls exactly the stage's data deps (zgtrain/scratch.py)."""
-    from zgtrain.config import ProjectConfig
-    from zgtrain.pipeline import dvc_yaml, profile_params
-    from zgtrain.scratch import _inputs
+    """zg repro --data remote: a worker pulls exactly the stage's data deps (zgtrain/exec/scratch.py)."""
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.project.pipeline import dvc_yaml, profile_params
+    from zgtrain.exec.scratch import _inputs
 
     params = profile_params("tiny")
     params["materialize"]["virtual_first"] = True

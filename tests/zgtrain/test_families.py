@@ -49,7 +49,7 @@ def _heldout_ids(layout: Layout, n: int = 4) -> torch.Tensor:
 
 
 def _train_all(root, updates: dict, keys=("b00", "b01")) -> dict:
-    from zgtrain.trainer import train_block
+    from zgtrain.block.train import train_block
 
     params = set_params(root, updates)
     return {k: train_block(project_of(params), k, restart=True, layout=Layout(root)) for k in keys}
@@ -59,7 +59,7 @@ def test_teacher_slices_and_boundaries_follow_the_family(built):
     """Slices hold `layers.{i}.*` and the family's head parts; boundary k is hidden_states[k], the last one
     the final norm's input (bit for bit); the head slice embeds to boundary 0 as evaluate's shift does."""
     from zgdata.reader import BoundaryDataset
-    from zgdata.teacher import load_slice, load_teacher
+    from zgdata.teacher.prepare import load_slice, load_teacher
     from zgdata.tokens import read_tokens
 
     name, root = built
@@ -100,8 +100,8 @@ def test_teacher_slices_and_boundaries_follow_the_family(built):
 def test_identity_student_logits_equal_the_teachers(built, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from zgdata.teacher import load_teacher
-    from zgtrain.assemble import assemble
+    from zgdata.teacher.prepare import load_teacher
+    from zgtrain.student.assemble import assemble
 
     name, src = built
     root = copy_project(src, tmp_path / "proj")
@@ -123,7 +123,7 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
 @pytest.fixture(scope="module")
 def pruned(built, tmp_path_factory):
     """(family, project) with both blocks converted by prune_mlp (ratio 0.5), trained 3 steps, assembled."""
-    from zgtrain.assemble import assemble
+    from zgtrain.student.assemble import assemble
 
     name, src = built
     root = copy_project(src, tmp_path_factory.mktemp(f"pruned-{name}") / "proj")
@@ -137,7 +137,7 @@ def pruned(built, tmp_path_factory):
 def test_prune_mlp_trains_assembles_loads_and_generates(pruned):
     from transformers import AutoModelForCausalLM
 
-    from zgtrain.checkpoint import load_block
+    from zgtrain.fit.checkpoint import load_block
 
     name, root = pruned
     layout = Layout(root)
@@ -161,7 +161,7 @@ def test_prune_mlp_trains_assembles_loads_and_generates(pruned):
 
 
 def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_path):
-    from zgtrain.evaluate import evaluate
+    from zgtrain.evaluate.run import evaluate
 
     name, src = pruned
     root = copy_project(src, tmp_path / "proj")
@@ -175,9 +175,9 @@ def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_pat
 
 
 def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):
-    from zgtrain.assemble import assemble
-    from zgtrain.checkpoint import load_block
-    from zgtrain.student import load_student, modeling_file, template_sha256
+    from zgtrain.student.assemble import assemble
+    from zgtrain.fit.checkpoint import load_block
+    from zgtrain.student.load import load_student, modeling_file, template_sha256
 
     name, src = pruned
     root = copy_project(src, tmp_path / "proj")
@@ -203,7 +203,7 @@ def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):
 
 def test_cached_and_online_targets_are_bitwise_identical(built, tmp_path):
     """b01 ends at the last boundary (before the final norm): online capture must stop there too."""
-    from zgtrain.trainer import train_block
+    from zgtrain.block.train import train_block
 
     _, src = built
     root = copy_project(src, tmp_path / "proj")
@@ -220,9 +220,9 @@ def test_cached_and_online_targets_are_bitwise_identical(built, tmp_path):
 def test_conversions_use_the_family_layout(name):
     """Pure tensors, no project: prune_mlp equals the full block with the dropped MLP channels silenced (GPT-2's
     Conv1D (in, out) weights and biases included); drop_layers and reinit know the family's layers and norms."""
-    from zgdata.teacher import _tiny_teacher
-    from zgtrain.config import TrainConfig
-    from zgtrain.conversions import convert
+    from zgdata.teacher.prepare import _tiny_teacher
+    from zgtrain.project.config import TrainConfig
+    from zgtrain.block.conversions import convert
 
     model, _ = _tiny_teacher(name)
     fam, config = family(name), model.config
@@ -267,7 +267,7 @@ def test_conversions_use_the_family_layout(name):
 def _save_model_dir(path, config) -> None:
     from transformers import AutoModelForCausalLM
 
-    from zgdata.tokenizer_util import byte_level_tokenizer
+    from zgdata.teacher.tokenizer import byte_level_tokenizer
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
@@ -278,7 +278,7 @@ def _save_model_dir(path, config) -> None:
 def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
     from transformers import GPTNeoXConfig, Qwen2Config
 
-    from zgtrain.pipeline import dump_params, profile_params
+    from zgtrain.project.pipeline import dump_params, profile_params
 
     teacher = tmp_path / "teacher"
     if case == "gpt_neox":  # a decoder-only family transformers has and zg does not

@@ -24,7 +24,7 @@ def load_params_of(root: Path) -> dict:
 
 def project_of(root_or_params):
     """The typed ProjectConfig of a project root (its params.yaml) or of a params dict."""
-    from zgtrain.config import ProjectConfig
+    from zgtrain.project.config import ProjectConfig
 
     if isinstance(root_or_params, dict):
         return ProjectConfig.from_params(root_or_params)

@@ -1,0 +1,146 @@
+"""Params validation at the edge (property-style): every key of every section, fed a wrong type and an
+out-of-range value, ends in one `error:` line naming the key, with a non-zero exit, no traceback and
+nothing written. The commands run through the real CLI entry point (`zgtrain.cli.main`) in-process, so
+that feeding ~100 bad values stays fast; `test_usage_errors_are_one_line` and the duplicate-key test use
+the installed `zg` in a subprocess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from conftest import zg
+from zgt_helpers import assert_user_error, set_params, tree_sha256
+from zgtrain.cli import main
+from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
+
+ALL_SECTIONS = {**SECTIONS, **OPTIONAL_SECTIONS}
+
+# The command that reads each section first.
+COMMAND = {"teacher": ["teacher", "prepare"], "corpus": ["data", "tokenize"], "partition": ["teacher", "prepare"],
+           "materialize": ["data", "materialize"], "verify": ["data", "verify"], "train": ["train", "block", "b00"],
+           "eval": ["train", "evaluate"], "gates": ["train", "evaluate"], "lm_eval": ["train", "lm-eval"],
+           "local": ["train", "local"], "search": ["search", "run"],
+           "repair": ["train", "repair"]}
+WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
+
+
+def _kind(f) -> str:
+    return f.type if isinstance(f.type, str) else "Any"
+
+
+def _out_of_range(f) -> list:
+    m = f.metadata
+    bad = []
+    if m.get("ge") is not None:
+        bad.append(m["ge"] - 1 if _kind(f) == "int" else m["ge"] - 0.5)
+    if m.get("gt") is not None:
+        bad.append(m["gt"])
+    if m.get("lt") is not None:
+        bad.append(m["lt"])
+    if m.get("le") is not None:
+        bad.append(m["le"] + 1)
+    if m.get("choices"):
+        bad.append("bogus")
+    return bad
+
+
+def _cases():
+    for sec, cls in ALL_SECTIONS.items():
+        for f in fields(cls):
+            for v in WRONG_TYPE.get(_kind(f), []):
+                yield pytest.param(sec, f.name, v, id=f"{sec}.{f.name}={v!r}")
+            for v in _out_of_range(f):
+                yield pytest.param(sec, f.name, v, id=f"{sec}.{f.name}={v!r}")
+    # registry-checked and cross-field values
+    for sec, name, v in (("train", "conversion", "bogus"), ("train", "objective", "bogus"),
+                         ("materialize", "storage_dtype", "float16"), ("partition", "boundaries", [4, 2]),
+                         ("corpus", "heldout", []), ("corpus", "source", {"a": 1}), ("eval", "window", 1000),
+                         ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1]),
+                         ("lm_eval", "tasks", ["hella swag"]), ("local", "blocks", "b01"),
+                         ("eval", "sets", [{"name": "x"}]), ("gates", "sets", ["nope"]),
+                         ("materialize", "virtual_first", "yes")):
+        yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
+
+
+def test_every_key_is_checked():
+    """The cases below cover every field of every section with at least one wrong value."""
+    covered = {(c.values[0], c.values[1]) for c in _cases()}
+    every = {(sec, f.name) for sec, cls in ALL_SECTIONS.items() for f in fields(cls)}
+    assert every - covered == set()
+
+
+def _run_cli(args, root, monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.chdir(root)
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sec,name,value", list(_cases()))
+def test_bad_value_is_one_line_and_writes_nothing(tiny_project, monkeypatch, capsys, sec, name, value):
+    set_params(tiny_project, {f"{sec}.{name}": value})
+    before = tree_sha256(tiny_project)
+    code, err = _run_cli(COMMAND[sec], tiny_project, monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code not in (0, None), err
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert f"{sec}.{name}" in lines[0], lines[0]
+    if name not in ("boundaries", "heldout", "source", "window", "sets"):  # their messages name the rule, not the value
+        assert repr(value)[:20] in lines[0] or str(value)[:20] in lines[0], lines[0]
+    assert tree_sha256(tiny_project) == before
+
+
+@pytest.mark.parametrize("updates,needle", [
+    ({"seed": -1}, "seed"), ({"seed": "zero"}, "seed"), ({"blocks.b00.lr": "fast"}, "blocks.b00.lr"),
+    ({"blocks.b00.grad_clip": -1}, "blocks.b00.grad_clip"), ({"blocks.b00.bogus": 1}, "blocks.b00.bogus"),
+    ({"blocks.b00.window": 0}, "blocks.b00.window"),
+    ({"trian.lr": 1e-3}, "trian"),
+])
+def test_global_and_per_block_keys(tiny_project, monkeypatch, capsys, updates, needle):
+    set_params(tiny_project, updates)
+    before = tree_sha256(tiny_project)
+    code, err = _run_cli(["train", "block", "b00"], tiny_project, monkeypatch, capsys)
+    assert code not in (0, None) and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert tree_sha256(tiny_project) == before
+
+
+def test_yaml_ambiguous_numbers_are_coerced(tiny_project):
+    """`lr: 1e-3` is a string to YAML 1.1; zg reads it as the float it means, and trains."""
+    (tiny_project / "params.yaml").write_text((tiny_project / "params.yaml").read_text()
+                                              .replace("lr: 0.001", "lr: 1e-3").replace("steps: 12", "steps: 2"))
+    assert yaml.safe_load((tiny_project / "params.yaml").read_text())["train"]["lr"] == "1e-3"
+    res = zg("train", "block", "b00", "--json", cwd=tiny_project)
+    assert '"status": "done"' in res.stdout
+    meta = yaml.safe_load((tiny_project / "models" / "blocks" / "b00" / "meta.json").read_text())
+    assert meta["config"]["lr"] == 0.001 and isinstance(meta["config"]["lr"], float)
+
+
+def test_duplicate_yaml_key_is_refused(tiny_project):
+    path = tiny_project / "params.yaml"
+    path.write_text(path.read_text().replace("train:\n", "train:\n  lr: 0.5\n", 1))
+    before = tree_sha256(tiny_project)
+    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    line = assert_user_error(res, "duplicate key 'lr'", "params.yaml")
+    assert "line" in line
+    assert tree_sha256(tiny_project) == before
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["bogus"], ["No such command 'bogus'", "zg --help"]),
+    (["train", "block"], ["Missing", "key", "zg train block --help"]),
+    (["train", "block", "b00", "--stop-after", "0"], ["--stop-after", "0"]),
+    (["train", "block", "b00", "--stop-after", "-1"], ["--stop-after", "-1"]),
+    (["data", "verify", "--sample", "0"], ["--sample"]),
+    (["train", "block", "b00", "--targets", "somewhere"], ["train.targets", "somewhere"]),
+])
+def test_usage_errors_are_one_line(tiny_project, args, needles):
+    before = tree_sha256(tiny_project)
+    res = zg(*args, cwd=tiny_project, check=False)
+    assert_user_error(res, *needles, alone=True)
+    assert tree_sha256(tiny_project) == before

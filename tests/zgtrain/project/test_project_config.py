@@ -1,0 +1,86 @@
+"""zgtrain/project/config.py and the profiles: ProjectConfig parses params once; defaults live only in the
+dataclasses; names are checked against their registries (pure, fast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zgdata.errors import ZgError
+from zgtrain.block import conversions
+from zgtrain.project.config import ProjectConfig, TrainConfig
+from zgtrain.project.pipeline import PROFILES, dump_params, profile_params
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_root_params_yaml_is_the_generated_default_profile():
+    assert (ROOT / "params.yaml").read_text() == dump_params(profile_params("smollm2"))
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_profiles_are_overrides_of_the_defaults(profile):
+    params = profile_params(profile)
+    project = ProjectConfig.from_params(params)
+    for section, over in PROFILES[profile].items():
+        if section == "variants":  # {name: TrainConfig}: train: with the variant's own overrides
+            assert list(project.variants) == list(over)
+            assert all(getattr(project.variants[n], k) == v for n, o in over.items() for k, v in o.items())
+            continue
+        for key, value in over.items():
+            assert getattr(getattr(project, section), key) == value, (section, key)
+    # a local-pretraining profile trains its partition's blocks from `local:`, with no per-block overrides
+    assert list(project.blocks) == ([] if "local" in params else [b.key for b in project.partition.blocks()])
+
+
+def test_blocks_inherit_train_and_override_it():
+    params = profile_params("tiny")
+    params["blocks"]["b01"]["lr"] = "2e-3"
+    project = ProjectConfig.from_params(params)
+    assert project.block("b00").train == project.train
+    assert project.block("b01").train.lr == 0.002 and project.block("b01").train.steps == project.train.steps
+    assert (project.block("b01").spec.input, project.block("b01").spec.output) == ("h02", "h04")
+    with pytest.raises(ZgError, match="block 'b07' is not in params.yaml blocks"):
+        project.block("b07")
+
+
+@pytest.mark.parametrize("mutate,key", [
+    (lambda p: p["blocks"]["b00"].update(lr=-1), "blocks.b00.lr"),
+    (lambda p: p["blocks"]["b00"].update(nope=1), "blocks.b00"),
+    (lambda p: p["blocks"]["b00"].update(out="h04"), "blocks.b00"),
+    (lambda p: p.update(extra={}), "extra"),
+    (lambda p: p.update(seed=1.5), "seed"),
+    (lambda p: p["train"].update(conversion="nope"), "train.conversion"),
+    (lambda p: p["train"].update(objective="nope"), "train.objective"),
+])
+def test_bad_project_params_name_their_key(mutate, key):
+    params = profile_params("tiny")
+    mutate(params)
+    with pytest.raises(ZgError) as e:
+        ProjectConfig.from_params(params)
+    assert e.value.key == key
+
+
+def test_a_new_conversion_is_one_registered_function():
+    assert "halve" not in conversions.CONVERSIONS
+    with pytest.raises(ZgError, match="train.conversion"):
+        TrainConfig(conversion="halve")
+
+    @conversions.register("halve")
+    def halve(tensors, config, cfg, sample, gen):  # pragma: no cover - only registered, never run here
+        raise AssertionError
+
+    try:
+        assert TrainConfig(conversion="halve").conversion == "halve"
+        assert "halve" in yaml.safe_dump(list(conversions.CONVERSIONS))
+    finally:
+        del conversions.CONVERSIONS["halve"]
+
+
+def test_load_reads_the_file(tmp_path):
+    (tmp_path / "params.yaml").write_text(dump_params(profile_params("tiny")))
+    assert ProjectConfig.load(tmp_path / "params.yaml") == ProjectConfig.from_params(profile_params("tiny"))
+    with pytest.raises(ZgError, match="not found"):
+        ProjectConfig.load(tmp_path / "missing.yaml")

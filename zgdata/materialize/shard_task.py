@@ -1,0 +1,204 @@
+"""One shard of a data-parallel materialize: capture rows [lo, hi) and write them as Lance fragments.
+
+A plain function, no Ray here: zgdata/materialize/ray_shards.py runs it as a Ray task, and it runs the same
+when called directly. It writes data files into each staged boundary dataset but commits
+nothing; it returns the fragments' metadata, and the driver (zgdata/materialize/sharded.py)
+commits them in row order. A killed attempt's files are therefore never part of a dataset
+(the driver deletes such orphans before publishing). Argument and result are JSON text, so
+no pickled data passes between processes.
+
+The rows are captured in the same batches as a single-process run (shards start at multiples
+of ``batch_size``), each boundary's values streamed to its own ``write_fragments`` call in a
+thread, so a shard's memory is a few batches, not the whole shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import resource
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from zgdata.capture import capture
+from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
+from zgdata.errors import ZgError, from_os_error
+from zgdata.integrity import checksum_array
+from zgdata.codec import CODECS, hidden_arrays
+from zgdata.layout import Layout
+from zgdata.materialize import stats as boundary_stats
+
+__all__ = ["run_shard", "VERSIONS"]
+
+# a worker whose zg differs in any of these would write other bytes: the driver refuses it
+VERSIONS = {"capture": CAPTURE_VERSION, "format": BOUNDARY_FORMAT_VERSION, "codecs": list(CODECS)}
+_TEACHER: dict = {}  # this worker process's teacher, kept for its next shard: {key: model}
+
+
+def run_shard(spec_json: str) -> str:
+    """Capture and write one shard; JSON in, JSON out. A user-fixable failure comes back as ``{"error": ...}``."""
+    spec = json.loads(spec_json)
+    try:
+        return json.dumps(_run(spec))
+    except ZgError as e:
+        err = e
+    except Exception as e:  # a full disk or a read-only staging dir: one line, like the single-process path
+        err = from_os_error(e, Path(spec["stage"]))
+        if err is None:
+            raise
+    return json.dumps({"lo": spec["lo"], "hi": spec["hi"],
+                       "error": {"what": err.what, "fix": err.fix, "key": err.key, "code": err.code}})
+
+
+def _teacher(layout: Layout, dtype: str, sha: str):
+    from zgdata.runtime import device
+    from zgdata.teacher.prepare import load_teacher
+
+    key = (str(layout.teacher_hf.resolve()), dtype, sha, str(device()))
+    if key not in _TEACHER:
+        _TEACHER.clear()  # one teacher per worker process
+        _TEACHER[key], _ = load_teacher(layout, dtype=dtype, with_tokenizer=False, per_layer=True)
+    return _TEACHER[key]
+
+
+def _check(spec: dict, layout: Layout, stage: Path) -> None:
+    from zgdata.lineage import read_tokens_json
+    from zgdata.teacher.prepare import read_teacher_json
+
+    if not stage.is_dir():
+        raise ZgError(f"the shard worker on host {socket.gethostname()} cannot see the staging dir {stage}",
+                      fix="run every Ray node with the project on a shared filesystem at the same path, "
+                          "or set materialize.workers: 1")
+    if spec["versions"] != VERSIONS:
+        raise ZgError(f"the shard worker on host {socket.gethostname()} runs another zg (capture/format versions "
+                      f"{VERSIONS}, the driver has {spec['versions']})", fix="install the same zg on every Ray node")
+    have = {"teacher_sha256": read_teacher_json(layout)["weights_sha256"],
+            "tokens_fingerprint": read_tokens_json(layout)["fingerprint"]}
+    for k, want in spec["expect"].items():
+        if have[k] != want:
+            raise ZgError(f"{k} changed while materialize ran ({str(want)[:12]} -> {str(have[k])[:12]})",
+                          fix="rerun `zg data materialize` when the teacher and tokens stay put")
+
+
+class _Streams:
+    """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
+
+    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2,
+                 mode: str = "append"):
+        self.mode = mode
+        self.q = {n: queue.Queue(maxsize=depth) for n in names}
+        self.out: dict[str, list] = {}
+        self.err: dict[str, BaseException] = {}
+        self.threads = [threading.Thread(target=self._write, args=(stage / f"{n}.lance", n, schema, rows_per_file),
+                                         daemon=True) for n in names]
+        for t in self.threads:
+            t.start()
+
+    def _write(self, path: Path, name: str, schema: pa.Schema, rows_per_file: int) -> None:
+        from lance.fragment import write_fragments
+
+        def batches():
+            while (b := self.q[name].get()) is not None:
+                if b is _ABORT:
+                    raise RuntimeError("shard aborted")
+                yield b
+
+        try:
+            frags = write_fragments(pa.RecordBatchReader.from_batches(schema, batches()), str(path), schema=schema,
+                                    mode=self.mode, max_rows_per_file=rows_per_file)
+            self.out[name] = [f.to_json() for f in frags]
+        except BaseException as e:  # re-raised by put()/close() in the capturing thread
+            self.err[name] = e
+
+    def put(self, name: str, item) -> None:
+        while True:  # never block forever on a dead writer
+            if name in self.err:
+                raise self.err[name]
+            try:
+                self.q[name].put(item, timeout=1)
+                return
+            except queue.Full:
+                continue
+
+    def close(self, *, abort: bool = False) -> dict[str, list]:
+        for n in self.q:
+            if n not in self.err:
+                self.put(n, _ABORT if abort else None)
+        for t in self.threads:
+            t.join()
+        if self.err and not abort:
+            raise next(iter(self.err.values()))
+        return self.out
+
+
+_ABORT = object()
+
+
+def _run(spec: dict) -> dict:
+    from zgdata.materialize.driver import boundary_schema
+    from zgdata.runtime import set_threads
+    from zgdata.tokens import open_tokens, read_tokens
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    set_threads(spec["threads"])
+    if spec.get("device"):
+        os.environ["ZG_DEVICE"] = spec["device"]  # a joined cluster's workers do not inherit the driver's env
+    layout, stage = Layout(Path(spec["root"])), Path(spec["stage"])
+    _check(spec, layout, stage)
+    model = _teacher(layout, spec["compute_dtype"], spec["expect"]["teacher_sha256"])
+    tokens = open_tokens(layout)
+    names, layers, lo, hi = spec["names"], spec["layers"], spec["lo"], spec["hi"]
+    storage = getattr(torch, spec["storage_dtype"])
+    codec = spec.get("codec", "raw")
+    schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
+    stats = {n: boundary_stats.empty() for n in names}
+    streams = _Streams(stage, names, schema, rows_per_file=hi - lo)
+    try:
+        for b in range(lo, hi, spec["batch_size"]):
+            rows = np.arange(b, min(b + spec["batch_size"], hi))
+            ids, splits = read_tokens(layout, rows, ds=tokens)
+            caps = capture(model, ids, layers, storage_dtype=storage)
+            for n, layer in zip(names, layers):
+                x = caps[layer]
+                stats[n] = boundary_stats.combine(stats[n], boundary_stats.batch_stats(x))
+                values, bits = hidden_arrays(x, spec["storage_dtype"], codec)
+                streams.put(n, pa.RecordBatch.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), *values,
+                                                           checksum_array(bits)], schema=schema))
+    except BaseException:
+        streams.close(abort=True)
+        raise
+    fragments = streams.close()
+    _test_hooks(spec)
+    return {"lo": lo, "hi": hi, "fragments": fragments, "stats": stats, "pid": os.getpid(),
+            "host": socket.gethostname(), "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _test_hooks(spec: dict) -> None:
+    """Test hooks (the driver passes ZG_TEST_SHARD_LOG / ZG_FAILPOINT_SLEEP_IN_SHARD in the spec).
+
+    After its fragments are written, each attempt appends ``{"lo", "hi", "pid", "driver"}`` to the log (the
+    driver's pid tells a killed run's late task from its rerun's). With a
+    sleep, the one attempt that first creates ``<log>.sleeper`` then sleeps: a window in which a test
+    kills this worker with kill -9 (its retry, and every other shard, run straight through).
+    """
+    hooks = spec.get("hooks") or {}
+    if not hooks.get("log"):
+        return
+    log = Path(hooks["log"])
+    with open(log, "a") as f:  # one short write in append mode: lines of concurrent workers do not mix
+        f.write(json.dumps({"lo": spec["lo"], "hi": spec["hi"], "pid": os.getpid(), "driver": hooks.get("driver")}) + "\n")
+    if hooks.get("sleep"):
+        try:
+            with open(f"{log}.sleeper", "x") as f:
+                f.write(json.dumps({"lo": spec["lo"], "pid": os.getpid()}))
+        except FileExistsError:
+            return
+        time.sleep(float(hooks["sleep"]))

@@ -1,0 +1,111 @@
+"""How a student block starts from its teacher layers. An extensible registry.
+
+Each conversion takes the block's teacher tensors (keys ``layers.{teacher_idx}.*``),
+the teacher config, the train config, a deterministic sample of the block's input
+boundary (for data-driven choices) and the block's generator, and returns a StudentBlock.
+Family differences (MLP width, where the channels are, which tensors are norms) come
+from the teacher's adapter in zgdata/families.py.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from zgdata.errors import ZgError
+from zgdata.families import family_of
+from zgtrain.block.model import StudentBlock
+
+__all__ = ["CONVERSIONS", "register", "convert"]
+
+Conversion = Callable[..., StudentBlock]
+CONVERSIONS: dict[str, Conversion] = {}
+
+
+def register(name: str):
+    def deco(fn: Conversion) -> Conversion:
+        CONVERSIONS[name] = fn
+        return fn
+    return deco
+
+
+def _teacher_layers(tensors: dict) -> dict[int, dict[str, torch.Tensor]]:
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        _, idx, rest = k.split(".", 2)
+        out.setdefault(int(idx), {})[rest] = v
+    return dict(sorted(out.items()))
+
+
+def _load(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> StudentBlock:
+    state = {f"layers.{j}.{k}": v.float().clone() for j, layer in enumerate(per_layer) for k, v in layer.items()}
+    missing, unexpected = block.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.startswith("rotary_emb.")]
+    if missing or unexpected:
+        raise ZgError(f"teacher slice does not fit the student block (missing {missing[:3]}, unexpected {unexpected[:3]})",
+                      fix="re-run `dvc repro teacher` to rewrite the slices")
+    return block
+
+
+@register("identity")
+def identity(tensors, config, cfg, sample, gen) -> StudentBlock:
+    layers = list(_teacher_layers(tensors).values())
+    return _load(StudentBlock(config, [family_of(config).width(config)] * len(layers)), layers)
+
+
+@register("reinit")
+def reinit(tensors, config, cfg, sample, gen) -> StudentBlock:
+    n = len(_teacher_layers(tensors))
+    fam = family_of(config)
+    block = StudentBlock(config, [fam.width(config)] * n)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if fam.is_layer_norm(name):  # norms start as identity: weight 1, bias 0; no draw
+                p.fill_(1.0 if name.endswith(".weight") else 0.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * config.initializer_range)
+    return block
+
+
+@register("drop_layers")
+def drop_layers(tensors, config, cfg, sample, gen) -> StudentBlock:
+    layers = list(_teacher_layers(tensors).values())
+    keep = list(cfg.keep_layers)
+    if not keep or sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= len(layers):
+        raise ZgError(f"train.keep_layers is {keep} for a block of {len(layers)} layers", key="train.keep_layers",
+                      fix=f"give sorted offsets within [0, {len(layers) - 1}], e.g. [0, {len(layers) - 1}]")
+    return _load(StudentBlock(config, [family_of(config).width(config)] * len(keep)), [layers[i] for i in keep])
+
+
+@register("prune_mlp")
+def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """Keep the MLP channels with the largest mean |activation| on the block's own input data."""
+    full = identity(tensors, config, cfg, sample, gen)
+    with torch.no_grad():
+        acts = full.mlp_activations(sample)                     # per layer: (B, T, I)
+    fam = family_of(config)
+    keep_n = max(1, round(fam.width(config) * (1 - cfg.prune_ratio)))
+    layers = list(_teacher_layers(tensors).values())
+    pruned = []
+    for layer, act in zip(layers, acts):
+        score = act.abs().double().mean(dim=(0, 1))              # (I,)
+        # stable sort on (-score, index): ties resolve by channel index, deterministically
+        order = torch.sort(-score, stable=True).indices[:keep_n]
+        idx = torch.sort(order).values
+        pruned.append(fam.prune_mlp(layer, idx))  # Llama: gate/up rows, down columns; GPT-2: Conv1D + biases
+    return _load(StudentBlock(config, [keep_n] * len(layers)), pruned)
+
+
+@register("window_attention")
+def window_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """The teacher's layers copied whole; each layer's attention sees only its last ``train.window`` tokens."""
+    layers = list(_teacher_layers(tensors).values())
+    n, width = len(layers), family_of(config).width(config)
+    return _load(StudentBlock(config, [width] * n, [cfg.window] * n), layers)
+
+
+def convert(name: str, tensors, config, cfg, sample: torch.Tensor, gen: torch.Generator) -> StudentBlock:
+    if name not in CONVERSIONS:
+        raise ZgError(f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}")
+    return CONVERSIONS[name](tensors, config, cfg, sample, gen)

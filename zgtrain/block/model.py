@@ -1,0 +1,63 @@
+"""A student block: a stack of decoder layers mapping boundary k to boundary k+1.
+
+It runs the teacher family's own decoder-layer class exactly as the teacher's forward does
+(the family adapter in zgdata/families.py: rotary positions from 0 for Llama/Qwen2, nothing
+for GPT-2 whose positions are in boundary 0 already; sdpa causal attention, no mask), so an
+identity block reproduces the teacher's boundary bit for bit. Dropout is off in a block's
+layers: a block trains deterministically toward the teacher's function. A layer with a window
+(``windows``, None: full attention) attends to its last W positions only (zgtrain/block/window.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zgdata.families import family_of
+from zgtrain.block.window import add_windows
+
+__all__ = ["StudentBlock", "layer_config"]
+
+
+def layer_config(config, intermediate_size: int):
+    return family_of(config).layer_config(config, intermediate_size)
+
+
+class StudentBlock(nn.Module):
+    def __init__(self, config, intermediate_sizes: list[int], windows: list[int | None] | None = None):
+        super().__init__()
+        fam = family_of(config)
+        self.family = fam
+        self.intermediate_sizes = list(intermediate_sizes)
+        self.windows = list(windows) if windows is not None else [None] * len(self.intermediate_sizes)
+        if len(self.windows) != len(self.intermediate_sizes):
+            raise ValueError(f"{len(self.windows)} windows for {len(self.intermediate_sizes)} layers")
+        self.layers = nn.ModuleList(fam.make_layer(fam.layer_config(config, m), i)
+                                    for i, m in enumerate(intermediate_sizes))
+        add_windows(self.layers, self.windows)
+        rotary = fam.rotary(fam.layer_config(config, fam.width(config)))
+        if rotary is not None:  # buffers derived from the config, never saved (see weights())
+            self.rotary_emb = rotary
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) boundary k -> (B, T, C) boundary k+1."""
+        inputs = self.family.layer_inputs(getattr(self, "rotary_emb", None), h)
+        for layer in self.layers:
+            h = self.family.call_layer(layer, h, inputs)
+        return h
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Trainable tensors only (the rotary buffers are derived from the config)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
+
+    def mlp_activations(self, h: torch.Tensor) -> list[torch.Tensor]:
+        """Per layer, the MLP's intermediate activation (the input of its output projection): (B, T, I)."""
+        acts = []
+        hooks = [layer.get_submodule(self.family.mlp_out).register_forward_hook(
+                     lambda m, inp, out: acts.append(inp[0].detach())) for layer in self.layers]
+        try:
+            self.forward(h)
+        finally:
+            for hk in hooks:
+                hk.remove()
+        return acts

@@ -1,0 +1,84 @@
+"""Where a block's (input, target) pairs come from: the stored boundaries, or a live teacher.
+
+Both return the same tensors in the storage dtype, so training is bitwise identical
+either way (the guarantee `--targets online` exists to prove).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zgdata.config import BlockSpec, MaterializeConfig, PartitionConfig
+from zgdata.layout import Layout
+from zgdata.lineage import expected_lineages, boundary_fingerprint
+from zgdata.reader import BoundaryPair, step_rows
+
+__all__ = ["CachedTargets", "OnlineTargets", "open_targets"]
+
+
+class CachedTargets:
+    kind = "cached"
+
+    def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
+        from zgdata.virtual import open_pair_in
+
+        # h00 may be virtual (materialize.virtual_first)
+        self.pair = BoundaryPair(*open_pair_in(layout, spec, partition, mcfg))
+        self.lineage = self.pair.input.meta["lineage"]
+        self.fingerprints = {spec.input: self.pair.input.fingerprint, spec.output: self.pair.output.fingerprint}
+
+    def rows(self, split: str) -> np.ndarray:
+        return self.pair.rows(split)
+
+    def batch_rows(self, split, step, batch_size, seed) -> np.ndarray:
+        return self.pair.batch_rows(split, step, batch_size, seed)
+
+    def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pair.take(rows)
+
+    def batches(self, split, *, start_step, steps, batch_size, seed):
+        yield from self.pair.batches(split, start_step=start_step, steps=steps, batch_size=batch_size, seed=seed)
+
+
+class OnlineTargets:
+    """Recompute the pair from data/tokens.lance with the teacher (layers up to the block's output)."""
+
+    kind = "online"
+
+    def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
+        from zgdata.teacher.prepare import load_teacher
+        from zgdata.tokens import open_tokens
+
+        self.layout = layout
+        self.tokens = open_tokens(layout)
+        self.layers = (partition.layer_of(spec.input), partition.layer_of(spec.output))
+        lin = expected_lineages(layout, partition, mcfg, (spec.input, spec.output))
+        self.lineage = lin[spec.input]
+        self.fingerprints = {n: boundary_fingerprint(v) for n, v in lin.items()}
+        self.model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False, per_layer=True)
+        self.storage = getattr(torch, mcfg.storage_dtype)
+        self.splits = np.asarray(self.tokens.to_table(columns=["split"]).column("split").to_pylist())
+
+    def rows(self, split: str) -> np.ndarray:
+        return np.flatnonzero(self.splits == split)
+
+    def batch_rows(self, split, step, batch_size, seed) -> np.ndarray:
+        return step_rows(self.rows(split), step, batch_size, seed)
+
+    def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        from zgdata.capture import capture
+        from zgdata.tokens import read_tokens
+
+        ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
+        caps = capture(self.model, ids, list(self.layers), storage_dtype=self.storage)
+        return caps[self.layers[0]], caps[self.layers[1]]
+
+    def batches(self, split, *, start_step, steps, batch_size, seed):
+        for step in range(start_step, steps):
+            rows = self.batch_rows(split, step, batch_size, seed)
+            yield (step, rows, *self.take(rows))
+
+
+def open_targets(kind: str, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
+    return CachedTargets(layout, spec, partition, mcfg) if kind == "cached" else OnlineTargets(layout, spec, partition, mcfg)

@@ -1,0 +1,286 @@
+"""`zg repro`: the end state of `dvc repro`, with the stale blocks trained at the same time.
+
+DVC has no parallel repro (two `dvc repro` in one repo fail on its lock), so the driver does this:
+
+1. It asks DVC's index which stages the targets need, and `dvc status --json` which blocks are stale.
+2. It runs the stages upstream of the blocks (teacher, tokens, materialize, verify) with plain `dvc repro`.
+3. It trains every stale `train@KEY` with ``train_one``, the stage function `zg train block KEY` runs: in this
+   process with ``--jobs 1``, otherwise as Ray tasks (zgtrain/exec/ray_tasks.py is the only module that imports Ray).
+4. It records each finished block in dvc.lock with `dvc commit -f train@KEY`, one at a time, here in the
+   driver. A killed driver therefore loses no recorded block, and a rerun trains only what is not recorded.
+5. It runs what is left (assemble, evaluate, or the targets) with plain `dvc repro`.
+
+Afterwards `dvc status` is clean and dvc.lock holds the hashes a serial `dvc repro` writes (the blocks' bits are
+the same: same stage function, same params, same ``train.threads``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from zgdata.config import load_params
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.lock import project_lock
+from zgtrain.exec import scratch
+from zgtrain.project.config import ProjectConfig
+from zgtrain.exec.progress_view import Monitor, summary_lines
+
+__all__ = ["repro", "train_one", "plan", "Plan", "stale_stages", "dvc"]
+
+_RAN = re.compile(r"Running stage '([^']+)'")
+_RESTORED = re.compile(r"Stage '([^']+)' is cached - skipping run")  # DVC's run cache had the outputs
+
+
+def dvc(root: Path, *args: str, echo: bool = False) -> str:
+    """Run `dvc ARGS` in ROOT with this interpreter's DVC; its output (echoed to stderr when ``echo``)."""
+    cmd = [sys.executable, "-m", "dvc", *args]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if echo and os.environ.get("ZG_QUIET") != "1":
+            print(line, end="", file=sys.stderr, flush=True)
+    rc = proc.wait()
+    text = "".join(out)
+    if rc:
+        last = [ln for ln in text.splitlines() if ln.strip()][-3:]
+        raise ZgError(f"`dvc {' '.join(args)}` failed in {root} (exit {rc}): {' | '.join(last)[:400]}",
+                      fix="fix what dvc says above, then rerun `zg repro` (recorded stages do not run again)")
+    return text
+
+
+@dataclass
+class Plan:
+    """What the targets need, by phase: plain-DVC stages before the blocks, the blocks, and the rest."""
+
+    pre: list[str] = field(default_factory=list)
+    blocks: list[str] = field(default_factory=list)
+    post: list[str] = field(default_factory=list)
+
+
+def plan(root: Path, targets: list[str]) -> Plan:
+    """Split the stages the targets need (all stages without targets) around the `train@KEY` stages."""
+    import networkx as nx
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        order = [s.addressing for s in repo.index.stages]
+        needed: set[str] = set()
+        for t in targets or order:
+            try:
+                needed |= {s.addressing for s in repo.stage.collect(t, with_deps=True)}
+            except DvcException as e:
+                raise ZgError(f"target '{t}' is not a stage of {root / 'dvc.yaml'} ({e})", key="TARGETS",
+                              fix=f"use stage names: {', '.join(order)}") from e
+        name = {s: s.addressing for s in graph.nodes}
+        blocks = [s for s in graph.nodes if name[s].startswith("train@") and name[s] in needed]
+        after = {name[a] for b in blocks for a in nx.ancestors(graph, b)}  # stages that depend on a block
+    p = Plan()
+    for s in order:
+        if s not in needed:
+            continue
+        (p.blocks if s.startswith("train@") else p.post if s in after else p.pre).append(s)
+    return p
+
+
+def stale_stages(root: Path, stages: list[str]) -> list[str]:
+    """The stages among STAGES that `dvc status` reports changed, in the given order (DVC's Python API)."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    if not stages:
+        return []
+    try:
+        with Repo(str(root)) as repo:
+            changed = repo.status(targets=stages)
+    except DvcException as e:
+        raise ZgError(f"`dvc status` failed in {root}: {str(e)[:300]}",
+                      fix="run `dvc status` yourself to see what is wrong, fix it, then rerun `zg repro`") from e
+    return [s for s in stages if s in changed]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The trainer's own progress bar off: zg repro shows every running block in one view instead."""
+    old = os.environ.get("ZG_QUIET")
+    os.environ["ZG_QUIET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ZG_QUIET", None)
+        else:
+            os.environ["ZG_QUIET"] = old
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def train_one(root: str | Path, key: str, report: Callable[[dict], None] | None = None) -> dict:
+    """Train block KEY of the project at ROOT as `zg train block KEY` does (what every worker runs).
+
+    An unfinished checkpoint of the same params resumes (a retried or rerun task continues); anything else
+    starts afresh, as under `dvc repro`. A user error comes back as ``{"status": "failed", ...}`` rather
+    than raised, so that the driver records the other blocks. ``report`` gets progress about once a second.
+    """
+    import torch
+
+    from zgtrain.block.train import train_block
+
+    layout = Layout(Path(root))
+    where = {"host": socket.gethostname(), "pid": os.getpid()}
+    t0, cpu0, last = time.monotonic(), time.process_time(), [0.0]
+    try:
+        project = ProjectConfig.load(layout.params)
+        steps = project.block(key).train.steps
+
+        def on_step(step: int, loss: float) -> None:
+            now = time.monotonic()
+            if report is not None and (now - last[0] >= 1.0 or step == steps):
+                last[0] = now
+                report({"key": key, "step": step, "steps": steps, "loss": loss, **where})
+
+        if report is not None:
+            report({"key": key, "step": None, "steps": steps, "loss": None, **where})
+        with _quiet():
+            r = train_block(project, key, restart="auto", layout=layout, on_step=on_step)
+    except ZgError as e:
+        return {"key": key, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix, **where}
+    return {**r, **where, "threads": torch.get_num_threads(), "seconds": time.monotonic() - t0,
+            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _own_keys(layout: Layout, key: str) -> list[str]:
+    """blocks.KEY.* overrides in params.yaml: the likely culprits when only block KEY fails."""
+    body = (load_params(layout.params).get("blocks") or {}).get(key) or {}
+    return [f"blocks.{key}.{k}" for k in body if k not in ("in", "out")]
+
+
+def _failure(layout: Layout, failed: list[dict], recorded: list[str], post: list[str]) -> ZgError:
+    parts, keys = [], []
+    for r in failed:
+        k = r.get("error_key") or f"blocks.{r['key']}"
+        own = _own_keys(layout, r["key"])
+        if k == f"blocks.{r['key']}" and own:
+            k = ", ".join(own)
+        keys.append(k)
+        fix = f" ({r['fix'].rstrip('.')})" if r.get("fix") else ""
+        named = f" [{k}]" if parts else ""  # the first one's key leads the whole line
+        parts.append(f"train@{r['key']} failed{named}: {r['error'].rstrip('.')}{fix}")
+    rec = f"recorded in dvc.lock: {', '.join(recorded)}" if recorded else "no block was recorded"
+    skipped = f"; not run: {', '.join(post)}" if post else ""
+    return ZgError(f"{'; '.join(parts)}; {rec}{skipped}", key=keys[0],
+                   fix="fix the failed block's params, then rerun `zg repro`: recorded blocks do not run again")
+
+
+def _record(root: Path, key: str, at_start: ProjectConfig) -> None:
+    """`dvc commit -f train@KEY`, after checking that the block's params did not change while it trained."""
+    now = ProjectConfig.load(Layout(root).params)
+    if key not in now.blocks or now.blocks[key] != at_start.blocks[key] or now.seed != at_start.seed:
+        raise ZgError(f"params of block {key} changed in params.yaml while zg repro trained it; not recording it",
+                      key=f"blocks.{key}", fix="rerun `zg repro`: it retrains the block with the params now there")
+    dvc(root, "commit", "-f", f"train@{key}")
+
+
+def _use_ray(jobs: int, address: str | None, n: int, data: str) -> bool:
+    return address is not None or data == "remote" or (jobs > 1 and n > 1)
+
+
+def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None,
+          data: str = "shared") -> dict:
+    """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
+    from zgdata.runtime import device
+
+    root = Path(root).resolve()
+    layout = Layout(root)
+    if jobs < 1:
+        raise ZgError(f"--jobs is {jobs}", key="--jobs", fix="give a number of blocks to train at once, >= 1")
+    if data not in ("shared", "remote"):
+        raise ZgError(f"--data is {data!r}", key="--data", fix="use shared (one file system) or remote (DVC remote)")
+    if not (root / "dvc.yaml").exists():
+        raise ZgError(f"{root} has no dvc.yaml", fix="run zg repro in a project root (see `zg init`)")
+    project = ProjectConfig.load(layout.params)  # invalid params fail here, before any stage runs
+    dev = device()
+    # one driver per project: a second `zg repro` is refused at once with the first one's pid
+    with project_lock(layout, "repro", writes=root / "dvc.lock", errors_at=root):
+        return _repro(root, layout, project, dev, targets, jobs=jobs, address=address, data=data)
+
+
+def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: list[str], *, jobs: int,
+           address: str | None, data: str) -> dict:
+    from zgdata.materialize.ray_shards import ray_address
+
+    t0 = time.monotonic()
+    p = plan(root, targets)
+    ran: list[str] = []
+    restored: list[str] = []
+
+    def dvc_repro(*stages: str) -> None:
+        out = dvc(root, "repro", *stages, echo=True)
+        ran.extend(_RAN.findall(out))
+        restored.extend(_RESTORED.findall(out))
+
+    stale = stale_stages(root, p.pre + p.blocks + p.post)  # only direct changes: a rerun stage makes more stale
+    if set(stale) & set(p.pre):
+        dvc_repro(*p.pre)
+        stale = stale_stages(root, p.blocks + p.post)
+    keys = [s.split("@", 1)[1] for s in stale if s in p.blocks]
+    results: dict[str, dict] = {}
+    recorded: list[str] = []
+    cluster = None
+    if keys:
+        monitor = Monitor()
+
+        def finished(r: dict) -> None:  # in the driver, one block at a time
+            monitor.finished(r)
+            if r.get("status") == "done":
+                try:
+                    if data == "remote":
+                        scratch.receive(root, r)
+                        r = {k: v for k, v in r.items() if k not in ("lock_entry", "uncached")}
+                    _record(root, r["key"], project)
+                    recorded.append(f"train@{r['key']}")
+                except ZgError as e:
+                    r = {**r, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
+            results[r["key"]] = r
+
+        with monitor:
+            if _use_ray(jobs, address, len(keys), data):
+                try:
+                    from zgtrain.exec import ray_tasks as ray_exec
+                except ImportError as e:
+                    raise ZgError(f"zg repro --jobs {jobs} needs Ray, which is not installed ({e})", key="--jobs",
+                                  fix="pip install 'zerograph[ray]' (make setup does), or use --jobs 1") from e
+                needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0}
+                         for k in keys}
+                source = scratch.prepare(root, keys, project) if data == "remote" else None
+                cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address or ray_address(),
+                                              data=data, source=source, on_update=monitor.update,
+                                              on_result=finished)
+            else:
+                for k in keys:
+                    finished(train_one(root, k, report=monitor.update))
+        ran += recorded
+    failed = [results[k] for k in keys if results[k].get("status") != "done"]
+    for line in summary_lines(results, cluster):
+        print(line, file=sys.stderr)
+    if failed:
+        raise _failure(layout, failed, recorded, p.post)
+    if ran or restored or set(stale) & set(p.post):
+        dvc_repro(*targets)
+    return {"ran": ran, "restored": restored, "blocks": results, "jobs": jobs, "cluster": cluster,
+            "seconds": time.monotonic() - t0}

@@ -1,0 +1,137 @@
+"""The remote data plane of `zg repro --data remote`: workers that cannot see the project's file system.
+
+The DVC remote carries the data (the sharing path of docs/SHARING.md, reused):
+
+- ``prepare`` (driver): checks that the project has a git remote (``origin``) and a default DVC remote, pushes
+  what the stale blocks need (each block's boundary pair and teacher slice), and describes the source: git URL,
+  the driver's commit, and the driver's params.yaml, dvc.yaml and dvc.lock (small files that may hold changes
+  made since the commit, e.g. the boundaries just recorded by the stages before the blocks).
+- ``train_in_scratch`` (worker): clones the repository at that commit into a scratch directory, lays the
+  driver's pipeline files over it, `dvc pull`s only its pair and slice, trains with ``train_one``, records the
+  block in the clone (`dvc commit`) and `dvc push`es it. It returns the block's dvc.lock entry and the small
+  uncached outputs (metrics, loss curve). The scratch directory is keyed by (URL, commit, block), so a retried
+  task on the same node resumes from the block's checkpoint; it is removed once the block is pushed.
+- ``receive`` (driver): writes the uncached outputs, enters the worker's dvc.lock entry, `dvc pull`s the block
+  directory from the remote and records it with `dvc commit` (which rehashes what it pulled).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from zgdata.atomic import write_text
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgtrain.project.config import ProjectConfig
+
+__all__ = ["prepare", "train_in_scratch", "receive", "PIPELINE_FILES"]
+
+PIPELINE_FILES = ("params.yaml", "dvc.yaml", "dvc.lock")
+
+
+def _git(root: Path, *args: str) -> str:
+    res = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if res.returncode:
+        raise ZgError(f"`git {' '.join(args)}` failed in {root}: {(res.stderr or res.stdout).strip()[:300]}",
+                      fix="zg repro --data remote needs a git repository with a remote the workers can reach")
+    return res.stdout.strip()
+
+
+def _inputs(project: ProjectConfig, key: str) -> list[str]:
+    from zgdata.virtual import is_virtual
+
+    spec, layout = project.block(key).spec, Layout(Path(""))
+    first = [str(layout.tokens), str(layout.teacher_head)] if is_virtual(spec.input, project.partition, project.materialize) \
+        else [str(layout.boundary(spec.input))]  # a virtual h00 is computed from these (zgdata/virtual.py)
+    return first + [str(layout.boundary(spec.output)), str(layout.teacher_slice(key))]
+
+
+def prepare(root: Path, keys: list[str], project: ProjectConfig) -> dict:
+    """Check the git and DVC remotes, push every block's inputs, and describe the source for the workers."""
+    from zgtrain.exec.repro import dvc
+
+    url = _git(root, "remote", "get-url", "origin") if "origin" in _git(root, "remote").split() else ""
+    if not url:
+        raise ZgError(f"{root} has no git remote 'origin' for the workers to clone", key="--data",
+                      fix="git remote add origin URL && git push origin HEAD (or use --data shared)")
+    if not dvc(root, "remote", "default").strip():
+        raise ZgError(f"{root} has no default DVC remote for the workers to pull from", key="--data",
+                      fix="dvc remote add -d NAME URL, commit .dvc/config and push it (docs/SHARING.md)")
+    rev = _git(root, "rev-parse", "HEAD")
+    paths = sorted({p for k in keys for p in _inputs(project, k)})
+    dvc(root, "push", *paths)
+    files = {f: (root / f).read_text() for f in PIPELINE_FILES if (root / f).exists()}
+    return {"url": url, "rev": rev, "files": files, "inputs": {k: _inputs(project, k) for k in keys}}
+
+
+def _scratch(source: dict, key: str) -> Path:
+    base = Path(os.environ.get("ZG_SCRATCH") or Path(tempfile.gettempdir()) / "zg-scratch")
+    tag = hashlib.sha256(f"{source['url']}\0{source['rev']}\0{key}".encode()).hexdigest()[:16]
+    return base / f"{key}-{tag}"
+
+
+def _checkout(source: dict, d: Path) -> None:
+    if (d / ".git").exists() and _git(d, "rev-parse", "HEAD") == source["rev"]:
+        return  # a retry on this node: keep the clone and the block's checkpoint in it
+    shutil.rmtree(d, ignore_errors=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    _git(d.parent, "clone", "--quiet", "--no-checkout", source["url"], d.name)
+    try:
+        _git(d, "checkout", "--quiet", source["rev"])
+    except ZgError as e:
+        raise ZgError(f"commit {source['rev'][:12]} is not in {source['url']}", key="--data",
+                      fix="git push the commit you run zg repro at, then rerun") from e
+
+
+def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | None = None) -> dict:
+    """Clone, pull block KEY's inputs, train it, push it; return its dvc.lock entry and uncached outputs."""
+    from zgtrain.exec.repro import dvc, train_one
+
+    d = _scratch(source, key)
+    try:
+        _checkout(source, d)
+        for name, text in source["files"].items():
+            (d / name).write_text(text)
+        dvc(d, "pull", *source["inputs"][key])
+    except ZgError as e:
+        return {"key": key, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
+    r = train_one(d, key, report=report)
+    if r.get("status") != "done":
+        return r
+    try:
+        dvc(d, "commit", "-f", f"train@{key}")
+        dvc(d, "push", f"train@{key}")
+        entry = yaml.safe_load((d / "dvc.lock").read_text())["stages"][f"train@{key}"]
+        uncached = {o["path"]: (d / o["path"]).read_text() for o in entry.get("outs", [])
+                    if (d / o["path"]).is_file()}
+    except ZgError as e:
+        return {**r, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
+    shutil.rmtree(d, ignore_errors=True)
+    return {**r, "scratch": str(d), "lock_entry": entry, "uncached": uncached}
+
+
+def receive(root: Path, r: dict) -> None:
+    """Bring a block trained in a scratch clone into the project: its files, then its dvc.lock entry."""
+    from zgtrain.exec.repro import dvc
+
+    key = r["key"]
+    for rel, text in r["uncached"].items():
+        p = (root / rel).resolve()
+        if root.resolve() not in p.parents:  # a lock entry names paths inside the project, nothing else
+            raise ZgError(f"block {key} came back with an output outside the project: {rel}", key=f"blocks.{key}")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    lock_path = root / "dvc.lock"
+    lock = yaml.safe_load(lock_path.read_text()) if lock_path.exists() else None
+    lock = lock or {"schema": "2.0", "stages": {}}
+    lock.setdefault("stages", {})[f"train@{key}"] = r["lock_entry"]
+    write_text(lock_path, yaml.safe_dump(lock, sort_keys=False))  # `dvc commit` rewrites it in DVC's own format
+    dvc(root, "pull", f"train@{key}")

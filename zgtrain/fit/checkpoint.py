@@ -1,0 +1,176 @@
+"""Block checkpoints: the one module that knows their format.
+
+models/blocks/KEY/
+  meta.json           run identity (config, boundary fingerprints, teacher sha256, versions) + step;
+                      it names the latest complete checkpoint and is replaced atomically after it
+  init.safetensors    the converted, untrained block (for "untrained" evaluation)
+  ckpt-NNNNNN/        model.safetensors, optimizer.safetensors + optimizer.json, rng.safetensors + rng.json,
+                      curve.json
+  model.safetensors   final weights (when done)
+
+Everything is safetensors or JSON: loading a checkpoint pulled from a remote never unpickles,
+so it cannot run code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from zgdata.atomic import atomic_path, write_json
+from zgdata.errors import ZgError
+from zgdata.hashing import tensors_sha256
+from zgdata.layout import Layout
+from zgdata.runtime import rng_state, set_rng_state
+
+__all__ = ["FORMAT_VERSION", "read_meta", "save_weights", "save", "restore", "state_sha256", "load_block",
+           "finish"]
+
+FORMAT_VERSION = 2  # 1: optimizer.pt / rng.pt pickles (no longer loaded)
+
+
+def _fix(key: str) -> str:
+    return f"restore it with `dvc checkout models/blocks/{key}` (or `dvc pull`), or retrain with " \
+           f"`zg train block {key} --restart`"
+
+
+def read_meta(d: Path) -> dict | None:
+    """The block directory's meta.json, or None when the block was never started."""
+    path = Path(d) / "meta.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=_fix(Path(d).name)) from e
+
+
+def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+
+
+def _load_tensors(path: Path, key: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.exists():
+        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=_fix(key))
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for a damaged header or body
+        raise ZgError(f"{path} is not a readable safetensors file ({str(e)[:120]})", fix=_fix(key)) from e
+
+
+def _load_json(path: Path, key: str):
+    if not path.exists():
+        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=_fix(key))
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=_fix(key)) from e
+
+
+def _optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for idx, state in sd["state"].items():
+        for name, v in state.items():
+            if torch.is_tensor(v):
+                tensors[f"state.{idx}.{name}"] = v
+            else:
+                scalars.setdefault(str(idx), {})[name] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _set_optimizer_state(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], values: dict) -> None:
+    state: dict[int, dict] = {}
+    for name, v in tensors.items():
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = v
+    for idx, kv in values.get("scalars", {}).items():
+        state.setdefault(int(idx), {}).update(kv)
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in values["param_groups"]]
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, step: int) -> None:
+    """Write ckpt-STEP/ fully, then point meta.json at it (atomic rename), then drop older ones."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    name = f"ckpt-{step:06d}"
+    with atomic_path(d / name) as tmp:
+        tmp.mkdir(parents=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in block.weights().items()}, str(tmp / "model.safetensors"))
+        tensors, values = _optimizer_state(opt)
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
+        (tmp / "optimizer.json").write_text(json.dumps(values, sort_keys=True))
+        tensors, values = rng_state(gen)
+        save_file(tensors, str(tmp / "rng.safetensors"))
+        (tmp / "rng.json").write_text(json.dumps(values, sort_keys=True))
+        (tmp / "curve.json").write_text(json.dumps(curve))
+    write_json(d / "meta.json", {**meta, "step": step, "checkpoint": name, "checkpoint_format": FORMAT_VERSION})
+    for old in d.glob("ckpt-*"):
+        if old.name != name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
+    """Load the checkpoint ``meta`` names into block, optimizer and generator; return the loss curve so far."""
+    key = Path(d).name
+    if meta.get("checkpoint_format") != FORMAT_VERSION:
+        raise ZgError(f"{d} holds a checkpoint in an older format ({meta.get('checkpoint_format', 1)}, pickled "
+                      f"optimizer/RNG state) that zg no longer loads", fix=f"rerun with `zg train block {key} "
+                                                                           f"--restart` to start it afresh")
+    c = Path(d) / str(meta.get("checkpoint"))
+    weights = _load_tensors(c / "model.safetensors", key)
+    missing, unexpected = block.load_state_dict(weights, strict=False)
+    if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
+        raise ZgError(f"{c / 'model.safetensors'} does not fit block {key}", fix=_fix(key))
+    _set_optimizer_state(opt, _load_tensors(c / "optimizer.safetensors", key), _load_json(c / "optimizer.json", key))
+    set_rng_state(gen, _load_tensors(c / "rng.safetensors", key), _load_json(c / "rng.json", key))
+    return _load_json(c / "curve.json", key)
+
+
+def state_sha256(block, opt) -> str:
+    """sha256 over final weights and optimizer tensors, in canonical order."""
+    tensors = {f"model.{k}": v for k, v in block.weights().items()}
+    names = {id(p): n for n, p in block.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for k, v in opt.state.get(p, {}).items():
+                if torch.is_tensor(v):
+                    tensors[f"opt.{names[id(p)]}.{k}"] = v
+    return tensors_sha256(tensors)
+
+
+def finish(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, step: int) -> None:
+    """The final weights, then the last checkpoint, whose meta.json marks the block done: done implies weights."""
+    save_weights(block.weights(), Path(d) / "model.safetensors")
+    save(d, meta, block, opt, gen, curve, step)
+
+
+def load_block(layout: Layout, key: str, *, which: str = "final"):
+    """(StudentBlock, meta) of a trained block: ``final`` weights or the untrained ``init`` weights."""
+    from zgdata.families import config_from_dict
+    from zgtrain.block.model import StudentBlock
+
+    d = layout.block_dir(key)
+    meta = read_meta(d)
+    if meta is None:
+        raise ZgError(f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro train@{key}`")
+    if which == "final" and not meta.get("done"):
+        raise ZgError(f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
+                      fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`")
+    config = config_from_dict(meta["teacher_config"])
+    block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"))  # no "windows": full attention
+    weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
+    missing, unexpected = block.load_state_dict(weights, strict=False)
+    if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
+        raise ZgError(f"the weights in {d} do not fit block {key}'s shape", fix=_fix(key))
+    return block.eval(), meta

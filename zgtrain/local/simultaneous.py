@@ -1,0 +1,297 @@
+"""Greedy local pretraining, simultaneous mode: every block trains on every batch, isolated by detach.
+
+Block k's input is block k-1's output, detached; each block has its own AdamW, generator and
+checkpoint (zgtrain/fit/checkpoint.py's format, one directory per block). A checkpoint of the run is
+one folder ``models/local/run/ckpt-NNNNNN/`` holding every block's, written whole and then named
+by an atomic rewrite of ``run/meta.json``: a ``kill -9`` resumes every block from the same step.
+
+The batches are a pure function of (params seed, local.seed, step): K, aux, mtp and the schedule
+never change which tokens an arm sees, and each block's loss curve records a digest of each batch.
+``schedule`` only changes when work is issued (zgtrain/local/schedule.py), never the bits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zgdata.atomic import atomic_path, write_json, write_text
+from zgdata.errors import ZgError
+from zgdata.hashing import sha256_bytes
+from zgdata.layout import Layout
+from zgdata.lineage import read_tokens_json
+from zgdata.lock import project_lock
+from zgdata.progress import progress
+from zgdata.reader import step_rows
+from zgdata.runtime import device, set_threads
+from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
+from zgdata.tokens import open_tokens, read_tokens
+from zgtrain.fit import checkpoint
+from zgtrain.project.config import ProjectConfig
+from zgtrain.local.config import LocalConfig
+from zgtrain.local.model import build_model, llama_config, make_blocks
+from zgtrain.local.schedule import SCHEDULES
+from zgtrain.block.train import block_seed
+
+__all__ = ["train_local", "build", "setup", "fit", "adamw", "lr_at", "LocalRun", "local_paths", "heldout_scores",
+           "LOCAL_VERSION"]
+
+LOCAL_VERSION = 1
+# Keys that never change the trained bits, so a resume may change them.
+_NOT_IDENTITY = ("schedule", "checkpoint_every", "heldout_seqs", "eval_batch_size")
+
+
+def local_paths(layout: Layout) -> dict[str, Path]:
+    r = layout.root
+    return {"dir": r / "models" / "local", "run": r / "models" / "local" / "run", "hf": r / "models" / "local" / "hf",
+            "metrics": r / "metrics" / "local.json", "curve": r / "plots" / "local" / "loss.csv"}
+
+
+def lr_at(cfg: LocalConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = min((step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1), 1.0)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+@dataclass(kw_only=True)
+class LocalRun:
+    cfg: LocalConfig
+    keys: list
+    blocks: list
+    opts: list
+    gens: list
+    model: object
+    tokenizer: object
+    ids: torch.Tensor            # (N, T) every token row, train and heldout
+    train_rows: np.ndarray
+    heldout_rows: np.ndarray
+    data_seed: int
+    identity: dict
+    paths: dict
+    step: int = 0
+    curves: list = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    state: dict = field(default_factory=dict)  # per-schedule scratch (CUDA streams)
+    bcfgs: list = field(default_factory=list)  # per block: local: with local.blocks.KEY applied
+
+
+def _check_partition(project: ProjectConfig) -> list[int]:
+    b, layers = project.partition.boundaries, project.local.layers
+    if b[0] != 0 or b[-1] != layers:
+        raise ZgError(f"partition.boundaries {b} does not cut local.layers={layers} into blocks",
+                      key="partition.boundaries",
+                      fix=f"run from 0 to {layers}, e.g. [0, {layers}] (K=1) or [0, {layers // 2}, {layers}] (K=2), "
+                          f"then `zg pipeline`")
+    return list(b)
+
+
+def _save(run: LocalRun, *, done: bool = False, extra: dict | None = None) -> None:
+    """Every block's checkpoint of run.step in one folder, then meta.json names it, then older ones go."""
+    d, name = run.paths["run"], f"ckpt-{run.step:06d}"
+    with atomic_path(d / name) as tmp:
+        for k, blk, opt, gen, curve in zip(run.keys, run.blocks, run.opts, run.gens, run.curves):
+            checkpoint.save(tmp / k, {**run.identity, "key": k}, blk, opt, gen, curve, run.step)
+    write_json(d / "meta.json", {**run.identity, "step": run.step, "checkpoint": name, "done": done, **(extra or {})})
+    for old in d.glob("ckpt-*"):
+        if old.name != name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_meta(path: Path) -> dict | None:
+    import json
+
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZgError(f"{path} is not valid JSON ({e})", fix="rerun with `zg train local --restart`") from e
+
+
+def build(project: ProjectConfig, layout: Layout) -> LocalRun:
+    """The run's data, model and blocks at their seeded init (no optimizer, nothing read from a checkpoint)."""
+    cfg, paths = project.local, local_paths(layout)
+    boundaries = _check_partition(project)
+    set_threads(cfg.threads)
+    tok = load_tokenizer(layout)
+    rec = read_tokens_json(layout)
+    teacher = read_teacher_json(layout)
+    ids, splits = read_tokens(layout, None, ds=open_tokens(layout))
+    splits = np.asarray(splits)
+    train_rows, heldout_rows = np.flatnonzero(splits == "train"), np.flatnonzero(splits == "heldout")
+    if not len(train_rows) or not len(heldout_rows):
+        raise ZgError(f"{layout.tokens} has {len(train_rows)} train and {len(heldout_rows)} held-out rows",
+                      key="corpus.heldout", fix="local training needs both: check corpus.heldout and the row caps")
+    if cfg.heldout_seqs:
+        heldout_rows = heldout_rows[: cfg.heldout_seqs]
+    vocab = len(tok)
+    if int(ids.max()) >= vocab:
+        raise ZgError(f"{layout.tokens} holds token id {int(ids.max())}, beyond the tokenizer's {vocab}",
+                      fix="re-run `dvc repro tokens` with this teacher")
+    config = llama_config(cfg, vocab_size=vocab, max_positions=ids.shape[1], bos=tok.bos_token_id,
+                          eos=tok.eos_token_id, pad=tok.pad_token_id)
+    keys = [b.key for b in project.partition.blocks()]
+    seeds = [block_seed(project.seed, cfg.seed, f"local/{k}") for k in keys]
+    gens = [torch.Generator().manual_seed(s % (2**63)) for s in seeds]
+    model = build_model(config, block_seed(project.seed, cfg.seed, "local/trunk"))
+    blocks = make_blocks(model, boundaries, cfg, gens)
+    dev = device()
+    model.to(dev)
+    for blk in blocks:
+        blk.to(dev).train()
+    identity = {"local_version": LOCAL_VERSION, "seed": project.seed, "boundaries": boundaries, "keys": keys,
+                "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+                "tokens_fingerprint": rec["fingerprint"], "tokenizer_sha256": teacher["tokenizer_sha256"]}
+    return LocalRun(cfg=cfg, keys=keys, blocks=blocks, opts=[], gens=gens, model=model, tokenizer=tok, ids=ids,
+                    train_rows=train_rows, heldout_rows=heldout_rows, identity=identity, paths=paths,
+                    data_seed=block_seed(project.seed, cfg.seed, "local/data"), curves=[[] for _ in keys],
+                    bcfgs=[cfg.of(k) for k in keys])
+
+
+def adamw(blk, cfg: LocalConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(blk.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+
+def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout()) -> LocalRun:
+    """Build the run from params and data; resume it from its checkpoint when one of this very run exists."""
+    if project.local.mode != "simultaneous":
+        raise ZgError("local.mode is sequential: its blocks train one DVC stage each", key="local.mode",
+                      fix="run `dvc repro` (stages local_bNN, local_export) or `zg train local-block KEY`")
+    run = build(project, layout)
+    run.opts = [adamw(blk, c) for blk, c in zip(run.blocks, run.bcfgs)]
+    keys, blocks, opts, gens, identity = run.keys, run.blocks, run.opts, run.gens, run.identity
+    paths = run.paths
+    d = paths["run"]
+    prior = None if restart else _read_meta(d / "meta.json")
+    if prior is not None and {k: prior.get(k) for k in identity} != identity:
+        diff = sorted(k for k in {**identity, **identity["config"]}
+                      if {**prior, **(prior.get("config") or {})}.get(k) != {**identity, **identity["config"]}[k]
+                      and k != "config")
+        raise ZgError(f"{d} holds a checkpoint of another run (differs in {', '.join(diff[:4]) or 'config'})",
+                      fix="rerun with `zg train local --restart` to discard it, or restore the old params")
+    for dead in d.glob(".*.partial") if d.is_dir() else []:  # what a killed run's atomic writes left
+        shutil.rmtree(dead) if dead.is_dir() else dead.unlink()
+    if prior is None:  # this mode's outputs only: a sequential run's models/local/blocks/ stays
+        shutil.rmtree(paths["run"], ignore_errors=True)
+        shutil.rmtree(paths["hf"], ignore_errors=True)
+        _save(run)
+    else:
+        c = d / str(prior.get("checkpoint"))
+        for i, k in enumerate(keys):
+            bmeta = checkpoint.read_meta(c / k)
+            if bmeta is None:
+                raise ZgError(f"{c / k / 'meta.json'} is missing (run/meta.json points at it)",
+                              fix="rerun with `zg train local --restart`")
+            run.curves[i] = checkpoint.restore(c / k, bmeta, blocks[i], opts[i], gens[i])
+        run.step = prior["step"]
+    return run
+
+
+def fit(run: LocalRun, end: int) -> None:
+    """Steps [run.step, end): one seeded batch each, every block updated once (the schedule decides the order)."""
+    cfg, dev = run.cfg, next(run.model.parameters()).device
+    sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))  # test hook: widen the kill window
+    schedule = SCHEDULES[cfg.schedule]
+    t0 = time.perf_counter()
+    with progress("train local", end - run.step, unit="step") as advance:
+        for step in range(run.step, end):
+            rows = step_rows(run.train_rows, step, cfg.batch_size, run.data_seed)
+            batch = run.ids[rows]
+            digest = sha256_bytes(batch.numpy().tobytes())[:16]
+            for opt, bcfg in zip(run.opts, run.bcfgs):
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(bcfg, step)
+            results = schedule(run, batch.to(dev))
+            for i, (loss, terms) in enumerate(results):  # one sync per step, after every block's work is issued
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise ZgError(f"local block {run.keys[i]}: loss became {value} at step {step}; the last good "
+                                  f"checkpoint is intact", key="local.lr", fix="lower local.lr and rerun with --restart")
+                run.curves[i].append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
+            run.tokens += batch.numel()
+            run.step = step + 1
+            advance(1)
+            if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < end:
+                _save(run)
+            if sleep:
+                time.sleep(sleep)
+    run.seconds += time.perf_counter() - t0
+
+
+def state_sha256(run: LocalRun) -> dict:
+    per = {k: checkpoint.state_sha256(b, o) for k, b, o in zip(run.keys, run.blocks, run.opts)}
+    return {"state_sha256": sha256_bytes("".join(per[k] for k in run.keys).encode()), "block_state_sha256": per}
+
+
+def tokens_sha256(run: LocalRun) -> str:
+    """Digest of every batch the run trained on, in order (block 0's record; every block records the same)."""
+    return sha256_bytes("".join(c["batch"] for c in run.curves[0]).encode())
+
+
+@torch.no_grad()
+def heldout_scores(hf: Path, blocks: list, keys: list, ids: torch.Tensor, batch_size: int) -> dict:
+    """Full-model CE of the saved transformers folder ``hf``, and each block's local (head) CE, on rows ``ids``."""
+    from transformers import AutoModelForCausalLM
+
+    from zgtrain.evaluate.metrics import token_nll
+
+    dev = next(blocks[0].parameters()).device
+    model = AutoModelForCausalLM.from_pretrained(hf).to(dev).eval()
+    ce = float(token_nll(model, ids, batch_size).mean())
+    sums = [0.0] * len(blocks)
+    for blk in blocks:
+        blk.eval()
+    for i in range(0, len(ids), batch_size):
+        x = y = ids[i:i + batch_size].to(dev)
+        for j, blk in enumerate(blocks):
+            x, _, terms = blk(x, y)
+            sums[j] += float(terms["next"]) * len(y)
+    return {"heldout_ce": ce, "block_ce": {k: s / len(ids) for k, s in zip(keys, sums)},
+            "heldout_tokens": int(ids[:, 1:].numel())}
+
+
+def train_local(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
+                layout: Layout = Layout()) -> dict:
+    """Train every block to local.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
+    if stop_after is not None and stop_after < 1:
+        raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
+    paths = local_paths(layout)
+    with project_lock(layout, "local", writes=paths["dir"]):
+        run = setup(project, restart=restart, layout=layout)
+        cfg = run.cfg
+        end = cfg.steps if stop_after is None else min(cfg.steps, run.step + stop_after)
+        fit(run, end)
+        shas = state_sha256(run)
+        base = {"steps": cfg.steps, "k": len(run.blocks), "schedule": cfg.schedule, "aux": cfg.aux,
+                "mtp": cfg.mtp, "tokens_sha256": tokens_sha256(run), **shas}
+        if end < cfg.steps:
+            _save(run)
+            return {"status": "stopped", "step": end, **base}
+        for blk in run.blocks:
+            blk.eval()
+        with atomic_path(paths["hf"]) as tmp:
+            run.model.save_pretrained(tmp)
+            run.tokenizer.save_pretrained(tmp)
+        scores = heldout_scores(paths["hf"], run.blocks, run.keys, run.ids[run.heldout_rows], cfg.eval_batch_size)
+        _save(run, done=True, extra={"state_sha256": shas["state_sha256"]})
+        train = {k: float(np.mean([c["loss"] for c in curve[-10:]])) if curve else None
+                 for k, curve in zip(run.keys, run.curves)}
+        metrics = {"status": "done", "step": cfg.steps, **base, **scores, "train_loss": train,
+                   "tokens_seen": cfg.steps * cfg.batch_size * int(run.ids.shape[1]),
+                   "params": sum(p.numel() for p in run.model.parameters()),
+                   "local_params": sum(p.numel() for b in run.blocks for p in b.parameters())
+                   - sum(p.numel() for p in run.model.parameters()),
+                   "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None}
+        write_json(paths["metrics"], metrics)
+        write_text(paths["curve"], "step," + ",".join(run.keys) + "\n" + "".join(
+            f"{s}," + ",".join(f"{c[s]['loss']:.6g}" for c in run.curves) + "\n" for s in range(len(run.curves[0]))))
+        return metrics

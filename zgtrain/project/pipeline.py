@@ -1,0 +1,403 @@
+"""One source for every dvc.yaml: the root project's and each `zg init` scaffold's.
+
+DVC templates cannot compute k+1 or expand a list into outs, so the stage graph is
+generated from params (the partition). `zg pipeline` regenerates it after the
+partition changes. Each stage lists only the data, code and params keys it uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from zgdata.atomic import write_text
+from zgdata.config import MaterializeConfig, PartitionConfig, defaults, section
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgtrain.evaluate.sets import literal_paths
+
+__all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "dump_params", "init_project"]
+
+# The out-of-domain set of the profiles: the only text besides the plays that the embedded packages ship.
+DOCS_SET = {"name": "docs", "source": "embedded:docs", "format": "auto", "text_field": "text", "id_field": "id",
+            "max_seqs": 0, "context_targets": 128}
+
+# A profile is a set of overrides on the config dataclasses' defaults (the one place defaults live).
+PROFILES = {
+    "smollm2": {
+        "corpus": {"max_train_seqs": 128, "max_heldout_seqs": 16},
+        "verify": {"sample": 2},
+        # lossless: 0.72x the bytes of raw bf16 boundaries, same values and block bits (README, storage codec)
+        # h00 is not stored: recomputed from the tokens and the embedding, the same bits and state_sha256 (README)
+        "materialize": {"codec": "zstd", "virtual_first": True},
+        # both cores of the 2-core demo machine, as torch used before train.threads existed: the
+        # demo's blocks keep their speed (25-minute budget) and the bits recorded in docs/RESULTS.md
+        "train": {"threads": 2},
+        # 4,062 tokens (8 rows) and 128 context windows: about 75 s more evaluate on the demo machine (estimated)
+        "eval": {"sets": [DOCS_SET]},
+    },
+    "tiny": {
+        "teacher": {"source": "random:tiny"},
+        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 64,
+                   "max_train_seqs": 48, "max_heldout_seqs": 8},
+        "partition": {"boundaries": [0, 2, 4]},
+        "materialize": {"batch_size": 8, "commit_rows": 16},
+        "train": {"steps": 12, "warmup": 2, "checkpoint_every": 4},
+        "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16,
+                 "sets": [{**DOCS_SET, "max_seqs": 16, "context_targets": 0}], "prompt_tokens": 16,
+                 "generate_tokens": 16},
+        # repair stays off (steps 0); these fit a 12-step repair of the tiny student when a test turns it on
+        "repair": {"lr": 3e-4, "warmup": 2, "checkpoint_every": 4},
+    },
+    # Greedy local pretraining from scratch (zgtrain/local/simultaneous.py): the teacher gives only its tokenizer,
+    # the partition cuts local.layers into K blocks. Stages: teacher, tokens, local (see dvc_yaml).
+    "local": {
+        "corpus": {"seq_len": 256, "max_heldout_seqs": 64},
+        "partition": {"boundaries": [0, 2, 4, 6, 8]},
+        "local": {},
+    },
+    "local-tiny": {
+        "teacher": {"source": "random:tiny"},
+        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 32,
+                   "max_train_seqs": 64, "max_heldout_seqs": 8},
+        "partition": {"boundaries": [0, 2, 4]},
+        "local": {"layers": 4, "hidden": 32, "heads": 2, "kv_heads": 2, "intermediate": 64, "steps": 8,
+                  "batch_size": 4, "warmup": 2, "checkpoint_every": 4},
+    },
+}
+# Search profiles (issue 14): the default ones plus a variant library and a budget. Variants are off unless a
+# profile (or params.yaml) has a variants: section; then `zg pipeline` adds the variant@BLOCK-NAME and search stages.
+PROFILES["search"] = {**copy.deepcopy(PROFILES["smollm2"]), "variants": {
+    "p25": {"conversion": "prune_mlp", "prune_ratio": 0.25},
+    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5},
+    "p75": {"conversion": "prune_mlp", "prune_ratio": 0.75},
+    "drop3": {"conversion": "drop_layers", "keep_layers": [0, 2, 4]},   # 5 teacher layers -> 3
+    "drop2": {"conversion": "drop_layers", "keep_layers": [0, 4]},      # 5 teacher layers -> 2
+}, "search": {"budget": 0.625}}
+PROFILES["tiny-search"] = {**copy.deepcopy(PROFILES["tiny"]), "variants": {
+    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5, "steps": 4},
+    "drop": {"conversion": "drop_layers", "keep_layers": [0], "steps": 4},
+}, "search": {"budget": 0.75}}
+
+
+def profile_params(profile: str) -> dict:
+    """params.yaml of a profile: every section's defaults with the profile's overrides, then its blocks."""
+    from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig
+
+    if profile not in PROFILES:
+        raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
+    over = PROFILES[profile]
+    params: dict = {"seed": 0}
+    for name, cls in SECTIONS.items():
+        params[name] = {**defaults(cls), **copy.deepcopy(over.get(name, {}))}
+    if "variants" in over:  # optional sections: only where the profile sets them (the default params stay as they were)
+        params["variants"] = copy.deepcopy(over["variants"])
+    for name, cls in OPTIONAL_SECTIONS.items():
+        if name in over:
+            params[name] = {**defaults(cls), **copy.deepcopy(over[name])}
+    part = section(params, PartitionConfig)
+    # blocks: carries per-block train overrides of a conversion; a local project's blocks come from the partition
+    params["blocks"] = {} if "local" in params else {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
+    return params
+
+
+# Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
+_CODE = {
+    "teacher": ["zgdata/teacher/prepare.py", "zgdata/teacher/identity.py", "zgdata/teacher/source.py",
+                "zgdata/teacher/tokenizer.py", "zgdata/families.py"],
+    "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
+    "materialize": ["zgdata/capture_version.py", "zgdata/codec.py"],
+    "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/widen.py", "zgdata/integrity.py", "zgdata/families.py"],
+    "train": ["zgtrain/block/train.py", "zgtrain/block/model.py", "zgtrain/block/conversions.py", "zgtrain/block/objectives.py",
+              "zgtrain/block/targets.py", "zgtrain/fit/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
+              "zgtrain/block/window.py", "zgtrain/block/kv_cache.py"],
+    "assemble": ["zgtrain/student/assemble.py", "zgtrain/student/load.py", "zgtrain/student/templates", "zgdata/families.py",
+                 "zgtrain/block/window.py", "zgtrain/block/kv_cache.py"],
+    "evaluate": ["zgtrain/evaluate/run.py", "zgtrain/evaluate/metrics.py", "zgtrain/student/load.py", "zgdata/families.py",
+                 "zgtrain/block/window.py", "zgtrain/evaluate/sets.py", "zgtrain/evaluate/set_metrics.py", "zgtrain/evaluate/bootstrap.py",
+                 "zgtrain/evaluate/generation.py", "zgdata/corpus.py", "zgdata/widen.py"],
+    "local": ["zgtrain/local/simultaneous.py", "zgtrain/local/model.py", "zgtrain/local/schedule.py",
+              "zgtrain/local/config.py", "zgtrain/local/sequential.py", "zgtrain/fit/checkpoint.py", "zgtrain/evaluate/metrics.py",
+              "zgdata/families.py"],
+    "lm_eval": ["zgtrain/evaluate/lm_eval.py", "zgtrain/evaluate/lm_eval_task.py", "zgtrain/student/load.py", "zgdata/widen.py"],
+    "repair_eval": ["zgtrain/repair/judge.py", "zgtrain/repair/paths.py"],
+    "repair": ["zgtrain/repair/train.py", "zgtrain/repair/paths.py", "zgtrain/repair/model.py", "zgtrain/fit/checkpoint.py",
+               "zgtrain/block/train.py", "zgtrain/student/load.py", "zgdata/reader.py", "zgdata/families.py"],
+}
+_CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
+_CODE["variant"] = _CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
+_CODE["search"] = ["zgtrain/search/solve.py", "zgtrain/search/variants.py"]
+_CODE["search_assemble"] = list(dict.fromkeys(_CODE["assemble"] + _CODE["evaluate"] + [  # it evaluates each try
+    "zgtrain/search/assemble.py", "zgtrain/search/judge.py", "zgtrain/search/variants.py"]))
+_CODE["search_repair"] = list(dict.fromkeys(_CODE["repair"] + ["zgtrain/search/repair.py"]))
+
+
+def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
+    part = section(params, PartitionConfig)
+    L = Layout(Path(""))
+    blocks = part.blocks()
+    bnd = [str(L.boundary(n)) for n in part.names]
+
+    def code(stage):
+        return _CODE[stage] if code_deps else []
+
+    stages = {
+        "teacher": {"cmd": "zg teacher prepare", "deps": code("teacher"), "params": ["teacher", "partition"],
+                    "outs": [str(L.teacher_hf), str(L.teacher_json), str(L.teacher_head)]
+                    + [str(L.teacher_slice(b.key)) for b in blocks]},
+        "tokens": {"cmd": "zg data tokenize", "deps": [str(L.teacher_json), str(L.teacher_hf)] + code("tokens"),
+                   "params": ["corpus"], "outs": [str(L.tokens), str(L.tokens_json)]},
+        # Every file a stage reads is a dep (tests/test_stage_deps.py), so `dvc repro --pull` fetches it.
+        # Rewriting a Lance dataset changes its file names, so a needless materialize rerun invalidates
+        # every block. hf and tokens.lance change only when their stages rerun, and then teacher.json or
+        # tokens.json has usually changed too: teacher prepare writes the same bytes from the same inputs
+        # and library versions, but a forced tokenize rewrites tokens.lance and so reruns materialize.
+        "materialize": {"cmd": "zg data materialize",
+                        "deps": [str(L.teacher_json), str(L.tokens_json), str(L.teacher_hf), str(L.tokens)]
+                        + code("materialize"),
+                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "materialize.codec",
+                                   "partition.boundaries"],
+                        "outs": bnd},
+        "verify": {"cmd": "zg data verify",
+                   "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
+                   + code("verify"),
+                   "params": ["verify"], "metrics": [{str(L.verify_report): {"cache": False}}]},
+        "train": {"foreach": "${blocks}", "do": {
+            "cmd": "zg train block ${key}",
+            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance",
+                     "models/teacher/blocks/${key}.safetensors"] + code("train"),
+            "params": ["seed", "train", "blocks.${key}"],
+            "outs": ["models/blocks/${key}"],
+            "metrics": [{"metrics/blocks/${key}.json": {"cache": False}}],
+            "plots": [{"plots/loss/${key}.csv": {"cache": False, "x": "step", "y": "loss"}}]}},
+        "assemble": {"cmd": "zg train assemble",
+                     "deps": [str(L.block_dir(b.key)) for b in blocks] + [str(L.teacher_head), str(L.teacher_hf)]
+                     + [str(L.teacher_json), str(L.tokens_json)] + code("assemble"),
+                     "params": ["partition"], "outs": [str(L.student)]},
+        "evaluate": {"cmd": "zg train evaluate",
+                     "deps": [str(L.student), str(L.teacher_hf), str(L.tokens)] + bnd
+                     + [str(L.block_dir(b.key)) for b in blocks]
+                     + [str(L.teacher_head), str(L.teacher_json), str(L.tokens_json)]
+                     + [str(L.block_loss_curve(b.key)) for b in blocks] + code("evaluate")
+                     + literal_paths((params.get("eval") or {}).get("sets")),  # eval set files DVC can watch
+                     "params": ["eval", "gates"],
+                     "outs": [{str(L.generation_report): {"cache": False}}],
+                     "metrics": [{str(L.eval_metrics): {"cache": False}}],
+                     "plots": [{"plots/eval/ce.csv": {"cache": False, "x": "model", "y": "ce"}},
+                               {"plots/eval/sets.csv": {"cache": False, "x": "set", "y": "ce_gap"}},
+                               {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
+                               "plots/eval/png"]},
+    }
+    if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
+        stages["lm_eval"] = {"cmd": "zg train lm-eval",
+                             "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
+                                      str(L.tokens_json)] + code("lm_eval"),
+                             "params": ["lm_eval"], "outs": ["eval/lm_eval"],
+                             "metrics": [{"metrics/lm_eval.json": {"cache": False}}]}
+    _add_repair(stages, params, part, L, code)
+    if params.get("variants"):
+        stages.update(_search_stages(params, blocks, code))
+    _virtual_first(stages, params, part, L, code)
+    if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
+        stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
+        stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {
+            "cmd": "zg train local", "deps": [str(L.tokens), str(L.tokens_json), str(L.teacher_hf),
+                                              str(L.teacher_json)] + code("local"),
+            "params": ["seed", "partition", "local"], "outs": ["models/local"],
+            "metrics": [{"metrics/local.json": {"cache": False}}],
+            "plots": [{"plots/local/loss.csv": {"cache": False, "x": "step"}}]}}
+    if params.get("local", {}).get("mode") == "sequential":
+        stages = {k: v for k, v in stages.items() if k != "local"} | _sequential_stages(params, blocks, code)
+    for s in stages.values():
+        body = s.get("do", s)
+        if not body.get("deps"):
+            body.pop("deps", None)
+    return {"stages": stages}
+
+
+def _sequential_stages(params: dict, blocks, code) -> dict:
+    """local.mode: sequential: one stage per block (input: the previous block's output dataset), then export."""
+    from zgtrain.local.config import LocalConfig
+    from zgtrain.local.simultaneous import _NOT_IDENTITY
+
+    L = Layout(Path(""))
+    data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
+    shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*_NOT_IDENTITY, "blocks")]
+    bnd = [f"data/local/{n}.lance" for n in section(params, PartitionConfig).names]
+    out = {}
+    for i, b in enumerate(blocks):
+        out[f"local_{b.key}"] = {
+            "cmd": f"zg train local-block {b.key}", "deps": data + ([bnd[i]] if i else []) + code("local"),
+            "params": ["seed", "partition", *shared, f"local.blocks.{b.key}"],
+            "outs": [f"models/local/blocks/{b.key}"] + ([bnd[i + 1]] if i < len(blocks) - 1 else []),
+            "metrics": [{f"metrics/local/{b.key}.json": {"cache": False}}]}
+    out["local_export"] = {"cmd": "zg train local-export",
+                           "deps": data + [f"models/local/blocks/{b.key}" for b in blocks] + code("local"),
+                           "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
+                           "outs": ["models/local/hf"], "metrics": [{"metrics/local.json": {"cache": False}}]}
+    return out
+
+
+def _search_stages(params: dict, blocks, code) -> dict:
+    """variant@BLOCK-NAME per (block, variant), search and search_assemble: only where params has a variant library.
+
+    Each variant stage depends on its own ``variants.NAME`` entry (plus ``seed`` and the ``train:`` defaults it
+    inherits), so editing one variant reruns only its stages. Its scores run the downstream teacher blocks, so
+    every teacher slice is a dep (they change together, with the teacher stage). With repair.steps > 0,
+    search_repair repairs the kept mix and judges it again."""
+    from zgtrain.project.config import RepairConfig
+    from zgtrain.repair.paths import search_repair_paths
+    from zgtrain.search.variants import (search_choice, search_eval_metrics, search_metrics, search_student, variant_dir,
+                                  variant_metrics, variant_plot)
+
+    L = Layout(Path(""))
+    names = list(params["variants"])
+    runs = {f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names}
+    item = ("${item.block}", "${item.variant}")
+    out = {
+        "variant": {"foreach": runs, "do": {
+            "cmd": "zg train variant ${item.block} ${item.variant}",
+            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance", str(L.tokens),
+                     str(L.tokens_json), str(L.teacher_head)] + [str(L.teacher_slice(b.key)) for b in blocks]
+            + code("variant"),
+            "params": ["seed", "train", "variants.${item.variant}"],
+            "outs": [str(variant_dir(L, *item))],
+            "metrics": [{str(variant_metrics(L, *item)): {"cache": False}}],
+            "plots": [{str(variant_plot(L, *item)): {"cache": False, "x": "step", "y": "loss"}}]}},
+        "search": {"cmd": "zg search run",
+                   "deps": [str(variant_metrics(L, b.key, v)) for b in blocks for v in names] + code("search"),
+                   "params": ["search"],
+                   "outs": [{str(search_choice(L)): {"cache": False}}],
+                   "metrics": [{str(search_metrics(L)): {"cache": False}}]},
+        # the chosen mix as a student, judged on the eval sets (the next-best mixes when it fails a gate); which
+        # variant folders it reads depends on the choice, so it lists all
+        "search_assemble": {"cmd": "zg search assemble",
+                            "deps": [str(search_choice(L))] + [str(variant_dir(L, b.key, v)) for b in blocks for v in names]
+                            + [str(L.teacher_slice(b.key)) for b in blocks]
+                            + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
+                               str(L.tokens_json)] + code("search_assemble")
+                            + literal_paths((params.get("eval") or {}).get("sets")),
+                            "params": ["partition", "eval", "gates", "search.max_tries"],
+                            "outs": [str(search_student(L))],
+                            "metrics": [{str(search_eval_metrics(L)): {"cache": False}}]},
+    }
+    if section(params, RepairConfig).enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
+        rp, sa = search_repair_paths(L), out["search_assemble"]
+        out["search_repair"] = {
+            "cmd": "zg search repair",
+            # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
+            "deps": list(dict.fromkeys([str(search_student(L)), str(search_eval_metrics(L)),
+                                        str(L.boundary(blocks[-1].output))] + sa["deps"][1:] + code("search_repair"))),
+            "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
+            "outs": [str(rp.run_dir), str(rp.model)],
+            "metrics": [{str(rp.metrics): {"cache": False}}],
+            "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+    return out
+
+
+def _virtual_first(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+    """materialize.virtual_first (zgdata/virtual.py): h00 is no output; what reads it depends on the tokens and the
+    head slice (the embedding) instead. Off by default: the default pipeline is unchanged.
+
+    DVC gives every item of a foreach the same number of deps, so the train stages iterate over a generated
+    mapping with two input slots: b00's hold data/tokens.lance and the head slice, every other block's hold its
+    input boundary (twice)."""
+    if not (section(params, MaterializeConfig).virtual_first and part.boundaries[0] == 0) or "train" not in stages:
+        return
+    h00, tokens, head = str(L.boundary(part.names[0])), str(L.tokens), str(L.teacher_head)
+    mat = stages["materialize"]
+    mat["outs"] = [o for o in mat["outs"] if o != h00]
+    mat["params"] = mat["params"] + ["materialize.virtual_first"]
+    stages["verify"]["deps"] = [d for d in stages["verify"]["deps"] if d != h00] + [head] + code("virtual")
+    # evaluate reads the tokens and the head slice already
+    stages["evaluate"]["deps"] = [d for d in stages["evaluate"]["deps"] if d != h00] + code("virtual")
+    src = {b.key: (tokens, head) if b.input == part.names[0] else (str(L.boundary(b.input)),) * 2 for b in part.blocks()}
+    train = stages["train"]
+    train["foreach"] = {b.key: {"in": b.input, "out": b.output, "src": src[b.key][0], "aux": src[b.key][1]}
+                        for b in part.blocks()}
+    train["do"]["deps"] = ["${item.src}", "${item.aux}"] + [d for d in train["do"]["deps"] if "${item.in}" not in d] \
+        + code("virtual")
+    if "variant" in stages:  # a b00 variant reads the tokens and the head slice, deps of every variant already
+        for run in stages["variant"]["foreach"].values():
+            run["src"] = tokens if run["in"] == part.names[0] else str(L.boundary(run["in"]))
+        do = stages["variant"]["do"]
+        do["deps"] = ["${item.src}" if "${item.in}" in d else d for d in do["deps"]] + code("virtual")
+
+
+def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+    """The optional `repair` stage (issue 15), only when repair.steps > 0: the default pipeline is unchanged.
+
+    It reads the student, the head slice and the last boundary (the teacher's logits, no teacher forward)
+    and the train tokens; evaluate then also scores models/repaired and gates the repaired model, and the
+    lm_eval stage (when on) scores it too.
+    """
+    from zgtrain.project.config import RepairConfig
+    from zgtrain.repair.paths import repair_paths
+
+    if not section(params, RepairConfig).enabled:
+        return
+    rp = repair_paths(L)
+    stages["repair"] = {"cmd": "zg train repair",
+                        "deps": [str(L.student), str(L.teacher_head), str(L.boundary(part.names[-1])), str(L.tokens),
+                                 str(L.tokens_json)] + code("repair"),
+                        "params": ["seed", "repair"], "outs": [str(rp.run_dir), str(rp.model)],
+                        "metrics": [{str(rp.metrics): {"cache": False}}],
+                        "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+    for name in ("evaluate", "lm_eval"):  # the stages that score models/repaired beside the student
+        if name in stages:
+            st = stages.pop(name)
+            st["deps"] = st["deps"][:1] + [str(rp.model)] + st["deps"][1:] + code("repair_eval")
+            st["params"] = st["params"] + ["repair.steps"]
+            stages[name] = st  # after repair in dvc.yaml's order
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
+    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(x, (int, float)) for x in v) and bool(v)))
+
+HEADER = "# Generated by `zg pipeline` from params.yaml (partition). Edit params, then rerun `zg pipeline`.\n"
+
+
+def write_pipeline(root: Path, params: dict, *, code_deps: bool) -> Path:
+    path = Path(root) / "dvc.yaml"
+    write_text(path, HEADER + yaml.dump(dvc_yaml(params, code_deps=code_deps), Dumper=_Dumper, sort_keys=False))
+    return path
+
+
+def dump_params(params: dict) -> str:
+    return yaml.dump(params, Dumper=_Dumper, sort_keys=False)
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if res.returncode:
+        raise ZgError(f"`{' '.join(cmd)}` failed in {cwd}: {(res.stderr or res.stdout).strip()[:300]}",
+                      fix="install git and dvc (make setup) and retry")
+
+
+def init_project(root: Path, profile: str) -> Path:
+    """Scaffold a conversion project: git + dvc init, params.yaml, dvc.yaml, .gitignore."""
+    root = Path(root)
+    params = profile_params(profile)
+    if (root / "dvc.yaml").exists() or (root / "params.yaml").exists():
+        raise ZgError(f"{root} already holds a ZeroGraph project (dvc.yaml or params.yaml exists)",
+                      fix="choose an empty directory, or run `zg pipeline` inside it to regenerate dvc.yaml")
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / ".git").exists():
+        _run(["git", "init", "-q"], root)
+    if not (root / ".dvc").exists():
+        _run(["dvc", "init", "-q"], root)
+    _run(["dvc", "config", "cache.type", "reflink,hardlink,copy"], root)
+    write_text(root / "params.yaml", dump_params(params))
+    write_pipeline(root, params, code_deps=False)
+    (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/lock.py's lock files
+    with open(root / ".dvcignore", "a") as f:
+        f.write("\n/.zg/\n")
+    return root

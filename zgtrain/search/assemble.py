@@ -1,0 +1,114 @@
+"""Assemble the searched mix into a student and judge it: models/search/student/ and metrics/search_eval.json.
+
+Each block is the variant the search chose (models/variants/BLOCK/NAME) or, where it chose ``teacher``, the
+teacher's own block from its slice. The model is built and saved exactly as `zg train assemble` does
+(zgtrain/student/assemble.py), so mixed MLP widths and windows ship zg's modeling code and `from_pretrained` loads it.
+
+The constraint-aware loop: the best mix of search/choice.json is evaluated on every eval set
+(zgtrain/search/judge.py); if it fails a gate, the next-best mixes within the budget (choice.json's ``ranked``)
+are built and judged in turn, up to ``search.max_tries``. The first that passes is the student. If none does,
+the closest miss is written instead, and the report names the budget and gates that cannot be met together.
+"""
+
+from __future__ import annotations
+
+import json
+
+from zgdata.atomic import write_json
+from zgdata.errors import ZgError
+from zgdata.families import config_from_dict
+from zgdata.layout import Layout
+from zgdata.lineage import check, expected_fingerprints
+from zgdata.lock import project_lock
+from zgdata.progress import stderr
+from zgdata.teacher.prepare import load_slice
+from zgtrain.student.assemble import build_from_blocks, save_student
+from zgtrain.fit.checkpoint import load_block
+from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
+from zgtrain.block.conversions import identity
+from zgtrain.search.variants import VariantLayout, search_choice, search_eval_metrics, search_student, stage_name
+
+__all__ = ["read_choice", "mix_blocks", "assemble_choice", "checked_mix"]
+
+
+def checked_mix(project: ProjectConfig, mix: dict, path) -> dict[str, str]:
+    mix = {b: str(v) for b, v in mix.items()}
+    if list(mix) != list(project.blocks) or not set(mix.values()) <= {IDENTITY_VARIANT, *project.variants}:
+        raise ZgError(f"{path} chooses {mix}, which does not fit params.yaml's blocks and variants",
+                      fix="rerun the search: `dvc repro search`")
+    return mix
+
+
+def read_choice(project: ProjectConfig, layout: Layout) -> tuple[dict, list[dict[str, str]], list[dict]]:
+    """search/choice.json, its ranked mixes ({block: variant or 'teacher'}, best first, checked against params)
+    and their entries (params, kv_bytes, predicted_ce_delta)."""
+    path = search_choice(layout)
+    try:
+        choice = json.loads(path.read_text())
+        best = {b: o["variant"] for b, o in choice["blocks"].items()}
+        ranked = list(choice["ranked"])
+        mixes = [checked_mix(project, r["mix"], path) for r in ranked]
+        costs = [{k: r[k] for k in ("params", "kv_bytes", "predicted_ce_delta")} for r in ranked]
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ZgError(f"{path} is missing or not a search choice ({str(e)[:80]})", fix="run `dvc repro search`") from e
+    if not mixes or mixes[0] != checked_mix(project, best, path):
+        raise ZgError(f"{path}: its ranked mixes do not start with its choice", fix="rerun `dvc repro search`")
+    return choice, mixes, costs
+
+
+def mix_blocks(project: ProjectConfig, mix: dict[str, str], layout: Layout, which: str = "final") -> list:
+    """[(BlockSpec, block, meta)] of a mix: each variant's trained (or ``init``) weights, checked against the current
+    boundaries, or the teacher's own block."""
+    want = expected_fingerprints(layout, project.partition, project.materialize)
+    blocks = []
+    for spec in project.partition.blocks():
+        name = mix[spec.key]
+        if name == IDENTITY_VARIANT:
+            tensors, smeta = load_slice(layout.teacher_slice(spec.key))
+            block = identity(tensors, config_from_dict(smeta["config"]), None, None, None).eval()
+            meta = {"state_sha256": None, "fingerprints": {}, "teacher_layers": smeta["layers"]}
+        else:
+            block, meta = load_block(VariantLayout(root=layout.root, block=spec.key, variant=name), spec.key,
+                                     which=which)
+            check(f"variant {spec.key}/{name}", meta["fingerprints"], "the current boundaries", want,
+                  keys=(spec.input, spec.output), fix=f"it is stale: run `dvc repro {stage_name(spec.key, name)}`")
+        blocks.append((spec, block, meta))
+    return blocks
+
+
+def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+    from zgtrain.search.judge import MixJudge, unmet_report
+
+    choice, mixes, ranked = read_choice(project, layout)
+    path = search_student(layout)
+    with project_lock(layout, "search-assemble", writes=path):
+        judge = MixJudge(project, layout)
+        tries, kept = [], None
+        for i, mix in enumerate(mixes[:project.search.max_tries]):
+            stderr.print(f"search: try {i + 1}: {', '.join(f'{b}={n}' for b, n in mix.items())}")
+            model, summary = build_from_blocks(mix_blocks(project, mix, layout), layout=layout)
+            init, _ = build_from_blocks(mix_blocks(project, mix, layout, "init"), layout=layout)
+            verdict = judge.judge(model, init, f"try {i + 1}")
+            del init
+            costs = ranked[i]  # the blocks' params and KV bytes/token, as the search counted them
+            tries.append({"mix": mix, "params": costs["params"], "kv_bytes": costs["kv_bytes"],
+                          "predicted_ce_delta": costs["predicted_ce_delta"], "model_params": summary["params"],
+                          "model_param_ratio": summary["param_ratio"], "model_kv_ratio": summary["kv_ratio"],
+                          **verdict})
+            if kept is None or verdict["miss"] < tries[kept[0]]["miss"]:
+                kept = (i, model, summary)
+            if verdict["gates_passed"]["all"]:
+                break
+        i, model, summary = kept
+        passed = tries[i]["gates_passed"]["all"]
+        summary["choice"] = tries[i]["mix"]
+        summary["search"] = {"try": i + 1, "tries": len(tries), "gates_passed": passed}
+        saved = save_student(model, summary, path, layout=layout)
+        report = {"selected": i if passed else None, "passed": passed, "tries": tries,
+                  "budget": choice["budget"], "budget_unit": choice["budget_unit"], "cost": choice["cost"],
+                  "unmet": None if passed else unmet_report(project, choice, tries)}
+        if not passed:
+            stderr.print(f"warning: {report['unmet']['message']}; wrote the closest miss to {path} "
+                         f"({report['unmet']['fix']})")
+        write_json(search_eval_metrics(layout), report)
+    return {**saved, **report, "written_try": i, "choice": tries[i]["mix"]}

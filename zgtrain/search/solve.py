@@ -1,0 +1,168 @@
+"""The budgeted search (issue 14): one variant per block, minimizing the summed replace-one-block CE deltas.
+
+Each block's options are its trained variants (metrics/variants/BLOCK/NAME.json: params, KV-cache bytes per
+token and ce_delta) and the teacher block itself (``teacher``: its parameters and KV bytes, delta 0). The budget
+counts ``search.cost``: parameters, or KV-cache bytes per token at the teacher's longest context (what windows
+and dropped layers save; zgtrain/block/kv_cache.py). ``solve`` is exact: a dynamic program over the
+blocks that keeps, after each block, only the partial mixes no other partial mix beats on both cost and
+delta (the Pareto front). Dropping a beaten partial mix never loses the optimum, since any completion of it
+completes the better one too, at no more cost and no more delta. Ties break toward the lower cost, then the
+earlier options (the teacher first, then params order), so the choice is a function of the scores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Sequence
+
+from zgdata.atomic import write_json
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.lock import project_lock
+from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
+from zgtrain.search.variants import search_choice, search_metrics, stage_name, variant_metrics
+
+__all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED"]
+
+RANKED = 5  # mixes listed in search/choice.json's "ranked": the best first, then the next-best feasible ones
+
+
+def min_cost(choices: Sequence[Sequence[tuple[float, float]]]) -> float:
+    """The cost of the cheapest mix: the smallest budget any mix fits in."""
+    return sum(min(c for c, _ in opts) for opts in choices)
+
+
+def solve(choices: Sequence[Sequence[tuple[float, float]]], budget: float) -> tuple[int, ...] | None:
+    """Indices (one option per block) minimizing the summed delta with summed cost <= budget; None if none fits.
+
+    ``choices[b]`` lists block b's options as (cost, delta), costs >= 0. Among mixes of equal delta the one of
+    lower cost wins, then the lexicographically smaller index tuple."""
+    states = [(0.0, 0.0, ())]  # (delta, cost, indices) of the partial mixes on the Pareto front
+    for opts in choices:
+        grown = [(d + od, c + oc, idx + (j,)) for d, c, idx in states for j, (oc, od) in enumerate(opts)
+                 if c + oc <= budget]
+        grown.sort(key=lambda s: (s[1], s[0], s[2]))
+        states, best = [], math.inf
+        for s in grown:  # an earlier state has cost <= this one's; keep this one only if its delta is lower
+            if s[0] < best:
+                states.append(s)
+                best = s[0]
+        if not states:
+            return None
+    return min(states)[2]
+
+
+def _key(choices, idx: tuple[int, ...]) -> tuple:
+    delta = cost = 0.0
+    for b, j in enumerate(idx):  # the summation order of solve()
+        cost, delta = cost + choices[b][j][0], delta + choices[b][j][1]
+    return delta, cost, idx
+
+
+def ranked(choices: Sequence[Sequence[tuple[float, float]]], budget: float, k: int) -> list[tuple[int, ...]]:
+    """The K best mixes within the budget, best first, in ``solve``'s order (exact, Lawler's partition).
+
+    After taking the best mix x of a space, the rest of the space splits into disjoint subspaces: for each
+    block i, blocks before i fixed to x's options and block i barred from x[i]; each is solved with ``solve``."""
+    import heapq
+
+    def best(allowed):
+        pick = solve([[choices[b][j] for j in allowed[b]] for b in range(len(choices))], budget)
+        return None if pick is None else tuple(allowed[b][j] for b, j in enumerate(pick))
+
+    allowed = [list(range(len(o))) for o in choices]
+    first = best(allowed)
+    heap = [] if first is None else [(_key(choices, first), allowed)]
+    out = []
+    while heap and len(out) < k:
+        (_, _, x), allowed = heapq.heappop(heap)
+        out.append(x)
+        for i in range(len(choices)):
+            sub = [[x[b]] for b in range(i)] + [[j for j in allowed[i] if j != x[i]]] + allowed[i + 1:]
+            y = best(sub) if sub[i] else None
+            if y is not None:
+                heapq.heappush(heap, (_key(choices, y), sub))
+    return out
+
+
+def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
+    """{block: [{variant, params, kv_bytes, ce_delta}, ...]}, the teacher block first, from the variant metrics."""
+    out = {}
+    for block in project.blocks:
+        opts = []
+        for v in project.variants:
+            path = variant_metrics(layout, block, v)
+            try:
+                m = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+                raise ZgError(f"{path} is missing or unreadable", fix=f"run `dvc repro {stage_name(block, v)}`")
+            if m.get("status") != "done" or "ce_delta" not in m or "kv_bytes_per_token" not in m \
+                    or (m.get("block"), m.get("variant")) != (block, v):
+                raise ZgError(f"{path} is not the scores of a finished {block}/{v}",
+                              fix=f"run `dvc repro {stage_name(block, v)}`")
+            if not opts:
+                opts.append({"variant": IDENTITY_VARIANT, "params": int(m["teacher_params"]),
+                             "kv_bytes": float(m["teacher_kv_bytes_per_token"]), "ce_delta": 0.0})
+            opts.append({"variant": v, "params": int(m["params"]), "kv_bytes": float(m["kv_bytes_per_token"]),
+                         "ce_delta": float(m["ce_delta"])})
+        out[block] = opts
+    return out
+
+
+def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+    """Pick the mix, write search/choice.json and metrics/search.json (one search at a time)."""
+    with project_lock(layout, "search", writes=search_choice(layout)):
+        return _run(project, layout)
+
+
+UNITS = {"params": "params", "kv_bytes": "KV bytes/token"}
+
+
+def _totals(opts: dict, idx) -> dict:
+    """Params and KV bytes per token of a mix (indices into each block's options)."""
+    picked = [opts[b][j] for b, j in zip(opts, idx)]
+    return {"params": sum(o["params"] for o in picked), "kv_bytes": sum(o["kv_bytes"] for o in picked)}
+
+
+def _run(project: ProjectConfig, layout: Layout) -> dict:
+    cfg = project.search
+    if not project.variants:
+        raise ZgError("params.yaml has no variant library to search", key="variants",
+                      fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`")
+    opts = options(project, layout)
+    blocks = list(opts)
+    choices = [[(o[cfg.cost], o["ce_delta"]) for o in opts[b]] for b in blocks]
+    teacher = _totals(opts, [0] * len(blocks))
+    full, unit = teacher[cfg.cost], UNITS[cfg.cost]
+    budget = cfg.budget * full if cfg.budget_unit == "fraction" else cfg.budget
+    pick = solve(choices, budget)
+    if pick is None:
+        least = min_cost(choices)
+        smallest = f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)" if cfg.budget_unit == "fraction" \
+            else f"{math.ceil(least * 1e4) / 1e4:g} (budget_unit: absolute)"
+        raise ZgError(f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
+                      f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
+                      f"teacher's {full:,.0f})", key="search.budget", fix=f"set search.budget >= {smallest}, or add "
+                      f"cheaper variants")
+    chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
+    # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
+    alternatives = [{"mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)}, **_totals(opts, idx),
+                     "predicted_ce_delta": _key(choices, idx)[0]} for idx in ranked(choices, budget, RANKED)]
+    got = _totals(opts, pick)
+    choice = {"cost": cfg.cost, "budget": cfg.budget, "budget_unit": cfg.budget_unit, "budget_cost": budget,
+              "teacher_params": teacher["params"], "teacher_kv_bytes": teacher["kv_bytes"], **got,
+              "param_ratio": got["params"] / teacher["params"], "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],
+              "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()), "blocks": chosen,
+              "ranked": alternatives}
+    # uniform mixes (one variant everywhere): what the study compares the searched mix against
+    uniform = {v: {**_totals(opts, [j] * len(blocks)),
+                   "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
+               for j, v in enumerate(project.variants, start=1)}
+    metrics = {k: choice[k] for k in ("cost", "budget_cost", "teacher_params", "teacher_kv_bytes", "params", "kv_bytes",
+                                      "param_ratio", "kv_ratio", "predicted_ce_delta")}
+    metrics.update(candidates=sum(len(o) for o in opts.values()), mixes=math.prod(len(o) for o in opts.values()),
+                   uniform=uniform, choice={b: o["variant"] for b, o in chosen.items()})
+    write_json(search_choice(layout), choice)
+    write_json(search_metrics(layout), metrics)
+    return {**choice, "path": str(search_choice(layout))}

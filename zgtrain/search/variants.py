@@ -1,0 +1,134 @@
+"""The variant library (issue 14): every block trained once per named variant, from the same boundary pair.
+
+A variant is ``train:`` with its own overrides (``variants.NAME`` in params.yaml). Training one is a block
+training (zgtrain/block/train.py ``train_block``) whose files go under the variant's own folders, so a variant
+never touches the main pipeline's block; then zgtrain/search/scores.py adds the scores the search needs.
+
+    models/variants/BLOCK/NAME/          the block's checkpoint folder (as models/blocks/BLOCK/)
+    metrics/variants/BLOCK/NAME.json     train metrics + scores
+    plots/variants/BLOCK/NAME.csv        loss curve
+
+This module is imported by zgtrain/project/pipeline.py to name those paths, so torch loads only inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+
+__all__ = ["variant_dir", "variant_metrics", "variant_plot", "search_choice", "search_metrics", "search_eval_metrics",
+           "search_student",
+           "VariantLayout",
+           "variant_project", "train_variant", "stage_name", "show"]
+
+
+def variant_dir(layout: Layout, block: str, variant: str) -> Path:
+    return layout.root / "models" / "variants" / block / variant
+
+
+def variant_metrics(layout: Layout, block: str, variant: str) -> Path:
+    return layout.root / "metrics" / "variants" / block / f"{variant}.json"
+
+
+def variant_plot(layout: Layout, block: str, variant: str) -> Path:
+    return layout.root / "plots" / "variants" / block / f"{variant}.csv"
+
+
+def search_choice(layout: Layout) -> Path:
+    return layout.root / "search" / "choice.json"
+
+
+def search_metrics(layout: Layout) -> Path:
+    return layout.root / "metrics" / "search.json"
+
+
+def search_eval_metrics(layout: Layout) -> Path:
+    return layout.root / "metrics" / "search_eval.json"
+
+
+def search_student(layout: Layout) -> Path:
+    return layout.root / "models" / "search" / "student"
+
+
+def stage_name(block: str, variant: str) -> str:
+    """The DVC stage of (block, variant): zgtrain/project/pipeline.py's ``variant`` foreach keys."""
+    return f"variant@{block}-{variant}"
+
+
+@dataclass(frozen=True)
+class VariantLayout(Layout):
+    """The project's layout, except that block ``block``'s training files are variant ``variant``'s.
+
+    The trainer writes through ``block_dir`` / ``block_metrics`` / ``block_loss_curve`` only, so this is all
+    it takes to train a variant with the unchanged trainer. (Its lock is still the block's: a variant and
+    the main training of the same block do not run at once.)"""
+
+    block: str = ""
+    variant: str = ""
+
+    def block_dir(self, key: str) -> Path:
+        return variant_dir(self, key, self.variant) if key == self.block else super().block_dir(key)
+
+    def block_metrics(self, key: str) -> Path:
+        return variant_metrics(self, key, self.variant) if key == self.block else super().block_metrics(key)
+
+    def block_loss_curve(self, key: str) -> Path:
+        return variant_plot(self, key, self.variant) if key == self.block else super().block_loss_curve(key)
+
+
+def variant_project(project, block: str, variant: str):
+    """The project as the trainer sees it for (block, variant): block BLOCK's train config is the variant's."""
+    run = project.variant(block, variant)
+    return replace(project, blocks={**project.blocks, block: run})
+
+
+def train_variant(project, block: str, variant: str, *, restart: bool | str = False,
+                  layout: Layout = Layout()) -> dict:
+    """Train BLOCK as VARIANT (resuming its own checkpoint), then score it; writes its metrics file."""
+    from zgdata.atomic import write_json
+    from zgtrain.block.train import train_block
+    from zgtrain.search.scores import score_variant
+
+    vl = VariantLayout(root=layout.root, block=block, variant=variant)
+    metrics = train_block(variant_project(project, block, variant), block, restart=restart, layout=vl)
+    if metrics.get("status") != "done":
+        return metrics
+    scores = score_variant(project, block, variant, layout=vl)
+    out = {**metrics, "block": block, "variant": variant, "heldout_nmse": metrics["heldout_loss"], **scores}
+    write_json(vl.block_metrics(block), out)
+    return out
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def show(project, *, layout: Layout = Layout(), stale: bool = True) -> dict:
+    """Which (block, variant) pairs exist (trained and scored) and which `dvc status` reports stale."""
+    pairs = [(b, v) for b in project.blocks for v in project.variants]
+    if not pairs:
+        raise ZgError("params.yaml has no variant library", key="variants",
+                      fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`")
+    changed: set[str] = set()
+    if stale:
+        from zgtrain.exec.repro import stale_stages
+
+        changed = set(stale_stages(layout.root, [stage_name(b, v) for b, v in pairs]))
+    rows = []
+    for b, v in pairs:
+        m = _read(variant_metrics(layout, b, v))
+        meta = _read(variant_dir(layout, b, v) / "meta.json")
+        rows.append({"block": b, "variant": v, "stage": stage_name(b, v),
+                     "exists": bool(m and meta and meta.get("done") and "ce_delta" in m),
+                     "stale": stage_name(b, v) in changed,
+                     "params": (m or {}).get("params"), "ce_delta": (m or {}).get("ce_delta"),
+                     "heldout_nmse": (m or {}).get("heldout_nmse")})
+    return {"variants": rows, "exist": sum(r["exists"] for r in rows), "stale": sum(r["stale"] for r in rows),
+            "total": len(rows)}

@@ -1,0 +1,110 @@
+"""Assemble the trained blocks into a standard transformers model (``models/student/``).
+
+Teacher embeddings + block layers renumbered in order + final norm + LM head, in the teacher
+family's own causal-LM class (zgdata/families.py). Uniform MLP widths give a plain config of
+that family that ``AutoModelForCausalLM.from_pretrained`` loads; per-layer widths or any
+sliding-window layer (``layer_windows`` in config.json) ship zg's modeling file for the family
+(zgtrain/student/load.py pins it). zerograph.json records the windows and the KV-cache bytes per token
+(zgtrain/block/kv_cache.py) next to the parameter counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from zgdata.atomic import atomic_path
+from zgdata.errors import ZgError
+from zgdata.families import family_of
+from zgdata.layout import Layout
+from zgdata.lineage import check, expected_fingerprints
+from zgdata.lock import locked
+from zgdata.teacher.prepare import load_slice, load_tokenizer, read_teacher_json
+from zgtrain.fit.checkpoint import load_block, read_meta
+from zgtrain.project.config import ProjectConfig
+from zgtrain.block.kv_cache import kv_summary
+from zgtrain.student.load import ship_modeling_code, template_class
+
+__all__ = ["assemble", "build_student", "build_from_blocks", "save_student"]
+
+
+def _blocks(project: ProjectConfig, layout: Layout, which: str):
+    part = project.partition
+    want = expected_fingerprints(layout, part, project.materialize)
+    out = []
+    for spec in part.blocks():
+        if read_meta(layout.block_dir(spec.key)) is None:
+            raise ZgError(f"block {spec.key} is missing ({layout.block_dir(spec.key)})",
+                          fix=f"run `dvc repro train@{spec.key}`")
+        block, meta = load_block(layout, spec.key, which=which)
+        check(f"block {spec.key}", meta["fingerprints"], "the current boundaries", want, keys=(spec.input, spec.output),
+              fix=f"block {spec.key} is stale: run `dvc repro train@{spec.key}`")
+        out.append((spec, block, meta))
+    return out
+
+
+def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: str = "final"):
+    """The assembled causal LM in memory (``which``: final or init weights) and a summary."""
+    return build_from_blocks(_blocks(project, layout, which), layout=layout)
+
+
+def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
+    """The causal LM of ``blocks`` ([(BlockSpec, StudentBlock, meta)] in order) between the teacher's head slice."""
+    head, hmeta = load_slice(layout.teacher_head)
+    fam = family_of(hmeta["config"])
+    sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
+    windows = [w for _, b, _ in blocks for w in b.windows]
+    config = fam.student_config(hmeta["config"], sizes)
+    uniform = len(set(sizes)) == 1 and not any(w is not None for w in windows)
+    model_cls = fam.causal_lm()
+    if not uniform:  # per-layer widths or windows: a config subclass plus modeling code shipped with the model
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows,
+                                                               **fields)
+        model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
+    config._attn_implementation = "sdpa"
+    state = {fam.head_key(k): v for k, v in head.items()}
+    i = 0
+    for _, block, _ in blocks:
+        for j in range(len(block.layers)):
+            for k, v in block.weights().items():
+                if k.startswith(f"layers.{j}."):
+                    state[fam.layer_key(i, k.split('.', 2)[2])] = v
+            i += 1
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.load_state_dict({k: v.to(getattr(torch, hmeta["config"].get("dtype") or "float32")).clone()
+                           for k, v in state.items()}, assign=True, strict=False)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ZgError(f"assembled model lacks {missing[:3]}", fix="re-run `dvc repro teacher` and the train stages")
+    fam.rebuild_buffers(model, config)  # derived buffers (rotary) off the meta device
+    teacher_params = read_teacher_json(layout)["params"]
+    n = sum(p.numel() for p in model.parameters())
+    summary = {"params": n, "teacher_params": teacher_params, "param_ratio": n / teacher_params, "layers": len(sizes),
+               "intermediate_sizes": sizes, "layer_windows": windows, "remote_code": not uniform,
+               "family": fam.model_type, **kv_summary(hmeta["config"], windows),
+               "blocks": {spec.key: {"state_sha256": meta.get("state_sha256"), "fingerprints": meta["fingerprints"],
+                                     "teacher_layers": meta["teacher_layers"]} for spec, _, meta in blocks}}
+    return model.eval(), summary
+
+
+@locked("assemble")
+def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+    model, summary = build_student(project, layout=layout)
+    return save_student(model, summary, layout.student, layout=layout)
+
+
+def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout()) -> dict:
+    """Write an assembled model as a student folder (weights, shipped modeling code, tokenizer, zerograph.json)."""
+    teacher_sha = read_teacher_json(layout)["weights_sha256"]
+    with atomic_path(path) as tmp:
+        model.save_pretrained(tmp)
+        modeling = ship_modeling_code(tmp, summary["family"]) if summary["remote_code"] else None
+        load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
+        (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
+                                                        "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
+    return {"path": str(path), **{k: v for k, v in summary.items() if k != "blocks"}}

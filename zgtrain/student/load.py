@@ -1,0 +1,107 @@
+"""The assembled student on disk: its shipped modeling code, pinned by hash, and the one way to load it.
+
+A student whose blocks differ in MLP width needs modeling code (transformers has no per-layer
+width). zg ships that code itself, one file per family (zgtrain/student/templates/modeling_zg_<family>.py,
+classes ``Zg<config class>`` and ``Zg<causal LM class>``), records the family and the file's sha256
+in ``zerograph.json`` at assemble, and loads a student with ``trust_remote_code`` only when the
+folder holds exactly that family's file, with that hash, named by exactly zg's ``auto_map`` for
+that family. Anything else a pulled student folder might carry is refused, never imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from pathlib import Path
+
+from zgdata.errors import ZgError
+from zgdata.families import FAMILIES, family
+
+__all__ = ["MODELING_FILE", "AUTO_MAP", "modeling_file", "auto_map", "template_class", "template_sha256",
+           "ship_modeling_code", "load_student"]
+
+_TEMPLATES = Path(__file__).parent / "templates"
+_FIX = "rebuild the student with `dvc repro -f assemble` (zg never runs modeling code it did not write)"
+
+
+def modeling_file(model_type: str) -> str:
+    return f"modeling_zg_{model_type}.py"
+
+
+def auto_map(model_type: str) -> dict:
+    fam, stem = family(model_type), modeling_file(model_type).removesuffix(".py")
+    return {"AutoConfig": f"{stem}.Zg{fam.config_class}", "AutoModelForCausalLM": f"{stem}.Zg{fam.model_class}"}
+
+
+MODELING_FILE = modeling_file("llama")  # students assembled before families carry no family: they are Llama
+AUTO_MAP = auto_map("llama")
+
+
+def template_class(model_type: str, which: str):
+    """zg's own per-layer-width class (``which``: AutoConfig or AutoModelForCausalLM) of a family."""
+    module, name = auto_map(model_type)[which].split(".")
+    return getattr(importlib.import_module(f"zgtrain.student.templates.{module}"), name)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def template_sha256(model_type: str = "llama") -> str:
+    return _sha256(_TEMPLATES / modeling_file(model_type))
+
+
+def ship_modeling_code(folder: Path, model_type: str = "llama") -> str:
+    """Copy zg's modeling file of a family into a saved student folder and point config.json's auto_map at it."""
+    folder = Path(folder)
+    name = modeling_file(model_type)
+    (folder / name).write_bytes((_TEMPLATES / name).read_bytes())
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = auto_map(model_type)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return template_sha256(model_type)
+
+
+def _remote_code_allowed(folder: Path) -> bool:
+    """True when the folder needs zg's own modeling file and holds exactly it; False when it needs none."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        summary = json.loads((folder / "zerograph.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZgError(f"{folder} is not a student zg assembled (config.json / zerograph.json unreadable: {e})",
+                      fix=_FIX) from e
+    model_type = summary.get("family", "llama")
+    if model_type not in FAMILIES:
+        raise ZgError(f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})",
+                      fix=_FIX)
+    name = modeling_file(model_type)
+    extra_code = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.name != name)
+    if extra_code:
+        raise ZgError(f"{folder} holds Python files zg did not write ({', '.join(extra_code)})", fix=_FIX)
+    found = cfg.get("auto_map")
+    if not found:
+        return False
+    if found != auto_map(model_type):
+        raise ZgError(f"{folder / 'config.json'} has an auto_map zg did not write ({json.dumps(found)[:120]})",
+                      fix=_FIX)
+    code = folder / name
+    pinned, ours = summary.get("modeling_sha256"), template_sha256(model_type)
+    got = _sha256(code) if code.exists() else None
+    if got is None or got != pinned or got != ours:
+        raise ZgError(f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned "
+                      f"{str(pinned)[:12]}, this zg's {ours[:12]})", fix=_FIX)
+    return True
+
+
+def load_student(folder: Path, *, dtype=None):
+    """The student as a transformers model in eval mode, with sdpa attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    if not (folder / "config.json").exists():
+        raise ZgError(f"{folder} not found", fix="run `dvc repro assemble`")
+    remote = _remote_code_allowed(folder)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=remote,
+                                                attn_implementation="sdpa").eval()
