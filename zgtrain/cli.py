@@ -81,18 +81,11 @@ def params_doc():
     from rich.markup import escape
     from rich.table import Table
 
-    from zgdata.config import describe
-    from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
+    from zgtrain.docs_ref import params_rows  # one source for this table and docs/reference/params.md
 
     table = Table("key", "default", "meaning", show_lines=False)
-    table.add_row("seed", "0", "global seed; each block derives its own by a stable hash with its key. Allowed: an "
-                               "integer >= 0.")
-    for sec, cls in {**SECTIONS, **OPTIONAL_SECTIONS}.items():
-        for name, default, doc in describe(cls):
-            table.add_row(f"{sec}.{name}", escape(default), escape(doc))
-    table.add_row("variants.NAME", "", "optional variant library: each NAME is any train.* keys it overrides; "
-                                       "`zg pipeline` adds a variant@BLOCK-NAME stage per block and a search stage")
-    table.add_row("blocks.KEY", "", "per-block in/out boundary names plus any train.* key to override for that block")
+    for key, default, doc in params_rows():
+        table.add_row(key, escape(default), escape(doc))
     Console().print(table)
 
 
