@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
+
+if TYPE_CHECKING:  # torch loads where a tensor is encoded (`zg data inspect` reads the schema only)
+    import torch
 
 __all__ = ["CODECS", "ZSTD_LEVEL", "FORMAT_OF", "hidden_fields", "hidden_arrays", "decode_rows", "codec_of",
            "hidden_columns", "value_info", "codec_meta"]
@@ -87,6 +90,8 @@ def value_info(schema: pa.Schema, meta: dict) -> tuple[str, int, int]:
 
 def _planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
     """(B, T, C) tensor in the storage dtype -> (B, T*C) numpy array of its bits (a view when possible)."""
+    import torch
+
     flat = x.contiguous().reshape(x.shape[0], -1)
     if storage_dtype == "bfloat16":
         return flat.view(torch.int16).numpy().view(np.uint16)

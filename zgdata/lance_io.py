@@ -10,20 +10,22 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from zgdata.errors import ZgError
 from zgdata.integrity import check_format, guarded, recover_fix
 
+if TYPE_CHECKING:  # torch loads where a tensor is made, not with this module (`zg data inspect` needs none)
+    import torch
+
 __all__ = ["open_dataset", "schema_meta", "encode_meta", "hidden_field", "tensor_column", "to_arrow_hidden", "dir_bytes",
            "STORAGE", "version_rows", "rows_tensor"]
 
-# storage dtype -> (arrow value type, torch dtype of the bit pattern)
-STORAGE = {"bfloat16": (pa.uint16(), torch.int16), "float32": (pa.float32(), torch.float32)}
+# storage dtype -> (arrow value type, name of the torch dtype of the bit pattern)
+STORAGE = {"bfloat16": (pa.uint16(), "int16"), "float32": (pa.float32(), "float32")}
 
 
 def dir_bytes(path: Path) -> int:
@@ -89,6 +91,8 @@ def hidden_field(name: str, seq_len: int, hidden: int, storage_dtype: str) -> pa
 
 def to_arrow_hidden(x: torch.Tensor, storage_dtype: str) -> pa.FixedSizeListArray:
     """(B, T, C) tensor already in the storage dtype -> fixed-size list array of its bits."""
+    import torch
+
     b = x.shape[0]
     flat = x.contiguous().reshape(-1)
     if storage_dtype == "bfloat16":
@@ -100,6 +104,8 @@ def to_arrow_hidden(x: torch.Tensor, storage_dtype: str) -> pa.FixedSizeListArra
 
 def tensor_column(table: pa.Table, name: str, field: pa.Field) -> torch.Tensor:
     """(N, T, C) tensor of a hidden-state column. Zero-copy when the column is one chunk."""
+    import torch
+
     dtype = field.metadata[b"zg.dtype"].decode()
     t, c = json.loads(field.metadata[b"zg.shape"])
     col = table.column(name)
@@ -116,6 +122,8 @@ def tensor_column(table: pa.Table, name: str, field: pa.Field) -> torch.Tensor:
 
 def rows_tensor(values: np.ndarray, storage_dtype: str, seq_len: int, hidden: int) -> torch.Tensor:
     """(N, T, C) tensor of (N, T*C) stored bits, without a copy (bf16: a view of the uint16 bits)."""
+    import torch
+
     with warnings.catch_warnings():  # arrow buffers are read-only; we never write through the view
         warnings.simplefilter("ignore", UserWarning)
         ten = torch.from_numpy(values if storage_dtype != "bfloat16" else values.view(np.int16))

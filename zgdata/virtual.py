@@ -19,12 +19,15 @@ the same fingerprint (the values are the same) and the blocks' identities do not
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.layout import Layout
+
+if TYPE_CHECKING:  # torch loads with a virtual boundary, not with this module (`zg data inspect` of a stored h00)
+    import torch
 
 __all__ = ["is_virtual", "stored", "VirtualBoundary", "open_boundary_in", "open_pair_in", "virtual_from_params"]
 
@@ -60,6 +63,8 @@ class VirtualBoundary:
     recheck = False
 
     def __init__(self, layout: Layout, mcfg: MaterializeConfig, name: str = "h00"):
+        import torch
+
         from zgdata.families import family_of
         from zgdata.hashing import tensors_sha256
         from zgdata.lance_io import open_dataset, schema_meta
@@ -109,6 +114,8 @@ class VirtualBoundary:
 
     def take(self, rows, *, check: bool = True) -> torch.Tensor:
         """(N, T, C) boundary 0 of the given row numbers, in the storage dtype, in their order."""
+        import torch
+
         from zgdata.timing import span
         from zgdata.tokens import read_tokens
 

@@ -326,15 +326,27 @@ def train_lm_eval(tasks: Optional[list[str]] = typer.Argument(None, help="lm-eva
     emit(r, as_json=as_json, summary="; ".join(parts) or "lm-eval: no accuracy metric reported")
 
 
+def _quiet_hf_progress() -> None:
+    """No transformers / huggingface_hub progress bars, without importing transformers here (commands that
+    never load a model start faster): both read HF_HUB_DISABLE_PROGRESS_BARS when they are first imported."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:  # already imported (a caller that runs `main` in its own process)
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _quiet_hf_progress()
     debug = os.environ.get("ZG_DEBUG") == "1" or "--debug" in args
     try:
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()
         rc = typer.main.get_command(app).main(args=args, prog_name="zg", standalone_mode=False)
     except ZgError as e:
         if debug:

@@ -16,14 +16,15 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families import family_of
 from zgtrain.block.model import StudentBlock
+from zgtrain.block.names import CONVERSIONS  # the registry; params validation reads its names without torch
 
 __all__ = ["CONVERSIONS", "register", "convert"]
 
 Conversion = Callable[..., StudentBlock]
-CONVERSIONS: dict[str, Conversion] = {}
 
 
 def register(name: str):
+    """Make ``fn`` the conversion ``name`` (a built-in declared in zgtrain/block/names.py, or a new one)."""
     def deco(fn: Conversion) -> Conversion:
         CONVERSIONS[name] = fn
         return fn
@@ -105,7 +106,12 @@ def window_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
     return _load(StudentBlock(config, [width] * n, [cfg.window] * n), layers)
 
 
+_unbuilt = [name for name, fn in CONVERSIONS.items() if fn is None]
+if _unbuilt:  # a name declared in zgtrain/block/names.py needs its function here
+    raise ImportError(f"conversions declared without a registered function: {', '.join(_unbuilt)}")
+
+
 def convert(name: str, tensors, config, cfg, sample: torch.Tensor, gen: torch.Generator) -> StudentBlock:
-    if name not in CONVERSIONS:
+    if CONVERSIONS.get(name) is None:
         raise ZgError(f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}")
     return CONVERSIONS[name](tensors, config, cfg, sample, gen)

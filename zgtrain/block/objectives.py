@@ -10,27 +10,11 @@ sample so that massive-activation dimensions do not drown the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from zgtrain.block.names import OBJECTIVES, ObjectiveSpec  # the names and specs, torch-free for params validation
+
 __all__ = ["Objective", "ObjectiveSpec", "OBJECTIVES", "nmse"]
-
-
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    noisy: bool
-    """The block's input gets sigma * noise (from the block's own generator)."""
-    anchored: bool
-    """The target is the teacher's next boundary; otherwise the clean input (unanchored denoising)."""
-
-
-# The one list of objectives: train.objective is validated against it.
-OBJECTIVES = {
-    "regress": ObjectiveSpec(noisy=False, anchored=True),
-    "noisy_regress": ObjectiveSpec(noisy=True, anchored=True),
-    "denoise": ObjectiveSpec(noisy=True, anchored=False),
-}
 
 
 class Objective:

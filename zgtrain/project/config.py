@@ -62,8 +62,7 @@ class TrainConfig(Section):
                                    "ZG_DEVICE=cuda). Weights and optimizer state stay fp32.", choices=("fp32", "bf16"))
 
     def validate(self):
-        from zgtrain.block.conversions import CONVERSIONS
-        from zgtrain.block.objectives import OBJECTIVES
+        from zgtrain.block.names import CONVERSIONS, OBJECTIVES  # names only: validating params needs no torch
 
         for key, registry in (("conversion", CONVERSIONS), ("objective", OBJECTIVES)):
             if getattr(self, key) not in registry:
