@@ -140,16 +140,21 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, bat
         shutil.rmtree(spill_dir, ignore_errors=True)
 
 
-def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int,
-              flush_tokens: int) -> TokensResult:
+def _packers(cfg, tok, spill_dir: Path, flush_tokens: int) -> dict:
+    """One packer per split, each spilling its rows to ``spill_dir``."""
     pad = cfg.packing == "pad"
     packers = {}
     for split in ("train", "heldout"):
         spill = RowSpill(spill_dir / f"{split}.arrows", cfg.seq_len, with_length=pad)
-        packers[split] = (PadPacker(spill, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None
-                                    else tok.eos_token_id, min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)),
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        packers[split] = (PadPacker(spill, tok.eos_token_id, pad_id, min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)),
                                     flush_tokens=flush_tokens)
                           if pad else EosPacker(spill, tok.eos_token_id, flush_tokens=flush_tokens))
+    return packers
+
+
+def _pack(cfg, tok, walk: Walk, packers: dict, batch_chars: int) -> tuple[str, str, int]:
+    """Tokenize every document into its split's packer: (corpus digest, held-out ids digest, held-out documents)."""
     is_heldout = _heldout_rule(cfg)
     digest, held_ids = hashlib.sha256(), hashlib.sha256()
     held_docs = 0
@@ -166,31 +171,35 @@ def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, b
     if walk.documents == 0:
         raise ZgError(f"the corpus has no non-empty document ({walk.empty_count} empty)", key="corpus.source",
                       fix="add documents with text")
+    return digest.hexdigest(), held_ids.hexdigest(), held_docs
+
+
+def _finish(cfg, packers: dict) -> dict:
+    """Each split's spilled rows; a split without one whole sequence is an error."""
     spills = {split: p.finish() for split, p in packers.items()}
     for split, s in spills.items():
         if s.rows == 0:
-            dropped = f"; pad packing dropped {packers[split].dropped_rows} short rows" if pad else ""
+            dropped = f"; pad packing dropped {packers[split].dropped_rows} short rows" if cfg.packing == "pad" else ""
             raise ZgError(f"the {split} split has {packers[split].dropped_tokens} tokens, fewer than one sequence of "
                           f"corpus.seq_len={cfg.seq_len}{dropped}", key="corpus.seq_len",
                           fix="add text, hold out other documents, or lower corpus.seq_len")
+    return spills
 
-    digest_hex = digest.hexdigest()
-    split_spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents),
-                  "max_train_seqs": cfg.max_train_seqs, "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
+
+def _split_spec(cfg, held_ids_hex: str) -> dict:
+    """What decides the train/heldout split and the row caps: part of the token set's fingerprint."""
+    spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents),
+            "max_train_seqs": cfg.max_train_seqs, "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
     if cfg.heldout_field:  # which documents the field selects is data, not params: hash their ids too
-        split_spec.update(heldout_field=cfg.heldout_field, heldout_values=sorted(cfg.heldout_values),
-                          heldout_ids_sha256=held_ids.hexdigest())
+        spec.update(heldout_field=cfg.heldout_field, heldout_values=sorted(cfg.heldout_values),
+                    heldout_ids_sha256=held_ids_hex)
     if cfg.heldout_fraction:
-        split_spec.update(heldout_fraction=cfg.heldout_fraction)
-    inputs = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
-    if pad:
-        inputs["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill}
-    fp = fingerprint("tokens", TOKENS_VERSION, inputs)
+        spec.update(heldout_fraction=cfg.heldout_fraction)
+    return spec
 
-    keep = {"train": _sample(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
-            "heldout": _sample(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed)}
-    rows = {s: spills[s].rows if keep[s] is None else len(keep[s]) for s in spills}
-    tokens = {s: int(rows[s] * cfg.seq_len) for s in spills}
+
+def _lineage(cfg, teacher, tok_sha: str, walk: Walk, digest_hex: str, split_spec: dict, held_docs: int,
+             packers: dict) -> dict:
     lineage = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "teacher_sha256": teacher["weights_sha256"],
                "seq_len": cfg.seq_len, "split": split_spec, "tokens_version": TOKENS_VERSION,
                "documents": walk.documents}
@@ -200,9 +209,29 @@ def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, b
         lineage["empty_documents"] = walk.empty_count
     if not cfg.heldout:
         lineage["heldout_documents"] = held_docs
-    if pad:
+    if cfg.packing == "pad":
         lineage["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill,
                               "dropped_rows": {s: p.dropped_rows for s, p in packers.items()}}
+    return lineage
+
+
+def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int,
+              flush_tokens: int) -> TokensResult:
+    pad = cfg.packing == "pad"
+    packers = _packers(cfg, tok, spill_dir, flush_tokens)
+    digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, batch_chars)
+    spills = _finish(cfg, packers)
+    split_spec = _split_spec(cfg, held_ids_hex)
+    inputs = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
+    if pad:
+        inputs["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill}
+    fp = fingerprint("tokens", TOKENS_VERSION, inputs)
+
+    keep = {"train": _sample(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
+            "heldout": _sample(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed)}
+    rows = {s: spills[s].rows if keep[s] is None else len(keep[s]) for s in spills}
+    tokens = {s: int(rows[s] * cfg.seq_len) for s in spills}
+    lineage = _lineage(cfg, teacher, tok_sha, walk, digest_hex, split_spec, held_docs, packers)
     meta = {"kind": "tokens", "fingerprint": fp, "lineage": lineage, "rows": rows, "complete": True}
     fields = [pa.field("seq_id", pa.int64()), pa.field("split", pa.string()), pa.field("doc", pa.string()),
               pa.field("input_ids", pa.list_(pa.int32(), cfg.seq_len))]
