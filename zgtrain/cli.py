@@ -121,9 +121,9 @@ def train_block(key: str = typer.Argument(..., help="block key, e.g. b00."),
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), key, targets=targets, stop_after=stop_after, restart=restart)
-    loss = "n/a (no steps)" if r.get("train_loss") is None else f"{r['train_loss']:.4g}"
-    emit(r, as_json=as_json, summary=f"{key}: {r['status']} at step {r['step']}/{r['steps']}, "
-         f"train_loss {loss}, state {r.get('state_sha256', '')[:12]}")
+    loss = "n/a (no steps)" if r.train_loss is None else f"{r.train_loss:.4g}"
+    emit(r.metrics(), as_json=as_json, summary=f"{key}: {r.status} at step {r.step}/{r.steps}, "
+         f"train_loss {loss}, state {r.state_sha256[:12]}")
 
 
 @train_app.command("local")

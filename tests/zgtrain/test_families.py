@@ -52,7 +52,7 @@ def _train_all(root, updates: dict, keys=("b00", "b01")) -> dict:
     from zgtrain.block.train import train_block
 
     params = set_params(root, updates)
-    return {k: train_block(project_of(params), k, restart=True, layout=Layout(root)) for k in keys}
+    return {k: train_block(project_of(params), k, restart=True, layout=Layout(root)).metrics() for k in keys}
 
 
 def test_teacher_slices_and_boundaries_follow_the_family(built):
@@ -212,8 +212,8 @@ def test_cached_and_online_targets_are_bitwise_identical(built, tmp_path):
     cached = train_block(project_of(params), "b01", layout=layout)
     shutil.rmtree(root / "data" / "boundaries")  # online can only get its pairs from the teacher
     online = train_block(project_of(params), "b01", targets="online", restart=True, layout=layout)
-    assert (cached["targets"], online["targets"]) == ("cached", "online")
-    assert online["state_sha256"] == cached["state_sha256"] and online["heldout_loss"] == cached["heldout_loss"]
+    assert (cached.targets, online.targets) == ("cached", "online")
+    assert online.state_sha256 == cached.state_sha256 and online.heldout_loss == cached.heldout_loss
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))

@@ -1,66 +1,41 @@
 """Train one block alone from its boundary pair, with its own seed, optimizer, RNG and checkpoints.
 
 ``setup`` builds a run (converted block, optimizer, objective, data source) and either starts
-it or restores it from its checkpoint; ``fit`` runs optimizer steps; ``train_block`` is both
-plus the final metrics. zgtrain/fit/checkpoint.py owns the files under models/blocks/KEY/.
+it or restores it from its checkpoint; ``fit`` runs optimizer steps in the shared loop
+(zgtrain/fit/loop.py: this module passes in the batches and one step's work); ``train_block`` is
+both plus the final ``BlockResult``. zgtrain/fit/checkpoint.py owns the files under models/blocks/KEY/,
+zgtrain/fit/identity.py decides whether a checkpoint there resumes, zgtrain/fit/schedule.py the seed
+and learning rates.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import shutil
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from zgdata.atomic import write_json, write_text
 from zgdata.errors import ZgError
-from zgdata.hashing import sha256_bytes
 from zgdata.layout import Layout
 from zgdata.lineage import check
 from zgdata.lock import locked
-from zgdata.progress import progress
 from zgdata.runtime import autocast, device, seed_all, set_threads
 from zgdata.teacher.prepare import load_slice
-from zgdata.timing import span
-from zgtrain.fit import checkpoint
-from zgtrain.project.config import ProjectConfig, TrainConfig
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.objectives import Objective, nmse
 from zgtrain.block.targets import open_targets
+from zgtrain.fit import checkpoint, loop
+from zgtrain.fit.identity import resumable
+from zgtrain.fit.schedule import block_seed, lr_at
+from zgtrain.project.config import ProjectConfig, TrainConfig
 
-__all__ = ["train_block", "setup", "fit", "Run", "block_seed", "lr_at", "TRAINER_VERSION"]
+__all__ = ["train_block", "setup", "fit", "Run", "BlockResult", "TRAINER_VERSION"]
 
 TRAINER_VERSION = 1
 # Keys that do not change the trained bits, so a resume may change them.
 _NOT_IDENTITY = ("targets", "checkpoint_every")
-
-
-def block_seed(global_seed: int, offset: int, key: str) -> int:
-    """A stable per-block seed: independent of process, Python hash seed and block order."""
-    return int(sha256_bytes(f"{global_seed}/{offset}/{key}".encode())[:15], 16)
-
-
-def lr_at(cfg: TrainConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    length = max(cfg.steps - cfg.warmup, 1)
-    p = min((step - cfg.warmup) / length, 1.0)
-    if cfg.schedule == "cosine":
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
-    if cfg.schedule == "linear":
-        return cfg.lr * (1 - p)
-    return cfg.lr
-
-
-def _diff(a: dict, b: dict) -> str:
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return ", ".join(f"{k}: {str(a.get(k))[:40]} -> {str(b.get(k))[:40]}" for k in keys[:4])
 
 
 def _heldout(block, targets, cfg: TrainConfig) -> float:
@@ -77,14 +52,15 @@ def _heldout(block, targets, cfg: TrainConfig) -> float:
     return err / max(spread, 1e-30)
 
 
-def _diverged(key: str, d: Path, step: int, what: str) -> ZgError:
-    good = checkpoint.read_meta(d)["step"]
-    return ZgError(f"block {key}: {what} at step {step}; the last good checkpoint (step {good}) is intact",
-                   key=f"blocks.{key}", fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
+def _diverged(key: str, d: Path):
+    def fail(step: int, what: str) -> ZgError:
+        return loop.diverged(f"block {key}", step, what, key=f"blocks.{key}", good=checkpoint.read_meta(d)["step"],
+                             fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
+    return fail
 
 
 @dataclass(kw_only=True)
-class Run:
+class Run(loop.RunState):
     """One block's training state: what ``setup`` builds and ``fit`` advances."""
 
     key: str
@@ -97,53 +73,67 @@ class Run:
     objective: Objective
     src: object
     seed: int
-    step: int = 0
     curve: list = field(default_factory=list)
-    tokens: int = 0
-    seconds: float = 0.0
     on_step: object = None
     """Optional ``on_step(step, loss)`` after each optimizer step (zg repro's progress); never changes the run."""
 
 
+@dataclass(kw_only=True)
+class BlockResult(loop.Result):
+    """What ``train_block`` returns; ``metrics()`` is metrics/blocks/KEY.json (a stopped run: its first six keys)."""
+
+    STOPPED = ("key", "status", "step", "steps", "state_sha256", "train_loss")
+    key: str
+    steps: int
+    train_loss: float | None
+    first_loss: float | None = None
+    heldout_loss: float | None = None
+    tokens_per_s: float | None = None
+    params: int | None = None
+    teacher_params: int | None = None
+    param_ratio: float | None = None
+    kv: dict = field(default_factory=dict, metadata={"spread": True})  # kv_summary's keys, in its order
+    objective: str | None = None
+    conversion: str | None = None
+    targets: str | None = None
+    state_sha256: str
+    status: str
+    step: int
+
+
+def _steps(run: Run) -> loop.Steps:
+    """Block training's part of the loop: seeded batches of the boundary pair, the objective's loss."""
+    cfg, block, opt = run.cfg, run.block, run.opt
+    dev = next(block.parameters()).device
+    fail = _diverged(run.key, run.dir)
+
+    def batches(start: int, end: int):
+        for step, _, x, y in run.src.batches("train", start_step=start, steps=end, batch_size=cfg.batch_size,
+                                             seed=run.seed):
+            yield step, (x, y)
+
+    def work(step: int, batch) -> int:
+        x, y = batch
+        inp, tgt = run.objective.batch(x.to(dev).float(), y.to(dev).float(), run.gen)
+        with autocast(dev, cfg.precision):
+            loss = run.objective.loss(block(inp), tgt)
+        loop.update(loss, block.parameters(), opt, cfg.grad_clip, lambda what: fail(step, what))
+        run.curve.append(float(loss.detach()))
+        return x.shape[0] * x.shape[1]
+
+    def on_step(step: int) -> None:
+        if run.on_step is not None:
+            run.on_step(step, run.curve[-1])
+
+    return loop.Steps(name=f"train {run.key}", batches=batches, work=work, lrs=[(opt, lambda s: lr_at(cfg, s))],
+                      save=lambda step: checkpoint.save(run.dir, run.meta, block, opt, run.gen, run.curve, step),
+                      checkpoint_every=cfg.checkpoint_every, on_step=on_step)
+
+
 def fit(run: Run, end: int) -> None:
     """Optimizer steps [run.step, end): the only place the block's parameters change."""
-    cfg, block, opt, key, d = run.cfg, run.block, run.opt, run.key, run.dir
-    sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))  # test hook: widen kill window
-    dev = next(block.parameters()).device
-    block.train()
-    t0 = time.perf_counter()
-    with progress(f"train {key}", end - run.step, unit="step") as advance, span("train.steps"):
-        for step, rows, x, y in run.src.batches("train", start_step=run.step, steps=end, batch_size=cfg.batch_size,
-                                                seed=run.seed):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
-            inp, tgt = run.objective.batch(x.to(dev).float(), y.to(dev).float(), run.gen)
-            with autocast(dev, cfg.precision):
-                loss = run.objective.loss(block(inp), tgt)
-            if not torch.isfinite(loss):
-                raise _diverged(key, d, step, f"loss became {loss.item()}")
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(block.parameters(), cfg.grad_clip or float("inf"))
-            if not torch.isfinite(norm):
-                raise _diverged(key, d, step, f"gradient norm became {norm.item()}")
-            try:
-                opt.step()
-            except (OverflowError, RuntimeError) as e:  # AdamW's step size overflows float32 at absurd lr
-                if "overflow" not in str(e):
-                    raise
-                raise _diverged(key, d, step, f"the optimizer step overflowed ({e})") from e
-            opt.zero_grad(set_to_none=True)
-            run.curve.append(float(loss.detach()))
-            advance(1)
-            run.tokens += x.shape[0] * x.shape[1]
-            run.step = step + 1
-            if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < end:
-                checkpoint.save(d, run.meta, block, opt, run.gen, run.curve, run.step)
-            if run.on_step is not None:
-                run.on_step(run.step, run.curve[-1])
-            if sleep:
-                time.sleep(sleep)
-    run.seconds += time.perf_counter() - t0
+    run.block.train()
+    loop.fit(run, end, _steps(run), timed="train.steps")
 
 
 def setup(project: ProjectConfig, key: str, *, targets: str | None = None, restart: bool | str = False,
@@ -172,20 +162,11 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
                 "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
                 "fingerprints": src.fingerprints, "teacher_sha256": smeta["teacher_sha256"]}
     d = layout.block_dir(key)
-    prior = None if restart is True else checkpoint.read_meta(d)
-    if restart == "auto" and prior is not None and (prior.get("done")
-                                                    or {k: prior.get(k) for k in identity} != identity):
-        prior = None
-    if prior is not None and {k: prior.get(k) for k in identity} != identity:
-        flat_a = {**{k: prior.get(k) for k in identity if k != "config"}, **(prior.get("config") or {})}
-        flat_b = {**{k: v for k, v in identity.items() if k != "config"}, **identity["config"]}
-        raise ZgError(f"models/blocks/{key} holds a checkpoint of another run ({_diff(flat_a, flat_b)})",
-                      fix="rerun with --restart to discard it, or restore the old params")
+    prior = resumable(None if restart is True else checkpoint.read_meta(d), identity, where=f"models/blocks/{key}",
+                      fix="rerun with --restart to discard it, or restore the old params", auto=restart == "auto")
     # read (and checksum) the data before anything in the block directory changes
     xs, ys = (t.float() for t in src.take(src.rows("train")[: cfg.importance_rows]))
-    if prior is None:
-        shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True, exist_ok=True)
+    loop.reset(d, prior)
 
     gen = seed_all(seed)
     block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())
@@ -207,38 +188,33 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
     return run
 
 
-def _train_loss(curve: list) -> float | None:
-    return float(np.mean(curve[-10:])) if curve else None
-
-
 @locked("block")
 def train_block(project: ProjectConfig, key: str, *, targets: str | None = None, stop_after: int | None = None,
-                restart: bool | str = False, layout: Layout = Layout(), on_step=None) -> dict:
+                restart: bool | str = False, layout: Layout = Layout(), on_step=None) -> BlockResult:
     """Train block KEY to train.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
-    if stop_after is not None and stop_after < 1:
-        raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
+    loop.check_stop_after(stop_after)
     run = setup(project, key, targets=targets, restart=restart, layout=layout)
     run.on_step = on_step
     cfg, d = run.cfg, run.dir
-    end = cfg.steps if stop_after is None else min(cfg.steps, run.step + stop_after)
+    end = loop.end_step(cfg.steps, run.step, stop_after)
     fit(run, end)
     sha = checkpoint.state_sha256(run.block, run.opt)
     if end < cfg.steps:
         checkpoint.save(d, run.meta, run.block, run.opt, run.gen, run.curve, end)
-        return {"key": key, "status": "stopped", "step": end, "steps": cfg.steps, "state_sha256": sha,
-                "train_loss": _train_loss(run.curve)}
+        return BlockResult(key=key, status="stopped", step=end, steps=cfg.steps, state_sha256=sha,
+                           train_loss=loop.mean_tail(run.curve))
     run.block.eval()
     heldout = _heldout(run.block, run.src, cfg)
     run.meta.update(done=True, state_sha256=sha)
     checkpoint.finish(d, run.meta, run.block, run.opt, run.gen, run.curve, cfg.steps)
-    metrics = {"key": key, "steps": cfg.steps, "train_loss": _train_loss(run.curve),
-               "first_loss": run.curve[0] if run.curve else None, "heldout_loss": heldout,
-               "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None,
-               "params": run.meta["params"], "teacher_params": run.meta["teacher_params"],
-               "param_ratio": run.meta["params"] / run.meta["teacher_params"],
-               **kv_summary(run.meta["teacher_config"], run.block.windows, len(run.meta["teacher_layers"])),
-               "objective": cfg.objective, "conversion": cfg.conversion, "targets": cfg.targets,
-               "state_sha256": sha, "status": "done", "step": cfg.steps}
-    write_json(layout.block_metrics(key), metrics)
+    meta = run.meta
+    result = BlockResult(key=key, steps=cfg.steps, train_loss=loop.mean_tail(run.curve),
+                         first_loss=run.curve[0] if run.curve else None, heldout_loss=heldout,
+                         tokens_per_s=run.tokens_per_s(), params=meta["params"], teacher_params=meta["teacher_params"],
+                         param_ratio=meta["params"] / meta["teacher_params"],
+                         kv=kv_summary(meta["teacher_config"], run.block.windows, len(meta["teacher_layers"])),
+                         objective=cfg.objective, conversion=cfg.conversion, targets=cfg.targets, state_sha256=sha,
+                         status="done", step=cfg.steps)
+    write_json(layout.block_metrics(key), result.metrics())
     write_text(layout.block_loss_curve(key), "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))
-    return metrics
+    return result

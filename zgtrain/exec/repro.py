@@ -160,7 +160,7 @@ def train_one(root: str | Path, key: str, report: Callable[[dict], None] | None 
             r = train_block(project, key, restart="auto", layout=layout, on_step=on_step)
     except ZgError as e:
         return {"key": key, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix, **where}
-    return {**r, **where, "threads": torch.get_num_threads(), "seconds": time.monotonic() - t0,
+    return {**r.metrics(), **where, "threads": torch.get_num_threads(), "seconds": time.monotonic() - t0,
             "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": _peak_rss_mb()}
 
 

@@ -94,11 +94,11 @@ def train_variant(project, block: str, variant: str, *, restart: bool | str = Fa
     from zgtrain.search.scores import score_variant
 
     vl = VariantLayout(root=layout.root, block=block, variant=variant)
-    metrics = train_block(variant_project(project, block, variant), block, restart=restart, layout=vl)
-    if metrics.get("status") != "done":
-        return metrics
+    result = train_block(variant_project(project, block, variant), block, restart=restart, layout=vl)
+    if result.status != "done":
+        return result.metrics()
     scores = score_variant(project, block, variant, layout=vl)
-    out = {**metrics, "block": block, "variant": variant, "heldout_nmse": metrics["heldout_loss"], **scores}
+    out = {**result.metrics(), "block": block, "variant": variant, "heldout_nmse": result.heldout_loss, **scores}
     write_json(vl.block_metrics(block), out)
     return out
 

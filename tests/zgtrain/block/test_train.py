@@ -17,17 +17,27 @@ import shutil
 import lance
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import zg
-from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, load_params_of, loss_curve,
-                         project_of, read_json, set_params, tree_sha256)
+from safetensors.torch import load_file
+from zgt_helpers import (
+    assert_user_error,
+    copy_project,
+    kill_after_first_checkpoint,
+    load_params_of,
+    loss_curve,
+    project_of,
+    read_json,
+    set_params,
+    tree_sha256,
+)
+
 from zgdata.errors import ZgError
 from zgdata.lance_io import schema_meta
 from zgdata.layout import Layout
+from zgtrain.block.train import train_block
 from zgtrain.fit import checkpoint
 from zgtrain.fit.checkpoint import load_block, state_sha256
-from zgtrain.block.train import block_seed, train_block
+from zgtrain.fit.schedule import block_seed
 
 
 def _train_json(root, *args, env=None) -> dict:
@@ -79,7 +89,7 @@ def test_stop_after_then_resume_is_bitwise_identical(straight, tiny_project):
     _reference_params(tiny_project)
     # stop in this process, resume in a fresh `zg` process
     stopped = train_block(project_of(tiny_project), "b00", stop_after=5, layout=Layout(tiny_project))
-    assert stopped["status"] == "stopped" and stopped["step"] == 5
+    assert stopped.status == "stopped" and stopped.step == 5
     meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
     assert meta["step"] == 5 and meta["done"] is False and meta["checkpoint"] == "ckpt-000005"
     assert _block_files(tiny_project) == {"init.safetensors", "meta.json", "ckpt-000005"}
@@ -117,7 +127,7 @@ def test_kill_9_between_checkpoints_then_resume_is_bitwise_identical(straight, t
 def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
     layout = Layout(tiny_project)
     first = train_block(project_of(tiny_project), "b00", stop_after=2, layout=layout)
-    assert first["status"] == "stopped" and first["step"] == 2
+    assert first.status == "stopped" and first.step == 2
     before = tree_sha256(tiny_project / "models" / "blocks" / "b00")
 
     old_lr = load_params_of(tiny_project)["train"]["lr"]
@@ -128,7 +138,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
     assert tree_sha256(tiny_project / "models" / "blocks" / "b00") == before  # checkpoint untouched
 
     again = train_block(project_of(tiny_project), "b00", stop_after=1, restart=True, layout=layout)
-    assert again["status"] == "stopped" and again["step"] == 1
+    assert again.status == "stopped" and again.step == 1
     meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
     assert meta["config"]["lr"] == old_lr / 4 and meta["step"] == 1
 
@@ -139,10 +149,10 @@ def test_identity_conversion_reproduces_the_teacher_boundary(tiny_project):
     set_params(tiny_project, {"train.conversion": "identity", "train.steps": 0})
     layout = Layout(tiny_project)
     m = train_block(project_of(tiny_project), "b00", layout=layout)
-    assert m["status"] == "done" and m["steps"] == 0 and m["conversion"] == "identity"
+    assert m.status == "done" and m.steps == 0 and m.conversion == "identity"
     # only bf16 storage rounding of h00 and h02 separates the block's output from the stored h02
-    assert 0 <= m["heldout_loss"] < 1e-3
-    assert m["params"] == m["teacher_params"]
+    assert 0 <= m.heldout_loss < 1e-3
+    assert m.params == m.teacher_params
     block, _ = load_block(layout, "b00")
     slice_ = load_file(str(layout.teacher_slice("b00")))
     weights = block.weights()
@@ -171,8 +181,8 @@ def test_prune_mlp_cuts_params_by_its_ratio(straight, tiny_project):
     # another ratio, untrained
     set_params(tiny_project, {"train.prune_ratio": 0.75, "train.steps": 0})
     m2 = train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
-    assert m2["teacher_params"] == m["teacher_params"]
-    assert m2["params"] == _expected_pruned(tiny_project, m2["teacher_params"], 0.75)
+    assert m2.teacher_params == m["teacher_params"]
+    assert m2.params == _expected_pruned(tiny_project, m2.teacher_params, 0.75)
 
 
 # --- objectives ---------------------------------------------------------------------------------------
@@ -182,14 +192,14 @@ def test_each_objective_lowers_its_own_loss(tiny_project, objective):
     set_params(tiny_project, {"train.objective": objective, "train.steps": 30, "train.lr": 1.0e-3,
                               "train.warmup": 3, "train.checkpoint_every": 0})
     m = train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
-    assert m["objective"] == objective and m["steps"] == 30
+    assert m.objective == objective and m.steps == 30
     curve = loss_curve(tiny_project)
     assert [s for s, _ in curve] == list(range(30))
     losses = [v for _, v in curve]
     assert all(math.isfinite(v) for v in losses)
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < 0.9 * first, (objective, losses)
-    assert m["train_loss"] < m["first_loss"]
+    assert m.train_loss < m.first_loss
 
 
 # --- guard rails --------------------------------------------------------------------------------------

@@ -210,7 +210,7 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
     project = project_of(root)
     prepare(project.teacher, project.partition, layout=layout)
     materialize(project.materialize, project.partition, layout=layout)
-    metrics = {k: train_block(project, k, restart=True, layout=layout) for k in ("b00", "b01", "b02")}
+    metrics = {k: train_block(project, k, restart=True, layout=layout).metrics() for k in ("b00", "b01", "b02")}
     assert all(m["status"] == "done" for m in metrics.values())
     # block metrics: one layer windowed to 16 of the teacher's 512-position context caches 16/512 of it
     assert metrics["b00"]["kv_context"] == 512 and metrics["b00"]["kv_ratio"] == 16 / 512

@@ -270,11 +270,11 @@ def test_bf16_run_and_its_resume_are_bitwise_equal(serial, base, tmp_path):
         set_params(root, {"train.precision": "bf16"})
     ref = train_block(project_of(straight), "b00", layout=Layout(straight))  # in this process ...
     stopped = train_block(project_of(resumed), "b00", stop_after=5, layout=Layout(resumed))
-    assert stopped["status"] == "stopped" and stopped["step"] == 5  # ... and the resume in a `zg` process
+    assert stopped.status == "stopped" and stopped.step == 5  # ... and the resume in a `zg` process
     done = json.loads(zg("train", "block", "b00", "--json", cwd=resumed).stdout)
-    assert done["status"] == "done" and done["state_sha256"] == ref["state_sha256"]
+    assert done["status"] == "done" and done["state_sha256"] == ref.state_sha256
     fp32 = read_json(serial / "metrics" / "blocks" / "b00.json")
-    assert ref["state_sha256"] != fp32["state_sha256"]  # autocast really ran in bf16
+    assert ref.state_sha256 != fp32["state_sha256"]  # autocast really ran in bf16
     assert _meta(straight, "b00")["config"]["precision"] == "bf16"
 
 

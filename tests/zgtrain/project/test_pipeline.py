@@ -125,7 +125,7 @@ def test_identity_assembly_reproduces_teacher_logits(tiny_project):
     params = set_params(tiny_project, {"train.conversion": "identity", "train.steps": 0})
     layout = Layout(tiny_project)
     for key in ("b00", "b01"):
-        assert train_block(project_of(params), key, layout=layout)["status"] == "done"
+        assert train_block(project_of(params), key, layout=layout).status == "done"
     assemble(project_of(params), layout=layout)
     student = AutoModelForCausalLM.from_pretrained(tiny_project / "models" / "student", dtype=torch.float32,
                                                    attn_implementation="sdpa").eval()

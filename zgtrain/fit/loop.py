@@ -1,0 +1,154 @@
+"""The one training loop: block training, repair and local pretraining (both modes) all run their steps here.
+
+What differs between trainers is passed in as a ``Steps``: the batches, the work of one step (forward, loss,
+backward, optimizer steps: the only place parameters change), each optimizer's learning-rate schedule and
+how a checkpoint is written. The loop owns what they share, in this order per step: set every learning rate,
+do the step's work, count its tokens, advance the step, checkpoint every ``checkpoint_every`` steps (except
+at ``end``: the caller writes the last one, finished or stopped), report the step, pause at the test
+failpoint. Around the loop: ``--stop-after`` validation and the end step, the run folder's reset on a fresh
+start (with what a killed run's atomic writes left), divergence errors and ``Result.metrics()``, the typed
+result's JSON form.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from zgdata import failpoints
+from zgdata.errors import ZgError
+from zgdata.progress import progress
+from zgdata.timing import span
+
+__all__ = ["Steps", "RunState", "Result", "fit", "check_stop_after", "end_step", "reset", "clear_partials",
+           "diverged", "update", "optimizer_step", "mean_tail"]
+
+
+@dataclass(kw_only=True)
+class RunState:
+    """What the loop advances in every trainer's run: the next step, tokens trained on, seconds in steps."""
+
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 and self.tokens else None
+
+
+@dataclass(kw_only=True)
+class Steps:
+    """One trainer's part of the loop."""
+
+    name: str                                            # the progress bar's label
+    batches: Callable[[int, int], Iterable[tuple[int, Any]]]  # (start, end) -> (step, batch), in step order
+    work: Callable[[int, Any], int]                      # one step on its batch; returns the tokens it trained on
+    lrs: Sequence[tuple[torch.optim.Optimizer, Callable[[int], float]]]  # each optimizer and its lr schedule
+    save: Callable[[int], None]                          # write the checkpoint of a step
+    checkpoint_every: int
+    on_step: Callable[[int], None] | None = None         # after each step (zg repro's progress); changes nothing
+
+
+def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> None:
+    """Steps [run.step, end); ``timed`` names a timing span around them."""
+    t0 = time.perf_counter()
+    with progress(steps.name, end - run.step, unit="step") as advance, span(timed) if timed else nullcontext():
+        for step, batch in steps.batches(run.step, end):
+            for opt, lr in steps.lrs:
+                value = lr(step)
+                for g in opt.param_groups:
+                    g["lr"] = value
+            run.tokens += steps.work(step, batch)
+            advance(1)
+            run.step = step + 1
+            if steps.checkpoint_every and run.step % steps.checkpoint_every == 0 and run.step < end:
+                steps.save(run.step)
+            if steps.on_step is not None:
+                steps.on_step(run.step)
+            failpoints.pause(failpoints.AFTER_STEP)  # a test's kill lands between steps
+    run.seconds += time.perf_counter() - t0
+
+
+def check_stop_after(stop_after: int | None) -> None:
+    if stop_after is not None and stop_after < 1:
+        raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
+
+
+def end_step(steps: int, start: int, stop_after: int | None) -> int:
+    """Where this invocation stops: the run's last step, or ``stop_after`` steps on from ``start``."""
+    return steps if stop_after is None else min(steps, start + stop_after)
+
+
+def clear_partials(d: Path) -> None:
+    """Remove what a killed run's atomic writes left in run folder ``d`` (zgdata/atomic.py's .NAME.partial)."""
+    for dead in sorted(Path(d).glob(".*.partial")) if Path(d).is_dir() else []:
+        shutil.rmtree(dead) if dead.is_dir() else dead.unlink()
+
+
+def reset(d: Path, prior: dict | None) -> None:
+    """Ready run folder ``d``: emptied for a fresh start (``prior`` None), cleared of partial writes to resume."""
+    clear_partials(d)
+    if prior is None:
+        shutil.rmtree(d, ignore_errors=True)
+    Path(d).mkdir(parents=True, exist_ok=True)
+
+
+def diverged(who: str, step: int, what: str, *, key: str, fix: str, good: int | None = None) -> ZgError:
+    """The one error of a run whose loss, gradient or optimizer step stopped being finite."""
+    last = "the last good checkpoint" + ("" if good is None else f" (step {good})")
+    return ZgError(f"{who}: {what} at step {step}; {last} is intact", key=key, fix=fix)
+
+
+def optimizer_step(opt: torch.optim.Optimizer, fail: Callable[[str], ZgError]) -> None:
+    try:
+        opt.step()
+    except (OverflowError, RuntimeError) as e:  # AdamW's step size overflows float32 at absurd lr
+        if "overflow" not in str(e):
+            raise
+        raise fail(f"the optimizer step overflowed ({e})") from e
+
+
+def update(loss: torch.Tensor, params, opt: torch.optim.Optimizer, grad_clip: float,
+           fail: Callable[[str], ZgError]) -> None:
+    """Backward, clip (0: norm measured, nothing clipped), optimizer step; ``fail(what)`` on a non-finite value."""
+    if not torch.isfinite(loss):
+        raise fail(f"loss became {loss.item()}")
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or float("inf"))
+    if not torch.isfinite(norm):
+        raise fail(f"gradient norm became {norm.item()}")
+    optimizer_step(opt, fail)
+    opt.zero_grad(set_to_none=True)
+
+
+def mean_tail(curve: list, n: int = 10) -> float | None:
+    """The reported train loss: the mean of the last ``n`` losses (None before any step)."""
+    import numpy as np
+
+    return float(np.mean(curve[-n:])) if curve else None
+
+
+@dataclass(kw_only=True)
+class Result:
+    """Base of the trainers' typed results. ``metrics()`` is the dict the metrics files and ``--json`` hold:
+    every field in declaration order (a field with ``metadata={"spread": True}`` contributes its own keys),
+    or only ``STOPPED``'s fields, in that order, for a run stopped by ``--stop-after``. Every subclass has a
+    ``status`` field ("done" or "stopped")."""
+
+    STOPPED: ClassVar[tuple[str, ...]] = ()
+
+    def metrics(self) -> dict:
+        if getattr(self, "status", None) == "stopped":
+            return {k: getattr(self, k) for k in self.STOPPED}
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out.update(v) if f.metadata.get("spread") else out.__setitem__(f.name, v)
+        return out
