@@ -102,8 +102,8 @@ def repro(targets: Optional[list[str]] = typer.Argument(None, help="stages to br
     from zgtrain.exec.repro import repro as run
 
     r = run(Path.cwd(), list(targets or []), jobs=jobs, address=address, data=data)
-    restored = f"; restored from DVC's run cache: {', '.join(r['restored'])}" if r["restored"] else ""
-    emit(r, as_json=as_json, summary=f"ran: {', '.join(r['ran']) or 'nothing'}{restored} in {r['seconds']:.0f} s")
+    restored = f"; restored from DVC's run cache: {', '.join(r.restored)}" if r.restored else ""
+    emit(r.metrics(), as_json=as_json, summary=f"ran: {', '.join(r.ran) or 'nothing'}{restored} in {r.seconds:.0f} s")
 
 
 @train_app.command("block")
@@ -180,8 +180,9 @@ def train_variant(key: str = typer.Argument(..., help="block key, e.g. b00."),
     from zgtrain.search.variants import train_variant as run
 
     r = run(ProjectConfig.load(params), key, variant, restart=restart)
-    emit(r, as_json=as_json, summary=f"{key}/{variant}: {r['status']}, {r.get('params', 0):,} params, "
-         f"replace-one-block CE delta {r.get('ce_delta', float('nan')):+.4f}")
+    delta = float("nan") if r.ce_delta is None else r.ce_delta
+    emit(r.metrics(), as_json=as_json, summary=f"{key}/{variant}: {r.status}, {r.params or 0:,} params, "
+         f"replace-one-block CE delta {delta:+.4f}")
 
 
 @search_app.command("run")
@@ -191,10 +192,10 @@ def search_run(params: Path = params_option, as_json: bool = typer.Option(False,
     from zgtrain.search.solve import run_search
 
     r = run_search(ProjectConfig.load(params))
-    mix = ", ".join(f"{b}={o['variant']}" for b, o in r["blocks"].items())
-    emit(r, as_json=as_json, summary=f"mix {mix}: {r['params']:,} params ({r['param_ratio']:.3f} of the teacher's "
-         f"blocks), {r['kv_bytes']:,.0f} KV bytes/token ({r['kv_ratio']:.3f}); budget {r['budget_cost']:,.0f} "
-         f"({r['cost']}); predicted CE delta {r['predicted_ce_delta']:+.4f}")
+    mix = ", ".join(f"{b}={o['variant']}" for b, o in r.blocks.items())
+    emit(r.metrics(), as_json=as_json, summary=f"mix {mix}: {r.params:,} params ({r.param_ratio:.3f} of the "
+         f"teacher's blocks), {r.kv_bytes:,.0f} KV bytes/token ({r.kv_ratio:.3f}); budget {r.budget_cost:,.0f} "
+         f"({r.cost}); predicted CE delta {r.predicted_ce_delta:+.4f}")
 
 
 @search_app.command("assemble")
@@ -207,10 +208,10 @@ def search_assemble(params: Path = params_option, as_json: bool = typer.Option(F
     from zgtrain.search.assemble import assemble_choice
 
     r = assemble_choice(ProjectConfig.load(params))
-    verdict = f"passes the gates (try {r['written_try'] + 1} of {len(r['tries'])})" if r["passed"] else \
-        f"NO mix passes the gates in {len(r['tries'])} tries: {r['unmet']['message']}"
-    emit(r, as_json=as_json, summary=f"searched student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher), "
-         f"{verdict} -> {r['path']}")
+    verdict = f"passes the gates (try {r.written_try + 1} of {len(r.tries)})" if r.passed else \
+        f"NO mix passes the gates in {len(r.tries)} tries: {r.unmet['message']}"
+    emit(r.metrics(), as_json=as_json, summary=f"searched student: {r.student.params:,} params "
+         f"({r.student.param_ratio:.2f} of teacher), {verdict} -> {r.path}")
 
 
 @search_app.command("repair")
@@ -227,13 +228,13 @@ def search_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = repair_search(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
-    if r["status"] != "done":
-        emit(r, as_json=as_json, summary=f"search repair: {r['status']} at step {r['step']}/{r['steps']}")
+    if r.status != "done":
+        emit(r.metrics(), as_json=as_json, summary=f"search repair: {r.status} at step {r.step}/{r.steps}")
         return
-    first = next(iter(r["sets"]))
-    emit(r, as_json=as_json, summary=f"repaired searched student (try {r['try']}): {first} CE gap "
-         f"{r['before']['sets'][first]['ce_gap']:.4f} -> {r['sets'][first]['ce_gap']:.4f}, "
-         + ("passes the gates" if r["passed"] else f"FAILS the gates: {r['unmet']}"))
+    first = next(iter(r.sets))
+    emit(r.metrics(), as_json=as_json, summary=f"repaired searched student (try {r.tried}): {first} CE gap "
+         f"{r.before['sets'][first]['ce_gap']:.4f} -> {r.sets[first]['ce_gap']:.4f}, "
+         + ("passes the gates" if r.passed else f"FAILS the gates: {r.unmet}"))
 
 
 @search_app.command("show")
@@ -261,7 +262,8 @@ def train_assemble(params: Path = params_option, as_json: bool = typer.Option(Fa
     from zgtrain.project.config import ProjectConfig
 
     r = assemble(ProjectConfig.load(params))
-    emit(r, as_json=as_json, summary=f"student: {r['params']:,} params ({r['param_ratio']:.2f} of teacher) -> {r['path']}")
+    emit(r.metrics(), as_json=as_json, summary=f"student: {r.params:,} params ({r.param_ratio:.2f} of teacher) "
+         f"-> {r.path}")
 
 
 @train_app.command("repair")
@@ -287,23 +289,19 @@ def train_evaluate(params: Path = params_option, as_json: bool = typer.Option(Fa
                    strict: bool = typer.Option(False, "--strict", help="exit 1 when a gate fails (CI use).")):
     """Held-out CE, context use and boundary shift of teacher vs student; gates from `gates:`. Writes metrics/eval.json."""
     from zgtrain.project.config import ProjectConfig
+    from zgtrain.evaluate.gates import failures
     from zgtrain.evaluate.run import evaluate
 
     r = evaluate(ProjectConfig.load(params))
-    verdict = "PASS" if r["gates_passed"]["all"] else "FAIL"
+    verdict = "PASS" if r.gates_passed["all"] else "FAIL"
     others = "".join(f"; {n}: gap {f['ce_gap']:.3f}, retention {f['context_retention']:.2f}"
-                     for n, f in r["sets"].items() if n != "heldout")
-    emit(r, as_json=as_json, summary=f"gates {verdict}: teacher CE {r['teacher_ce']:.3f}, student CE "
-         f"{r['student_ce']:.3f} (gap {r['ce_gap']:.3f}), context retention {r['context_retention']:.2f}{others}")
-    for set_name, v in r["gates_passed"].items():
-        if set_name == "all" or not v["judged"]:
-            continue
-        for name, g in v.items():
-            if name not in ("all", "judged") and not g["passed"]:
-                op = "<=" if name.startswith("max") else ">="
-                print(f"gate gates.{name} failed on eval set '{set_name}': measured {g['value']:.4g}, needs {op} "
-                      f"{g['threshold']}", file=sys.stderr)
-    if strict and not r["gates_passed"]["all"]:
+                     for n, f in r.sets.items() if n != "heldout")
+    emit(r.metrics(), as_json=as_json, summary=f"gates {verdict}: teacher CE {r.teacher_ce:.3f}, student CE "
+         f"{r.student_ce:.3f} (gap {r.ce_gap:.3f}), context retention {r.context_retention:.2f}{others}")
+    for set_name, gate, g in failures(r.gates_passed):
+        print(f"gate gates.{gate.key} failed on eval set '{set_name}': measured {g['value']:.4g}, needs {gate.op} "
+              f"{g['threshold']}", file=sys.stderr)
+    if strict and not r.gates_passed["all"]:
         raise typer.Exit(1)
 
 
@@ -322,8 +320,8 @@ def train_lm_eval(tasks: Optional[list[str]] = typer.Argument(None, help="lm-eva
     r = run_lm_eval(ProjectConfig.load(params), tasks, limit=limit)
     parts = [f"{t} {v['metric']} teacher {v['teacher']:.3f} student {v['student']:.3f}"
              + (f" ({v['student_pct_of_teacher']:.0f}% of teacher)" if v["student_pct_of_teacher"] is not None else "")
-             for t, v in r["tasks"].items() if v.get("metric") and v["teacher"] is not None and v["student"] is not None]
-    emit(r, as_json=as_json, summary="; ".join(parts) or "lm-eval: no accuracy metric reported")
+             for t, v in r.tasks.items() if v.get("metric") and v["teacher"] is not None and v["student"] is not None]
+    emit(r.metrics(), as_json=as_json, summary="; ".join(parts) or "lm-eval: no accuracy metric reported")
 
 
 def _quiet_hf_progress() -> None:

@@ -109,7 +109,7 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
     for m in _train_all(root, {"train.conversion": "identity", "train.steps": 0}).values():
         assert m["status"] == "done" and m["params"] == m["teacher_params"]
     summary = assemble(project_of(root), layout=layout)
-    assert summary["family"] == name and summary["remote_code"] is False
+    assert summary.family == name and summary.remote_code is False
     student = AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32,
                                                    attn_implementation="sdpa").eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)
@@ -167,11 +167,11 @@ def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_pat
     root = copy_project(src, tmp_path / "proj")
     set_params(root, {"eval.heldout_seqs": 2, "eval.context_targets": 8})  # small: the CE figures are not the point
     m = evaluate(project_of(root), layout=Layout(root))
-    assert set(m["shift"]) == {"b00", "b01"}
-    assert all(np.isfinite(v) and v >= 0 for s in m["shift"].values() for v in s.values())
+    assert set(m.shift) == {"b00", "b01"}
+    assert all(np.isfinite(v) and v >= 0 for s in m.shift.values() for v in s.values())
     # b00's upstream is boundary 0 in both cases: the head slice's embedding equals the teacher's
-    assert m["shift"]["b00"]["student_input"] == pytest.approx(m["shift"]["b00"]["teacher_input"], rel=1e-2)
-    assert np.isfinite(m["student_ce"]) and np.isfinite(m["teacher_ce"])
+    assert m.shift["b00"]["student_input"] == pytest.approx(m.shift["b00"]["teacher_input"], rel=1e-2)
+    assert np.isfinite(m.student_ce) and np.isfinite(m.teacher_ce)
 
 
 def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from zgdata.atomic import write_json
@@ -32,7 +33,7 @@ from zgdata.progress import stderr
 from zgdata.runtime import device
 from zgtrain.evaluate.lm_eval_task import NEXTLINE, task_config, task_files, write_nextline_task
 
-__all__ = ["STANDARD", "PRIMARY", "metrics_path", "lm_eval_tasks", "run_lm_eval"]
+__all__ = ["STANDARD", "PRIMARY", "metrics_path", "lm_eval_tasks", "run_lm_eval", "LmEvalResult"]
 
 # Standard tasks zg knows where to find inside lm_eval/tasks/ (loading only that folder takes a second;
 # indexing all of lm-eval's ~15,000 task configs takes 10-40 s). Other names are looked up in the full index.
@@ -41,6 +42,24 @@ STANDARD = {"hellaswag": "hellaswag", "arc_easy": "arc", "arc_challenge": "arc",
 # The metric reported as a task's accuracy (all metrics are kept): the usual one for each task.
 PRIMARY = {"hellaswag": "acc_norm", "arc_challenge": "acc_norm"}
 _INSTALL = "install it with `pip install 'zerograph[eval]'` (or `make setup`)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LmEvalResult:
+    """What `zg train lm-eval` measured; ``metrics()`` is metrics/lm_eval.json."""
+
+    tasks: dict
+    """Per task: its primary metric and each model's value of it up top, then every metric (``_task_figures``)."""
+    task_lineage: dict
+    """zg_nextline's lineage (where it was built from), when it ran."""
+    models: dict
+    """Each scored model's identity: path, weights or modeling file hash, trust_remote_code."""
+    lm_eval: dict
+    """How lm-eval ran: its version, model class, num_fewshot, limit, batch size."""
+    seconds: float
+
+    def metrics(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def metrics_path(layout: Layout) -> Path:
@@ -151,13 +170,13 @@ def _evaluate(lm_eval, lm, specs: list, tm, limit: int | None) -> dict:
 
 
 def run_lm_eval(project, tasks: list[str] | None = None, *, limit: int | None = None,
-                layout: Layout = Layout()) -> dict:
+                layout: Layout = Layout()) -> LmEvalResult:
     out_path = metrics_path(layout)
     with project_lock(layout, "lm_eval", writes=out_path):
         return _run(project, lm_eval_tasks(project, tasks), limit, layout, out_path)
 
 
-def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path: Path) -> dict:
+def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path: Path) -> LmEvalResult:
     from zgdata.teacher.prepare import load_teacher, read_teacher_json
     from zgdata.widen import running_widened
     from zgtrain.repair.judge import repaired_loader
@@ -209,9 +228,10 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
     for task in tasks:
         if task == NEXTLINE:
             per_task[task]["chance"] = 1.0 / cfg.choices
-    result = {"tasks": per_task, "task_lineage": lineage, "models": models,
-              "lm_eval": {"version": getattr(lm_eval, "__version__", None), "model": "hf", "num_fewshot": 0,
-                          "limit": limit or None, "batch_size": cfg.batch_size},
-              "seconds": time.perf_counter() - t0}
-    write_json(out_path, result)
+    result = LmEvalResult(tasks=per_task, task_lineage=lineage, models=models,
+                          lm_eval={"version": getattr(lm_eval, "__version__", None), "model": "hf", "num_fewshot": 0,
+                                   "limit": limit or None, "batch_size": cfg.batch_size},
+                          seconds=time.perf_counter() - t0)
+    write_json(out_path, result.metrics())
+
     return result

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import time
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -36,11 +37,59 @@ from zgtrain.project.config import ProjectConfig
 from zgtrain.evaluate.sets import HELDOUT, heldout_set, tokenize_set
 from zgtrain.evaluate.generation import greedy, matching_prefix, prompts, report
 from zgtrain.block.objectives import nmse
-from zgtrain.evaluate.set_metrics import figures, gate_verdicts, score, targets_for
+from zgtrain.evaluate.gates import judge_sets
+from zgtrain.evaluate.set_metrics import figures, score, targets_for
 from zgtrain.repair.judge import add_repaired, repaired_loader
 from zgtrain.student.load import load_student
 
-__all__ = ["evaluate", "eval_sets", "gate_verdicts"]
+__all__ = ["evaluate", "eval_sets", "EvalResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalResult:
+    """What `zg train evaluate` measured; ``metrics()`` is metrics/eval.json. The figures up to
+    ``top1_agreement`` are the in-domain held-out set's (zgtrain/evaluate/set_metrics.py ``figures``)."""
+
+    teacher_ce: float
+    student_ce: float
+    untrained_ce: float
+    ce_gap: float
+    """student_ce - teacher_ce."""
+    ce_gap_ci95: dict
+    ce_recovered: float
+    teacher_context_use: float
+    student_context_use: float
+    untrained_context_use: float
+    context_retention: float
+    context_retention_ci95: dict
+    top1_agreement: float
+    shift: dict
+    """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output."""
+    gates_passed: dict
+    """The gated model's verdicts (zgtrain/evaluate/gates.py ``judge_sets``): per set and ``all``."""
+    heldout_sequences: int
+    heldout_tokens: int
+    context_window: int
+    context_targets: int
+    sets: dict
+    """Every eval set's figures, intervals and lineage, the held-out split first."""
+    size: dict
+    """The student's parameters and KV-cache bytes per token against the teacher's."""
+    generation: dict | None = None
+    """Greedy continuations of held-out prompts: how many tokens the student matches the teacher (None: none asked)."""
+    repaired: dict | None = None
+    """With repair on: the repaired model's figures (zgtrain/repair/judge.py); ``gates_passed`` then judges it."""
+    student_gates_passed: dict | None = None
+    """With repair on: the student's own verdicts."""
+    gated_model: str | None = None
+    """With repair on: "repaired"."""
+    seconds: float
+
+    def metrics(self) -> dict:
+        """metrics/eval.json: every field, less the optional ones that are None."""
+        optional = ("generation", "repaired", "student_gates_passed", "gated_model")
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in optional or getattr(self, f.name) is not None}
 
 
 def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dict:
@@ -153,7 +202,7 @@ def eval_sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
 
 
 @locked("evaluate")
-def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult:
     from zgdata.teacher.prepare import load_tokenizer
 
     t0 = time.perf_counter()
@@ -188,14 +237,11 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
         del model
     shift = _shift(part, layout, rows, project.materialize)
     figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}
-    verdicts = {n: {**gate_verdicts(gates, f["ce_gap"], f["context_retention"]), "judged": n in gates.sets}
-                for n, f in figs.items()}
     h = figs[HELDOUT]
     result = {k: h[k] for k in ("teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_gap_ci95", "ce_recovered",
                                 "teacher_context_use", "student_context_use", "untrained_context_use",
                                 "context_retention", "context_retention_ci95", "top1_agreement")}
-    result.update(shift=shift, gates_passed={"all": all(v["all"] for v in verdicts.values() if v["judged"]),
-                                             **verdicts},
+    result.update(shift=shift, gates_passed=judge_sets(gates, figs),
                   heldout_sequences=int(len(held.ids)), heldout_tokens=int(held.ids.numel()),
                   context_window=cfg.window, context_targets=int(len(targets[HELDOUT])), sets=figs,
                   size=_size(layout))
@@ -218,5 +264,6 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
         ces["repaired"] = {"ce": result["repaired"]["ce"]}
     _plots(layout, ces, shift, part, figs, result.get("repaired", {}).get("sets", {}))
     write_text(layout.generation_report, text)
-    write_json(layout.eval_metrics, result)
-    return result
+    out = EvalResult(**result)
+    write_json(layout.eval_metrics, out.metrics())
+    return out

@@ -1,4 +1,5 @@
-"""Per evaluation set: each model's scores, then the set's figures, intervals and gate verdicts.
+"""Per evaluation set: each model's scores, then the set's figures and intervals (the gates judge them:
+zgtrain/evaluate/gates.py).
 
 A model is scored on a set once (``score``): the NLL and top-1 token at every position,
 in batches, and the NLL of each context target through a fresh window. ``figures`` turns
@@ -15,9 +16,7 @@ from zgdata.progress import progress
 from zgtrain.evaluate.bootstrap import per_sequence, ratio_interval
 from zgtrain.evaluate.metrics import context_targets, token_nll_top1, window_nll
 
-__all__ = ["targets_for", "score", "figures", "gate_verdicts", "GATES"]
-
-GATES = ("max_ce_gap", "min_context_retention")
+__all__ = ["targets_for", "score", "figures"]
 
 
 def targets_for(evalset, cfg) -> torch.Tensor:
@@ -44,14 +43,6 @@ def _ce(nll: torch.Tensor, mask) -> float:
 def _context_use(sc: dict, targets: torch.Tensor) -> torch.Tensor:
     full = sc["nll"][targets[:, 0], targets[:, 1] - 1]                   # target p predicted at p-1
     return sc["window"] - full                                           # (k,) per target
-
-
-def gate_verdicts(gates, ce_gap: float, retention: float) -> dict:
-    checks = {"max_ce_gap": (ce_gap, ce_gap <= gates.max_ce_gap, gates.max_ce_gap),
-              "min_context_retention": (retention, retention >= gates.min_context_retention, gates.min_context_retention)}
-    out = {k: {"passed": bool(ok), "value": v, "threshold": t} for k, (v, ok, t) in checks.items()}
-    out["all"] = all(v["passed"] for v in out.values())
-    return out
 
 
 def figures(evalset, scores: dict, targets: torch.Tensor, cfg) -> dict:

@@ -13,7 +13,7 @@ from typing import Callable
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.repair.paths import repair_paths, student_sha256
-from zgtrain.evaluate.set_metrics import gate_verdicts
+from zgtrain.evaluate.gates import judge_sets
 
 __all__ = ["repaired_loader", "add_repaired", "gap_closed"]
 
@@ -58,12 +58,10 @@ def add_repaired(result: dict, scores: dict, figs: dict, gates, *, figures: Call
                            "context_retention_ci95": f["context_retention_ci95"],
                            "top1_agreement": f["top1_agreement"],
                            "ce_gap_closed": gap_closed(figs[s.name]["ce_gap"], f["ce_gap"])}
-    verdicts = {n: {**gate_verdicts(gates, f["ce_gap"], f["context_retention"]), "judged": n in gates.sets}
-                for n, f in per_set.items()}
     first = sets[0].name  # the in-domain held-out split
     result["repaired"] = {**{k: v for k, v in per_set[first].items() if "ci95" not in k and k != "top1_agreement"},
                           "sets": per_set}
     result["student_gates_passed"] = result["gates_passed"]
-    result["gates_passed"] = {"all": all(v["all"] for v in verdicts.values() if v["judged"]), **verdicts}
+    result["gates_passed"] = judge_sets(gates, per_set)
     result["gated_model"] = "repaired"
     return result

@@ -13,6 +13,7 @@ the closest miss is written instead, and the report names the budget and gates t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
@@ -22,13 +23,48 @@ from zgdata.lineage import check, expected_fingerprints
 from zgdata.lock import project_lock
 from zgdata.progress import stderr
 from zgdata.teacher.prepare import load_slice
-from zgtrain.student.assemble import build_from_blocks, save_student
+from zgtrain.student.assemble import StudentResult, build_from_blocks, save_student
 from zgtrain.fit.checkpoint import load_block
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
 from zgtrain.block.conversions import identity
 from zgtrain.search.variants import VariantLayout, search_choice, search_eval_metrics, search_student, stage_name
 
-__all__ = ["read_choice", "mix_blocks", "assemble_choice", "checked_mix"]
+__all__ = ["read_choice", "mix_blocks", "assemble_choice", "checked_mix", "SearchAssembleResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchAssembleResult:
+    """The searched student written and the search loop's report (``report()`` is metrics/search_eval.json)."""
+
+    student: StudentResult
+    """models/search/student/: the first mix that passed the gates, else the closest miss."""
+    selected: int | None
+    """Index of the try that passed the gates (None: none passed)."""
+    passed: bool
+    tries: list
+    """Per try: its mix, the search's and the model's costs, every set's figures, the verdicts and the miss."""
+    budget: float
+    budget_unit: str
+    cost: str
+    """What the budget counts: params or kv_bytes (search.cost)."""
+    unmet: dict | None
+    """When no try passed: the budget and gates that cannot be met together, and the closest miss."""
+    written_try: int
+    """Index of the try written to models/search/student/."""
+
+    @property
+    def path(self) -> str:
+        return self.student.path
+
+    def report(self) -> dict:
+        """metrics/search_eval.json."""
+        return {"selected": self.selected, "passed": self.passed, "tries": self.tries, "budget": self.budget,
+                "budget_unit": self.budget_unit, "cost": self.cost, "unmet": self.unmet}
+
+    def metrics(self) -> dict:
+        """The student's summary, the report and the written try (what `zg search assemble --json` prints)."""
+        return {**self.student.metrics(), **self.report(), "written_try": self.written_try,
+                "choice": self.tries[self.written_try]["mix"]}
 
 
 def checked_mix(project: ProjectConfig, mix: dict, path) -> dict[str, str]:
@@ -76,7 +112,7 @@ def mix_blocks(project: ProjectConfig, mix: dict[str, str], layout: Layout, whic
     return blocks
 
 
-def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> SearchAssembleResult:
     from zgtrain.search.judge import MixJudge, unmet_report
 
     choice, mixes, ranked = read_choice(project, layout)
@@ -103,12 +139,12 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> dic
         passed = tries[i]["gates_passed"]["all"]
         summary["choice"] = tries[i]["mix"]
         summary["search"] = {"try": i + 1, "tries": len(tries), "gates_passed": passed}
-        saved = save_student(model, summary, path, layout=layout)
-        report = {"selected": i if passed else None, "passed": passed, "tries": tries,
-                  "budget": choice["budget"], "budget_unit": choice["budget_unit"], "cost": choice["cost"],
-                  "unmet": None if passed else unmet_report(project, choice, tries)}
+        result = SearchAssembleResult(
+            student=save_student(model, summary, path, layout=layout), selected=i if passed else None,
+            passed=passed, tries=tries, budget=choice["budget"], budget_unit=choice["budget_unit"],
+            cost=choice["cost"], unmet=None if passed else unmet_report(project, choice, tries), written_try=i)
         if not passed:
-            stderr.print(f"warning: {report['unmet']['message']}; wrote the closest miss to {path} "
-                         f"({report['unmet']['fix']})")
-        write_json(search_eval_metrics(layout), report)
-    return {**saved, **report, "written_try": i, "choice": tries[i]["mix"]}
+            stderr.print(f"warning: {result.unmet['message']}; wrote the closest miss to {path} "
+                         f"({result.unmet['fix']})")
+        write_json(search_eval_metrics(layout), result.report())
+    return result

@@ -1,44 +1,28 @@
-"""Judge searched mixes against the gates: the evaluation behind the constraint-aware search loop (issue 14).
+"""Judge searched mixes against the gates: the evaluation behind the constraint-aware search loop.
 
 A mix is scored the way `zg train evaluate` scores the student (zgtrain/evaluate/set_metrics.py), on every eval set:
 the teacher once, then each mix and the same mix at its blocks' initial weights (the "untrained" reference of
 CE recovered; a teacher block's initial weights are the teacher's). A mix passes when every gate passes on
-every set ``gates.sets`` names. When no try passes, ``unmet`` names the budget and the gates that cannot be met
-together, and the closest miss: the try whose worst gate misses its threshold by the smallest relative margin.
+every set ``gates.sets`` names (zgtrain/evaluate/gates.py). When no try passes, ``unmet`` names the budget and the
+gates that cannot be met together, and the closest miss: the try whose worst gate misses its threshold by the
+smallest relative margin.
 """
 
 from __future__ import annotations
-
-import math
 
 from zgdata.layout import Layout
 from zgdata.progress import stderr
 from zgdata.runtime import device
 from zgdata.widen import running_widened
 from zgtrain.project.config import ProjectConfig
-from zgtrain.evaluate.set_metrics import figures, gate_verdicts, score, targets_for
+from zgtrain.evaluate.gates import describe, judge_sets, shortfall
+from zgtrain.evaluate.set_metrics import figures, score, targets_for
 
-__all__ = ["MixJudge", "shortfall", "unmet_report", "SET_FIGURES"]
+__all__ = ["MixJudge", "unmet_report", "SET_FIGURES"]
 
 # the figures of each set that metrics/search_eval.json keeps per try (the study's table: CE, recovered, context)
 SET_FIGURES = ("teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_gap_ci95", "ce_recovered",
                "context_retention", "context_retention_ci95", "top1_agreement", "ce_tokens")
-
-
-def shortfall(verdicts: dict) -> tuple[float, str, str]:
-    """(how far the worst judged gate misses, relative to its threshold; its set; its gate). 0 when all pass."""
-    worst = (0.0, "", "")
-    for set_name, v in verdicts.items():
-        if not isinstance(v, dict) or not v.get("judged"):
-            continue
-        for gate, g in v.items():
-            if not isinstance(g, dict) or g["passed"]:
-                continue
-            value, limit = g["value"], g["threshold"]
-            miss = math.inf if not math.isfinite(value) else \
-                (value - limit if gate == "max_ce_gap" else limit - value) / max(abs(limit), 1e-12)
-            worst = max(worst, (miss, set_name, gate))
-    return worst
 
 
 class MixJudge:
@@ -65,17 +49,16 @@ class MixJudge:
     def judge(self, model, init_model, label: str) -> dict:
         """{"sets": per set figures, "gates_passed": per set verdicts and "all", "miss": relative shortfall}."""
         trained, untrained = self._score(model, label), self._score(init_model, f"{label} (untrained)")
-        sets, verdicts = {}, {}
+        sets = {}
         for s in self.sets:
             f = figures(s, {"teacher": self.teacher[s.name], "untrained": untrained[s.name],
                             "student": trained[s.name]}, self.targets[s.name], self.cfg)
             sets[s.name] = {k: f[k] for k in SET_FIGURES}
-            verdicts[s.name] = {**gate_verdicts(self.gates, f["ce_gap"], f["context_retention"]),
-                                "judged": s.name in self.gates.sets}
-        passed = all(v["all"] for v in verdicts.values() if v["judged"])
-        miss, where, gate = shortfall(verdicts)
+        gates_passed = judge_sets(self.gates, sets)
+        passed = gates_passed["all"]
+        miss, where, gate = shortfall(gates_passed)
         stderr.print(f"search: {label} " + ("passes the gates" if passed else f"fails the gates ({gate} on {where})"))
-        return {"sets": sets, "gates_passed": {"all": passed, **verdicts}, "miss": miss}
+        return {"sets": sets, "gates_passed": gates_passed, "miss": miss}
 
 
 def unmet_report(project: ProjectConfig, choice: dict, tries: list[dict]) -> dict:
@@ -85,7 +68,7 @@ def unmet_report(project: ProjectConfig, choice: dict, tries: list[dict]) -> dic
     miss, where, gate = shortfall(tries[k]["gates_passed"])
     v = tries[k]["gates_passed"][where][gate]
     message = (f"search.budget {choice['budget']} ({choice['budget_unit']} of {choice['cost']}) and the gates "
-               f"max_ce_gap {g.max_ce_gap}, min_context_retention {g.min_context_retention} on {list(g.sets)} cannot "
+               f"{describe(g)} on {list(g.sets)} cannot "
                f"be met together by the {len(tries)} best mixes; closest miss: try {k + 1} "
                f"({', '.join(f'{b}={n}' for b, n in tries[k]['mix'].items())}), {gate} {v['value']:.4f} on {where} "
                f"against {v['threshold']} ({miss:.1%} short)")

@@ -17,17 +17,69 @@ repair and passes after; it never goes on to a mix that would have done better a
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.progress import stderr
 from zgtrain.project.config import ProjectConfig
+from zgtrain.evaluate.gates import shortfall
 from zgtrain.repair.judge import gap_closed
 from zgtrain.repair.paths import search_repair_paths
 from zgtrain.search.variants import search_eval_metrics, search_student
 
-__all__ = ["repair_search", "kept_try"]
+__all__ = ["repair_search", "kept_try", "SearchRepairResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchRepairResult:
+    """The repair of the searched student and, once it is done, the repaired mix's verdict; ``metrics()`` is
+    metrics/search_repair.json. The verdict's fields are None while the repair is not done."""
+
+    repair: dict
+    """The repair's own figures (zgtrain/repair/train.py: status, step, steps, state_sha256, KL before and after)."""
+    mix: dict | None = None
+    """{block: variant or 'teacher'}: the mix search_assemble kept."""
+    tried: int | None = None
+    """Its try number in search_assemble's loop (1-based; "try" in the JSON)."""
+    params: int | None = None
+    """The mix's blocks' params, as the search counted them."""
+    kv_bytes: float | None = None
+    passed: bool | None = None
+    """The repaired mix passes every gate on every judged set."""
+    sets: dict | None = None
+    """Every eval set's figures of the repaired mix (zgtrain/search/judge.py ``SET_FIGURES``)."""
+    gates_passed: dict | None = None
+    miss: float | None = None
+    """How far its worst judged gate misses, relative to the threshold (0 when all pass)."""
+    ce_gap_closed: dict | None = None
+    """Per set: the share of the pre-repair CE gap that repair closed."""
+    before: dict | None = None
+    """search_assemble's verdict and figures of the mix before repair."""
+    unmet: str | None = None
+    """When the repaired mix fails: which gate, on which set, by how much."""
+
+    @property
+    def status(self) -> str:
+        """done, or stopped (``stop_after``): the repair's."""
+        return self.repair["status"]
+
+    @property
+    def step(self) -> int:
+        return self.repair["step"]
+
+    @property
+    def steps(self) -> int:
+        return self.repair["steps"]
+
+    def metrics(self) -> dict:
+        if self.status != "done":
+            return dict(self.repair)
+        out = {**self.repair, "mix": self.mix, "try": self.tried, "params": self.params, "kv_bytes": self.kv_bytes,
+               "passed": self.passed, "sets": self.sets, "gates_passed": self.gates_passed, "miss": self.miss,
+               "ce_gap_closed": self.ce_gap_closed, "before": self.before}
+        return out if self.unmet is None else {**out, "unmet": self.unmet}
 
 
 def _read(path, fix: str) -> dict:
@@ -54,7 +106,7 @@ def kept_try(layout: Layout) -> tuple[int, dict]:
 
 
 def repair_search(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-                  layout: Layout = Layout()) -> dict:
+                  layout: Layout = Layout()) -> SearchRepairResult:
     """Repair models/search/student (or ``stop_after`` more steps of it), then judge the repaired mix."""
     from zgtrain.repair.train import repair
     from zgtrain.search.assemble import checked_mix, mix_blocks
@@ -65,9 +117,9 @@ def repair_search(project: ProjectConfig, *, stop_after: int | None = None, rest
     res = repair(project, stop_after=stop_after, restart=restart, layout=layout, student=search_student(layout),
                  paths=paths)
     if res["status"] != "done":
-        return res
+        return SearchRepairResult(repair=res)
     from zgtrain.student.assemble import build_from_blocks
-    from zgtrain.search.judge import MixJudge, shortfall
+    from zgtrain.search.judge import MixJudge
     from zgtrain.student.load import load_student
 
     judge = MixJudge(project, layout)
@@ -75,16 +127,19 @@ def repair_search(project: ProjectConfig, *, stop_after: int | None = None, rest
     verdict = judge.judge(load_student(paths.model), init, "repaired")
     closed = {n: gap_closed(before["sets"][n]["ce_gap"], f["ce_gap"]) for n, f in verdict["sets"].items()}
     passed = verdict["gates_passed"]["all"]
-    report = {**res, "mix": mix, "try": i + 1, "params": before["params"], "kv_bytes": before["kv_bytes"],
-              "passed": passed, **verdict, "ce_gap_closed": closed,
-              "before": {"passed": before["gates_passed"]["all"], "miss": before["miss"],
-                         "sets": {n: {k: s[k] for k in ("student_ce", "ce_gap", "context_retention")}
-                                  for n, s in before["sets"].items()}}}
+    unmet = None
     if not passed:
         miss, where, gate = shortfall(verdict["gates_passed"])
         v = verdict["gates_passed"][where][gate]
-        report["unmet"] = (f"the repaired mix fails {gate} on {where}: {v['value']:.4f} against {v['threshold']} "
-                           f"({miss:.1%} short)")
-        stderr.print(f"warning: {report['unmet']}; raise search.budget or repair.steps, or relax the gates")
-    write_json(paths.metrics, report)
+        unmet = (f"the repaired mix fails {gate} on {where}: {v['value']:.4f} against {v['threshold']} "
+                 f"({miss:.1%} short)")
+        stderr.print(f"warning: {unmet}; raise search.budget or repair.steps, or relax the gates")
+    report = SearchRepairResult(
+        repair=res, mix=mix, tried=i + 1, params=before["params"], kv_bytes=before["kv_bytes"], passed=passed,
+        sets=verdict["sets"], gates_passed=verdict["gates_passed"], miss=verdict["miss"], ce_gap_closed=closed,
+        before={"passed": before["gates_passed"]["all"], "miss": before["miss"],
+                "sets": {n: {k: s[k] for k in ("student_ce", "ce_gap", "context_retention")}
+                         for n, s in before["sets"].items()}},
+        unmet=unmet)
+    write_json(paths.metrics, report.metrics())
     return report

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 from zgdata.atomic import write_json
@@ -23,7 +24,7 @@ from zgdata.lock import project_lock
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
 from zgtrain.search.variants import search_choice, search_metrics, stage_name, variant_metrics
 
-__all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED"]
+__all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED", "SearchResult"]
 
 RANKED = 5  # mixes listed in search/choice.json's "ranked": the best first, then the next-best feasible ones
 
@@ -110,7 +111,42 @@ def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
     return out
 
 
-def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """The chosen mix; ``choice()`` is search/choice.json. Costs of a mix are summed over its blocks' options."""
+
+    cost: str
+    """What the budget counts: params or kv_bytes (search.cost)."""
+    budget: float
+    budget_unit: str
+    budget_cost: float
+    """The budget in units of ``cost`` (a fraction times the teacher's, or absolute)."""
+    teacher_params: int
+    teacher_kv_bytes: float
+    params: int
+    kv_bytes: float
+    """The chosen mix's KV-cache bytes per token."""
+    param_ratio: float
+    kv_ratio: float
+    predicted_ce_delta: float
+    """The summed replace-one-block CE deltas of the chosen options."""
+    blocks: dict
+    """{block: the chosen option (variant, params, kv_bytes, ce_delta)}."""
+    ranked: list
+    """The best mixes within the budget, best first (the first is this choice)."""
+    path: str
+    """search/choice.json."""
+
+    def choice(self) -> dict:
+        """search/choice.json: every field but the path."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "path"}
+
+    def metrics(self) -> dict:
+        """What `zg search run --json` prints: the choice and its path."""
+        return {**self.choice(), "path": self.path}
+
+
+def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> SearchResult:
     """Pick the mix, write search/choice.json and metrics/search.json (one search at a time)."""
     with project_lock(layout, "search", writes=search_choice(layout)):
         return _run(project, layout)
@@ -125,7 +161,7 @@ def _totals(opts: dict, idx) -> dict:
     return {"params": sum(o["params"] for o in picked), "kv_bytes": sum(o["kv_bytes"] for o in picked)}
 
 
-def _run(project: ProjectConfig, layout: Layout) -> dict:
+def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
     cfg = project.search
     if not project.variants:
         raise ZgError("params.yaml has no variant library to search", key="variants",
@@ -163,6 +199,7 @@ def _run(project: ProjectConfig, layout: Layout) -> dict:
                                       "param_ratio", "kv_ratio", "predicted_ce_delta")}
     metrics.update(candidates=sum(len(o) for o in opts.values()), mixes=math.prod(len(o) for o in opts.values()),
                    uniform=uniform, choice={b: o["variant"] for b, o in chosen.items()})
-    write_json(search_choice(layout), choice)
+    result = SearchResult(**choice, path=str(search_choice(layout)))
+    write_json(search_choice(layout), result.choice())
     write_json(search_metrics(layout), metrics)
-    return {**choice, "path": str(search_choice(layout))}
+    return result

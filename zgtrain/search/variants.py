@@ -14,7 +14,7 @@ This module is imported by zgtrain/project/pipeline.py to name those paths, so t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from zgdata.errors import ZgError
@@ -22,7 +22,7 @@ from zgdata.layout import Layout
 
 __all__ = ["variant_dir", "variant_metrics", "variant_plot", "search_choice", "search_metrics", "search_eval_metrics",
            "search_student",
-           "VariantLayout",
+           "VariantLayout", "VariantResult",
            "variant_project", "train_variant", "stage_name", "show"]
 
 
@@ -86,8 +86,46 @@ def variant_project(project, block: str, variant: str):
     return replace(project, blocks={**project.blocks, block: run})
 
 
+@dataclass(frozen=True, kw_only=True)
+class VariantResult:
+    """A variant's training and, once trained, its scores (zgtrain/search/scores.py ``score_variant``);
+    ``metrics()`` is metrics/variants/BLOCK/NAME.json. The score fields are None while training is not done."""
+
+    block: str
+    variant: str
+    training: dict
+    """The block training's figures (zgtrain/block/train.py: status, step, steps, params, heldout_loss, ...)."""
+    replace_ce: float | None = None
+    """Held-out CE of the teacher with this block replaced by the variant."""
+    teacher_ce: float | None = None
+    """Held-out CE along the same path from the stored teacher boundary."""
+    ce_delta: float | None = None
+    """replace_ce - teacher_ce: what the search sums."""
+    score_rows: int | None = None
+    score_tokens: int | None = None
+    downstream_blocks: list = field(default_factory=list)
+    """The teacher blocks after this one on the scored path."""
+
+    @property
+    def status(self) -> str:
+        return self.training["status"]
+
+    @property
+    def params(self) -> int | None:
+        return self.training.get("params")
+
+    def metrics(self) -> dict:
+        """The training's figures, the block and variant names and, once done, the scores."""
+        if self.status != "done":
+            return dict(self.training)
+        return {**self.training, "block": self.block, "variant": self.variant,
+                "heldout_nmse": self.training["heldout_loss"], "replace_ce": self.replace_ce,
+                "teacher_ce": self.teacher_ce, "ce_delta": self.ce_delta, "score_rows": self.score_rows,
+                "score_tokens": self.score_tokens, "downstream_blocks": self.downstream_blocks}
+
+
 def train_variant(project, block: str, variant: str, *, restart: bool | str = False,
-                  layout: Layout = Layout()) -> dict:
+                  layout: Layout = Layout()) -> VariantResult:
     """Train BLOCK as VARIANT (resuming its own checkpoint), then score it; writes its metrics file."""
     from zgdata.atomic import write_json
     from zgtrain.block.train import train_block
@@ -96,10 +134,10 @@ def train_variant(project, block: str, variant: str, *, restart: bool | str = Fa
     vl = VariantLayout(root=layout.root, block=block, variant=variant)
     result = train_block(variant_project(project, block, variant), block, restart=restart, layout=vl)
     if result.status != "done":
-        return result.metrics()
-    scores = score_variant(project, block, variant, layout=vl)
-    out = {**result.metrics(), "block": block, "variant": variant, "heldout_nmse": result.heldout_loss, **scores}
-    write_json(vl.block_metrics(block), out)
+        return VariantResult(block=block, variant=variant, training=result.metrics())
+    out = VariantResult(block=block, variant=variant, training=result.metrics(),
+                        **score_variant(project, block, variant, layout=vl))
+    write_json(vl.block_metrics(block), out.metrics())
     return out
 
 

@@ -11,6 +11,7 @@ sliding-window layer (``layer_windows`` in config.json) ship zg's modeling file 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -27,7 +28,41 @@ from zgtrain.project.config import ProjectConfig
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.student.load import ship_modeling_code, template_class
 
-__all__ = ["assemble", "build_student", "build_from_blocks", "save_student"]
+__all__ = ["assemble", "build_student", "build_from_blocks", "save_student", "StudentResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudentResult:
+    """A written student folder and its zerograph.json summary (less the per-block lineage)."""
+
+    path: str
+    """The student folder (models/student/, or models/search/student/ for the searched mix)."""
+    params: int
+    teacher_params: int
+    param_ratio: float
+    """params / teacher_params."""
+    layers: int
+    intermediate_sizes: list
+    """Each layer's MLP width."""
+    layer_windows: list
+    """Each layer's sliding window (None: full attention)."""
+    remote_code: bool
+    """True when the folder ships zg's modeling file (per-layer widths or windows)."""
+    family: str
+    kv_context: int
+    """The teacher's longest context, at which the KV-cache figures are counted (zgtrain/block/kv_cache.py)."""
+    kv_bytes_per_token: float
+    teacher_kv_bytes_per_token: float
+    kv_ratio: float | None
+    choice: dict | None = None
+    """The searched student only: its mix ({block: variant or 'teacher'})."""
+    search: dict | None = None
+    """The searched student only: which try of the search loop it is and whether it passed the gates."""
+
+    def metrics(self) -> dict:
+        """Every field, less choice and search where they are None (what `zg train assemble --json` prints)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("choice", "search") or getattr(self, f.name) is not None}
 
 
 def _blocks(project: ProjectConfig, layout: Layout, which: str):
@@ -93,12 +128,12 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
 
 
 @locked("assemble")
-def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> StudentResult:
     model, summary = build_student(project, layout=layout)
     return save_student(model, summary, layout.student, layout=layout)
 
 
-def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout()) -> dict:
+def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout()) -> StudentResult:
     """Write an assembled model as a student folder (weights, shipped modeling code, tokenizer, zerograph.json)."""
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
     with atomic_path(path) as tmp:
@@ -107,4 +142,4 @@ def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout())
         load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
         (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
                                                         "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
-    return {"path": str(path), **{k: v for k, v in summary.items() if k != "blocks"}}
+    return StudentResult(path=str(path), **{k: v for k, v in summary.items() if k != "blocks"})

@@ -264,7 +264,7 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     params["variants"] = {"ident": {"conversion": "identity", "steps": 0}}
     layout = Layout(tiny_project)
     m = train_variant(ProjectConfig.from_params(params), "b00", "ident", layout=layout)
-    assert m["params"] == m["teacher_params"]
+    assert m.params == m.training["teacher_params"]
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     import lance
     splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
@@ -272,9 +272,9 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     with torch.no_grad():
         logits = teacher(input_ids=ids).logits[:, :-1]
     ce = float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]))
-    assert m["score_tokens"] == ids[:, 1:].numel()
-    assert abs(m["replace_ce"] - ce) < 0.02 and abs(m["teacher_ce"] - ce) < 0.02, (m, ce)
-    assert abs(m["ce_delta"]) < 0.02
+    assert m.score_tokens == ids[:, 1:].numel()
+    assert abs(m.replace_ce - ce) < 0.02 and abs(m.teacher_ce - ce) < 0.02, (m, ce)
+    assert abs(m.ce_delta) < 0.02
 
 
 def test_the_searched_mix_assembles_loads_and_generates(searched, monkeypatch, capsys):
