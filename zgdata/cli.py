@@ -37,12 +37,13 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
     dtype the prepared weights are saved in; forwards compute in materialize.compute_dtype.
     partition.boundaries decides the per-block slices.
     """
-    from zgdata.config import PartitionConfig, TeacherConfig, load_params, section
+    from zgdata.config import PartitionConfig, ProjectKind, TeacherConfig, load_params, project_kind, section
     from zgdata.teacher.prepare import prepare
 
     p = load_params(params)
-    # a local-pretraining project (`local:` section) trains from scratch: it needs the tokenizer, no slices
-    r = prepare(section(p, TeacherConfig, "teacher"), None if "local" in p else section(p, PartitionConfig, "partition"))
+    # a local-pretraining project trains from scratch: it needs the tokenizer, no slices
+    local = project_kind(p) is ProjectKind.LOCAL
+    r = prepare(section(p, TeacherConfig, "teacher"), None if local else section(p, PartitionConfig, "partition"))
     emit({"path": str(r.path), "weights_sha256": r.weights_sha256, "tokenizer_sha256": r.tokenizer_sha256,
           "params": r.params}, as_json=as_json,
          summary=f"teacher ready: {r.params:,} params, weights {r.weights_sha256[:12]} -> {r.path}")
@@ -131,12 +132,16 @@ def data_verify(params: Path = params_option,
 @data_app.command("inspect")
 def data_inspect(paths: Optional[list[Path]] = typer.Argument(None, help="datasets or folders (default: data/tokens.lance and data/boundaries)."),
                  version: Optional[int] = typer.Option(None, help="inspect this Lance version."),
+                 wide: bool = typer.Option(False, "--wide", help="also the lineage (teacher, tokenizer, token set, "
+                                                                 "source) and storage (shape, dtype, stats) tables."),
+                 versions: bool = typer.Option(False, "--versions", help="also every dataset's full version history."),
                  as_json: bool = typer.Option(False, "--json")):
-    """Show token and boundary datasets: rows per split, shapes, bytes, fingerprint, lineage, stats, versions."""
+    """Show token and boundary datasets: rows per split, codec, size, fingerprint, completeness and history (one line
+    each, fits 80 columns); --wide adds lineage and storage, --versions every version, --json everything."""
     from zgdata.inspect import collect, render
 
     infos = collect(paths or [Path("data/tokens.lance"), Path("data/boundaries")], version=version)
     if as_json:
         print(json.dumps(infos, indent=2, default=str))
     else:
-        render(infos)
+        render(infos, wide=wide, versions=versions)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -120,31 +121,66 @@ def _short(x) -> str:
     return str(x)[:12] if x else "-"
 
 
-def render(infos: list[dict], console: Console | None = None) -> None:
+def _where(i: dict) -> str:
+    src = i["source"]
+    return (f"virtual: {src['virtual']}" if src.get("virtual") else f"import {src['import']['url']}" if src.get("import")
+            else f"stage {src['stage']}" if src.get("stage") else src.get("tracked_by") or "untracked")
+
+
+def _history(i: dict) -> str:
+    """One line: how many versions, and when the last one was written (the full list: --versions)."""
+    if i.get("virtual"):
+        return "computed on read"
+    vs = i["versions"]
+    return f"{len(vs)}, last {str(vs[-1]['timestamp']).replace('T', ' ')[:16]}" if vs else "-"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _table(title: str, cols: tuple[str, ...], rows: list[dict], keep: tuple[str, ...]) -> Table:
+    """A table with one space between columns. ``keep`` columns (names, hash prefixes, sizes) never wrap or
+    shrink below their header; the others wrap at spaces, and fold a long word rather than cut it."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_lines=False)
+    for col in cols:
+        t.add_column(col, no_wrap=col in keep, overflow="fold", min_width=len(col))
+    for r in rows:
+        t.add_row(*(r[c] for c in cols))
+    return t
+
+
+def _cells(i: dict) -> dict:
+    lin = i["lineage"]
+    return {"name": i["name"], "layer": str(i["layer"] if i["layer"] is not None else "-"),
+            "rows": " ".join(f"{k}={v}" for k, v in sorted(i["rows"].items())), "seq_len": str(i["seq_len"]),
+            "hidden": str(i["hidden"] or "-"), "dtype": i["dtype"], "codec": i["codec"] or "-",
+            "size": _size(i["bytes"]), "fingerprint": _short(i["fingerprint"]),
+            "teacher": _short(lin.get("teacher_sha256")), "tokenizer": _short(lin.get("tokenizer_sha256")),
+            "tokens": _short(lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")),
+            "stats": f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-",
+            "complete": "yes" if i["complete"] else "NO", "source": _where(i), "history": _history(i)}
+
+
+def render(infos: list[dict], console: Console | None = None, *, wide: bool = False, versions: bool = False) -> None:
+    """The datasets as tables that fit 80 columns. Default: one row per dataset (name, layer, rows, codec, size,
+    fingerprint prefix, complete, one line of history). ``wide`` adds the lineage table (teacher, tokenizer and
+    token-set prefixes, where it comes from) and the storage table (shape, dtype, stats); ``versions`` each
+    dataset's full version list. Hash cells are 12-character prefixes, never cut (full values: --json)."""
     console = console or Console()
-    t = Table(title="ZeroGraph datasets", show_lines=False)
-    for col in ("name", "layer", "rows", "seq_len", "hidden", "dtype", "codec", "bytes", "fingerprint", "teacher", "tokenizer",
-                "tokens", "stats", "complete", "source"):
-        t.add_column(col)
-    for i in infos:
-        lin = i["lineage"]
-        rows = " ".join(f"{k}={v}" for k, v in sorted(i["rows"].items()))
-        stats = f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-"
-        src = i["source"]
-        where = (f"virtual: {src['virtual']}" if src.get("virtual") else f"import {src['import']['url']}" if src.get("import") else
-                 f"stage {src['stage']}" if src.get("stage") else src.get("tracked_by") or "untracked")
-        tokens_fp = lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")
-        t.add_row(i["name"], str(i["layer"] if i["layer"] is not None else "-"), rows, str(i["seq_len"]),
-                  str(i["hidden"] or "-"), i["dtype"], i["codec"] or "-", f"{i['bytes'] / 1e6:.1f} MB", _short(i["fingerprint"]),
-                  _short(lin.get("teacher_sha256")), _short(lin.get("tokenizer_sha256")), _short(tokens_fp), stats,
-                  "yes" if i["complete"] else "NO", where)
-    console.print(t)
+    rows = [_cells(i) for i in infos]
+    console.print(_table("ZeroGraph datasets", ("name", "layer", "rows", "codec", "size", "fingerprint", "complete",
+                                                "history"), rows, keep=("name", "fingerprint", "size")))
+    if wide:
+        console.print(_table("lineage", ("name", "fingerprint", "teacher", "tokenizer", "tokens", "source"), rows,
+                             keep=("name", "fingerprint", "teacher", "tokenizer", "tokens")))
+        console.print(_table("storage", ("name", "seq_len", "hidden", "dtype", "codec", "stats"), rows,
+                             keep=("name",)))
+    if not versions:
+        return
     for i in infos:
         if i.get("virtual"):  # nothing stored, so no versions
             continue
-        v = Table(title=f"{i['name']} versions", show_header=True)
-        for col in ("version", "timestamp", "rows", "message"):
-            v.add_column(col)
-        for r in i["versions"]:
-            v.add_row(str(r["version"]), r["timestamp"], str(r["rows"]), r["message"])
-        console.print(v)
+        console.print(_table(f"{i['name']} versions", ("version", "timestamp", "rows", "message"),
+                             [{"version": str(r["version"]), "timestamp": str(r["timestamp"]), "rows": str(r["rows"]),
+                               "message": r["message"]} for r in i["versions"]], keep=("version", "timestamp")))

@@ -13,7 +13,7 @@ from zgtrain.cli import app
 EXPECTED = {
     "zg": ["--debug"],
     "zg data": [],
-    "zg data inspect": ["--json", "--version", "ARG:paths"],
+    "zg data inspect": ["--json", "--version", "--versions", "--wide", "ARG:paths"],
     "zg data materialize": ["--json", "--params"],
     "zg data tokenize": ["--json", "--params"],
     "zg data verify": ["--boundaries", "--json", "--lineage-only", "--params", "--sample"],

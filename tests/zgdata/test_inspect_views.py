@@ -1,0 +1,71 @@
+"""`zg data inspect` views fit a terminal: the default at 80 and 100 columns, --wide, --versions; --json unchanged.
+
+Real Lance datasets of the tiny profile (teacher, tokens, materialize), rendered by rich at a fixed width.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from conftest import zg
+from zgdata.inspect import collect, render
+
+VIEWS = {"default": {}, "wide": {"wide": True}, "versions": {"versions": True}, "all": {"wide": True, "versions": True}}
+HEADERS = {"default": ("name", "layer", "rows", "codec", "size", "fingerprint", "complete", "history"),
+           "wide": ("teacher", "tokenizer", "tokens", "source", "seq_len", "hidden", "dtype", "stats"),
+           "versions": ("version", "timestamp", "message")}
+
+
+def _infos(root):
+    return collect([root / "data" / "tokens.lance", root / "data" / "boundaries"])
+
+
+@pytest.mark.parametrize("width", [80, 100])
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_views_fit_and_cut_no_header_or_fingerprint(tiny_built, width, view):
+    infos = _infos(tiny_built)
+    console = Console(width=width, record=True, force_terminal=False, color_system=None)
+    render(infos, console, **VIEWS[view])
+    text = console.export_text()
+    assert "…" not in text  # rich marks a cut cell with an ellipsis: no cell is cut, headers and hashes included
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+    lines = text.splitlines()
+    shown = {w for line in lines for w in line.split()}
+    for head in HEADERS["default"] + (HEADERS["wide"] if "wide" in VIEWS[view] else ()) \
+            + (HEADERS["versions"] if "versions" in VIEWS[view] else ()):
+        assert head in shown, (view, width, head)
+    for i in infos:  # each fingerprint's 12-character prefix, whole, on one line
+        assert i["fingerprint"][:12] in shown
+        if "wide" in VIEWS[view]:
+            assert i["lineage"]["teacher_sha256"][:12] in shown
+    if "versions" not in VIEWS[view]:
+        assert "materialized rows" not in text  # the full history only with --versions
+    else:
+        assert text.count(" versions") >= len(infos)
+
+
+def test_default_view_has_one_history_line_per_dataset(tiny_built):
+    infos = _infos(tiny_built)
+    console = Console(width=100, record=True, force_terminal=False, color_system=None)
+    render(infos, console)
+    text = console.export_text()
+    for i in infos:
+        n, last = len(i["versions"]), i["versions"][-1]["timestamp"].replace("T", " ")[:16]
+        row = next(line for line in text.splitlines() if line.split() and line.split()[0] == i["name"])
+        assert f"{n}, last {last}" in row and i["fingerprint"][:12] in row
+    assert "teacher" not in text.split()  # the lineage columns only with --wide
+
+
+def test_cli_views_and_json(tiny_project):
+    plain = zg("data", "inspect", cwd=tiny_project).stdout
+    wide = zg("data", "inspect", "--wide", "--versions", cwd=tiny_project).stdout
+    infos = json.loads(zg("data", "inspect", "--json", cwd=tiny_project).stdout)
+    again = json.loads(json.dumps(_infos(tiny_project), default=str))  # --json: exactly collect()'s records
+    assert [{k: v for k, v in i.items() if k != "path"} for i in infos] == \
+        [{k: v for k, v in i.items() if k != "path"} for i in again]  # (paths: relative there, absolute here)
+    for i in infos:
+        assert i["fingerprint"][:12] in plain and i["lineage"]["tokenizer_sha256"][:12] in wide
+    assert "lineage" in wide and "materialized rows" in wide and "materialized rows" not in plain
