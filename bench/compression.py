@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 
 from zgdata.codec import decode_rows, hidden_arrays  # noqa: E402
 from zgdata.integrity import checksum_array  # noqa: E402
-from zgdata.materialize.driver import boundary_schema  # noqa: E402
+from zgdata.materialize.staging import boundary_schema  # noqa: E402
 
 LANCE = {"lance:zstd": {"lance-encoding:compression": "zstd"},
          "lance:lz4": {"lance-encoding:compression": "lz4"},

@@ -1,8 +1,8 @@
 """Benchmark: Lance fragments, data files and versions per boundary as rows grow, and read throughput
 before and after finalize's compaction. Not a test.
 
-Drives materialize's own writer (``zgdata.materialize.driver._Writer``: commit groups streamed into one
-data file per boundary per group, journaled) and finalize (``_finalize``: compact, publish as one
+Drives materialize's own writer (``zgdata.materialize.writer.Writer``: commit groups streamed into one
+data file per boundary per group, journaled) and finalize (``staging.finalize``: compact, publish as one
 version) on synthetic bf16 rows, so no teacher runs. Two settings per size:
 
   old   commit_rows 32, as before commit groups: one Lance version and one file per 32 rows
@@ -33,16 +33,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from zgdata.config import MaterializeConfig  # noqa: E402
-from zgdata.materialize.driver import _finalize, _Journal, _Writer, boundary_schema  # noqa: E402
+from zgdata.materialize.staging import Journal, boundary_schema, finalize  # noqa: E402
+from zgdata.materialize.writer import Writer  # noqa: E402
 
 
-def write(stage: Path, rows: int, seq_len: int, hidden: int, cfg: MaterializeConfig) -> _Journal:
+def write(stage: Path, rows: int, seq_len: int, hidden: int, cfg: MaterializeConfig) -> Journal:
     meta = {"kind": "boundary", "name": "h00", "layer": 0, "fingerprint": "bench", "lineage": {}, "seq_len": seq_len,
             "hidden": hidden, "rows": {"train": rows}, "format_version": 2, "codec": {"name": cfg.codec},
             "complete": False}
     schemas = {"h00": boundary_schema(meta, seq_len, hidden, "bfloat16", cfg.codec)}
-    journal = _Journal(stage / "journal.json")
-    w = _Writer(stage=stage, names=["h00"], schemas=schemas, journal=journal, cfg=cfg, total_rows=rows,
+    journal = Journal(stage / "journal.json")
+    w = Writer(stage=stage, names=["h00"], schemas=schemas, journal=journal, cfg=cfg, total_rows=rows,
                 seq_len=seq_len, hidden=hidden)
     w.start()
     g = torch.Generator().manual_seed(0)
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
             staged_read = read_mbps(tmp / "old" / "h00.lance", rows, row_bytes, args.batches)
             final = tmp / "final" / "h00.lance"
             final.parent.mkdir()
-            _finalize(tmp / "new", ["h00"], j, {"h00": final}, n_rows=rows, row_bytes=row_bytes, file_mb=args.file_mb)
+            finalize(tmp / "new", ["h00"], j, {"h00": final}, n_rows=rows, row_bytes=row_bytes, file_mb=args.file_mb)
             p = count(final)
             pub_read = read_mbps(final, rows, row_bytes, args.batches)
             print(f"{rows:6d} {rows * row_bytes / 2**20:6.0f} | {'/'.join(map(str, o)):>24} | {'/'.join(map(str, s)):>17} "

@@ -5,7 +5,7 @@ with 1 thread, measured side by side in one run (arms alternate). Not a test; pr
     python bench/parallel.py --workdir /tmp/zgbench-par --steps 800 --repeats 3
 
 - serial:   one fresh Python process (torch threads 1) calls the trainer for each block in turn
-            (``zgtrain.exec.repro.train_one``, what `zg repro --jobs 1` runs); timed from the first block's
+            (``zgtrain.exec.stage.train_one``, what `zg repro --jobs 1` runs); timed from the first block's
             start to the last block's end, after imports.
 - parallel: ``zgtrain.exec.ray_tasks.run_blocks`` (what `zg repro --jobs N` runs) on a Ray cluster of N CPUs that the
             bench starts once (``ray.cluster_utils.Cluster``, not timed); timed from submitting the tasks to the
@@ -66,7 +66,7 @@ def arm_copy(base: Path, name: str, steps: int, batch: int) -> Path:
 
 _SERIAL = """
 import json, sys, time
-from zgtrain.exec.repro import train_one
+from zgtrain.exec.stage import train_one
 root, keys = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 out = [train_one(root, k) for k in keys]

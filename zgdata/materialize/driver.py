@@ -1,50 +1,41 @@
 """Materialize teacher boundaries: one forward per batch, every partition boundary captured.
 
-Writes go to ``data/.staging/<run>/hNN.lance`` (``run`` is keyed by the fingerprints),
-committed every ``commit_rows`` sequences, with a journal that records each boundary's
-committed Lance version. A killed run resumes from the journal: datasets that got one
+Writes go to a staging area ``data/.staging/<run>/hNN.lance`` (``run`` is keyed by the fingerprints;
+zgdata/materialize/staging.py), committed in groups of rows, with a journal that records each
+boundary's committed Lance version. A killed run resumes from the journal: datasets that got one
 commit further are rolled back to the journaled version, so all boundaries stay aligned.
 Only complete datasets are moved (renamed) into ``data/boundaries/``.
 
 With ``materialize.workers`` > 1 the rows are captured data-parallel in shards on Ray
-(zgdata/materialize/sharded.py); staging, journal, stats and finalization are shared, so
-the datasets hold the same values either way and a run of one kind resumes the other.
+(zgdata/materialize/sharded.py), otherwise in this process (zgdata/materialize/writer.py). Staging,
+journal, stats and finalization are shared, so the datasets hold the same values either way and a
+run of one kind resumes the other.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import queue
 import shutil
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import torch
-
-from zgdata.materialize import stats as boundary_stats
-from zgdata.atomic import replace_path, write_text
-from zgdata.capture import capture
-from zgdata.codec import FORMAT_OF, codec_meta, codec_of, hidden_arrays, hidden_fields
+from zgdata.codec import FORMAT_OF, codec_meta, codec_of
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import sha256_bytes
-from zgdata.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN, checksum_array
-from zgdata.lance_io import encode_meta, open_dataset, schema_meta
+from zgdata.lance_io import open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
 from zgdata.lock import locked, remove_dead_staging
+from zgdata.materialize.staging import Journal, boundary_schema, finalize, reconcile, remove_orphans
+from zgdata.materialize.writer import run_local
 from zgdata.progress import progress
-from zgdata.teacher.prepare import load_teacher, read_teacher_json
+from zgdata.teacher.prepare import read_teacher_json
 from zgdata.timing import span
-from zgdata.tokens import open_tokens, read_tokens
 from zgdata.virtual import stored
 
-__all__ = ["materialize", "MaterializeResult", "estimate_bytes", "boundary_schema", "JOURNAL_VERSION"]
+__all__ = ["materialize", "MaterializeResult", "estimate_bytes", "JOURNAL_VERSION"]
 
 BYTES = {"bfloat16": 2, "float32": 4}
 # Part of the staging key: 2 keeps exact stats (zgdata/materialize/stats.py) in the journal, so a
@@ -92,104 +83,6 @@ def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
         return False
 
 
-class _Journal:
-    def __init__(self, path: Path):
-        self.path = path
-        self.state = json.loads(path.read_text()) if path.exists() else {"rows_done": 0, "versions": {}, "stats": {}}
-
-    def save(self) -> None:
-        write_text(self.path, json.dumps(self.state, sort_keys=True))  # compact: rewritten after every commit
-
-
-def _reconcile(stage: Path, names: list[str], journal: _Journal) -> None:
-    """Roll every staged dataset back to its journaled version (or remove it if none was journaled)."""
-    import lance
-
-    for name in names:
-        path = stage / f"{name}.lance"
-        want = journal.state["versions"].get(name)
-        if want is None:
-            shutil.rmtree(path, ignore_errors=True)
-            continue
-        ds = lance.dataset(str(path))
-        if ds.version != want:  # one commit further, or compacted by an interrupted finalize
-            lance.dataset(str(path), version=want).restore()
-
-
-class _Writer(threading.Thread):
-    """Background writer: bounded queue in; each commit group streams into one Lance data file per boundary.
-
-    A group closes at ``commit_rows`` rows (0: no row bound), ``commit_mb`` of hidden states (all
-    boundaries) or ``commit_seconds``, whichever comes first; it is then committed (one Lance version
-    per boundary) and journaled, exactly as a shard of a sharded run (materialize_sharded._commit).
-    A killed run therefore loses at most the open group; its written but uncommitted files are
-    orphans, deleted before publishing. Memory stays a few batches whatever the group size.
-    """
-
-    def __init__(self, *, stage, names, schemas, journal, cfg, total_rows, seq_len, hidden):
-        super().__init__(daemon=True)
-        self.q: queue.Queue = queue.Queue(maxsize=cfg.queue_batches)
-        self.stage, self.names, self.schemas, self.journal, self.cfg = stage, names, schemas, journal, cfg
-        self.total_rows = total_rows
-        self.bare = boundary_schema(None, seq_len, hidden, cfg.storage_dtype, cfg.codec)
-        self.group = None  # the open group: streams, first and next row, stats, bytes, start time
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while (item := self.q.get()) is not None:
-                self._add(*item)
-                g = self.group
-                if ((self.cfg.commit_rows and g["hi"] - g["lo"] >= self.cfg.commit_rows)
-                        or g["bytes"] >= self.cfg.commit_mb * 2**20
-                        or time.monotonic() - g["t0"] >= self.cfg.commit_seconds):
-                    self._flush()
-            self._flush()
-        except BaseException as e:  # surfaced by the main thread
-            self.error = e
-            if self.group is not None:
-                self.group["streams"].close(abort=True)
-
-    def _add(self, rows, splits, caps) -> None:
-        from zgdata.materialize.shard_task import _Streams
-
-        if self.group is None:
-            # one writer per dataset here: "create" until the first commit spares Lance's "no dataset" warning
-            fresh = not any((self.stage / f"{n}.lance" / "_versions").exists() for n in self.names)
-            self.group = {"streams": _Streams(self.stage, self.names, self.bare, rows_per_file=2**31 - 1,
-                                              mode="create" if fresh else "append"),
-                          "lo": int(rows[0]), "hi": int(rows[0]), "bytes": 0, "t0": time.monotonic(),
-                          "stats": {n: boundary_stats.empty() for n in self.names}}
-        g = self.group
-        for name in self.names:
-            x = caps[name]                                                   # (N, T, C) storage dtype
-            g["stats"][name] = boundary_stats.combine(g["stats"][name], boundary_stats.batch_stats(x))
-            values, bits = hidden_arrays(x, self.cfg.storage_dtype, self.cfg.codec)
-            g["streams"].put(name, pa.RecordBatch.from_arrays(
-                [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)], schema=self.bare))
-            g["bytes"] += x.numel() * x.element_size()
-        g["hi"] = int(rows[-1]) + 1
-
-    def _flush(self) -> None:
-        from zgdata.materialize.sharded import _commit
-
-        g, self.group = self.group, None
-        if g is None:
-            return
-        with span("materialize.commit", rows=g["hi"] - g["lo"], nbytes=g["bytes"]):
-            fragments = g["streams"].close()
-            _commit(self.stage, self.names, self.schemas, self.journal,
-                    {"lo": g["lo"], "hi": g["hi"], "fragments": fragments, "stats": g["stats"]}, self.total_rows)
-
-
-def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str, codec: str = "raw") -> pa.Schema:
-    """The Arrow schema of a boundary dataset (``meta``: its zg.* schema metadata, or None for the bare fields)."""
-    return pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
-                      *hidden_fields(seq_len, hidden, storage_dtype, codec),
-                      pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))],
-                     metadata=encode_meta(meta) if meta is not None else None)
-
-
 @locked("materialize")
 def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout(),
                 sharded: bool | None = None) -> MaterializeResult:
@@ -222,8 +115,8 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
                                  seconds=time.perf_counter() - t0, skipped=True)
 
     stage.mkdir(parents=True, exist_ok=True)
-    journal = _Journal(stage / "journal.json")
-    _reconcile(stage, names, journal)
+    journal = Journal(stage / "journal.json")
+    reconcile(stage, names, journal)
     start = journal.state["rows_done"]
     _check_disk(estimate_bytes(n_rows - start, seq_len, hidden, cfg.storage_dtype, len(names)), layout.staging)
 
@@ -244,96 +137,12 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
                                  journal=journal, n_rows=n_rows, seq_len=seq_len, hidden=hidden, expect=expect,
                                  advance=advance)
         else:
-            _run_local(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas, journal=journal,
-                       n_rows=n_rows, seq_len=seq_len, hidden=hidden, start=start, advance=advance)
-    from zgdata.materialize.sharded import _remove_orphans
-
-    _remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
+            run_local(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas, journal=journal,
+                      n_rows=n_rows, seq_len=seq_len, hidden=hidden, start=start, advance=advance)
+    remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
     with span("materialize.finalize"):
-        stats = _finalize(stage, names, journal, finals, n_rows=n_rows, row_bytes=seq_len * hidden * BYTES[cfg.storage_dtype],
-                          file_mb=cfg.file_mb)
+        stats = finalize(stage, names, journal, finals, n_rows=n_rows, row_bytes=seq_len * hidden * BYTES[cfg.storage_dtype],
+                         file_mb=cfg.file_mb)
     shutil.rmtree(stage, ignore_errors=True)
     return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
                              seconds=time.perf_counter() - t0, resumed_from=start, stats=stats, shards=shards)
-
-
-def _run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, start, advance) -> None:
-    """One process: teacher forward in this thread, Lance commits in a background writer thread."""
-    with span("materialize.load_teacher"):
-        model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
-    storage = getattr(torch, cfg.storage_dtype)
-    writer = _Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows,
-                     seq_len=seq_len, hidden=hidden)
-    tokens_ds = open_tokens(layout)
-    writer.start()
-    try:
-        for lo in range(start, n_rows, cfg.batch_size):
-            rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
-            with span("materialize.read_tokens", rows=len(rows)):
-                ids, splits = read_tokens(layout, rows, ds=tokens_ds)
-            with span("materialize.capture", rows=len(rows)):
-                caps = capture(model, ids, layers, storage_dtype=storage)
-            while True:  # never block forever on a dead writer
-                if writer.error is not None:
-                    raise writer.error
-                try:
-                    writer.q.put((rows, splits, {n: caps[layer] for n, layer in zip(names, layers)}), timeout=1)
-                    break
-                except queue.Full:
-                    continue
-            advance(len(rows) * seq_len)
-    finally:
-        if writer.is_alive():
-            writer.q.put(None)
-            writer.join()
-    if writer.error is not None:
-        raise writer.error
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)  # same file system: no bytes copied
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def _finalize(stage: Path, names: list[str], journal: _Journal, finals: dict[str, Path], *, n_rows: int,
-              row_bytes: int, file_mb: int) -> dict:
-    """Compact each staged boundary into large files and publish it as a new dataset of one version.
-
-    The staged dataset has one version per commit group. Finalize compacts its fragments into files
-    of about ``file_mb`` (Lance ``compact_files``), then links those files into a fresh dataset whose
-    version 1 is an Overwrite of them with the complete schema metadata and a message saying what
-    was materialized, and renames that into place. So a boundary has about rows x row_bytes / file_mb
-    files and one version, whatever its size. The staged dataset is left intact until the staging
-    dir is removed, so a run killed here redoes this step from the journal.
-    """
-    import lance
-
-    stats = {}
-    groups = len(journal.state.get("shards", [])) or None
-    for n in names:
-        stats[n] = boundary_stats.summary(journal.state["stats"][n])
-        src, pub = stage / f"{n}.lance", stage / f"{n}.publish.lance"
-        ds = lance.dataset(str(src))
-        if len(ds.get_fragments()) > 1:
-            with span("materialize.compact", rows=n_rows):
-                ds.optimize.compact_files(target_rows_per_fragment=max(1, file_mb * 2**20 // row_bytes),
-                                          compaction_mode="try_binary_copy", num_threads=1)
-                ds = lance.dataset(str(src))
-        frags = ds.get_fragments()
-        shutil.rmtree(pub, ignore_errors=True)
-        (pub / "data").mkdir(parents=True)
-        for f in frags:
-            for d in f.data_files():
-                _link_or_copy(src / "data" / d.path, pub / "data" / d.path)
-        schema = ds.schema.with_metadata({**ds.schema.metadata, **{k.encode(): v.encode() for k, v in
-                                                                   encode_meta({"stats": stats[n], "complete": True}).items()}})
-        msg = (f"materialized rows 0-{n_rows - 1}" + (f" in {groups} commit groups" if groups else "")
-               + f", {len(frags)} data file{'s' if len(frags) != 1 else ''}")
-        tx = lance.Transaction(read_version=0, operation=lance.LanceOperation.Overwrite(schema, [f.metadata for f in frags]),
-                               transaction_properties={"zg.message": msg})
-        lance.LanceDataset.commit(str(pub), tx)
-    for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
-        replace_path(stage / f"{n}.publish.lance", finals[n])
-    return stats

@@ -1,11 +1,12 @@
 """Ray at the edge of materialize: run shard tasks, hand their results back in row order.
 
-The only zgdata module that imports ``ray`` (lazily: only ``materialize.workers`` > 1 needs it).
+With zgdata/ray_cluster.py (the cluster: connect, retries, object store) and zgtrain/exec/ray_tasks.py, one of
+the three modules of zg that import ``ray``; imported only when ``materialize.workers`` > 1 needs it.
 The task itself is the plain function ``zgdata.materialize.shard_task.run_shard`` (JSON text in and out).
 
 - Cluster: the Ray instance this process already runs (a test's), else the one at
   ``ZG_RAY_ADDRESS`` (or Ray's own ``RAY_ADDRESS``), else a local one started here with
-  ``workers x worker_threads`` CPUs and stopped when materialize ends.
+  ``workers x worker_threads`` CPUs and stopped when materialize ends (``ray_cluster.connect``).
 - At most ``workers`` tasks run at once, each asking Ray for ``worker_threads`` CPUs (and
   one GPU when ``ZG_DEVICE`` is CUDA; Ray then sets ``CUDA_VISIBLE_DEVICES``).
 - A task whose worker process dies (``kill -9``, out of memory, a lost node) is retried by
@@ -16,59 +17,33 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import os
-from typing import Iterator
+from collections.abc import Iterator
 
+from zgdata import ray_cluster
 from zgdata.errors import ZgError
+from zgdata.materialize.shard_task import run_shard
+from zgdata.ray_cluster import MAX_RETRIES, first_line
 
-__all__ = ["cluster", "run_ordered", "ray_address", "MAX_RETRIES"]
-
-MAX_RETRIES = 3
-_OBJECT_STORE_BYTES = 128 << 20  # tasks return small JSON; the default (30% of RAM in /dev/shm) is wasted
-
-
-def ray_address() -> str | None:
-    return os.environ.get("ZG_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS") or None
+__all__ = ["cluster", "run_ordered", "MAX_RETRIES"]
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+def _connect_error(addr: str | None, e: BaseException) -> ZgError:
+    where = f"the Ray cluster at {addr}" if addr else "a local Ray instance"
+    return ZgError(f"materialize.workers > 1 could not start or join {where}: {first_line(e)}",
+                   key="materialize.workers",
+                   fix="check ZG_RAY_ADDRESS (unset it to start a local instance), or set materialize.workers: 1")
 
 
 @contextlib.contextmanager
 def cluster(cpus: int) -> Iterator[None]:
-    """Use this process's Ray, join ``ray_address()``, or start a local instance of ``cpus`` CPUs (stopped on exit)."""
-    import warnings
-
+    """This process's Ray, the cluster at ``ray_cluster.address()``, or a local one of ``cpus`` CPUs (stopped on exit)."""
     try:
-        import ray
+        import ray  # noqa: F401
     except ImportError as e:
         raise ZgError("materialize.workers > 1 runs on Ray, which is not installed", key="materialize.workers",
                       fix="pip install 'ray>=2.60' (or set materialize.workers: 1)") from e
-    if ray.is_initialized():
+    with ray_cluster.connect(ray_cluster.address(), cpus=cpus, error=_connect_error):
         yield
-        return
-    # Ray's node processes start through a fork with a preexec hook, where lance warns that it is not
-    # fork-safe; they exec at once and never use lance, so the warning is noise on the CLI's stderr
-    warnings.filterwarnings("ignore", message="lance is not fork-safe")
-    addr = ray_address()
-    kw = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-    try:
-        if addr:
-            ray.init(address=addr, **kw)
-        else:
-            ray.init(address="local", num_cpus=cpus, object_store_memory=_OBJECT_STORE_BYTES, **kw)
-    except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError ... for a bad address or setup
-        where = f"the Ray cluster at {addr}" if addr else "a local Ray instance"
-        raise ZgError(f"materialize.workers > 1 could not start or join {where}: {_first_line(e)}",
-                      key="materialize.workers",
-                      fix="check ZG_RAY_ADDRESS (unset it to start a local instance), or set materialize.workers: 1"
-                      ) from e
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def _check_resources(cpus: int, gpus: int) -> None:
@@ -91,7 +66,7 @@ def _result(ref, spec: dict) -> dict:
         raise  # a bug in the task: keep its traceback (user-fixable failures come back as JSON)
     except ray.exceptions.RayError as e:
         raise ZgError(f"materialize shard rows {lo}-{hi - 1} failed: its worker died {MAX_RETRIES + 1} times "
-                      f"({type(e).__name__}: {_first_line(e)})",
+                      f"({type(e).__name__}: {first_line(e)})",
                       fix="rerun `zg data materialize` (committed shards are kept); if the workers ran out of memory, "
                           "lower materialize.workers or materialize.batch_size") from e
     if "error" in out:
@@ -104,11 +79,8 @@ def run_ordered(specs: list[dict], *, workers: int, cpus: int, gpus: int) -> Ite
     """Run ``run_shard`` on every spec, ``workers`` at a time; yield each result once it and all before it are done."""
     import ray
 
-    from zgdata.materialize.shard_task import run_shard
-
     _check_resources(cpus, gpus)
-    task = ray.remote(run_shard).options(num_cpus=cpus, num_gpus=gpus, max_retries=MAX_RETRIES,
-                                         retry_exceptions=False, name="zg-materialize-shard")
+    task = ray.remote(run_shard).options(**ray_cluster.task_options(cpus=cpus, gpus=gpus, name="zg-materialize-shard"))
     running: dict = {}  # ref -> index
     done: dict[int, dict] = {}
     submitted = following = 0
@@ -126,6 +98,4 @@ def run_ordered(specs: list[dict], *, workers: int, cpus: int, gpus: int) -> Ite
                 i = running.pop(ref)
                 done[i] = _result(ref, specs[i])
     finally:
-        for ref in running:  # an error or an interrupt: stop what still runs (its files are never committed)
-            with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
+        ray_cluster.cancel(running)  # an error or an interrupt: stop what still runs (its files are never committed)

@@ -3,7 +3,7 @@
 A plain function, no Ray here: zgdata/materialize/ray_shards.py runs it as a Ray task, and it runs the same
 when called directly. It writes data files into each staged boundary dataset but commits
 nothing; it returns the fragments' metadata, and the driver (zgdata/materialize/sharded.py)
-commits them in row order. A killed attempt's files are therefore never part of a dataset
+commits them in row order (``staging.commit``). A killed attempt's files are therefore never part of a dataset
 (the driver deletes such orphans before publishing). Argument and result are JSON text, so
 no pickled data passes between processes.
 
@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import resource
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from zgdata.integrity import checksum_array
 from zgdata.codec import CODECS, hidden_arrays
 from zgdata.layout import Layout
 from zgdata.materialize import stats as boundary_stats
+from zgdata.materialize.staging import Streams, boundary_schema
 
 __all__ = ["run_shard", "VERSIONS"]
 
@@ -87,62 +86,7 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
                           fix="rerun `zg data materialize` when the teacher and tokens stay put")
 
 
-class _Streams:
-    """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
-
-    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2,
-                 mode: str = "append"):
-        self.mode = mode
-        self.q = {n: queue.Queue(maxsize=depth) for n in names}
-        self.out: dict[str, list] = {}
-        self.err: dict[str, BaseException] = {}
-        self.threads = [threading.Thread(target=self._write, args=(stage / f"{n}.lance", n, schema, rows_per_file),
-                                         daemon=True) for n in names]
-        for t in self.threads:
-            t.start()
-
-    def _write(self, path: Path, name: str, schema: pa.Schema, rows_per_file: int) -> None:
-        from lance.fragment import write_fragments
-
-        def batches():
-            while (b := self.q[name].get()) is not None:
-                if b is _ABORT:
-                    raise RuntimeError("shard aborted")
-                yield b
-
-        try:
-            frags = write_fragments(pa.RecordBatchReader.from_batches(schema, batches()), str(path), schema=schema,
-                                    mode=self.mode, max_rows_per_file=rows_per_file)
-            self.out[name] = [f.to_json() for f in frags]
-        except BaseException as e:  # re-raised by put()/close() in the capturing thread
-            self.err[name] = e
-
-    def put(self, name: str, item) -> None:
-        while True:  # never block forever on a dead writer
-            if name in self.err:
-                raise self.err[name]
-            try:
-                self.q[name].put(item, timeout=1)
-                return
-            except queue.Full:
-                continue
-
-    def close(self, *, abort: bool = False) -> dict[str, list]:
-        for n in self.q:
-            if n not in self.err:
-                self.put(n, _ABORT if abort else None)
-        for t in self.threads:
-            t.join()
-        if self.err and not abort:
-            raise next(iter(self.err.values()))
-        return self.out
-
-
-_ABORT = object()
-
-
 def _run(spec: dict) -> dict:
-    from zgdata.materialize.driver import boundary_schema
     from zgdata.runtime import set_threads
     from zgdata.tokens import open_tokens, read_tokens
 
@@ -159,7 +103,7 @@ def _run(spec: dict) -> dict:
     codec = spec.get("codec", "raw")
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
-    streams = _Streams(stage, names, schema, rows_per_file=hi - lo)
+    streams = Streams(stage, names, schema, rows_per_file=hi - lo)
     try:
         for b in range(lo, hi, spec["batch_size"]):
             rows = np.arange(b, min(b + spec["batch_size"], hi))
@@ -182,7 +126,9 @@ def _run(spec: dict) -> dict:
 
 
 def _test_hooks(spec: dict) -> None:
-    """Test hooks (the driver passes ZG_TEST_SHARD_LOG / ZG_FAILPOINT_SLEEP_IN_SHARD in the spec).
+    """Test hooks from the spec: the driver reads ZG_TEST_SHARD_LOG / ZG_FAILPOINT_SLEEP_IN_SHARD (zgdata/failpoints.py).
+
+    They travel in the spec because a joined cluster's workers do not inherit the driver's environment.
 
     After its fragments are written, each attempt appends ``{"lo", "hi", "pid", "driver"}`` to the log (the
     driver's pid tells a killed run's late task from its rerun's). With a

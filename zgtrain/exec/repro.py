@@ -4,8 +4,9 @@ DVC has no parallel repro (two `dvc repro` in one repo fail on its lock), so the
 
 1. It asks DVC's index which stages the targets need, and `dvc status --json` which blocks are stale.
 2. It runs the stages upstream of the blocks (teacher, tokens, materialize, verify) with plain `dvc repro`.
-3. It trains every stale `train@KEY` with ``train_one``, the stage function `zg train block KEY` runs: in this
-   process with ``--jobs 1``, otherwise as Ray tasks (zgtrain/exec/ray_tasks.py is the only module that imports Ray).
+3. It trains every stale `train@KEY` with ``train_one`` (zgtrain/exec/stage.py), the stage function `zg train
+   block KEY` runs: in this process with ``--jobs 1``, otherwise as Ray tasks (zgtrain/exec/ray_tasks.py, on a
+   cluster joined or started by zgdata/ray_cluster.py; Ray is imported only then).
 4. It records each finished block in dvc.lock with `dvc commit -f train@KEY`, one at a time, here in the
    driver. A killed driver therefore loses no recorded block, and a rerun trains only what is not recorded.
 5. It runs what is left (assemble, evaluate, or the targets) with plain `dvc repro`.
@@ -16,48 +17,26 @@ the same: same stage function, same params, same ``train.threads``).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import resource
-import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from zgdata import ray_cluster
 from zgdata.config import load_params
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lock import project_lock
 from zgtrain.exec import scratch
-from zgtrain.project.config import ProjectConfig
 from zgtrain.exec.progress_view import Monitor, summary_lines
+from zgtrain.exec.stage import dvc, train_one
+from zgtrain.project.config import ProjectConfig
 
-__all__ = ["repro", "train_one", "plan", "Plan", "ReproResult", "stale_stages", "dvc"]
+__all__ = ["repro", "plan", "Plan", "stale_stages"]
 
 _RAN = re.compile(r"Running stage '([^']+)'")
 _RESTORED = re.compile(r"Stage '([^']+)' is cached - skipping run")  # DVC's run cache had the outputs
-
-
-def dvc(root: Path, *args: str, echo: bool = False) -> str:
-    """Run `dvc ARGS` in ROOT with this interpreter's DVC; its output (echoed to stderr when ``echo``)."""
-    cmd = [sys.executable, "-m", "dvc", *args]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = []
-    for line in proc.stdout:
-        out.append(line)
-        if echo and os.environ.get("ZG_QUIET") != "1":
-            print(line, end="", file=sys.stderr, flush=True)
-    rc = proc.wait()
-    text = "".join(out)
-    if rc:
-        last = [ln for ln in text.splitlines() if ln.strip()][-3:]
-        raise ZgError(f"`dvc {' '.join(args)}` failed in {root} (exit {rc}): {' | '.join(last)[:400]}",
-                      fix="fix what dvc says above, then rerun `zg repro` (recorded stages do not run again)")
-    return text
 
 
 @dataclass
@@ -67,25 +46,6 @@ class Plan:
     pre: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)
     post: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReproResult:
-    """What `zg repro` did; ``metrics()`` is what `zg repro --json` prints."""
-
-    ran: list
-    """The stages that ran, in order: DVC's and the blocks recorded here (`train@KEY`)."""
-    restored: list
-    """The stages DVC restored from its run cache instead of running."""
-    blocks: dict
-    """Per stale block key: ``train_one``'s result (with the host, pid, threads, seconds, peak RSS)."""
-    jobs: int
-    cluster: dict | None
-    """The Ray cluster the blocks ran on (None: in this process)."""
-    seconds: float
-
-    def metrics(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def plan(root: Path, targets: list[str]) -> Plan:
@@ -131,58 +91,6 @@ def stale_stages(root: Path, stages: list[str]) -> list[str]:
     return [s for s in stages if s in changed]
 
 
-@contextlib.contextmanager
-def _quiet():
-    """The trainer's own progress bar off: zg repro shows every running block in one view instead."""
-    old = os.environ.get("ZG_QUIET")
-    os.environ["ZG_QUIET"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ZG_QUIET", None)
-        else:
-            os.environ["ZG_QUIET"] = old
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def train_one(root: str | Path, key: str, report: Callable[[dict], None] | None = None) -> dict:
-    """Train block KEY of the project at ROOT as `zg train block KEY` does (what every worker runs).
-
-    An unfinished checkpoint of the same params resumes (a retried or rerun task continues); anything else
-    starts afresh, as under `dvc repro`. A user error comes back as ``{"status": "failed", ...}`` rather
-    than raised, so that the driver records the other blocks. ``report`` gets progress about once a second.
-    """
-    import torch
-
-    from zgtrain.block.train import train_block
-
-    layout = Layout(Path(root))
-    where = {"host": socket.gethostname(), "pid": os.getpid()}
-    t0, cpu0, last = time.monotonic(), time.process_time(), [0.0]
-    try:
-        project = ProjectConfig.load(layout.params)
-        steps = project.block(key).train.steps
-
-        def on_step(step: int, loss: float) -> None:
-            now = time.monotonic()
-            if report is not None and (now - last[0] >= 1.0 or step == steps):
-                last[0] = now
-                report({"key": key, "step": step, "steps": steps, "loss": loss, **where})
-
-        if report is not None:
-            report({"key": key, "step": None, "steps": steps, "loss": None, **where})
-        with _quiet():
-            r = train_block(project, key, restart="auto", layout=layout, on_step=on_step)
-    except ZgError as e:
-        return {"key": key, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix, **where}
-    return {**r.metrics(), **where, "threads": torch.get_num_threads(), "seconds": time.monotonic() - t0,
-            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": _peak_rss_mb()}
-
-
 def _own_keys(layout: Layout, key: str) -> list[str]:
     """blocks.KEY.* overrides in params.yaml: the likely culprits when only block KEY fails."""
     body = (load_params(layout.params).get("blocks") or {}).get(key) or {}
@@ -220,7 +128,7 @@ def _use_ray(jobs: int, address: str | None, n: int, data: str) -> bool:
 
 
 def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None,
-          data: str = "shared") -> ReproResult:
+          data: str = "shared") -> dict:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
     from zgdata.runtime import device
 
@@ -240,9 +148,7 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
 
 
 def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: list[str], *, jobs: int,
-           address: str | None, data: str) -> ReproResult:
-    from zgdata.materialize.ray_shards import ray_address
-
+           address: str | None, data: str) -> dict:
     t0 = time.monotonic()
     p = plan(root, targets)
     ran: list[str] = []
@@ -287,7 +193,7 @@ def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: lis
                 needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0}
                          for k in keys}
                 source = scratch.prepare(root, keys, project) if data == "remote" else None
-                cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address or ray_address(),
+                cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address or ray_cluster.address(),
                                               data=data, source=source, on_update=monitor.update,
                                               on_result=finished)
             else:
@@ -301,5 +207,5 @@ def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: lis
         raise _failure(layout, failed, recorded, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)
-    return ReproResult(ran=ran, restored=restored, blocks=results, jobs=jobs, cluster=cluster,
-                       seconds=time.monotonic() - t0)
+    return {"ran": ran, "restored": restored, "blocks": results, "jobs": jobs, "cluster": cluster,
+            "seconds": time.monotonic() - t0}

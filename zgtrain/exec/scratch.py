@@ -7,8 +7,8 @@ The DVC remote carries the data (the sharing path of docs/SHARING.md, reused):
   the driver's commit, and the driver's params.yaml, dvc.yaml and dvc.lock (small files that may hold changes
   made since the commit, e.g. the boundaries just recorded by the stages before the blocks).
 - ``train_in_scratch`` (worker): clones the repository at that commit into a scratch directory, lays the
-  driver's pipeline files over it, `dvc pull`s only its pair and slice, trains with ``train_one``, records the
-  block in the clone (`dvc commit`) and `dvc push`es it. It returns the block's dvc.lock entry and the small
+  driver's pipeline files over it, `dvc pull`s only its pair and slice, trains with ``train_one``
+  (zgtrain/exec/stage.py), records the block in the clone (`dvc commit`) and `dvc push`es it. It returns the block's dvc.lock entry and the small
   uncached outputs (metrics, loss curve). The scratch directory is keyed by (URL, commit, block), so a retried
   task on the same node resumes from the block's checkpoint; it is removed once the block is pushed.
 - ``receive`` (driver): writes the uncached outputs, enters the worker's dvc.lock entry, `dvc pull`s the block
@@ -30,6 +30,7 @@ import yaml
 from zgdata.atomic import write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgtrain.exec.stage import dvc, train_one
 from zgtrain.project.config import ProjectConfig
 
 __all__ = ["prepare", "train_in_scratch", "receive", "PIPELINE_FILES"]
@@ -56,8 +57,6 @@ def _inputs(project: ProjectConfig, key: str) -> list[str]:
 
 def prepare(root: Path, keys: list[str], project: ProjectConfig) -> dict:
     """Check the git and DVC remotes, push every block's inputs, and describe the source for the workers."""
-    from zgtrain.exec.repro import dvc
-
     url = _git(root, "remote", "get-url", "origin") if "origin" in _git(root, "remote").split() else ""
     if not url:
         raise ZgError(f"{root} has no git remote 'origin' for the workers to clone", key="--data",
@@ -93,8 +92,6 @@ def _checkout(source: dict, d: Path) -> None:
 
 def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | None = None) -> dict:
     """Clone, pull block KEY's inputs, train it, push it; return its dvc.lock entry and uncached outputs."""
-    from zgtrain.exec.repro import dvc, train_one
-
     d = _scratch(source, key)
     try:
         _checkout(source, d)
@@ -120,8 +117,6 @@ def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | No
 
 def receive(root: Path, r: dict) -> None:
     """Bring a block trained in a scratch clone into the project: its files, then its dvc.lock entry."""
-    from zgtrain.exec.repro import dvc
-
     key = r["key"]
     for rel, text in r["uncached"].items():
         p = (root / rel).resolve()

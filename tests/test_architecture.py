@@ -1,0 +1,189 @@
+"""The import structure of zg: no import cycles, zgdata never imports zgtrain, no private name crosses a
+module, and Ray stays in the three modules at the edge (zgdata/ray_cluster.py and its two users).
+
+Every module of zgdata and zgtrain is parsed with ``ast`` and every import counts, wherever it is: at the top,
+inside a function (a lazy import hides a cycle from Python, not from a reader), under ``if TYPE_CHECKING``.
+``from pkg import mod`` is an edge to the submodule ``pkg.mod`` when that is a module, else to ``pkg``.
+The walker itself is checked first on a small package written to ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("zgdata", "zgtrain")
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str  # importing module
+    dst: str  # imported module
+    where: str  # path:line of the import statement
+    names: tuple[str, ...] = ()  # the names a `from X import ...` takes from dst
+
+
+def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the packages under root."""
+    out = {}
+    for pkg in packages:
+        for f in sorted((root / pkg).rglob("*.py")):
+            parts = f.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _known(name: str, mods: dict[str, Path]) -> str | None:
+    """NAME if it is one of the modules, else its longest dotted prefix that is (None: not ours)."""
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def edges(root: Path, packages: tuple[str, ...]) -> list[Edge]:
+    """Every import between modules of the packages, at any depth of each module's syntax tree."""
+    mods = modules(root, packages)
+    out = []
+    for mod, f in mods.items():
+        pkg = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            where = f"{f.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if (dst := _known(a.name, mods)) and dst != mod:
+                        out.append(Edge(mod, dst, where))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: up from this module's package
+                    up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, *([base] if base else [])])
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if sub in mods:  # `from pkg import mod`: the submodule itself
+                        if sub != mod:
+                            out.append(Edge(mod, sub, where))
+                    elif (dst := _known(base, mods)) and dst != mod:
+                        out.append(Edge(mod, dst, where, (a.name,)))
+    return out
+
+
+def importers(root: Path, packages: tuple[str, ...], name: str) -> set[str]:
+    """The modules of the packages that import NAME (or a submodule of it), at any depth."""
+    out = set()
+    for mod, f in modules(root, packages).items():
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            got = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(g == name or g.startswith(f"{name}.") for g in got):
+                out.add(mod)
+    return out
+
+
+def cycles(es: list[Edge]) -> list[list[Edge]]:
+    """One cycle (as its edges) through each strongly connected group of modules (Tarjan's algorithm)."""
+    graph: dict[str, dict[str, Edge]] = {}
+    for e in es:
+        graph.setdefault(e.src, {}).setdefault(e.dst, e)
+    index, low, stack, on, groups = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    found = []
+    for group in groups:  # a shortest way from the group's first module back to itself, inside the group
+        start = min(group)
+        prev: dict[str, Edge] = {}
+        todo = [start]
+        while todo and start not in prev:
+            v = todo.pop(0)
+            for w, e in sorted(graph.get(v, {}).items()):
+                if w in group and w not in prev:
+                    prev[w] = e
+                    todo.append(w)
+        path, v = [], start
+        while True:
+            path.append(prev[v])
+            v = prev[v].src
+            if v == start:
+                break
+        found.append(path[::-1])
+    return found
+
+
+def _describe(cycle: list[Edge]) -> str:
+    return " -> ".join([cycle[0].src, *(f"{e.dst} ({e.where})" for e in cycle)])
+
+
+def _private(es: list[Edge]) -> list[str]:
+    return [f"{e.where}: {e.src} imports {n} from {e.dst}" for e in es for n in e.names
+            if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]
+
+
+def test_the_walker_sees_lazy_imports_submodules_and_private_names(tmp_path):
+    pkg = tmp_path / "pk"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "sub/__init__.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("from pk.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    if True:\n        from pk.c import _hidden\n")
+    (pkg / "c.py").write_text("import os\n\n\ndef g():\n    from .sub.b import f\n    import pk.a\n")
+    (pkg / "d.py").write_text("from . import c\nfrom pk import d\n")
+    es = edges(tmp_path, ("pk",))
+    assert {(e.src, e.dst) for e in es} == {("pk.a", "pk.sub.b"), ("pk.sub.b", "pk.c"), ("pk.c", "pk.sub.b"),
+                                            ("pk.c", "pk.a"), ("pk.d", "pk.c")}
+    found = cycles(es)
+    assert [[(e.src, e.dst) for e in c] for c in found] == [[("pk.a", "pk.sub.b"), ("pk.sub.b", "pk.c"),
+                                                             ("pk.c", "pk.a")]]
+    assert _describe(found[0]).startswith("pk.a -> pk.sub.b (pk/a.py:1) -> pk.c (pk/sub/b.py:3)")
+    assert _private(es) == ["pk/sub/b.py:3: pk.sub.b imports _hidden from pk.c"]
+
+
+def test_no_import_cycles():
+    found = cycles(edges(REPO, PACKAGES))
+    if found:
+        pytest.fail("import cycles (move what both sides need into a module of its own):\n"
+                    + "\n".join(_describe(c) for c in found))
+
+
+def test_zgdata_never_imports_zgtrain():
+    bad = [f"{e.where}: {e.src} imports {e.dst}" for e in edges(REPO, PACKAGES)
+           if e.src.split(".")[0] == "zgdata" and e.dst.split(".")[0] == "zgtrain"]
+    if bad:
+        pytest.fail("zgdata knows nothing about students:\n" + "\n".join(bad))
+
+
+def test_ray_stays_in_its_three_modules_at_the_edge():
+    assert importers(REPO, PACKAGES, "ray") == {"zgdata.ray_cluster", "zgdata.materialize.ray_shards",
+                                                "zgtrain.exec.ray_tasks"}
+
+
+def test_no_private_name_crosses_a_module():
+    bad = _private(edges(REPO, PACKAGES))
+    if bad:
+        pytest.fail("a private name imported across modules (give it a public name in the module it belongs to):\n"
+                    + "\n".join(bad))
