@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from zgdata import ray_cluster
@@ -33,7 +33,7 @@ from zgtrain.exec.progress_view import Monitor, summary_lines
 from zgtrain.exec.stage import dvc, train_one
 from zgtrain.project.config import ProjectConfig
 
-__all__ = ["repro", "plan", "Plan", "stale_stages"]
+__all__ = ["repro", "plan", "Plan", "ReproResult", "stale_stages"]
 
 _RAN = re.compile(r"Running stage '([^']+)'")
 _RESTORED = re.compile(r"Stage '([^']+)' is cached - skipping run")  # DVC's run cache had the outputs
@@ -46,6 +46,25 @@ class Plan:
     pre: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)
     post: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReproResult:
+    """What `zg repro` did; ``metrics()`` is what `zg repro --json` prints."""
+
+    ran: list
+    """The stages that ran, in order: DVC's and the blocks recorded here (`train@KEY`)."""
+    restored: list
+    """The stages DVC restored from its run cache instead of running."""
+    blocks: dict
+    """Per stale block key: ``train_one``'s result (with the host, pid, threads, seconds, peak RSS)."""
+    jobs: int
+    cluster: dict | None
+    """The Ray cluster the blocks ran on (None: in this process)."""
+    seconds: float
+
+    def metrics(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def plan(root: Path, targets: list[str]) -> Plan:
@@ -128,7 +147,7 @@ def _use_ray(jobs: int, address: str | None, n: int, data: str) -> bool:
 
 
 def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None,
-          data: str = "shared") -> dict:
+          data: str = "shared") -> ReproResult:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
     from zgdata.runtime import device
 
@@ -148,7 +167,7 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
 
 
 def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: list[str], *, jobs: int,
-           address: str | None, data: str) -> dict:
+           address: str | None, data: str) -> ReproResult:
     t0 = time.monotonic()
     p = plan(root, targets)
     ran: list[str] = []
@@ -207,5 +226,5 @@ def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: lis
         raise _failure(layout, failed, recorded, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)
-    return {"ran": ran, "restored": restored, "blocks": results, "jobs": jobs, "cluster": cluster,
-            "seconds": time.monotonic() - t0}
+    return ReproResult(ran=ran, restored=restored, blocks=results, jobs=jobs, cluster=cluster,
+                       seconds=time.monotonic() - t0)
