@@ -1,0 +1,151 @@
+"""How long `zg` takes to answer, against a bare interpreter and `dvc status`; and what imports cost the stages.
+
+    python bench/cli_latency.py [--repeats 5] [--project DIR] [--no-stages]
+
+Not a test; prints, in one run:
+
+1. The median wall time (over --repeats runs) of `zg --help`, `zg params`, `zg pipeline`, `zg init` and
+   `zg data inspect`, each as a ratio to `python -c pass` and to `dvc status` on the same project. Goals:
+   `zg --help` within 3x of a bare interpreter, `zg data inspect` within 2x of `dvc status`.
+2. For each stage command of a tiny `dvc repro` (the `cmd:` lines of its dvc.yaml, run one after another as
+   dvc would, each in its own process), the CPU seconds its imports took against the process's CPU time
+   (user + sys, getrusage of the child) and wall. Import CPU is counted by a wrapper around the interpreter's
+   import of each module that is not imported by another (the CPU time of the importing thread), not by
+   `python -X importtime`, whose wall times count the waits of a loaded machine as imports.
+
+Without --project it builds a tiny project (`zg init --profile tiny`) in a temporary folder; the stages
+of part 2 build its teacher, tokens and boundaries, which `zg data inspect` then reads. With --project
+(a project whose tokens and boundaries exist) part 2 is skipped unless it is a fresh tiny project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+STAGES = [["teacher", "prepare"], ["data", "tokenize"], ["data", "materialize"], ["data", "verify"],
+          ["train", "block", "b00"], ["train", "block", "b01"], ["train", "assemble"], ["train", "evaluate"]]
+# Runs the `zg` script with ARGS, counting the importing thread's CPU seconds in outermost module imports
+# (nested ones are inside them); writes the sum to the file named first.
+_PROBE = """
+import importlib._bootstrap as b, runpy, sys, time
+out, script = sys.argv[1], sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+inner, spent, depth = b._find_and_load, [0.0], [0]
+def find_and_load(*a, **k):
+    depth[0] += 1
+    t0 = time.thread_time() if depth[0] == 1 else None
+    try:
+        return inner(*a, **k)
+    finally:
+        depth[0] -= 1
+        if t0 is not None:
+            spent[0] += time.thread_time() - t0
+b._find_and_load = find_and_load
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    open(out, "w").write(repr(spent[0]))
+"""
+
+
+def _env() -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_QUIET": "1"}
+
+
+def _wall(cmd: list[str], cwd: Path, repeats: int, before=None) -> float:
+    """Median wall seconds of ``cmd`` (``before(i)`` runs ahead of each try, outside the clock)."""
+    times = []
+    for i in range(repeats):
+        if before is not None:
+            before(i)
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, check=False)
+        times.append(time.perf_counter() - t0)
+        if res.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed in {cwd}:\n{res.stderr[-2000:]}")
+    return statistics.median(times)
+
+
+def _stage(args: list[str], cwd: Path, scratch: Path) -> tuple[float, float, float]:
+    """(import CPU seconds, CPU seconds, wall seconds) of one `zg ARGS` process."""
+    out = scratch / "imports.txt"
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", _PROBE, str(out), str(BIN / "zg"), *args], cwd=cwd, env=_env(),
+                         capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode:
+        raise SystemExit(f"zg {' '.join(args)} failed:\n{res.stderr[-2000:]}")
+    return float(out.read_text()), (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), wall
+
+
+def stage_imports(project: Path, scratch: Path) -> None:
+    print("\nimports in the stage processes of a tiny `dvc repro` (each stage's cmd, in order, one process each)")
+    print(f"{'stage command':<24} {'import CPU s':>12} {'CPU s':>7} {'wall s':>7} {'imports/CPU':>11}")
+    total = [0.0, 0.0, 0.0]
+    for args in STAGES:
+        imp, cpu, wall = _stage(args, project, scratch)
+        total = [total[0] + imp, total[1] + cpu, total[2] + wall]
+        print(f"{'zg ' + ' '.join(args):<24} {imp:12.2f} {cpu:7.2f} {wall:7.2f} {imp / cpu:11.0%}")
+    print(f"{'all stages':<24} {total[0]:12.2f} {total[1]:7.2f} {total[2]:7.2f} {total[0] / total[1]:11.0%}")
+    print("(CPU counts every thread of the stage and of the processes it starts; imports run on one)")
+
+
+def latency(project: Path, repeats: int, scratch: Path) -> None:
+    zg = str(BIN / "zg")
+    base = _wall([sys.executable, "-c", "pass"], project, repeats)
+    dvc = _wall([str(BIN / "dvc"), "status"], project, repeats)
+
+    def fresh(i):  # `zg init` needs a new folder each time
+        shutil.rmtree(scratch / f"init{i}", ignore_errors=True)
+
+    rows = [("zg --help", [zg, "--help"]), ("zg params", [zg, "params"]), ("zg pipeline", [zg, "pipeline"]),
+            ("zg init --profile tiny", None), ("zg data inspect", [zg, "data", "inspect"])]
+    print(f"median of {repeats} runs on {project}: python -c pass {base:.3f} s, dvc status {dvc:.3f} s")
+    print(f"{'command':<24} {'wall s':>7} {'/ python':>9} {'/ dvc status':>13}")
+    for name, cmd in rows:
+        if cmd is None:
+            t = statistics.median([_wall([zg, "init", str(scratch / f"init{i}"), "--profile", "tiny"], scratch,
+                                         1, lambda _, i=i: fresh(i)) for i in range(repeats)])
+        else:
+            t = _wall(cmd, project, repeats)
+        print(f"{name:<24} {t:7.3f} {t / base:8.1f}x {t / dvc:12.2f}x")
+    print("goals: zg --help <= 3x python -c pass; zg data inspect <= 2x dvc status")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--project", type=Path, help="a project whose tokens and boundaries exist (default: build one)")
+    ap.add_argument("--no-stages", action="store_true", help="skip part 2 (the stage processes' imports)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="zg-cli-latency-") as tmp:
+        scratch = Path(tmp)
+        project = a.project
+        if project is None:
+            project = scratch / "proj"
+            subprocess.run([str(BIN / "zg"), "init", str(project), "--profile", "tiny"], env=_env(), check=True,
+                           capture_output=True)
+        print(f"zg CLI latency ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start)")
+        if a.project is None and not a.no_stages:
+            stage_imports(project, scratch)  # builds the project's data, which `zg data inspect` reads below
+            print()
+        elif a.project is None:
+            for args in STAGES[:3]:
+                subprocess.run([str(BIN / "zg"), *args], cwd=project, env=_env(), check=True, capture_output=True)
+        latency(project, a.repeats, scratch)
+
+
+if __name__ == "__main__":
+    main()

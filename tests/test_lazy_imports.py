@@ -1,0 +1,64 @@
+"""Commands that never need a model never pay for importing one.
+
+`zg --help`, `zg params`, `zg pipeline`, `zg init` and `zg data inspect` each run in a fresh interpreter through
+`zgtrain.cli.main` (what the `zg` script calls); the modules loaded when the command returns are checked. torch and
+transformers load in none of them; lance and pyarrow only in `zg data inspect`, which opens datasets. Loading and
+validating params (ProjectConfig.load) imports none of the four either. bench/cli_latency.py measures what this buys.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+MODELS = ("torch", "transformers")
+DATASETS = ("lance", "pyarrow")
+
+# Runs `zg ARGS...` in this interpreter, then writes the imported top-level module names to OUT.
+PROBE = """
+import json, sys
+out, args = sys.argv[1], sys.argv[2:]
+code = 0
+if args[:1] == ["--load-params"]:
+    from zgtrain.project.config import ProjectConfig
+    ProjectConfig.load(args[1])
+else:
+    from zgtrain.cli import main
+    try:
+        main(args)
+    except SystemExit as e:
+        code = e.code or 0
+json.dump({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}, open(out, "w"))
+"""
+
+
+def _imported(args: list[str], cwd, tmp_path) -> set[str]:
+    out = tmp_path / "modules.json"
+    res = subprocess.run([sys.executable, "-c", PROBE, str(out), *map(str, args)], cwd=cwd, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert res.returncode == 0, f"zg {' '.join(map(str, args))}:\n{res.stdout}\n{res.stderr}"
+    got = json.loads(out.read_text())
+    assert got["code"] == 0, f"zg {' '.join(map(str, args))} exited {got['code']}:\n{res.stdout}\n{res.stderr}"
+    return set(got["modules"])
+
+
+def _refuse(mods: set[str], heavy: tuple[str, ...], what: str) -> None:
+    loaded = sorted(m for m in heavy if m in mods)
+    assert not loaded, f"{what} imported {', '.join(loaded)}"
+
+
+def test_help_init_pipeline_and_params_import_no_model_and_no_dataset_library(tmp_path):
+    root = tmp_path / "proj"
+    _refuse(_imported(["--help"], tmp_path, tmp_path), MODELS + DATASETS, "zg --help")
+    _refuse(_imported(["init", root, "--profile", "tiny"], tmp_path, tmp_path), MODELS + DATASETS, "zg init")
+    assert (root / "dvc.yaml").is_file() and (root / "params.yaml").is_file()
+    _refuse(_imported(["params"], root, tmp_path), MODELS + DATASETS, "zg params")
+    _refuse(_imported(["pipeline"], root, tmp_path), MODELS + DATASETS, "zg pipeline")
+    _refuse(_imported(["--load-params", "params.yaml"], root, tmp_path), MODELS + DATASETS, "ProjectConfig.load")
+
+
+def test_data_inspect_opens_datasets_without_torch_or_transformers(tiny_built, tmp_path):
+    mods = _imported(["data", "inspect"], tiny_built, tmp_path)  # it only reads: the session's project stays as is
+    _refuse(mods, MODELS, "zg data inspect")
+    assert "lance" in mods  # it did open the datasets (the check above is not vacuous)
