@@ -41,6 +41,7 @@ from zgtrain.evaluate.gates import judge_sets
 from zgtrain.evaluate.set_metrics import figures, score, targets_for
 from zgtrain.repair.judge import add_repaired, repaired_loader
 from zgtrain.student.load import load_student
+from zgtrain.student.card import write_eval_card
 
 __all__ = ["evaluate", "eval_sets", "EvalResult"]
 
@@ -266,4 +267,5 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     write_text(layout.generation_report, text)
     out = EvalResult(**result)
     write_json(layout.eval_metrics, out.metrics())
+    write_eval_card(layout)  # reports/model_card.md: the student's card with these figures (its own output)
     return out

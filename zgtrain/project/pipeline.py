@@ -116,17 +116,17 @@ _CODE = {
               "zgtrain/block/targets.py", "zgtrain/fit/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
               "zgtrain/block/window.py", "zgtrain/block/kv_cache.py"],
     "assemble": ["zgtrain/student/assemble.py", "zgtrain/student/load.py", "zgtrain/student/templates", "zgdata/families.py",
-                 "zgtrain/block/window.py", "zgtrain/block/kv_cache.py"],
+                 "zgtrain/block/window.py", "zgtrain/block/kv_cache.py", "zgtrain/student/card.py"],
     "evaluate": ["zgtrain/evaluate/run.py", "zgtrain/evaluate/metrics.py", "zgtrain/student/load.py", "zgdata/families.py",
                  "zgtrain/block/window.py", "zgtrain/evaluate/sets.py", "zgtrain/evaluate/set_metrics.py", "zgtrain/evaluate/bootstrap.py",
-                 "zgtrain/evaluate/generation.py", "zgdata/corpus.py", "zgdata/widen.py"],
+                 "zgtrain/evaluate/generation.py", "zgdata/corpus.py", "zgdata/widen.py", "zgtrain/student/card.py"],
     "local": ["zgtrain/local/simultaneous.py", "zgtrain/local/model.py", "zgtrain/local/schedule.py",
               "zgtrain/local/config.py", "zgtrain/local/sequential.py", "zgtrain/fit/checkpoint.py", "zgtrain/evaluate/metrics.py",
               "zgdata/families.py"],
     "lm_eval": ["zgtrain/evaluate/lm_eval.py", "zgtrain/evaluate/lm_eval_task.py", "zgtrain/student/load.py", "zgdata/widen.py"],
     "repair_eval": ["zgtrain/repair/judge.py", "zgtrain/repair/paths.py"],
     "repair": ["zgtrain/repair/train.py", "zgtrain/repair/paths.py", "zgtrain/repair/model.py", "zgtrain/fit/checkpoint.py",
-               "zgtrain/block/train.py", "zgtrain/student/load.py", "zgdata/reader.py", "zgdata/families.py"],
+               "zgtrain/block/train.py", "zgtrain/student/load.py", "zgdata/reader.py", "zgdata/families.py", "zgtrain/student/card.py"],
 }
 _CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 _CODE["variant"] = _CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
@@ -185,7 +185,8 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                      + [str(L.block_loss_curve(b.key)) for b in blocks] + code("evaluate")
                      + literal_paths((params.get("eval") or {}).get("sets")),  # eval set files DVC can watch
                      "params": ["eval", "gates"],
-                     "outs": [{str(L.generation_report): {"cache": False}}],
+                     "outs": [{str(L.generation_report): {"cache": False}},
+                              {"reports/model_card.md": {"cache": False}}],  # the student's card + its figures
                      "metrics": [{str(L.eval_metrics): {"cache": False}}],
                      "plots": [{"plots/eval/ce.csv": {"cache": False, "x": "model", "y": "ce"}},
                                {"plots/eval/sets.csv": {"cache": False, "x": "set", "y": "ce_gap"}},

@@ -42,6 +42,7 @@ from zgtrain.repair.model import RepairModel, TeacherHead, distill_loss, token_k
 from zgtrain.repair.paths import RepairPaths, repair_paths, student_sha256
 from zgtrain.student.load import load_student
 from zgtrain.block.train import block_seed, lr_at
+from zgtrain.student.card import write_repaired_card
 
 __all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "student_sha256", "REPAIR_VERSION"]
 
@@ -250,6 +251,7 @@ def _publish(run: RepairRun, summary: dict) -> None:
         zg = _read_json(tmp / "zerograph.json")
         zg["repair"] = summary
         write_json(tmp / "zerograph.json", zg)
+        write_repaired_card(tmp, summary)  # the student's card, copied above, becomes the repaired model's
 
 
 def _read_json(path: Path) -> dict:

@@ -26,6 +26,7 @@ from zgdata.teacher.prepare import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.fit.checkpoint import load_block, read_meta
 from zgtrain.project.config import ProjectConfig
 from zgtrain.block.kv_cache import kv_summary
+from zgtrain.student.card import write_card
 from zgtrain.student.load import ship_modeling_code, template_class
 
 __all__ = ["assemble", "build_student", "build_from_blocks", "save_student", "StudentResult"]
@@ -134,7 +135,8 @@ def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> StudentRes
 
 
 def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout()) -> StudentResult:
-    """Write an assembled model as a student folder (weights, shipped modeling code, tokenizer, zerograph.json)."""
+    """Write an assembled model as a student folder (weights, shipped modeling code, tokenizer, zerograph.json,
+    the model card README.md: zgtrain/student/card.py)."""
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
     with atomic_path(path) as tmp:
         model.save_pretrained(tmp)
@@ -142,4 +144,6 @@ def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout())
         load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
         (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
                                                         "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
+        write_card(tmp, {**summary, "teacher_sha256": teacher_sha}, layout=layout,  # README.md: docs, not weights
+                   kind="student" if Path(path) == layout.student else "search")
     return StudentResult(path=str(path), **{k: v for k, v in summary.items() if k != "blocks"})
