@@ -1,7 +1,9 @@
 """Shared fixtures: a tiny ZeroGraph project (random:tiny teacher, a few thousand tokens).
 
 ``tiny_built`` runs teacher -> tokens -> materialize once per session through the real
-CLI; ``tiny_project`` hands each test its own copy, so tests never share state.
+CLI's ``main`` in this process (``zg_main``, for tests of a stage; ``zg`` runs the installed script,
+where the process boundary is the point); ``tiny_project`` hands each test its own copy, so tests
+never share state.
 ``reproduced`` is one tiny project after `zg init`, git and a whole `dvc repro`, built once per
 session for tests/zgtrain/project/test_pipeline.py and tests/test_stage_deps.py (tests that change it
 work on a copy, except test_pipeline's selective-rerun tests, which leave it reproduced and clean).
@@ -39,6 +41,66 @@ def zg(*args, cwd, check=True, env=None, timeout=600) -> subprocess.CompletedPro
     if check and res.returncode != 0:
         raise AssertionError(f"zg {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     return res
+
+
+_FRESH_THREADS = None  # torch's CPU thread count in a fresh process of this machine (read before any test changes it)
+
+
+def zg_main(*args, cwd, check=True, env=None) -> subprocess.CompletedProcess:
+    """Run the `zg` CLI in this process, through ``zgtrain.cli.main`` (what the `zg` script calls): the same
+    result as ``zg`` (exit code, stdout, stderr; a bug's traceback in stderr with code 1) without starting an
+    interpreter and importing torch again.
+
+    For tests of a stage, not of the process boundary: kills, locks held by another process, DVC, Ray and
+    environment-variable failpoints read at import keep ``zg``. What a run changes in this process is put
+    back afterwards: the cwd, os.environ (cli.main sets HF_* variables, --debug sets ZG_DEBUG), torch's
+    thread count (trainers set train.threads; each run starts from a fresh process's count, so its bits
+    are a subprocess's) and the global random states of torch, numpy and random.
+    """
+    import contextlib
+    import io
+    import random
+    import traceback
+
+    import numpy as np
+    import torch
+
+    from zgtrain.cli import main
+
+    saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        os.chdir(cwd)
+        torch.set_num_threads(_FRESH_THREADS)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng[0])
+        np.random.set_state(rng[1])
+        random.setstate(rng[2])
+    res = subprocess.CompletedProcess(["zg", *map(str, args)], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"zg {' '.join(map(str, args))} failed ({code}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def pytest_configure(config):
+    global _FRESH_THREADS
+    import torch
+
+    _FRESH_THREADS = torch.get_num_threads()
 
 
 def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
@@ -90,11 +152,11 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="session")
 def tiny_built(tmp_path_factory) -> Path:
-    """A tiny project after teacher, tokens and materialize (built once per session)."""
+    """A tiny project after teacher, tokens and materialize (built once per session, in this process)."""
     root = tmp_path_factory.mktemp("tiny") / "proj"
-    zg("init", root, "--profile", "tiny", cwd=tmp_path_factory.getbasetemp())
+    zg_main("init", root, "--profile", "tiny", cwd=tmp_path_factory.getbasetemp())
     for cmd in (("teacher", "prepare"), ("data", "tokenize"), ("data", "materialize")):
-        zg(*cmd, cwd=root)
+        zg_main(*cmd, cwd=root)
     return root
 
 

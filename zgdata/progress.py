@@ -11,8 +11,6 @@ import os
 import time
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 
 __all__ = ["stderr", "progress"]
 
@@ -51,6 +49,9 @@ def progress(description: str, total: int, *, unit: str = "tok", completed: int 
         with _plain(description, total, unit, completed) as advance:
             yield advance
         return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)  # a live bar only: not on every import
+
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
     with Progress(*cols, console=stderr, transient=False) as bar:

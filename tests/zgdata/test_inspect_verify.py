@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import overwrite_table, read_json, set_schema_meta
 from zgdata.lineage import boundary_fingerprint
 from zgdata.errors import ZgError
@@ -23,7 +23,7 @@ from zgdata.reader import BoundaryDataset, BoundaryPair
 
 
 def test_inspect_boundaries_json(tiny_project):
-    res = zg("data", "inspect", "data/boundaries", "--json", cwd=tiny_project)
+    res = zg_main("data", "inspect", "data/boundaries", "--json", cwd=tiny_project)
     infos = json.loads(res.stdout)
     teacher = read_json(tiny_project / "models" / "teacher" / "teacher.json")
     tokens = read_json(tiny_project / "data" / "tokens.json")
@@ -56,7 +56,7 @@ def test_inspect_boundaries_json(tiny_project):
 
 
 def test_verify_passes(tiny_project):
-    res = zg("data", "verify", cwd=tiny_project)
+    res = zg_main("data", "verify", cwd=tiny_project)
     assert res.returncode == 0
     report = read_json(tiny_project / "reports" / "verify.json")
     assert report["status"] == "ok" and report["failures"] == []
@@ -88,7 +88,7 @@ def test_verify_catches_one_flipped_value(tiny_project):
     assert _flip_one_value(path, row, 1234) == old_version + 1
     assert BoundaryDataset(path).meta["complete"] is True  # the tampered version still looks complete
 
-    res = zg("data", "verify", "--sample", "1000", cwd=tiny_project, check=False)
+    res = zg_main("data", "verify", "--sample", "1000", cwd=tiny_project, check=False)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "h02 row 37" in " ".join(res.stderr.split())
     report = read_json(tiny_project / "reports" / "verify.json")
@@ -101,7 +101,7 @@ def test_verify_catches_one_flipped_value(tiny_project):
 def test_verify_lineage_only_needs_no_teacher_and_catches_mismatch(tiny_project):
     layout = Layout(tiny_project)
     shutil.rmtree(layout.teacher_dir)
-    res = zg("data", "verify", "--lineage-only", cwd=tiny_project)
+    res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project)
     report = read_json(layout.verify_report)
     assert res.returncode == 0 and report["status"] == "ok" and report["lineage_only"] is True
 
@@ -111,7 +111,7 @@ def test_verify_lineage_only_needs_no_teacher_and_catches_mismatch(tiny_project)
     h04 = lance.dataset(str(layout.boundary("h04"))).to_table()
     overwrite_table(layout.boundary("h04"), h04.take(np.arange(h04.num_rows)[::-1].copy()))
 
-    res = zg("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
+    res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "h02" in res.stderr
     report = read_json(layout.verify_report)

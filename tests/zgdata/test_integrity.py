@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import assert_user_error as assert_error_line
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import assert_user_error, boundary_bits, read_json, tree_sha256
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
@@ -73,7 +73,7 @@ def test_flipped_row_fails_verify_reader_and_training(tiny_project):
     assert ds.take([0, 20, 47]).shape == (3, 64, 64)
 
     for extra in ((), ("--lineage-only",)):
-        res = zg("data", "verify", *extra, cwd=tiny_project, check=False)
+        res = zg_main("data", "verify", *extra, cwd=tiny_project, check=False)
         assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
         assert f"h02 row {ROW} (seq_id {ROW})" in " ".join(res.stderr.split())
         report = read_json(layout.verify_report)
@@ -86,7 +86,7 @@ def test_flipped_row_fails_verify_reader_and_training(tiny_project):
                                                               and ROW not in report["checked_seq_ids"])
 
     # the cached trainer reads through the reader: one error line, and no block output
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_error_line(res, f"data/boundaries/h02.lance row {ROW} (seq_id {ROW})", "checksum",
                       "dvc checkout data/boundaries/h02.lance", "dvc repro -f materialize")
     assert [p for p in layout.block_dir("b00").rglob("*") if p.is_file()] == []
@@ -105,7 +105,7 @@ def test_truncated_data_file_is_one_line_error(tiny_project, name, command):
     path = layout.tokens if name == "tokens" else layout.boundary(name)
     _truncate_data_file(path)
     rel = str(path.relative_to(tiny_project))
-    res = zg(*command, cwd=tiny_project, check=False)
+    res = zg_main(*command, cwd=tiny_project, check=False)
     line = assert_user_error(res, rel, "truncated", f"dvc checkout {rel}",
                              "dvc repro -f " + ("tokens" if name == "tokens" else "materialize"))
     assert "h00" not in line and "h04" not in line
@@ -126,14 +126,14 @@ def test_reads_after_open_name_the_dataset(tiny_project):
 
 def test_verify_counts_checksums_and_fails_on_a_missing_boundary(tiny_project):
     layout = Layout(tiny_project)
-    res = zg("data", "verify", cwd=tiny_project)
+    res = zg_main("data", "verify", cwd=tiny_project)
     assert "168 rows' checksums ok" in " ".join(res.stderr.split())
     report = read_json(layout.verify_report)
     assert report["status"] == "ok" and report["checksum_rows_checked"] == 168 and report["missing"] == []
     assert {n: b["checksum_rows"] for n, b in report["boundaries"].items()} == {"h00": 56, "h02": 56, "h04": 56}
 
     shutil.rmtree(layout.boundary("h02"))
-    res = zg("data", "verify", cwd=tiny_project, check=False)
+    res = zg_main("data", "verify", cwd=tiny_project, check=False)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "h02 (data/boundaries/h02.lance), which partition.boundaries needs, is missing" in " ".join(res.stderr.split())
     report = read_json(layout.verify_report)
@@ -141,7 +141,7 @@ def test_verify_counts_checksums_and_fails_on_a_missing_boundary(tiny_project):
     assert "dvc pull data/boundaries/h02.lance" in report["failures"][0]["fix"]
     assert sorted(report["boundaries"]) == ["h00", "h04"] and report["checksum_rows_checked"] == 112
     # --lineage-only checks what is present (a team may pull one block's pair) and lists what is not
-    zg("data", "verify", "--lineage-only", cwd=tiny_project)
+    zg_main("data", "verify", "--lineage-only", cwd=tiny_project)
     assert read_json(layout.verify_report)["missing"] == ["h02"]
 
 
@@ -161,7 +161,7 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     # the previous format: no checksum column, no format version
     meta = full.schema.metadata
     _rewrite(path, no_checksum, meta, drop_meta=("zg.format_version",))
-    res = zg("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
+    res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
     assert_user_error(res, "data/boundaries/h02.lance", "before boundary format 2", "rematerialize",
                       "dvc repro -f materialize")
     # format 2 claimed without the column, or the column under an older version: refused too
@@ -173,8 +173,8 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
         BoundaryDataset(path)
 
     # materialize does not take it for complete: it rewrites the dataset, bit for bit as before
-    zg("data", "materialize", cwd=tiny_project)
-    zg("data", "verify", "--lineage-only", cwd=tiny_project)
+    zg_main("data", "materialize", cwd=tiny_project)
+    zg_main("data", "verify", "--lineage-only", cwd=tiny_project)
     want, got = boundary_bits(tiny_built), boundary_bits(tiny_project)
     assert all(torch.equal(got[n]["bits"], want[n]["bits"]) for n in want)
     assert lance.dataset(str(path)).schema.metadata[b"zg.format_version"] == b"2"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import zg
+from conftest import zg, zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 from zgdata.layout import Layout
 from zgtrain.student.load import MODELING_FILE, load_student
@@ -50,7 +50,7 @@ def test_no_pickle_loads_and_no_unconditional_remote_code_in_the_code():
 
 
 def test_pickled_payloads_in_a_checkpoint_never_run(tiny_project, tmp_path):
-    zg("train", "block", "b00", "--stop-after", "4", cwd=tiny_project)
+    zg_main("train", "block", "b00", "--stop-after", "4", cwd=tiny_project)
     d = tiny_project / "models" / "blocks" / "b00"
     stopped = shutil.copytree(d, tmp_path / "stopped")
     meta = read_json(d / "meta.json")
@@ -60,7 +60,7 @@ def test_pickled_payloads_in_a_checkpoint_never_run(tiny_project, tmp_path):
     marker = tmp_path / "pwned"
     for name in ("optimizer.pt", "rng.pt"):  # where zg 0.1 kept pickles: a stranger may still put them there
         (ckpt / name).write_bytes(pickle.dumps(_Payload(marker)))
-    res = zg("train", "block", "b00", "--json", cwd=tiny_project)
+    res = zg_main("train", "block", "b00", "--json", cwd=tiny_project)
     assert json.loads(res.stdout)["status"] == "done"
     assert not marker.exists()
 
@@ -75,28 +75,28 @@ def test_pickled_payloads_in_a_checkpoint_never_run(tiny_project, tmp_path):
     old = {k: v for k, v in meta.items() if k != "checkpoint_format"}
     (d / "meta.json").write_text(json.dumps(old))
     before = tree_sha256(d)
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, "older format", "--restart")
     assert not marker.exists() and tree_sha256(d) == before
 
 
 def test_checkpoint_pointing_at_missing_files_is_one_line(tiny_project):
-    zg("train", "block", "b00", "--stop-after", "2", cwd=tiny_project)
+    zg_main("train", "block", "b00", "--stop-after", "2", cwd=tiny_project)
     d = tiny_project / "models" / "blocks" / "b00"
     ckpt = d / read_json(d / "meta.json")["checkpoint"]
     (ckpt / "optimizer.safetensors").unlink()
     before = tree_sha256(d)
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, "optimizer.safetensors", "missing", "--restart")
     assert tree_sha256(d) == before
     (ckpt / "model.safetensors").write_bytes(b"\x00" * 40)  # not a safetensors file
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, "model.safetensors", "--restart")
 
 
 def test_zero_steps_finishes_and_reports(tiny_project):
     set_params(tiny_project, {"train.steps": 0})
-    res = zg("train", "block", "b00", cwd=tiny_project)
+    res = zg_main("train", "block", "b00", cwd=tiny_project)
     assert "done at step 0/0" in res.stderr and "train_loss n/a" in res.stderr
     m = read_json(tiny_project / "metrics" / "blocks" / "b00.json")
     assert m["status"] == "done" and m["train_loss"] is None
@@ -108,8 +108,8 @@ def wide_student(tiny_built, tmp_path_factory):
     root = copy_project(tiny_built, tmp_path_factory.mktemp("wide") / "proj")
     set_params(root, {"train.steps": 2, "blocks.b01.prune_ratio": 0.75})
     for key in ("b00", "b01"):
-        zg("train", "block", key, cwd=root)
-    zg("train", "assemble", cwd=root)
+        zg_main("train", "block", key, cwd=root)
+    zg_main("train", "assemble", cwd=root)
     summary = read_json(root / "models" / "student" / "zerograph.json")
     assert summary["remote_code"] is True and len(set(summary["intermediate_sizes"])) == 2
     return root
