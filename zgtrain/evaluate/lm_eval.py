@@ -1,5 +1,5 @@
 """`zg train lm-eval`: lm-evaluation-harness (`lm_eval.simple_evaluate`, HF model class) on teacher and student,
-and on the repaired student when repair is on (``repair.steps > 0``, issue 15).
+and on the repaired student when repair is on (``repair.steps > 0``).
 
 Both models are loaded by zg's own checked loaders and handed to lm-eval's ``HFLM`` as model
 objects, so what lm-eval scores is exactly what zg checked: the teacher whose files match

@@ -224,7 +224,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
               "untrained": lambda: build_student(project, layout=layout, which="init")[0],
               "student": lambda: load_student(layout.student)}
-    if project.repair.enabled:  # issue 15: also score models/repaired; the gates judge it (zgtrain/repair/judge.py)
+    if project.repair.enabled:  # also score models/repaired; the gates judge it (zgtrain/repair/judge.py)
         models["repaired"] = repaired_loader(layout)
     scores: dict = {s.name: {} for s in sets}
     continuations = {}

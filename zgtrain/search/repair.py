@@ -1,4 +1,4 @@
-"""Repair the searched student and judge it again: global distillation after the search (issue 14 with issue 15).
+"""Repair the searched student and judge it again: global distillation after the search.
 
 Puzzle's order: local block training, the search over the variant library, then global distillation of the
 chosen mix. `zg search repair` (dvc stage `search_repair`, generated only when the project has a variant library

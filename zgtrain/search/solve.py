@@ -1,4 +1,4 @@
-"""The budgeted search (issue 14): one variant per block, minimizing the summed replace-one-block CE deltas.
+"""The budgeted search: one variant per block, minimizing the summed replace-one-block CE deltas.
 
 Each block's options are its trained variants (metrics/variants/BLOCK/NAME.json: params, KV-cache bytes per
 token and ce_delta) and the teacher block itself (``teacher``: its parameters and KV bytes, delta 0). The budget

@@ -1,4 +1,4 @@
-"""The variant library (issue 14): every block trained once per named variant, from the same boundary pair.
+"""The variant library: every block trained once per named variant, from the same boundary pair.
 
 A variant is ``train:`` with its own overrides (``variants.NAME`` in params.yaml). Training one is a block
 training (zgtrain/block/train.py ``train_block``) whose files go under the variant's own folders, so a variant
