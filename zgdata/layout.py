@@ -9,12 +9,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Layout", "boundary_name"]
+__all__ = ["Layout", "RepairPaths", "boundary_name"]
 
 
 def boundary_name(layer: int) -> str:
     """Stable name of the boundary entering decoder layer ``layer`` (``h05``)."""
     return f"h{layer:02d}"
+
+
+@dataclass(frozen=True)
+class RepairPaths:
+    """The files of one repair run (zgtrain/repair/train.py): the main pipeline's, or the search repair's."""
+
+    run_dir: Path      # meta.json + ckpt-NNNNNN/ (zgtrain/fit/checkpoint.py format), like a block directory
+    model: Path        # the repaired student: a transformers folder like models/student
+    metrics: Path      # metrics/repair.json: KL before/after on train and held-out rows, state_sha256
+    loss_curve: Path   # plots/loss/repair.csv
+    lock: str = "repair"  # .zg/locks/<lock>.lock: one run per folder at a time
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,53 @@ class Layout:
     @property
     def student(self) -> Path:
         return self.root / "models" / "student"
+
+    # repair: global distillation of the assembled student (or of the search's kept mix)
+    @property
+    def repair(self) -> RepairPaths:
+        m = self.root / "models"
+        return RepairPaths(run_dir=m / "repair", model=m / "repaired", metrics=self.root / "metrics" / "repair.json",
+                           loss_curve=self.root / "plots" / "loss" / "repair.csv")
+
+    @property
+    def search_repair(self) -> RepairPaths:
+        """The search repair's (zgtrain/search/repair.py): the searched student of models/search/student, repaired."""
+        m = self.root / "models" / "search"
+        return RepairPaths(run_dir=m / "repair", model=m / "repaired", metrics=self.root / "metrics" / "search_repair.json",
+                           loss_curve=self.root / "plots" / "loss" / "search_repair.csv", lock="search-repair")
+
+    # greedy local pretraining (zgtrain/local/): a model trained from scratch, no teacher
+    @property
+    def local_dir(self) -> Path:
+        return self.root / "models" / "local"
+
+    @property
+    def local_run(self) -> Path:
+        """Simultaneous mode's checkpoints: meta.json + ckpt-NNNNNN/ holding every block's."""
+        return self.local_dir / "run"
+
+    @property
+    def local_hf(self) -> Path:
+        return self.local_dir / "hf"
+
+    @property
+    def local_metrics(self) -> Path:
+        return self.root / "metrics" / "local.json"
+
+    @property
+    def local_loss_curve(self) -> Path:
+        return self.root / "plots" / "local" / "loss.csv"
+
+    def local_block_dir(self, key: str) -> Path:
+        """Sequential mode: block KEY's checkpoints (zgtrain/fit/checkpoint.py format)."""
+        return self.local_dir / "blocks" / key
+
+    def local_block_metrics(self, key: str) -> Path:
+        return self.root / "metrics" / "local" / f"{key}.json"
+
+    def local_boundary(self, layer: int) -> Path:
+        """Sequential mode: the outputs of the block ending at ``layer`` over every token row."""
+        return self.root / "data" / "local" / f"{boundary_name(layer)}.lance"
 
     @property
     def eval_metrics(self) -> Path:

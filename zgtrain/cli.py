@@ -279,9 +279,9 @@ def train_repair(stop_after: Optional[int] = typer.Option(None, "--stop-after",
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = repair(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
-    kl = f", train KL {r['kl_train_before']:.4g} -> {r['kl_train_after']:.4g}" if r["status"] == "done" else ""
-    emit(r, as_json=as_json, summary=f"repair: {r['status']} at step {r['step']}/{r['steps']}{kl}, "
-         f"state {r['state_sha256'][:12]}")
+    kl = f", train KL {r.kl_train_before:.4g} -> {r.kl_train_after:.4g}" if r.status == "done" else ""
+    emit(r.metrics(), as_json=as_json, summary=f"repair: {r.status} at step {r.step}/{r.steps}{kl}, "
+         f"state {r.state_sha256[:12]}")
 
 
 @train_app.command("evaluate")

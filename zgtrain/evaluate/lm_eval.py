@@ -180,7 +180,6 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
     from zgdata.teacher.prepare import load_teacher, read_teacher_json
     from zgdata.widen import running_widened
     from zgtrain.repair.judge import repaired_loader
-    from zgtrain.repair.paths import repair_paths
     from zgtrain.student.load import load_student
 
     t0 = time.perf_counter()
@@ -205,7 +204,7 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
     # trust_remote_code; the repaired model is first checked to be repaired from this student, before any run)
     students = {"student": (layout.student, lambda: load_student(layout.student))}
     if project.repair.enabled:
-        students["repaired"] = (repair_paths(layout).model, repaired_loader(layout))
+        students["repaired"] = (layout.repair.model, repaired_loader(layout))
     for who in ("teacher", *students):
         stderr.print(f"lm-eval: {who} on {', '.join(tasks)}" + (f" (at most {limit} examples each)" if limit else ""))
         if who == "teacher":

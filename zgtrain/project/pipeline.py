@@ -114,7 +114,8 @@ _CODE = {
     "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/widen.py", "zgdata/integrity.py", "zgdata/families.py"],
     "train": ["zgtrain/block/train.py", "zgtrain/block/model.py", "zgtrain/block/conversions.py", "zgtrain/block/objectives.py",
               "zgtrain/block/targets.py", "zgtrain/fit/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
-              "zgtrain/block/window.py", "zgtrain/block/kv_cache.py"],
+              "zgtrain/block/window.py", "zgtrain/block/kv_cache.py", "zgtrain/fit/loop.py", "zgtrain/fit/identity.py",
+              "zgtrain/fit/schedule.py"],
     "assemble": ["zgtrain/student/assemble.py", "zgtrain/student/load.py", "zgtrain/student/templates", "zgdata/families.py",
                  "zgtrain/block/window.py", "zgtrain/block/kv_cache.py", "zgtrain/student/card.py"],
     "evaluate": ["zgtrain/evaluate/run.py", "zgtrain/evaluate/metrics.py", "zgtrain/student/load.py", "zgdata/families.py",
@@ -122,11 +123,12 @@ _CODE = {
                  "zgtrain/evaluate/generation.py", "zgdata/corpus.py", "zgdata/widen.py", "zgtrain/student/card.py"],
     "local": ["zgtrain/local/simultaneous.py", "zgtrain/local/model.py", "zgtrain/local/schedule.py",
               "zgtrain/local/config.py", "zgtrain/local/sequential.py", "zgtrain/fit/checkpoint.py", "zgtrain/evaluate/metrics.py",
-              "zgdata/families.py"],
+              "zgdata/families.py", "zgtrain/fit/loop.py", "zgtrain/fit/identity.py", "zgtrain/fit/schedule.py"],
     "lm_eval": ["zgtrain/evaluate/lm_eval.py", "zgtrain/evaluate/lm_eval_task.py", "zgtrain/student/load.py", "zgdata/widen.py"],
-    "repair_eval": ["zgtrain/repair/judge.py", "zgtrain/repair/paths.py"],
-    "repair": ["zgtrain/repair/train.py", "zgtrain/repair/paths.py", "zgtrain/repair/model.py", "zgtrain/fit/checkpoint.py",
-               "zgtrain/block/train.py", "zgtrain/student/load.py", "zgdata/reader.py", "zgdata/families.py", "zgtrain/student/card.py"],
+    "repair_eval": ["zgtrain/repair/judge.py", "zgtrain/student/load.py"],
+    "repair": ["zgtrain/repair/train.py", "zgtrain/repair/model.py", "zgtrain/fit/checkpoint.py", "zgtrain/fit/loop.py",
+               "zgtrain/fit/identity.py", "zgtrain/fit/schedule.py", "zgtrain/student/load.py", "zgdata/reader.py",
+               "zgdata/families.py", "zgtrain/student/card.py"],
 }
 _CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 _CODE["variant"] = _CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
@@ -251,7 +253,6 @@ def _search_stages(params: dict, blocks, code) -> dict:
     every teacher slice is a dep (they change together, with the teacher stage). With repair.steps > 0,
     search_repair repairs the kept mix and judges it again."""
     from zgtrain.project.config import RepairConfig
-    from zgtrain.repair.paths import search_repair_paths
     from zgtrain.search.variants import (search_choice, search_eval_metrics, search_metrics, search_student, variant_dir,
                                   variant_metrics, variant_plot)
 
@@ -287,7 +288,7 @@ def _search_stages(params: dict, blocks, code) -> dict:
                             "metrics": [{str(search_eval_metrics(L)): {"cache": False}}]},
     }
     if section(params, RepairConfig).enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
-        rp, sa = search_repair_paths(L), out["search_assemble"]
+        rp, sa = L.search_repair, out["search_assemble"]
         out["search_repair"] = {
             "cmd": "zg search repair",
             # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
@@ -337,11 +338,10 @@ def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, co
     lm_eval stage (when on) scores it too.
     """
     from zgtrain.project.config import RepairConfig
-    from zgtrain.repair.paths import repair_paths
 
     if not section(params, RepairConfig).enabled:
         return
-    rp = repair_paths(L)
+    rp = L.repair
     stages["repair"] = {"cmd": "zg train repair",
                         "deps": [str(L.student), str(L.teacher_head), str(L.boundary(part.names[-1])), str(L.tokens),
                                  str(L.tokens_json)] + code("repair"),

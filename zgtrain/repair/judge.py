@@ -12,7 +12,7 @@ from typing import Callable
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgtrain.repair.paths import repair_paths, student_sha256
+from zgtrain.student.load import student_sha256
 from zgtrain.evaluate.gates import judge_sets
 
 __all__ = ["repaired_loader", "add_repaired", "gap_closed"]
@@ -22,7 +22,7 @@ def repaired_loader(layout: Layout) -> Callable:
     """A loader of models/repaired for evaluate's model table, after checking it was repaired from this student."""
     from zgtrain.student.load import load_student
 
-    folder = repair_paths(layout).model
+    folder = layout.repair.model
     if not (folder / "config.json").exists():
         raise ZgError(f"{folder} not found (repair.steps > 0)", fix="run `dvc repro repair` (or `zg train repair`)")
     try:

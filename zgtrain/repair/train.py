@@ -1,4 +1,4 @@
-"""The optional repair stage: global distillation of the assembled student on the teacher's logits (issue 15).
+"""The optional repair stage: global distillation of the assembled student on the teacher's logits.
 
 `zg train repair` (dvc stage `repair`, generated only when ``repair.steps > 0``) trains models/student
 against the teacher's logits on the train split only, and writes models/repaired (a transformers folder
@@ -8,18 +8,18 @@ like models/student), metrics/repair.json and plots/loss/repair.csv.
   (zgtrain/repair/model.py), computed on the fly per batch. No top-k cache: the full-vocabulary KL is
   exact (no truncation bias), costs one (B*T, C) x (C, V) matmul next to the student's own forward,
   and needs no extra dataset or lineage beyond the boundary's own, whose fingerprint the run records.
-- Deterministic and resumable like block training: the same checkpoint format and helpers
-  (zgtrain/fit/checkpoint.py: weights of what trains, AdamW state, every RNG state, loss curve), the data
-  order a pure function of (seed, step) (zgdata/reader.step_rows), ``state_sha256`` at the end.
-  models/repair holds meta.json + the last ckpt-NNNNNN; a killed run resumes from it.
+- Deterministic and resumable like block training: the same loop (zgtrain/fit/loop.py; this module
+  passes in the batches and one step's distillation), resume check (zgtrain/fit/identity.py) and
+  checkpoint format (zgtrain/fit/checkpoint.py: weights of what trains, AdamW state, every RNG state,
+  loss curve), the data order a pure function of (seed, step) (zgdata/reader.step_rows),
+  ``state_sha256`` at the end. models/repair holds meta.json + the last ckpt-NNNNNN; a killed run
+  resumes from it. Where its files go: ``Layout.repair`` (``Layout.search_repair`` for the search's).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,23 +28,22 @@ import torch
 
 from zgdata.atomic import atomic_path, write_json, write_text
 from zgdata.errors import ZgError
-from zgdata.layout import Layout
+from zgdata.layout import Layout, RepairPaths
 from zgdata.lineage import check, read_tokens_json
 from zgdata.lock import project_lock
-from zgdata.progress import progress
 from zgdata.reader import BoundaryDataset, step_rows
 from zgdata.runtime import device, seed_all, set_threads
 from zgdata.teacher.prepare import load_slice
 from zgdata.tokens import open_tokens
-from zgtrain.fit import checkpoint
+from zgtrain.fit import checkpoint, loop
+from zgtrain.fit.identity import resumable
+from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.project.config import ProjectConfig, RepairConfig
 from zgtrain.repair.model import RepairModel, TeacherHead, distill_loss, token_kl
-from zgtrain.repair.paths import RepairPaths, repair_paths, student_sha256
-from zgtrain.student.load import load_student
-from zgtrain.block.train import block_seed, lr_at
+from zgtrain.student.load import load_student, student_sha256
 from zgtrain.student.card import write_repaired_card
 
-__all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "student_sha256", "REPAIR_VERSION"]
+__all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "RepairResult", "REPAIR_VERSION"]
 
 REPAIR_VERSION = 1
 # Keys that do not change the trained bits, so a resume may change them (eval_rows does not either, but the
@@ -86,7 +85,7 @@ class RepairData:
 
 
 @dataclass(kw_only=True)
-class RepairRun:
+class RepairRun(loop.RunState):
     cfg: RepairConfig
     paths: RepairPaths
     meta: dict
@@ -97,10 +96,33 @@ class RepairRun:
     data: RepairData
     seed: int
     student: Path      # the folder it started from: its tokenizer, zerograph.json and modeling file are copied
-    step: int = 0
     curve: list = field(default_factory=list)
-    tokens: int = 0
-    seconds: float = 0.0
+
+
+@dataclass(kw_only=True)
+class RepairResult(loop.Result):
+    """What ``repair`` returns; ``metrics()`` is metrics/repair.json (a stopped run: its STOPPED keys)."""
+
+    STOPPED = ("status", "step", "steps", "state_sha256", "train_loss")
+    status: str
+    step: int
+    steps: int
+    state_sha256: str
+    kl_train_before: float | None = None
+    kl_train_after: float | None = None
+    kl_heldout_before: float | None = None
+    kl_heldout_after: float | None = None
+    eval_rows: int | None = None
+    first_loss: float | None = None
+    train_loss: float | None
+    trainable: str | None = None
+    trainable_params: int | None = None
+    params: int | None = None
+    temperature: float | None = None
+    ce_weight: float | None = None
+    tokens_per_s: float | None = None
+    student_sha256: str | None = None
+    targets: str = "head slice on the last boundary, on the fly"
 
 
 @torch.no_grad()
@@ -124,21 +146,10 @@ def _kls(model: RepairModel, head: TeacherHead, data: RepairData, cfg: RepairCon
             for split in ("train", "heldout")}
 
 
-def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout(), student: Path | None = None,
-          paths: RepairPaths | None = None) -> RepairRun:
-    """Build the repair run: a fresh start (checkpoint 0, KL before measured) or a resume from its run folder.
-
-    ``student`` and ``paths`` default to the main pipeline's (models/student, models/repair, models/repaired); the
-    search repair (zgtrain/search/repair.py) passes models/search/student and its own folders."""
-    cfg, part = project.repair, project.partition
-    if not cfg.enabled:
-        raise ZgError("repair.steps is 0: the repair stage is off", key="repair.steps",
-                      fix="set repair.steps > 0 in params.yaml and run `zg pipeline`")
-    set_threads(cfg.threads)
-    paths = paths or repair_paths(layout)
-    student = Path(student or layout.student)
+def _inputs(project: ProjectConfig, layout: Layout) -> tuple[RepairData, dict, dict]:
+    """The data and the teacher's head slice, checked against each other: (data, head tensors, head meta)."""
+    last = project.partition.names[-1]
     head_tensors, hmeta = load_slice(layout.teacher_head)
-    last = part.names[-1]
     data = RepairData(layout, last)
     lineage = data.boundary.meta.get("lineage", {})
     check(str(layout.boundary(last)), lineage, str(layout.teacher_head),
@@ -151,31 +162,41 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
                       fix=f"end partition.boundaries with {n_layers}, or set repair.steps: 0")
     if not len(data.rows("train")):
         raise ZgError(f"{layout.boundary(last)} has no 'train' rows", fix="check corpus.heldout and the caps")
+    return data, head_tensors, hmeta
+
+
+def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout(), student: Path | None = None,
+          paths: RepairPaths | None = None) -> RepairRun:
+    """Build the repair run: a fresh start (checkpoint 0, KL before measured) or a resume from its run folder.
+
+    ``student`` and ``paths`` default to the main pipeline's (models/student, ``layout.repair``); the search
+    repair (zgtrain/search/repair.py) passes models/search/student and ``layout.search_repair``."""
+    cfg = project.repair
+    if not cfg.enabled:
+        raise ZgError("repair.steps is 0: the repair stage is off", key="repair.steps",
+                      fix="set repair.steps > 0 in params.yaml and run `zg pipeline`")
+    set_threads(cfg.threads)
+    paths = paths or layout.repair
+    student = Path(student or layout.student)
+    data, head_tensors, hmeta = _inputs(project, layout)
     student_sha = student_sha256(student)
     lm = load_student(student)
     seed = block_seed(project.seed, cfg.seed, "repair")
     identity = {"repair_version": REPAIR_VERSION, "seed": seed,
                 "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
-                "student_sha256": student_sha, "boundary": {last: data.boundary.fingerprint},
+                "student_sha256": student_sha, "boundary": {project.partition.names[-1]: data.boundary.fingerprint},
                 "teacher_sha256": hmeta["teacher_sha256"]}
     d = paths.run_dir
-    prior = None if restart else checkpoint.read_meta(d)
-    if prior is not None and {k: prior.get(k) for k in identity} != identity:
-        changed = sorted(k for k in identity if prior.get(k) != identity[k])
-        raise ZgError(f"{d} holds a repair run of another student, data or config (differs in {', '.join(changed)})",
-                      fix=_RESTART)
+    prior = resumable(None if restart else checkpoint.read_meta(d), identity, where=str(d), fix=_RESTART)
     gen = seed_all(seed)
     dev = device()
     head = TeacherHead(head_tensors, lm).to(dev)
     n_params = sum(p.numel() for p in lm.parameters())  # the student's own, adapters left out
     model = RepairModel(lm, cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, gen=gen).to(dev)
     opt = torch.optim.AdamW(model.trainable(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    if prior is None:  # only now, when nothing can refuse the run any more
-        shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True, exist_ok=True)
+    loop.reset(d, prior)  # only now, when nothing can refuse the run any more
     meta = {**identity, "steps": cfg.steps, "done": False, "state_sha256": None,
-            "trainable_params": sum(p.numel() for p in model.trainable()),
-            "params": n_params}
+            "trainable_params": sum(p.numel() for p in model.trainable()), "params": n_params}
     run = RepairRun(cfg=cfg, paths=paths, meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed,
                     student=student)
     if prior is None:
@@ -192,49 +213,35 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     return run
 
 
-def _diverged(d: Path, step: int, what: str) -> ZgError:
-    good = checkpoint.read_meta(d)["step"]
-    return ZgError(f"repair: {what} at step {step}; the last good checkpoint (step {good}) is intact",
-                   key="repair.lr", fix="lower repair.lr and rerun with `zg train repair --restart`")
+def _steps(run: RepairRun) -> loop.Steps:
+    """Repair's part of the loop: seeded train rows, the distillation loss against the head slice's logits."""
+    cfg, model, opt, d = run.cfg, run.model, run.opt, run.paths.run_dir
+    dev = device()
+    train_rows = run.data.rows("train")
+
+    def fail(step: int, what: str) -> ZgError:
+        return loop.diverged("repair", step, what, key="repair.lr", good=checkpoint.read_meta(d)["step"],
+                             fix="lower repair.lr and rerun with `zg train repair --restart`")
+
+    def work(step: int, rows) -> int:
+        ids, mask, h = run.data.take(rows)
+        ids, mask = ids.to(dev), mask.to(dev)
+        loss = distill_loss(model(ids), run.head(h.to(dev)), ids, mask, temperature=cfg.temperature,
+                            ce_weight=cfg.ce_weight)
+        loop.update(loss, model.trainable(), opt, cfg.grad_clip, lambda what: fail(step, what))
+        run.curve.append(float(loss.detach()))
+        return int(mask.sum())
+
+    return loop.Steps(name="repair", work=work, lrs=[(opt, lambda s: lr_at(cfg, s))],
+                      batches=lambda start, end: ((s, step_rows(train_rows, s, cfg.batch_size, run.seed))
+                                                  for s in range(start, end)),
+                      save=lambda step: checkpoint.save(d, run.meta, model, opt, run.gen, run.curve, step),
+                      checkpoint_every=cfg.checkpoint_every)
 
 
 def fit(run: RepairRun, end: int) -> None:
     """Optimizer steps [run.step, end) on train rows only: the only place the repaired weights change."""
-    cfg, model, opt, d = run.cfg, run.model, run.opt, run.paths.run_dir
-    sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))  # test hook: widen the kill window
-    dev = device()
-    train_rows = run.data.rows("train")
-    t0 = time.perf_counter()
-    with progress("repair", end - run.step, unit="step") as advance:
-        for step in range(run.step, end):
-            ids, mask, h = run.data.take(step_rows(train_rows, step, cfg.batch_size, run.seed))
-            ids, mask = ids.to(dev), mask.to(dev)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
-            loss = distill_loss(model(ids), run.head(h.to(dev)), ids, mask, temperature=cfg.temperature,
-                                ce_weight=cfg.ce_weight)
-            norm = torch.tensor(0.0)
-            if torch.isfinite(loss):
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(model.trainable(), cfg.grad_clip or float("inf"))
-            if not (torch.isfinite(loss) and torch.isfinite(norm)):
-                raise _diverged(d, step, "the loss or its gradient became non-finite")
-            try:
-                opt.step()
-            except (OverflowError, RuntimeError) as e:  # AdamW's step size overflows float32 at absurd lr
-                if "overflow" not in str(e):
-                    raise
-                raise _diverged(d, step, "the optimizer step overflowed") from e
-            opt.zero_grad(set_to_none=True)
-            run.curve.append(float(loss.detach()))
-            advance(1)
-            run.tokens += int(mask.sum())
-            run.step = step + 1
-            if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < end:
-                checkpoint.save(d, run.meta, model, opt, run.gen, run.curve, run.step)
-            if sleep:
-                time.sleep(sleep)
-    run.seconds += time.perf_counter() - t0
+    loop.fit(run, end, _steps(run))
 
 
 def _publish(run: RepairRun, summary: dict) -> None:
@@ -262,43 +269,40 @@ def _read_json(path: Path) -> dict:
 
 
 def repair(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-           layout: Layout = Layout(), student: Path | None = None, paths: RepairPaths | None = None) -> dict:
+           layout: Layout = Layout(), student: Path | None = None, paths: RepairPaths | None = None) -> RepairResult:
     """Run (or resume) the repair to repair.steps (or ``stop_after`` more steps), then publish models/repaired
     (``student`` and ``paths``: as in ``setup``)."""
-    paths = paths or repair_paths(layout)
-    if stop_after is not None and stop_after < 1:
-        raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
+    paths = paths or layout.repair
+    loop.check_stop_after(stop_after)
     with project_lock(layout, paths.lock, writes=paths.run_dir, errors_at=paths.run_dir.parent):
         return _repair(project, stop_after=stop_after, restart=restart, layout=layout, paths=paths, student=student)
 
 
-def _repair(project, *, stop_after, restart, layout, paths, student) -> dict:
-    for dead in sorted(paths.run_dir.glob(".*.partial")) if paths.run_dir.is_dir() else []:
-        shutil.rmtree(dead) if dead.is_dir() else dead.unlink()  # a killed run's half-written checkpoint
+def _repair(project, *, stop_after, restart, layout, paths, student) -> RepairResult:
     run = setup(project, restart=restart, layout=layout, student=student, paths=paths)
     cfg = run.cfg
-    end = cfg.steps if stop_after is None else min(cfg.steps, run.step + stop_after)
+    end = loop.end_step(cfg.steps, run.step, stop_after)
     fit(run, end)
     sha = checkpoint.state_sha256(run.model, run.opt)
     if end < cfg.steps:
         checkpoint.save(paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, end)
-        return {"status": "stopped", "step": end, "steps": cfg.steps, "state_sha256": sha,
-                "train_loss": float(np.mean(run.curve[-10:])) if run.curve else None}
+        return RepairResult(status="stopped", step=end, steps=cfg.steps, state_sha256=sha,
+                            train_loss=loop.mean_tail(run.curve))
     after = _kls(run.model, run.head, run.data, cfg)
     before = run.meta["kl_before"]
     run.meta.update(done=True, state_sha256=sha)
     checkpoint.finish(paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, cfg.steps)
-    metrics = {"status": "done", "step": cfg.steps, "steps": cfg.steps, "state_sha256": sha,
-               "kl_train_before": before["train"], "kl_train_after": after["train"],
-               "kl_heldout_before": before["heldout"], "kl_heldout_after": after["heldout"],
-               "eval_rows": cfg.eval_rows, "first_loss": run.curve[0] if run.curve else None,
-               "train_loss": float(np.mean(run.curve[-10:])) if run.curve else None,
-               "trainable": cfg.trainable, "trainable_params": run.meta["trainable_params"],
-               "params": run.meta["params"], "temperature": cfg.temperature, "ce_weight": cfg.ce_weight,
-               "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None,
-               "student_sha256": run.meta["student_sha256"], "targets": "head slice on the last boundary, on the fly"}
+    result = RepairResult(status="done", step=cfg.steps, steps=cfg.steps, state_sha256=sha,
+                          kl_train_before=before["train"], kl_train_after=after["train"],
+                          kl_heldout_before=before["heldout"], kl_heldout_after=after["heldout"],
+                          eval_rows=cfg.eval_rows, first_loss=run.curve[0] if run.curve else None,
+                          train_loss=loop.mean_tail(run.curve), trainable=cfg.trainable,
+                          trainable_params=run.meta["trainable_params"], params=run.meta["params"],
+                          temperature=cfg.temperature, ce_weight=cfg.ce_weight, tokens_per_s=run.tokens_per_s(),
+                          student_sha256=run.meta["student_sha256"])
+    metrics = result.metrics()
     _publish(run, {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable", "temperature",
                                            "ce_weight")})
     write_json(paths.metrics, metrics)
     write_text(paths.loss_curve, "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))
-    return metrics
+    return result

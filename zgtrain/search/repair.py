@@ -26,7 +26,6 @@ from zgdata.progress import stderr
 from zgtrain.project.config import ProjectConfig
 from zgtrain.evaluate.gates import shortfall
 from zgtrain.repair.judge import gap_closed
-from zgtrain.repair.paths import search_repair_paths
 from zgtrain.search.variants import search_eval_metrics, search_student
 
 __all__ = ["repair_search", "kept_try", "SearchRepairResult"]
@@ -113,9 +112,9 @@ def repair_search(project: ProjectConfig, *, stop_after: int | None = None, rest
 
     i, before = kept_try(layout)
     mix = checked_mix(project, before["mix"], search_eval_metrics(layout))
-    paths = search_repair_paths(layout)
+    paths = layout.search_repair
     res = repair(project, stop_after=stop_after, restart=restart, layout=layout, student=search_student(layout),
-                 paths=paths)
+                 paths=paths).metrics()
     if res["status"] != "done":
         return SearchRepairResult(repair=res)
     from zgtrain.student.assemble import build_from_blocks

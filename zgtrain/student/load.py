@@ -19,7 +19,7 @@ from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
 
 __all__ = ["MODELING_FILE", "AUTO_MAP", "modeling_file", "auto_map", "template_class", "template_sha256",
-           "ship_modeling_code", "load_student"]
+           "ship_modeling_code", "load_student", "student_sha256"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _FIX = "rebuild the student with `dvc repro -f assemble` (zg never runs modeling code it did not write)"
@@ -105,3 +105,16 @@ def load_student(folder: Path, *, dtype=None):
     remote = _remote_code_allowed(folder)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=remote,
                                                 attn_implementation="sdpa").eval()
+
+def student_sha256(folder: Path) -> str:
+    """sha256 over every file (relative name + bytes) of a student folder: what a repair run started from. The
+    model card (README.md, zgtrain/student/card.py) is documentation, not the model: it is left out, so a card
+    changes no run's identity."""
+    h = hashlib.sha256()
+    for p in sorted(x for x in Path(folder).rglob("*") if x.is_file() and x.name != "README.md"):
+        h.update(str(p.relative_to(folder)).encode() + b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()

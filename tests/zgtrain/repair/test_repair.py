@@ -15,10 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import zg
+from conftest import zg, zg_main
 from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, project_of, read_json,
                          set_params, tree_sha256)
 from zgdata.layout import Layout
+from zgtrain.project.config import ProjectConfig
 from zgtrain.project.pipeline import dvc_yaml, profile_params
 
 STEPS = 12
@@ -40,8 +41,8 @@ def assembled(tiny_built, tmp_path_factory):
     root = copy_project(tiny_built, tmp_path_factory.mktemp("assembled") / "proj")
     set_params(root, {"train.steps": 2, "train.warmup": 1, "train.checkpoint_every": 0, "blocks.b00.prune_ratio": 0.25})
     for key in ("b00", "b01"):
-        zg("train", "block", key, cwd=root)
-    zg("train", "assemble", cwd=root)
+        zg_main("train", "block", key, cwd=root)
+    zg_main("train", "assemble", cwd=root)
     set_params(root, {"repair.steps": STEPS})
     return root
 
@@ -89,8 +90,8 @@ def test_lora_trains_only_adapters_and_merges_them_into_a_plain_model(assembled,
     root = copy_project(assembled, tmp_path / "proj")
     set_params(root, {"repair.trainable": "lora", "repair.lr": 1e-3})
     res = repair(project_of(root), layout=Layout(root))
-    assert res["status"] == "done" and res["kl_train_after"] < res["kl_train_before"], res
-    assert 0 < res["trainable_params"] < res["params"] == sum(v.numel() for v in load_file(
+    assert res.status == "done" and res.kl_train_after < res.kl_train_before, res
+    assert 0 < res.trainable_params < res.params == sum(v.numel() for v in load_file(
         str(root / "models" / "student" / "model.safetensors")).values())
     a = load_file(str(root / "models" / "student" / "model.safetensors"))
     b = load_file(str(root / "models" / "repaired" / "model.safetensors"))
@@ -148,7 +149,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(assembled, tmp_pat
 
     root = copy_project(assembled, tmp_path / "proj")
     stopped = repair(project_of(root), stop_after=2, layout=Layout(root))
-    assert stopped["status"] == "stopped" and stopped["step"] == 2
+    assert stopped.status == "stopped" and stopped.step == 2
     set_params(root, {"repair.temperature": 1.0})
     before = tree_sha256(root / "models")
     res = zg("train", "repair", cwd=root, check=False)
@@ -194,7 +195,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
     for profile in ("smollm2", "tiny"):
         params = profile_params(profile)
         assert params["repair"]["steps"] == 0
-        stages = dvc_yaml(params, code_deps=True)["stages"]
+        stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
         assert "repair" not in stages and "models/repaired" not in stages["evaluate"]["deps"]
         assert stages["evaluate"]["params"] == ["eval", "gates"]
     res = zg("train", "repair", cwd=tiny_project, check=False)
@@ -202,7 +203,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
 
     params = profile_params("tiny")
     params["repair"]["steps"] = 5
-    stages = dvc_yaml(params, code_deps=False)["stages"]
+    stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=False)["stages"]
     assert list(stages)[-2:] == ["repair", "evaluate"]
     assert stages["repair"]["deps"] == ["models/student", "models/teacher/blocks/head.safetensors",
                                         "data/boundaries/h04.lance", "data/tokens.lance", "data/tokens.json"]

@@ -423,8 +423,7 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_pa
     """With repair.steps > 0, `zg pipeline` adds search_repair: the mix search_assemble kept is distilled on the
     teacher's logits into models/search/repaired and judged again on every set. Before search_assemble has run it
     is one clear error; editing repair: reruns it alone; the main pipeline's repair stays untouched."""
-    from zgtrain.repair.paths import student_sha256
-    from zgtrain.student.load import load_student
+    from zgtrain.student.load import load_student, student_sha256
 
     assert "search_repair" not in dvc_yaml(profile_params("tiny-search"), code_deps=False)["stages"]
     root = tmp_path / "proj"
