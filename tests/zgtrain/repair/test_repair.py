@@ -15,11 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import zg, zg_main
+from conftest import zg
 from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, project_of, read_json,
                          set_params, tree_sha256)
 from zgdata.layout import Layout
-from zgtrain.project.config import ProjectConfig
 from zgtrain.project.pipeline import dvc_yaml, profile_params
 
 STEPS = 12
@@ -41,8 +40,8 @@ def assembled(tiny_built, tmp_path_factory):
     root = copy_project(tiny_built, tmp_path_factory.mktemp("assembled") / "proj")
     set_params(root, {"train.steps": 2, "train.warmup": 1, "train.checkpoint_every": 0, "blocks.b00.prune_ratio": 0.25})
     for key in ("b00", "b01"):
-        zg_main("train", "block", key, cwd=root)
-    zg_main("train", "assemble", cwd=root)
+        zg("train", "block", key, cwd=root)
+    zg("train", "assemble", cwd=root)
     set_params(root, {"repair.steps": STEPS})
     return root
 
@@ -195,7 +194,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
     for profile in ("smollm2", "tiny"):
         params = profile_params(profile)
         assert params["repair"]["steps"] == 0
-        stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
+        stages = dvc_yaml(params, code_deps=True)["stages"]
         assert "repair" not in stages and "models/repaired" not in stages["evaluate"]["deps"]
         assert stages["evaluate"]["params"] == ["eval", "gates"]
     res = zg("train", "repair", cwd=tiny_project, check=False)
@@ -203,7 +202,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
 
     params = profile_params("tiny")
     params["repair"]["steps"] = 5
-    stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=False)["stages"]
+    stages = dvc_yaml(params, code_deps=False)["stages"]
     assert list(stages)[-2:] == ["repair", "evaluate"]
     assert stages["repair"]["deps"] == ["models/student", "models/teacher/blocks/head.safetensors",
                                         "data/boundaries/h04.lance", "data/tokens.lance", "data/tokens.json"]
