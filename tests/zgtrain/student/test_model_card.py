@@ -52,3 +52,29 @@ def test_eval_card_is_a_pure_function_of_its_inputs(reproduced):
     text = (reproduced / "models" / "student" / "README.md").read_text()
     metrics = read_json(reproduced / "metrics" / "eval.json")
     assert str(eval_card(text, metrics)) == (reproduced / "reports" / "model_card.md").read_text()
+
+
+def test_search_and_repaired_cards(reproduced, tmp_path):
+    """The searched student's card names its stage; repair turns a copied student card into the repaired one's."""
+    from zgdata.layout import Layout
+    from zgtrain.student.card import write_card, write_repaired_card
+    from zgtrain.student.load import student_sha256
+
+    summary = read_json(reproduced / "models" / "student" / "zerograph.json")
+    (tmp_path / "search").mkdir()
+    search = write_card(tmp_path / "search", summary, layout=Layout(reproduced), kind="search")
+    card = ModelCard.load(search)
+    assert card.data.model_name == "search" and "dvc repro search_assemble" in card.text
+    assert card.text.split("## Lineage")[1] == \
+        ModelCard.load(reproduced / "models" / "student" / "README.md").text.split("## Lineage")[1] \
+        .replace("dvc repro assemble", "dvc repro search_assemble")
+    folder = tmp_path / "repaired"
+    folder.mkdir()
+    (folder / "README.md").write_text((reproduced / "models" / "student" / "README.md").read_text())
+    before = student_sha256(folder)
+    write_repaired_card(folder, {"steps": 8, "state_sha256": "ab" * 32, "trainable": "all"})
+    rep = ModelCard.load(folder / "README.md")
+    assert rep.data.model_name == "repaired" and rep.text.startswith("# repaired: a ZeroGraph student")
+    assert "## Repair" in rep.text and "| steps | `8` |" in rep.text and "dvc repro repair" in rep.text
+    assert rep.data.library_name == "transformers"
+    assert student_sha256(folder) == before  # the card is not part of a student's identity
