@@ -8,7 +8,7 @@ bits per row (bf16 as uint16), readable with plain lance/pyarrow.
 the low byte does not compress at all. So each row's values are split into byte planes:
 ``hidden_hi`` holds the zstd frame of the most significant byte of every value (one binary
 per row, so rows stay randomly readable), ``hidden_lo`` the other bytes, stored as they
-are. Measured on SmolLM2-135M's inner boundaries: 0.72 of raw (README). Lance 14's own
+are. Measured on SmolLM2-135M's inner boundaries: 0.72 of raw (docs/results/benchmarks.md). Lance 14's own
 field encodings (``lance-encoding:compression`` zstd/lz4, ``lance-encoding:bss``) left these
 wide fixed-size-list rows at 1.00 of raw (bench/compression.py), hence this layout.
 
