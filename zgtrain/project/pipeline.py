@@ -30,8 +30,8 @@ PROFILES = {
     "smollm2": {
         "corpus": {"max_train_seqs": 128, "max_heldout_seqs": 16},
         "verify": {"sample": 2},
-        # lossless: 0.72x the bytes of raw bf16 boundaries, same values and block bits (README, storage codec)
-        # h00 is not stored: recomputed from the tokens and the embedding, the same bits and state_sha256 (README)
+        # lossless: 0.72x the bytes of raw bf16 boundaries, same values and block bits (docs/concepts/stages.md)
+        # h00 is not stored: recomputed from the tokens and the embedding, the same bits and state_sha256 (docs/concepts/stages.md)
         "materialize": {"codec": "zstd", "virtual_first": True},
         # both cores of the 2-core demo machine, as torch used before train.threads existed: the
         # demo's blocks keep their speed (25-minute budget) and the bits recorded in docs/RESULTS.md
