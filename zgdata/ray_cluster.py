@@ -13,8 +13,9 @@ and a one-worker materialize never import it.
   ``MAX_RETRIES`` times; an exception the task raises is a result, never retried.
 - Object store: tasks pass small JSON or dicts, so a local instance gets ``OBJECT_STORE_BYTES``, not Ray's
   default of 30% of RAM in /dev/shm.
-- Environment: a joined cluster's workers were started elsewhere, with their own environment; what the
-  driver's says about the run (``worker_env``) is handed to each task, which applies it itself.
+- Environment: a joined cluster's workers were started elsewhere, with their own environment, so what the
+  driver's says about the run travels with each task: `zg repro`'s block tasks get ``worker_env()`` and
+  apply it; a materialize shard gets its device and test hooks in its spec.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from zgdata.errors import ZgError
 
-__all__ = ["MAX_RETRIES", "OBJECT_STORE_BYTES", "address", "cancel", "connect", "first_line", "last_line",
+__all__ = ["FORWARD", "MAX_RETRIES", "OBJECT_STORE_BYTES", "address", "cancel", "connect", "first_line", "last_line",
            "task_options", "worker_env"]
 
 MAX_RETRIES = 3  # worker deaths (kill -9, OOM) per task; an exception in the task is never retried
