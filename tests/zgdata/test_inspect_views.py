@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import zg_main
 from rich.console import Console
 
-from conftest import zg
 from zgdata.inspect import collect, render
 
 VIEWS = {"default": {}, "wide": {"wide": True}, "versions": {"versions": True}, "all": {"wide": True, "versions": True}}
@@ -60,9 +60,9 @@ def test_default_view_has_one_history_line_per_dataset(tiny_built):
 
 
 def test_cli_views_and_json(tiny_project):
-    plain = zg("data", "inspect", cwd=tiny_project).stdout
-    wide = zg("data", "inspect", "--wide", "--versions", cwd=tiny_project).stdout
-    infos = json.loads(zg("data", "inspect", "--json", cwd=tiny_project).stdout)
+    plain = zg_main("data", "inspect", cwd=tiny_project).stdout
+    wide = zg_main("data", "inspect", "--wide", "--versions", cwd=tiny_project).stdout
+    infos = json.loads(zg_main("data", "inspect", "--json", cwd=tiny_project).stdout)
     again = json.loads(json.dumps(_infos(tiny_project), default=str))  # --json: exactly collect()'s records
     assert [{k: v for k, v in i.items() if k != "path"} for i in infos] == \
         [{k: v for k, v in i.items() if k != "path"} for i in again]  # (paths: relative there, absolute here)

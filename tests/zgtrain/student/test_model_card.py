@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
+from conftest import read_json, run
 from huggingface_hub import ModelCard
 
-from conftest import read_json, run
 from zgtrain.student.card import EVAL_METRICS, eval_card
 
 
