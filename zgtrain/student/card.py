@@ -25,7 +25,7 @@ import yaml
 from zgdata.atomic import write_text
 from zgdata.layout import Layout
 
-__all__ = ["student_card", "write_card", "write_repaired_card", "eval_card", "write_eval_card", "CARD", "EVAL_METRICS"]
+__all__ = ["CARD", "EVAL_METRICS", "eval_card", "student_card", "write_card", "write_eval_card", "write_repaired_card"]
 
 CARD = "README.md"
 # teacher.source -> (base_model, license) where zg knows them: the embedded GGUF's model and package license
@@ -50,8 +50,8 @@ def _corpus(layout: Layout) -> str | None:
 
 def _blocks_table(summary: dict, teacher: dict) -> str:
     width = teacher.get("architecture", {}).get("intermediate_size")
-    rows = ["| block | teacher layers | MLP widths (teacher: %s) | attention windows | boundaries (in -> out) "
-            "| state_sha256 |" % width, "|---|---|---|---|---|---|"]
+    rows = [f"| block | teacher layers | MLP widths (teacher: {width}) | attention windows | boundaries (in -> out) "
+            "| state_sha256 |", "|---|---|---|---|---|---|"]
     sizes, windows, i = summary.get("intermediate_sizes", []), summary.get("layer_windows", []), 0
     for key, b in sorted(summary.get("blocks", {}).items()):
         n = len(b["teacher_layers"])
