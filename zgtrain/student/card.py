@@ -50,8 +50,8 @@ def _corpus(layout: Layout) -> str | None:
 
 def _blocks_table(summary: dict, teacher: dict) -> str:
     width = teacher.get("architecture", {}).get("intermediate_size")
-    rows = [f"| block | teacher layers | MLP widths (teacher: {width}) | attention windows | boundaries (in -> out) "
-            "| state_sha256 |", "|---|---|---|---|---|---|"]
+    rows = [(f"| block | teacher layers | MLP widths (teacher: {width}) | attention windows | boundaries (in -> out) "
+             "| state_sha256 |"), "|---|---|---|---|---|---|"]
     sizes, windows, i = summary.get("intermediate_sizes", []), summary.get("layer_windows", []), 0
     for key, b in sorted(summary.get("blocks", {}).items()):
         n = len(b["teacher_layers"])
