@@ -140,7 +140,9 @@ def data_inspect(paths: Optional[list[Path]] = typer.Argument(None, help="datase
     each, fits 80 columns); --wide adds lineage and storage, --versions every version, --json everything."""
     from zgdata.inspect import collect, render
 
-    infos = collect(paths or [Path("data/tokens.lance"), Path("data/boundaries")], version=version)
+    from zgdata.layout import Layout
+
+    infos = collect(paths or [Layout().tokens, Layout().boundaries_dir], version=version)
     if as_json:
         print(json.dumps(infos, indent=2, default=str))
     else:

@@ -11,6 +11,7 @@ with one line naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import copy
+import enum
 import math
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -23,7 +24,8 @@ from zgdata.layout import boundary_name
 
 __all__ = [
     "Section", "param", "TeacherConfig", "CorpusConfig", "PartitionConfig", "BlockSpec", "MaterializeConfig",
-    "VerifyConfig", "load_params", "section", "describe", "defaults", "check_int", "DTYPES",
+    "VerifyConfig", "load_params", "section", "describe", "defaults", "check_int", "DTYPES", "ProjectKind",
+    "project_kind",
 ]
 
 DTYPES = ("float32", "bfloat16")
@@ -339,6 +341,28 @@ def load_params(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ZgError(f"{path} must be a mapping of sections", fix="see `zg params`")
     return data
+
+
+class ProjectKind(enum.Enum):
+    """What a project trains: the two kinds of params.yaml (and of dvc.yaml, see zgtrain/project/pipeline.py)."""
+
+    CONVERT = "convert"
+    """Convert or distil a teacher block by block from its materialized boundaries (``blocks:``, ``variants:``)."""
+    LOCAL = "local"
+    """Greedy local pretraining from scratch (a ``local:`` section): the teacher gives its tokenizer only."""
+
+
+def project_kind(params: Mapping[str, Any]) -> ProjectKind:
+    """The one place a params.yaml's kind is decided: a ``local:`` section makes it a local-pretraining project.
+
+    A variant library (``variants:``) belongs to a conversion, so params with both are refused."""
+    if "local" not in params:
+        return ProjectKind.CONVERT
+    if "variants" in params:
+        raise ZgError("params.yaml has both local: (local pretraining from scratch) and variants: (a conversion's "
+                      "variant library)", key="variants",
+                      fix="remove variants: for local pretraining, or local: for a conversion")
+    return ProjectKind.LOCAL
 
 
 def section(params: Mapping[str, Any], cls: type[T], key: str | None = None) -> T:

@@ -153,3 +153,66 @@ class Layout:
     @property
     def eval_plots(self) -> Path:
         return self.root / "plots" / "eval"
+
+    @property
+    def eval_ce_plot(self) -> Path:
+        """CE per model (teacher, student, repaired)."""
+        return self.eval_plots / "ce.csv"
+
+    @property
+    def eval_sets_plot(self) -> Path:
+        """CE gap per evaluation set."""
+        return self.eval_plots / "sets.csv"
+
+    @property
+    def eval_shift_plot(self) -> Path:
+        """Boundary shift per block (teacher input against the student's own upstream outputs)."""
+        return self.eval_plots / "shift.csv"
+
+    @property
+    def eval_figures(self) -> Path:
+        """The PNG figures of evaluate: one DVC directory output."""
+        return self.eval_plots / "png"
+
+    # lm-evaluation-harness (zgtrain/evaluate/lm_eval.py)
+    @property
+    def lm_eval_dir(self) -> Path:
+        """The zg_nextline task files (zgtrain/evaluate/lm_eval_task.py)."""
+        return self.root / "eval" / "lm_eval"
+
+    @property
+    def lm_eval_metrics(self) -> Path:
+        return self.root / "metrics" / "lm_eval.json"
+
+    @property
+    def model_card(self) -> Path:
+        """The student's card plus metrics/eval.json's figures (zgtrain/student/card.py), written by evaluate."""
+        return self.root / "reports" / "model_card.md"
+
+    # the variant library and the budgeted search over it (zgtrain/search/)
+    def variant_dir(self, block: str, variant: str) -> Path:
+        return self.root / "models" / "variants" / block / variant
+
+    def variant_metrics(self, block: str, variant: str) -> Path:
+        return self.root / "metrics" / "variants" / block / f"{variant}.json"
+
+    def variant_loss_curve(self, block: str, variant: str) -> Path:
+        return self.root / "plots" / "variants" / block / f"{variant}.csv"
+
+    @property
+    def search_choice(self) -> Path:
+        """The chosen mix and the ranked alternatives (zgtrain/search/solve.py)."""
+        return self.root / "search" / "choice.json"
+
+    @property
+    def search_metrics(self) -> Path:
+        return self.root / "metrics" / "search.json"
+
+    @property
+    def search_eval_metrics(self) -> Path:
+        return self.root / "metrics" / "search_eval.json"
+
+    @property
+    def search_student(self) -> Path:
+        """The searched student: the first mix that passed the gates, else the closest miss."""
+        return self.root / "models" / "search" / "student"

@@ -50,28 +50,10 @@ def init(directory: Path = typer.Argument(..., help="new project directory."),
 @app.command("pipeline")
 def pipeline(params: Path = params_option):
     """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
-    from zgdata.atomic import write_text
-    from zgdata.config import PartitionConfig, load_params, section
-    from zgtrain.project.pipeline import dump_params, write_pipeline
+    from zgtrain.project.pipeline import regenerate
 
-    p = load_params(params)
-    part = section(p, PartitionConfig)
-    old = p.get("blocks") or {}
-    if isinstance(p.get("local"), dict) and p["local"].get("mode") == "sequential":  # one params key per block stage
-        over = p["local"].get("blocks") or {}
-        p["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in part.blocks()}
-    p["blocks"] = {} if "local" in p else {  # a local project's blocks are its partition's
-        b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
-                "out": b.output} for b in part.blocks()}
-    if p.get("variants") and "search" not in p:  # the search stage depends on search:, so it must exist
-        from zgdata.config import defaults
-        from zgtrain.project.config import SearchConfig
-
-        p["search"] = defaults(SearchConfig)
-    write_text(params, dump_params(p))
-    code_deps = (params.parent / "zgtrain" / "block" / "train.py").exists()
-    path = write_pipeline(params.parent, p, code_deps=code_deps)
-    stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in part.blocks())}")
+    path, project = regenerate(params)
+    stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in project.partition.blocks())}")
 
 
 @app.command("params")

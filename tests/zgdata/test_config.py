@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from zgdata.config import (CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, VerifyConfig, check_int,
-                           defaults, describe, load_params, section)
+from zgdata.config import (CorpusConfig, MaterializeConfig, PartitionConfig, ProjectKind, TeacherConfig, VerifyConfig,
+                           check_int, defaults, describe, load_params, project_kind, section)
 from zgdata.errors import ZgError
 
 
@@ -74,3 +74,11 @@ def test_check_int_and_describe():
         check_int("seed", -1, ge=0)
     rows = {k: (d, doc) for k, d, doc in describe(VerifyConfig)}
     assert rows["sample"][0] == "4" and "Allowed: an integer >= 1" in rows["sample"][1]
+
+
+def test_a_local_section_makes_a_local_pretraining_project_and_a_variant_library_cannot_join_it():
+    assert project_kind({}) is project_kind({"partition": {}, "blocks": {}}) is ProjectKind.CONVERT
+    assert project_kind({"local": None}) is project_kind({"local": {"layers": 4}}) is ProjectKind.LOCAL
+    with pytest.raises(ZgError) as e:
+        project_kind({"local": {}, "variants": {"p50": {"prune_ratio": 0.5}}})
+    assert e.value.key == "variants" and "local" in e.value.what and "\n" not in e.value.render()

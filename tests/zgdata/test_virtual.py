@@ -21,6 +21,7 @@ from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
 from zgdata.reader import BoundaryDataset
 from zgdata.virtual import VirtualBoundary
+from zgtrain.project.config import ProjectConfig
 from zgtrain.project.pipeline import write_pipeline
 
 
@@ -35,7 +36,7 @@ def test_virtual_h00_is_bitwise_the_stored_one_and_trains_b00_to_the_same_state(
     want = read_json(layout.block_dir("b00") / "meta.json")["state_sha256"]
 
     params = edit_params(root, materialize={"virtual_first": True})
-    write_pipeline(root, params, code_deps=False)  # what `zg pipeline` does
+    write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)  # what `zg pipeline` does
     shutil.move(layout.boundary("h00"), tmp_path / "h00.lance")  # a virtual project never has it
     stored = BoundaryDataset(tmp_path / "h00.lance", recheck=True)
     res = materialize(section(params, MaterializeConfig), section(params, PartitionConfig), layout=layout)
@@ -101,10 +102,10 @@ def test_virtual_first_changes_only_h00_stages(profile):
     params = profile_params(profile)
     assert params["materialize"]["virtual_first"] is (profile == "smollm2")
     params["materialize"]["virtual_first"] = False
-    off = dvc_yaml(params, code_deps=True)["stages"]
+    off = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
     assert off["train"]["foreach"] == "${blocks}" and "data/boundaries/h00.lance" in off["materialize"]["outs"]
     params["materialize"]["virtual_first"] = True
-    on = dvc_yaml(params, code_deps=True)["stages"]
+    on = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
     assert on["materialize"]["outs"] == off["materialize"]["outs"][1:]
     assert "materialize.virtual_first" in on["materialize"]["params"]
     assert {k: v for k, v in on.items() if k not in ("materialize", "verify", "train", "evaluate")} == \
@@ -124,7 +125,7 @@ def test_remote_workers_pull_what_train_at_b00_declares():
     params = profile_params("tiny")
     params["materialize"]["virtual_first"] = True
     project = ProjectConfig.from_params(params)
-    train = dvc_yaml(params, code_deps=False)["stages"]["train"]
+    train = dvc_yaml(project, code_deps=False)["stages"]["train"]
     for key, item in train["foreach"].items():
         deps = [d.replace("${key}", key).replace("${item.src}", item["src"]).replace("${item.aux}", item["aux"])
                 .replace("${item.out}", item["out"]) for d in train["do"]["deps"]]

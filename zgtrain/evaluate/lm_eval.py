@@ -63,7 +63,7 @@ class LmEvalResult:
 
 
 def metrics_path(layout: Layout) -> Path:
-    return Path(layout.root) / "metrics" / "lm_eval.json"
+    return layout.lm_eval_metrics
 
 
 def lm_eval_tasks(project, tasks: list[str] | None) -> list[str]:

@@ -34,7 +34,7 @@ MIN_CHARS, MAX_CHARS = 8, 200  # a line to choose: not a stub, not a whole parag
 
 
 def task_dir(layout: Layout) -> Path:
-    return Path(layout.root) / "eval" / "lm_eval"
+    return layout.lm_eval_dir
 
 
 def task_files(layout: Layout) -> dict[str, Path]:

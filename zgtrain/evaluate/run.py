@@ -142,13 +142,12 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, fig
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    d = layout.eval_plots
-    write_text(d / "ce.csv", _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"] for n in scores]))
-    write_text(d / "sets.csv", _sets_csv(figs, repaired))
-    write_text(d / "shift.csv", _csv([["block", "teacher_input", "student_input"]]
-                                     + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
-                                        for k, v in shift.items()]))
-    with atomic_path(d / "png") as png:  # a DVC directory output: its images are replaced together
+    write_text(layout.eval_ce_plot, _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"] for n in scores]))
+    write_text(layout.eval_sets_plot, _sets_csv(figs, repaired))
+    write_text(layout.eval_shift_plot, _csv([["block", "teacher_input", "student_input"]]
+                                            + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
+                                               for k, v in shift.items()]))
+    with atomic_path(layout.eval_figures) as png:  # a DVC directory output: its images are replaced together
         png.mkdir(parents=True)
         fig, ax = plt.subplots(figsize=(max(5, 2 * len(figs)), 3.5))
         xs = np.arange(len(figs))

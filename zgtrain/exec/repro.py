@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from zgdata import ray_cluster
-from zgdata.config import load_params
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lock import project_lock
@@ -110,17 +109,17 @@ def stale_stages(root: Path, stages: list[str]) -> list[str]:
     return [s for s in stages if s in changed]
 
 
-def _own_keys(layout: Layout, key: str) -> list[str]:
+def _own_keys(project: ProjectConfig, key: str) -> list[str]:
     """blocks.KEY.* overrides in params.yaml: the likely culprits when only block KEY fails."""
-    body = (load_params(layout.params).get("blocks") or {}).get(key) or {}
-    return [f"blocks.{key}.{k}" for k in body if k not in ("in", "out")]
+    run = project.blocks.get(key)
+    return [f"blocks.{key}.{k}" for k in (run.overrides if run else ())]
 
 
-def _failure(layout: Layout, failed: list[dict], recorded: list[str], post: list[str]) -> ZgError:
+def _failure(project: ProjectConfig, failed: list[dict], recorded: list[str], post: list[str]) -> ZgError:
     parts, keys = [], []
     for r in failed:
         k = r.get("error_key") or f"blocks.{r['key']}"
-        own = _own_keys(layout, r["key"])
+        own = _own_keys(project, r["key"])
         if k == f"blocks.{r['key']}" and own:
             k = ", ".join(own)
         keys.append(k)
@@ -223,7 +222,7 @@ def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: lis
     for line in summary_lines(results, cluster):
         print(line, file=sys.stderr)
     if failed:
-        raise _failure(layout, failed, recorded, p.post)
+        raise _failure(project, failed, recorded, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)
     return ReproResult(ran=ran, restored=restored, blocks=results, jobs=jobs, cluster=cluster,

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, PartitionConfig, Section, TeacherConfig,
-                           VerifyConfig, check_int, load_params, param, section)
+from zgdata.config import (BlockSpec, CorpusConfig, MaterializeConfig, PartitionConfig, ProjectKind, Section,
+                           TeacherConfig, VerifyConfig, check_int, load_params, param, project_kind, section)
 from zgdata.errors import ZgError
 from zgtrain.local.config import LocalConfig
 
@@ -222,6 +222,8 @@ class BlockRun:
 
     spec: BlockSpec
     train: TrainConfig
+    overrides: tuple = field(default=(), compare=False)
+    """The train keys ``blocks.KEY`` sets itself (the likely culprits when only this block fails)."""
 
 
 def _block_train(base: TrainConfig, key: str, body: Mapping[str, Any], where: str = "blocks") -> TrainConfig:
@@ -267,6 +269,8 @@ def _variants(base: TrainConfig, raw) -> dict:
 class ProjectConfig:
     """Every params.yaml section, parsed and checked once."""
 
+    kind: ProjectKind = ProjectKind.CONVERT
+    """convert (block by block from a teacher) or local (pretraining from scratch: a ``local:`` section)."""
     seed: int = 0
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -291,6 +295,7 @@ class ProjectConfig:
         if unknown:
             raise ZgError(f"unknown params section(s) {', '.join(unknown)}", key=unknown[0],
                           fix=f"known sections: {', '.join(_TOP)}")
+        kind = project_kind(params)
         sections = {name: section(params, cls_) for name, cls_ in {**SECTIONS, **OPTIONAL_SECTIONS}.items()}
         blocks_raw = params.get("blocks") or {}
         if not isinstance(blocks_raw, Mapping):
@@ -301,10 +306,12 @@ class ProjectConfig:
                 raise ZgError(f"blocks.{key} must be a mapping with in/out", key=f"blocks.{key}",
                               fix="run `zg pipeline` to regenerate blocks:")
             spec = sections["partition"].block(str(key), body)
-            blocks[spec.key] = BlockRun(spec=spec, train=_block_train(sections["train"], spec.key, body))
+            blocks[spec.key] = BlockRun(spec=spec, train=_block_train(sections["train"], spec.key, body),
+                                        overrides=tuple(str(k) for k in body if k not in ("in", "out")))
         sections["gates"].check_sets(sections["eval"])
         variants = _variants(sections["train"], params.get("variants"))
-        return cls(seed=check_int("seed", params.get("seed", 0), ge=0), blocks=blocks, variants=variants, **sections)
+        return cls(kind=kind, seed=check_int("seed", params.get("seed", 0), ge=0), blocks=blocks, variants=variants,
+                   **sections)
 
     @classmethod
     def load(cls, path: Path) -> "ProjectConfig":

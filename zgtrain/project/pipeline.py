@@ -14,12 +14,14 @@ from pathlib import Path
 import yaml
 
 from zgdata.atomic import write_text
-from zgdata.config import MaterializeConfig, PartitionConfig, defaults, section
+from zgdata.config import PartitionConfig, ProjectKind, defaults, load_params, project_kind, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.evaluate.sets import literal_paths
+from zgtrain.local.config import LocalConfig
+from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig, SearchConfig
 
-__all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "dump_params", "init_project"]
+__all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "dump_params", "init_project", "regenerate"]
 
 # The out-of-domain set of the profiles: the only text besides the plays that the embedded packages ship.
 DOCS_SET = {"name": "docs", "source": "embedded:docs", "format": "auto", "text_field": "text", "id_field": "id",
@@ -85,8 +87,6 @@ PROFILES["tiny-search"] = {**copy.deepcopy(PROFILES["tiny"]), "variants": {
 
 def profile_params(profile: str) -> dict:
     """params.yaml of a profile: every section's defaults with the profile's overrides, then its blocks."""
-    from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig
-
     if profile not in PROFILES:
         raise ZgError(f"unknown profile '{profile}'", fix=f"use one of {', '.join(PROFILES)}")
     over = PROFILES[profile]
@@ -100,7 +100,8 @@ def profile_params(profile: str) -> dict:
             params[name] = {**defaults(cls), **copy.deepcopy(over[name])}
     part = section(params, PartitionConfig)
     # blocks: carries per-block train overrides of a conversion; a local project's blocks come from the partition
-    params["blocks"] = {} if "local" in params else {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    params["blocks"] = {} if project_kind(params) is ProjectKind.LOCAL else {
+        b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
     ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
     return params
 
@@ -138,15 +139,37 @@ _CODE["search_assemble"] = list(dict.fromkeys(_CODE["assemble"] + _CODE["evaluat
 _CODE["search_repair"] = list(dict.fromkeys(_CODE["repair"] + ["zgtrain/search/repair.py"]))
 
 
-def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
-    part = section(params, PartitionConfig)
-    L = Layout(Path(""))
-    blocks = part.blocks()
-    bnd = [str(L.boundary(n)) for n in part.names]
+def dvc_yaml(project: ProjectConfig, *, code_deps: bool) -> dict:
+    """PROJECT's stage graph. A conversion: teacher ... evaluate, plus the stages its params turn on (lm_eval,
+    repair, the variant search, a virtual h00). Local pretraining: teacher (the tokenizer only), tokens, then
+    local (or, with local.mode: sequential, local_bNN per block and local_export). ``code_deps``: list the code
+    each stage runs (a checkout of ZeroGraph itself)."""
 
     def code(stage):
         return _CODE[stage] if code_deps else []
 
+    L, blocks = Layout(Path("")), project.partition.blocks()
+    stages = _conversion_stages(project, L, code)
+    if project.kind is ProjectKind.LOCAL:  # the teacher gives its tokenizer only
+        stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
+        stages = {"teacher": stages["teacher"], "tokens": stages["tokens"]} | _local_stages(project, L, blocks, code)
+    else:
+        _add_repair(stages, project, L, code)
+        if project.variants:
+            stages.update(_search_stages(project, blocks, code))
+        _virtual_first(stages, project, L, code)
+    for s in stages.values():
+        body = s.get("do", s)
+        if not body.get("deps"):
+            body.pop("deps", None)
+    return {"stages": stages}
+
+
+def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
+    """A conversion's main line: teacher, tokens, materialize, verify, train@KEY, assemble, evaluate (and lm_eval
+    when lm_eval.tasks names some)."""
+    blocks = project.partition.blocks()
+    bnd = [str(L.boundary(n)) for n in project.partition.names]
     stages = {
         "teacher": {"cmd": "zg teacher prepare", "deps": code("teacher"), "params": ["teacher", "partition"],
                     "outs": [str(L.teacher_hf), str(L.teacher_json), str(L.teacher_head)]
@@ -170,12 +193,12 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                    "params": ["verify"], "metrics": [{str(L.verify_report): {"cache": False}}]},
         "train": {"foreach": "${blocks}", "do": {
             "cmd": "zg train block ${key}",
-            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance",
-                     "models/teacher/blocks/${key}.safetensors"] + code("train"),
+            "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.teacher_slice("${key}"))]
+            + code("train"),
             "params": ["seed", "train", "blocks.${key}"],
-            "outs": ["models/blocks/${key}"],
-            "metrics": [{"metrics/blocks/${key}.json": {"cache": False}}],
-            "plots": [{"plots/loss/${key}.csv": {"cache": False, "x": "step", "y": "loss"}}]}},
+            "outs": [str(L.block_dir("${key}"))],
+            "metrics": [{str(L.block_metrics("${key}")): {"cache": False}}],
+            "plots": [{str(L.block_loss_curve("${key}")): {"cache": False, "x": "step", "y": "loss"}}]}},
         "assemble": {"cmd": "zg train assemble",
                      "deps": [str(L.block_dir(b.key)) for b in blocks] + [str(L.teacher_head), str(L.teacher_hf)]
                      + [str(L.teacher_json), str(L.tokens_json)] + code("assemble"),
@@ -185,114 +208,97 @@ def dvc_yaml(params: dict, *, code_deps: bool) -> dict:
                      + [str(L.block_dir(b.key)) for b in blocks]
                      + [str(L.teacher_head), str(L.teacher_json), str(L.tokens_json)]
                      + [str(L.block_loss_curve(b.key)) for b in blocks] + code("evaluate")
-                     + literal_paths((params.get("eval") or {}).get("sets")),  # eval set files DVC can watch
+                     + literal_paths(project.eval.sets),  # eval set files DVC can watch
                      "params": ["eval", "gates"],
                      "outs": [{str(L.generation_report): {"cache": False}},
-                              {"reports/model_card.md": {"cache": False}}],  # the student's card + its figures
+                              {str(L.model_card): {"cache": False}}],  # the student's card + its figures
                      "metrics": [{str(L.eval_metrics): {"cache": False}}],
-                     "plots": [{"plots/eval/ce.csv": {"cache": False, "x": "model", "y": "ce"}},
-                               {"plots/eval/sets.csv": {"cache": False, "x": "set", "y": "ce_gap"}},
-                               {"plots/eval/shift.csv": {"cache": False, "x": "block", "y": "student_input"}},
-                               "plots/eval/png"]},
+                     "plots": [{str(L.eval_ce_plot): {"cache": False, "x": "model", "y": "ce"}},
+                               {str(L.eval_sets_plot): {"cache": False, "x": "set", "y": "ce_gap"}},
+                               {str(L.eval_shift_plot): {"cache": False, "x": "block", "y": "student_input"}},
+                               str(L.eval_figures)]},
     }
-    if (params.get("lm_eval") or {}).get("tasks"):  # off unless lm_eval.tasks names some: minutes on a real teacher
+    if project.lm_eval.tasks:  # off unless lm_eval.tasks names some: minutes on a real teacher
         stages["lm_eval"] = {"cmd": "zg train lm-eval",
                              "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
                                       str(L.tokens_json)] + code("lm_eval"),
-                             "params": ["lm_eval"], "outs": ["eval/lm_eval"],
-                             "metrics": [{"metrics/lm_eval.json": {"cache": False}}]}
-    _add_repair(stages, params, part, L, code)
-    if params.get("variants"):
-        stages.update(_search_stages(params, blocks, code))
-    _virtual_first(stages, params, part, L, code)
-    if "local" in params:  # a local-pretraining project: the teacher gives its tokenizer only
-        stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
-        stages = {"teacher": stages["teacher"], "tokens": stages["tokens"], "local": {
-            "cmd": "zg train local", "deps": [str(L.tokens), str(L.tokens_json), str(L.teacher_hf),
-                                              str(L.teacher_json)] + code("local"),
-            "params": ["seed", "partition", "local"], "outs": ["models/local"],
-            "metrics": [{"metrics/local.json": {"cache": False}}],
-            "plots": [{"plots/local/loss.csv": {"cache": False, "x": "step"}}]}}
-    if params.get("local", {}).get("mode") == "sequential":
-        stages = {k: v for k, v in stages.items() if k != "local"} | _sequential_stages(params, blocks, code)
-    for s in stages.values():
-        body = s.get("do", s)
-        if not body.get("deps"):
-            body.pop("deps", None)
-    return {"stages": stages}
+                             "params": ["lm_eval"], "outs": [str(L.lm_eval_dir)],
+                             "metrics": [{str(L.lm_eval_metrics): {"cache": False}}]}
+    return stages
 
 
-def _sequential_stages(params: dict, blocks, code) -> dict:
-    """local.mode: sequential: one stage per block (input: the previous block's output dataset), then export."""
+def _local_stages(project: ProjectConfig, L: Layout, blocks, code) -> dict:
+    """Local pretraining: `local` (every block on every batch), or with local.mode: sequential one stage per
+    block (input: the previous block's output dataset) and `local_export`."""
     from zgtrain.local.config import LocalConfig
     from zgtrain.local.simultaneous import _NOT_IDENTITY
 
-    L = Layout(Path(""))
     data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
+    if project.local.mode != "sequential":
+        return {"local": {"cmd": "zg train local", "deps": data + code("local"),
+                          "params": ["seed", "partition", "local"], "outs": [str(L.local_dir)],
+                          "metrics": [{str(L.local_metrics): {"cache": False}}],
+                          "plots": [{str(L.local_loss_curve): {"cache": False, "x": "step"}}]}}
     shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*_NOT_IDENTITY, "blocks")]
-    bnd = [f"data/local/{n}.lance" for n in section(params, PartitionConfig).names]
+    bnd = [str(L.local_boundary(layer)) for layer in project.partition.boundaries]
     out = {}
     for i, b in enumerate(blocks):
         out[f"local_{b.key}"] = {
             "cmd": f"zg train local-block {b.key}", "deps": data + ([bnd[i]] if i else []) + code("local"),
             "params": ["seed", "partition", *shared, f"local.blocks.{b.key}"],
-            "outs": [f"models/local/blocks/{b.key}"] + ([bnd[i + 1]] if i < len(blocks) - 1 else []),
-            "metrics": [{f"metrics/local/{b.key}.json": {"cache": False}}]}
+            "outs": [str(L.local_block_dir(b.key))] + ([bnd[i + 1]] if i < len(blocks) - 1 else []),
+            "metrics": [{str(L.local_block_metrics(b.key)): {"cache": False}}]}
     out["local_export"] = {"cmd": "zg train local-export",
-                           "deps": data + [f"models/local/blocks/{b.key}" for b in blocks] + code("local"),
+                           "deps": data + [str(L.local_block_dir(b.key)) for b in blocks] + code("local"),
                            "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
-                           "outs": ["models/local/hf"], "metrics": [{"metrics/local.json": {"cache": False}}]}
+                           "outs": [str(L.local_hf)], "metrics": [{str(L.local_metrics): {"cache": False}}]}
     return out
 
 
-def _search_stages(params: dict, blocks, code) -> dict:
+def _search_stages(project: ProjectConfig, blocks, code) -> dict:
     """variant@BLOCK-NAME per (block, variant), search and search_assemble: only where params has a variant library.
 
     Each variant stage depends on its own ``variants.NAME`` entry (plus ``seed`` and the ``train:`` defaults it
     inherits), so editing one variant reruns only its stages. Its scores run the downstream teacher blocks, so
     every teacher slice is a dep (they change together, with the teacher stage). With repair.steps > 0,
     search_repair repairs the kept mix and judges it again."""
-    from zgtrain.project.config import RepairConfig
-    from zgtrain.search.variants import (search_choice, search_eval_metrics, search_metrics, search_student, variant_dir,
-                                  variant_metrics, variant_plot)
-
     L = Layout(Path(""))
-    names = list(params["variants"])
+    names = list(project.variants)
     runs = {f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names}
     item = ("${item.block}", "${item.variant}")
     out = {
         "variant": {"foreach": runs, "do": {
             "cmd": "zg train variant ${item.block} ${item.variant}",
-            "deps": ["data/boundaries/${item.in}.lance", "data/boundaries/${item.out}.lance", str(L.tokens),
+            "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.tokens),
                      str(L.tokens_json), str(L.teacher_head)] + [str(L.teacher_slice(b.key)) for b in blocks]
             + code("variant"),
             "params": ["seed", "train", "variants.${item.variant}"],
-            "outs": [str(variant_dir(L, *item))],
-            "metrics": [{str(variant_metrics(L, *item)): {"cache": False}}],
-            "plots": [{str(variant_plot(L, *item)): {"cache": False, "x": "step", "y": "loss"}}]}},
+            "outs": [str(L.variant_dir(*item))],
+            "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
+            "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}]}},
         "search": {"cmd": "zg search run",
-                   "deps": [str(variant_metrics(L, b.key, v)) for b in blocks for v in names] + code("search"),
+                   "deps": [str(L.variant_metrics(b.key, v)) for b in blocks for v in names] + code("search"),
                    "params": ["search"],
-                   "outs": [{str(search_choice(L)): {"cache": False}}],
-                   "metrics": [{str(search_metrics(L)): {"cache": False}}]},
+                   "outs": [{str(L.search_choice): {"cache": False}}],
+                   "metrics": [{str(L.search_metrics): {"cache": False}}]},
         # the chosen mix as a student, judged on the eval sets (the next-best mixes when it fails a gate); which
         # variant folders it reads depends on the choice, so it lists all
         "search_assemble": {"cmd": "zg search assemble",
-                            "deps": [str(search_choice(L))] + [str(variant_dir(L, b.key, v)) for b in blocks for v in names]
+                            "deps": [str(L.search_choice)] + [str(L.variant_dir(b.key, v)) for b in blocks for v in names]
                             + [str(L.teacher_slice(b.key)) for b in blocks]
                             + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
                                str(L.tokens_json)] + code("search_assemble")
-                            + literal_paths((params.get("eval") or {}).get("sets")),
+                            + literal_paths(project.eval.sets),
                             "params": ["partition", "eval", "gates", "search.max_tries"],
-                            "outs": [str(search_student(L))],
-                            "metrics": [{str(search_eval_metrics(L)): {"cache": False}}]},
+                            "outs": [str(L.search_student)],
+                            "metrics": [{str(L.search_eval_metrics): {"cache": False}}]},
     }
-    if section(params, RepairConfig).enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
+    if project.repair.enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
         rp, sa = L.search_repair, out["search_assemble"]
         out["search_repair"] = {
             "cmd": "zg search repair",
             # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
-            "deps": list(dict.fromkeys([str(search_student(L)), str(search_eval_metrics(L)),
+            "deps": list(dict.fromkeys([str(L.search_student), str(L.search_eval_metrics),
                                         str(L.boundary(blocks[-1].output))] + sa["deps"][1:] + code("search_repair"))),
             "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
             "outs": [str(rp.run_dir), str(rp.model)],
@@ -301,14 +307,15 @@ def _search_stages(params: dict, blocks, code) -> dict:
     return out
 
 
-def _virtual_first(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+def _virtual_first(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
     """materialize.virtual_first (zgdata/virtual.py): h00 is no output; what reads it depends on the tokens and the
     head slice (the embedding) instead. Off by default: the default pipeline is unchanged.
 
     DVC gives every item of a foreach the same number of deps, so the train stages iterate over a generated
     mapping with two input slots: b00's hold data/tokens.lance and the head slice, every other block's hold its
     input boundary (twice)."""
-    if not (section(params, MaterializeConfig).virtual_first and part.boundaries[0] == 0) or "train" not in stages:
+    part = project.partition
+    if not (project.materialize.virtual_first and part.boundaries[0] == 0) or "train" not in stages:
         return
     h00, tokens, head = str(L.boundary(part.names[0])), str(L.tokens), str(L.teacher_head)
     mat = stages["materialize"]
@@ -330,20 +337,18 @@ def _virtual_first(stages: dict, params: dict, part: PartitionConfig, L: Layout,
         do["deps"] = ["${item.src}" if "${item.in}" in d else d for d in do["deps"]] + code("virtual")
 
 
-def _add_repair(stages: dict, params: dict, part: PartitionConfig, L: Layout, code) -> None:
+def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
     """The optional `repair` stage (issue 15), only when repair.steps > 0: the default pipeline is unchanged.
 
     It reads the student, the head slice and the last boundary (the teacher's logits, no teacher forward)
     and the train tokens; evaluate then also scores models/repaired and gates the repaired model, and the
     lm_eval stage (when on) scores it too.
     """
-    from zgtrain.project.config import RepairConfig
-
-    if not section(params, RepairConfig).enabled:
+    if not project.repair.enabled:
         return
     rp = L.repair
     stages["repair"] = {"cmd": "zg train repair",
-                        "deps": [str(L.student), str(L.teacher_head), str(L.boundary(part.names[-1])), str(L.tokens),
+                        "deps": [str(L.student), str(L.teacher_head), str(L.boundary(project.partition.names[-1])), str(L.tokens),
                                  str(L.tokens_json)] + code("repair"),
                         "params": ["seed", "repair"], "outs": [str(rp.run_dir), str(rp.model)],
                         "metrics": [{str(rp.metrics): {"cache": False}}],
@@ -366,10 +371,37 @@ _Dumper.add_representer(list, lambda d, v: d.represent_sequence(
 HEADER = "# Generated by `zg pipeline` from params.yaml (partition). Edit params, then rerun `zg pipeline`.\n"
 
 
-def write_pipeline(root: Path, params: dict, *, code_deps: bool) -> Path:
+def write_pipeline(root: Path, project: ProjectConfig, *, code_deps: bool) -> Path:
     path = Path(root) / "dvc.yaml"
-    write_text(path, HEADER + yaml.dump(dvc_yaml(params, code_deps=code_deps), Dumper=_Dumper, sort_keys=False))
+    write_text(path, HEADER + yaml.dump(dvc_yaml(project, code_deps=code_deps), Dumper=_Dumper, sort_keys=False))
     return path
+
+
+def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
+    """`zg pipeline`: rewrite the generated parts of params.yaml after an edit, then dvc.yaml from the result.
+
+    Generated parts: ``blocks:`` (a conversion: one entry per block of partition.boundaries, each keeping its own
+    train overrides; local pretraining: none), ``local.blocks`` (local.mode: sequential: one entry per block, the
+    params key of its stage) and ``search:`` (its defaults, where a variant library needs one). Everything else is
+    written back as read. Nothing is written unless the result parses as a project.
+    """
+    params_path = Path(params_path)
+    params = load_params(params_path)  # the document itself: its sections are rewritten, not only read
+    kind = project_kind(params)
+    blocks = section(params, PartitionConfig).blocks()
+    if kind is ProjectKind.LOCAL and section(params, LocalConfig).mode == "sequential":
+        over = params["local"].get("blocks") or {}  # one params key per block stage
+        params["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in blocks}
+    old = params.get("blocks") or {}
+    params["blocks"] = {} if kind is ProjectKind.LOCAL else {  # a local project's blocks are its partition's
+        b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
+                "out": b.output} for b in blocks}
+    project = ProjectConfig.from_params(params)
+    if project.variants and "search" not in params:  # the search stage depends on search:, so it must exist
+        params["search"] = defaults(SearchConfig)
+    write_text(params_path, dump_params(params))
+    code_deps = (params_path.parent / "zgtrain" / "block" / "train.py").exists()  # a checkout of ZeroGraph itself
+    return write_pipeline(params_path.parent, project, code_deps=code_deps), project
 
 
 def dump_params(params: dict) -> str:
@@ -397,7 +429,7 @@ def init_project(root: Path, profile: str) -> Path:
         _run(["dvc", "init", "-q"], root)
     _run(["dvc", "config", "cache.type", "reflink,hardlink,copy"], root)
     write_text(root / "params.yaml", dump_params(params))
-    write_pipeline(root, params, code_deps=False)
+    write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)
     (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/lock.py's lock files
     with open(root / ".dvcignore", "a") as f:
         f.write("\n/.zg/\n")

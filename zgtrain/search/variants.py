@@ -27,31 +27,31 @@ __all__ = ["variant_dir", "variant_metrics", "variant_plot", "search_choice", "s
 
 
 def variant_dir(layout: Layout, block: str, variant: str) -> Path:
-    return layout.root / "models" / "variants" / block / variant
+    return layout.variant_dir(block, variant)
 
 
 def variant_metrics(layout: Layout, block: str, variant: str) -> Path:
-    return layout.root / "metrics" / "variants" / block / f"{variant}.json"
+    return layout.variant_metrics(block, variant)
 
 
 def variant_plot(layout: Layout, block: str, variant: str) -> Path:
-    return layout.root / "plots" / "variants" / block / f"{variant}.csv"
+    return layout.variant_loss_curve(block, variant)
 
 
 def search_choice(layout: Layout) -> Path:
-    return layout.root / "search" / "choice.json"
+    return layout.search_choice
 
 
 def search_metrics(layout: Layout) -> Path:
-    return layout.root / "metrics" / "search.json"
+    return layout.search_metrics
 
 
 def search_eval_metrics(layout: Layout) -> Path:
-    return layout.root / "metrics" / "search_eval.json"
+    return layout.search_eval_metrics
 
 
 def search_student(layout: Layout) -> Path:
-    return layout.root / "models" / "search" / "student"
+    return layout.search_student
 
 
 def stage_name(block: str, variant: str) -> str:

@@ -171,7 +171,7 @@ def eval_card(card_text: str, metrics: dict):
 
 def write_eval_card(layout: Layout = Layout()) -> Path:
     """reports/model_card.md (evaluate's own output): the student's card plus metrics/eval.json's figures."""
-    path, card = layout.root / "reports" / "model_card.md", layout.student / CARD
+    path, card = layout.model_card, layout.student / CARD
     text = card.read_text() if card.exists() else \
         str(student_card(_json(layout.student / "zerograph.json"), layout=layout))  # assembled before cards existed
     write_text(path, str(eval_card(text, _json(layout.eval_metrics))))

@@ -107,7 +107,7 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
     assert "failed on eval set 'heldout'" in res.stderr and "failed on eval set 'news'" in res.stderr
     assert "failed on eval set 'notes'" not in res.stderr
     # DVC watches the literal file, not the glob
-    deps = dvc_yaml(params, code_deps=False)["stages"]["evaluate"]["deps"]
+    deps = dvc_yaml(ProjectConfig.from_params(params), code_deps=False)["stages"]["evaluate"]["deps"]
     assert "ood/news.jsonl" in deps and not any("*" in d for d in deps)
 
 

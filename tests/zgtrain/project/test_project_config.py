@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from zgdata.config import ProjectKind
 from zgdata.errors import ZgError
 from zgtrain.block import conversions
 from zgtrain.project.config import ProjectConfig, TrainConfig
-from zgtrain.project.pipeline import PROFILES, dump_params, profile_params
+from zgtrain.project.pipeline import PROFILES, dump_params, profile_params, regenerate
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,7 +33,9 @@ def test_profiles_are_overrides_of_the_defaults(profile):
         for key, value in over.items():
             assert getattr(getattr(project, section), key) == value, (section, key)
     # a local-pretraining profile trains its partition's blocks from `local:`, with no per-block overrides
-    assert list(project.blocks) == ([] if "local" in params else [b.key for b in project.partition.blocks()])
+    local = project.kind is ProjectKind.LOCAL
+    assert local == ("local" in PROFILES[profile])
+    assert list(project.blocks) == ([] if local else [b.key for b in project.partition.blocks()])
 
 
 def test_blocks_inherit_train_and_override_it():
@@ -84,3 +87,23 @@ def test_load_reads_the_file(tmp_path):
     assert ProjectConfig.load(tmp_path / "params.yaml") == ProjectConfig.from_params(profile_params("tiny"))
     with pytest.raises(ZgError, match="not found"):
         ProjectConfig.load(tmp_path / "missing.yaml")
+
+
+def test_regenerate_refits_blocks_to_the_partition_and_writes_nothing_from_invalid_params(tmp_path):
+    """What `zg pipeline` does: blocks: follow partition.boundaries, each keeping its own train overrides."""
+    params = profile_params("tiny")
+    params["blocks"]["b01"]["lr"] = 0.002
+    params["partition"]["boundaries"] = [0, 1, 4]
+    path = tmp_path / "params.yaml"
+    path.write_text(dump_params(params))
+    dvc, project = regenerate(path)
+    assert dvc == tmp_path / "dvc.yaml" and project.kind is ProjectKind.CONVERT
+    assert (project.block("b01").spec.input, project.block("b01").overrides) == ("h01", ("lr",))
+    assert yaml.safe_load(path.read_text())["blocks"]["b01"] == {"lr": 0.002, "in": "h01", "out": "h04"}
+    params = yaml.safe_load(path.read_text())
+    params["train"]["lr"] = -1
+    path.write_text(dump_params(params))
+    before = (path.read_text(), dvc.read_text())
+    with pytest.raises(ZgError) as e:
+        regenerate(path)
+    assert e.value.key == "train.lr" and (path.read_text(), dvc.read_text()) == before

@@ -19,6 +19,7 @@ from conftest import zg
 from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, project_of, read_json,
                          set_params, tree_sha256)
 from zgdata.layout import Layout
+from zgtrain.project.config import ProjectConfig
 from zgtrain.project.pipeline import dvc_yaml, profile_params
 
 STEPS = 12
@@ -194,7 +195,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
     for profile in ("smollm2", "tiny"):
         params = profile_params(profile)
         assert params["repair"]["steps"] == 0
-        stages = dvc_yaml(params, code_deps=True)["stages"]
+        stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
         assert "repair" not in stages and "models/repaired" not in stages["evaluate"]["deps"]
         assert stages["evaluate"]["params"] == ["eval", "gates"]
     res = zg("train", "repair", cwd=tiny_project, check=False)
@@ -202,7 +203,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
 
     params = profile_params("tiny")
     params["repair"]["steps"] = 5
-    stages = dvc_yaml(params, code_deps=False)["stages"]
+    stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=False)["stages"]
     assert list(stages)[-2:] == ["repair", "evaluate"]
     assert stages["repair"]["deps"] == ["models/student", "models/teacher/blocks/head.safetensors",
                                         "data/boundaries/h04.lance", "data/tokens.lance", "data/tokens.json"]

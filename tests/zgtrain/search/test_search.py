@@ -107,8 +107,8 @@ def test_variants_are_off_by_default():
         params = profile_params(profile)
         assert "variants" not in params and "search" not in params
         assert not ProjectConfig.from_params(params).variants
-        assert {"variant", "search"}.isdisjoint(dvc_yaml(params, code_deps=True)["stages"])
-    stages = dvc_yaml(profile_params("search"), code_deps=True)["stages"]
+        assert {"variant", "search"}.isdisjoint(dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"])
+    stages = dvc_yaml(ProjectConfig.from_params(profile_params("search")), code_deps=True)["stages"]
     assert len(stages["variant"]["foreach"]) == 6 * 5 and "search" in stages
 
 
@@ -425,7 +425,7 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_pa
     is one clear error; editing repair: reruns it alone; the main pipeline's repair stays untouched."""
     from zgtrain.student.load import load_student, student_sha256
 
-    assert "search_repair" not in dvc_yaml(profile_params("tiny-search"), code_deps=False)["stages"]
+    assert "search_repair" not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
     root = tmp_path / "proj"
     shutil.copytree(searched, root, symlinks=True)
     shutil.rmtree(root / "models" / "search", ignore_errors=True)  # what another test's `zg search assemble` left
