@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig, section
 from zgdata.layout import Layout
@@ -78,13 +78,13 @@ def test_bad_corpus(tiny_project, tmp_path, case):
         corpus, needles = {"heldout": ["no-such-play"]}, ("corpus.heldout", "no-such-play")
     edit_params(tiny_project, corpus=corpus)
     before = tree_sha256(tiny_project / "data" / "tokens.lance")
-    res = zg("data", "tokenize", cwd=tiny_project, check=False)
+    res = zg_main("data", "tokenize", cwd=tiny_project, check=False)
     assert_user_error(res, *needles)
     assert tree_sha256(tiny_project / "data" / "tokens.lance") == before  # the existing token set is untouched
 
 
 def test_inspect_tokens_json(tiny_project):
-    res = zg("data", "inspect", "data/tokens.lance", "--json", cwd=tiny_project)
+    res = zg_main("data", "inspect", "data/tokens.lance", "--json", cwd=tiny_project)
     (info,) = json.loads(res.stdout)
     tokens_json = read_json(tiny_project / "data" / "tokens.json")
     teacher = read_json(tiny_project / "models" / "teacher" / "teacher.json")

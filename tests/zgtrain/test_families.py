@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import zg
+from conftest import zg_main
 from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
 from zgdata.families import FAMILIES, family
 from zgdata.layout import Layout
@@ -33,10 +33,10 @@ def built(request, tmp_path_factory):
     if SOURCES[name] == "random:tiny":
         return name, request.getfixturevalue("tiny_built")  # the session's tiny project is exactly this one
     root = tmp_path_factory.mktemp(name) / "proj"
-    zg("init", root, "--profile", "tiny", cwd=root.parent)
+    zg_main("init", root, "--profile", "tiny", cwd=root.parent)
     set_params(root, {"teacher.source": SOURCES[name]})
     for cmd in (("teacher", "prepare"), ("data", "tokenize"), ("data", "materialize")):
-        zg(*cmd, cwd=root)
+        zg_main(*cmd, cwd=root)
     return name, root
 
 
@@ -295,6 +295,6 @@ def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
     (root / "params.yaml").write_text(dump_params(profile_params("tiny")))
     set_params(root, {"teacher.source": str(teacher)})
     before = tree_sha256(root)
-    res = zg("teacher", "prepare", cwd=root, check=False)
+    res = zg_main("teacher", "prepare", cwd=root, check=False)
     assert_user_error(res, "teacher.source", *needles)
     assert tree_sha256(root) == before and not (root / "models").exists()

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import (assert_user_error, boundary_bits, edit_params, kill_9_when, read_json, set_schema_meta,
                          tree_sha256)
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section
@@ -143,7 +143,7 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
         with pytest.raises(ZgError, match="half-written"):
             open_dataset(path, kind="boundary")
 
-    res = zg("data", "materialize", "--json", cwd=root)
+    res = zg_main("data", "materialize", "--json", cwd=root)
     out = json.loads(res.stdout)
     assert out["resumed_from"] == done and not out["skipped"]
     _assert_same_boundaries(boundary_bits(root), want)
@@ -153,7 +153,7 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
 def test_float16_storage_is_refused(tiny_project):
     edit_params(tiny_project, materialize={"storage_dtype": "float16"})
     before = tree_sha256(tiny_project / "data" / "boundaries")
-    res = zg("data", "materialize", cwd=tiny_project, check=False)
+    res = zg_main("data", "materialize", cwd=tiny_project, check=False)
     assert_user_error(res, "materialize.storage_dtype", "float16", "25,000")
     assert tree_sha256(tiny_project / "data" / "boundaries") == before
 
@@ -161,7 +161,7 @@ def test_float16_storage_is_refused(tiny_project):
 def test_partition_deeper_than_teacher(tiny_project):
     edit_params(tiny_project, partition={"boundaries": [0, 2, 6]})
     shutil.rmtree(tiny_project / "data" / "boundaries")
-    res = zg("data", "materialize", cwd=tiny_project, check=False)
+    res = zg_main("data", "materialize", cwd=tiny_project, check=False)
     assert_user_error(res, "partition.boundaries", "6", "4 layers")
     assert not (tiny_project / "data" / "boundaries").exists()
 
@@ -187,7 +187,7 @@ def test_tokens_from_another_tokenizer_are_refused(tiny_project, tmp_path):
     shutil.copytree(other.tokens, tiny_project / "data" / "tokens.lance")
     shutil.copy(other.tokens_json, tiny_project / "data" / "tokens.json")
     shutil.rmtree(tiny_project / "data" / "boundaries")
-    res = zg("data", "materialize", cwd=tiny_project, check=False)
+    res = zg_main("data", "materialize", cwd=tiny_project, check=False)
     assert_user_error(res, "tokenizer", prep.tokenizer_sha256[:12], ours["tokenizer_sha256"][:12], "dvc repro tokens")
     assert not (tiny_project / "data" / "boundaries").exists()
 
@@ -219,7 +219,7 @@ def test_damaged_boundary_dataset(tiny_project, damage):
     before = {p.name: tree_sha256(p) for p in others}
     damage(bad)
 
-    res = zg("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
+    res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
     line = assert_user_error(res, "h02.lance", "dvc checkout", "materialize")
     assert "h00" not in line and "h04" not in line
 

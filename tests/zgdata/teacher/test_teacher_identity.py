@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import assert_user_error, read_json, tree_sha256
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
@@ -74,12 +74,12 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     _swap_weights(root, tmp_path)
     before = _published(root)
     for cmd in (("train", "block", "b00", "--targets", "online"), ("train", "evaluate")):
-        assert_user_error(zg(*cmd, cwd=root, check=False), WEIGHTS, "does not match teacher.json",
+        assert_user_error(zg_main(*cmd, cwd=root, check=False), WEIGHTS, "does not match teacher.json",
                           "dvc checkout models/teacher", "dvc repro -f teacher", alone=False)
     assert not (root / "metrics" / "eval.json").exists()  # no gate verdict from the wrong teacher
     # materialize only loads the teacher when it must write: take the boundaries away
     shutil.move(root / "data" / "boundaries", tmp_path / "boundaries")
-    assert_user_error(zg("data", "materialize", cwd=root, check=False), WEIGHTS, "dvc repro -f teacher")
+    assert_user_error(zg_main("data", "materialize", cwd=root, check=False), WEIGHTS, "dvc repro -f teacher")
     assert not (root / "data" / "boundaries").exists()
     shutil.move(tmp_path / "boundaries", root / "data" / "boundaries")
     # verify hashes every byte: even a cache forged to vouch for the swapped file does not fool it
@@ -87,7 +87,7 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     _forge_cache(layout, teacher)
     fooled = check_files(layout, teacher)  # an ordinary load trusts a matching stat: that is the cache's bargain
     assert (fooled.hashed, fooled.cached) == (0, len(teacher["files"]))
-    assert_user_error(zg("data", "verify", cwd=root, check=False), WEIGHTS, "does not match teacher.json")
+    assert_user_error(zg_main("data", "verify", cwd=root, check=False), WEIGHTS, "does not match teacher.json")
     assert not (root / "reports" / "verify.json").exists()
     assert _published(root) == before
 
@@ -116,7 +116,7 @@ def test_other_changes_to_the_teacher_are_refused(tiny_project, case):
         (root / "models" / "teacher" / "teacher.json").write_text(json.dumps(meta))
         cmd, needles = ("data", "tokenize"), ("teacher.json", "no per-file digests", "dvc repro -f teacher")
     before = _published(root)
-    assert_user_error(zg(*cmd, cwd=root, check=False), *needles, alone=cmd[0] == "data")
+    assert_user_error(zg_main(*cmd, cwd=root, check=False), *needles, alone=cmd[0] == "data")
     assert _published(root) == before
 
 
@@ -142,7 +142,7 @@ def test_verify_rehashes_with_a_warm_cache(tiny_project):
     n = len(teacher["files"])
     check_files(layout, teacher)
     assert check_files(layout, teacher).cached == n  # warm
-    report = json.loads(zg("data", "verify", "--json", cwd=tiny_project).stdout)
+    report = json.loads(zg_main("data", "verify", "--json", cwd=tiny_project).stdout)
     assert report["status"] == "ok" and f"{n} teacher files rehashed" in report["summary"]
     assert report["teacher_files"] == {"files": n, "hashed": n, "cached": 0, "rehash": True,
                                        "weights_sha256_checked": True}

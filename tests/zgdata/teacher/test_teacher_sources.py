@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 from zgdata.config import PartitionConfig, TeacherConfig
 from zgdata.errors import ZgError
@@ -78,7 +78,7 @@ def test_sharded_dir_end_to_end(tiny_project, tmp_path):
     before = read_json(teacher / "teacher.json")
     weights, blocks = _sha(teacher / "hf" / "model.safetensors"), tree_sha256(teacher / "blocks")
     edit_params(tiny_project, teacher={"source": str(src)})
-    zg("teacher", "prepare", cwd=tiny_project)
+    zg_main("teacher", "prepare", cwd=tiny_project)
     after = read_json(teacher / "teacher.json")
     for key in ("weights_sha256", "tokenizer_sha256", "architecture", "params", "dtype"):
         assert after[key] == before[key], key
@@ -219,10 +219,10 @@ def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
     from zgdata.tokens import read_tokens
 
     edit_params(tiny_project, teacher={"dtype": "bfloat16"})
-    zg("teacher", "prepare", cwd=tiny_project)
+    zg_main("teacher", "prepare", cwd=tiny_project)
     shutil.rmtree(tiny_project / "data" / "boundaries")
-    zg("data", "materialize", cwd=tiny_project)
-    zg("data", "verify", cwd=tiny_project)
+    zg_main("data", "materialize", cwd=tiny_project)
+    zg_main("data", "verify", cwd=tiny_project)
     report = read_json(tiny_project / "reports" / "verify.json")
     assert report["status"] == "ok" and report["teacher_files"]["weights_sha256_checked"] is True, report["summary"]
     layout = Layout(tiny_project)
@@ -262,7 +262,7 @@ def test_missing_shard_is_refused_by_the_cli(tiny_project, tmp_path):
     needles = _break(src, _sharded(model, tok, src)[1], "missing-shard")
     edit_params(tiny_project, teacher={"source": str(src)})
     before = tree_sha256(tiny_project / "models" / "teacher")
-    res = zg("teacher", "prepare", cwd=tiny_project, check=False)
+    res = zg_main("teacher", "prepare", cwd=tiny_project, check=False)
     line = assert_user_error(res, "teacher.source", *needles)
     assert "copy the complete checkpoint" in line, line
     assert tree_sha256(tiny_project / "models" / "teacher") == before  # the prepared teacher is untouched

@@ -17,7 +17,7 @@ import shutil
 import lance
 import pytest
 import torch
-from conftest import zg
+from conftest import zg, zg_main
 from safetensors.torch import load_file
 from zgt_helpers import (
     assert_user_error,
@@ -132,7 +132,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
 
     old_lr = load_params_of(tiny_project)["train"]["lr"]
     set_params(tiny_project, {"train.lr": old_lr / 4})
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     line = assert_user_error(res, "--restart", "lr")
     assert f"lr: {old_lr} -> {old_lr / 4}" in line  # the diff names the old and the new value
     assert tree_sha256(tiny_project / "models" / "blocks" / "b00") == before  # checkpoint untouched
@@ -265,7 +265,7 @@ def test_absurd_learning_rate_is_a_clear_error_not_a_traceback(tiny_project):
 @pytest.mark.parametrize("key,value", [("train.lr", float("inf")), ("train.lr", 0.0), ("train.beta2", 1.0)])
 def test_optimizer_params_out_of_range_are_refused_before_training(tiny_project, key, value):
     set_params(tiny_project, {key: value})
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, key)
     assert not (tiny_project / "models" / "blocks" / "b00").exists()
 
