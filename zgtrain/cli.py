@@ -120,9 +120,9 @@ def train_local(stop_after: Optional[int] = typer.Option(None, "--stop-after",
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
-    ce = f", held-out CE {r['heldout_ce']:.4f}" if "heldout_ce" in r else ""
-    emit(r, as_json=as_json, summary=f"local ({r['k']} blocks): {r['status']} at step {r['step']}/{r['steps']}"
-                                     f"{ce}, state {r['state_sha256'][:12]}")
+    ce = f", held-out CE {r.heldout_ce:.4f}" if r.status == "done" else ""
+    emit(r.metrics(), as_json=as_json, summary=f"local ({r.k} blocks): {r.status} at step {r.step}/{r.steps}"
+                                               f"{ce}, state {r.state_sha256[:12]}")
 
 
 @train_app.command("local-block")
@@ -138,8 +138,8 @@ def train_local_block(key: str = typer.Argument(..., help="block key, e.g. b01."
 
     stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), key, stop_after=stop_after, restart=restart)
-    emit(r, as_json=as_json, summary=f"local {key}: {r['status']} at step {r['step']}/{r['steps']}, "
-                                     f"state {r['state_sha256'][:12]}")
+    emit(r.metrics(), as_json=as_json, summary=f"local {key}: {r.status} at step {r.step}/{r.steps}, "
+                                               f"state {r.state_sha256[:12]}")
 
 
 @train_app.command("local-export")
@@ -149,7 +149,7 @@ def train_local_export(params: Path = params_option, as_json: bool = typer.Optio
     from zgtrain.local.sequential import export
 
     r = export(ProjectConfig.load(params))
-    emit(r, as_json=as_json, summary=f"local ({r['k']} blocks, sequential): held-out CE {r['heldout_ce']:.4f}")
+    emit(r.metrics(), as_json=as_json, summary=f"local ({r.k} blocks, sequential): held-out CE {r.heldout_ce:.4f}")
 
 
 @train_app.command("variant")

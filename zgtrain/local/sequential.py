@@ -8,17 +8,16 @@ only those, when block k's params (``local.blocks.bNN``) change. ``zg train loca
 block's final weights into the model and writes ``models/local/hf`` and ``metrics/local.json``.
 
 Every block starts from the same seeded init as in simultaneous mode and sees the same batches, so
-block 0 ends bitwise equal to block 0 of a simultaneous run with the same params.
+block 0 ends bitwise equal to block 0 of a simultaneous run with the same params. A block's steps run in
+the shared loop (zgtrain/fit/loop.py), its resume check is zgtrain/fit/identity.py's, and its files are
+named by zgdata/layout.py (``Layout.local_block_dir``, ``local_boundary``, ``local_block_metrics``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,27 +27,91 @@ import torch
 from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import canonical_json, sha256_bytes
-from zgdata.layout import Layout, boundary_name
-from zgdata.lance_io import encode_meta, hidden_field, open_dataset, schema_meta, tensor_column, to_arrow_hidden
+from zgdata.lance_io import (
+    encode_meta,
+    hidden_field,
+    open_dataset,
+    schema_meta,
+    tensor_column,
+    to_arrow_hidden,
+)
+from zgdata.layout import Layout
 from zgdata.lock import project_lock
-from zgdata.progress import progress
 from zgdata.reader import step_rows
-from zgtrain.fit import checkpoint
+from zgtrain.fit import checkpoint, loop
+from zgtrain.fit.identity import resumable
+from zgtrain.local.config import LocalConfig
+from zgtrain.local.simultaneous import NOT_IDENTITY, LocalRun, adamw, build, heldout_scores, local_lr
 from zgtrain.project.config import ProjectConfig
-from zgtrain.local.simultaneous import _NOT_IDENTITY, adamw, build, heldout_scores, local_paths, lr_at
 
-__all__ = ["train_block", "export", "boundary_path", "SEQ_VERSION"]
+__all__ = ["train_block", "export", "LocalBlockResult", "LocalExportResult", "SEQ_VERSION"]
 
 SEQ_VERSION = 1
 _KIND = "local_boundary"
 
 
-def boundary_path(layout: Layout, layer: int) -> Path:
-    return layout.root / "data" / "local" / f"{boundary_name(layer)}.lance"
+@dataclass(kw_only=True)
+class LocalBlockResult(loop.Result):
+    """What ``train_block`` returns; ``metrics()`` is metrics/local/KEY.json (a stopped run: its STOPPED keys)."""
+
+    STOPPED = ("status", "key", "step", "steps", "state_sha256", "tokens_sha256")
+    status: str
+    key: str
+    step: int
+    steps: int
+    state_sha256: str
+    tokens_sha256: str
+    input_fingerprint: str | None = None
+    train_loss: float | None = None
+    tokens_per_s: float | None = None
 
 
-def block_dir(layout: Layout, key: str) -> Path:
-    return local_paths(layout)["dir"] / "blocks" / key
+@dataclass(kw_only=True)
+class LocalExportResult(loop.Result):
+    """What ``export`` returns; ``metrics()`` is metrics/local.json of a sequential run."""
+
+    status: str
+    mode: str
+    k: int
+    aux: str
+    mtp: str
+    state_sha256: str
+    block_state_sha256: dict
+    tokens_sha256: str
+    heldout_ce: float
+    block_ce: dict
+    heldout_tokens: int
+    train_loss: dict
+    tokens_seen: dict
+    params: int
+
+
+@dataclass(kw_only=True)
+class BlockRun(loop.RunState):
+    """One block of a sequential run: what ``_setup`` builds and the loop advances."""
+
+    run: LocalRun          # the whole model, the data and every block at its seeded init (``build``)
+    i: int
+    key: str
+    cfg: LocalConfig       # local: with local.blocks.KEY applied
+    opt: torch.optim.Optimizer
+    dir: Path
+    identity: dict
+    inputs: object         # the upstream block's output dataset (None for b00: it reads token ids)
+    input_fingerprint: str
+    curve: list = field(default_factory=list)
+
+    @property
+    def block(self):
+        return self.run.blocks[self.i]
+
+    @property
+    def gen(self) -> torch.Generator:
+        return self.run.gens[self.i]
+
+    def save(self, step: int) -> None:
+        """An unfinished checkpoint of ``step`` (``checkpoint.finish`` writes the last one)."""
+        checkpoint.save(self.dir, {**self.identity, "done": False}, self.block, self.opt, self.gen, self.curve, step)
 
 
 def _sequential(project: ProjectConfig) -> None:
@@ -98,105 +161,112 @@ def _write_outputs(path: Path, blk, ids: torch.Tensor, inputs, meta: dict, batch
         lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(tmp), mode="create")
 
 
+def _setup(project: ProjectConfig, key: str, *, restart: bool, layout: Layout) -> BlockRun:
+    """Block KEY at its seeded init and its input dataset; resumed from its checkpoint when it holds this run."""
+    run = build(project, layout)
+    if key not in run.keys:
+        raise ZgError(f"block '{key}' is not in the partition {run.identity['boundaries']}", key="partition",
+                      fix=f"use one of {', '.join(run.keys)}")
+    i = run.keys.index(key)
+    cfg, lo = run.bcfgs[i], run.identity["boundaries"][i]
+    tokens_fp = run.identity["tokens_fingerprint"]
+    inputs, in_fp = None, tokens_fp
+    if i:
+        inputs, in_meta = _open_input(layout.local_boundary(lo), run.keys[i - 1], lo, tokens_fp)
+        in_fp = in_meta["fingerprint"]
+    identity = {**{k: v for k, v in run.identity.items() if k != "config"}, "seq_version": SEQ_VERSION,
+                "key": key, "input_fingerprint": in_fp,
+                "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY}}
+    b = BlockRun(run=run, i=i, key=key, cfg=cfg, opt=adamw(run.blocks[i], cfg), dir=layout.local_block_dir(key),
+                 identity=identity, inputs=inputs, input_fingerprint=in_fp)
+    prior = resumable(None if restart else checkpoint.read_meta(b.dir), identity, where=str(b.dir),
+                      fix=f"rerun with `zg train local-block {key} --restart`, or restore the old params")
+    loop.reset(b.dir, prior)
+    if prior is None:
+        b.save(0)
+    else:
+        b.curve, b.step = checkpoint.restore(b.dir, prior, b.block, b.opt, b.gen), prior["step"]
+    return b
+
+
+def _steps(b: BlockRun) -> loop.Steps:
+    """A sequential block's part of the loop: the seeded batches (its input rows, the token ids as targets)."""
+    run, blk, cfg, opt = b.run, b.block, b.cfg, b.opt
+    dev = next(blk.parameters()).device
+
+    def batches(start: int, end: int):
+        for s in range(start, end):
+            rows = step_rows(run.train_rows, s, cfg.batch_size, run.data_seed)
+            y = run.ids[rows]
+            yield s, (y if b.inputs is None else _take(b.inputs, rows), y, sha256_bytes(y.numpy().tobytes())[:16])
+
+    def work(step: int, batch) -> int:
+        x, y, digest = batch
+        _, loss, terms = blk(x.to(dev), y.to(dev), mtp_weight=cfg.mtp_weight)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(blk.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise loop.diverged(f"local block {b.key}", step, f"loss became {value}", key=f"local.blocks.{b.key}.lr",
+                                fix="lower its lr and rerun with --restart")
+        b.curve.append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
+        return y.numel()
+
+    return loop.Steps(name=f"train local {b.key}", batches=batches, work=work, lrs=[(opt, lambda s: local_lr(cfg, s))],
+                      save=b.save, checkpoint_every=cfg.checkpoint_every)
+
+
 def train_block(project: ProjectConfig, key: str, *, stop_after: int | None = None, restart: bool = False,
-                layout: Layout = Layout()) -> dict:
+                layout: Layout = Layout()) -> LocalBlockResult:
     """Train block KEY to its steps from its input dataset (token ids for b00), then write its outputs."""
     _sequential(project)
-    if stop_after is not None and stop_after < 1:
-        raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
-    d = block_dir(layout, key)
-    with project_lock(layout, f"local-{key}", writes=d):
-        run = build(project, layout)
-        if key not in run.keys:
-            raise ZgError(f"block '{key}' is not in the partition {run.identity['boundaries']}", key="partition",
-                          fix=f"use one of {', '.join(run.keys)}")
-        i = run.keys.index(key)
-        blk, cfg, gen, last = run.blocks[i], run.bcfgs[i], run.gens[i], i == len(run.keys) - 1
-        lo, hi = run.identity["boundaries"][i], run.identity["boundaries"][i + 1]
-        tokens_fp = run.identity["tokens_fingerprint"]
-        inputs, in_fp = None, tokens_fp
-        if i:
-            inputs, in_meta = _open_input(boundary_path(layout, lo), run.keys[i - 1], lo, tokens_fp)
-            in_fp = in_meta["fingerprint"]
-        opt = adamw(blk, cfg)
-        identity = {**{k: v for k, v in run.identity.items() if k != "config"}, "seq_version": SEQ_VERSION,
-                    "key": key, "input_fingerprint": in_fp,
-                    "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY}}
-        prior = None if restart else checkpoint.read_meta(d)
-        if prior is not None and {k: prior.get(k) for k in identity} != identity:
-            raise ZgError(f"{d} holds a checkpoint of another run (its params or its input dataset changed)",
-                          fix=f"rerun with `zg train local-block {key} --restart`, or restore the old params")
-        for dead in d.glob(".*.partial") if d.is_dir() else []:
-            shutil.rmtree(dead) if dead.is_dir() else dead.unlink()
-        if prior is None:
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
-            checkpoint.save(d, {**identity, "done": False}, blk, opt, gen, [], 0)
-            curve, step = [], 0
-        else:
-            curve, step = checkpoint.restore(d, prior, blk, opt, gen), prior["step"]
-        end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-        dev = next(blk.parameters()).device
-        sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))
-        blk.train()
-        t0 = time.perf_counter()
-        with progress(f"train local {key}", end - step, unit="step") as advance:
-            for s in range(step, end):
-                rows = step_rows(run.train_rows, s, cfg.batch_size, run.data_seed)
-                y = run.ids[rows]
-                digest = sha256_bytes(y.numpy().tobytes())[:16]
-                x = y if inputs is None else _take(inputs, rows)
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(cfg, s)
-                _, loss, terms = blk(x.to(dev), y.to(dev), mtp_weight=cfg.mtp_weight)
-                loss.backward()
-                if cfg.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(blk.parameters(), cfg.grad_clip)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise ZgError(f"local block {key}: loss became {value} at step {s}; the last good checkpoint is "
-                                  f"intact", key=f"local.blocks.{key}.lr", fix="lower its lr and rerun with --restart")
-                curve.append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
-                advance(1)
-                if cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < end:
-                    checkpoint.save(d, {**identity, "done": False}, blk, opt, gen, curve, s + 1)
-                if sleep:
-                    time.sleep(sleep)
-        seconds = time.perf_counter() - t0
-        sha = checkpoint.state_sha256(blk, opt)
-        base = {"key": key, "step": end, "steps": cfg.steps, "state_sha256": sha,
-                "tokens_sha256": sha256_bytes("".join(c["batch"] for c in curve).encode())}
-        if end < cfg.steps:
-            checkpoint.save(d, {**identity, "done": False}, blk, opt, gen, curve, end)
-            return {"status": "stopped", **base}
-        checkpoint.finish(d, {**identity, "done": True, "state_sha256": sha}, blk, opt, gen, curve, end)
-        if not last:  # lineage: this block's state and its own input
-            lineage = {"block": key, "layer": hi, "state_sha256": sha, "input_fingerprint": in_fp,
-                       "tokens_fingerprint": tokens_fp, "seq_version": SEQ_VERSION}
-            lineage["fingerprint"] = sha256_bytes(canonical_json(lineage).encode())
-            _write_outputs(boundary_path(layout, hi), blk, run.ids, inputs, lineage, cfg.batch_size,
-                           run.model.config.hidden_size)
-        metrics = {"status": "done", **base, "input_fingerprint": in_fp,
-                   "train_loss": float(np.mean([c["loss"] for c in curve[-10:]])) if curve else None,
-                   "tokens_per_s": (end - step) * cfg.batch_size * run.ids.shape[1] / seconds
-                   if seconds > 0 and end > step else None}
-        write_json(layout.root / "metrics" / "local" / f"{key}.json", metrics)
-        return metrics
+    loop.check_stop_after(stop_after)
+    with project_lock(layout, f"local-{key}", writes=layout.local_block_dir(key)):
+        b = _setup(project, key, restart=restart, layout=layout)
+        end = loop.end_step(b.cfg.steps, b.step, stop_after)
+        b.block.train()
+        loop.fit(b, end, _steps(b))
+        sha = checkpoint.state_sha256(b.block, b.opt)
+        result = LocalBlockResult(status="stopped", key=key, step=end, steps=b.cfg.steps, state_sha256=sha,
+                                  tokens_sha256=sha256_bytes("".join(c["batch"] for c in b.curve).encode()))
+        if end < b.cfg.steps:
+            b.save(end)
+            return result
+        checkpoint.finish(b.dir, {**b.identity, "done": True, "state_sha256": sha}, b.block, b.opt, b.gen, b.curve,
+                          end)
+        _publish(b, sha, layout)
+        result = replace(result, status="done", input_fingerprint=b.input_fingerprint, tokens_per_s=b.tokens_per_s(),
+                         train_loss=loop.mean_tail([c["loss"] for c in b.curve]))
+        write_json(layout.local_block_metrics(key), result.metrics())
+        return result
 
 
-def export(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
+def _publish(b: BlockRun, sha: str, layout: Layout) -> None:
+    """The block's outputs over every token row, for the next block (the last block has no next)."""
+    i, run = b.i, b.run
+    if i == len(run.keys) - 1:
+        return
+    hi = run.identity["boundaries"][i + 1]
+    lineage = {"block": b.key, "layer": hi, "state_sha256": sha, "input_fingerprint": b.input_fingerprint,
+               "tokens_fingerprint": run.identity["tokens_fingerprint"], "seq_version": SEQ_VERSION}
+    lineage["fingerprint"] = sha256_bytes(canonical_json(lineage).encode())
+    _write_outputs(layout.local_boundary(hi), b.block, run.ids, b.inputs, lineage, b.cfg.batch_size,
+                   run.model.config.hidden_size)
+
+
+def export(project: ProjectConfig, *, layout: Layout = Layout()) -> LocalExportResult:
     """Every block's final weights into the model: models/local/hf and the held-out CE in metrics/local.json."""
     from safetensors.torch import load_file
 
     _sequential(project)
-    paths = local_paths(layout)
-    with project_lock(layout, "local-export", writes=paths["hf"]):
+    with project_lock(layout, "local-export", writes=layout.local_hf):
         run = build(project, layout)
         shas, curves = {}, {}
         for key, blk in zip(run.keys, run.blocks):
-            d = block_dir(layout, key)
+            d = layout.local_block_dir(key)
             meta = checkpoint.read_meta(d)
             if meta is None or not meta.get("done"):
                 raise ZgError(f"block {key} has not finished ({d / 'meta.json'})", fix=f"run `dvc repro local_{key}`")
@@ -206,19 +276,17 @@ def export(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
                               fix=f"rerun `dvc repro local_{key}`")
             shas[key] = meta["state_sha256"]
             curves[key] = json.loads((d / meta["checkpoint"] / "curve.json").read_text())
-        with atomic_path(paths["hf"]) as tmp:
+        with atomic_path(layout.local_hf) as tmp:
             run.model.save_pretrained(tmp)
             run.tokenizer.save_pretrained(tmp)
-        scores = heldout_scores(paths["hf"], run.blocks, run.keys, run.ids[run.heldout_rows], run.cfg.eval_batch_size)
-        metrics = {"status": "done", "mode": "sequential", "k": len(run.keys), "aux": run.cfg.aux, "mtp": run.cfg.mtp,
-                   "state_sha256": sha256_bytes("".join(shas[k] for k in run.keys).encode()),
-                   "block_state_sha256": shas,
-                   "tokens_sha256": sha256_bytes("".join(c["batch"] for c in curves[run.keys[0]]).encode()),
-                   **scores,
-                   "train_loss": {k: float(np.mean([c["loss"] for c in v[-10:]])) if v else None
-                                  for k, v in curves.items()},
-                   "tokens_seen": {k: len(v) * run.bcfgs[i].batch_size * int(run.ids.shape[1])
-                                   for i, (k, v) in enumerate(curves.items())},
-                   "params": sum(p.numel() for p in run.model.parameters())}
-        write_json(paths["metrics"], metrics)
-        return metrics
+        scores = heldout_scores(layout.local_hf, run.blocks, run.keys, run.ids[run.heldout_rows], run.cfg.eval_batch_size)
+        result = LocalExportResult(
+            status="done", mode="sequential", k=len(run.keys), aux=run.cfg.aux, mtp=run.cfg.mtp,
+            state_sha256=sha256_bytes("".join(shas[k] for k in run.keys).encode()), block_state_sha256=shas,
+            tokens_sha256=sha256_bytes("".join(c["batch"] for c in curves[run.keys[0]]).encode()), **scores,
+            train_loss={k: loop.mean_tail([c["loss"] for c in v]) for k, v in curves.items()},
+            tokens_seen={k: len(v) * run.bcfgs[i].batch_size * int(run.ids.shape[1])
+                         for i, (k, v) in enumerate(curves.items())},
+            params=sum(p.numel() for p in run.model.parameters()))
+        write_json(layout.local_metrics, result.metrics())
+        return result

@@ -4,6 +4,8 @@ Block k's input is block k-1's output, detached; each block has its own AdamW, g
 checkpoint (zgtrain/fit/checkpoint.py's format, one directory per block). A checkpoint of the run is
 one folder ``models/local/run/ckpt-NNNNNN/`` holding every block's, written whole and then named
 by an atomic rewrite of ``run/meta.json``: a ``kill -9`` resumes every block from the same step.
+The steps run in the shared loop (zgtrain/fit/loop.py); this module passes in the seeded batches,
+one step of every block (the schedule's) and that one-folder checkpoint.
 
 The batches are a pure function of (params seed, local.seed, step): K, aux, mtp and the schedule
 never change which tokens an arm sees, and each block's loss curve records a digest of each batch.
@@ -13,9 +15,7 @@ never change which tokens an arm sees, and each block's loss curve records a dig
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,41 +28,34 @@ from zgdata.hashing import sha256_bytes
 from zgdata.layout import Layout
 from zgdata.lineage import read_tokens_json
 from zgdata.lock import project_lock
-from zgdata.progress import progress
 from zgdata.reader import step_rows
 from zgdata.runtime import device, set_threads
 from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
 from zgdata.tokens import open_tokens, read_tokens
-from zgtrain.fit import checkpoint
-from zgtrain.project.config import ProjectConfig
+from zgtrain.fit import checkpoint, loop
+from zgtrain.fit.identity import resumable
+from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.local.config import LocalConfig
 from zgtrain.local.model import build_model, llama_config, make_blocks
 from zgtrain.local.schedule import SCHEDULES
-from zgtrain.block.train import block_seed
+from zgtrain.project.config import ProjectConfig
 
-__all__ = ["train_local", "build", "setup", "fit", "adamw", "lr_at", "LocalRun", "local_paths", "heldout_scores",
-           "LOCAL_VERSION"]
+__all__ = ["train_local", "build", "setup", "fit", "adamw", "local_lr", "LocalRun", "LocalResult", "heldout_scores",
+           "LOCAL_VERSION", "NOT_IDENTITY"]
 
 LOCAL_VERSION = 1
-# Keys that never change the trained bits, so a resume may change them.
-_NOT_IDENTITY = ("schedule", "checkpoint_every", "heldout_seqs", "eval_batch_size")
+# Keys that never change the trained bits, so a resume may change them (and `zg pipeline` leaves them out of the
+# per-block stages' params in sequential mode).
+NOT_IDENTITY = ("schedule", "checkpoint_every", "heldout_seqs", "eval_batch_size")
 
 
-def local_paths(layout: Layout) -> dict[str, Path]:
-    r = layout.root
-    return {"dir": r / "models" / "local", "run": r / "models" / "local" / "run", "hf": r / "models" / "local" / "hf",
-            "metrics": r / "metrics" / "local.json", "curve": r / "plots" / "local" / "loss.csv"}
-
-
-def lr_at(cfg: LocalConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    p = min((step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1), 1.0)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+def local_lr(cfg: LocalConfig, step: int) -> float:
+    """Local pretraining's learning rate: warmup, then cosine to 10% (``cfg.schedule`` is the block schedule)."""
+    return lr_at(cfg, step, "cosine")
 
 
 @dataclass(kw_only=True)
-class LocalRun:
+class LocalRun(loop.RunState):
     cfg: LocalConfig
     keys: list
     blocks: list
@@ -75,13 +68,36 @@ class LocalRun:
     heldout_rows: np.ndarray
     data_seed: int
     identity: dict
-    paths: dict
-    step: int = 0
+    layout: Layout
     curves: list = field(default_factory=list)
-    tokens: int = 0
-    seconds: float = 0.0
     state: dict = field(default_factory=dict)  # per-schedule scratch (CUDA streams)
     bcfgs: list = field(default_factory=list)  # per block: local: with local.blocks.KEY applied
+
+
+@dataclass(kw_only=True)
+class LocalResult(loop.Result):
+    """What ``train_local`` returns; ``metrics()`` is metrics/local.json (a stopped run: its STOPPED keys)."""
+
+    STOPPED = ("status", "step", "steps", "k", "schedule", "aux", "mtp", "tokens_sha256", "state_sha256",
+               "block_state_sha256")
+    status: str
+    step: int
+    steps: int
+    k: int
+    schedule: str
+    aux: str
+    mtp: str
+    tokens_sha256: str
+    state_sha256: str
+    block_state_sha256: dict
+    heldout_ce: float | None = None
+    block_ce: dict | None = None
+    heldout_tokens: int | None = None
+    train_loss: dict | None = None
+    tokens_seen: int | None = None
+    params: int | None = None
+    local_params: int | None = None
+    tokens_per_s: float | None = None
 
 
 def _check_partition(project: ProjectConfig) -> list[int]:
@@ -96,7 +112,7 @@ def _check_partition(project: ProjectConfig) -> list[int]:
 
 def _save(run: LocalRun, *, done: bool = False, extra: dict | None = None) -> None:
     """Every block's checkpoint of run.step in one folder, then meta.json names it, then older ones go."""
-    d, name = run.paths["run"], f"ckpt-{run.step:06d}"
+    d, name = run.layout.local_run, f"ckpt-{run.step:06d}"
     with atomic_path(d / name) as tmp:
         for k, blk, opt, gen, curve in zip(run.keys, run.blocks, run.opts, run.gens, run.curves):
             checkpoint.save(tmp / k, {**run.identity, "key": k}, blk, opt, gen, curve, run.step)
@@ -119,7 +135,7 @@ def _read_meta(path: Path) -> dict | None:
 
 def build(project: ProjectConfig, layout: Layout) -> LocalRun:
     """The run's data, model and blocks at their seeded init (no optimizer, nothing read from a checkpoint)."""
-    cfg, paths = project.local, local_paths(layout)
+    cfg = project.local
     boundaries = _check_partition(project)
     set_threads(cfg.threads)
     tok = load_tokenizer(layout)
@@ -149,10 +165,10 @@ def build(project: ProjectConfig, layout: Layout) -> LocalRun:
     for blk in blocks:
         blk.to(dev).train()
     identity = {"local_version": LOCAL_VERSION, "seed": project.seed, "boundaries": boundaries, "keys": keys,
-                "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+                "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY},
                 "tokens_fingerprint": rec["fingerprint"], "tokenizer_sha256": teacher["tokenizer_sha256"]}
     return LocalRun(cfg=cfg, keys=keys, blocks=blocks, opts=[], gens=gens, model=model, tokenizer=tok, ids=ids,
-                    train_rows=train_rows, heldout_rows=heldout_rows, identity=identity, paths=paths,
+                    train_rows=train_rows, heldout_rows=heldout_rows, identity=identity, layout=layout,
                     data_seed=block_seed(project.seed, cfg.seed, "local/data"), curves=[[] for _ in keys],
                     bcfgs=[cfg.of(k) for k in keys])
 
@@ -168,63 +184,53 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
                       fix="run `dvc repro` (stages local_bNN, local_export) or `zg train local-block KEY`")
     run = build(project, layout)
     run.opts = [adamw(blk, c) for blk, c in zip(run.blocks, run.bcfgs)]
-    keys, blocks, opts, gens, identity = run.keys, run.blocks, run.opts, run.gens, run.identity
-    paths = run.paths
-    d = paths["run"]
-    prior = None if restart else _read_meta(d / "meta.json")
-    if prior is not None and {k: prior.get(k) for k in identity} != identity:
-        diff = sorted(k for k in {**identity, **identity["config"]}
-                      if {**prior, **(prior.get("config") or {})}.get(k) != {**identity, **identity["config"]}[k]
-                      and k != "config")
-        raise ZgError(f"{d} holds a checkpoint of another run (differs in {', '.join(diff[:4]) or 'config'})",
+    d = layout.local_run
+    prior = resumable(None if restart else _read_meta(d / "meta.json"), run.identity, where=str(d),
                       fix="rerun with `zg train local --restart` to discard it, or restore the old params")
-    for dead in d.glob(".*.partial") if d.is_dir() else []:  # what a killed run's atomic writes left
-        shutil.rmtree(dead) if dead.is_dir() else dead.unlink()
+    loop.reset(d, prior)
     if prior is None:  # this mode's outputs only: a sequential run's models/local/blocks/ stays
-        shutil.rmtree(paths["run"], ignore_errors=True)
-        shutil.rmtree(paths["hf"], ignore_errors=True)
+        shutil.rmtree(layout.local_hf, ignore_errors=True)
         _save(run)
     else:
         c = d / str(prior.get("checkpoint"))
-        for i, k in enumerate(keys):
+        for i, k in enumerate(run.keys):
             bmeta = checkpoint.read_meta(c / k)
             if bmeta is None:
                 raise ZgError(f"{c / k / 'meta.json'} is missing (run/meta.json points at it)",
                               fix="rerun with `zg train local --restart`")
-            run.curves[i] = checkpoint.restore(c / k, bmeta, blocks[i], opts[i], gens[i])
+            run.curves[i] = checkpoint.restore(c / k, bmeta, run.blocks[i], run.opts[i], run.gens[i])
         run.step = prior["step"]
     return run
 
 
+def _steps(run: LocalRun) -> loop.Steps:
+    """Simultaneous mode's part of the loop: one seeded batch, every block updated once in the schedule's order."""
+    cfg, dev = run.cfg, next(run.model.parameters()).device
+    schedule = SCHEDULES[cfg.schedule]
+
+    def batches(start: int, end: int):
+        for step in range(start, end):
+            yield step, run.ids[step_rows(run.train_rows, step, cfg.batch_size, run.data_seed)]
+
+    def work(step: int, batch: torch.Tensor) -> int:
+        digest = sha256_bytes(batch.numpy().tobytes())[:16]
+        results = schedule(run, batch.to(dev))
+        for i, (loss, terms) in enumerate(results):  # one sync per step, after every block's work is issued
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise loop.diverged(f"local block {run.keys[i]}", step, f"loss became {value}", key="local.lr",
+                                    fix="lower local.lr and rerun with --restart")
+            run.curves[i].append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
+        return batch.numel()
+
+    return loop.Steps(name="train local", batches=batches, work=work, save=lambda step: _save(run),
+                      lrs=[(opt, lambda s, c=c: local_lr(c, s)) for opt, c in zip(run.opts, run.bcfgs)],
+                      checkpoint_every=cfg.checkpoint_every)
+
+
 def fit(run: LocalRun, end: int) -> None:
     """Steps [run.step, end): one seeded batch each, every block updated once (the schedule decides the order)."""
-    cfg, dev = run.cfg, next(run.model.parameters()).device
-    sleep = float(os.environ.get("ZG_FAILPOINT_SLEEP_AFTER_STEP", "0"))  # test hook: widen the kill window
-    schedule = SCHEDULES[cfg.schedule]
-    t0 = time.perf_counter()
-    with progress("train local", end - run.step, unit="step") as advance:
-        for step in range(run.step, end):
-            rows = step_rows(run.train_rows, step, cfg.batch_size, run.data_seed)
-            batch = run.ids[rows]
-            digest = sha256_bytes(batch.numpy().tobytes())[:16]
-            for opt, bcfg in zip(run.opts, run.bcfgs):
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(bcfg, step)
-            results = schedule(run, batch.to(dev))
-            for i, (loss, terms) in enumerate(results):  # one sync per step, after every block's work is issued
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise ZgError(f"local block {run.keys[i]}: loss became {value} at step {step}; the last good "
-                                  f"checkpoint is intact", key="local.lr", fix="lower local.lr and rerun with --restart")
-                run.curves[i].append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
-            run.tokens += batch.numel()
-            run.step = step + 1
-            advance(1)
-            if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < end:
-                _save(run)
-            if sleep:
-                time.sleep(sleep)
-    run.seconds += time.perf_counter() - t0
+    loop.fit(run, end, _steps(run))
 
 
 def state_sha256(run: LocalRun) -> dict:
@@ -260,38 +266,38 @@ def heldout_scores(hf: Path, blocks: list, keys: list, ids: torch.Tensor, batch_
 
 
 def train_local(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-                layout: Layout = Layout()) -> dict:
+                layout: Layout = Layout()) -> LocalResult:
     """Train every block to local.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
-    if stop_after is not None and stop_after < 1:
-        raise ZgError(f"--stop-after is {stop_after}", key="--stop-after", fix="give a number of steps >= 1")
-    paths = local_paths(layout)
-    with project_lock(layout, "local", writes=paths["dir"]):
+    loop.check_stop_after(stop_after)
+    with project_lock(layout, "local", writes=layout.local_dir):
         run = setup(project, restart=restart, layout=layout)
         cfg = run.cfg
-        end = cfg.steps if stop_after is None else min(cfg.steps, run.step + stop_after)
+        end = loop.end_step(cfg.steps, run.step, stop_after)
         fit(run, end)
         shas = state_sha256(run)
-        base = {"steps": cfg.steps, "k": len(run.blocks), "schedule": cfg.schedule, "aux": cfg.aux,
+        base = {"step": end, "steps": cfg.steps, "k": len(run.blocks), "schedule": cfg.schedule, "aux": cfg.aux,
                 "mtp": cfg.mtp, "tokens_sha256": tokens_sha256(run), **shas}
         if end < cfg.steps:
             _save(run)
-            return {"status": "stopped", "step": end, **base}
+            return LocalResult(status="stopped", **base)
         for blk in run.blocks:
             blk.eval()
-        with atomic_path(paths["hf"]) as tmp:
+        with atomic_path(layout.local_hf) as tmp:
             run.model.save_pretrained(tmp)
             run.tokenizer.save_pretrained(tmp)
-        scores = heldout_scores(paths["hf"], run.blocks, run.keys, run.ids[run.heldout_rows], cfg.eval_batch_size)
+        scores = heldout_scores(layout.local_hf, run.blocks, run.keys, run.ids[run.heldout_rows], cfg.eval_batch_size)
         _save(run, done=True, extra={"state_sha256": shas["state_sha256"]})
-        train = {k: float(np.mean([c["loss"] for c in curve[-10:]])) if curve else None
-                 for k, curve in zip(run.keys, run.curves)}
-        metrics = {"status": "done", "step": cfg.steps, **base, **scores, "train_loss": train,
-                   "tokens_seen": cfg.steps * cfg.batch_size * int(run.ids.shape[1]),
-                   "params": sum(p.numel() for p in run.model.parameters()),
-                   "local_params": sum(p.numel() for b in run.blocks for p in b.parameters())
-                   - sum(p.numel() for p in run.model.parameters()),
-                   "tokens_per_s": run.tokens / run.seconds if run.seconds > 0 and run.tokens else None}
-        write_json(paths["metrics"], metrics)
-        write_text(paths["curve"], "step," + ",".join(run.keys) + "\n" + "".join(
+        n_model = sum(p.numel() for p in run.model.parameters())
+        result = LocalResult(status="done", **base, **scores, train_loss=_train_losses(run.keys, run.curves),
+                             tokens_seen=cfg.steps * cfg.batch_size * int(run.ids.shape[1]), params=n_model,
+                             local_params=sum(p.numel() for b in run.blocks for p in b.parameters()) - n_model,
+                             tokens_per_s=run.tokens_per_s())
+        write_json(layout.local_metrics, result.metrics())
+        write_text(layout.local_loss_curve, "step," + ",".join(run.keys) + "\n" + "".join(
             f"{s}," + ",".join(f"{c[s]['loss']:.6g}" for c in run.curves) + "\n" for s in range(len(run.curves[0]))))
-        return metrics
+        return result
+
+
+def _train_losses(keys: list, curves: list) -> dict:
+    """Each block's reported train loss: the mean of its last 10 losses."""
+    return {k: loop.mean_tail([c["loss"] for c in curve]) for k, curve in zip(keys, curves)}

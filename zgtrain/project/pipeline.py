@@ -231,7 +231,7 @@ def _local_stages(project: ProjectConfig, L: Layout, blocks, code) -> dict:
     """Local pretraining: `local` (every block on every batch), or with local.mode: sequential one stage per
     block (input: the previous block's output dataset) and `local_export`."""
     from zgtrain.local.config import LocalConfig
-    from zgtrain.local.simultaneous import _NOT_IDENTITY
+    from zgtrain.local.simultaneous import NOT_IDENTITY
 
     data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
     if project.local.mode != "sequential":
@@ -239,7 +239,7 @@ def _local_stages(project: ProjectConfig, L: Layout, blocks, code) -> dict:
                           "params": ["seed", "partition", "local"], "outs": [str(L.local_dir)],
                           "metrics": [{str(L.local_metrics): {"cache": False}}],
                           "plots": [{str(L.local_loss_curve): {"cache": False, "x": "step"}}]}}
-    shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*_NOT_IDENTITY, "blocks")]
+    shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*NOT_IDENTITY, "blocks")]
     bnd = [str(L.local_boundary(layer)) for layer in project.partition.boundaries]
     out = {}
     for i, b in enumerate(blocks):

@@ -106,6 +106,7 @@ def load_student(folder: Path, *, dtype=None):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=remote,
                                                 attn_implementation="sdpa").eval()
 
+
 def student_sha256(folder: Path) -> str:
     """sha256 over every file (relative name + bytes) of a student folder: what a repair run started from. The
     model card (README.md, zgtrain/student/card.py) is documentation, not the model: it is left out, so a card

@@ -17,20 +17,11 @@ import shutil
 import lance
 import pytest
 import torch
-from conftest import zg, zg_main
 from safetensors.torch import load_file
-from zgt_helpers import (
-    assert_user_error,
-    copy_project,
-    kill_after_first_checkpoint,
-    load_params_of,
-    loss_curve,
-    project_of,
-    read_json,
-    set_params,
-    tree_sha256,
-)
 
+from conftest import zg, zg_main
+from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, load_params_of, loss_curve,
+                         project_of, read_json, set_params, tree_sha256)
 from zgdata.errors import ZgError
 from zgdata.lance_io import schema_meta
 from zgdata.layout import Layout
@@ -38,7 +29,6 @@ from zgtrain.block.train import train_block
 from zgtrain.fit import checkpoint
 from zgtrain.fit.checkpoint import load_block, state_sha256
 from zgtrain.fit.schedule import block_seed
-
 
 def _train_json(root, *args, env=None) -> dict:
     return json.loads(zg("train", "block", "b00", "--json", *args, cwd=root, env=env).stdout)

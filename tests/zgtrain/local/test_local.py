@@ -55,7 +55,8 @@ def _copy(root, dst, updates: dict | None = None):
 
 
 def _train(root, **kw) -> dict:
-    return train_local(project_of(root), layout=Layout(root), **kw)
+    """train_local's result as metrics/local.json holds it (a stopped run: its status, step and hashes)."""
+    return train_local(project_of(root), layout=Layout(root), **kw).metrics()
 
 
 def _weights(root) -> dict:

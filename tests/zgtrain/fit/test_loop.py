@@ -1,0 +1,122 @@
+"""The shared training loop (zgtrain/fit/): step order, checkpoint cadence, resume identity, typed results.
+
+The trainers' own tests (block, repair, local) prove the bits; these pin what every trainer relies on,
+with a real torch model and optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import pytest
+import torch
+
+from zgdata.errors import ZgError
+from zgtrain.fit import loop
+from zgtrain.fit.identity import resumable
+from zgtrain.fit.schedule import lr_at
+
+
+@dataclass
+class _Cfg:
+    lr: float = 1e-2
+    warmup: int = 2
+    steps: int = 10
+    schedule: str = "cosine"
+
+
+def _trainer(every: int):
+    """(state, Steps, events, model): a real model and AdamW on seeded batches."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0)
+    state, events, cfg = loop.RunState(), [], _Cfg()
+    x = torch.randn(10, 3, 4)
+
+    def work(step, batch):
+        events.append(("work", step, opt.param_groups[0]["lr"]))
+        loss = model(batch).pow(2).mean()
+        loop.update(loss, model.parameters(), opt, 0.0, lambda what: ZgError(what))
+        return batch.shape[0]
+
+    steps = loop.Steps(name="test", batches=lambda a, b: ((s, x[s]) for s in range(a, b)), work=work,
+                       lrs=[(opt, lambda s: lr_at(cfg, s))], save=lambda s: events.append(("save", s)),
+                       checkpoint_every=every, on_step=lambda s: events.append(("step", s)))
+    return state, steps, events, model
+
+
+def _run(end: int, every: int):
+    state, steps, events, model = _trainer(every)
+    loop.fit(state, end, steps)
+    return state, events, model
+
+
+def test_steps_set_the_lr_then_work_then_checkpoint_on_cadence_except_at_the_end():
+    state, events, _ = _run(6, every=3)
+    assert state.step == 6 and state.tokens == 6 * 3
+    assert [e for e in events if e[0] == "save"] == [("save", 3)]  # 6 is the end: the caller writes it
+    assert [e[1] for e in events if e[0] == "work"] == list(range(6))
+    assert [e[2] for e in events if e[0] == "work"] == [lr_at(_Cfg(), s) for s in range(6)]
+    assert events.index(("save", 3)) < events.index(("step", 3)) < events.index(("work", 3, lr_at(_Cfg(), 3)))
+
+
+def test_two_invocations_give_the_bits_of_one():
+    _, _, whole = _run(8, every=0)
+    state, steps, _, part = _trainer(every=0)
+    loop.fit(state, 5, steps)
+    assert state.step == 5
+    loop.fit(state, 8, steps)  # the loop keeps nothing of its own between calls
+    assert state.step == 8 and state.tokens == 8 * 3
+    for k, v in whole.state_dict().items():
+        assert torch.equal(part.state_dict()[k], v), k
+
+
+def test_lr_shapes_and_stop_after():
+    cfg = _Cfg()
+    assert lr_at(cfg, 0) == cfg.lr / 2 and lr_at(cfg, 1) == cfg.lr
+    assert lr_at(cfg, 9, "linear") == pytest.approx(cfg.lr * (1 - 7 / 8))
+    assert lr_at(cfg, 5, "constant") == cfg.lr
+    assert loop.end_step(10, 4, None) == 10 and loop.end_step(10, 4, 3) == 7 and loop.end_step(10, 9, 3) == 10
+    with pytest.raises(ZgError) as e:
+        loop.check_stop_after(0)
+    assert e.value.key == "--stop-after"
+
+
+def test_a_checkpoint_of_another_run_is_refused_naming_the_keys():
+    identity = {"seed": 1, "config": {"lr": 0.001, "steps": 10}}
+    prior = {"seed": 1, "config": {"lr": 0.002, "steps": 10}, "step": 3}
+    assert resumable(None, identity, where="d", fix="f") is None
+    assert resumable({**identity, "step": 3}, identity, where="d", fix="f")["step"] == 3
+    with pytest.raises(ZgError, match=r"d holds a checkpoint of another run \(config.lr: 0.002 -> 0.001\)"):
+        resumable(prior, identity, where="d", fix="rerun with --restart")
+    assert resumable(prior, identity, where="d", fix="f", auto=True) is None  # zg repro starts afresh
+    assert resumable({**identity, "done": True}, identity, where="d", fix="f", auto=True) is None
+
+
+def test_reset_keeps_a_resumed_run_and_drops_partial_writes(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "meta.json").write_text("{}")
+    (d / ".ckpt-000004.partial").mkdir()
+    loop.reset(d, {"step": 3})
+    assert sorted(p.name for p in d.iterdir()) == ["meta.json"]
+    loop.reset(d, None)
+    assert d.is_dir() and not any(d.iterdir())
+
+
+@dataclass(kw_only=True)
+class _Result(loop.Result):
+    STOPPED: ClassVar[tuple] = ("status", "step")
+    key: str
+    status: str
+    step: int
+    extra: dict = field(default_factory=dict, metadata={"spread": True})
+    last: float | None = None
+
+
+def test_result_metrics_keep_the_field_order_and_spread_nested_keys():
+    done = _Result(key="b00", status="done", step=4, extra={"kv_a": 1, "kv_b": 2}, last=0.5)
+    assert list(done.metrics().items()) == [("key", "b00"), ("status", "done"), ("step", 4), ("kv_a", 1),
+                                            ("kv_b", 2), ("last", 0.5)]
+    assert _Result(key="b00", status="stopped", step=2).metrics() == {"status": "stopped", "step": 2}
