@@ -34,7 +34,7 @@ STRACE = shutil.which("strace") or ("/usr/bin/strace" if os.access("/usr/bin/str
 pytestmark = pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace): "
                                                        "this test traces the files each stage's command opens")
 
-IGNORED_TOP = (".git", ".dvc", ".zg")
+IGNORED_TOP = (".git", ".dvc", ".zg", "dvc.lock")  # dvc.lock: read to check inputs against it (zgdata/trust.py)
 IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
 # With -y strace prints the path of the descriptor a successful open returns: `= 3</abs/path>`
 # (also on `<... openat resumed>` lines). Failed opens return -1 and carry no path.

@@ -18,6 +18,7 @@ import torch
 from zgdata.codec import codec_of, decode_rows, hidden_columns, value_info
 from zgdata.errors import ZgError
 from zgdata.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
+from zgdata import trust
 from zgdata.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.lineage import check
 from zgdata.timing import span
@@ -30,6 +31,8 @@ class BoundaryDataset:
 
     def __init__(self, path: Path, *, version: int | None = None, recheck: bool = False):
         self.path, self.recheck = Path(path), recheck
+        if version is None:  # the workspace's bytes: the ones dvc.lock (git) records, whatever a remote served
+            trust.verify(self.path)
         self.ds = open_dataset(self.path, kind="boundary", version=version)
         self.meta = schema_meta(self.ds.schema)
         self.codec = codec_of(self.meta)

@@ -287,8 +287,10 @@ def tokens_meta(layout: Layout = Layout()) -> dict:
 
 def open_tokens(layout: Layout = Layout()):
     """data/tokens.lance, checked to be the token set data/tokens.json describes."""
+    from zgdata import trust
     from zgdata.lineage import check, read_tokens_json
 
+    trust.verify(layout.tokens, layout.tokens_json)
     ds = open_dataset(layout.tokens, kind="tokens")
     check(str(layout.tokens_json), read_tokens_json(layout), str(layout.tokens), schema_meta(ds.schema),
           keys=("fingerprint",), fix="restore both from one commit (`dvc checkout data/tokens.lance data/tokens.json`) "

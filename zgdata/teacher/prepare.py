@@ -29,6 +29,7 @@ import torch
 
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
 from zgdata.atomic import atomic_path, write_json
+from zgdata import trust
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family, family_of
 from zgdata.hashing import tensors_sha256
@@ -290,6 +291,7 @@ def load_slice(path: Path) -> tuple[dict, dict]:
     if not path.exists():
         raise ZgError(f"teacher slice {path} not found",
                       fix="run `dvc repro teacher`, or `dvc pull` that slice from your team's remote")
+    trust.verify(path)
     with safe_open(str(path), framework="pt") as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
         tensors = {k: f.get_tensor(k) for k in f.keys()}

@@ -1,0 +1,97 @@
+"""dvc.lock (git) is the root of trust: a DVC remote that serves other bytes cannot make zg train on them.
+
+The attack: someone who controls only the remote changes a row of a boundary object and rewrites that row's
+checksum (unkeyed, stored beside the data), so the per-row check passes. DVC pulls the object without
+complaint. zg compares what it reads with the md5 that dvc.lock records and refuses before training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import lance
+import pytest
+
+from conftest import assert_user_error, run, zg
+from zgdata import trust
+from zgdata.errors import ZgError
+from zgdata.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _poison(dataset: Path, remote: Path) -> str:
+    """Change row 0 of ``dataset`` in the remote's object of the data file that holds it, with a matching checksum.
+    Returns the data file's name."""
+    table = lance.dataset(str(dataset)).to_table(columns=["hidden", CHECKSUM_COLUMN])
+    col = table.column("hidden").combine_chunks()
+    size = col.type.list_size
+    row = col.values.slice(0, size).to_numpy(zero_copy_only=False).copy()
+    old_values, old_sum = row.tobytes(), table.column(CHECKSUM_COLUMN)[0].as_py()
+    row[0] ^= 1  # the last mantissa bit of one activation
+    new_values = row.tobytes()
+    new_sum = row_checksum(new_values)
+    for f in sorted((dataset / "data").iterdir()):
+        data = f.read_bytes()
+        if data.count(old_values) == 1 and data.count(old_sum) == 1:
+            obj = remote / "files" / "md5" / _md5(f)[:2] / _md5(f)[2:]
+            assert obj.read_bytes() == data
+            obj.chmod(0o644)
+            obj.write_bytes(data.replace(old_values, new_values).replace(old_sum, new_sum))
+            return f.name
+    raise AssertionError(f"row 0 of {dataset} not found in one data file")
+
+
+def test_a_remote_that_rewrites_a_row_and_its_checksum_is_refused_before_training(reproduced, tmp_path):
+    a, b, remote = tmp_path / "a", tmp_path / "b", tmp_path / "remote"
+    shutil.copytree(reproduced, a, symlinks=True)
+    run(["dvc", "remote", "add", "-d", "team", str(remote)], cwd=a)
+    run(["git", "commit", "-qam", "remote"], cwd=a)
+    run(["dvc", "push", "-q"], cwd=a)
+    name = _poison(a / "data/boundaries/h02.lance", remote)
+
+    run(["git", "clone", "-q", str(a), str(b)], cwd=tmp_path)
+    deps = ["data/boundaries/h02.lance", "data/boundaries/h04.lance", "models/teacher/blocks/b01.safetensors"]
+    run(["dvc", "pull", "-q", *deps], cwd=b)  # block b01's inputs: DVC accepts the poisoned object without a word
+    pulled = b / "data/boundaries/h02.lance"
+    assert _md5(pulled / "data" / name) != _md5(a / "data/boundaries/h02.lance/data" / name)
+    # the per-row checksums, stored beside the data, agree with the poisoned bytes: they cannot catch this
+    assert mismatched_rows(lance.dataset(str(pulled)).to_table(columns=["hidden", CHECKSUM_COLUMN])) == []
+
+    res = zg("train", "block", "b01", cwd=b, check=False)
+    assert_user_error(res, f"data/boundaries/h02.lance/data/{name} does not match dvc.lock", "dvc checkout")
+    assert not (b / "models/blocks/b01").exists()
+
+
+def test_verify_caches_hashes_by_stat_and_notices_an_in_place_edit(reproduced, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(reproduced, root, symlinks=True)
+    trust._MEMO.clear()
+    first = trust.verify_all(root)
+    lock = trust.recorded(root)
+    assert first.outputs == sum((root / p).exists() for p in lock) and first.hashed > 0
+    state = json.loads((root / trust.STATE).read_text())
+    assert len(state) == first.hashed
+
+    trust._MEMO.clear()  # a new process: only the on-disk cache is left
+    again = trust.verify_all(root)
+    assert (again.outputs, again.hashed, again.cached) == (first.outputs, 0, first.hashed)
+
+    target = root / "models/teacher/teacher.json"
+    assert "models/teacher/teacher.json" in lock
+    text = target.read_text()
+    target.write_text(text.replace("float32", "float16", 1))  # an edit of the same size
+    trust._MEMO.clear()
+    with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock"):
+        trust.verify(target)
+
+
+def test_paths_dvc_lock_does_not_record_are_not_checked(tiny_project):
+    assert not (tiny_project / "dvc.lock").exists()
+    checked = trust.verify(tiny_project / "data/tokens.json", tiny_project / "data/boundaries/h02.lance")
+    assert (checked.outputs, checked.hashed) == (0, 0)

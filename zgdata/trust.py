@@ -1,0 +1,203 @@
+"""The git lineage is the root of trust: check DVC-tracked inputs against ``dvc.lock`` before a stage reads them.
+
+Per-row checksums stored beside the data catch accidents (a torn write, a flipped bit on disk), but whoever can
+write the data can rewrite them too. ``dvc.lock`` lives in git: it records the md5 of every stage output, and a
+directory output's md5 is that of its ``.dir`` manifest (the md5 of each file in it), kept in the DVC cache. A DVC
+remote that serves other bytes, or another manifest, cannot change what git recorded, and DVC itself does not
+refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
+keyed by inode, size and modification time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
+
+A path that no ``dvc.lock`` records (a project run without DVC, a test fixture) is not checked: there is nothing to
+check it against. A recorded path whose bytes differ is refused with one line naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from zgdata.errors import ZgError
+
+__all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
+
+STATE = Path(".zg") / "trust.json"
+_CHUNK = 1 << 22
+_MEMO: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> md5, for this process
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checked:
+    """What ``verify_all`` looked at: files hashed now, files whose hash came from the stat-keyed cache."""
+
+    outputs: int
+    hashed: int
+    cached: int
+
+
+def _project_root(path: Path) -> Path | None:
+    for d in [path, *path.parents]:
+        if (d / "dvc.yaml").is_file() or (d / "dvc.lock").is_file():
+            return d
+    return None
+
+
+def recorded(root: Path) -> dict[str, str]:
+    """Every output ``root/dvc.lock`` records: its path (relative to root) -> md5 (``....dir`` for a directory)."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {}
+    try:
+        doc = yaml.safe_load(lock.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ZgError(f"{lock} is not valid YAML ({str(e).splitlines()[0]})",
+                      fix="restore it from git (`git checkout dvc.lock`)") from e
+    out = {}
+    for stage in (doc.get("stages") or {}).values():
+        for o in (stage or {}).get("outs") or []:
+            if isinstance(o, dict) and o.get("path") and o.get("md5"):
+                out[os.path.normpath(o["path"])] = str(o["md5"])
+    return out
+
+
+def _cache_dir(root: Path) -> Path:
+    """The DVC cache (``cache.dir`` of .dvc/config.local or .dvc/config, else .dvc/cache)."""
+    import configparser
+
+    for name in ("config.local", "config"):
+        cfg = configparser.ConfigParser()
+        try:
+            cfg.read(root / ".dvc" / name)
+        except configparser.Error:
+            continue
+        d = cfg.get("cache", "dir", fallback=None)
+        if d:
+            d = d.strip().strip("'\"")
+            return (root / ".dvc" / d).resolve() if not os.path.isabs(d) else Path(d)
+    return root / ".dvc" / "cache"
+
+
+def _md5(path: Path, state: dict, counts: dict) -> str:
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _MEMO:
+        counts["cached"] += 1
+        return _MEMO[key]
+    hit = state.get(str(path))
+    if hit and hit[:3] == [st.st_ino, st.st_size, st.st_mtime_ns]:
+        counts["cached"] += 1
+        _MEMO[key] = hit[3]
+        return hit[3]
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    counts["hashed"] += 1
+    digest = h.hexdigest()
+    state[str(path)] = [st.st_ino, st.st_size, st.st_mtime_ns, digest]
+    _MEMO[key] = digest
+    return digest
+
+
+def _fix(rel: str) -> str:
+    return (f"restore it from git's record with `dvc checkout {rel}` (or `dvc pull {rel}` from a remote you trust); "
+            f"if you rebuilt it yourself on purpose, record it with `dvc commit`")
+
+
+def _manifest(root: Path, rel: str, md5: str) -> list[dict]:
+    h = md5.removesuffix(".dir")
+    path = _cache_dir(root) / "files" / "md5" / h[:2] / (h[2:] + ".dir")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ZgError(f"{rel}: the DVC cache lacks its file list {path.name}, so it cannot be checked against "
+                      f"dvc.lock", fix=f"fetch it with `dvc pull {rel}` (or `dvc commit` if you built it here)") from e
+    if hashlib.md5(raw).hexdigest() != h:
+        raise ZgError(f"{rel}: the file list {path} in the DVC cache does not match dvc.lock (md5 {h})",
+                      fix=f"delete that cache file and run `dvc pull {rel}` from a remote you trust")
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise ZgError(f"{rel}: the file list {path} is not JSON ({e})", fix=_fix(rel)) from e
+
+
+def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict) -> None:
+    entries = _manifest(root, rel, md5)
+    want = {os.path.normpath(e["relpath"]): e["md5"] for e in entries}
+    base = root / rel
+    have = {os.path.normpath(os.path.relpath(os.path.join(d, f), base))
+            for d, _, files in os.walk(base) for f in files}
+    if have != set(want):
+        extra, missing = sorted(have - set(want)), sorted(set(want) - have)
+        what = f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})" if extra else \
+            f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
+        raise ZgError(f"{rel} does not match dvc.lock: {what}", fix=_fix(rel))
+    for f, m in sorted(want.items()):
+        if _md5(base / f, state, counts) != m:
+            raise ZgError(f"{rel}/{f} does not match dvc.lock (its md5 differs from the one git records)",
+                          fix=_fix(rel))
+
+
+def _load_state(root: Path) -> dict:
+    try:
+        return json.loads((root / STATE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(root: Path, state: dict) -> None:
+    path = root / STATE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache only: a read-only project is checked again next time
+
+
+def verify(*paths: Path | str) -> Checked:
+    """Check each path that ``dvc.lock`` records (as an output, or inside a directory output) against it."""
+    counts = {"outputs": 0, "hashed": 0, "cached": 0}
+    by_root: dict[Path, list[Path]] = {}
+    for p in paths:
+        p = Path(p).absolute()
+        root = _project_root(p.parent)
+        if root is not None:
+            by_root.setdefault(root, []).append(p)
+    for root, ps in by_root.items():
+        rec = recorded(root)
+        if not rec:
+            continue
+        state = _load_state(root)
+        before = counts["hashed"]
+        for p in ps:
+            _check(root, rec, p, state, counts)
+        if counts["hashed"] != before:
+            _save_state(root, state)
+    return Checked(**counts)
+
+
+def _check(root: Path, rec: dict[str, str], p: Path, state: dict, counts: dict) -> None:
+    rel = os.path.normpath(os.path.relpath(p, root))
+    md5 = rec.get(rel)
+    if md5 is None:
+        return
+    if not p.exists():
+        raise ZgError(f"{rel} is missing (dvc.lock records it)", fix=f"restore it with `dvc checkout {rel}` or `dvc pull {rel}`")
+    counts["outputs"] += 1
+    if md5.endswith(".dir"):
+        _check_dir(root, rel, md5, state, counts)
+    elif _md5(p, state, counts) != md5:
+        raise ZgError(f"{rel} does not match dvc.lock (its md5 differs from the one git records)", fix=_fix(rel))
+
+
+def verify_all(root: Path | str = ".") -> Checked:
+    """``zg data verify --full``: every output dvc.lock records that is present in the workspace."""
+    root = Path(root).absolute()
+    present = [root / rel for rel in recorded(root) if (root / rel).exists()]
+    return verify(*present)
