@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 from zgtrain.cli import app
-from zgtrain.docs_ref import COMMAND, pages, params_rows
+from zgtrain.docs_ref import COMMAND, pages
+from zgtrain.project.config import params_rows
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

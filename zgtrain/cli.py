@@ -63,7 +63,7 @@ def params_doc():
     from rich.markup import escape
     from rich.table import Table
 
-    from zgtrain.docs_ref import params_rows  # one source for this table and docs/reference/params.md
+    from zgtrain.project.config import params_rows  # one source for this table and docs/reference/params.md
 
     table = Table("key", "default", "meaning", show_lines=False)
     for key, default, doc in params_rows():

@@ -18,7 +18,7 @@ from zgdata.errors import ZgError
 from zgtrain.local.config import LocalConfig
 
 __all__ = ["TrainConfig", "EvalConfig", "GatesConfig", "LmEvalConfig", "RepairConfig", "SearchConfig", "BlockRun",
-           "ProjectConfig", "SECTIONS", "OPTIONAL_SECTIONS", "IDENTITY_VARIANT"]
+           "ProjectConfig", "SECTIONS", "OPTIONAL_SECTIONS", "IDENTITY_VARIANT", "params_rows"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -330,3 +330,17 @@ class ProjectConfig:
             raise ZgError(f"variant '{name}' is not in params.yaml variants:", key="variants",
                           fix=f"use one of {', '.join(self.variants) or '(none: add a variants: section)'}")
         return BlockRun(spec=spec, train=self.variants[name])
+
+
+def params_rows() -> list[tuple[str, str, str]]:
+    """(key, default, meaning) for every params.yaml key, in file order: what `zg params` shows."""
+    from zgdata.config import describe
+
+    rows = [("seed", "0", ("global seed; each block derives its own by a stable hash with its key. Allowed: an "
+                           "integer >= 0."))]
+    for sec, cls in {**SECTIONS, **OPTIONAL_SECTIONS}.items():
+        rows += [(f"{sec}.{name}", default, doc) for name, default, doc in describe(cls)]
+    rows.append(("variants.NAME", "", ("optional variant library: each NAME is any train.* keys it overrides; "
+                                       "`zg pipeline` adds a variant@BLOCK-NAME stage per block and a search stage")))
+    rows.append(("blocks.KEY", "", "per-block in/out boundary names plus any train.* key to override for that block"))
+    return rows
