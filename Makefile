@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.zg-installed
 
-.PHONY: setup demo test docs bench clean-venv
+.PHONY: setup demo test docs lint format bench clean-venv
 
 setup: $(STAMP)
 
@@ -25,6 +25,15 @@ demo: setup
 
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 tests
+
+# Lint and format check with ruff (settings in pyproject.toml); `make format` rewrites in place.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or nav entry fails the build.
 docs: setup
