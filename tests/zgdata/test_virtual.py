@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import assert_user_error, read_json, tree_sha256, zg
+from conftest import assert_user_error, read_json, tree_sha256, zg_main
 from test_stage_deps import STRACE, pipeline_stages, trace_stage, undeclared
 from zgd_helpers import edit_params
 from zgdata.boundaries import open_boundary
@@ -32,7 +32,7 @@ def _virtual(root) -> VirtualBoundary:
 
 def test_virtual_h00_is_bitwise_the_stored_one_and_trains_b00_to_the_same_state(tiny_project, tmp_path):
     root, layout = tiny_project, Layout(tiny_project)
-    zg("train", "block", "b00", cwd=root)
+    zg_main("train", "block", "b00", cwd=root)
     want = read_json(layout.block_dir("b00") / "meta.json")["state_sha256"]
 
     params = edit_params(root, materialize={"virtual_first": True})
@@ -70,11 +70,11 @@ def test_virtual_h00_is_bitwise_the_stored_one_and_trains_b00_to_the_same_state(
         assert "models/teacher/blocks/head.safetensors" in opened
         assert undeclared(b00, opened, before) == []
     else:
-        zg("train", "block", "b00", cwd=root)
+        zg_main("train", "block", "b00", cwd=root)
     assert read_json(layout.block_dir("b00") / "meta.json")["state_sha256"] == want
 
     # verify recomputes the virtual h00 with the teacher; inspect says what it is made of
-    rep = zg("data", "verify", "--json", cwd=root)
+    rep = zg_main("data", "verify", "--json", cwd=root)
     report = yaml.safe_load(rep.stdout)
     assert report["status"] == "ok" and report["boundaries"]["h00"]["virtual"] is True, report
     assert report["boundaries"]["h00"]["fingerprint"] == stored.fingerprint
@@ -89,7 +89,7 @@ def test_virtual_h00_without_the_head_slice_is_a_user_error(tiny_project):
     shutil.rmtree(layout.boundary("h00"))
     layout.teacher_head.unlink()
     before = tree_sha256(root / "data")
-    res = zg("train", "block", "b00", cwd=root, check=False)
+    res = zg_main("train", "block", "b00", cwd=root, check=False)
     assert_user_error(res, "head.safetensors", "dvc pull")
     assert tree_sha256(root / "data") == before and not layout.block_dir("b00").exists()
 

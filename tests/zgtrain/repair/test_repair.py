@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import zg
+from conftest import zg, zg_main
 from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, project_of, read_json,
                          set_params, tree_sha256)
 from zgdata.layout import Layout
@@ -41,8 +41,8 @@ def assembled(tiny_built, tmp_path_factory):
     root = copy_project(tiny_built, tmp_path_factory.mktemp("assembled") / "proj")
     set_params(root, {"train.steps": 2, "train.warmup": 1, "train.checkpoint_every": 0, "blocks.b00.prune_ratio": 0.25})
     for key in ("b00", "b01"):
-        zg("train", "block", key, cwd=root)
-    zg("train", "assemble", cwd=root)
+        zg_main("train", "block", key, cwd=root)
+    zg_main("train", "assemble", cwd=root)
     set_params(root, {"repair.steps": STEPS})
     return root
 
