@@ -139,7 +139,6 @@ def data_inspect(paths: Optional[list[Path]] = typer.Argument(None, help="datase
     """Show token and boundary datasets: rows per split, codec, size, fingerprint, completeness and history (one line
     each, fits 80 columns); --wide adds lineage and storage, --versions every version, --json everything."""
     from zgdata.inspect import collect, render
-
     from zgdata.layout import Layout
 
     infos = collect(paths or [Layout().tokens, Layout().boundaries_dir], version=version)
