@@ -107,6 +107,8 @@ def data_verify(params: Path = params_option,
                                                   help="check lineage, row alignment and every row's checksum "
                                                        "only; needs no teacher."),
                 boundaries: Optional[Path] = typer.Option(None, help="folder of boundary datasets (default data/boundaries)."),
+                full: bool = typer.Option(False, "--full", help="also check every output dvc.lock (git) records "
+                                                                 "against its md5 (hashes cached in .zg/trust.json)."),
                 as_json: bool = typer.Option(False, "--json")):
     """Check every row's checksum, lineage and alignment; recompute a sample with the teacher bit for bit.
 
@@ -123,7 +125,7 @@ def data_verify(params: Path = params_option,
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
     mcfg = section(p, MaterializeConfig, "materialize") if part is not None else None  # virtual_first: h00 computed
     report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
-                    boundaries_dir=boundaries, partition=part, mcfg=mcfg)
+                    boundaries_dir=boundaries, partition=part, mcfg=mcfg, full=full)
     emit(report, as_json=as_json, summary=f"verify: {report['status']} ({report['summary']})")
     if report["status"] != "ok":
         raise typer.Exit(1)

@@ -196,8 +196,22 @@ def _check(root: Path, rec: dict[str, str], p: Path, state: dict, counts: dict) 
         raise ZgError(f"{rel} does not match dvc.lock (its md5 differs from the one git records)", fix=_fix(rel))
 
 
+def _in_git(root: Path) -> set[str]:
+    """Files git itself tracks under ``root`` (outputs declared ``cache: false``, such as reports and metrics)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return set()
+    return {os.path.normpath(p) for p in out.decode(errors="replace").split("\0") if p}
+
+
 def verify_all(root: Path | str = ".") -> Checked:
-    """``zg data verify --full``: every output dvc.lock records that is present in the workspace."""
+    """``zg data verify --full``: every output dvc.lock records that is present in the workspace, except files git
+    tracks itself (``cache: false`` reports and metrics: no remote serves them, and `git status` shows an edit;
+    zg rewrites some of them, such as reports/verify.json, outside ``dvc repro``)."""
     root = Path(root).absolute()
-    present = [root / rel for rel in recorded(root) if (root / rel).exists()]
+    tracked = _in_git(root)
+    present = [root / rel for rel in recorded(root) if (root / rel).exists() and rel not in tracked]
     return verify(*present)

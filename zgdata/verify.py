@@ -115,13 +115,29 @@ def _virtual(layout: Layout, partition, mcfg, lineage_only: bool) -> tuple[list,
     return [VirtualBoundary(layout, mcfg, n) for n in names], []
 
 
+def _trust_failures(full: bool) -> tuple[list[dict], dict | None]:
+    """With ``full``: every output dvc.lock (git) records, present here, against its md5 (zgdata/trust.py)."""
+    if not full:
+        return [], None
+    from zgdata import trust
+
+    try:
+        c = trust.verify_all(Path("."))
+    except ZgError as e:
+        return [{"boundary": "*", "check": "dvc.lock", "what": e.what, "fix": e.fix or ""}], None
+    return [], {"outputs": c.outputs, "hashed": c.hashed, "cached": c.cached}
+
+
 def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool = False, layout: Layout = Layout(),
-           boundaries_dir: Path | None = None, partition: PartitionConfig | None = None, mcfg=None) -> dict:
+           boundaries_dir: Path | None = None, partition: PartitionConfig | None = None, mcfg=None,
+           full: bool = False) -> dict:
     """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
     depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
     block's pair runs that mode on a subset. ``mcfg`` (materialize): with virtual_first, h00 is computed from
     the tokens and the head slice (zgdata/virtual.py); its lineage and alignment are checked and the sample is
-    recomputed with the teacher like a stored boundary's (it has no checksums: nothing is stored)."""
+    recomputed with the teacher like a stored boundary's (it has no checksums: nothing is stored). ``full``: first
+    check every output dvc.lock records against its md5 (the counts go to the report's ``trust``)."""
+    trust_failures, trusted = _trust_failures(full)
     folder = Path(boundaries_dir) if boundaries_dir else layout.boundaries_dir
     virtual, unbuilt = _virtual(layout, partition, mcfg, lineage_only) if boundaries_dir is None else ([], [])
     vnames = {b.name for b in virtual} | set(unbuilt)
@@ -135,7 +151,7 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
     lineage_failures = _lineage_failures(sets)
     sums, summed = _checksum_failures(stored)
     summed.update({b.name: 0 for b in virtual})
-    failures += lineage_failures + sums
+    failures += trust_failures + lineage_failures + sums
     checked, identity = [], {}
     if not lineage_only and not lineage_failures:
         more, checked, identity = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
@@ -146,10 +162,13 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
                     + f", lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
                     + ("" if lineage_only else
                     f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed")
-                    + (f"; not present: {', '.join(missing)}" if missing else "")) if not failures else
+                    + (f"; not present: {', '.join(missing)}" if missing else "")
+                    + (f"; dvc.lock: {trusted['outputs']} outputs match ({trusted['hashed']} files hashed, "
+                       f"{trusted['cached']} from the cache)" if trusted else "")) if not failures else
                    "; ".join(f["what"] for f in failures[:3]) + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
                    + ". " + failures[0]["fix"],
         "lineage_only": lineage_only,
+        "trust": trusted,
         "boundaries": {b.name: {"fingerprint": b.fingerprint, "rows": len(b.seq_ids),
                                 "version": b.ds.version if b.ds is not None else None, "layer": b.meta["layer"],
                                 "checksum_rows": summed[b.name], **({"virtual": True} if b.ds is None else {})}

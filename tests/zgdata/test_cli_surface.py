@@ -16,7 +16,7 @@ EXPECTED = {
     "zg data inspect": ["--json", "--version", "--versions", "--wide", "ARG:paths"],
     "zg data materialize": ["--json", "--params"],
     "zg data tokenize": ["--json", "--params"],
-    "zg data verify": ["--boundaries", "--json", "--lineage-only", "--params", "--sample"],
+    "zg data verify": ["--boundaries", "--full", "--json", "--lineage-only", "--params", "--sample"],
     "zg init": ["--profile", "ARG:directory"],
     "zg params": [],
     "zg pipeline": ["--params"],

@@ -71,10 +71,13 @@ def test_a_remote_that_rewrites_a_row_and_its_checksum_is_refused_before_trainin
 def test_verify_caches_hashes_by_stat_and_notices_an_in_place_edit(reproduced, tmp_path):
     root = tmp_path / "p"
     shutil.copytree(reproduced, root, symlinks=True)
+    (root / trust.STATE).unlink(missing_ok=True)  # the stages' own checks filled it, keyed by the original's paths
     trust._MEMO.clear()
     first = trust.verify_all(root)
     lock = trust.recorded(root)
-    assert first.outputs == sum((root / p).exists() for p in lock) and first.hashed > 0
+    in_git = trust._in_git(root)
+    assert "reports/verify.json" in in_git and "reports/verify.json" in lock  # cache: false, git keeps it
+    assert first.outputs == sum((root / p).exists() and p not in in_git for p in lock) and first.hashed > 0
     state = json.loads((root / trust.STATE).read_text())
     assert len(state) == first.hashed
 
@@ -95,3 +98,29 @@ def test_paths_dvc_lock_does_not_record_are_not_checked(tiny_project):
     assert not (tiny_project / "dvc.lock").exists()
     checked = trust.verify(tiny_project / "data/tokens.json", tiny_project / "data/boundaries/h02.lance")
     assert (checked.outputs, checked.hashed) == (0, 0)
+
+
+def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_file(reproduced, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(reproduced, root, symlinks=True)
+    (root / trust.STATE).unlink(missing_ok=True)
+    res = zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root)
+    counts = json.loads(res.stdout)["trust"]
+    in_git = trust._in_git(root)
+    want = sum((root / p).exists() and p not in in_git for p in trust.recorded(root))
+    assert counts["outputs"] == want > 5 and counts["hashed"] > 0
+    again = json.loads(zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root).stdout)["trust"]
+    assert again == {"outputs": want, "hashed": 0, "cached": counts["hashed"] + counts["cached"]}
+
+    shard = sorted((root / "data/tokens.lance/data").iterdir())[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1  # one bit, same size: only the md5 can tell
+    shard.write_bytes(bytes(data))
+    res = zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    (failure,) = json.loads(res.stdout)["failures"]
+    assert failure["what"] == f"data/tokens.lance/data/{shard.name} does not match dvc.lock (its md5 differs from " \
+                              "the one git records)"
+    assert "dvc checkout data/tokens.lance" in failure["fix"]
+    plain = zg("data", "verify", "--lineage-only", cwd=root, check=False)  # without --full: the tokens are not read
+    assert plain.returncode == 0, plain.stderr
