@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from conftest import zg
+from conftest import zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 from zgdata.errors import ZgError
 from zgdata.tokens import corpus_digest
@@ -77,7 +77,7 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
         "eval.sets": [{"name": "news", "source": "ood/news.jsonl", "max_seqs": 4, "context_targets": 16},
                       {"name": "notes", "source": "ood/*.txt", "format": "text"}],
         "gates.sets": ["heldout", "news"], "gates.max_ce_gap": -100, "gates.min_context_retention": -1e9})
-    res = zg("train", "evaluate", cwd=root)
+    res = zg_main("train", "evaluate", cwd=root)
     m = read_json(root / "metrics" / "eval.json")
     assert set(m["sets"]) == {"heldout", "news", "notes"}
     for f in m["sets"].values():
@@ -152,5 +152,5 @@ def test_bad_sets_are_one_line_and_write_nothing(reproduced, tmp_path):
     for sets, needles in (([{"name": "gone", "source": "missing/*.md"}], ["eval.sets[0].source", "'gone'"]),
                           ([{"name": "bad", "source": "ood.jsonl"}], ["eval.sets[0].text_field", "ood.jsonl line 1"])):
         set_params(root, {"eval.sets": sets})  # valid params: refused when the set is read
-        assert_user_error(zg("train", "evaluate", cwd=root, check=False), *needles)
+        assert_user_error(zg_main("train", "evaluate", cwd=root, check=False), *needles)
     assert _published(root) == before

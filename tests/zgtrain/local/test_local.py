@@ -18,7 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import run, zg
+from conftest import run, zg, zg_main
 from zgt_helpers import (assert_user_error, kill_after_first_checkpoint, load_params_of, project_of, read_json,
                          set_params, tree_sha256)
 from zgdata.errors import ZgError
@@ -34,7 +34,7 @@ def local_repro(tmp_path_factory):
     """`zg init --profile local-tiny`, a commit, `dvc repro` of every stage, a commit: (root, metrics)."""
     base = tmp_path_factory.mktemp("local")
     root = base / "proj"
-    zg("init", root, "--profile", "local-tiny", cwd=base)
+    zg_main("init", root, "--profile", "local-tiny", cwd=base)
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "zg init"], cwd=root)
     res = run(["dvc", "repro"], cwd=root)
@@ -50,7 +50,7 @@ def _copy(root, dst, updates: dict | None = None):
     shutil.rmtree(dst / "models" / "local")
     if updates:
         set_params(dst, updates)
-        zg("pipeline", cwd=dst)
+        zg_main("pipeline", cwd=dst)
     return dst
 
 
@@ -180,7 +180,7 @@ def test_k1_arm_runs_as_a_dvc_experiment_and_sees_the_same_tokens(local_repro, t
 def test_partition_that_does_not_cut_the_model_is_one_line(local_repro, tmp_path):
     root = _copy(local_repro[0], tmp_path / "proj", {"partition.boundaries": [0, 2, 3]})
     before = tree_sha256(root)
-    assert_user_error(zg("train", "local", cwd=root, check=False), "partition.boundaries", "local.layers=4")
+    assert_user_error(zg_main("train", "local", cwd=root, check=False), "partition.boundaries", "local.layers=4")
     assert tree_sha256(root) == before
 
 
