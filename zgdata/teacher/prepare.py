@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
-from zgdata.atomic import atomic_path, write_json
 from zgdata import trust
+from zgdata.atomic import atomic_path, write_json
+from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family, family_of
-from zgdata.hashing import tensors_sha256
+from zgdata.hashing import canonical_json, sha256_bytes, tensors_sha256
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.teacher.identity import RESTORE, FilesCheck, check_files, record_files
@@ -161,10 +161,12 @@ def _sort_header_metadata(path: Path) -> None:
             f.write(len(new).to_bytes(8, "little") + new + data)
 
 
-def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, layout: Layout, sha: str) -> None:
+def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, layout: Layout, sha: str,
+                 teacher_json_sha256: str | None = None) -> None:
     """Block slices hold ``layers.{teacher index}.*`` in every family; the head slice holds everything else
     (keys relative to the decoder module, e.g. ``embed_tokens.weight`` or GPT-2's ``wte.weight``/``wpe.weight``,
-    plus ``lm_head.weight``, tied or not)."""
+    plus ``lm_head.weight``, tied or not). The head slice also records the digest of teacher.json's content,
+    which ``read_teacher_json`` checks."""
     layers, head = family_of(model.config).split_state(model.state_dict())
     config = model.config.to_dict()
     for b in blocks:
@@ -172,7 +174,8 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
         keep = {f"layers.{i}.{k}": v for i in range(lo, hi) for k, v in layers[i].items()}
         _save_file(keep, layout.teacher_slice(b.key), {"config": config, "teacher_sha256": sha, "key": b.key,
                                                        "layers": list(range(lo, hi)), "in": b.input, "out": b.output})
-    _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha})
+    extra = {"teacher_json_sha256": teacher_json_sha256} if teacher_json_sha256 else {}
+    _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha, **extra})
 
 
 @locked("teacher")
@@ -205,15 +208,33 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
             "architecture": fam.architecture(model.config), "params": n_params, "dtype": dtype,
             "files": record_files(layout), **extra}
     if partition is not None:
-        write_slices(model, partition.blocks(), partition, layout, sha)
+        write_slices(model, partition.blocks(), partition, layout, sha, _json_sha256(meta))
     write_json(layout.teacher_json, meta)
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
 
 
+def _json_sha256(meta: dict) -> str:
+    return sha256_bytes(canonical_json(meta).encode())
+
+
 def read_teacher_json(layout: Layout = Layout()) -> dict:
+    """teacher.json, checked against the digest of it that the teacher stage recorded in the head slice (a
+    teacher prepared before that digest, or without slices, is read unchecked)."""
+    from safetensors import safe_open
+
     if not layout.teacher_json.exists():
         raise ZgError(f"{layout.teacher_json} not found", fix="run `dvc repro teacher` (or `zg teacher prepare`)")
-    return json.loads(layout.teacher_json.read_text())
+    try:
+        meta = json.loads(layout.teacher_json.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZgError(f"{layout.teacher_json} is not valid JSON ({e})", fix=RESTORE) from e
+    if layout.teacher_head.exists():
+        with safe_open(str(layout.teacher_head), framework="pt") as f:
+            want = (f.metadata() or {}).get("teacher_json_sha256")
+        if want is not None and json.loads(want) != _json_sha256(meta):
+            raise ZgError(f"{layout.teacher_json} is not the file the teacher stage wrote (its digest differs "
+                          f"from the one recorded in {layout.teacher_head.name})", fix=RESTORE)
+    return meta
 
 
 def _checked_dir(layout: Layout, *, rehash: bool) -> tuple[dict, FilesCheck]:

@@ -10,6 +10,7 @@ and learning rates.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import check
 from zgdata.lock import locked
+from zgdata.paths_guard import inside
 from zgdata.runtime import autocast, device, seed_all, set_threads
 from zgdata.teacher.prepare import load_slice
 from zgtrain.block.conversions import convert
@@ -74,6 +76,8 @@ class Run(loop.RunState):
     src: object
     seed: int
     curve: list = field(default_factory=list)
+    finished: bool = False
+    """Resumed from a finished run: train_block rewrites nothing (its weights are checked against meta.json)."""
     on_step: object = None
     """Optional ``on_step(step, loss)`` after each optimizer step (zg repro's progress); never changes the run."""
 
@@ -161,12 +165,12 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
     identity = {"key": key, "in": spec.input, "out": spec.output, "seed": seed, "trainer_version": TRAINER_VERSION,
                 "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
                 "fingerprints": src.fingerprints, "teacher_sha256": smeta["teacher_sha256"]}
-    d = layout.block_dir(key)
+    d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")
     prior = resumable(None if restart is True else checkpoint.read_meta(d), identity, where=f"models/blocks/{key}",
                       fix="rerun with --restart to discard it, or restore the old params", auto=restart == "auto")
     # read (and checksum) the data before anything in the block directory changes
     xs, ys = (t.float() for t in src.take(src.rows("train")[: cfg.importance_rows]))
-    loop.reset(d, prior)
+    d = loop.begin(d, prior)  # a restart builds beside the old folder; train_block swaps it in at the end
 
     gen = seed_all(seed)
     block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())
@@ -183,6 +187,9 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
         checkpoint.save_weights(block.weights(), d / "init.safetensors")
         checkpoint.save(d, meta, block, opt, gen, run.curve, 0)
     else:
+        if prior.get("done"):
+            checkpoint.check_weights(d, prior)
+            run.finished = True
         run.curve = checkpoint.restore(d, prior, block, opt, gen)
         run.step = prior["step"]
     return run
@@ -201,12 +208,15 @@ def train_block(project: ProjectConfig, key: str, *, targets: str | None = None,
     sha = checkpoint.state_sha256(run.block, run.opt)
     if end < cfg.steps:
         checkpoint.save(d, run.meta, run.block, run.opt, run.gen, run.curve, end)
+        loop.publish(d, layout.block_dir(key))
         return BlockResult(key=key, status="stopped", step=end, steps=cfg.steps, state_sha256=sha,
                            train_loss=loop.mean_tail(run.curve))
     run.block.eval()
     heldout = _heldout(run.block, run.src, cfg)
     run.meta.update(done=True, state_sha256=sha)
-    checkpoint.finish(d, run.meta, run.block, run.opt, run.gen, run.curve, cfg.steps)
+    if not run.finished:
+        checkpoint.finish(d, run.meta, run.block, run.opt, run.gen, run.curve, cfg.steps)
+        loop.publish(d, layout.block_dir(key))
     meta = run.meta
     result = BlockResult(key=key, steps=cfg.steps, train_loss=loop.mean_tail(run.curve),
                          first_loss=run.curve[0] if run.curve else None, heldout_loss=heldout,
@@ -215,6 +225,24 @@ def train_block(project: ProjectConfig, key: str, *, targets: str | None = None,
                          kv=kv_summary(meta["teacher_config"], run.block.windows, len(meta["teacher_layers"])),
                          objective=cfg.objective, conversion=cfg.conversion, targets=cfg.targets, state_sha256=sha,
                          status="done", step=cfg.steps)
-    write_json(layout.block_metrics(key), result.metrics())
-    write_text(layout.block_loss_curve(key), "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))
+    if run.finished:  # a no-op rerun: the recorded speed stands, and no file changes
+        result.tokens_per_s = _recorded(layout.block_metrics(key)).get("tokens_per_s")
+    _write_changed(layout.block_metrics(key), result.metrics())
+    curve = "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve))
+    path = layout.block_loss_curve(key)
+    if not path.exists() or path.read_text() != curve:
+        write_text(path, curve)
     return result
+
+
+def _recorded(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_changed(path: Path, data: dict) -> None:
+    """write_json, skipped when the file already holds exactly ``data`` (a rerun leaves git clean)."""
+    if _recorded(path) != data:
+        write_json(path, data)

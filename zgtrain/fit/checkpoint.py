@@ -6,7 +6,8 @@ models/blocks/KEY/
   init.safetensors    the converted, untrained block (for "untrained" evaluation)
   ckpt-NNNNNN/        model.safetensors, optimizer.safetensors + optimizer.json, rng.safetensors + rng.json,
                       curve.json
-  model.safetensors   final weights (when done)
+  model.safetensors   final weights (when done); meta.json's weights_sha256 is this file's sha256, checked on
+                      every load (blocks finished before it was recorded load unchecked)
 
 Everything is safetensors or JSON: loading a checkpoint pulled from a remote never unpickles,
 so it cannot run code.
@@ -23,10 +24,11 @@ from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
+from zgdata.paths_guard import inside
 from zgdata.runtime import rng_state, set_rng_state
 
 __all__ = ["FORMAT_VERSION", "read_meta", "save_weights", "save", "restore", "state_sha256", "load_block",
-           "finish"]
+           "finish", "file_sha256", "check_weights"]
 
 FORMAT_VERSION = 2  # 1: optimizer.pt / rng.pt pickles (no longer loaded)
 
@@ -127,7 +129,8 @@ def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
         raise ZgError(f"{d} holds a checkpoint in an older format ({meta.get('checkpoint_format', 1)}, pickled "
                       f"optimizer/RNG state) that zg no longer loads", fix=f"rerun with `zg train block {key} "
                                                                            f"--restart` to start it afresh")
-    c = Path(d) / str(meta.get("checkpoint"))
+    c = inside(Path(d) / str(meta.get("checkpoint")), d, what="the checkpoint meta.json names,",
+               fix=f"rerun with `zg train block {key} --restart` to start it afresh")
     weights = _load_tensors(c / "model.safetensors", key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
@@ -150,9 +153,32 @@ def state_sha256(block, opt) -> str:
 
 
 def finish(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, step: int) -> None:
-    """The final weights, then the last checkpoint, whose meta.json marks the block done: done implies weights."""
+    """The final weights, then the last checkpoint, whose meta.json marks the block done: done implies weights.
+    meta.json records the weights file's sha256 (``weights_sha256``; ``meta`` is updated with it)."""
     save_weights(block.weights(), Path(d) / "model.safetensors")
+    meta["weights_sha256"] = file_sha256(Path(d) / "model.safetensors")
     save(d, meta, block, opt, gen, curve, step)
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_weights(d: Path, meta: dict) -> None:
+    """Refuse a finished run folder whose model.safetensors is not the file meta.json recorded."""
+    want, path = meta.get("weights_sha256"), Path(d) / "model.safetensors"
+    if want is None:
+        return
+    got = file_sha256(path) if path.exists() else None
+    if got != want:
+        raise ZgError(f"{path} is not the file its training wrote (sha256 {str(got)[:12]}, meta.json records "
+                      f"{want[:12]})", fix=_fix(Path(d).name))
 
 
 def load_block(layout: Layout, key: str, *, which: str = "final"):
@@ -169,6 +195,8 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
                       fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`")
     config = config_from_dict(meta["teacher_config"])
     block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"))  # no "windows": full attention
+    if which == "final":
+        check_weights(d, meta)
     weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):

@@ -27,7 +27,8 @@ from zgdata.errors import ZgError
 from zgdata.progress import progress
 from zgdata.timing import span
 
-__all__ = ["Steps", "RunState", "Result", "fit", "check_stop_after", "end_step", "reset", "clear_partials",
+__all__ = ["Steps", "RunState", "Result", "fit", "check_stop_after", "end_step", "reset", "begin", "publish",
+           "clear_partials",
            "diverged", "update", "optimizer_step", "mean_tail"]
 
 
@@ -98,6 +99,38 @@ def reset(d: Path, prior: dict | None) -> None:
     if prior is None:
         shutil.rmtree(d, ignore_errors=True)
     Path(d).mkdir(parents=True, exist_ok=True)
+
+
+def _aside(d: Path, what: str) -> Path:
+    return Path(d).parent / f".{Path(d).name}.{what}"
+
+
+def begin(d: Path, prior: dict | None) -> Path:
+    """The folder a run writes into: ``d`` itself, or a staging folder beside it when a fresh start would
+    replace what ``d`` holds (``--restart`` over a finished or stopped run). ``publish`` swaps it in only when
+    the run got as far as its last checkpoint, so a refused, failed or killed restart leaves ``d`` as it was.
+    A previous run's leftover staging folder is removed here.
+    """
+    d, staging, old = Path(d), _aside(d, "staging"), _aside(d, "old")
+    if old.exists():  # killed between publish's two renames: the old folder is the one to keep
+        shutil.rmtree(old) if d.exists() else old.rename(d)
+    shutil.rmtree(staging, ignore_errors=True)
+    if prior is None and d.is_dir() and any(d.iterdir()):
+        staging.mkdir(parents=True)
+        return staging
+    reset(d, prior)
+    return d
+
+
+def publish(work: Path, d: Path) -> None:
+    """Swap run folder ``work`` (from ``begin``) in as ``d``: two renames, then the old folder is removed."""
+    work, d = Path(work), Path(d)
+    if work == d:
+        return
+    old = _aside(d, "old")
+    d.rename(old)
+    work.rename(d)
+    shutil.rmtree(old)
 
 
 def diverged(who: str, step: int, what: str, *, key: str, fix: str, good: int | None = None) -> ZgError:

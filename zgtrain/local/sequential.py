@@ -181,7 +181,7 @@ def _setup(project: ProjectConfig, key: str, *, restart: bool, layout: Layout) -
                  identity=identity, inputs=inputs, input_fingerprint=in_fp)
     prior = resumable(None if restart else checkpoint.read_meta(b.dir), identity, where=str(b.dir),
                       fix=f"rerun with `zg train local-block {key} --restart`, or restore the old params")
-    loop.reset(b.dir, prior)
+    b.dir = loop.begin(b.dir, prior)  # a restart builds beside the old folder; train_block swaps it in
     if prior is None:
         b.save(0)
     else:
@@ -234,9 +234,11 @@ def train_block(project: ProjectConfig, key: str, *, stop_after: int | None = No
                                   tokens_sha256=sha256_bytes("".join(c["batch"] for c in b.curve).encode()))
         if end < b.cfg.steps:
             b.save(end)
+            loop.publish(b.dir, layout.local_block_dir(key))
             return result
         checkpoint.finish(b.dir, {**b.identity, "done": True, "state_sha256": sha}, b.block, b.opt, b.gen, b.curve,
                           end)
+        loop.publish(b.dir, layout.local_block_dir(key))
         _publish(b, sha, layout)
         result = replace(result, status="done", input_fingerprint=b.input_fingerprint, tokens_per_s=b.tokens_per_s(),
                          train_loss=loop.mean_tail([c["loss"] for c in b.curve]))
@@ -270,6 +272,7 @@ def export(project: ProjectConfig, *, layout: Layout = Layout()) -> LocalExportR
             meta = checkpoint.read_meta(d)
             if meta is None or not meta.get("done"):
                 raise ZgError(f"block {key} has not finished ({d / 'meta.json'})", fix=f"run `dvc repro local_{key}`")
+            checkpoint.check_weights(d, meta)
             missing, unexpected = blk.load_state_dict(load_file(str(d / "model.safetensors")), strict=False)
             if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
                 raise ZgError(f"{d / 'model.safetensors'} does not fit block {key} of this model",

@@ -72,6 +72,7 @@ class LocalRun(loop.RunState):
     curves: list = field(default_factory=list)
     state: dict = field(default_factory=dict)  # per-schedule scratch (CUDA streams)
     bcfgs: list = field(default_factory=list)  # per block: local: with local.blocks.KEY applied
+    dir: Path | None = None  # where checkpoints go: layout.local_run, or a restart's staging folder beside it
 
 
 @dataclass(kw_only=True)
@@ -112,7 +113,7 @@ def _check_partition(project: ProjectConfig) -> list[int]:
 
 def _save(run: LocalRun, *, done: bool = False, extra: dict | None = None) -> None:
     """Every block's checkpoint of run.step in one folder, then meta.json names it, then older ones go."""
-    d, name = run.layout.local_run, f"ckpt-{run.step:06d}"
+    d, name = run.dir or run.layout.local_run, f"ckpt-{run.step:06d}"
     with atomic_path(d / name) as tmp:
         for k, blk, opt, gen, curve in zip(run.keys, run.blocks, run.opts, run.gens, run.curves):
             checkpoint.save(tmp / k, {**run.identity, "key": k}, blk, opt, gen, curve, run.step)
@@ -120,6 +121,15 @@ def _save(run: LocalRun, *, done: bool = False, extra: dict | None = None) -> No
     for old in d.glob("ckpt-*"):
         if old.name != name:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _publish(run: LocalRun, *, stopped: bool) -> None:
+    """Swap a restart's staging folder in; a stopped run leaves no exported model of an older run (this mode's
+    outputs only: a sequential run's models/local/blocks/ stays)."""
+    loop.publish(run.dir, run.layout.local_run)
+    run.dir = run.layout.local_run
+    if stopped:
+        shutil.rmtree(run.layout.local_hf, ignore_errors=True)
 
 
 def _read_meta(path: Path) -> dict | None:
@@ -187,9 +197,8 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     d = layout.local_run
     prior = resumable(None if restart else _read_meta(d / "meta.json"), run.identity, where=str(d),
                       fix="rerun with `zg train local --restart` to discard it, or restore the old params")
-    loop.reset(d, prior)
-    if prior is None:  # this mode's outputs only: a sequential run's models/local/blocks/ stays
-        shutil.rmtree(layout.local_hf, ignore_errors=True)
+    run.dir = loop.begin(d, prior)  # a restart builds beside the old folder; _publish swaps it in
+    if prior is None:
         _save(run)
     else:
         c = d / str(prior.get("checkpoint"))
@@ -279,6 +288,7 @@ def train_local(project: ProjectConfig, *, stop_after: int | None = None, restar
                 "mtp": cfg.mtp, "tokens_sha256": tokens_sha256(run), **shas}
         if end < cfg.steps:
             _save(run)
+            _publish(run, stopped=True)
             return LocalResult(status="stopped", **base)
         for blk in run.blocks:
             blk.eval()
@@ -287,6 +297,7 @@ def train_local(project: ProjectConfig, *, stop_after: int | None = None, restar
             run.tokenizer.save_pretrained(tmp)
         scores = heldout_scores(layout.local_hf, run.blocks, run.keys, run.ids[run.heldout_rows], cfg.eval_batch_size)
         _save(run, done=True, extra={"state_sha256": shas["state_sha256"]})
+        _publish(run, stopped=False)
         n_model = sum(p.numel() for p in run.model.parameters())
         result = LocalResult(status="done", **base, **scores, train_loss=_train_losses(run.keys, run.curves),
                              tokens_seen=cfg.steps * cfg.batch_size * int(run.ids.shape[1]), params=n_model,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +40,8 @@ from zgtrain.fit.identity import resumable
 from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.project.config import ProjectConfig, RepairConfig
 from zgtrain.repair.model import RepairModel, TeacherHead, distill_loss, token_kl
-from zgtrain.student.load import load_student, student_sha256
 from zgtrain.student.card import write_repaired_card
+from zgtrain.student.load import CHECKSUMS, load_student, record_checksums, student_sha256
 
 __all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "RepairResult", "REPAIR_VERSION"]
 
@@ -194,10 +194,10 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     n_params = sum(p.numel() for p in lm.parameters())  # the student's own, adapters left out
     model = RepairModel(lm, cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, gen=gen).to(dev)
     opt = torch.optim.AdamW(model.trainable(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    loop.reset(d, prior)  # only now, when nothing can refuse the run any more
+    d = loop.begin(d, prior)  # only now, when nothing can refuse the run; a restart builds beside the old folder
     meta = {**identity, "steps": cfg.steps, "done": False, "state_sha256": None,
             "trainable_params": sum(p.numel() for p in model.trainable()), "params": n_params}
-    run = RepairRun(cfg=cfg, paths=paths, meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed,
+    run = RepairRun(cfg=cfg, paths=replace(paths, run_dir=d), meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed,
                     student=student)
     if prior is None:
         # what repair starts from, measured once: a resumed run's model has already moved
@@ -252,13 +252,15 @@ def _publish(run: RepairRun, summary: dict) -> None:
     with atomic_path(run.paths.model) as tmp:
         run.model.lm.save_pretrained(tmp)
         for p in sorted(src.iterdir()):  # tokenizer, zerograph.json, zg's pinned modeling file: as the student's
-            if p.is_file() and not (p.suffix == ".safetensors" or p.name in ("config.json", "generation_config.json")
+            if p.is_file() and not (p.suffix == ".safetensors" or p.name in ("config.json", "generation_config.json",
+                                                                                  CHECKSUMS)
                                     or p.name.endswith(".safetensors.index.json")):
                 shutil.copyfile(p, tmp / p.name)
         zg = _read_json(tmp / "zerograph.json")
         zg["repair"] = summary
         write_json(tmp / "zerograph.json", zg)
         write_repaired_card(tmp, summary)  # the student's card, copied above, becomes the repaired model's
+        record_checksums(tmp)  # the repaired weights' digests, checked by load_student
 
 
 def _read_json(path: Path) -> dict:
@@ -285,13 +287,16 @@ def _repair(project, *, stop_after, restart, layout, paths, student) -> RepairRe
     fit(run, end)
     sha = checkpoint.state_sha256(run.model, run.opt)
     if end < cfg.steps:
-        checkpoint.save(paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, end)
+        checkpoint.save(run.paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, end)
+        loop.publish(run.paths.run_dir, paths.run_dir)
         return RepairResult(status="stopped", step=end, steps=cfg.steps, state_sha256=sha,
                             train_loss=loop.mean_tail(run.curve))
     after = _kls(run.model, run.head, run.data, cfg)
     before = run.meta["kl_before"]
     run.meta.update(done=True, state_sha256=sha)
-    checkpoint.finish(paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, cfg.steps)
+    checkpoint.finish(run.paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, cfg.steps)
+    loop.publish(run.paths.run_dir, paths.run_dir)
+    run.paths = paths
     result = RepairResult(status="done", step=cfg.steps, steps=cfg.steps, state_sha256=sha,
                           kl_train_before=before["train"], kl_train_after=after["train"],
                           kl_heldout_before=before["heldout"], kl_heldout_after=after["heldout"],

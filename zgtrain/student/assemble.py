@@ -23,11 +23,11 @@ from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
 from zgdata.lock import locked
 from zgdata.teacher.prepare import load_slice, load_tokenizer, read_teacher_json
+from zgtrain.block.kv_cache import kv_summary
 from zgtrain.fit.checkpoint import load_block, read_meta
 from zgtrain.project.config import ProjectConfig
-from zgtrain.block.kv_cache import kv_summary
 from zgtrain.student.card import write_card
-from zgtrain.student.load import ship_modeling_code, template_class
+from zgtrain.student.load import record_checksums, ship_modeling_code, template_class
 
 __all__ = ["assemble", "build_student", "build_from_blocks", "save_student", "StudentResult"]
 
@@ -146,4 +146,5 @@ def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout())
                                                         "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
         write_card(tmp, {**summary, "teacher_sha256": teacher_sha}, layout=layout,  # README.md: docs, not weights
                    kind="student" if Path(path) == layout.student else "search")
+        record_checksums(tmp)  # the weights' digests: load_student checks them on every load
     return StudentResult(path=str(path), **{k: v for k, v in summary.items() if k != "blocks"})

@@ -6,6 +6,10 @@ classes ``Zg<config class>`` and ``Zg<causal LM class>``), records the family an
 in ``zerograph.json`` at assemble, and loads a student with ``trust_remote_code`` only when the
 folder holds exactly that family's file, with that hash, named by exactly zg's ``auto_map`` for
 that family. Anything else a pulled student folder might carry is refused, never imported.
+
+checksums.json, written last by assemble and repair, records the sha256 of every weights file
+(``*.safetensors``); ``load_student`` refuses a folder whose weights differ from it. A folder written
+before checksums.json existed loads unchecked.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
 
 __all__ = ["MODELING_FILE", "AUTO_MAP", "modeling_file", "auto_map", "template_class", "template_sha256",
-           "ship_modeling_code", "load_student", "student_sha256"]
+           "ship_modeling_code", "load_student", "student_sha256", "CHECKSUMS", "record_checksums",
+           "check_checksums"]
+
+CHECKSUMS = "checksums.json"
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _FIX = "rebuild the student with `dvc repro -f assemble` (zg never runs modeling code it did not write)"
@@ -94,6 +101,33 @@ def _remote_code_allowed(folder: Path) -> bool:
     return True
 
 
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix == ".safetensors")
+
+
+def record_checksums(folder: Path) -> None:
+    """Write checksums.json: the sha256 of each weights file in ``folder``."""
+    sums = {p.name: _sha256(p) for p in _weight_files(folder)}
+    (Path(folder) / CHECKSUMS).write_text(json.dumps(sums, indent=2, sort_keys=True) + "\n")
+
+
+def check_checksums(folder: Path) -> None:
+    """Refuse a folder whose weights files are not those checksums.json records (no checksums.json: unchecked)."""
+    path = Path(folder) / CHECKSUMS
+    if not path.exists():
+        return
+    try:
+        want = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=_FIX) from e
+    got = {p.name: _sha256(p) for p in _weight_files(folder)}
+    bad = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
+    if bad:
+        raise ZgError(f"{Path(folder) / bad[0]} is not the weights file zg wrote (sha256 "
+                      f"{str(got.get(bad[0]))[:12]}, {CHECKSUMS} records {str(want.get(bad[0]))[:12]})",
+                      fix="restore it with `dvc checkout` (or `dvc pull`), or " + _FIX.split(" (")[0])
+
+
 def load_student(folder: Path, *, dtype=None):
     """The student as a transformers model in eval mode, with sdpa attention."""
     import torch
@@ -103,6 +137,7 @@ def load_student(folder: Path, *, dtype=None):
     if not (folder / "config.json").exists():
         raise ZgError(f"{folder} not found", fix="run `dvc repro assemble`")
     remote = _remote_code_allowed(folder)
+    check_checksums(folder)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=remote,
                                                 attn_implementation="sdpa").eval()
 
@@ -110,9 +145,9 @@ def load_student(folder: Path, *, dtype=None):
 def student_sha256(folder: Path) -> str:
     """sha256 over every file (relative name + bytes) of a student folder: what a repair run started from. The
     model card (README.md, zgtrain/student/card.py) is documentation, not the model: it is left out, so a card
-    changes no run's identity."""
+    changes no run's identity. checksums.json is derived from the weights files hashed here: it is left out too."""
     h = hashlib.sha256()
-    for p in sorted(x for x in Path(folder).rglob("*") if x.is_file() and x.name != "README.md"):
+    for p in sorted(x for x in Path(folder).rglob("*") if x.is_file() and x.name not in ("README.md", CHECKSUMS)):
         h.update(str(p.relative_to(folder)).encode() + b"\0")
         with open(p, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
