@@ -216,3 +216,23 @@ class Layout:
     def search_student(self) -> Path:
         """The searched student: the first mix that passed the gates, else the closest miss."""
         return self.root / "models" / "search" / "student"
+
+    # zg's own files in a project: locks and caches (gitignored, never a DVC output)
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".zg"
+
+    @property
+    def locks_dir(self) -> Path:
+        """One advisory lock file per writer (zgdata/lock.py)."""
+        return self.state_dir / "locks"
+
+    @property
+    def teacher_files_cache(self) -> Path:
+        """Hashes of the teacher source's files, keyed by inode, size and mtime (zgdata/teacher/identity.py)."""
+        return self.state_dir / "cache" / "teacher_files.json"
+
+    @property
+    def hf_datasets_cache(self) -> Path:
+        """datasets' Arrow copy of the lm-eval task files (zgtrain/evaluate/lm_eval_task.py), not in ~/.cache."""
+        return self.state_dir / "cache" / "hf_datasets"

@@ -83,7 +83,7 @@ def _held_key(path: Path) -> tuple[str, int]:
 
 
 def lock_path(layout: Layout, name: str) -> Path:
-    return Path(layout.root) / ".zg" / "locks" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"
+    return layout.locks_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"
 
 
 def _show(path: Path) -> str:

@@ -43,7 +43,7 @@ class FilesCheck:
 
 
 def cache_path(layout: Layout) -> Path:
-    return layout.root / ".zg" / "cache" / "teacher_files.json"
+    return layout.teacher_files_cache
 
 
 def _on_disk(hf: Path) -> dict[str, Path]:

@@ -197,7 +197,7 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
         files = task_files(layout)
         # absolute paths for this run; the YAML on disk keeps them relative to the project root
         specs.append(task_config(str(files["jsonl"].resolve()),
-                                 str((Path(layout.root) / ".zg" / "cache" / "hf_datasets").resolve()), meta))
+                                 str(layout.hf_datasets_cache.resolve()), meta))
     specs += standard
     results, models = {}, {}
     # the students' folders and checked loaders (load_student checks zg's pinned modeling file before any

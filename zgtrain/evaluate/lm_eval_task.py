@@ -171,6 +171,7 @@ def write_nextline_task(cfg, layout: Layout = Layout()) -> dict:
             f"{meta['tokens_fingerprint'][:16]}...).\n# Run from the project root: "
             f"lm_eval --include_path eval/lm_eval --tasks {NEXTLINE} ...\n")
     write_text(files["jsonl"], body)
-    write_text(files["yaml"], head + yaml.safe_dump(task_config(rel, ".zg/cache/hf_datasets", meta), sort_keys=False))
+    cache = Layout(Path("")).hf_datasets_cache.as_posix()  # relative to the project root, like rel
+    write_text(files["yaml"], head + yaml.safe_dump(task_config(rel, cache, meta), sort_keys=False))
     write_json(files["json"], meta)
     return meta
