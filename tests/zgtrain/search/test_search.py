@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import run, zg
+from conftest import run, zg_main
 from zgt_helpers import load_params_of, read_json, set_params, tree_sha256
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -142,7 +142,7 @@ def searched(tiny_built, tmp_path_factory):
     root = tmp_path_factory.mktemp("search") / "proj"
     shutil.copytree(tiny_built, root, symlinks=True)
     (root / "params.yaml").write_text(dump_params(profile_params("tiny-search")))
-    zg("pipeline", cwd=root)
+    zg_main("pipeline", cwd=root)
     run(["dvc", "commit", "-f", "teacher", "tokens", "materialize"], cwd=root)
     res = run(["dvc", "repro", "search"], cwd=root)
     assert _ran(res) == [f"variant@{b}-{v}" for b in BLOCKS for v in VARIANTS] + ["search"], res.stdout
@@ -431,9 +431,9 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_pa
     shutil.rmtree(root / "models" / "search", ignore_errors=True)  # what another test's `zg search assemble` left
     (root / "metrics" / "search_eval.json").unlink(missing_ok=True)
     set_params(root, {"repair.steps": 6, "repair.warmup": 1, "repair.lr": 3e-4, "repair.checkpoint_every": 0})
-    zg("pipeline", cwd=root)
+    zg_main("pipeline", cwd=root)
     before = tree_sha256(root / "models")
-    res = zg("search", "repair", cwd=root, check=False)
+    res = zg_main("search", "repair", cwd=root, check=False)
     assert res.returncode not in (0, None) and "metrics/search_eval.json" in res.stderr, res.stderr
     assert "dvc repro search_assemble" in res.stderr and tree_sha256(root / "models") == before
 
@@ -477,6 +477,6 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_pa
     summary["search"]["try"] += 1
     summary_path.write_text(json.dumps(summary))
     before = tree_sha256(root / "models"), tree_sha256(root / "metrics")
-    res = zg("search", "repair", cwd=root, check=False)
+    res = zg_main("search", "repair", cwd=root, check=False)
     assert res.returncode not in (0, None) and "is not the mix" in res.stderr, res.stderr
     assert (tree_sha256(root / "models"), tree_sha256(root / "metrics")) == before
