@@ -335,7 +335,11 @@ def load_params(path: Path) -> dict:
     if not path.exists():
         raise ZgError(f"{path} not found", fix="run inside a ZeroGraph project or create one with `zg init DIR`")
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ZgError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at line {line}",
+                      fix="save it as UTF-8 (replace or remove that byte)") from e
     except yaml.YAMLError as e:
         raise ZgError(f"{path} is not valid YAML: {e}".replace("\n", " "), fix="fix the syntax") from e
     if not isinstance(data, dict):

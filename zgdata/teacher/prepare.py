@@ -31,6 +31,7 @@ from zgdata import trust
 from zgdata.atomic import atomic_path, write_json
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
 from zgdata.errors import ZgError
+from zgdata.safetensors_check import check_header
 from zgdata.families import FAMILIES, family, family_of
 from zgdata.hashing import canonical_json, sha256_bytes, tensors_sha256
 from zgdata.layout import Layout
@@ -313,6 +314,7 @@ def load_slice(path: Path) -> tuple[dict, dict]:
         raise ZgError(f"teacher slice {path} not found",
                       fix="run `dvc repro teacher`, or `dvc pull` that slice from your team's remote")
     trust.verify(path)
+    check_header(path, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro -f teacher`")
     with safe_open(str(path), framework="pt") as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
         tensors = {k: f.get_tensor(k) for k in f.keys()}

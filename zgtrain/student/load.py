@@ -21,6 +21,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
+from zgdata.safetensors_check import check_header
 
 __all__ = ["MODELING_FILE", "AUTO_MAP", "modeling_file", "auto_map", "template_class", "template_sha256",
            "ship_modeling_code", "load_student", "student_sha256", "CHECKSUMS", "record_checksums",
@@ -128,6 +129,19 @@ def check_checksums(folder: Path) -> None:
                       fix="restore it with `dvc checkout` (or `dvc pull`), or " + _FIX.split(" (")[0])
 
 
+def _check_weight_files(folder: Path) -> None:
+    """Refuse a folder without safetensors weights (zg never unpickles: a pytorch_model.bin is not loaded) and a
+    weights file whose header is not safetensors', before transformers opens anything."""
+    files = _weight_files(folder)
+    if not files:
+        other = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+        raise ZgError(f"{folder} holds no .safetensors weights" + (f" (only {', '.join(other)}, a pickle zg never "
+                      "loads)" if other else ""), fix="convert them to safetensors, or rebuild the student with "
+                                                      "`dvc repro assemble`")
+    for p in files:
+        check_header(p, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro assemble`")
+
+
 def load_student(folder: Path, *, dtype=None):
     """The student as a transformers model in eval mode, with sdpa attention."""
     import torch
@@ -137,6 +151,7 @@ def load_student(folder: Path, *, dtype=None):
     if not (folder / "config.json").exists():
         raise ZgError(f"{folder} not found", fix="run `dvc repro assemble`")
     remote = _remote_code_allowed(folder)
+    _check_weight_files(folder)
     check_checksums(folder)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=remote,
                                                 attn_implementation="sdpa").eval()
