@@ -8,7 +8,8 @@ and a one-worker materialize never import it.
 
 - Cluster: the Ray instance this process already runs (a test's) is used as it is; else the one at
   ``ZG_RAY_ADDRESS`` (or Ray's own ``RAY_ADDRESS``) or the address given; else a local instance sized for
-  the work, stopped again on exit. Only an instance this process connected to is shut down.
+  the work, stopped again on exit. Only an instance this process connected to is shut down. A local
+  instance also dies with a driver killed outright (kill -9, OOM): zgdata/ray_reaper.py watches for that.
 - Retries: a task whose worker process dies (``kill -9``, out of memory, a lost node) runs again, up to
   ``MAX_RETRIES`` times; an exception the task raises is a result, never retried.
 - Object store: tasks pass small JSON or dicts, so a local instance gets ``OBJECT_STORE_BYTES``, not Ray's
@@ -76,19 +77,41 @@ def connect(addr: str | None, *, cpus: int, gpus: int | None = None,
     # fork-safe; they exec at once and never use lance, so the warning is noise on the CLI's stderr
     warnings.filterwarnings("ignore", message="lance is not fork-safe")
     kw = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+    reaper = None
     try:
         if addr:
             ray.init(address=addr, **kw)
         else:  # "local": never some other cluster that happens to run on this machine
             if gpus is not None:
                 kw["num_gpus"] = gpus
+            reaper = _start_reaper()
             ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES, **kw)
     except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError ... for a bad address or setup
+        _stop_reaper(reaper)
         raise error(addr, e) from e
     try:
         yield {"own": True, "started": not addr}
     finally:
         ray.shutdown()
+        _stop_reaper(reaper)
+
+
+def _start_reaper():
+    """zgdata/ray_reaper.py in a session of its own (a Ctrl-C or kill of the driver's group leaves it to clean
+    up), its stdin a pipe from this process: the pipe closes when this process ends, however it ends."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "zgdata.ray_reaper", str(os.getpid())], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_reaper(reaper) -> None:
+    if reaper is None:
+        return
+    reaper.stdin.close()  # after ray.shutdown: it kills only what is still running
+    with contextlib.suppress(Exception):
+        reaper.wait(timeout=10)
 
 
 def task_options(*, cpus: int, gpus: int, name: str, **more) -> dict:
