@@ -427,7 +427,9 @@ def init_project(root: Path, profile: str) -> Path:
         _run(["git", "init", "-q"], root)
     if not (root / ".dvc").exists():
         _run(["dvc", "init", "-q"], root)
-    _run(["dvc", "config", "cache.type", "reflink,hardlink,copy"], root)
+    # never hardlink/symlink: an in-place edit of a linked workspace file would change the cache object
+    # itself, and `dvc status` would call it clean (docs/SHARING.md, bench/out/dvc_cache_type.txt)
+    _run(["dvc", "config", "cache.type", "reflink,copy"], root)
     write_text(root / "params.yaml", dump_params(params))
     write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)
     (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/lock.py's lock files
