@@ -56,8 +56,16 @@ class MaterializeResult:
     shards: list = field(default_factory=list)  # sharded runs: per shard lo, hi, host, pid, threads, seconds, ...
 
 
-def estimate_bytes(rows: int, seq_len: int, hidden: int, storage_dtype: str, boundaries: int) -> int:
-    return rows * seq_len * hidden * BYTES[storage_dtype] * boundaries
+ROW_EXTRA = 64  # bytes a stored row adds beside its hidden states: seq_id, split, checksum, offsets
+DATASET_EXTRA = 1 << 20  # per boundary: Lance manifests and transaction files (one per commit group), block rounding
+
+
+def estimate_bytes(rows: int, seq_len: int, hidden: int, storage_dtype: str, boundaries: int, *, done: int = 0) -> int:
+    """Peak bytes materialize adds on the staging disk (an upper bound for a compressing codec): the ``rows - done``
+    rows still to capture, staged, plus finalize's compaction, which rewrites every staged row into new files while
+    the staged fragments stay until the staging dir is removed (publishing hard-links the compacted files)."""
+    row = seq_len * hidden * BYTES[storage_dtype] + ROW_EXTRA
+    return ((rows - done + rows) * row + DATASET_EXTRA) * boundaries
 
 
 def _gb(n: float) -> str:
@@ -70,7 +78,7 @@ def _check_disk(need: int, where: Path) -> None:
     free = shutil.disk_usage(where).free
     if need * 1.05 > free:
         raise ZgError(f"not enough free disk at {where}: materialize needs about {_gb(need)} "
-                      f"(rows x seq_len x hidden x bytes x boundaries) but {_gb(free)} is free",
+                      f"(the rows staged, then compacted into a second copy by finalize) but {_gb(free)} is free",
                       fix="free space, store fewer boundaries, or cap corpus.max_train_seqs")
 
 
@@ -118,7 +126,7 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     journal = Journal(stage / "journal.json")
     reconcile(stage, names, journal)
     start = journal.state["rows_done"]
-    _check_disk(estimate_bytes(n_rows - start, seq_len, hidden, cfg.storage_dtype, len(names)), layout.staging)
+    _check_disk(estimate_bytes(n_rows, seq_len, hidden, cfg.storage_dtype, len(names), done=start), layout.staging)
 
     schemas = {}
     for n, layer in zip(names, layers):

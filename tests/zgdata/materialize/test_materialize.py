@@ -258,3 +258,41 @@ def test_not_enough_disk(tiny_project, monkeypatch):
     assert f"{need / 1e9:.2g} GB" in msg and f"{free / 1e9:.2g} GB is free" in msg, msg
     assert not (root / "data" / "boundaries").exists()
     assert not any((root / "data" / ".staging").rglob("*.lance"))
+
+
+def _disk_bytes(*roots) -> int:
+    """Allocated bytes of every file under ``roots``, each inode once (finalize hard-links)."""
+    seen, total = set(), 0
+    for root in roots:
+        for p in root.rglob("*"):
+            st = p.lstat()
+            if p.is_file() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def test_the_free_space_estimate_covers_what_a_real_run_holds_at_its_peak(tiny_project, monkeypatch):
+    """Right after finalize (the peak: staged fragments, their compacted copy, the published datasets) the
+    staging dir and data/boundaries hold no more than estimate_bytes, and not much less."""
+    import zgdata.materialize.driver as mat
+
+    root = tiny_project
+    shutil.rmtree(root / "data" / "boundaries")
+    cfg, part = _configs(root)
+    peak = {}
+    real_finalize = mat.finalize
+
+    def finalize(stage, names, *a, **kw):
+        out = real_finalize(stage, names, *a, **kw)
+        peak["bytes"] = _disk_bytes(stage, root / "data" / "boundaries")
+        peak["names"] = names
+        return out
+
+    monkeypatch.setattr(mat, "finalize", finalize)
+    materialize(cfg, part, layout=Layout(root))
+    tokens = read_json(root / "data" / "tokens.json")
+    hidden = read_json(root / "models" / "teacher" / "teacher.json")["architecture"]["hidden_size"]
+    need = estimate_bytes(sum(tokens["rows"].values()), tokens["lineage"]["seq_len"], hidden, cfg.storage_dtype,
+                          len(peak["names"]))
+    assert peak["bytes"] <= need <= 4 * peak["bytes"], (peak, need)
