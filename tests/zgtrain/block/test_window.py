@@ -248,4 +248,4 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
     assert result.size["kv_bytes_per_token"] == summary["kv_bytes_per_token"]
     assert result.size["kv_ratio"] == (16 + 3 * 512) / (4 * 512) and result.size["param_ratio"] < 1
     assert np.isfinite(result.student_ce) and set(result.shift) == {"b00", "b01", "b02"}
-    assert json.loads(layout.eval_metrics.read_text())["size"] == result["size"]
+    assert json.loads(layout.eval_metrics.read_text())["size"] == result.size
