@@ -1,4 +1,4 @@
-"""The greedy local pretraining study of issue 17, as DVC experiments of `local` projects.
+"""The greedy local pretraining study, as DVC experiments of `local` projects.
 
     python bench/local_study.py --workdir /tmp/zg-local-study --out bench/out/local_study          # print only
     python bench/local_study.py --workdir /tmp/zg-local-study --out bench/out/local_study --run

@@ -1,4 +1,4 @@
-"""The repair study of issue 15 (part 5), on the default teacher; results in docs/RESULTS.md.
+"""The repair study, on the default teacher; results in docs/RESULTS.md.
 
 For each seed (the top-level `seed`, which seeds every block and the repair run), one
 `zg init --profile smollm2` project and three arms that share its teacher, tokens and boundaries:

@@ -1,4 +1,4 @@
-"""Issue 12's "done when" on a real profile: `zg repro --jobs N` against a plain `dvc repro`, side by side.
+"""The parallel-repro check on a real profile: `zg repro --jobs N` against a plain `dvc repro`, side by side.
 
     python bench/repro_default.py                            # default profile (smollm2), --jobs 2, train.threads 1
     python bench/repro_default.py --profile tiny --workdir /tmp/zgbench-repro-tiny   # a quick dry run

@@ -1,4 +1,4 @@
-"""The issue 14 study: the budgeted search against the uniform conversion of the same size.
+"""The budgeted-search study: the budgeted search against the uniform conversion of the same size.
 
 In a project made with `zg init --profile search` (or tiny-search, for a smoke run), for each budget (a fraction
 of the teacher's block parameters):

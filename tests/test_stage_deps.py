@@ -185,7 +185,7 @@ def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):
 
 
 def test_repair_stage_and_its_evaluate_read_only_declared_deps(reproduced, tmp_path):
-    """With the optional repair stage on (repair.steps > 0, issue 15): repair, then evaluate reading models/repaired."""
+    """With the optional repair stage on (repair.steps > 0): repair, then evaluate reading models/repaired."""
     root = tmp_path / "proj"
     shutil.copytree(reproduced, root, symlinks=True)
     params = yaml.safe_load((root / "params.yaml").read_text())

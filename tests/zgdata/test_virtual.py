@@ -1,4 +1,4 @@
-"""A virtual first boundary (issue 16 part 2, materialize.virtual_first): h00 is not stored, every reader
+"""A virtual first boundary (materialize.virtual_first): h00 is not stored, every reader
 recomputes it from data/tokens.lance and the head slice's embedding, bit-identical to the stored one, and
 train@b00 depends on those files (traced with strace) and trains to the same state_sha256."""
 

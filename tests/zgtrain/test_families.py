@@ -1,4 +1,4 @@
-"""Model families (issue 13, part 1): Llama, Qwen2 and GPT-2 through the whole conversion, each from a tiny
+"""Model families: Llama, Qwen2 and GPT-2 through the whole conversion, each from a tiny
 random teacher built from its config in code (``teacher.source: random:tiny[-qwen2|-gpt2]``).
 
 One project per family is built through the real CLI (`zg init --profile tiny`, then teacher, tokens,

@@ -232,5 +232,4 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
                                    "limit": limit or None, "batch_size": cfg.batch_size},
                           seconds=time.perf_counter() - t0)
     write_json(out_path, result.metrics())
-
     return result

@@ -70,7 +70,7 @@ PROFILES = {
                   "batch_size": 4, "warmup": 2, "checkpoint_every": 4},
     },
 }
-# Search profiles (issue 14): the default ones plus a variant library and a budget. Variants are off unless a
+# Search profiles: the default ones plus a variant library and a budget. Variants are off unless a
 # profile (or params.yaml) has a variants: section; then `zg pipeline` adds the variant@BLOCK-NAME and search stages.
 PROFILES["search"] = {**copy.deepcopy(PROFILES["smollm2"]), "variants": {
     "p25": {"conversion": "prune_mlp", "prune_ratio": 0.25},
@@ -338,7 +338,7 @@ def _virtual_first(stages: dict, project: ProjectConfig, L: Layout, code) -> Non
 
 
 def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
-    """The optional `repair` stage (issue 15), only when repair.steps > 0: the default pipeline is unchanged.
+    """The optional `repair` stage, only when repair.steps > 0: the default pipeline is unchanged.
 
     It reads the student, the head slice and the last boundary (the teacher's logits, no teacher forward)
     and the train tokens; evaluate then also scores models/repaired and gates the repaired model, and the

@@ -1,4 +1,4 @@
-"""Block trainer (issue 4): bitwise guarantees 1 and 2, resume refusal, conversions, objectives, guard rails.
+"""Block trainer: bitwise guarantees 1 and 2, resume refusal, conversions, objectives, guard rails.
 
 Everything runs on the real tiny project (random:tiny teacher, real Lance boundaries). Bitwise claims
 compare ``state_sha256`` strings (weights + optimizer state); the reference is one straight

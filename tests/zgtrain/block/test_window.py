@@ -1,4 +1,4 @@
-"""Sliding-window attention (issue 14, part 2): the ``window_attention`` conversion, the windowed layers of zg's
+"""Sliding-window attention: the ``window_attention`` conversion, the windowed layers of zg's
 shipped modeling files, and the KV-cache figure. Pure tensors on tiny random teachers of every family (no
 project) except the last test, which trains, assembles and loads a heterogeneous Llama student for real.
 Bitwise claims use torch.equal.

@@ -1,4 +1,4 @@
-"""Several evaluation sets, intervals, gates per set and the generation check (issue 15, parts 1 and 3).
+"""Several evaluation sets, intervals, gates per set and the generation check.
 
 The pipeline's own evaluate (tiny profile: the in-domain split plus the embedded `docs` set) is read
 from the session's ``reproduced`` project; one more real `zg train evaluate` runs in a copy with two

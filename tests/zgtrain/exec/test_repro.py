@@ -1,4 +1,4 @@
-"""`zg repro --jobs N` (issue 12): the end state of a serial `dvc repro`, with blocks trained at once on Ray.
+"""`zg repro --jobs N`: the end state of a serial `dvc repro`, with blocks trained at once on Ray.
 
 Real `zg`, `dvc` and `git` subprocesses on the tiny profile, and the session's one Ray cluster (``ray_cluster`` /
 ``ray_session`` in tests/conftest.py) that `zg repro --address` joins; the remote-data-plane test adds a second

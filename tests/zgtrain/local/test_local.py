@@ -1,4 +1,4 @@
-"""Greedy local pretraining (issue 17): the local-tiny profile from `zg init` through `dvc repro`, then the
+"""Greedy local pretraining: the local-tiny profile from `zg init` through `dvc repro`, then the
 simultaneous mode's guarantees on it.
 
 The reference is the profile's own `dvc repro` (K=2, mlp aux, no MTP, phased, 8 steps, checkpoint every

@@ -1,4 +1,4 @@
-"""The DVC pipeline end to end (issue 5): real `zg init`, git and `dvc repro` in temporary repos, tiny profile.
+"""The DVC pipeline end to end: real `zg init`, git and `dvc repro` in temporary repos, tiny profile.
 
 One project is reproduced once per session (``reproduced``, tests/conftest.py, shared with
 tests/test_stage_deps.py); tests that change it work on a copy, except the two selective-rerun tests,

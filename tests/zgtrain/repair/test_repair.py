@@ -1,4 +1,4 @@
-"""The optional repair stage (issue 15 part 4): global distillation of the assembled student on the teacher's
+"""The optional repair stage: global distillation of the assembled student on the teacher's
 logits, rebuilt from the head slice and the last stored boundary.
 
 Everything runs on the real tiny project: a student assembled from two briefly trained blocks, real Lance

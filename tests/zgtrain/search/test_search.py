@@ -1,4 +1,4 @@
-"""The variant library and the budgeted search (issue 14): the solver (pure), params validation, and one
+"""The variant library and the budgeted search: the solver (pure), params validation, and one
 tiny-search project reproduced with real `dvc repro` (session fixture ``searched``): its generated stages,
 selective reruns when one variant changes, and the infeasible-budget error."""
 
