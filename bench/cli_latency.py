@@ -32,8 +32,16 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-STAGES = [["teacher", "prepare"], ["data", "tokenize"], ["data", "materialize"], ["data", "verify"],
-          ["train", "block", "b00"], ["train", "block", "b01"], ["train", "assemble"], ["train", "evaluate"]]
+STAGES = [
+    ["teacher", "prepare"],
+    ["data", "tokenize"],
+    ["data", "materialize"],
+    ["data", "verify"],
+    ["train", "block", "b00"],
+    ["train", "block", "b01"],
+    ["train", "assemble"],
+    ["train", "evaluate"],
+]
 # Runs the `zg` script with ARGS, counting the importing thread's CPU seconds in outermost module imports
 # (nested ones are inside them); writes the sum to the file named first.
 _PROBE = """
@@ -81,8 +89,14 @@ def _stage(args: list[str], cwd: Path, scratch: Path) -> tuple[float, float, flo
     out = scratch / "imports.txt"
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", _PROBE, str(out), str(BIN / "zg"), *args], cwd=cwd, env=_env(),
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(out), str(BIN / "zg"), *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode:
@@ -110,14 +124,28 @@ def latency(project: Path, repeats: int, scratch: Path) -> None:
     def fresh(i):  # `zg init` needs a new folder each time
         shutil.rmtree(scratch / f"init{i}", ignore_errors=True)
 
-    rows = [("zg --help", [zg, "--help"]), ("zg params", [zg, "params"]), ("zg pipeline", [zg, "pipeline"]),
-            ("zg init --profile tiny", None), ("zg data inspect", [zg, "data", "inspect"])]
+    rows = [
+        ("zg --help", [zg, "--help"]),
+        ("zg params", [zg, "params"]),
+        ("zg pipeline", [zg, "pipeline"]),
+        ("zg init --profile tiny", None),
+        ("zg data inspect", [zg, "data", "inspect"]),
+    ]
     print(f"median of {repeats} runs on {project}: python -c pass {base:.3f} s, dvc status {dvc:.3f} s")
     print(f"{'command':<24} {'wall s':>7} {'/ python':>9} {'/ dvc status':>13}")
     for name, cmd in rows:
         if cmd is None:
-            t = statistics.median([_wall([zg, "init", str(scratch / f"init{i}"), "--profile", "tiny"], scratch,
-                                         1, lambda _, i=i: fresh(i)) for i in range(repeats)])
+            t = statistics.median(
+                [
+                    _wall(
+                        [zg, "init", str(scratch / f"init{i}"), "--profile", "tiny"],
+                        scratch,
+                        1,
+                        lambda _, i=i: fresh(i),
+                    )
+                    for i in range(repeats)
+                ]
+            )
         else:
             t = _wall(cmd, project, repeats)
         print(f"{name:<24} {t:7.3f} {t / base:8.1f}x {t / dvc:12.2f}x")
@@ -135,8 +163,12 @@ def main() -> None:
         project = a.project
         if project is None:
             project = scratch / "proj"
-            subprocess.run([str(BIN / "zg"), "init", str(project), "--profile", "tiny"], env=_env(), check=True,
-                           capture_output=True)
+            subprocess.run(
+                [str(BIN / "zg"), "init", str(project), "--profile", "tiny"],
+                env=_env(),
+                check=True,
+                capture_output=True,
+            )
         print(f"zg CLI latency ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start)")
         if a.project is None and not a.no_stages:
             stage_imports(project, scratch)  # builds the project's data, which `zg data inspect` reads below

@@ -35,10 +35,12 @@ from zgdata.codec import decode_rows, hidden_arrays  # noqa: E402
 from zgdata.integrity import checksum_array  # noqa: E402
 from zgdata.materialize.staging import boundary_schema  # noqa: E402
 
-LANCE = {"lance:zstd": {"lance-encoding:compression": "zstd"},
-         "lance:lz4": {"lance-encoding:compression": "lz4"},
-         "lance:bss": {"lance-encoding:bss": "on"},
-         "lance:zstd+bss": {"lance-encoding:compression": "zstd", "lance-encoding:bss": "on"}}
+LANCE = {
+    "lance:zstd": {"lance-encoding:compression": "zstd"},
+    "lance:lz4": {"lance-encoding:compression": "lz4"},
+    "lance:bss": {"lance-encoding:bss": "on"},
+    "lance:zstd+bss": {"lance-encoding:compression": "zstd", "lance-encoding:bss": "on"},
+}
 
 
 def data_bytes(path: Path) -> int:
@@ -61,8 +63,9 @@ def measure(src: Path, rows: int, tmp: Path) -> dict:
 
     values, bits = hidden_arrays(x, "bfloat16", "zstd")
     schema = boundary_schema(None, t, c, "bfloat16", "zstd")
-    table = pa.Table.from_arrays([pa.array(np.arange(n), pa.int64()), pa.array(["train"] * n), *values,
-                                  checksum_array(bits)], schema=schema)
+    table = pa.Table.from_arrays(
+        [pa.array(np.arange(n), pa.int64()), pa.array(["train"] * n), *values, checksum_array(bits)], schema=schema
+    )
     p = tmp / "zstd.lance"
     lance.write_dataset(table, str(p))
     back = lance.dataset(str(p)).to_table()
@@ -101,8 +104,11 @@ def main(argv=None) -> int:
             r = measure(path, args.rows, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        print(f"{path.stem:<10}{r['rows']:>5}" + "".join(f"{r[c]:>15.4f}" if c != "decode_MBps" else f"{r[c]:>15.0f}"
-                                                        for c in cols), flush=True)
+        print(
+            f"{path.stem:<10}{r['rows']:>5}"
+            + "".join(f"{r[c]:>15.4f}" if c != "decode_MBps" else f"{r[c]:>15.0f}" for c in cols),
+            flush=True,
+        )
     print("ratios: stored bytes / raw values (hidden x 2 per token); all variants read back bit-identical")
     return 0
 

@@ -60,9 +60,11 @@ def run(mb: int, repeats: int) -> None:
             times = [_checkout_s(root, data) for _ in range(repeats)]
             results[ctype] = statistics.median(times)
             changed, seen = _edit_in_place(root, data)
-            print(f"cache.type {ctype:13s} dvc checkout of {mb} MB: median {results[ctype]:.3f} s over {repeats} "
-                  f"({', '.join(f'{t:.3f}' for t in times)}); in-place edit changes the cache object: {changed}; "
-                  f"dvc status sees it: {seen}")
+            print(
+                f"cache.type {ctype:13s} dvc checkout of {mb} MB: median {results[ctype]:.3f} s over {repeats} "
+                f"({', '.join(f'{t:.3f}' for t in times)}); in-place edit changes the cache object: {changed}; "
+                f"dvc status sees it: {seen}"
+            )
     print(f"ratio reflink,copy / hardlink: {results['reflink,copy'] / results['hardlink']:.2f}x")
 
 

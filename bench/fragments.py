@@ -38,13 +38,31 @@ from zgdata.materialize.writer import Writer  # noqa: E402
 
 
 def write(stage: Path, rows: int, seq_len: int, hidden: int, cfg: MaterializeConfig) -> Journal:
-    meta = {"kind": "boundary", "name": "h00", "layer": 0, "fingerprint": "bench", "lineage": {}, "seq_len": seq_len,
-            "hidden": hidden, "rows": {"train": rows}, "format_version": 2, "codec": {"name": cfg.codec},
-            "complete": False}
+    meta = {
+        "kind": "boundary",
+        "name": "h00",
+        "layer": 0,
+        "fingerprint": "bench",
+        "lineage": {},
+        "seq_len": seq_len,
+        "hidden": hidden,
+        "rows": {"train": rows},
+        "format_version": 2,
+        "codec": {"name": cfg.codec},
+        "complete": False,
+    }
     schemas = {"h00": boundary_schema(meta, seq_len, hidden, "bfloat16", cfg.codec)}
     journal = Journal(stage / "journal.json")
-    w = Writer(stage=stage, names=["h00"], schemas=schemas, journal=journal, cfg=cfg, total_rows=rows,
-                seq_len=seq_len, hidden=hidden)
+    w = Writer(
+        stage=stage,
+        names=["h00"],
+        schemas=schemas,
+        journal=journal,
+        cfg=cfg,
+        total_rows=rows,
+        seq_len=seq_len,
+        hidden=hidden,
+    )
     w.start()
     g = torch.Generator().manual_seed(0)
     for lo in range(0, rows, cfg.batch_size):
@@ -89,10 +107,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     row_bytes = args.seq_len * args.hidden * 2
     print(f"command: python bench/fragments.py {' '.join(sys.argv[1:] if argv is None else argv)}")
-    print(f"row = {args.seq_len} x {args.hidden} bf16 = {row_bytes // 1024} KiB; new: commit_mb {args.commit_mb}, "
-          f"file_mb {args.file_mb}")
-    print(f"{'rows':>6} {'MB':>6} | {'old frags/files/versions':>24} | {'new staged f/f/v':>17} {'published f/f/v':>16} "
-          f"| {'read MB/s old':>16} {'compacted':>10} {'ratio':>6}")
+    print(
+        f"row = {args.seq_len} x {args.hidden} bf16 = {row_bytes // 1024} KiB; new: commit_mb {args.commit_mb}, "
+        f"file_mb {args.file_mb}"
+    )
+    print(
+        f"{'rows':>6} {'MB':>6} | {'old frags/files/versions':>24} | {'new staged f/f/v':>17} {'published f/f/v':>16} "
+        f"| {'read MB/s old':>16} {'compacted':>10} {'ratio':>6}"
+    )
     for rows in args.rows:
         tmp = Path(tempfile.mkdtemp(prefix="zgfrag-"))
         try:
@@ -110,9 +132,11 @@ def main(argv=None) -> int:
             finalize(tmp / "new", ["h00"], j, {"h00": final}, n_rows=rows, row_bytes=row_bytes, file_mb=args.file_mb)
             p = count(final)
             pub_read = read_mbps(final, rows, row_bytes, args.batches)
-            print(f"{rows:6d} {rows * row_bytes / 2**20:6.0f} | {'/'.join(map(str, o)):>24} | {'/'.join(map(str, s)):>17} "
-                  f"{'/'.join(map(str, p)):>16} | {staged_read:16.0f} {pub_read:10.0f} {pub_read / staged_read:6.2f}",
-                  flush=True)
+            print(
+                f"{rows:6d} {rows * row_bytes / 2**20:6.0f} | {'/'.join(map(str, o)):>24} | {'/'.join(map(str, s)):>17} "
+                f"{'/'.join(map(str, p)):>16} | {staged_read:16.0f} {pub_read:10.0f} {pub_read / staged_read:6.2f}",
+                flush=True,
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

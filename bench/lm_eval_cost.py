@@ -38,8 +38,8 @@ def main() -> None:
 
     from zgdata.layout import Layout
     from zgdata.teacher.prepare import load_teacher
-    from zgtrain.project.config import ProjectConfig
     from zgtrain.evaluate.lm_eval_task import task_config, task_files, write_nextline_task
+    from zgtrain.project.config import ProjectConfig
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     cfg = ProjectConfig.load(Path("params.yaml")).lm_eval
@@ -49,18 +49,29 @@ def main() -> None:
     spec = task_config(str(task_files(Layout())["jsonl"].resolve()), str(Path(".zg/cache/hf_datasets").resolve()), meta)
     model, tok = load_teacher(Layout())
     t1 = time.perf_counter()
-    out = lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tok, batch_size=cfg.batch_size),
-                                  tasks=[spec], limit=args.limit or None, num_fewshot=0, log_samples=False,
-                                  bootstrap_iters=1000)
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok, batch_size=cfg.batch_size),
+        tasks=[spec],
+        limit=args.limit or None,
+        num_fewshot=0,
+        log_samples=False,
+        bootstrap_iters=1000,
+    )
     t_eval = time.perf_counter() - t1
     n = out["n-samples"]["zg_nextline"]["effective"]
     res = out["results"]["zg_nextline"]
-    print(f"task: {meta['examples']} examples from {meta['heldout_rows']} held-out rows "
-          f"({meta['distractors_from']}) in {t_task:.1f} s")
-    print(f"teacher: {n} examples x {cfg.choices} choices in {t_eval:.1f} s = {t_eval / n:.2f} s/example; "
-          f"acc {res['acc,none']:.3f}, acc_norm {res['acc_norm,none']:.3f} (chance {1 / cfg.choices:.2f})")
-    print(f"estimate for the stage at {meta['examples']} examples, teacher + student: "
-          f"{2 * t_eval / n * meta['examples'] / 60:.1f} min")
+    print(
+        f"task: {meta['examples']} examples from {meta['heldout_rows']} held-out rows "
+        f"({meta['distractors_from']}) in {t_task:.1f} s"
+    )
+    print(
+        f"teacher: {n} examples x {cfg.choices} choices in {t_eval:.1f} s = {t_eval / n:.2f} s/example; "
+        f"acc {res['acc,none']:.3f}, acc_norm {res['acc_norm,none']:.3f} (chance {1 / cfg.choices:.2f})"
+    )
+    print(
+        f"estimate for the stage at {meta['examples']} examples, teacher + student: "
+        f"{2 * t_eval / n * meta['examples'] / 60:.1f} min"
+    )
 
 
 if __name__ == "__main__":

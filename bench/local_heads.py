@@ -33,9 +33,11 @@ def main() -> None:
     z = torch.randn(args.tokens, args.hidden, generator=g).requires_grad_()
     w = (torch.randn(args.vocab, args.hidden, generator=g) * 0.02).requires_grad_()
     y = torch.randint(0, args.vocab, (args.tokens,), generator=g)
-    arms = {"F.cross_entropy fp32": lambda: F.cross_entropy(z @ w.T, y),
-            "linear_ce fp32": lambda: linear_ce(z, w, y),
-            "linear_ce bf16": lambda: linear_ce(z, w, y, dtype=torch.bfloat16)}
+    arms = {
+        "F.cross_entropy fp32": lambda: F.cross_entropy(z @ w.T, y),
+        "linear_ce fp32": lambda: linear_ce(z, w, y),
+        "linear_ce bf16": lambda: linear_ce(z, w, y, dtype=torch.bfloat16),
+    }
     times: dict[str, list[float]] = {k: [] for k in arms}
     for i in range(args.repeats + 1):
         for name, f in arms.items():
@@ -46,8 +48,10 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     first = next(iter(med.values()))
-    print(f"{args.tokens} tokens x hidden {args.hidden} x vocab {args.vocab}, {args.threads} threads, "
-          f"median of {args.repeats}")
+    print(
+        f"{args.tokens} tokens x hidden {args.hidden} x vocab {args.vocab}, {args.threads} threads, "
+        f"median of {args.repeats}"
+    )
     for name, s in med.items():
         print(f"  {name:22s} {s:7.3f} s   {first / s:5.2f}x")
 

@@ -31,8 +31,13 @@ import yaml
 
 
 def _scratch(project: Path, into: Path) -> Path:
-    for rel in ("models/teacher/hf", "models/teacher/teacher.json", "data/tokens.lance", "data/tokens.json",
-                "params.yaml"):
+    for rel in (
+        "models/teacher/hf",
+        "models/teacher/teacher.json",
+        "data/tokens.lance",
+        "data/tokens.json",
+        "params.yaml",
+    ):
         src, dst = project / rel, into / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
@@ -80,7 +85,7 @@ def _saved_bytes(root: Path, boundaries: list[int] | None) -> list[int]:
     for blk in run.blocks:
         seen: dict[int, int] = {}
 
-        def pack(t):
+        def pack(t, seen=seen):  # this block's own record (bound now, not the loop's last)
             s = t.untyped_storage()
             if s.data_ptr() not in params:  # weights are not activations
                 seen[s.data_ptr()] = s.nbytes()
@@ -126,8 +131,10 @@ def _throughput(root: Path, steps: int, repeats: int) -> None:
         raise SystemExit(f"the schedules disagree: state_sha256 {sorted(shas)}")
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"schedules bitwise equal (state_sha256 {shas.pop()[:12]})")
-    print(f"throughput early_backward / phased = {med['early_backward'] / med['phased']:.3f} "
-          f"(median of {repeats}: {med['early_backward']:.1f} / {med['phased']:.1f} tokens/s)")
+    print(
+        f"throughput early_backward / phased = {med['early_backward'] / med['phased']:.3f} "
+        f"(median of {repeats}: {med['early_backward']:.1f} / {med['phased']:.1f} tokens/s)"
+    )
 
 
 def _memory(root: Path, params: dict) -> None:
@@ -135,8 +142,10 @@ def _memory(root: Path, params: dict) -> None:
     whole = _saved_bytes(root, [0, params["local"]["layers"]])[0]
     for k, b in enumerate(per_block):
         print(f"  block b{k:02d}: {b / 2**20:9.2f} MiB saved for backward")
-    print(f"activations saved for backward: end to end {whole / 2**20:.2f} MiB, largest block "
-          f"{max(per_block) / 2**20:.2f} MiB -> {whole / max(per_block):.2f}x less per block")
+    print(
+        f"activations saved for backward: end to end {whole / 2**20:.2f} MiB, largest block "
+        f"{max(per_block) / 2**20:.2f} MiB -> {whole / max(per_block):.2f}x less per block"
+    )
 
 
 if __name__ == "__main__":

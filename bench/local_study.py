@@ -36,15 +36,19 @@ from pathlib import Path
 
 K = {1: "[0,8]", 2: "[0,4,8]", 4: "[0,2,4,6,8]"}
 # (name, relative cost per step, overrides); cost balances the lanes
-ARMS = [("K=1", 1.0, {"partition.boundaries": K[1]}),
-        ("K=2 mlp", 1.6, {"partition.boundaries": K[2]}),
-        ("K=4 mlp", 2.6, {"partition.boundaries": K[4]}),
-        ("K=4 transformer", 2.8, {"partition.boundaries": K[4], "local.aux": "transformer"}),
-        ("K=4 transformer mtp=first", 3.3, {"partition.boundaries": K[4], "local.aux": "transformer",
-                                            "local.mtp": "first"}),
-        ("K=4 transformer mtp=all", 5.0, {"partition.boundaries": K[4], "local.aux": "transformer",
-                                          "local.mtp": "all"}),
-        ("K=4 mlp sequential", 3.0, {"partition.boundaries": K[4], "local.mode": "sequential"})]
+ARMS = [
+    ("K=1", 1.0, {"partition.boundaries": K[1]}),
+    ("K=2 mlp", 1.6, {"partition.boundaries": K[2]}),
+    ("K=4 mlp", 2.6, {"partition.boundaries": K[4]}),
+    ("K=4 transformer", 2.8, {"partition.boundaries": K[4], "local.aux": "transformer"}),
+    (
+        "K=4 transformer mtp=first",
+        3.3,
+        {"partition.boundaries": K[4], "local.aux": "transformer", "local.mtp": "first"},
+    ),
+    ("K=4 transformer mtp=all", 5.0, {"partition.boundaries": K[4], "local.aux": "transformer", "local.mtp": "all"}),
+    ("K=4 mlp sequential", 3.0, {"partition.boundaries": K[4], "local.mode": "sequential"}),
+]
 SEEDED = ("K=1", "K=4 mlp", "K=4 transformer")  # the arms that run with every seed
 PLAIN = {"local.aux": "mlp", "local.mtp": "none"}  # `dvc exp run -S` leaves the last arm's values in params.yaml
 
@@ -110,8 +114,11 @@ def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
         over = dict(over)
         want = over.pop("local.mode", "simultaneous")
         if want != mode:
-            print(f"# params.yaml: local.mode={want}, partition.boundaries={over['partition.boundaries']}; "
-                  f"then zg pipeline", flush=True)
+            print(
+                f"# params.yaml: local.mode={want}, partition.boundaries={over['partition.boundaries']}; "
+                f"then zg pipeline",
+                flush=True,
+            )
 
             def switch(p, want=want, boundaries=json.loads(over["partition.boundaries"])):
                 p["local"]["mode"], p["partition"]["boundaries"] = want, boundaries
@@ -125,8 +132,9 @@ def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
         if run:
             m = json.loads((root / "metrics" / "local.json").read_text())
             (out / "arms").mkdir(parents=True, exist_ok=True)
-            (out / "arms" / f"{_slug(name, seed)}.json").write_text(json.dumps({"arm": name, "seed": seed,
-                                                                                "set": over, **m}, indent=1))
+            (out / "arms" / f"{_slug(name, seed)}.json").write_text(
+                json.dumps({"arm": name, "seed": seed, "set": over, **m}, indent=1)
+            )
 
 
 def table(out: Path) -> str:
@@ -137,8 +145,10 @@ def table(out: Path) -> str:
     lines = ["| arm | seed | held-out CE | gap to K=1 (nats) | tokens_sha256 | tokens/s |", "|---|---|---|---|---|---|"]
     for r in rows:
         gap = r["heldout_ce"] - base[r["seed"]] if r["seed"] in base else float("nan")
-        lines.append(f"| {r['arm']} | {r['seed']} | {r['heldout_ce']:.4f} | {gap:+.4f} | {r['tokens_sha256'][:12]} | "
-                     f"{r.get('tokens_per_s') or float('nan'):.0f} |")
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {r['heldout_ce']:.4f} | {gap:+.4f} | {r['tokens_sha256'][:12]} | "
+            f"{r.get('tokens_per_s') or float('nan'):.0f} |"
+        )
     (out / "study.json").write_text(json.dumps({"arms": rows, "k1_ce": base}, indent=1))
     return "\n".join(lines)
 
@@ -148,8 +158,13 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="per-arm metrics, study.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--seeded", nargs="+", default=list(SEEDED), choices=[n for n, _, _ in ARMS],
-                    help="the arms that run with every seed (the others: the first seed only)")
+    ap.add_argument(
+        "--seeded",
+        nargs="+",
+        default=list(SEEDED),
+        choices=[n for n, _, _ in ARMS],
+        help="the arms that run with every seed (the others: the first seed only)",
+    )
     ap.add_argument("--only", nargs="+", metavar="ARM@SEED", help="run only these arms, e.g. 'K=1@2'")
     ap.add_argument("--steps", type=int, default=112, help="local.steps of every arm (x batch 8 x 256 tokens)")
     ap.add_argument("--warmup", type=int, default=11)
@@ -173,8 +188,10 @@ def main() -> None:
         _sh(["dvc", "repro", "tokens"], root, args.run)
     todo = [a for a in arms(args.seeds, args.seeded) if not args.only or f"{a[0]}@{a[1]}" in args.only]
     work = lanes(todo, args.lanes)
-    threads = [threading.Thread(target=run_lane, args=(root, lane, args.steps, args.out, args.run))
-               for root, lane in zip(roots, work)]
+    threads = [
+        threading.Thread(target=run_lane, args=(root, lane, args.steps, args.out, args.run))
+        for root, lane in zip(roots, work)
+    ]
     for t in threads:
         t.start()
     for t in threads:

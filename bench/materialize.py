@@ -131,8 +131,12 @@ def setup_project(root: Path, params: dict, *, force: bool) -> dict:
     have = layout.teacher_json.exists() and (layout.teacher_hf / "config.json").exists()
     if have and not force:
         tj = read_teacher_json(layout)
-        have = tj.get("source") == tcfg.source and tj.get("dtype") == tcfg.dtype \
-            and tj["architecture"]["num_layers"] >= part.boundaries[-1] and "files" in tj  # files: identity digests
+        have = (
+            tj.get("source") == tcfg.source
+            and tj.get("dtype") == tcfg.dtype
+            and tj["architecture"]["num_layers"] >= part.boundaries[-1]
+            and "files" in tj
+        )  # files: identity digests
     if not have or force:
         log(f"preparing teacher {tcfg.source} in {layout.teacher_dir} ...")
         t = time.perf_counter()
@@ -144,10 +148,15 @@ def setup_project(root: Path, params: dict, *, force: bool) -> dict:
     if have_tok:
         lin = json.loads(layout.tokens_json.read_text())["lineage"]
         sp = lin["split"]
-        have_tok = (lin["seq_len"] == ccfg.seq_len and sp["max_train_seqs"] == ccfg.max_train_seqs
-                    and sp["max_heldout_seqs"] == ccfg.max_heldout_seqs and sp["heldout"] == sorted(ccfg.heldout)
-                    and sp["documents"] == sorted(ccfg.documents) and sp["seed"] == ccfg.seed
-                    and lin["tokenizer_sha256"] == read_teacher_json(layout)["tokenizer_sha256"])
+        have_tok = (
+            lin["seq_len"] == ccfg.seq_len
+            and sp["max_train_seqs"] == ccfg.max_train_seqs
+            and sp["max_heldout_seqs"] == ccfg.max_heldout_seqs
+            and sp["heldout"] == sorted(ccfg.heldout)
+            and sp["documents"] == sorted(ccfg.documents)
+            and sp["seed"] == ccfg.seed
+            and lin["tokenizer_sha256"] == read_teacher_json(layout)["tokenizer_sha256"]
+        )
     if not have_tok:
         log("tokenizing corpus ...")
         t = time.perf_counter()
@@ -192,18 +201,31 @@ def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig)
     loop_s = meter.wall
     tokens = n_rows * seq_len
     del model
-    return {"tokens": tokens, "load_s": t_load, "loop_s": loop_s, "read_tokens_s": read_s,
-            "total_s": t_load + loop_s, "tok_s": tokens / loop_s, "tok_s_incl_load": tokens / (t_load + loop_s),
-            "foreign": meter.foreign, "own_util": meter.own_util, "per_batch": per_batch}
+    return {
+        "tokens": tokens,
+        "load_s": t_load,
+        "loop_s": loop_s,
+        "read_tokens_s": read_s,
+        "total_s": t_load + loop_s,
+        "tok_s": tokens / loop_s,
+        "tok_s_incl_load": tokens / (t_load + loop_s),
+        "foreign": meter.foreign,
+        "own_util": meter.own_util,
+        "per_batch": per_batch,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. materialize end to end (with a section breakdown from zgdata.timing spans)
 
 # printed section label -> the span materialize marks it with (zgdata/materialize/driver.py)
-SECTIONS = {"load_teacher": "materialize.load_teacher", "read_tokens": "materialize.read_tokens",
-            "capture": "materialize.capture", "writer_flush(bg)": "materialize.commit",
-            "finalize": "materialize.finalize"}
+SECTIONS = {
+    "load_teacher": "materialize.load_teacher",
+    "read_tokens": "materialize.read_tokens",
+    "capture": "materialize.capture",
+    "writer_flush(bg)": "materialize.commit",
+    "finalize": "materialize.finalize",
+}
 
 
 def run_materialize(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig) -> dict:
@@ -213,8 +235,14 @@ def run_materialize(layout: Layout, mcfg: MaterializeConfig, part: PartitionConf
     t_end = time.perf_counter()
     wall = meter.wall
     assert not res.skipped, "materialize skipped: outputs were not cleared"
-    out = {"tokens": res.tokens, "wall_s": wall, "seconds": res.seconds, "tok_s": res.tokens / wall,
-           "foreign": meter.foreign, "own_util": meter.own_util}
+    out = {
+        "tokens": res.tokens,
+        "wall_s": wall,
+        "seconds": res.seconds,
+        "tok_s": res.tokens / wall,
+        "foreign": meter.foreign,
+        "own_util": meter.own_util,
+    }
     s = {}
     for label, name in SECTIONS.items():
         st = timings[name]
@@ -246,9 +274,16 @@ def disk_figures(layout: Layout, part: PartitionConfig) -> dict:
         b = dir_bytes(p)
         data_b = sum(f.stat().st_size for f in (p / "data").rglob("*") if f.is_file()) if (p / "data").exists() else b
         tok = rows * seq_len
-        out[n] = {"bytes": b, "data_bytes": data_b, "tokens": tok, "per_tok": b / tok,
-                  "ratio": b / tok / (hidden * 2), "data_ratio": data_b / tok / (hidden * 2),
-                  "fragments": len(ds.get_fragments()), "versions": len(ds.versions())}
+        out[n] = {
+            "bytes": b,
+            "data_bytes": data_b,
+            "tokens": tok,
+            "per_tok": b / tok,
+            "ratio": b / tok / (hidden * 2),
+            "data_ratio": data_b / tok / (hidden * 2),
+            "fragments": len(ds.get_fragments()),
+            "versions": len(ds.versions()),
+        }
     return out
 
 
@@ -256,7 +291,7 @@ def disk_figures(layout: Layout, part: PartitionConfig) -> dict:
 # 4. loader vs memmap
 
 
-def _page_maps(side) -> "callable | None":
+def _page_maps(side) -> callable | None:
     """Diagnostic only: np.memmap views straight onto the Lance pages of the ``hidden`` column.
 
     A bf16 boundary is stored uncompressed (flat 16-bit values, one fixed-size list per row),
@@ -280,8 +315,9 @@ def _page_maps(side) -> "callable | None":
                 if len(page.buffers) != 1 or page.buffers[0].size % row_bytes:
                     return None
                 k = page.buffers[0].size // row_bytes
-                maps.append(np.memmap(path, dtype=np.uint16, mode="r", offset=page.buffers[0].position,
-                                      shape=(k, t, c)))
+                maps.append(
+                    np.memmap(path, dtype=np.uint16, mode="r", offset=page.buffers[0].position, shape=(k, t, c))
+                )
                 starts.append(n)
                 n += k
         if n != len(side.seq_ids):
@@ -304,8 +340,17 @@ def _page_maps(side) -> "callable | None":
         return None
 
 
-def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, batch_size: int, min_steps: int,
-                     repeats: int, quiet: float, quiet_timeout: float) -> dict:
+def loader_vs_memmap(
+    layout: Layout,
+    part: PartitionConfig,
+    scratch: Path,
+    *,
+    batch_size: int,
+    min_steps: int,
+    repeats: int,
+    quiet: float,
+    quiet_timeout: float,
+) -> dict:
     a, b = part.names[0], part.names[1]
     pair = BoundaryPair(layout.boundary(a), layout.boundary(b))
     n_train = len(pair.rows("train"))
@@ -327,7 +372,7 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
     def run_loader():
         nbytes, got = 0, []
         with CpuMeter() as m:
-            for step, rows, x, y in pair.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
+            for _step, rows, x, y in pair.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
                 nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
                 got.append(rows)
         assert len(got) == steps and all(np.array_equal(g, r) for g, r in zip(got, batch_rows))
@@ -338,7 +383,7 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
         p2.input.recheck = p2.output.recheck = True
         nbytes = 0
         with CpuMeter() as m:
-            for step, rows, x, y in p2.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
+            for _step, _rows, x, y in p2.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
                 nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
         return nbytes, m
 
@@ -351,12 +396,17 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
                 p2 = BoundaryPair(layout.boundary(a), layout.boundary(b))
                 nbytes = 0
                 with CpuMeter() as m:
-                    for step, rows, x, y in p2.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=0):
+                    for _step, _rows, x, y in p2.batches(
+                        "train", start_step=0, steps=steps, batch_size=batch_size, seed=0
+                    ):
                         nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
                 return nbytes, m
             finally:
                 if cache_mb is not None:
-                    os.environ.pop("ZG_DECODED_CACHE_MB", None) if old is None else os.environ.__setitem__("ZG_DECODED_CACHE_MB", old)
+                    os.environ.pop("ZG_DECODED_CACHE_MB", None) if old is None else os.environ.__setitem__(
+                        "ZG_DECODED_CACHE_MB", old
+                    )
+
         return run
 
     def run_take_sync():  # the loader's own read path without its prefetch thread
@@ -392,7 +442,7 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
         nbytes = 0
         with CpuMeter() as m:
             for rows in batch_rows:
-                x = torch.from_numpy(mx[rows]).view(torch.bfloat16)   # fancy index: a copy out of the map
+                x = torch.from_numpy(mx[rows]).view(torch.bfloat16)  # fancy index: a copy out of the map
                 y = torch.from_numpy(my[rows]).view(torch.bfloat16)
                 nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
         return nbytes, m
@@ -403,9 +453,15 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
     assert torch.equal(x0.view(torch.int16), torch.from_numpy(mx[batch_rows[0]].view(np.int16))), "memmap copy differs"
     del mx, x0
 
-    runs = [("loader_Bps", run_loader), ("fresh_Bps", run_fresh(None)), ("nocache_Bps", run_fresh(0)),
-            ("recheck_Bps", run_loader_recheck), ("take_Bps", run_take_sync), ("sorted_Bps", run_take_sorted),
-            ("memmap_Bps", run_memmap)] + ([("pages_Bps", run_pages)] if px and py else [])
+    runs = [
+        ("loader_Bps", run_loader),
+        ("fresh_Bps", run_fresh(None)),
+        ("nocache_Bps", run_fresh(0)),
+        ("recheck_Bps", run_loader_recheck),
+        ("take_Bps", run_take_sync),
+        ("sorted_Bps", run_take_sorted),
+        ("memmap_Bps", run_memmap),
+    ] + ([("pages_Bps", run_pages)] if px and py else [])
     for _, fn in runs:  # warm the page cache / first-open costs
         fn()
     out = {k: [] for k, _ in runs}
@@ -419,8 +475,14 @@ def loader_vs_memmap(layout: Layout, part: PartitionConfig, scratch: Path, *, ba
             out["foreign"].append(m.foreign)
     for p in paths:
         p.unlink()
-    return {"pair": f"{a}->{b}", "steps": steps, "epoch_steps": epoch_steps, "batch_size": batch_size,
-            "bytes_per_pass": nb, **out}
+    return {
+        "pair": f"{a}->{b}",
+        "steps": steps,
+        "epoch_steps": epoch_steps,
+        "batch_size": batch_size,
+        "bytes_per_pass": nb,
+        **out,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,10 +503,17 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=None, help="override materialize.batch_size")
     ap.add_argument("--commit-rows", type=int, default=None, help="override materialize.commit_rows")
     ap.add_argument("--codec", default=None, choices=["raw", "zstd"], help="override materialize.codec")
-    ap.add_argument("--loader-only", action="store_true",
-                    help="only the loader vs memmap figures, on the boundaries already in --workdir")
-    ap.add_argument("--quiet", type=float, default=0.15,
-                    help="before each timed run, wait until other processes use < this share of the CPUs (0 = don't)")
+    ap.add_argument(
+        "--loader-only",
+        action="store_true",
+        help="only the loader vs memmap figures, on the boundaries already in --workdir",
+    )
+    ap.add_argument(
+        "--quiet",
+        type=float,
+        default=0.15,
+        help="before each timed run, wait until other processes use < this share of the CPUs (0 = don't)",
+    )
     ap.add_argument("--quiet-timeout", type=float, default=90.0, help="longest wait for a quiet machine, seconds")
     ap.add_argument("--progress", action="store_true", help="show materialize's progress bar (ZG_QUIET=0)")
     args = ap.parse_args(argv)
@@ -452,6 +521,7 @@ def main(argv=None) -> int:
         os.environ["ZG_QUIET"] = "0"
     try:  # transformers' "Loading weights" bars would clutter the log
         from transformers.utils import logging as hf_logging
+
         hf_logging.disable_progress_bar()
     except Exception:
         pass
@@ -483,42 +553,66 @@ def main(argv=None) -> int:
         root.mkdir(parents=True, exist_ok=True)
     layout = Layout(root=root)
 
-    cmd = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0]))] + (argv if argv is not None else sys.argv[1:]))
+    cmd = "python " + " ".join(
+        shlex.quote(a) for a in [str(Path(sys.argv[0]))] + (argv if argv is not None else sys.argv[1:])
+    )
     log("=" * 78)
     log(f"command      : {cmd}")
-    log(f"host         : {platform.node()}  {platform.machine()}  cpus={os.cpu_count()}  "
-        f"loadavg(start)={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    log(f"python/torch : {platform.python_version()} / torch {torch.__version__}  "
-        f"num_threads={torch.get_num_threads()} interop={torch.get_num_interop_threads()}")
+    log(
+        f"host         : {platform.node()}  {platform.machine()}  cpus={os.cpu_count()}  "
+        f"loadavg(start)={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    log(
+        f"python/torch : {platform.python_version()} / torch {torch.__version__}  "
+        f"num_threads={torch.get_num_threads()} interop={torch.get_num_interop_threads()}"
+    )
     try:
         import lance
         import pyarrow
         import transformers
-        log(f"libs         : pylance {lance.__version__}  pyarrow {pyarrow.__version__}  "
-            f"transformers {transformers.__version__}  numpy {np.__version__}")
+
+        log(
+            f"libs         : pylance {lance.__version__}  pyarrow {pyarrow.__version__}  "
+            f"transformers {transformers.__version__}  numpy {np.__version__}"
+        )
     except Exception:  # informational only
         pass
     log(f"project      : {root}  profile={args.profile}")
-    log(f"corpus       : seq_len={params['corpus']['seq_len']} max_train_seqs={params['corpus']['max_train_seqs']} "
-        f"max_heldout_seqs={params['corpus']['max_heldout_seqs']}")
+    log(
+        f"corpus       : seq_len={params['corpus']['seq_len']} max_train_seqs={params['corpus']['max_train_seqs']} "
+        f"max_heldout_seqs={params['corpus']['max_heldout_seqs']}"
+    )
     log(f"materialize  : {mcfg}")
     log(f"partition    : {part.boundaries}")
     log("=" * 78)
 
     if args.loader_only:
-        loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, min_steps=args.loader_steps,
-                                  repeats=args.loader_repeats, quiet=args.quiet, quiet_timeout=args.quiet_timeout)
+        loader = loader_vs_memmap(
+            layout,
+            part,
+            root,
+            batch_size=args.loader_batch,
+            min_steps=args.loader_steps,
+            repeats=args.loader_repeats,
+            quiet=args.quiet,
+            quiet_timeout=args.quiet_timeout,
+        )
         codec = BoundaryDataset(layout.boundary(part.names[0])).codec
         mm_b, mm_m = max(loader["memmap_Bps"]), statistics.median(loader["memmap_Bps"])
         log(f"loader only, codec {codec}, pair {loader['pair']}, {loader['steps']} batches of {loader['batch_size']}")
-        for key, label in (("loader_Bps", "loader batches() (checksum on first read)"),
-                           ("fresh_Bps", "loader batches(), fresh pair (first epoch)"),
-                           ("nocache_Bps", "fresh pair, ZG_DECODED_CACHE_MB=0 (before)"),
-                           ("recheck_Bps", "loader batches(), checksum every read"),
-                           ("take_Bps", "loader read path, no prefetch thread"), ("memmap_Bps", "np.memmap same rows")):
+        for key, label in (
+            ("loader_Bps", "loader batches() (checksum on first read)"),
+            ("fresh_Bps", "loader batches(), fresh pair (first epoch)"),
+            ("nocache_Bps", "fresh pair, ZG_DECODED_CACHE_MB=0 (before)"),
+            ("recheck_Bps", "loader batches(), checksum every read"),
+            ("take_Bps", "loader read path, no prefetch thread"),
+            ("memmap_Bps", "np.memmap same rows"),
+        ):
             b, m = max(loader[key]), statistics.median(loader[key])
-            log(f"  {label:<44} best {b / 1e6:8.1f} MB/s  median {m / 1e6:8.1f} MB/s  ratio to memmap "
-                f"best {b / mm_b:.3f} median {m / mm_m:.3f}")
+            log(
+                f"  {label:<44} best {b / 1e6:8.1f} MB/s  median {m / 1e6:8.1f} MB/s  ratio to memmap "
+                f"best {b / mm_b:.3f} median {m / mm_m:.3f}"
+            )
         log(f"  foreign CPU share: {[round(x, 2) for x in loader['foreign']]}")
         return 0
     try:
@@ -527,8 +621,10 @@ def main(argv=None) -> int:
         rows = tmeta["rows"]
         hidden = read_teacher_json(layout)["architecture"]["hidden_size"]
         n_tok = sum(rows.values()) * tmeta["lineage"]["seq_len"]
-        log(f"tokens       : rows={rows} tokens={n_tok} hidden={hidden} "
-            f"batches={-(-sum(rows.values()) // mcfg.batch_size)} of {mcfg.batch_size}")
+        log(
+            f"tokens       : rows={rows} tokens={n_tok} hidden={hidden} "
+            f"batches={-(-sum(rows.values()) // mcfg.batch_size)} of {mcfg.batch_size}"
+        )
         for k, v in setup.items():
             log(f"setup        : {k} = {v:.1f}")
 
@@ -539,28 +635,40 @@ def main(argv=None) -> int:
             q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
             f = forward_only(layout, mcfg, part)
             fwd.append(f)
-            log(f"[{i}] forward-only : {f['tok_s']:8.1f} tok/s  loop {f['loop_s']:6.2f}s  "
+            log(
+                f"[{i}] forward-only : {f['tok_s']:8.1f} tok/s  loop {f['loop_s']:6.2f}s  "
                 f"(load {f['load_s']:.2f}s, token reads {f['read_tokens_s']:.3f}s; "
                 f"incl. load {f['tok_s_incl_load']:.1f} tok/s)  foreign CPU {f['foreign']:.0%} "
-                f"(before {q:.0%}), own {f['own_util']:.0%}")
+                f"(before {q:.0%}), own {f['own_util']:.0%}"
+            )
 
         def do_mat(i):
             q = wait_quiet(args.quiet, args.quiet_timeout) if args.quiet > 0 else float("nan")
             m = run_materialize(layout, mcfg, part)
             mat.append(m)
             sec = "  ".join(f"{k}={v:.2f}" for k, v in m["sections"].items())
-            log(f"[{i}] materialize  : {m['tok_s']:8.1f} tok/s  wall {m['wall_s']:6.2f}s  "
-                f"foreign CPU {m['foreign']:.0%} (before {q:.0%}), own {m['own_util']:.0%}")
+            log(
+                f"[{i}] materialize  : {m['tok_s']:8.1f} tok/s  wall {m['wall_s']:6.2f}s  "
+                f"foreign CPU {m['foreign']:.0%} (before {q:.0%}), own {m['own_util']:.0%}"
+            )
             log(f"      sections   : {sec}")
 
         for i in range(max(args.repeats, 1)):  # alternate the order too: F M, M F, F M, ...
-            for step in ((do_fwd, do_mat) if i % 2 == 0 else (do_mat, do_fwd)):
+            for step in (do_fwd, do_mat) if i % 2 == 0 else (do_mat, do_fwd):
                 step(i)
             log(f"[{i}] ratio materialize / forward-only (this pair): {mat[-1]['tok_s'] / fwd[-1]['tok_s']:.3f}")
 
         disk = disk_figures(layout, part)
-        loader = loader_vs_memmap(layout, part, root, batch_size=args.loader_batch, min_steps=args.loader_steps,
-                                  repeats=args.loader_repeats, quiet=args.quiet, quiet_timeout=args.quiet_timeout)
+        loader = loader_vs_memmap(
+            layout,
+            part,
+            root,
+            batch_size=args.loader_batch,
+            min_steps=args.loader_steps,
+            repeats=args.loader_repeats,
+            quiet=args.quiet,
+            quiet_timeout=args.quiet_timeout,
+        )
 
         f_best = max(x["tok_s"] for x in fwd)
         f_med = statistics.median(x["tok_s"] for x in fwd)
@@ -584,42 +692,64 @@ def main(argv=None) -> int:
         log("-" * 78)
         log(f"{'figure':<44}{'best':>12}{'median':>12}{'goal':>9}")
         log(f"{'forward-only (capture loop), tok/s':<44}{f_best:12.1f}{f_med:12.1f}")
-        log(f"{'forward-only incl. model load, tok/s':<44}{fl_best:12.1f}{statistics.median(x['tok_s_incl_load'] for x in fwd):12.1f}")
+        log(
+            f"{'forward-only incl. model load, tok/s':<44}{fl_best:12.1f}{statistics.median(x['tok_s_incl_load'] for x in fwd):12.1f}"
+        )
         log(f"{'materialize end to end, tok/s':<44}{m_best:12.1f}{m_med:12.1f}")
         log(f"{'RATIO materialize / forward-only':<44}{m_best / f_best:12.3f}{m_med / f_med:12.3f}{'>=0.90':>9}")
-        log(f"{'  noise-floor estimate (per-batch minima)':<44}{m_floor / f_floor:12.3f}"
-            f"   fwd {f_floor:.1f} tok/s, mat {m_floor:.1f} tok/s (capture {m_cap_floor_s:.2f}s + other {m_other_s:.2f}s)")
+        log(
+            f"{'  noise-floor estimate (per-batch minima)':<44}{m_floor / f_floor:12.3f}"
+            f"   fwd {f_floor:.1f} tok/s, mat {m_floor:.1f} tok/s (capture {m_cap_floor_s:.2f}s + other {m_other_s:.2f}s)"
+        )
         log(f"{'  (per alternating pair)':<44}{'  '.join(f'{r:.3f}' for r in pair_ratios):>24}")
         log(f"{'  ratio vs forward incl. load':<44}{m_best / fl_best:12.3f}")
-        log(f"{'disk bytes/token/boundary / (hidden*2)':<44}{max(disk_ratios):12.4f}{statistics.median(disk_ratios):12.4f}"
-            f"{'(max/med)':>9}")
+        log(
+            f"{'disk bytes/token/boundary / (hidden*2)':<44}{max(disk_ratios):12.4f}{statistics.median(disk_ratios):12.4f}"
+            f"{'(max/med)':>9}"
+        )
         log(f"{'loader ' + loader['pair'] + ' batches(), MB/s':<44}{l_best / 1e6:12.1f}{l_med / 1e6:12.1f}")
-        log(f"{'  loader, checksum on every read, MB/s':<44}{max(loader['recheck_Bps']) / 1e6:12.1f}"
-            f"{statistics.median(loader['recheck_Bps']) / 1e6:12.1f}")
-        log(f"{'  RATIO loader (checksum every read) / memmap':<44}{max(loader['recheck_Bps']) / mm_best:12.3f}"
-            f"{statistics.median(loader['recheck_Bps']) / mm_med:12.3f}")
-        log(f"{'  loader read path, no prefetch thread, MB/s':<44}{max(loader['take_Bps']) / 1e6:12.1f}"
-            f"{statistics.median(loader['take_Bps']) / 1e6:12.1f}")
-        log(f"{'  diag: same takes, rows sorted per batch':<44}{max(loader['sorted_Bps']) / 1e6:12.1f}"
-            f"{statistics.median(loader['sorted_Bps']) / 1e6:12.1f}")
+        log(
+            f"{'  loader, checksum on every read, MB/s':<44}{max(loader['recheck_Bps']) / 1e6:12.1f}"
+            f"{statistics.median(loader['recheck_Bps']) / 1e6:12.1f}"
+        )
+        log(
+            f"{'  RATIO loader (checksum every read) / memmap':<44}{max(loader['recheck_Bps']) / mm_best:12.3f}"
+            f"{statistics.median(loader['recheck_Bps']) / mm_med:12.3f}"
+        )
+        log(
+            f"{'  loader read path, no prefetch thread, MB/s':<44}{max(loader['take_Bps']) / 1e6:12.1f}"
+            f"{statistics.median(loader['take_Bps']) / 1e6:12.1f}"
+        )
+        log(
+            f"{'  diag: same takes, rows sorted per batch':<44}{max(loader['sorted_Bps']) / 1e6:12.1f}"
+            f"{statistics.median(loader['sorted_Bps']) / 1e6:12.1f}"
+        )
         if loader.get("pages_Bps"):
-            log(f"{'  diag: np.memmap onto the Lance pages':<44}{max(loader['pages_Bps']) / 1e6:12.1f}"
-                f"{statistics.median(loader['pages_Bps']) / 1e6:12.1f}")
+            log(
+                f"{'  diag: np.memmap onto the Lance pages':<44}{max(loader['pages_Bps']) / 1e6:12.1f}"
+                f"{statistics.median(loader['pages_Bps']) / 1e6:12.1f}"
+            )
         log(f"{'np.memmap same rows, MB/s':<44}{mm_best / 1e6:12.1f}{mm_med / 1e6:12.1f}")
         log(f"{'RATIO loader / memmap':<44}{l_best / mm_best:12.3f}{l_med / mm_med:12.3f}{'>=0.5':>9}")
         log("-" * 78)
-        log(f"loader pass: {loader['steps']} train batches ({loader['epoch_steps']} per epoch) of {loader['batch_size']} seqs, "
+        log(
+            f"loader pass: {loader['steps']} train batches ({loader['epoch_steps']} per epoch) of {loader['batch_size']} seqs, "
             f"{loader['bytes_per_pass'] / 1e6:.1f} MB (x and y) per pass; "
             f"loader runs MB/s {[round(x / 1e6) for x in loader['loader_Bps']]}, "
             f"no-thread take runs MB/s {[round(x / 1e6) for x in loader['take_Bps']]}, "
-            f"memmap runs MB/s {[round(x / 1e6) for x in loader['memmap_Bps']]}")
-        log("disk per boundary (whole dir / data files only, hidden*2 = %d B/token):" % (hidden * 2))
+            f"memmap runs MB/s {[round(x / 1e6) for x in loader['memmap_Bps']]}"
+        )
+        log(f"disk per boundary (whole dir / data files only, hidden*2 = {hidden * 2} B/token):")
         for n, d in disk.items():
-            log(f"  {n}: {d['bytes'] / 1e6:8.2f} MB  {d['per_tok']:8.1f} B/tok  ratio {d['ratio']:.4f} "
-                f"(data {d['data_ratio']:.4f})  fragments={d['fragments']} versions={d['versions']}")
-        log(f"foreign CPU share during timed runs (0 = quiet): forward {[round(x['foreign'], 2) for x in fwd]}, "
+            log(
+                f"  {n}: {d['bytes'] / 1e6:8.2f} MB  {d['per_tok']:8.1f} B/tok  ratio {d['ratio']:.4f} "
+                f"(data {d['data_ratio']:.4f})  fragments={d['fragments']} versions={d['versions']}"
+            )
+        log(
+            f"foreign CPU share during timed runs (0 = quiet): forward {[round(x['foreign'], 2) for x in fwd]}, "
             f"materialize {[round(x['foreign'], 2) for x in mat]}, loader/memmap "
-            f"{[round(x, 2) for x in loader['foreign']]}")
+            f"{[round(x, 2) for x in loader['foreign']]}"
+        )
         log(f"loadavg(end)={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         ok = m_best / f_best >= 0.90 and l_best / mm_best >= 0.5
         log(f"goals met: {'yes' if ok else 'NO'}")

@@ -52,6 +52,7 @@ for p in (REPO, REPO / "bench"):
         sys.path.insert(0, str(p))
 
 from materialize import _busy_cpu_s, clear_outputs, setup_project  # noqa: E402  (bench/materialize.py)
+
 from zgdata.config import MaterializeConfig, PartitionConfig, section  # noqa: E402
 from zgdata.lance_io import open_dataset, schema_meta  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
@@ -72,8 +73,11 @@ def _snapshot(layout: Layout, part: PartitionConfig) -> dict:
         h = hashlib.sha256()
         for rb in ds.to_batches(columns=["hidden"]):  # every stored bit, streamed
             col = rb.column(0)
-            h.update(col.values.slice(col.offset * col.type.list_size, len(col) * col.type.list_size)
-                     .to_numpy(zero_copy_only=True).tobytes())
+            h.update(
+                col.values.slice(col.offset * col.type.list_size, len(col) * col.type.list_size)
+                .to_numpy(zero_copy_only=True)
+                .tobytes()
+            )
         rest = ds.to_table(columns=["seq_id", "split", "checksum"])
         out[n] = (h.hexdigest(), rest, schema_meta(ds.schema)["stats"], [f.count_rows() for f in ds.get_fragments()])
     return out
@@ -83,15 +87,22 @@ def _same(a: dict, b: dict) -> bool:
     return all(a[n][0] == b[n][0] and a[n][1].equals(b[n][1]) and a[n][2] == b[n][2] for n in a)
 
 
-def run_arm(name: str, layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig, *, workers: int | None,
-            passes: int) -> list[dict]:
+def run_arm(
+    name: str, layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig, *, workers: int | None, passes: int
+) -> list[dict]:
     """``passes`` materialize passes in one fresh Ray instance (``workers``) or in this process (None)."""
     import ray
 
     if workers is not None:
         warnings.filterwarnings("ignore", message="lance is not fork-safe")
-        ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR, object_store_memory=128 << 20)
+        ray.init(
+            address="local",
+            num_cpus=workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=128 << 20,
+        )
         cfg = dataclasses.replace(mcfg, workers=workers, worker_threads=1, rows_per_file=1 << 30)
     else:
         cfg = dataclasses.replace(mcfg, workers=1)
@@ -106,12 +117,29 @@ def run_arm(name: str, layout: Layout, mcfg: MaterializeConfig, part: PartitionC
             wall = time.perf_counter() - t
             share = (_busy_cpu_s() - busy) / wall / (os.cpu_count() or 1)
             assert not res.skipped
-            out.append({"arm": name, "pass": i, "wall": wall, "tok_s": res.tokens / wall, "busy": share,
-                        "shards": res.shards, "snapshot": _snapshot(layout, part)})
-            rss = ", ".join(f"pid {s['pid']} rows {s['lo']}-{s['hi'] - 1} {s['threads']} thr {s['seconds']:.1f}s "
-                            f"cpu {s['cpu_seconds']:.1f}s rss {s['peak_rss_mb']:.0f} MB" for s in res.shards) or f"this process, rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
-            log(f"  {name:<6} pass {i} ({'cold' if i == 0 else 'warm'}): {wall:7.2f}s  {res.tokens / wall:8.1f} tok/s  "
-                f"machine busy {share:.0%}  [{rss}]")
+            out.append(
+                {
+                    "arm": name,
+                    "pass": i,
+                    "wall": wall,
+                    "tok_s": res.tokens / wall,
+                    "busy": share,
+                    "shards": res.shards,
+                    "snapshot": _snapshot(layout, part),
+                }
+            )
+            rss = (
+                ", ".join(
+                    f"pid {s['pid']} rows {s['lo']}-{s['hi'] - 1} {s['threads']} thr {s['seconds']:.1f}s "
+                    f"cpu {s['cpu_seconds']:.1f}s rss {s['peak_rss_mb']:.0f} MB"
+                    for s in res.shards
+                )
+                or f"this process, rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+            )
+            log(
+                f"  {name:<6} pass {i} ({'cold' if i == 0 else 'warm'}): {wall:7.2f}s  {res.tokens / wall:8.1f} tok/s  "
+                f"machine busy {share:.0%}  [{rss}]"
+            )
     finally:
         if workers is not None:
             ray.shutdown()
@@ -132,6 +160,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         from transformers.utils import logging as hf_logging
+
         hf_logging.disable_progress_bar()
     except Exception:
         pass
@@ -152,20 +181,24 @@ def main(argv=None) -> int:
     cmd = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
     log("=" * 78)
     log(f"command      : {cmd}")
-    log(f"host         : {platform.node()}  cpus={os.cpu_count()}  loadavg(start)="
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    log(
+        f"host         : {platform.node()}  cpus={os.cpu_count()}  loadavg(start)="
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     log(f"torch        : {torch.__version__}  profile={args.profile}  partition={part.boundaries}")
     try:
         setup_project(root, params, force=False)
         tm = tokens_meta(layout)
         rows = sum(tm["rows"].values())
-        log(f"rows         : {tm['rows']} x {tm['lineage']['seq_len']} tokens, batch {mcfg.batch_size}; "
-            f"2x1 shards: {-(-rows // 2 // mcfg.batch_size) * mcfg.batch_size} + rest")
+        log(
+            f"rows         : {tm['rows']} x {tm['lineage']['seq_len']} tokens, batch {mcfg.batch_size}; "
+            f"2x1 shards: {-(-rows // 2 // mcfg.batch_size) * mcfg.batch_size} + rest"
+        )
         log("=" * 78)
         arms = [("1x1", 1), ("2x1", 2)] + ([] if args.no_local else [("local", None)])
         runs = []
         for r in range(args.repeats):
-            for name, w in (arms if r % 2 == 0 else arms[::-1]):
+            for name, w in arms if r % 2 == 0 else arms[::-1]:
                 runs += run_arm(name, layout, mcfg, part, workers=w, passes=args.passes)
         ref = runs[0]["snapshot"]
         same = all(_same(ref, x["snapshot"]) for x in runs)
@@ -180,20 +213,29 @@ def main(argv=None) -> int:
         log(f"{'':<34}{'cold':>10}{'warm':>10}")
         for name, _ in arms:
             log(f"{name:<34}{best(name, True):10.2f}{best(name, False):10.2f}")
-        log(f"{'RATIO 1x1 / 2x1 (goal >= 1.6)':<34}{best('1x1', True) / best('2x1', True):10.2f}"
-            f"{best('1x1', False) / best('2x1', False):10.2f}")
+        log(
+            f"{'RATIO 1x1 / 2x1 (goal >= 1.6)':<34}{best('1x1', True) / best('2x1', True):10.2f}"
+            f"{best('1x1', False) / best('2x1', False):10.2f}"
+        )
 
         def cpu_path(arm, cold):  # CPU seconds of the busiest worker: the wall time had each worker its own core
-            xs = [max(s["cpu_seconds"] for s in x["shards"]) for x in runs
-                  if x["arm"] == arm and (x["pass"] == 0) == cold and x["shards"]]
+            xs = [
+                max(s["cpu_seconds"] for s in x["shards"])
+                for x in runs
+                if x["arm"] == arm and (x["pass"] == 0) == cold and x["shards"]
+            ]
             return min(xs) if xs else float("nan")
 
-        log(f"{'  from worker CPU s (own core each)':<34}{cpu_path('1x1', True) / cpu_path('2x1', True):10.2f}"
+        log(
+            f"{'  from worker CPU s (own core each)':<34}{cpu_path('1x1', True) / cpu_path('2x1', True):10.2f}"
             f"{cpu_path('1x1', False) / cpu_path('2x1', False):10.2f}   "
-            f"(1x1 {cpu_path('1x1', False):.1f} CPU s, 2x1 busiest worker {cpu_path('2x1', False):.1f} CPU s, warm)")
+            f"(1x1 {cpu_path('1x1', False):.1f} CPU s, 2x1 busiest worker {cpu_path('2x1', False):.1f} CPU s, warm)"
+        )
         if not args.no_local:
-            log(f"{'ratio local(1 thread) / 2x1':<34}{best('local', True) / best('2x1', True):10.2f}"
-                f"{best('local', False) / best('2x1', False):10.2f}")
+            log(
+                f"{'ratio local(1 thread) / 2x1':<34}{best('local', True) / best('2x1', True):10.2f}"
+                f"{best('local', False) / best('2x1', False):10.2f}"
+            )
         peak = {}
         for x in runs:
             for s in x["shards"]:
@@ -204,10 +246,14 @@ def main(argv=None) -> int:
             if vals:
                 log(f"peak RSS per worker, {arm:<14}: {', '.join(f'{v:.0f} MB' for v in sorted(vals))}")
         log(f"driver peak RSS               : {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
-        log(f"fragments per boundary (2x1)  : {next(x for x in runs if x['arm'] == '2x1')['snapshot'][part.names[0]][3]}")
+        log(
+            f"fragments per boundary (2x1)  : {next(x for x in runs if x['arm'] == '2x1')['snapshot'][part.names[0]][3]}"
+        )
         log(f"same rows, bits, checksums and stats in every arm and pass: {'yes' if same else 'NO'}")
-        log(f"machine busy share per pass: {[round(x['busy'], 2) for x in runs]}  "
-            f"loadavg(end)={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        log(
+            f"machine busy share per pass: {[round(x['busy'], 2) for x in runs]}  "
+            f"loadavg(end)={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
         return 0 if same else 1
     finally:
         if tmp is not None:

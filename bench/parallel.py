@@ -76,8 +76,9 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "blocks": out}))
 
 def serial(root: Path, keys: list[str]) -> dict:
     env = {**os.environ, "ZG_QUIET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "-c", _SERIAL, str(root), *keys], capture_output=True, text=True, env=env,
-                         check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", _SERIAL, str(root), *keys], capture_output=True, text=True, env=env, check=True
+    )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -87,8 +88,15 @@ def parallel(root: Path, keys: list[str], address: str, jobs: int) -> dict:
     os.environ["ZG_QUIET"] = "1"
     out = []
     t0 = time.perf_counter()
-    ray_exec.run_blocks(root, keys, needs={k: {"cpus": 1, "gpus": 0} for k in keys}, jobs=jobs, address=address,
-                        on_update=lambda u: None, on_result=out.append)
+    ray_exec.run_blocks(
+        root,
+        keys,
+        needs={k: {"cpus": 1, "gpus": 0} for k in keys},
+        jobs=jobs,
+        address=address,
+        on_update=lambda u: None,
+        on_result=out.append,
+    )
     return {"seconds": time.perf_counter() - t0, "blocks": out}
 
 
@@ -126,31 +134,41 @@ def main() -> None:
 
     base = build(a.workdir, a.profile, a.jobs)
     keys = list(yaml.safe_load((base / "params.yaml").read_text())["blocks"])[: a.jobs]
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": a.jobs, "object_store_memory": 100 * 1024 * 1024, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": a.jobs, "object_store_memory": 100 * 1024 * 1024, "include_dashboard": False},
+    )
     try:
         rows = []
         for i in range(a.repeats):
             s = measured(serial, arm_copy(base, "serial", a.steps, a.batch_size), keys)
             p = measured(parallel, arm_copy(base, "parallel", a.steps, a.batch_size), keys, cluster.address, a.jobs)
-            same = {b["key"]: b.get("state_sha256") for b in s["blocks"]} == \
-                   {b["key"]: b.get("state_sha256") for b in p["blocks"]}
+            same = {b["key"]: b.get("state_sha256") for b in s["blocks"]} == {
+                b["key"]: b.get("state_sha256") for b in p["blocks"]
+            }
             rows.append((s, p, same))
-            print(f"repeat {i}: serial {s['seconds']:.1f} s, parallel {p['seconds']:.1f} s, speedup "
-                  f"{s['seconds'] / p['seconds']:.2f}x (goal >= {0.8 * a.jobs:.1f}), same state_sha256: {same}; "
-                  f"blocks' CPU s serial {s['own_cpu_s']:.1f} / parallel {p['own_cpu_s']:.1f}; other processes "
-                  f"used {s['foreign']:.0%} / {p['foreign']:.0%} of the machine")
+            print(
+                f"repeat {i}: serial {s['seconds']:.1f} s, parallel {p['seconds']:.1f} s, speedup "
+                f"{s['seconds'] / p['seconds']:.2f}x (goal >= {0.8 * a.jobs:.1f}), same state_sha256: {same}; "
+                f"blocks' CPU s serial {s['own_cpu_s']:.1f} / parallel {p['own_cpu_s']:.1f}; other processes "
+                f"used {s['foreign']:.0%} / {p['foreign']:.0%} of the machine"
+            )
             for b in p["blocks"]:
-                print(f"  worker {b.get('node')} pid {b.get('pid')}: {b['key']} {b.get('status')} in "
-                      f"{b.get('seconds', 0):.1f} s, {b.get('threads')} thread(s), peak RSS "
-                      f"{b.get('peak_rss_mb', 0):.0f} MB")
+                print(
+                    f"  worker {b.get('node')} pid {b.get('pid')}: {b['key']} {b.get('status')} in "
+                    f"{b.get('seconds', 0):.1f} s, {b.get('threads')} thread(s), peak RSS "
+                    f"{b.get('peak_rss_mb', 0):.0f} MB"
+                )
             print(f"  serial process: peak RSS {max(b.get('peak_rss_mb', 0) for b in s['blocks']):.0f} MB")
             # what the wall ratio would be if each worker had a core of its own: the serial blocks' CPU seconds
             # over the slowest worker's (its imports and start-up included, Ray's worker start excluded)
             print(f"  from CPU seconds: {s['own_cpu_s'] / max(b.get('cpu_seconds', 0) for b in p['blocks']):.2f}x")
         best = max(s["seconds"] / p["seconds"] for s, p, _ in rows)
-        print(f"SUMMARY: {a.jobs} blocks x {a.steps} steps x {a.batch_size} seqs ({a.profile}); speedup "
-              f"best {best:.2f}x over {a.repeats} repeat(s); bits equal in all: {all(r[2] for r in rows)}")
+        print(
+            f"SUMMARY: {a.jobs} blocks x {a.steps} steps x {a.batch_size} seqs ({a.profile}); speedup "
+            f"best {best:.2f}x over {a.repeats} repeat(s); bits equal in all: {all(r[2] for r in rows)}"
+        )
     finally:
         cluster.shutdown()
 

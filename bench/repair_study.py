@@ -84,11 +84,21 @@ def run_seed(seed: int, args) -> None:
     set_params(root, {"seed": seed, "lm_eval.tasks": args.lm_eval}, args.dry_run)
     arm(root, out, "base", args.dry_run)
 
-    set_params(root, {"repair.steps": args.repair_steps, "repair.batch_size": args.repair_batch,
-                      "repair.lr": args.repair_lr, "repair.temperature": args.temperature,
-                      "repair.ce_weight": args.ce_weight, "repair.trainable": args.trainable,
-                      "repair.warmup": args.warmup, "repair.threads": args.threads,
-                      "repair.checkpoint_every": 0}, args.dry_run)
+    set_params(
+        root,
+        {
+            "repair.steps": args.repair_steps,
+            "repair.batch_size": args.repair_batch,
+            "repair.lr": args.repair_lr,
+            "repair.temperature": args.temperature,
+            "repair.ce_weight": args.ce_weight,
+            "repair.trainable": args.trainable,
+            "repair.warmup": args.warmup,
+            "repair.threads": args.threads,
+            "repair.checkpoint_every": 0,
+        },
+        args.dry_run,
+    )
     arm(root, out, "repair", args.dry_run)
     if "matched" not in args.arms:
         return
@@ -121,8 +131,10 @@ def _lm_eval(d: Path, arm_name: str) -> str:
 def table(args) -> str:
     """Per seed and arm: every eval set's CE gap (95% CI), CE recovered and, against base, the share of the gap
     closed; then the lm-eval headline metric of the arm's final model."""
-    rows = ["| seed | arm | set | CE gap (95% CI) | CE recovered | gap closed vs base | lm-eval |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| seed | arm | set | CE gap (95% CI) | CE recovered | gap closed vs base | lm-eval |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for seed in args.seeds:
         d = Path(args.out) / f"seed{seed}"
         base = json.loads((d / "base.json").read_text())["sets"] if (d / "base.json").exists() else {}
@@ -136,8 +148,10 @@ def table(args) -> str:
                 gap0 = base.get(set_name, {}).get("ce_gap")
                 closed = f"{(gap0 - f['ce_gap']) / gap0:.0%}" if gap0 and name != "base" else ""
                 lm = _lm_eval(d, name) if i == 0 else ""
-                rows.append(f"| {seed} | {name} | {set_name} | {f['ce_gap']:.3f} ({ci.get('lo', float('nan')):.3f}-"
-                            f"{ci.get('hi', float('nan')):.3f}) | {f['ce_recovered']:.3f} | {closed} | {lm} |")
+                rows.append(
+                    f"| {seed} | {name} | {set_name} | {f['ce_gap']:.3f} ({ci.get('lo', float('nan')):.3f}-"
+                    f"{ci.get('hi', float('nan')):.3f}) | {f['ce_recovered']:.3f} | {closed} | {lm} |"
+                )
     return "\n".join(rows)
 
 
@@ -152,14 +166,26 @@ def main() -> None:
     ap.add_argument("--trainable", default="all", choices=("all", "norms"))
     ap.add_argument("--warmup", type=int, default=10, help="repair.warmup")
     ap.add_argument("--threads", type=int, default=2, help="repair.threads (the blocks use train.threads)")
-    ap.add_argument("--lm-eval", nargs="*", default=["zg_nextline"],
-                    help="lm_eval.tasks of every arm (the lm_eval stage scores teacher, student and repaired)")
-    ap.add_argument("--arms", nargs="+", default=["base", "repair", "matched"], choices=("base", "repair", "matched"),
-                    help="run matched too, or stop after base + repair (the matched arm costs a second conversion)")
+    ap.add_argument(
+        "--lm-eval",
+        nargs="*",
+        default=["zg_nextline"],
+        help="lm_eval.tasks of every arm (the lm_eval stage scores teacher, student and repaired)",
+    )
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=["base", "repair", "matched"],
+        choices=("base", "repair", "matched"),
+        help="run matched too, or stop after base + repair (the matched arm costs a second conversion)",
+    )
     ap.add_argument("--work", default="/tmp/zg-repair-study", help="where the projects are built")
-    ap.add_argument("--cache", help="a DVC cache the seeds' projects share: the seed-independent stages (teacher, "
-                                    "tokens, materialize: about 4 minutes) run once and later seeds restore them "
-                                    "from its run cache")
+    ap.add_argument(
+        "--cache",
+        help="a DVC cache the seeds' projects share: the seed-independent stages (teacher, "
+        "tokens, materialize: about 4 minutes) run once and later seeds restore them "
+        "from its run cache",
+    )
     ap.add_argument("--out", default="bench/out/repair_study", help="where each arm's eval.json is copied")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--table-only", action="store_true", help="print the table of an earlier run")

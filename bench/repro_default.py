@@ -50,8 +50,10 @@ def lock_view(root: Path) -> dict:
     """dvc.lock stages, with the md5/size of metrics files (wall-clock figures inside) left out."""
     stages = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     skip = timed_files(root)
-    return {name: {**e, "outs": [{"path": o["path"]} if o["path"] in skip else o for o in e.get("outs", [])]}
-            for name, e in stages.items()}
+    return {
+        name: {**e, "outs": [{"path": o["path"]} if o["path"] in skip else o for o in e.get("outs", [])]}
+        for name, e in stages.items()
+    }
 
 
 def metrics_view(root: Path) -> dict:
@@ -93,10 +95,15 @@ def main() -> None:
         shutil.copytree(base, dst, symlinks=True)
         cmd = [BIN / "dvc", "repro"] if name == "serial" else [BIN / "zg", "repro", "--jobs", a.jobs]
         arms[name] = sh(cmd, dst)
-        print(f"{name:9s} {' '.join(map(str, cmd[-3:] if name == 'parallel' else cmd[-2:]))}: {arms[name]:.1f} s",
-              flush=True)
+        print(
+            f"{name:9s} {' '.join(map(str, cmd[-3:] if name == 'parallel' else cmd[-2:]))}: {arms[name]:.1f} s",
+            flush=True,
+        )
     s, p = a.workdir / "serial", a.workdir / "parallel"
-    same = {"dvc.lock": lock_view(s) == lock_view(p), "metrics (state_sha256, eval)": metrics_view(s) == metrics_view(p)}
+    same = {
+        "dvc.lock": lock_view(s) == lock_view(p),
+        "metrics (state_sha256, eval)": metrics_view(s) == metrics_view(p),
+    }
     for what, ok in same.items():
         print(f"{what}: {'identical' if ok else 'DIFFERENT'}")
     print(f"speedup serial / parallel = {arms['serial'] / arms['parallel']:.2f} (jobs {a.jobs}, threads {a.threads})")

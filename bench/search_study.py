@@ -43,14 +43,19 @@ import sys
 import time
 from pathlib import Path
 
-
 # Training tokens/s of each default block, cached against online targets, measured on the default teacher
 # (prune_mlp 0.5, 100 steps of 4 x 512 tokens, one idle 2-core machine): docs/RESULTS.md, "Cached == online on
 # the default teacher, bitwise" (`dvc exp run -n online -S train.targets=online`). Online targets rerun the
 # teacher's layers 0..end of the block every step, whatever the student is, so each step of a variant of that
 # block pays the same extra seconds: tokens_per_step * (1 / online - 1 / cached).
-ONLINE_RATES = {"b00": (1755, 1185), "b01": (1650, 878), "b02": (1682, 730), "b03": (1646, 602),
-                "b04": (1692, 469), "b05": (1777, 468)}
+ONLINE_RATES = {
+    "b00": (1755, 1185),
+    "b01": (1650, 878),
+    "b02": (1682, 730),
+    "b03": (1646, 602),
+    "b04": (1692, 469),
+    "b05": (1777, 468),
+}
 
 
 def variant_scores(root: Path) -> list[dict]:
@@ -75,9 +80,13 @@ def cost(root: Path, arms: dict) -> dict:
         cached, online = ONLINE_RATES[x["block"]]
         extra += x["steps"] * per_step * (1 / online - 1 / cached)
     first = next((r for n, r in arms.items() if n.startswith("search@") and "seconds" in r), None)
-    out = {"variant_stages": len(variants), "variant_steps": steps,
-           "search_wall_s": first["seconds"] if first else None, "online_extra_s": None if unknown else extra,
-           "online_rates_tokens_per_s": ONLINE_RATES}
+    out = {
+        "variant_stages": len(variants),
+        "variant_steps": steps,
+        "search_wall_s": first["seconds"] if first else None,
+        "online_extra_s": None if unknown else extra,
+        "online_rates_tokens_per_s": ONLINE_RATES,
+    }
     if unknown:
         out["note"] = f"no measured online rate for blocks {sorted(unknown)} (not the default partition)"
     return out
@@ -132,14 +141,21 @@ def prune_ratio_for(root: Path, params: int) -> float:
 def candidates(root: Path) -> list[dict]:
     out = variant_scores(root)
     total = sum({x["block"]: x["teacher_params"] for x in out}.values())
-    return [{"name": f"{x['block']}/{x['variant']}", "params": total - x["teacher_params"] + x["params"],
-             "ce": x["replace_ce"]} for x in out]
+    return [
+        {
+            "name": f"{x['block']}/{x['variant']}",
+            "params": total - x["teacher_params"] + x["params"],
+            "ce": x["replace_ce"],
+        }
+        for x in out
+    ]
 
 
 def plot(rows: list[tuple], path: Path) -> None:
     """Block parameters vs held-out CE. The y axis ends 0.5 nats above the worst mix: candidates beyond it (layer
     drops that break the model) are drawn on the top edge as triangles, labelled with their CE."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -147,8 +163,13 @@ def plot(rows: list[tuple], path: Path) -> None:
     ce = sorted(c for _, k, _, c in rows)
     top = (max(mixes) if mixes else ce[len(ce) * 9 // 10]) + 0.5
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, marker in (("candidate", "."), ("search", "*"), ("uniform", "s"), ("search+repair", "P"),
-                         ("uniform+repair", "D")):
+    for kind, marker in (
+        ("candidate", "."),
+        ("search", "*"),
+        ("uniform", "s"),
+        ("search+repair", "P"),
+        ("uniform+repair", "D"),
+    ):
         pts = [(p, c, n) for n, k, p, c in rows if k == kind and c <= top]
         if pts:
             ax.scatter([p for p, _, _ in pts], [c for _, c, _ in pts], marker=marker, label=kind)
@@ -161,8 +182,11 @@ def plot(rows: list[tuple], path: Path) -> None:
         for i, (p, c, n) in enumerate(off):
             ax.annotate(f"{n} {c:.1f}", (p, top), fontsize=6, xytext=(0, -8 - 7 * i), textcoords="offset points")
     ax.set_ylim(top=top + 0.05)
-    ax.set_xlabel("block parameters"); ax.set_ylabel("held-out CE (nats/token)"); ax.legend()
-    fig.tight_layout(); fig.savefig(path, dpi=100)
+    ax.set_xlabel("block parameters")
+    ax.set_ylabel("held-out CE (nats/token)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -170,8 +194,12 @@ def main() -> None:
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.625, 0.75])
     ap.add_argument("--out", type=Path, default=Path("search_study"))
-    ap.add_argument("--repair-steps", type=int, default=0,
-                    help="repair both arms of each budget: commit repair.steps N (and dvc.yaml) to the project first")
+    ap.add_argument(
+        "--repair-steps",
+        type=int,
+        default=0,
+        help="repair both arms of each budget: commit repair.steps N (and dvc.yaml) to the project first",
+    )
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--cost-only", action="store_true", help="recompute study.json's cost from OUT and the project")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT/pareto.png from OUT/pareto.csv")
@@ -200,39 +228,68 @@ def main() -> None:
         ev = json.loads((root / "metrics" / "search_eval.json").read_text())
         pick = ev["selected"] if ev["passed"] else ev["unmet"]["closest_try"]
         t = ev["tries"][pick]
-        arms[f"search@{b}"] = {"mix": t["mix"], "params": t["params"], "heldout": t["sets"]["heldout"],
-                               "sets": t["sets"], "gates_passed": t["gates_passed"]["all"], "tries": len(ev["tries"]),
-                               "seconds": secs}
+        arms[f"search@{b}"] = {
+            "mix": t["mix"],
+            "params": t["params"],
+            "heldout": t["sets"]["heldout"],
+            "sets": t["sets"],
+            "gates_passed": t["gates_passed"]["all"],
+            "tries": len(ev["tries"]),
+            "seconds": secs,
+        }
         if a.repair_steps:
             secs = exp_run(root, {"search.budget": b}, "search_repair", a.dry_run)
             r = json.loads((root / "metrics" / "search_repair.json").read_text())
-            arms[f"search+repair@{b}"] = {"mix": r["mix"], "params": r["params"], "heldout": r["sets"]["heldout"],
-                                          "sets": r["sets"], "gates_passed": r["passed"], "repair_steps": r["steps"],
-                                          "ce_gap_closed": r["ce_gap_closed"], "seconds": secs}
+            arms[f"search+repair@{b}"] = {
+                "mix": r["mix"],
+                "params": r["params"],
+                "heldout": r["sets"]["heldout"],
+                "sets": r["sets"],
+                "gates_passed": r["passed"],
+                "repair_steps": r["steps"],
+                "ce_gap_closed": r["ce_gap_closed"],
+                "seconds": secs,
+            }
         ratio = prune_ratio_for(root, t["params"])
         secs = exp_run(root, {"train.conversion": "prune_mlp", "train.prune_ratio": ratio}, "evaluate", a.dry_run)
         e = json.loads((root / "metrics" / "eval.json").read_text())
         summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
-        block_params = sum(json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"]
-                           for k in summary["blocks"])
+        block_params = sum(
+            json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"] for k in summary["blocks"]
+        )
         student_gates = e.get("student_gates_passed", e["gates_passed"])  # with repair, gates_passed judges it
-        arms[f"uniform@{b}"] = {"prune_ratio": ratio, "params": block_params, "heldout": e["sets"]["heldout"],
-                                "sets": e["sets"], "gates_passed": student_gates["all"], "seconds": secs}
+        arms[f"uniform@{b}"] = {
+            "prune_ratio": ratio,
+            "params": block_params,
+            "heldout": e["sets"]["heldout"],
+            "sets": e["sets"],
+            "gates_passed": student_gates["all"],
+            "seconds": secs,
+        }
         if a.repair_steps:
             sets = {n: {"student_ce": f["ce"], **f} for n, f in e["repaired"]["sets"].items()}
-            arms[f"uniform+repair@{b}"] = {"prune_ratio": ratio, "params": block_params, "heldout": sets["heldout"],
-                                           "sets": sets, "gates_passed": e["gates_passed"]["all"],
-                                           "repair_steps": a.repair_steps, "seconds": None}  # inside uniform's
+            arms[f"uniform+repair@{b}"] = {
+                "prune_ratio": ratio,
+                "params": block_params,
+                "heldout": sets["heldout"],
+                "sets": sets,
+                "gates_passed": e["gates_passed"]["all"],
+                "repair_steps": a.repair_steps,
+                "seconds": None,
+            }  # inside uniform's
         print(json.dumps({k: v for k, v in arms.items() if k.endswith(f"@{b}")}, indent=1, default=str))
     if a.dry_run:
         return
     a.out.mkdir(parents=True, exist_ok=True)
     cands = candidates(root)
-    (a.out / "study.json").write_text(json.dumps({"arms": arms, "candidates": cands,
-                                                        "cost": cost(root, arms)}, indent=2) + "\n")
+    (a.out / "study.json").write_text(
+        json.dumps({"arms": arms, "candidates": cands, "cost": cost(root, arms)}, indent=2) + "\n"
+    )
     rows = [(c["name"], "candidate", c["params"], c["ce"]) for c in cands]
     rows += [(n, n.split("@")[0], r["params"], r["heldout"]["student_ce"]) for n, r in arms.items()]
-    (a.out / "pareto.csv").write_text("name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows))
+    (a.out / "pareto.csv").write_text(
+        "name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows)
+    )
     plot(rows, a.out / "pareto.png")
 
 

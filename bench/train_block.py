@@ -33,8 +33,8 @@ def _throughput(project: Path, key: str, steps: int, targets: str) -> tuple[floa
 
     from zgdata.layout import Layout
     from zgdata.timing import collect
-    from zgtrain.project.config import ProjectConfig
     from zgtrain.block.train import train_block
+    from zgtrain.project.config import ProjectConfig
 
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["blocks"][key].update(steps=steps, checkpoint_every=0, heldout_rows=1)
@@ -90,8 +90,8 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
     from zgdata.reader import BoundaryPair
     from zgdata.teacher.prepare import load_slice, load_teacher
     from zgdata.tokens import read_tokens
-    from zgtrain.project.config import ProjectConfig
     from zgtrain.block.conversions import convert
+    from zgtrain.project.config import ProjectConfig
 
     layout = Layout(project)
     params = yaml.safe_load((project / "params.yaml").read_text())
@@ -108,7 +108,14 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
         x, y = BoundaryPair(layout.boundary(spec.input), layout.boundary(spec.output)).take(rows)
         x, y = x.float(), y.float()
         tensors, meta = load_slice(layout.teacher_slice(key))
-        model = convert("identity", tensors, config_from_dict(meta["config"]), ProjectConfig.from_params(params).block(key).train, x, None)
+        model = convert(
+            "identity",
+            tensors,
+            config_from_dict(meta["config"]),
+            ProjectConfig.from_params(params).block(key).train,
+            x,
+            None,
+        )
         run = lambda: (model(x) - y).pow(2).mean()  # noqa: E731
     else:
         model, _ = load_teacher(layout, with_tokenizer=False)
@@ -142,21 +149,44 @@ def main() -> None:
                 rates[t].append(_throughput(project, a.key, a.steps, t))
         best = {t: max(r[0] for r in v) for t, v in rates.items()}
         loop = {t: max(r[1] for r in v) for t, v in rates.items()}
-        print(f"steps/s cached {best['cached']:.3f}, online {best['online']:.3f}; "
-              f"cached / online = {best['cached'] / best['online']:.2f}x")
-        print(f"step loop only (train.steps span): steps/s cached {loop['cached']:.3f}, online "
-              f"{loop['online']:.3f}; cached / online = {loop['cached'] / loop['online']:.2f}x")
+        print(
+            f"steps/s cached {best['cached']:.3f}, online {best['online']:.3f}; "
+            f"cached / online = {best['cached'] / best['online']:.2f}x"
+        )
+        print(
+            f"step loop only (train.steps span): steps/s cached {loop['cached']:.3f}, online "
+            f"{loop['online']:.3f}; cached / online = {loop['cached'] / loop['online']:.2f}x"
+        )
     mem = {}
     for mode in ("block", "full"):
-        out = subprocess.run([sys.executable, __file__, "--project", str(project), "--key", a.key, "--child", mode,
-                              "--batch", str(a.batch)], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--project",
+                str(project),
+                "--key",
+                a.key,
+                "--child",
+                mode,
+                "--batch",
+                str(a.batch),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         mem[mode] = json.loads(out.strip().splitlines()[-1])
     b, f = mem["block"], mem["full"]
-    print(f"fwd+bwd at batch {a.batch}x{a.seq_len}: activations saved for backward: block {a.key} "
-          f"{b['saved_mb']:.0f} MB, full teacher {f['saved_mb']:.0f} MB; full / block = "
-          f"{f['saved_mb'] / b['saved_mb']:.1f}x")
-    print(f"peak RSS growth during fwd+bwd: block {b['rss_growth_mb']:.0f} MB, full teacher "
-          f"{f['rss_growth_mb']:.0f} MB; full / block = {f['rss_growth_mb'] / max(b['rss_growth_mb'], 1e-9):.1f}x")
+    print(
+        f"fwd+bwd at batch {a.batch}x{a.seq_len}: activations saved for backward: block {a.key} "
+        f"{b['saved_mb']:.0f} MB, full teacher {f['saved_mb']:.0f} MB; full / block = "
+        f"{f['saved_mb'] / b['saved_mb']:.1f}x"
+    )
+    print(
+        f"peak RSS growth during fwd+bwd: block {b['rss_growth_mb']:.0f} MB, full teacher "
+        f"{f['rss_growth_mb']:.0f} MB; full / block = {f['rss_growth_mb'] / max(b['rss_growth_mb'], 1e-9):.1f}x"
+    )
 
 
 if __name__ == "__main__":

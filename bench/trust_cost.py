@@ -52,8 +52,9 @@ def _sh(cmd: list[str], cwd: Path) -> float:
 
 
 def _check(project: Path, what: str, deps: list[str]) -> tuple[float, str]:
-    res = subprocess.run([sys.executable, "-c", _CHILD, what, *deps], cwd=project, env=ENV, capture_output=True,
-                         text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", _CHILD, what, *deps], cwd=project, env=ENV, capture_output=True, text=True, check=True
+    )
     secs, outputs, hashed, cached = res.stdout.split()
     return float(secs), f"{outputs} outputs, {hashed} files hashed, {cached} from the cache"
 

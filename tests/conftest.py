@@ -36,8 +36,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 def zg(*args, cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
     """Run the real `zg` CLI in ``cwd``."""
-    res = subprocess.run([str(BIN / "zg"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, timeout=timeout)
+    res = subprocess.run(
+        [str(BIN / "zg"), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
     if check and res.returncode != 0:
         raise AssertionError(f"zg {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     return res
@@ -104,8 +110,9 @@ def pytest_configure(config):
 
 
 def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                         timeout=timeout)
+    res = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
+    )
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     return res
@@ -146,8 +153,10 @@ def pytest_collection_finish(session):
         return
     lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
     if lost:
-        raise pytest.UsageError(f"pytest-xdist did not apply --dist loadgroup to {len(lost)} grouped tests "
-                                f"(e.g. {lost[0]}); install the pytest that pyproject.toml's [test] extra pins")
+        raise pytest.UsageError(
+            f"pytest-xdist did not apply --dist loadgroup to {len(lost)} grouped tests "
+            f"(e.g. {lost[0]}); install the pytest that pyproject.toml's [test] extra pins"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -233,9 +242,16 @@ def ray_cluster():
     warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray's node processes exec at once
     # num_workers_soft_limit: keep this process's warm workers (teacher loaded) while a `zg` subprocess's job
     # starts its own; with the default (= CPUs) Ray kills the idle ones and the next test starts cold
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 2, "object_store_memory": 100 << 20, "include_dashboard": False,
-        "_system_config": {"num_workers_soft_limit": 8}})
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={
+            "num_cpus": 2,
+            "object_store_memory": 100 << 20,
+            "include_dashboard": False,
+            "_system_config": {"num_workers_soft_limit": 8},
+        },
+    )
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
         yield cluster

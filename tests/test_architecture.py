@@ -76,8 +76,13 @@ def importers(root: Path, packages: tuple[str, ...], name: str) -> set[str]:
     out = set()
     for mod, f in modules(root, packages).items():
         for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
-            got = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            got = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             if any(g == name or g.startswith(f"{name}.") for g in got):
                 out.add(mod)
     return out
@@ -140,8 +145,12 @@ def _describe(cycle: list[Edge]) -> str:
 
 
 def _private(es: list[Edge]) -> list[str]:
-    return [f"{e.where}: {e.src} imports {n} from {e.dst}" for e in es for n in e.names
-            if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]
+    return [
+        f"{e.where}: {e.src} imports {n} from {e.dst}"
+        for e in es
+        for n in e.names
+        if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))
+    ]
 
 
 def test_the_walker_sees_lazy_imports_submodules_and_private_names(tmp_path):
@@ -154,11 +163,17 @@ def test_the_walker_sees_lazy_imports_submodules_and_private_names(tmp_path):
     (pkg / "c.py").write_text("import os\n\n\ndef g():\n    from .sub.b import f\n    import pk.a\n")
     (pkg / "d.py").write_text("from . import c\nfrom pk import d\n")
     es = edges(tmp_path, ("pk",))
-    assert {(e.src, e.dst) for e in es} == {("pk.a", "pk.sub.b"), ("pk.sub.b", "pk.c"), ("pk.c", "pk.sub.b"),
-                                            ("pk.c", "pk.a"), ("pk.d", "pk.c")}
+    assert {(e.src, e.dst) for e in es} == {
+        ("pk.a", "pk.sub.b"),
+        ("pk.sub.b", "pk.c"),
+        ("pk.c", "pk.sub.b"),
+        ("pk.c", "pk.a"),
+        ("pk.d", "pk.c"),
+    }
     found = cycles(es)
-    assert [[(e.src, e.dst) for e in c] for c in found] == [[("pk.a", "pk.sub.b"), ("pk.sub.b", "pk.c"),
-                                                             ("pk.c", "pk.a")]]
+    assert [[(e.src, e.dst) for e in c] for c in found] == [
+        [("pk.a", "pk.sub.b"), ("pk.sub.b", "pk.c"), ("pk.c", "pk.a")]
+    ]
     assert _describe(found[0]).startswith("pk.a -> pk.sub.b (pk/a.py:1) -> pk.c (pk/sub/b.py:3)")
     assert _private(es) == ["pk/sub/b.py:3: pk.sub.b imports _hidden from pk.c"]
 
@@ -166,24 +181,34 @@ def test_the_walker_sees_lazy_imports_submodules_and_private_names(tmp_path):
 def test_no_import_cycles():
     found = cycles(edges(REPO, PACKAGES))
     if found:
-        pytest.fail("import cycles (move what both sides need into a module of its own):\n"
-                    + "\n".join(_describe(c) for c in found))
+        pytest.fail(
+            "import cycles (move what both sides need into a module of its own):\n"
+            + "\n".join(_describe(c) for c in found)
+        )
 
 
 def test_zgdata_never_imports_zgtrain():
-    bad = [f"{e.where}: {e.src} imports {e.dst}" for e in edges(REPO, PACKAGES)
-           if e.src.split(".")[0] == "zgdata" and e.dst.split(".")[0] == "zgtrain"]
+    bad = [
+        f"{e.where}: {e.src} imports {e.dst}"
+        for e in edges(REPO, PACKAGES)
+        if e.src.split(".")[0] == "zgdata" and e.dst.split(".")[0] == "zgtrain"
+    ]
     if bad:
         pytest.fail("zgdata knows nothing about students:\n" + "\n".join(bad))
 
 
 def test_ray_stays_in_its_three_modules_at_the_edge():
-    assert importers(REPO, PACKAGES, "ray") == {"zgdata.ray_cluster", "zgdata.materialize.ray_shards",
-                                                "zgtrain.exec.ray_tasks"}
+    assert importers(REPO, PACKAGES, "ray") == {
+        "zgdata.ray_cluster",
+        "zgdata.materialize.ray_shards",
+        "zgtrain.exec.ray_tasks",
+    }
 
 
 def test_no_private_name_crosses_a_module():
     bad = _private(edges(REPO, PACKAGES))
     if bad:
-        pytest.fail("a private name imported across modules (give it a public name in the module it belongs to):\n"
-                    + "\n".join(bad))
+        pytest.fail(
+            "a private name imported across modules (give it a public name in the module it belongs to):\n"
+            + "\n".join(bad)
+        )

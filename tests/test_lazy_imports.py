@@ -35,8 +35,14 @@ json.dump({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules
 
 def _imported(args: list[str], cwd, tmp_path) -> set[str]:
     out = tmp_path / "modules.json"
-    res = subprocess.run([sys.executable, "-c", PROBE, str(out), *map(str, args)], cwd=cwd, capture_output=True,
-                         text=True, timeout=300, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert res.returncode == 0, f"zg {' '.join(map(str, args))}:\n{res.stdout}\n{res.stderr}"
     got = json.loads(out.read_text())
     assert got["code"] == 0, f"zg {' '.join(map(str, args))} exited {got['code']}:\n{res.stdout}\n{res.stderr}"

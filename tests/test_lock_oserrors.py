@@ -25,19 +25,20 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-
 from conftest import BIN, assert_user_error, read_json, run, tree_sha256, zg
+
 from zgdata.errors import from_os_error
 from zgdata.layout import Layout
 from zgdata.lock import BUSY_EXIT_CODE, lock_path, stage_lock
 
-
 # ---------------------------------------------------------------- helpers
+
 
 def _start(root: Path, *args, env: dict, log: Path) -> subprocess.Popen:
     with open(log, "w") as err:
-        return subprocess.Popen([str(BIN / "zg"), *args], cwd=root, env={**os.environ, **env},
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+        return subprocess.Popen(
+            [str(BIN / "zg"), *args], cwd=root, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=err, text=True
+        )
 
 
 def _wait_for(proc: subprocess.Popen, cond, log: Path, what: str) -> None:
@@ -106,8 +107,10 @@ def _assert_boundaries_exact(root: Path, reference: Path) -> None:
 def _mount(*args: str) -> None:
     res = subprocess.run(["mount", *args], capture_output=True, text=True)
     if res.returncode:
-        pytest.skip(f"`mount {' '.join(args)}` is not permitted here ({res.stderr.strip()[:120]}); "
-                    "these tests need root, as on CI")
+        pytest.skip(
+            f"`mount {' '.join(args)}` is not permitted here ({res.stderr.strip()[:120]}); "
+            "these tests need root, as on CI"
+        )
 
 
 def _umount(path: Path) -> None:
@@ -143,6 +146,7 @@ def _fill(directory: Path) -> Path:
 
 # ---------------------------------------------------------------- locks
 
+
 def test_second_materialize_is_refused_and_the_first_publishes_exact_rows(tiny_built, tiny_project):
     root = tiny_project
     shutil.rmtree(root / "data" / "boundaries")
@@ -154,8 +158,14 @@ def test_second_materialize_is_refused_and_the_first_publishes_exact_rows(tiny_b
             staged = tree_sha256(root / "data" / ".staging")
             second = zg("data", "materialize", cwd=root, check=False)
             assert second.returncode == BUSY_EXIT_CODE
-            assert_user_error(second, f"another zg process (pid {first.pid}: `zg data materialize`)",
-                              "is writing data/boundaries", "wait for it", "kill -9", alone=True)
+            assert_user_error(
+                second,
+                f"another zg process (pid {first.pid}: `zg data materialize`)",
+                "is writing data/boundaries",
+                "wait for it",
+                "kill -9",
+                alone=True,
+            )
             assert tree_sha256(root / "data" / ".staging") == staged, "the refused run touched the staging"
             assert not (root / "data" / "boundaries").exists()
     finally:
@@ -174,8 +184,12 @@ def test_same_block_twice_is_refused_while_another_block_trains(tiny_project):
     log = root.parent / "b00.stderr"
     first = _start(root, "train", "block", "b00", "--json", env={"ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.2"}, log=log)
     try:
-        _wait_for(first, lambda: (blocks / "b00" / "meta.json").exists() and _holder_pid(root, "block-b00"),
-                  log, "the first checkpoint")
+        _wait_for(
+            first,
+            lambda: (blocks / "b00" / "meta.json").exists() and _holder_pid(root, "block-b00"),
+            log,
+            "the first checkpoint",
+        )
         with _stopped(first, root, "block-b00"):
             before = tree_sha256(blocks / "b00")
             second = zg("train", "block", "b00", cwd=root, check=False)
@@ -192,8 +206,12 @@ def test_same_block_twice_is_refused_while_another_block_trains(tiny_project):
     assert read_json(root / "metrics" / "blocks" / "b00.json")["state_sha256"] == r["state_sha256"]
     curve = (root / "plots" / "loss" / "b00.csv").read_text().splitlines()
     assert curve[0] == "step,loss" and [int(x.split(",")[0]) for x in curve[1:]] == list(range(12))
-    assert {p.name for p in (blocks / "b00").iterdir()} == {"init.safetensors", "meta.json", "model.safetensors",
-                                                           "ckpt-000012"}
+    assert {p.name for p in (blocks / "b00").iterdir()} == {
+        "init.safetensors",
+        "meta.json",
+        "model.safetensors",
+        "ckpt-000012",
+    }
 
 
 def test_block_lock_removes_what_a_killed_checkpoint_write_left(tmp_path, capfd):
@@ -215,6 +233,7 @@ def test_block_lock_removes_what_a_killed_checkpoint_write_left(tmp_path, capfd)
 
 
 # ---------------------------------------------------------------- OS errors
+
 
 def test_full_disk_during_materialize_is_one_line_and_a_rerun_resumes(tiny_built, tiny_project):
     root = tiny_project
@@ -264,8 +283,9 @@ def test_read_only_output_dir_is_one_line_and_changes_nothing(tiny_project):
     with _read_only(data):
         res = zg("data", "tokenize", cwd=tiny_project, check=False)
     # the first write tokenize attempts is its spill folder beside data/tokens.lance
-    assert_user_error(res, "Read-only file system (EROFS) at data/.tokens.lance.spill", "choose a writable directory",
-                      alone=True)
+    assert_user_error(
+        res, "Read-only file system (EROFS) at data/.tokens.lance.spill", "choose a writable directory", alone=True
+    )
     assert tree_sha256(data) == before
 
 
@@ -277,10 +297,12 @@ def test_os_errors_of_the_libraries_become_zg_errors(tmp_path):
     full.mkdir()
     ro.mkdir()
     table = pa.table({"x": np.arange(200_000, dtype=np.float64)})
-    writers = {"lance": lambda d: lance.write_dataset(table, str(d / "x.lance")),
-               "safetensors": lambda d: save_file({"a": torch.zeros(200_000)}, str(d / "x.safetensors")),
-               "torch.save": lambda d: torch.save({"a": torch.zeros(200_000)}, d / "x.pt"),
-               "python": lambda d: (d / "x.txt").write_bytes(b"\0" * 2_000_000)}
+    writers = {
+        "lance": lambda d: lance.write_dataset(table, str(d / "x.lance")),
+        "safetensors": lambda d: save_file({"a": torch.zeros(200_000)}, str(d / "x.safetensors")),
+        "torch.save": lambda d: torch.save({"a": torch.zeros(200_000)}, d / "x.pt"),
+        "python": lambda d: (d / "x.txt").write_bytes(b"\0" * 2_000_000),
+    }
     _mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full))
     try:
         with _read_only(ro):
@@ -299,8 +321,10 @@ def test_os_errors_of_the_libraries_become_zg_errors(tmp_path):
     # anything else stays a bug with its traceback
     assert from_os_error(ValueError("bad value")) is None
     assert from_os_error(FileNotFoundError(errno.ENOENT, "No such file or directory", "x")) is None
-    assert from_os_error(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2"),
-                         tmp_path) is None  # torch's short write counts as ENOSPC only on a full disk
+    assert (
+        from_os_error(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2"), tmp_path)
+        is None
+    )  # torch's short write counts as ENOSPC only on a full disk
     # raised from an OS error: the cause decides
     try:
         try:

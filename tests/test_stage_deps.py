@@ -27,12 +27,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import PIPELINE_STAGES, run, zg
 
 STRACE = shutil.which("strace") or ("/usr/bin/strace" if os.access("/usr/bin/strace", os.X_OK) else None)
-pytestmark = pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace): "
-                                                       "this test traces the files each stage's command opens")
+pytestmark = pytest.mark.skipif(
+    STRACE is None,
+    reason="strace is not installed (apt-get install strace): this test traces the files each stage's command opens",
+)
 
 IGNORED_TOP = (".git", ".dvc", ".zg", "dvc.lock")  # dvc.lock: read to check inputs against it (zgdata/trust.py)
 IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
@@ -50,7 +51,7 @@ def _expand(value, key: str, item: dict):
     if isinstance(value, str):
         value = value.replace("${key}", key)
         for k, v in item.items():
-            value = value.replace("${item.%s}" % k, str(v))
+            value = value.replace("${item." + k + "}", str(v))
         return value
     if isinstance(value, list):
         return [_expand(v, key, item) for v in value]
@@ -65,7 +66,9 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
     params = yaml.safe_load((root / "params.yaml").read_text())
     stages = {}
     for name, body in spec["stages"].items():
-        if "foreach" in body:  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/project/pipeline.py)
+        if (
+            "foreach" in body
+        ):  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/project/pipeline.py)
             assert body["foreach"] == "${blocks}" or isinstance(body["foreach"], dict), body["foreach"]
             items = params["blocks"] if body["foreach"] == "${blocks}" else body["foreach"]
             for key, item in items.items():
@@ -95,9 +98,26 @@ def _under(path: str, roots: list[str]) -> bool:
 
 def trace_stage(root: Path, stage: dict, log: Path) -> set[str]:
     """Run the stage's cmd in root under strace; the project paths (relative) it opened successfully."""
-    res = subprocess.run([STRACE, "-f", "--seccomp-bpf", "-qq", "-y", "-e", "trace=open,openat,openat2",
-                          "-o", str(log), "sh", "-c", stage["cmd"]], cwd=root, capture_output=True, text=True,
-                         timeout=900)
+    res = subprocess.run(
+        [
+            STRACE,
+            "-f",
+            "--seccomp-bpf",
+            "-qq",
+            "-y",
+            "-e",
+            "trace=open,openat,openat2",
+            "-o",
+            str(log),
+            "sh",
+            "-c",
+            stage["cmd"],
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, f"`{stage['cmd']}` failed under strace ({res.returncode}):\n{res.stdout}\n{res.stderr}"
     real = os.path.realpath(root)
     opened = set()
@@ -111,8 +131,10 @@ def trace_stage(root: Path, stage: dict, log: Path) -> set[str]:
 
 
 def undeclared(stage: dict, opened: set[str], before: dict[str, bool]) -> list[str]:
-    deps, own = _paths(stage.get("deps")), _paths(stage.get("outs")) + _paths(stage.get("metrics")) \
-        + _paths(stage.get("plots"))
+    deps, own = (
+        _paths(stage.get("deps")),
+        _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")),
+    )
     bad = []
     for p in sorted(opened):
         parts = p.split("/")
@@ -133,7 +155,7 @@ def _group(paths: list[str], outputs: dict[str, str]) -> str:
     groups: dict[str, list[str]] = {}
     for p in paths:
         owner = next((o for o in outputs if _under(p, [o])), p)
-        groups.setdefault(owner, []).append(p[len(owner) + 1:])
+        groups.setdefault(owner, []).append(p[len(owner) + 1 :])
     shown = []
     for owner, inside in groups.items():
         inside = [s for s in inside if s]
@@ -145,8 +167,11 @@ def _group(paths: list[str], outputs: dict[str, str]) -> str:
 
 def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_path: Path) -> dict[str, list[str]]:
     """Run each named stage's cmd under strace (its outputs deleted first); {stage: undeclared paths}."""
-    outputs = {o: name for name, s in stages.items()
-               for o in _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots"))}
+    outputs = {
+        o: name
+        for name, s in stages.items()
+        for o in _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots"))
+    }
     found = {}
     for name in names:
         stage = stages[name]
@@ -171,9 +196,11 @@ def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_pat
 
 def _fail(found: dict[str, str]) -> None:
     if found:
-        pytest.fail("stages read project files that are not their declared deps (stage -> undeclared paths):\n"
-                    + "\n".join(f"  {name} -> {paths}" for name, paths in found.items())
-                    + "\nadd them to the stage's deps in zgtrain/project/pipeline.py dvc_yaml() and run `zg pipeline`")
+        pytest.fail(
+            "stages read project files that are not their declared deps (stage -> undeclared paths):\n"
+            + "\n".join(f"  {name} -> {paths}" for name, paths in found.items())
+            + "\nadd them to the stage's deps in zgtrain/project/pipeline.py dvc_yaml() and run `zg pipeline`"
+        )
 
 
 def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):

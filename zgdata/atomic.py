@@ -12,8 +12,9 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["atomic_path", "replace_path", "write_json", "write_text"]
 

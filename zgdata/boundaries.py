@@ -44,7 +44,7 @@ class Boundary:
     layer = property(lambda self: self._b.meta["layer"])
     seq_len = property(lambda self: self._b.seq_len)
     hidden = property(lambda self: self._b.hidden)
-    dtype = property(lambda self: self._b.dtype)      # the storage dtype: "bfloat16" or "float32"
+    dtype = property(lambda self: self._b.dtype)  # the storage dtype: "bfloat16" or "float32"
     codec = property(lambda self: self._b.codec)
     fingerprint = property(lambda self: self._b.fingerprint)
     lineage = property(lambda self: dict(self._b.meta["lineage"]))
@@ -61,10 +61,10 @@ class Boundary:
         """(N, seq_len, hidden) tensor of the given row numbers, in their order."""
         return self._b.take(rows)
 
-    def rows_dataset(self, split: str | None = None) -> "RowDataset":
+    def rows_dataset(self, split: str | None = None) -> RowDataset:
         return RowDataset(self._b.path, split)
 
-    def tokens_dataset(self, split: str | None = None) -> "TokenDataset":
+    def tokens_dataset(self, split: str | None = None) -> TokenDataset:
         return TokenDataset(self._b.path, split)
 
 
@@ -128,6 +128,6 @@ class TokenDataset(_Lazy):
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"token index out of range [0, {len(self)})")
         row, pos = np.divmod(idx, b.seq_len)
-        uniq, inv = np.unique(row, return_inverse=True)   # each needed row is read once
+        uniq, inv = np.unique(row, return_inverse=True)  # each needed row is read once
         x = b.take(self._rows[uniq])
         return list(x[torch.from_numpy(inv.reshape(-1)), torch.from_numpy(pos)].clone().unbind(0))

@@ -23,24 +23,31 @@ ATTN_IMPLEMENTATION = "sdpa"
 
 
 @torch.no_grad()
-def capture(model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype) -> dict[int, torch.Tensor]:
+def capture(
+    model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype
+) -> dict[int, torch.Tensor]:
     """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed."""
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
-        raise ZgError(f"teacher attention is '{model.config._attn_implementation}', capture needs "
-                      f"'{ATTN_IMPLEMENTATION}'", fix="load the teacher with zgdata.teacher.prepare.load_teacher")
+        raise ZgError(
+            f"teacher attention is '{model.config._attn_implementation}', capture needs '{ATTN_IMPLEMENTATION}'",
+            fix="load the teacher with zgdata.teacher.prepare.load_teacher",
+        )
     fam = family_of(model.config)
     inner, blocks = fam.inner(model), fam.layers(model)
     depth = len(blocks)
     if max(layers) > depth or min(layers) < 0:
-        raise ZgError(f"boundary layers {layers} are outside [0, {depth}]", key="partition.boundaries",
-                      fix=f"keep every boundary within [0, {depth}]")
+        raise ZgError(
+            f"boundary layers {layers} are outside [0, {depth}]",
+            key="partition.boundaries",
+            fix=f"keep every boundary within [0, {depth}]",
+        )
     want = set(layers)
     wide = compute_dtype(model)  # a teacher loaded per_layer: widen what runs, while it runs (zgdata.widen)
     with widened([m for m in inner.children() if m is not blocks], wide):
         first = next(inner.parameters())
         input_ids = input_ids.to(first.device)
-        h = fam.embed(inner, input_ids).to(first.dtype)                  # (B, T, C)
-        inputs = fam.layer_inputs(fam.model_rotary(inner), h)            # e.g. rotary cos, sin: (1, T, D)
+        h = fam.embed(inner, input_ids).to(first.dtype)  # (B, T, C)
+        inputs = fam.layer_inputs(fam.model_rotary(inner), h)  # e.g. rotary cos, sin: (1, T, D)
     out = {0: h.to(storage_dtype)} if 0 in want else {}
     for i in range(max(layers)):
         with widened([blocks[i]], wide):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,10 +11,16 @@ from zgdata.progress import stderr
 
 __all__ = ["teacher_app", "data_app", "emit", "params_option"]
 
-teacher_app = typer.Typer(help="Prepare the frozen teacher (weights, tokenizer, hashes, per-block slices).",
-                          no_args_is_help=True, pretty_exceptions_enable=False)
-data_app = typer.Typer(help="Token and boundary datasets: tokenize, materialize, verify, inspect.",
-                       no_args_is_help=True, pretty_exceptions_enable=False)
+teacher_app = typer.Typer(
+    help="Prepare the frozen teacher (weights, tokenizer, hashes, per-block slices).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(
+    help="Token and boundary datasets: tokenize, materialize, verify, inspect.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 
 params_option = typer.Option(Path("params.yaml"), "--params", help="params file of the project.")
 
@@ -44,9 +49,16 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
     # a local-pretraining project trains from scratch: it needs the tokenizer, no slices
     local = project_kind(p) is ProjectKind.LOCAL
     r = prepare(section(p, TeacherConfig, "teacher"), None if local else section(p, PartitionConfig, "partition"))
-    emit({"path": str(r.path), "weights_sha256": r.weights_sha256, "tokenizer_sha256": r.tokenizer_sha256,
-          "params": r.params}, as_json=as_json,
-         summary=f"teacher ready: {r.params:,} params, weights {r.weights_sha256[:12]} -> {r.path}")
+    emit(
+        {
+            "path": str(r.path),
+            "weights_sha256": r.weights_sha256,
+            "tokenizer_sha256": r.tokenizer_sha256,
+            "params": r.params,
+        },
+        as_json=as_json,
+        summary=f"teacher ready: {r.params:,} params, weights {r.weights_sha256[:12]} -> {r.path}",
+    )
 
 
 @data_app.command("tokenize")
@@ -63,10 +75,19 @@ def data_tokenize(params: Path = params_option, as_json: bool = typer.Option(Fal
 
     r = tokenize(section(load_params(params), CorpusConfig, "corpus"))
     empty = f" ({r.empty_documents} empty documents skipped)" if r.empty_documents else ""
-    emit({"path": str(r.path), "fingerprint": r.fingerprint, "rows": r.rows, "tokens": r.tokens,
-          "documents": r.documents, "empty_documents": r.empty_documents}, as_json=as_json,
-         summary=f"tokens: {r.rows} sequences, {r.tokens} tokens from {r.documents} documents{empty}, "
-                 f"fingerprint {r.fingerprint[:12]}")
+    emit(
+        {
+            "path": str(r.path),
+            "fingerprint": r.fingerprint,
+            "rows": r.rows,
+            "tokens": r.tokens,
+            "documents": r.documents,
+            "empty_documents": r.empty_documents,
+        },
+        as_json=as_json,
+        summary=f"tokens: {r.rows} sequences, {r.tokens} tokens from {r.documents} documents{empty}, "
+        f"fingerprint {r.fingerprint[:12]}",
+    )
 
 
 @data_app.command("materialize")
@@ -91,25 +112,43 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     where = ""
     if r.shards:  # sharded (materialize.workers > 1): which worker processes ran the shards
         procs = sorted({(s["host"], s["pid"]) for s in r.shards})
-        where = f" ({len(r.shards)} shards on {len(procs)} worker processes: " + \
-                ", ".join(f"{h}:{p}" for h, p in procs) + ")"
-    emit({"paths": {k: str(v) for k, v in r.paths.items()}, "fingerprints": r.fingerprints, "rows": r.rows,
-          "tokens": r.tokens, "seconds": r.seconds, "skipped": r.skipped, "resumed_from": r.resumed_from,
-          "shards": r.shards}, as_json=as_json,
-         summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s{where}"
-                 + (f"; {', '.join(virtual)} virtual (not stored)" if virtual else ""))
+        where = (
+            f" ({len(r.shards)} shards on {len(procs)} worker processes: "
+            + ", ".join(f"{h}:{p}" for h, p in procs)
+            + ")"
+        )
+    emit(
+        {
+            "paths": {k: str(v) for k, v in r.paths.items()},
+            "fingerprints": r.fingerprints,
+            "rows": r.rows,
+            "tokens": r.tokens,
+            "seconds": r.seconds,
+            "skipped": r.skipped,
+            "resumed_from": r.resumed_from,
+            "shards": r.shards,
+        },
+        as_json=as_json,
+        summary=f"boundaries {', '.join(r.paths)}: {how}, {r.tokens:,} tokens in {r.seconds:.1f}s{where}"
+        + (f"; {', '.join(virtual)} virtual (not stored)" if virtual else ""),
+    )
 
 
 @data_app.command("verify")
-def data_verify(params: Path = params_option,
-                sample: Optional[int] = typer.Option(None, help="sequences to recompute, >= 1 (default verify.sample)."),
-                lineage_only: bool = typer.Option(False, "--lineage-only",
-                                                  help="check lineage, row alignment and every row's checksum "
-                                                       "only; needs no teacher."),
-                boundaries: Optional[Path] = typer.Option(None, help="folder of boundary datasets (default data/boundaries)."),
-                full: bool = typer.Option(False, "--full", help="also check every output dvc.lock (git) records "
-                                                                 "against its md5 (hashes cached in .zg/trust.json)."),
-                as_json: bool = typer.Option(False, "--json")):
+def data_verify(
+    params: Path = params_option,
+    sample: int | None = typer.Option(None, help="sequences to recompute, >= 1 (default verify.sample)."),
+    lineage_only: bool = typer.Option(
+        False, "--lineage-only", help="check lineage, row alignment and every row's checksum only; needs no teacher."
+    ),
+    boundaries: Path | None = typer.Option(None, help="folder of boundary datasets (default data/boundaries)."),
+    full: bool = typer.Option(
+        False,
+        "--full",
+        help="also check every output dvc.lock (git) records against its md5 (hashes cached in .zg/trust.json).",
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+):
     """Check every row's checksum, lineage and alignment; recompute a sample with the teacher bit for bit.
 
     Writes reports/verify.json. Exits non-zero on any mismatch, naming the boundary and row, or when a
@@ -124,20 +163,35 @@ def data_verify(params: Path = params_option,
     sample = None if sample is None else check_int("--sample", sample, ge=1)
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
     mcfg = section(p, MaterializeConfig, "materialize") if part is not None else None  # virtual_first: h00 computed
-    report = verify(cfg, sample=sample, lineage_only=lineage_only, layout=Layout(),
-                    boundaries_dir=boundaries, partition=part, mcfg=mcfg, full=full)
+    report = verify(
+        cfg,
+        sample=sample,
+        lineage_only=lineage_only,
+        layout=Layout(),
+        boundaries_dir=boundaries,
+        partition=part,
+        mcfg=mcfg,
+        full=full,
+    )
     emit(report, as_json=as_json, summary=f"verify: {report['status']} ({report['summary']})")
     if report["status"] != "ok":
         raise typer.Exit(1)
 
 
 @data_app.command("inspect")
-def data_inspect(paths: Optional[list[Path]] = typer.Argument(None, help="datasets or folders (default: data/tokens.lance and data/boundaries)."),
-                 version: Optional[int] = typer.Option(None, help="inspect this Lance version."),
-                 wide: bool = typer.Option(False, "--wide", help="also the lineage (teacher, tokenizer, token set, "
-                                                                 "source) and storage (shape, dtype, stats) tables."),
-                 versions: bool = typer.Option(False, "--versions", help="also every dataset's full version history."),
-                 as_json: bool = typer.Option(False, "--json")):
+def data_inspect(
+    paths: list[Path] | None = typer.Argument(
+        None, help="datasets or folders (default: data/tokens.lance and data/boundaries)."
+    ),
+    version: int | None = typer.Option(None, help="inspect this Lance version."),
+    wide: bool = typer.Option(
+        False,
+        "--wide",
+        help="also the lineage (teacher, tokenizer, token set, source) and storage (shape, dtype, stats) tables.",
+    ),
+    versions: bool = typer.Option(False, "--versions", help="also every dataset's full version history."),
+    as_json: bool = typer.Option(False, "--json"),
+):
     """Show token and boundary datasets: rows per split, codec, size, fingerprint, completeness and history (one line
     each, fits 80 columns); --wide adds lineage and storage, --versions every version, --json everything."""
     from zgdata.inspect import collect, render

@@ -33,8 +33,18 @@ from zgdata.errors import ZgError
 if TYPE_CHECKING:  # torch loads where a tensor is encoded (`zg data inspect` reads the schema only)
     import torch
 
-__all__ = ["CODECS", "ZSTD_LEVEL", "FORMAT_OF", "hidden_fields", "hidden_arrays", "decode_rows", "codec_of",
-           "hidden_columns", "value_info", "codec_meta"]
+__all__ = [
+    "CODECS",
+    "ZSTD_LEVEL",
+    "FORMAT_OF",
+    "hidden_fields",
+    "hidden_arrays",
+    "decode_rows",
+    "codec_of",
+    "hidden_columns",
+    "value_info",
+    "codec_meta",
+]
 
 CODECS = ("raw", "zstd")
 ZSTD_LEVEL = 3  # higher levels gained < 1% on bf16 high bytes at several times the encode cost
@@ -61,8 +71,10 @@ def codec_of(meta: dict) -> str:
     c = meta.get("codec") or {"name": "raw"}
     name = c.get("name") if isinstance(c, dict) else c
     if name not in CODECS:
-        raise ZgError(f"boundary codec {name!r} is unknown to this zg (it reads {', '.join(CODECS)})",
-                      fix="install the zg that wrote it, or rematerialize with `dvc repro -f materialize`")
+        raise ZgError(
+            f"boundary codec {name!r} is unknown to this zg (it reads {', '.join(CODECS)})",
+            fix="install the zg that wrote it, or rematerialize with `dvc repro -f materialize`",
+        )
     return name
 
 
@@ -77,8 +89,10 @@ def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> 
     if codec == "raw":
         return [pa.field("hidden", pa.list_(_ARROW[storage_dtype], n), metadata=meta)]
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
-    return [pa.field("hidden_hi", pa.large_binary(), metadata=meta),
-            pa.field("hidden_lo", pa.list_(pa.uint8(), n * (nbytes - 1)))]
+    return [
+        pa.field("hidden_hi", pa.large_binary(), metadata=meta),
+        pa.field("hidden_lo", pa.list_(pa.uint8(), n * (nbytes - 1))),
+    ]
 
 
 def value_info(schema: pa.Schema, meta: dict) -> tuple[str, int, int]:
@@ -106,19 +120,24 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
         values = pa.array(rows.reshape(-1), type=_ARROW[storage_dtype])
         return [pa.FixedSizeListArray.from_arrays(values, n)], rows
     nbytes = rows.dtype.itemsize
-    by = rows.view(np.uint8).reshape(b, n, nbytes)       # little endian: the last byte is sign + exponent
+    by = rows.view(np.uint8).reshape(b, n, nbytes)  # little endian: the last byte is sign + exponent
     z = _zstd()
     hi = [z.compress(np.ascontiguousarray(by[i, :, -1]), asbytes=True) for i in range(b)]
     lo = np.ascontiguousarray(by[:, :, :-1]).reshape(-1)
-    return [pa.array(hi, type=pa.large_binary()),
-            pa.FixedSizeListArray.from_arrays(pa.array(lo, type=pa.uint8()), n * (nbytes - 1))], rows
+    return [
+        pa.array(hi, type=pa.large_binary()),
+        pa.FixedSizeListArray.from_arrays(pa.array(lo, type=pa.uint8()), n * (nbytes - 1)),
+    ], rows
 
 
 def _flat_values(col, width: int) -> np.ndarray:
     """A fixed-size-list column (array or chunked) as one (N, width) numpy array; zero-copy for one chunk."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-    arrs = [ch.values.slice(ch.offset * width, len(ch) * width).to_numpy(zero_copy_only=True).reshape(len(ch), width)
-            for ch in chunks if len(ch)]
+    arrs = [
+        ch.values.slice(ch.offset * width, len(ch) * width).to_numpy(zero_copy_only=True).reshape(len(ch), width)
+        for ch in chunks
+        if len(ch)
+    ]
     if len(arrs) == 1:
         return arrs[0]
     if not arrs:
@@ -139,8 +158,9 @@ def decode_rows(table, codec: str, storage_dtype: str, seq_len: int, hidden: int
     out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
     out[:, :, :-1] = lo
     col = table.column("hidden_hi")
-    bufs = [ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col])
-            for j in range(len(ch))]
+    bufs = [
+        ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
+    ]
 
     def one(i: int) -> str | None:
         """Decode row i's high bytes into ``out``; an error text if they do not decode."""

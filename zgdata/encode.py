@@ -28,13 +28,22 @@ batch is encoded ahead, so memory stays bounded by the batch size.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["batch_encoder", "reference_encoder", "plain_backend", "pipelined", "pieces", "splittable", "CACHE_WORDS",
-           "PIECE_CHARS"]
+__all__ = [
+    "batch_encoder",
+    "reference_encoder",
+    "plain_backend",
+    "pipelined",
+    "pieces",
+    "splittable",
+    "CACHE_WORDS",
+    "PIECE_CHARS",
+]
 
 # Words whose BPE merges the model memoizes (tokenizers' default: 10 000). The cache is pure memoization (a word's
 # tokens never depend on it), so a larger one changes speed only: ~20% less tokenizer time on the plays, whose
@@ -47,9 +56,11 @@ Encode = Callable[[list[str]], list[np.ndarray]]
 
 def reference_encoder(tok) -> Encode:
     """texts -> int32 ids through transformers' own call (the definition the fast path must match)."""
+
     def encode(texts: list[str]) -> list[np.ndarray]:
         out = tok(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
         return [np.asarray(x, dtype=np.int32) for x in out["input_ids"]]
+
     return encode
 
 
@@ -63,8 +74,13 @@ def plain_backend(tok):
     cls = type(tok)
     if not isinstance(tok, TokenizersBackend) or cls.__call__ is not PreTrainedTokenizerBase.__call__:
         return None
-    for name in ("_encode_plus", "set_truncation_and_padding", "_get_padding_truncation_strategies", "_call_one",
-                 "_switch_to_input_mode"):
+    for name in (
+        "_encode_plus",
+        "set_truncation_and_padding",
+        "_get_padding_truncation_strategies",
+        "_call_one",
+        "_switch_to_input_mode",
+    ):
         if getattr(cls, name, None) is not getattr(TokenizersBackend, name, None):
             return None
     backend = getattr(tok, "_tokenizer", None)
@@ -81,13 +97,16 @@ def splittable(backend) -> bool:
     byte_level = [p for p in parts if p.get("type") == "ByteLevel"]
     if d.get("normalizer") is not None or not byte_level or model.get("type") != "BPE":
         return False
-    if any(p.get("type") not in ("ByteLevel", "Digits") for p in parts) or any(p.get("add_prefix_space")
-                                                                             for p in byte_level):
+    if any(p.get("type") not in ("ByteLevel", "Digits") for p in parts) or any(
+        p.get("add_prefix_space") for p in byte_level
+    ):
         return False
     if not all(p.get("use_regex", True) for p in byte_level) and model.get("merges"):
         return False  # no regex: the whole document is one pre-token, merged across any cut
-    return not any(any(c.isspace() for c in t["content"]) or t.get("lstrip") or t.get("rstrip")
-                   for t in d.get("added_tokens") or [])
+    return not any(
+        any(c.isspace() for c in t["content"]) or t.get("lstrip") or t.get("rstrip")
+        for t in d.get("added_tokens") or []
+    )
 
 
 def _cut(text: str, start: int, limit: int) -> int:
@@ -137,6 +156,7 @@ def batch_encoder(tok, *, piece_chars: int = PIECE_CHARS) -> Encode:
         if not can_split or all(len(t) <= piece_chars for t in texts):
             return [np.array(e.ids, dtype=np.int32) for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
         return _in_pieces(backend, texts, piece_chars)
+
     can_split = splittable(backend)
     return encode
 

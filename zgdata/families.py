@@ -44,16 +44,16 @@ class Family:
     """The interface. Class attributes name things; methods do the few things that differ by family."""
 
     model_type: ClassVar[str]
-    config_class: ClassVar[str]              # transformers top-level names
+    config_class: ClassVar[str]  # transformers top-level names
     model_class: ClassVar[str]
-    layer_class: ClassVar[tuple[str, str]]   # (module, class) of one decoder layer
-    base: ClassVar[str]                      # attribute of the causal LM that holds the decoder
-    layers_attr: ClassVar[str]               # ModuleList of decoder layers inside ``base``
-    norm_attr: ClassVar[str]                 # final norm inside ``base``
-    width_attr: ClassVar[str]                # config field of the MLP width
-    mlp_out: ClassVar[str]                   # module in a layer whose input is the MLP's intermediate activation
-    mlp_channels: ClassVar[dict[str, int]]   # layer tensor -> the dim that indexes MLP channels
-    layer_norms: ClassVar[tuple[str, ...]]   # norm modules inside a layer
+    layer_class: ClassVar[tuple[str, str]]  # (module, class) of one decoder layer
+    base: ClassVar[str]  # attribute of the causal LM that holds the decoder
+    layers_attr: ClassVar[str]  # ModuleList of decoder layers inside ``base``
+    norm_attr: ClassVar[str]  # final norm inside ``base``
+    width_attr: ClassVar[str]  # config field of the MLP width
+    mlp_out: ClassVar[str]  # module in a layer whose input is the MLP's intermediate activation
+    mlp_channels: ClassVar[dict[str, int]]  # layer tensor -> the dim that indexes MLP channels
+    layer_norms: ClassVar[tuple[str, ...]]  # norm modules inside a layer
     dropout_keys: ClassVar[tuple[str, ...]]  # config fields a student block zeroes (it trains deterministically)
 
     # --- classes and configs -------------------------------------------------------------
@@ -97,12 +97,17 @@ class Family:
 
     def architecture(self, config) -> dict:
         """teacher.json's ``architecture`` record."""
-        return {"model_type": config.model_type, "num_layers": config.num_hidden_layers,
-                "hidden_size": config.hidden_size, "num_heads": config.num_attention_heads,
-                "num_kv_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-                "intermediate_size": self.width(config), "vocab_size": config.vocab_size,
-                "max_positions": config.max_position_embeddings,
-                "tie_word_embeddings": bool(config.tie_word_embeddings)}
+        return {
+            "model_type": config.model_type,
+            "num_layers": config.num_hidden_layers,
+            "hidden_size": config.hidden_size,
+            "num_heads": config.num_attention_heads,
+            "num_kv_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            "intermediate_size": self.width(config),
+            "vocab_size": config.vocab_size,
+            "max_positions": config.max_position_embeddings,
+            "tie_word_embeddings": bool(config.tie_word_embeddings),
+        }
 
     def tiny_config(self, tok):
         """A tiny random teacher's config over the byte-level tokenizer ``tok`` (``teacher.source: random:tiny-*``)."""
@@ -153,7 +158,7 @@ class Family:
         head = {}
         for k, v in state.items():
             if k.startswith(prefix):
-                idx, rest = k[len(prefix):].split(".", 1)
+                idx, rest = k[len(prefix) :].split(".", 1)
                 layers.setdefault(int(idx), {})[rest] = v
             else:
                 head[k.removeprefix(f"{self.base}.")] = v
@@ -188,8 +193,13 @@ class RotaryFamily(Family):
     norm_attr = "norm"
     width_attr = "intermediate_size"
     mlp_out = "mlp.down_proj"
-    mlp_channels = {"mlp.gate_proj.weight": 0, "mlp.gate_proj.bias": 0, "mlp.up_proj.weight": 0,
-                    "mlp.up_proj.bias": 0, "mlp.down_proj.weight": 1}
+    mlp_channels = {
+        "mlp.gate_proj.weight": 0,
+        "mlp.gate_proj.bias": 0,
+        "mlp.up_proj.weight": 0,
+        "mlp.up_proj.bias": 0,
+        "mlp.down_proj.weight": 1,
+    }
     layer_norms = ("input_layernorm", "post_attention_layernorm")
     dropout_keys = ("attention_dropout",)
 
@@ -224,9 +234,19 @@ class Llama(RotaryFamily):
 
     def tiny_config(self, tok):
         return self.transformers_class(self.config_class)(
-            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.1,
-            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            initializer_range=0.1,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
 
 
 class Qwen2(RotaryFamily):
@@ -241,9 +261,11 @@ class Qwen2(RotaryFamily):
     def check(self, config):
         # a sliding-window layer needs its own mask; called with none it would attend to the whole prefix
         if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-            raise ZgError("this Qwen2 teacher uses sliding-window attention layers, which zg does not capture "
-                          "bit-exactly", key="teacher.source",
-                          fix="use a Qwen2 model with use_sliding_window: false (all Qwen2.5 releases are)")
+            raise ZgError(
+                "this Qwen2 teacher uses sliding-window attention layers, which zg does not capture bit-exactly",
+                key="teacher.source",
+                fix="use a Qwen2 model with use_sliding_window: false (all Qwen2.5 releases are)",
+            )
 
     def student_config(self, config_dict, widths):
         config = super().student_config(config_dict, widths)
@@ -252,10 +274,20 @@ class Qwen2(RotaryFamily):
 
     def tiny_config(self, tok):
         return self.transformers_class(self.config_class)(
-            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.1,
-            use_sliding_window=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id)
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            initializer_range=0.1,
+            use_sliding_window=False,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
 
 
 class GPT2(Family):
@@ -277,12 +309,18 @@ class GPT2(Family):
 
     def check(self, config):
         if getattr(config, "add_cross_attention", False):
-            raise ZgError("this GPT-2 teacher has cross-attention layers (an encoder-decoder)", key="teacher.source",
-                          fix="use a decoder-only GPT-2 model")
+            raise ZgError(
+                "this GPT-2 teacher has cross-attention layers (an encoder-decoder)",
+                key="teacher.source",
+                fix="use a decoder-only GPT-2 model",
+            )
         if getattr(config, "scale_attn_by_inverse_layer_idx", False):
             # the scale depends on the layer's index, which blocks and assembly renumber
-            raise ZgError("this GPT-2 teacher scales attention by its layer index (scale_attn_by_inverse_layer_idx)",
-                          key="teacher.source", fix="use a GPT-2 model without scale_attn_by_inverse_layer_idx")
+            raise ZgError(
+                "this GPT-2 teacher scales attention by its layer index (scale_attn_by_inverse_layer_idx)",
+                key="teacher.source",
+                fix="use a GPT-2 model without scale_attn_by_inverse_layer_idx",
+            )
 
     def width(self, config):
         return config.n_inner if config.n_inner is not None else 4 * config.hidden_size  # GPT2Block's default
@@ -296,9 +334,17 @@ class GPT2(Family):
 
     def tiny_config(self, tok):
         return self.transformers_class(self.config_class)(
-            vocab_size=len(tok), n_embd=64, n_layer=4, n_head=4, n_positions=512, initializer_range=0.1,
-            tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id)
+            vocab_size=len(tok),
+            n_embd=64,
+            n_layer=4,
+            n_head=4,
+            n_positions=512,
+            initializer_range=0.1,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), GPT2())}
@@ -311,9 +357,11 @@ def supported() -> str:
 def family(model_type: str) -> Family:
     """The adapter of ``model_type``, or a one-line error naming the supported families and where to add one."""
     if model_type not in FAMILIES:
-        raise ZgError(f"teacher architecture '{model_type}' is not supported (zg supports {supported()})",
-                      key="teacher.source",
-                      fix=f"use a model of one of those families, or add an adapter for '{model_type}' in {WHERE}")
+        raise ZgError(
+            f"teacher architecture '{model_type}' is not supported (zg supports {supported()})",
+            key="teacher.source",
+            fix=f"use a model of one of those families, or add an adapter for '{model_type}' in {WHERE}",
+        )
     return FAMILIES[model_type]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -31,14 +32,18 @@ def canonical_json(obj: Any) -> str:
     try:
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ZgError(f"cannot hash {obj!r} for a fingerprint: {e}",
-                      fix="use plain JSON values (str, int, float, list, dict) in params") from e
+        raise ZgError(
+            f"cannot hash {obj!r} for a fingerprint: {e}",
+            fix="use plain JSON values (str, int, float, list, dict) in params",
+        ) from e
 
 
 def fingerprint(kind: str, version: int, inputs: Mapping[str, Any]) -> str:
     """Identity of a derived artifact: its transform's name and version plus its sorted inputs."""
     for k, v in inputs.items():
         if v is None or v == "":
-            raise ZgError(f"fingerprint input '{k}' of {kind} is missing",
-                          fix="regenerate the parent artifact; ZeroGraph never invents an id")
+            raise ZgError(
+                f"fingerprint input '{k}' of {kind} is missing",
+                fix="regenerate the parent artifact; ZeroGraph never invents an id",
+            )
     return sha256_bytes(canonical_json({"kind": kind, "version": version, "inputs": dict(inputs)}).encode())

@@ -44,8 +44,12 @@ def provenance(path: Path) -> dict:
         inner = dep.get("path") if sub == "." or not dep.get("path") else f"{dep['path']}/{sub}"
         repo = dep.get("repo")
         if repo:
-            out["import"] = {"url": repo.get("url"), "path": inner, "rev": repo.get("rev"),
-                             "rev_lock": repo.get("rev_lock")}
+            out["import"] = {
+                "url": repo.get("url"),
+                "path": inner,
+                "rev": repo.get("rev"),
+                "rev_lock": repo.get("rev_lock"),
+            }
         elif dep.get("path"):  # dvc import-url
             out["import"] = {"url": inner, "path": None, "rev": None, "rev_lock": None}
         return out
@@ -65,19 +69,38 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
     meta = schema_meta(ds.schema)
     kind = meta.get("kind")
     if kind not in ("tokens", "boundary"):
-        raise ZgError(f"{path} is a Lance dataset but not one ZeroGraph wrote (no zg.kind metadata)",
-                      fix="inspect data/tokens.lance or data/boundaries/")
+        raise ZgError(
+            f"{path} is a Lance dataset but not one ZeroGraph wrote (no zg.kind metadata)",
+            fix="inspect data/tokens.lance or data/boundaries/",
+        )
     splits = ds.to_table(columns=["split"]).column("split").to_numpy(zero_copy_only=False)
     names, counts = np.unique(splits, return_counts=True)
-    info = {"codec": None, "path": str(path), "name": meta.get("name", Path(path).stem), "kind": kind, "version": ds.version,
-            "rows": {str(k): int(v) for k, v in zip(names, counts)}, "complete": meta.get("complete") is True,
-            "bytes": dir_bytes(path), "fingerprint": meta.get("fingerprint"), "lineage": meta.get("lineage", {}),
-            "versions": version_rows(ds), "source": provenance(path)}
+    info = {
+        "codec": None,
+        "path": str(path),
+        "name": meta.get("name", Path(path).stem),
+        "kind": kind,
+        "version": ds.version,
+        "rows": {str(k): int(v) for k, v in zip(names, counts)},
+        "complete": meta.get("complete") is True,
+        "bytes": dir_bytes(path),
+        "fingerprint": meta.get("fingerprint"),
+        "lineage": meta.get("lineage", {}),
+        "versions": version_rows(ds),
+        "source": provenance(path),
+    }
     if kind == "boundary":
         dtype, seq_len, hidden = value_info(ds.schema, meta)
-        info.update(layer=meta["layer"], seq_len=seq_len, hidden=hidden, dtype=dtype,
-                    format_version=meta.get("format_version"), codec=codec_of(meta),
-                    stats=meta.get("stats", {}), software=meta.get("software", {}))
+        info.update(
+            layer=meta["layer"],
+            seq_len=seq_len,
+            hidden=hidden,
+            dtype=dtype,
+            format_version=meta.get("format_version"),
+            codec=codec_of(meta),
+            stats=meta.get("stats", {}),
+            software=meta.get("software", {}),
+        )
     else:
         info.update(layer=None, seq_len=meta["lineage"]["seq_len"], hidden=None, dtype="int32", stats={})
     return info
@@ -85,12 +108,32 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
 
 def describe_virtual(vb) -> dict:
     """A virtual boundary (materialize.virtual_first, zgdata/virtual.py): nothing stored, computed on read."""
-    return {"codec": "virtual", "path": str(vb.path), "name": vb.name, "kind": "boundary", "version": None,
-            "rows": dict(vb.meta["rows"]), "complete": True, "bytes": 0, "fingerprint": vb.fingerprint,
-            "lineage": vb.meta["lineage"], "versions": [], "layer": 0, "seq_len": vb.seq_len, "hidden": vb.hidden,
-            "dtype": vb.dtype, "format_version": None, "stats": {}, "software": {}, "virtual": True,
-            "source": {"tracked_by": None, "virtual": " + ".join(vb.meta["lineage"]["computed_from"])
-                       + f" (embedding {vb.meta['lineage']['embedding_sha256'][:12]})"}}
+    return {
+        "codec": "virtual",
+        "path": str(vb.path),
+        "name": vb.name,
+        "kind": "boundary",
+        "version": None,
+        "rows": dict(vb.meta["rows"]),
+        "complete": True,
+        "bytes": 0,
+        "fingerprint": vb.fingerprint,
+        "lineage": vb.meta["lineage"],
+        "versions": [],
+        "layer": 0,
+        "seq_len": vb.seq_len,
+        "hidden": vb.hidden,
+        "dtype": vb.dtype,
+        "format_version": None,
+        "stats": {},
+        "software": {},
+        "virtual": True,
+        "source": {
+            "tracked_by": None,
+            "virtual": " + ".join(vb.meta["lineage"]["computed_from"])
+            + f" (embedding {vb.meta['lineage']['embedding_sha256'][:12]})",
+        },
+    }
 
 
 def collect(paths: list[Path], *, version: int | None = None) -> list[dict]:
@@ -112,8 +155,10 @@ def collect(paths: list[Path], *, version: int | None = None) -> list[dict]:
             found = [x for x in sorted(p.glob("*.lance")) if vb is None or x.name != "h00.lance"]
             if not found and vb is None:
                 raise ZgError(f"{p} holds no .lance dataset", fix="give a dataset path or data/boundaries")
-            out.extend(([describe_virtual(vb)] if vb is not None else [])
-                       + [describe_dataset(x, version=version) for x in found])
+            out.extend(
+                ([describe_virtual(vb)] if vb is not None else [])
+                + [describe_dataset(x, version=version) for x in found]
+            )
     return out
 
 
@@ -123,8 +168,15 @@ def _short(x) -> str:
 
 def _where(i: dict) -> str:
     src = i["source"]
-    return (f"virtual: {src['virtual']}" if src.get("virtual") else f"import {src['import']['url']}" if src.get("import")
-            else f"stage {src['stage']}" if src.get("stage") else src.get("tracked_by") or "untracked")
+    return (
+        f"virtual: {src['virtual']}"
+        if src.get("virtual")
+        else f"import {src['import']['url']}"
+        if src.get("import")
+        else f"stage {src['stage']}"
+        if src.get("stage")
+        else src.get("tracked_by") or "untracked"
+    )
 
 
 def _history(i: dict) -> str:
@@ -152,14 +204,24 @@ def _table(title: str, cols: tuple[str, ...], rows: list[dict], keep: tuple[str,
 
 def _cells(i: dict) -> dict:
     lin = i["lineage"]
-    return {"name": i["name"], "layer": str(i["layer"] if i["layer"] is not None else "-"),
-            "rows": " ".join(f"{k}={v}" for k, v in sorted(i["rows"].items())), "seq_len": str(i["seq_len"]),
-            "hidden": str(i["hidden"] or "-"), "dtype": i["dtype"], "codec": i["codec"] or "-",
-            "size": _size(i["bytes"]), "fingerprint": _short(i["fingerprint"]),
-            "teacher": _short(lin.get("teacher_sha256")), "tokenizer": _short(lin.get("tokenizer_sha256")),
-            "tokens": _short(lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")),
-            "stats": f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-",
-            "complete": "yes" if i["complete"] else "NO", "source": _where(i), "history": _history(i)}
+    return {
+        "name": i["name"],
+        "layer": str(i["layer"] if i["layer"] is not None else "-"),
+        "rows": " ".join(f"{k}={v}" for k, v in sorted(i["rows"].items())),
+        "seq_len": str(i["seq_len"]),
+        "hidden": str(i["hidden"] or "-"),
+        "dtype": i["dtype"],
+        "codec": i["codec"] or "-",
+        "size": _size(i["bytes"]),
+        "fingerprint": _short(i["fingerprint"]),
+        "teacher": _short(lin.get("teacher_sha256")),
+        "tokenizer": _short(lin.get("tokenizer_sha256")),
+        "tokens": _short(lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")),
+        "stats": f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-",
+        "complete": "yes" if i["complete"] else "NO",
+        "source": _where(i),
+        "history": _history(i),
+    }
 
 
 def render(infos: list[dict], console: Console | None = None, *, wide: bool = False, versions: bool = False) -> None:
@@ -169,18 +231,42 @@ def render(infos: list[dict], console: Console | None = None, *, wide: bool = Fa
     dataset's full version list. Hash cells are 12-character prefixes, never cut (full values: --json)."""
     console = console or Console()
     rows = [_cells(i) for i in infos]
-    console.print(_table("ZeroGraph datasets", ("name", "layer", "rows", "codec", "size", "fingerprint", "complete",
-                                                "history"), rows, keep=("name", "fingerprint", "size")))
+    console.print(
+        _table(
+            "ZeroGraph datasets",
+            ("name", "layer", "rows", "codec", "size", "fingerprint", "complete", "history"),
+            rows,
+            keep=("name", "fingerprint", "size"),
+        )
+    )
     if wide:
-        console.print(_table("lineage", ("name", "fingerprint", "teacher", "tokenizer", "tokens", "source"), rows,
-                             keep=("name", "fingerprint", "teacher", "tokenizer", "tokens")))
-        console.print(_table("storage", ("name", "seq_len", "hidden", "dtype", "codec", "stats"), rows,
-                             keep=("name",)))
+        console.print(
+            _table(
+                "lineage",
+                ("name", "fingerprint", "teacher", "tokenizer", "tokens", "source"),
+                rows,
+                keep=("name", "fingerprint", "teacher", "tokenizer", "tokens"),
+            )
+        )
+        console.print(_table("storage", ("name", "seq_len", "hidden", "dtype", "codec", "stats"), rows, keep=("name",)))
     if not versions:
         return
     for i in infos:
         if i.get("virtual"):  # nothing stored, so no versions
             continue
-        console.print(_table(f"{i['name']} versions", ("version", "timestamp", "rows", "message"),
-                             [{"version": str(r["version"]), "timestamp": str(r["timestamp"]), "rows": str(r["rows"]),
-                               "message": r["message"]} for r in i["versions"]], keep=("version", "timestamp")))
+        console.print(
+            _table(
+                f"{i['name']} versions",
+                ("version", "timestamp", "rows", "message"),
+                [
+                    {
+                        "version": str(r["version"]),
+                        "timestamp": str(r["timestamp"]),
+                        "rows": str(r["rows"]),
+                        "message": r["message"],
+                    }
+                    for r in i["versions"]
+                ],
+                keep=("version", "timestamp"),
+            )
+        )

@@ -24,9 +24,20 @@ import pyarrow as pa
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
 
-__all__ = ["CHECKSUM_COLUMN", "CHECKSUM_BYTES", "row_checksum", "hidden_checksums", "checksum_array",
-           "mismatched_rows", "check_rows", "check_format", "recover_fix", "read_error", "guarded",
-           "scan_checksums"]
+__all__ = [
+    "CHECKSUM_COLUMN",
+    "CHECKSUM_BYTES",
+    "row_checksum",
+    "hidden_checksums",
+    "checksum_array",
+    "mismatched_rows",
+    "check_rows",
+    "check_format",
+    "recover_fix",
+    "read_error",
+    "guarded",
+    "scan_checksums",
+]
 
 CHECKSUM_COLUMN = "checksum"
 CHECKSUM_BYTES = 16  # 128 bits: collisions are irrelevant next to 1e-20-level random corruption odds
@@ -72,8 +83,10 @@ def mismatched_rows(table, values: np.ndarray | None = None) -> list[int]:
 
 def recover_fix(path: Path, kind: str | None = None) -> str:
     """What to do about a damaged dataset: restore the tracked copy, or re-create it."""
-    return (f"restore it with `dvc checkout {path}` (or `dvc pull {path}`), or re-create it with "
-            f"`dvc repro -f {'tokens' if kind == 'tokens' else 'materialize'}`")
+    return (
+        f"restore it with `dvc checkout {path}` (or `dvc pull {path}`), or re-create it with "
+        f"`dvc repro -f {'tokens' if kind == 'tokens' else 'materialize'}`"
+    )
 
 
 def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = None) -> None:
@@ -83,8 +96,11 @@ def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = Non
         return
     r = int(rows[bad[0]])
     more = f" (and {len(bad) - 1} more of the {len(table)} rows read)" if len(bad) > 1 else ""
-    raise ZgError(f"{path} row {r} (seq_id {int(seq_ids[r])}) does not match its checksum: its hidden states "
-                  f"changed after materialize wrote them{more}", fix=recover_fix(path))
+    raise ZgError(
+        f"{path} row {r} (seq_id {int(seq_ids[r])}) does not match its checksum: its hidden states "
+        f"changed after materialize wrote them{more}",
+        fix=recover_fix(path),
+    )
 
 
 def check_format(path: Path, schema: pa.Schema, meta: dict) -> None:
@@ -97,15 +113,21 @@ def check_format(path: Path, schema: pa.Schema, meta: dict) -> None:
     if have == FORMAT_OF[codec] and field is not None and field.type == pa.binary(CHECKSUM_BYTES):
         return
     if have is None:
-        what = f"was written before boundary format {BOUNDARY_FORMAT_VERSION} (no zg.format_version, no per-row checksums)"
+        what = (
+            f"was written before boundary format {BOUNDARY_FORMAT_VERSION} (no zg.format_version, no per-row checksums)"
+        )
     elif have not in FORMAT_OF.values():
-        what = f"has boundary format {have}, but this zg reads formats {', '.join(map(str, sorted(FORMAT_OF.values())))}"
+        what = (
+            f"has boundary format {have}, but this zg reads formats {', '.join(map(str, sorted(FORMAT_OF.values())))}"
+        )
     elif have != FORMAT_OF[codec]:
         what = f"has boundary format {have}, which does not match its codec {codec!r}"
     else:
         what = f"claims boundary format {have} but has no valid `{CHECKSUM_COLUMN}` column"
-    raise ZgError(f"{path} {what}", fix="rematerialize it with `dvc repro -f materialize` "
-                                      "(or pull boundaries written by a current zg)")
+    raise ZgError(
+        f"{path} {what}",
+        fix="rematerialize it with `dvc repro -f materialize` (or pull boundaries written by a current zg)",
+    )
 
 
 def _is_read_error(e: BaseException) -> bool:
@@ -117,8 +139,9 @@ def _is_read_error(e: BaseException) -> bool:
 def read_error(path: Path, kind: str | None, e: BaseException) -> ZgError:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     first = re.sub(r",?\s*/rustc/\S*", "", first)[:160]  # the Rust source location helps no user
-    return ZgError(f"cannot read {path}: a data file is truncated, corrupt or missing ({first})",
-                   fix=recover_fix(path, kind))
+    return ZgError(
+        f"cannot read {path}: a data file is truncated, corrupt or missing ({first})", fix=recover_fix(path, kind)
+    )
 
 
 class _Guarded:
@@ -151,6 +174,7 @@ class _Guarded:
                 if isinstance(e, ZgError) or not _is_read_error(e):
                     raise
                 raise read_error(self._path, self._kind, e) from e
+
         return call
 
     def _wrap_iter(self, fn):
@@ -161,6 +185,7 @@ class _Guarded:
                 if isinstance(e, (ZgError, GeneratorExit)) or not _is_read_error(e):
                     raise
                 raise read_error(self._path, self._kind, e) from e
+
         return gen
 
     def __repr__(self) -> str:
@@ -171,8 +196,9 @@ def guarded(ds, path: Path, kind: str | None):
     return _Guarded(ds, path, kind)
 
 
-def scan_checksums(ds, row_bytes: int, *, batch_bytes: int = 64 << 20, columns=("hidden",),
-                   decode=None) -> tuple[int, list[tuple[int, int]]]:
+def scan_checksums(
+    ds, row_bytes: int, *, batch_bytes: int = 64 << 20, columns=("hidden",), decode=None
+) -> tuple[int, list[tuple[int, int]]]:
     """Check every row's checksum, streaming about ``batch_bytes`` at a time (never the whole dataset).
 
     ``columns``/``decode``: the value columns and a batch -> (N, T*C) bits decoder (zgdata/codec.py);

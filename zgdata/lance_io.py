@@ -21,8 +21,18 @@ from zgdata.integrity import check_format, guarded, recover_fix
 if TYPE_CHECKING:  # torch loads where a tensor is made, not with this module (`zg data inspect` needs none)
     import torch
 
-__all__ = ["open_dataset", "schema_meta", "encode_meta", "hidden_field", "tensor_column", "to_arrow_hidden", "dir_bytes",
-           "STORAGE", "version_rows", "rows_tensor"]
+__all__ = [
+    "open_dataset",
+    "schema_meta",
+    "encode_meta",
+    "hidden_field",
+    "tensor_column",
+    "to_arrow_hidden",
+    "dir_bytes",
+    "STORAGE",
+    "version_rows",
+    "rows_tensor",
+]
 
 # storage dtype -> (arrow value type, name of the torch dtype of the bit pattern)
 STORAGE = {"bfloat16": (pa.uint16(), "int16"), "float32": (pa.float32(), "float32")}
@@ -46,16 +56,20 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
     except ValueError as e:
         if version is not None and "version" in str(e).lower():
             raise ZgError(f"{path} has no version {version}", fix="list versions with `zg data inspect`") from e
-        raise ZgError(f"{path} is not a readable Lance dataset (corrupt or half-written): {str(e)[:160]}",
-                      fix=recover) from e
+        raise ZgError(
+            f"{path} is not a readable Lance dataset (corrupt or half-written): {str(e)[:160]}", fix=recover
+        ) from e
     except Exception as e:  # lance raises OSError / RuntimeError / pyo3 panics for damaged files
-        raise ZgError(f"{path} is not a readable Lance dataset (corrupt or half-written): {str(e)[:160]}",
-                      fix=recover) from e
+        raise ZgError(
+            f"{path} is not a readable Lance dataset (corrupt or half-written): {str(e)[:160]}", fix=recover
+        ) from e
     # The manifest opens lazily: a data file it lists may be gone (deleted, partial checkout, broken link).
     missing = [d.path for f in ds.get_fragments() for d in f.data_files() if not (path / "data" / d.path).exists()]
     if missing:
-        raise ZgError(f"{path} is corrupt: {len(missing)} data file(s) its manifest lists are missing "
-                      f"(e.g. data/{missing[0]})", fix=recover)
+        raise ZgError(
+            f"{path} is corrupt: {len(missing)} data file(s) its manifest lists are missing (e.g. data/{missing[0]})",
+            fix=recover,
+        )
     if kind is not None and meta.get("kind") != kind:
         raise ZgError(f"{path} is not a ZeroGraph {kind} dataset (kind={meta.get('kind')!r})", fix=recover)
     if require_complete and meta.get("complete") is not True:
@@ -85,8 +99,11 @@ def encode_meta(meta: dict[str, Any]) -> dict[str, str]:
 
 def hidden_field(name: str, seq_len: int, hidden: int, storage_dtype: str) -> pa.Field:
     value_type, _ = STORAGE[storage_dtype]
-    return pa.field(name, pa.list_(value_type, seq_len * hidden),
-                    metadata={"zg.dtype": storage_dtype, "zg.shape": json.dumps([seq_len, hidden])})
+    return pa.field(
+        name,
+        pa.list_(value_type, seq_len * hidden),
+        metadata={"zg.dtype": storage_dtype, "zg.shape": json.dumps([seq_len, hidden])},
+    )
 
 
 def to_arrow_hidden(x: torch.Tensor, storage_dtype: str) -> pa.FixedSizeListArray:
@@ -111,7 +128,11 @@ def tensor_column(table: pa.Table, name: str, field: pa.Field) -> torch.Tensor:
     col = table.column(name)
     chunks = [ch.values.slice(ch.offset * ch.type.list_size, len(ch) * ch.type.list_size) for ch in col.chunks]
     arrs = [ch.to_numpy(zero_copy_only=True) for ch in chunks if len(ch)]
-    arr = arrs[0] if len(arrs) == 1 else (np.concatenate(arrs) if arrs else np.zeros(0, STORAGE[dtype][0].to_pandas_dtype()))
+    arr = (
+        arrs[0]
+        if len(arrs) == 1
+        else (np.concatenate(arrs) if arrs else np.zeros(0, STORAGE[dtype][0].to_pandas_dtype()))
+    )
     with warnings.catch_warnings():  # arrow buffers are read-only; we never write through the view
         warnings.simplefilter("ignore", UserWarning)
         ten = torch.from_numpy(arr)
@@ -142,6 +163,12 @@ def version_rows(ds) -> list[dict]:
             msg = (tx.transaction_properties or {}).get("zg.message", "") if tx else ""
         except Exception:  # old versions cleaned up: the version list stays useful without messages
             msg = ""
-        out.append({"version": v["version"], "timestamp": v["timestamp"].isoformat(timespec="seconds"),
-                    "rows": int(v["metadata"].get("total_rows", 0)), "message": msg})
+        out.append(
+            {
+                "version": v["version"],
+                "timestamp": v["timestamp"].isoformat(timespec="seconds"),
+                "rows": int(v["metadata"].get("total_rows", 0)),
+                "message": msg,
+            }
+        )
     return out

@@ -21,10 +21,10 @@ def boundary_name(layer: int) -> str:
 class RepairPaths:
     """The files of one repair run (zgtrain/repair/train.py): the main pipeline's, or the search repair's."""
 
-    run_dir: Path      # meta.json + ckpt-NNNNNN/ (zgtrain/fit/checkpoint.py format), like a block directory
-    model: Path        # the repaired student: a transformers folder like models/student
-    metrics: Path      # metrics/repair.json: KL before/after on train and held-out rows, state_sha256
-    loss_curve: Path   # plots/loss/repair.csv
+    run_dir: Path  # meta.json + ckpt-NNNNNN/ (zgtrain/fit/checkpoint.py format), like a block directory
+    model: Path  # the repaired student: a transformers folder like models/student
+    metrics: Path  # metrics/repair.json: KL before/after on train and held-out rows, state_sha256
+    loss_curve: Path  # plots/loss/repair.csv
     lock: str = "repair"  # .zg/locks/<lock>.lock: one run per folder at a time
 
 
@@ -99,15 +99,24 @@ class Layout:
     @property
     def repair(self) -> RepairPaths:
         m = self.root / "models"
-        return RepairPaths(run_dir=m / "repair", model=m / "repaired", metrics=self.root / "metrics" / "repair.json",
-                           loss_curve=self.root / "plots" / "loss" / "repair.csv")
+        return RepairPaths(
+            run_dir=m / "repair",
+            model=m / "repaired",
+            metrics=self.root / "metrics" / "repair.json",
+            loss_curve=self.root / "plots" / "loss" / "repair.csv",
+        )
 
     @property
     def search_repair(self) -> RepairPaths:
         """The search repair's (zgtrain/search/repair.py): the searched student of models/search/student, repaired."""
         m = self.root / "models" / "search"
-        return RepairPaths(run_dir=m / "repair", model=m / "repaired", metrics=self.root / "metrics" / "search_repair.json",
-                           loss_curve=self.root / "plots" / "loss" / "search_repair.csv", lock="search-repair")
+        return RepairPaths(
+            run_dir=m / "repair",
+            model=m / "repaired",
+            metrics=self.root / "metrics" / "search_repair.json",
+            loss_curve=self.root / "plots" / "loss" / "search_repair.csv",
+            lock="search-repair",
+        )
 
     # greedy local pretraining (zgtrain/local/): a model trained from scratch, no teacher
     @property

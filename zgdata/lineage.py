@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from zgdata.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
 from zgdata.config import MaterializeConfig, PartitionConfig
@@ -20,15 +21,34 @@ from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint
 from zgdata.layout import Layout
 
-__all__ = ["LINEAGE_KEYS", "REMATERIALIZE", "read_tokens_json", "boundary_lineage", "boundary_fingerprint",
-           "expected_lineages", "expected_fingerprints", "mismatches", "mismatch_text", "check",
-           "software_versions"]
+__all__ = [
+    "LINEAGE_KEYS",
+    "REMATERIALIZE",
+    "read_tokens_json",
+    "boundary_lineage",
+    "boundary_fingerprint",
+    "expected_lineages",
+    "expected_fingerprints",
+    "mismatches",
+    "mismatch_text",
+    "check",
+    "software_versions",
+]
 
 # Keys that must agree between any two boundaries of one materialization (all but the layer).
-LINEAGE_KEYS = ("teacher_sha256", "tokenizer_sha256", "tokens_fingerprint", "storage_dtype", "compute_dtype",
-                "attn_implementation", "capture_version")
-REMATERIALIZE = ("both must come from one materialization: re-run `dvc repro materialize` or pull both from the "
-                 "same commit of the producing repository")
+LINEAGE_KEYS = (
+    "teacher_sha256",
+    "tokenizer_sha256",
+    "tokens_fingerprint",
+    "storage_dtype",
+    "compute_dtype",
+    "attn_implementation",
+    "capture_version",
+)
+REMATERIALIZE = (
+    "both must come from one materialization: re-run `dvc repro materialize` or pull both from the "
+    "same commit of the producing repository"
+)
 
 
 def read_tokens_json(layout: Layout = Layout()) -> dict:
@@ -39,8 +59,10 @@ def read_tokens_json(layout: Layout = Layout()) -> dict:
     try:
         rec = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{path} is not valid JSON ({e})", fix="restore it with `dvc checkout data/tokens.json` or "
-                                                              "re-run `dvc repro tokens`") from e
+        raise ZgError(
+            f"{path} is not valid JSON ({e})",
+            fix="restore it with `dvc checkout data/tokens.json` or re-run `dvc repro tokens`",
+        ) from e
     if not isinstance(rec, dict) or not {"fingerprint", "rows", "lineage"} <= set(rec):
         raise ZgError(f"{path} lacks fingerprint/rows/lineage", fix="re-run `dvc repro tokens`")
     return rec
@@ -48,18 +70,25 @@ def read_tokens_json(layout: Layout = Layout()) -> dict:
 
 def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: MaterializeConfig) -> dict:
     """What boundary ``layer`` of this teacher over this token set, captured with ``cfg``, derives from."""
-    return {"teacher_sha256": teacher["weights_sha256"], "tokenizer_sha256": teacher["tokenizer_sha256"],
-            "tokens_fingerprint": tokens["fingerprint"], "layer": layer, "storage_dtype": cfg.storage_dtype,
-            "compute_dtype": cfg.compute_dtype, "attn_implementation": ATTN_IMPLEMENTATION,
-            "capture_version": CAPTURE_VERSION}
+    return {
+        "teacher_sha256": teacher["weights_sha256"],
+        "tokenizer_sha256": teacher["tokenizer_sha256"],
+        "tokens_fingerprint": tokens["fingerprint"],
+        "layer": layer,
+        "storage_dtype": cfg.storage_dtype,
+        "compute_dtype": cfg.compute_dtype,
+        "attn_implementation": ATTN_IMPLEMENTATION,
+        "capture_version": CAPTURE_VERSION,
+    }
 
 
 def boundary_fingerprint(lineage: Mapping) -> str:
     return fingerprint("boundary", CAPTURE_VERSION, {k: lineage[k] for k in (*LINEAGE_KEYS, "layer")})
 
 
-def expected_lineages(layout: Layout, partition: PartitionConfig, cfg: MaterializeConfig,
-                      names: Iterable[str] | None = None) -> dict[str, dict]:
+def expected_lineages(
+    layout: Layout, partition: PartitionConfig, cfg: MaterializeConfig, names: Iterable[str] | None = None
+) -> dict[str, dict]:
     """{boundary name: lineage} the current teacher.json, tokens.json and params give (no datasets read)."""
     from zgdata.teacher.prepare import read_teacher_json
 
@@ -68,8 +97,9 @@ def expected_lineages(layout: Layout, partition: PartitionConfig, cfg: Materiali
     return {n: boundary_lineage(teacher, tokens, partition.layer_of(n), cfg) for n in want}
 
 
-def expected_fingerprints(layout: Layout, partition: PartitionConfig, cfg: MaterializeConfig,
-                          names: Iterable[str] | None = None) -> dict[str, str]:
+def expected_fingerprints(
+    layout: Layout, partition: PartitionConfig, cfg: MaterializeConfig, names: Iterable[str] | None = None
+) -> dict[str, str]:
     return {n: boundary_fingerprint(lin) for n, lin in expected_lineages(layout, partition, cfg, names).items()}
 
 
@@ -86,8 +116,16 @@ def mismatch_text(key: str, a_name: str, a_value: Any, b_name: str, b_value: Any
     return f"lineage mismatch on {key}: {a_name} has {_short(a_value)} but {b_name} has {_short(b_value)}"
 
 
-def check(a_name: str, a: Mapping, b_name: str, b: Mapping, *, keys: Iterable[str] = LINEAGE_KEYS,
-          fix: str = REMATERIALIZE, key: str | None = None) -> None:
+def check(
+    a_name: str,
+    a: Mapping,
+    b_name: str,
+    b: Mapping,
+    *,
+    keys: Iterable[str] = LINEAGE_KEYS,
+    fix: str = REMATERIALIZE,
+    key: str | None = None,
+) -> None:
     """Raise the one lineage error for the first key on which ``a`` and ``b`` disagree."""
     bad = mismatches(a, b, keys)
     if bad:

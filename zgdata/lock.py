@@ -32,9 +32,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from zgdata.errors import ZgError, from_os_error
 from zgdata.layout import Layout
@@ -46,8 +46,8 @@ BUSY_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 
 @dataclass(frozen=True)
 class _Stage:
-    writes: Callable[[Layout, str | None], Path]       # named in the "another process" message
-    errors_at: Callable[[Layout, str | None], Path]    # named in OS errors that carry no path (Lance's)
+    writes: Callable[[Layout, str | None], Path]  # named in the "another process" message
+    errors_at: Callable[[Layout, str | None], Path]  # named in OS errors that carry no path (Lance's)
     cleanup: Callable[[Layout, str | None], None] | None = None
 
 
@@ -60,8 +60,10 @@ def _clean_block(layout: Layout, key: str | None) -> None:
     for p in dead:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     if dead:
-        print(f"train {key}: removed what a killed run left half-written: {', '.join(p.name for p in dead)}",
-              file=sys.stderr)
+        print(
+            f"train {key}: removed what a killed run left half-written: {', '.join(p.name for p in dead)}",
+            file=sys.stderr,
+        )
 
 
 _STAGES = {
@@ -107,10 +109,13 @@ def _busy(path: Path, writes: Path, holder: dict) -> ZgError:
     host = holder.get("host")
     where = f" on host {host}" if host and host != socket.gethostname() else ""
     cmd = f": `{holder['cmd']}`" if holder.get("cmd") else ""
-    return ZgError(f"another zg process (pid {pid}{where}{cmd}) is writing {_show(writes)}",
-                   fix=f"wait for it to finish (or stop it), then rerun; if pid {pid} is no longer running, just "
-                       f"rerun: the lock ({_show(path)}) is released with its process, even after kill -9, so "
-                       f"there is nothing to delete", code=BUSY_EXIT_CODE)
+    return ZgError(
+        f"another zg process (pid {pid}{where}{cmd}) is writing {_show(writes)}",
+        fix=f"wait for it to finish (or stop it), then rerun; if pid {pid} is no longer running, just "
+        f"rerun: the lock ({_show(path)}) is released with its process, even after kill -9, so "
+        f"there is nothing to delete",
+        code=BUSY_EXIT_CODE,
+    )
 
 
 @contextlib.contextmanager
@@ -156,8 +161,12 @@ def project_lock(layout: Layout, name: str, *, writes: Path, errors_at: Path | N
             except BlockingIOError:
                 raise _busy(path, writes, _holder(fd)) from None
             cmd = " ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]])
-            record = {"pid": os.getpid(), "host": socket.gethostname(), "cmd": re.sub(r"\s+", " ", cmd)[:300],
-                      "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            record = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "cmd": re.sub(r"\s+", " ", cmd)[:300],
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
             with contextlib.suppress(OSError):  # the record is only for the message; a full disk must not stop us here
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, json.dumps(record).encode(), 0)
@@ -191,7 +200,9 @@ def locked(stage: str):
     def wrap(fn):
         sig = inspect.signature(fn)
         if "layout" not in sig.parameters or (stage == "block") != ("key" in sig.parameters):
-            raise TypeError(f"@locked({stage!r}) needs a `layout` parameter" + (" and a `key`" if stage == "block" else ""))
+            raise TypeError(
+                f"@locked({stage!r}) needs a `layout` parameter" + (" and a `key`" if stage == "block" else "")
+            )
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -216,6 +227,9 @@ def remove_dead_staging(layout: Layout, keep: Path) -> list[Path]:
     for p in dead:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     if dead:
-        print(f"materialize: removed {len(dead)} staging dir(s) of earlier runs whose inputs have changed since "
-              f"(they can never resume): {', '.join(_show(p) for p in dead)}", file=sys.stderr)
+        print(
+            f"materialize: removed {len(dead)} staging dir(s) of earlier runs whose inputs have changed since "
+            f"(they can never resume): {', '.join(_show(p) for p in dead)}",
+            file=sys.stderr,
+        )
     return dead

@@ -16,8 +16,8 @@ one chunk whatever the corpus size; tokens.py then picks the kept rows from it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -42,8 +42,10 @@ class RowSpill:
     def write(self, rows: np.ndarray, docs: list[str], lengths: np.ndarray | None = None) -> None:
         if len(rows) == 0:
             return
-        cols = [pa.array(docs, pa.string()),
-                pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.int32()), self.seq_len)]
+        cols = [
+            pa.array(docs, pa.string()),
+            pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.int32()), self.seq_len),
+        ]
         if lengths is not None:
             cols.append(pa.array(lengths, pa.int32()))
         self._writer.write_batch(pa.RecordBatch.from_arrays(cols, schema=self.schema))
@@ -91,10 +93,10 @@ class EosPacker:
             starts = np.asarray(self._starts)
             owner = np.searchsorted(starts, np.arange(r) * t, side="right") - 1  # doc holding each row's first token
             self.spill.write(flat[: r * t].reshape(r, t), [self._names[i] for i in owner])
-        rest = flat[r * t:]
+        rest = flat[r * t :]
         if len(rest):
             j = int(np.searchsorted(self._starts, r * t, side="right") - 1)
-            self._starts = [0] + [s - r * t for s in self._starts[j + 1:]]
+            self._starts = [0] + [s - r * t for s in self._starts[j + 1 :]]
             self._names = self._names[j:]
             self._parts, self._n = [rest.copy()], len(rest)
         else:

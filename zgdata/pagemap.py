@@ -39,8 +39,9 @@ def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe)
                     return None
                 k = page.buffers[0].size // row_bytes
                 if k:
-                    maps.append(np.memmap(fpath, dtype=dtype, mode="r", offset=page.buffers[0].position,
-                                          shape=(k, row_values)))
+                    maps.append(
+                        np.memmap(fpath, dtype=dtype, mode="r", offset=page.buffers[0].position, shape=(k, row_values))
+                    )
                     starts.append(n + rows_here)
                 rows_here += k
             if rows_here != frag.count_rows():

@@ -19,7 +19,9 @@ def inside(path: Path | str, root: Path | str, *, what: str, fix: str = "") -> P
     path = Path(path)
     real, base = path.resolve(), Path(root).resolve()
     if real != base and base not in real.parents:
-        raise ZgError(f"{what} {path} resolves to {real}, outside {base}",
-                      fix=fix or f"remove the symlink or the '..' in {path} (zg never reads or writes outside the "
-                                 f"project), then rerun")
+        raise ZgError(
+            f"{what} {path} resolves to {real}, outside {base}",
+            fix=fix
+            or f"remove the symlink or the '..' in {path} (zg never reads or writes outside the project), then rerun",
+        )
     return path

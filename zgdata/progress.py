@@ -32,8 +32,11 @@ def _plain(description: str, total: int, unit: str, completed: int):
         if done >= total or now - last[0] > 30 or (done - last[1]) >= total / 10:
             rate = (done - completed) / max(now - t0, 1e-9)
             eta = (total - done) / rate if rate else float("nan")
-            stderr.print(f"{description}: {done:,}/{total:,} {unit} ({100 * done / max(total, 1):.0f}%), "
-                         f"{_rate(rate)} {unit}/s, ETA {eta:,.0f}s", highlight=False)
+            stderr.print(
+                f"{description}: {done:,}/{total:,} {unit} ({100 * done / max(total, 1):.0f}%), "
+                f"{_rate(rate)} {unit}/s, ETA {eta:,.0f}s",
+                highlight=False,
+            )
             last[:] = [now, done]
 
     yield advance
@@ -49,11 +52,26 @@ def progress(description: str, total: int, *, unit: str = "tok", completed: int 
         with _plain(description, total, unit, completed) as advance:
             yield advance
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)  # a live bar only: not on every import
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,  # a live bar only: not on every import
+        TimeRemainingColumn,
+    )
 
-    cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    cols = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ]
     with Progress(*cols, console=stderr, transient=False) as bar:
         task = bar.add_task(description, total=total, completed=completed, rate="")
 

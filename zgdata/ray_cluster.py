@@ -28,8 +28,18 @@ from collections.abc import Callable, Iterable, Iterator
 
 from zgdata.errors import ZgError
 
-__all__ = ["FORWARD", "MAX_RETRIES", "OBJECT_STORE_BYTES", "address", "cancel", "connect", "first_line", "last_line",
-           "task_options", "worker_env"]
+__all__ = [
+    "FORWARD",
+    "MAX_RETRIES",
+    "OBJECT_STORE_BYTES",
+    "address",
+    "cancel",
+    "connect",
+    "first_line",
+    "last_line",
+    "task_options",
+    "worker_env",
+]
 
 MAX_RETRIES = 3  # worker deaths (kill -9, OOM) per task; an exception in the task is never retried
 OBJECT_STORE_BYTES = 128 << 20
@@ -60,8 +70,9 @@ def last_line(e: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def connect(addr: str | None, *, cpus: int, gpus: int | None = None,
-            error: Callable[[str | None, BaseException], ZgError]) -> Iterator[dict]:
+def connect(
+    addr: str | None, *, cpus: int, gpus: int | None = None, error: Callable[[str | None, BaseException], ZgError]
+) -> Iterator[dict]:
     """Use this process's Ray, join ``addr``, or start a local instance of ``cpus`` CPUs (and ``gpus`` GPUs;
     None: as many as Ray finds). Yields ``{"own": connected here, "started": a local instance started here}``;
     on exit disconnects (and so stops a local instance) when it connected. A failure to connect raises
@@ -102,8 +113,13 @@ def _start_reaper():
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "zgdata.ray_reaper", str(os.getpid())], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "zgdata.ray_reaper", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _stop_reaper(reaper) -> None:
@@ -116,8 +132,14 @@ def _stop_reaper(reaper) -> None:
 
 def task_options(*, cpus: int, gpus: int, name: str, **more) -> dict:
     """Ray task options: the resources one task holds, retries after worker deaths only, a name for Ray's views."""
-    return {"num_cpus": cpus, "num_gpus": gpus, "max_retries": MAX_RETRIES, "retry_exceptions": False,
-            "name": name, **more}
+    return {
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "max_retries": MAX_RETRIES,
+        "retry_exceptions": False,
+        "name": name,
+        **more,
+    }
 
 
 def cancel(refs: Iterable) -> None:

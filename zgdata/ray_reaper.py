@@ -28,7 +28,7 @@ def _stat(pid: str) -> tuple[int, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid ... starttime (22nd field)
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid ... starttime (22nd field)
     return int(fields[1]), int(fields[19])
 
 

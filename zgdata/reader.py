@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from zgdata import trust
 from zgdata.codec import codec_of, decode_rows, hidden_columns, value_info
 from zgdata.errors import ZgError
 from zgdata.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
-from zgdata import trust
 from zgdata.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.lineage import check
 from zgdata.timing import span
@@ -44,8 +44,10 @@ class BoundaryDataset:
         self.splits = np.asarray(cols.column("split").to_pylist())
         expected = sum(self.meta.get("rows", {}).values())
         if len(self.seq_ids) != expected:
-            raise ZgError(f"{self.path} has {len(self.seq_ids)} rows but its metadata promises {expected}",
-                          fix=f"restore it with `dvc checkout {self.path}` or re-run `dvc repro -f materialize`")
+            raise ZgError(
+                f"{self.path} has {len(self.seq_ids)} rows but its metadata promises {expected}",
+                fix=f"restore it with `dvc checkout {self.path}` or re-run `dvc repro -f materialize`",
+            )
         self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
         self._verified = np.zeros(len(self.seq_ids), dtype=bool)  # rows whose checksum this object has checked
         self._pages, self._sums = False, None
@@ -116,8 +118,9 @@ class BoundaryDataset:
             if self.codec == "raw":
                 from zgdata.pagemap import page_reader
 
-                self._pages = page_reader(self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype,
-                                          fetch)
+                self._pages = page_reader(
+                    self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype, fetch
+                )
             else:
                 from zgdata.decoded_cache import decoded_cache
 
@@ -159,7 +162,7 @@ def step_rows(rows: np.ndarray, step: int, batch_size: int, seed: int) -> np.nda
         epoch, offset = divmod(start + len(out), n)
         order = epoch_order(n, epoch, seed)
         take = min(batch_size - len(out), n - offset)
-        out.extend(rows[order[offset:offset + take].numpy()])
+        out.extend(rows[order[offset : offset + take].numpy()])
     return np.asarray(out)
 
 
@@ -170,17 +173,25 @@ class BoundaryPair:
         self.input = input_path if hasattr(input_path, "take") else BoundaryDataset(input_path)
         self.output = output_path if hasattr(output_path, "take") else BoundaryDataset(output_path)
         self._pool = None
-        check(self.input.name, self.input.meta.get("lineage", {}), self.output.name,
-              self.output.meta.get("lineage", {}))
+        check(
+            self.input.name, self.input.meta.get("lineage", {}), self.output.name, self.output.meta.get("lineage", {})
+        )
         if not np.array_equal(self.input.seq_ids, self.output.seq_ids):
-            bad = int(np.flatnonzero(self.input.seq_ids != self.output.seq_ids)[0]) \
-                if len(self.input.seq_ids) == len(self.output.seq_ids) else min(len(self.input.seq_ids), len(self.output.seq_ids))
-            raise ZgError(f"{self.input.path} and {self.output.path} are not row-aligned (first difference at row {bad})",
-                          fix="re-run `dvc repro -f materialize` so both come from one pass")
+            bad = (
+                int(np.flatnonzero(self.input.seq_ids != self.output.seq_ids)[0])
+                if len(self.input.seq_ids) == len(self.output.seq_ids)
+                else min(len(self.input.seq_ids), len(self.output.seq_ids))
+            )
+            raise ZgError(
+                f"{self.input.path} and {self.output.path} are not row-aligned (first difference at row {bad})",
+                fix="re-run `dvc repro -f materialize` so both come from one pass",
+            )
         if self.input.meta["lineage"]["layer"] >= self.output.meta["lineage"]["layer"]:
-            raise ZgError(f"{self.input.name} (layer {self.input.meta['lineage']['layer']}) does not precede "
-                          f"{self.output.name} (layer {self.output.meta['lineage']['layer']})",
-                          fix="set blocks.KEY.in to the earlier boundary and out to the later one")
+            raise ZgError(
+                f"{self.input.name} (layer {self.input.meta['lineage']['layer']}) does not precede "
+                f"{self.output.name} (layer {self.output.meta['lineage']['layer']})",
+                fix="set blocks.KEY.in to the earlier boundary and out to the later one",
+            )
 
     def rows(self, split: str) -> np.ndarray:
         return self.input.rows(split)
@@ -200,8 +211,9 @@ class BoundaryPair:
             raise ZgError(f"{self.input.path} has no '{split}' rows", fix="check corpus.heldout and the caps")
         return step_rows(rows, step, batch_size, seed)
 
-    def batches(self, split: str, *, start_step: int, steps: int, batch_size: int, seed: int,
-                prefetch: int = 2) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+    def batches(
+        self, split: str, *, start_step: int, steps: int, batch_size: int, seed: int, prefetch: int = 2
+    ) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
         """Yield (step, rows, x, y) for steps [start_step, steps), loading ahead in a thread."""
         q: queue.Queue = queue.Queue(maxsize=max(prefetch, 1))
         stop = threading.Event()

@@ -26,8 +26,10 @@ def device() -> torch.device:
     except RuntimeError as e:
         raise ZgError(f"ZG_DEVICE={name!r} is not a torch device", fix="use cpu, cuda or cuda:N") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ZgError(f"ZG_DEVICE={name} but this torch has no CUDA device",
-                      fix="unset ZG_DEVICE, or install a CUDA build of torch (make setup TORCH_SPEC=...)")
+        raise ZgError(
+            f"ZG_DEVICE={name} but this torch has no CUDA device",
+            fix="unset ZG_DEVICE, or install a CUDA build of torch (make setup TORCH_SPEC=...)",
+        )
     if dev.type == "cuda":
         # determinism over speed: the guarantees are bitwise
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -79,10 +81,15 @@ def rng_state(gen: torch.Generator) -> tuple[dict[str, torch.Tensor], dict]:
     """Every random state a run depends on, as (tensors, JSON-able values): no pickles, so no code on load."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
-    tensors = {"block": gen.get_state(), "torch": torch.get_rng_state(),
-               "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64))}
-    values = {"numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-              "python": {"version": version, "internal": list(internal), "gauss": gauss}}
+    tensors = {
+        "block": gen.get_state(),
+        "torch": torch.get_rng_state(),
+        "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+    }
+    values = {
+        "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+    }
     return tensors, values
 
 
@@ -91,7 +98,8 @@ def set_rng_state(gen: torch.Generator, tensors: dict[str, torch.Tensor], values
     gen.set_state(tensors["block"])
     torch.set_rng_state(tensors["torch"])
     n = values["numpy"]
-    np.random.set_state((n["kind"], tensors["numpy_keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["kind"], tensors["numpy_keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     p = values["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))

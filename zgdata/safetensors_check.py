@@ -27,8 +27,11 @@ def check_header(path: Path | str, *, fix: str) -> dict:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
         if n is None or n > min(size - 8, MAX_HEADER):
-            what = "is shorter than a safetensors header" if n is None else \
-                f"declares a {n}-byte header in a {size}-byte file"
+            what = (
+                "is shorter than a safetensors header"
+                if n is None
+                else f"declares a {n}-byte header in a {size}-byte file"
+            )
             raise ZgError(f"{path} is not a valid safetensors file: it {what}", fix=fix)
         raw = f.read(n)
     try:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 __all__ = ["span", "collect", "Timings", "Stat"]
 
-_active: tuple["Timings", ...] = ()  # the active collectors; () = timing off
+_active: tuple[Timings, ...] = ()  # the active collectors; () = timing off
 
 
 @dataclass
@@ -90,7 +90,7 @@ class span:
     def __init__(self, name: str, *, rows: int = 0, nbytes: int = 0):
         self.name, self.rows, self.nbytes = name, rows, nbytes
 
-    def __enter__(self) -> "span":
+    def __enter__(self) -> span:
         self._to = _active
         if self._to:
             self._t = time.perf_counter()

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -39,8 +39,17 @@ from zgdata.lock import locked
 from zgdata.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
 from zgdata.progress import progress as _progress
 
-__all__ = ["tokenize", "TokensResult", "documents", "corpus_digest", "tokens_meta", "open_tokens", "read_tokens",
-           "TOKENS_VERSION", "BATCH_CHARS"]
+__all__ = [
+    "tokenize",
+    "TokensResult",
+    "documents",
+    "corpus_digest",
+    "tokens_meta",
+    "open_tokens",
+    "read_tokens",
+    "TOKENS_VERSION",
+    "BATCH_CHARS",
+]
 
 TOKENS_VERSION = 1
 BATCH_CHARS = 1 << 21  # characters per tokenizer call (~2 MB of text): bounds memory, keeps the batch API busy
@@ -110,8 +119,14 @@ def _batches(walk: Walk, max_chars: int) -> Iterator[list[Doc]]:
 
 
 @locked("tokens")
-def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, batch_chars: int = BATCH_CHARS,
-             flush_tokens: int = FLUSH_TOKENS) -> TokensResult:
+def tokenize(
+    cfg: CorpusConfig,
+    *,
+    layout: Layout = Layout(),
+    progress=None,
+    batch_chars: int = BATCH_CHARS,
+    flush_tokens: int = FLUSH_TOKENS,
+) -> TokensResult:
     """Tokenize the corpus into data/tokens.lance + data/tokens.json (``batch_chars`` and ``flush_tokens`` bound
     memory; they never change the result)."""
     from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
@@ -119,16 +134,21 @@ def tokenize(cfg: CorpusConfig, *, layout: Layout = Layout(), progress=None, bat
     teacher = read_teacher_json(layout)
     max_pos = teacher["architecture"]["max_positions"]
     if cfg.seq_len > max_pos:
-        raise ZgError(f"corpus.seq_len {cfg.seq_len} exceeds the teacher's maximum positions ({max_pos})",
-                      key="corpus.seq_len", fix=f"use seq_len <= {max_pos}")
+        raise ZgError(
+            f"corpus.seq_len {cfg.seq_len} exceeds the teacher's maximum positions ({max_pos})",
+            key="corpus.seq_len",
+            fix=f"use seq_len <= {max_pos}",
+        )
     srcs = sources(cfg)
     walk = Walk(cfg, srcs)
     walk.precheck()
     tok = load_tokenizer(layout)  # checks hf/ against teacher.json, and the tokenizer's hash
     tok_sha = teacher["tokenizer_sha256"]
     if tok.eos_token_id is None:
-        raise ZgError("the teacher's tokenizer has no EOS token, which separates documents",
-                      fix="use a teacher whose tokenizer defines eos_token")
+        raise ZgError(
+            "the teacher's tokenizer has no EOS token, which separates documents",
+            fix="use a teacher whose tokenizer defines eos_token",
+        )
     spill_dir = layout.tokens.with_name(f".{layout.tokens.name}.spill")
     shutil.rmtree(spill_dir, ignore_errors=True)  # left by a killed run
     spill_dir.mkdir(parents=True)
@@ -147,9 +167,17 @@ def _packers(cfg, tok, spill_dir: Path, flush_tokens: int) -> dict:
     for split in ("train", "heldout"):
         spill = RowSpill(spill_dir / f"{split}.arrows", cfg.seq_len, with_length=pad)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        packers[split] = (PadPacker(spill, tok.eos_token_id, pad_id, min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)),
-                                    flush_tokens=flush_tokens)
-                          if pad else EosPacker(spill, tok.eos_token_id, flush_tokens=flush_tokens))
+        packers[split] = (
+            PadPacker(
+                spill,
+                tok.eos_token_id,
+                pad_id,
+                min_tokens=int(np.ceil(cfg.pad_min_fill * cfg.seq_len)),
+                flush_tokens=flush_tokens,
+            )
+            if pad
+            else EosPacker(spill, tok.eos_token_id, flush_tokens=flush_tokens)
+        )
     return packers
 
 
@@ -169,8 +197,11 @@ def _pack(cfg, tok, walk: Walk, packers: dict, batch_chars: int) -> tuple[str, s
             packers["heldout" if held else "train"].add(d.id, ids)
     walk.check()
     if walk.documents == 0:
-        raise ZgError(f"the corpus has no non-empty document ({walk.empty_count} empty)", key="corpus.source",
-                      fix="add documents with text")
+        raise ZgError(
+            f"the corpus has no non-empty document ({walk.empty_count} empty)",
+            key="corpus.source",
+            fix="add documents with text",
+        )
     return digest.hexdigest(), held_ids.hexdigest(), held_docs
 
 
@@ -180,29 +211,45 @@ def _finish(cfg, packers: dict) -> dict:
     for split, s in spills.items():
         if s.rows == 0:
             dropped = f"; pad packing dropped {packers[split].dropped_rows} short rows" if cfg.packing == "pad" else ""
-            raise ZgError(f"the {split} split has {packers[split].dropped_tokens} tokens, fewer than one sequence of "
-                          f"corpus.seq_len={cfg.seq_len}{dropped}", key="corpus.seq_len",
-                          fix="add text, hold out other documents, or lower corpus.seq_len")
+            raise ZgError(
+                f"the {split} split has {packers[split].dropped_tokens} tokens, fewer than one sequence of "
+                f"corpus.seq_len={cfg.seq_len}{dropped}",
+                key="corpus.seq_len",
+                fix="add text, hold out other documents, or lower corpus.seq_len",
+            )
     return spills
 
 
 def _split_spec(cfg, held_ids_hex: str) -> dict:
     """What decides the train/heldout split and the row caps: part of the token set's fingerprint."""
-    spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents),
-            "max_train_seqs": cfg.max_train_seqs, "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
+    spec = {
+        "heldout": sorted(cfg.heldout),
+        "documents": sorted(cfg.documents),
+        "max_train_seqs": cfg.max_train_seqs,
+        "max_heldout_seqs": cfg.max_heldout_seqs,
+        "seed": cfg.seed,
+    }
     if cfg.heldout_field:  # which documents the field selects is data, not params: hash their ids too
-        spec.update(heldout_field=cfg.heldout_field, heldout_values=sorted(cfg.heldout_values),
-                    heldout_ids_sha256=held_ids_hex)
+        spec.update(
+            heldout_field=cfg.heldout_field, heldout_values=sorted(cfg.heldout_values), heldout_ids_sha256=held_ids_hex
+        )
     if cfg.heldout_fraction:
         spec.update(heldout_fraction=cfg.heldout_fraction)
     return spec
 
 
-def _lineage(cfg, teacher, tok_sha: str, walk: Walk, digest_hex: str, split_spec: dict, held_docs: int,
-             packers: dict) -> dict:
-    lineage = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "teacher_sha256": teacher["weights_sha256"],
-               "seq_len": cfg.seq_len, "split": split_spec, "tokens_version": TOKENS_VERSION,
-               "documents": walk.documents}
+def _lineage(
+    cfg, teacher, tok_sha: str, walk: Walk, digest_hex: str, split_spec: dict, held_docs: int, packers: dict
+) -> dict:
+    lineage = {
+        "corpus_digest": digest_hex,
+        "tokenizer_sha256": tok_sha,
+        "teacher_sha256": teacher["weights_sha256"],
+        "seq_len": cfg.seq_len,
+        "split": split_spec,
+        "tokens_version": TOKENS_VERSION,
+        "documents": walk.documents,
+    }
     if any(s.format != "text" for s in walk.srcs):
         lineage["order"] = "stored"
     if walk.empty_count:
@@ -210,13 +257,17 @@ def _lineage(cfg, teacher, tok_sha: str, walk: Walk, digest_hex: str, split_spec
     if not cfg.heldout:
         lineage["heldout_documents"] = held_docs
     if cfg.packing == "pad":
-        lineage["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill,
-                              "dropped_rows": {s: p.dropped_rows for s, p in packers.items()}}
+        lineage["packing"] = {
+            "mode": "pad",
+            "min_fill": cfg.pad_min_fill,
+            "dropped_rows": {s: p.dropped_rows for s, p in packers.items()},
+        }
     return lineage
 
 
-def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int,
-              flush_tokens: int) -> TokensResult:
+def _tokenize(
+    cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int, flush_tokens: int
+) -> TokensResult:
     pad = cfg.packing == "pad"
     packers = _packers(cfg, tok, spill_dir, flush_tokens)
     digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, batch_chars)
@@ -227,26 +278,41 @@ def _tokenize(cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, b
         inputs["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill}
     fp = fingerprint("tokens", TOKENS_VERSION, inputs)
 
-    keep = {"train": _sample(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
-            "heldout": _sample(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed)}
+    keep = {
+        "train": _sample(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
+        "heldout": _sample(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed),
+    }
     rows = {s: spills[s].rows if keep[s] is None else len(keep[s]) for s in spills}
     tokens = {s: int(rows[s] * cfg.seq_len) for s in spills}
     lineage = _lineage(cfg, teacher, tok_sha, walk, digest_hex, split_spec, held_docs, packers)
     meta = {"kind": "tokens", "fingerprint": fp, "lineage": lineage, "rows": rows, "complete": True}
-    fields = [pa.field("seq_id", pa.int64()), pa.field("split", pa.string()), pa.field("doc", pa.string()),
-              pa.field("input_ids", pa.list_(pa.int32(), cfg.seq_len))]
+    fields = [
+        pa.field("seq_id", pa.int64()),
+        pa.field("split", pa.string()),
+        pa.field("doc", pa.string()),
+        pa.field("input_ids", pa.list_(pa.int32(), cfg.seq_len)),
+    ]
     if pad:
         fields.append(pa.field("length", pa.int32()))
     schema = pa.schema(fields, metadata=encode_meta(meta))
     real = {}
     layout.tokens_json.unlink(missing_ok=True)  # until both are written, the pair is absent, never mismatched
-    _write_atomic(pa.RecordBatchReader.from_batches(schema, _kept_rows(spills, keep, schema, real)), layout.tokens,
-                  message=f"tokens {fp[:12]}: {rows}")
+    _write_atomic(
+        pa.RecordBatchReader.from_batches(schema, _kept_rows(spills, keep, schema, real)),
+        layout.tokens,
+        message=f"tokens {fp[:12]}: {rows}",
+    )
     if pad:
         lineage["packing"]["real_tokens"] = real
     write_json(layout.tokens_json, {"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage})
-    return TokensResult(path=layout.tokens, fingerprint=fp, rows=rows, tokens=tokens, documents=walk.documents,
-                        empty_documents=walk.empty_count)
+    return TokensResult(
+        path=layout.tokens,
+        fingerprint=fp,
+        rows=rows,
+        tokens=tokens,
+        documents=walk.documents,
+        empty_documents=walk.empty_count,
+    )
 
 
 def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], schema: pa.Schema, real: dict):
@@ -266,8 +332,11 @@ def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], 
             n = b.num_rows
             if "length" in b.schema.names:
                 real[split] += int(np.asarray(b.column("length")).sum())
-            cols = [pa.array(np.arange(seq_id, seq_id + n, dtype=np.int64)), pa.array([split] * n, pa.string()),
-                    *b.columns]
+            cols = [
+                pa.array(np.arange(seq_id, seq_id + n, dtype=np.int64)),
+                pa.array([split] * n, pa.string()),
+                *b.columns,
+            ]
             seq_id += n
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
 
@@ -292,17 +361,28 @@ def open_tokens(layout: Layout = Layout()):
 
     trust.verify(layout.tokens, layout.tokens_json)
     ds = open_dataset(layout.tokens, kind="tokens")
-    check(str(layout.tokens_json), read_tokens_json(layout), str(layout.tokens), schema_meta(ds.schema),
-          keys=("fingerprint",), fix="restore both from one commit (`dvc checkout data/tokens.lance data/tokens.json`) "
-                                     "or re-run `dvc repro tokens`")
+    check(
+        str(layout.tokens_json),
+        read_tokens_json(layout),
+        str(layout.tokens),
+        schema_meta(ds.schema),
+        keys=("fingerprint",),
+        fix="restore both from one commit (`dvc checkout data/tokens.lance data/tokens.json`) "
+        "or re-run `dvc repro tokens`",
+    )
     return ds
 
 
-def read_tokens(layout: Layout, rows: np.ndarray | list[int] | None = None, *, ds=None) -> tuple[torch.Tensor, list[str]]:
+def read_tokens(
+    layout: Layout, rows: np.ndarray | list[int] | None = None, *, ds=None
+) -> tuple[torch.Tensor, list[str]]:
     """(N, T) int64 input ids and splits of the given row numbers (all rows if None)."""
     ds = ds if ds is not None else open_tokens(layout)
-    table = ds.to_table(columns=["input_ids", "split"]) if rows is None else \
-        ds.take(np.asarray(rows, dtype=np.int64), columns=["input_ids", "split"])
+    table = (
+        ds.to_table(columns=["input_ids", "split"])
+        if rows is None
+        else ds.take(np.asarray(rows, dtype=np.int64), columns=["input_ids", "split"])
+    )
     col = table.column("input_ids").combine_chunks()
     ids = torch.from_numpy(col.values.to_numpy().astype(np.int64)).reshape(len(table), -1)
     return ids, table.column("split").to_pylist()

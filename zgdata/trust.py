@@ -54,8 +54,9 @@ def recorded(root: Path) -> dict[str, str]:
     try:
         doc = yaml.safe_load(lock.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ZgError(f"{lock} is not valid YAML ({str(e).splitlines()[0]})",
-                      fix="restore it from git (`git checkout dvc.lock`)") from e
+        raise ZgError(
+            f"{lock} is not valid YAML ({str(e).splitlines()[0]})", fix="restore it from git (`git checkout dvc.lock`)"
+        ) from e
     out = {}
     for stage in (doc.get("stages") or {}).values():
         for o in (stage or {}).get("outs") or []:
@@ -104,8 +105,10 @@ def _md5(path: Path, state: dict, counts: dict) -> str:
 
 
 def _fix(rel: str) -> str:
-    return (f"restore it from git's record with `dvc checkout {rel}` (or `dvc pull {rel}` from a remote you trust); "
-            f"if you rebuilt it yourself on purpose, record it with `dvc commit`")
+    return (
+        f"restore it from git's record with `dvc checkout {rel}` (or `dvc pull {rel}` from a remote you trust); "
+        f"if you rebuilt it yourself on purpose, record it with `dvc commit`"
+    )
 
 
 def _manifest(root: Path, rel: str, md5: str) -> list[dict]:
@@ -114,11 +117,15 @@ def _manifest(root: Path, rel: str, md5: str) -> list[dict]:
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise ZgError(f"{rel}: the DVC cache lacks its file list {path.name}, so it cannot be checked against "
-                      f"dvc.lock", fix=f"fetch it with `dvc pull {rel}` (or `dvc commit` if you built it here)") from e
+        raise ZgError(
+            f"{rel}: the DVC cache lacks its file list {path.name}, so it cannot be checked against dvc.lock",
+            fix=f"fetch it with `dvc pull {rel}` (or `dvc commit` if you built it here)",
+        ) from e
     if hashlib.md5(raw).hexdigest() != h:
-        raise ZgError(f"{rel}: the file list {path} in the DVC cache does not match dvc.lock (md5 {h})",
-                      fix=f"delete that cache file and run `dvc pull {rel}` from a remote you trust")
+        raise ZgError(
+            f"{rel}: the file list {path} in the DVC cache does not match dvc.lock (md5 {h})",
+            fix=f"delete that cache file and run `dvc pull {rel}` from a remote you trust",
+        )
     try:
         return json.loads(raw)
     except ValueError as e:
@@ -129,17 +136,20 @@ def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict) -> Non
     entries = _manifest(root, rel, md5)
     want = {os.path.normpath(e["relpath"]): e["md5"] for e in entries}
     base = root / rel
-    have = {os.path.normpath(os.path.relpath(os.path.join(d, f), base))
-            for d, _, files in os.walk(base) for f in files}
+    have = {os.path.normpath(os.path.relpath(os.path.join(d, f), base)) for d, _, files in os.walk(base) for f in files}
     if have != set(want):
         extra, missing = sorted(have - set(want)), sorted(set(want) - have)
-        what = f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})" if extra else \
-            f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
+        what = (
+            f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})"
+            if extra
+            else f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
+        )
         raise ZgError(f"{rel} does not match dvc.lock: {what}", fix=_fix(rel))
     for f, m in sorted(want.items()):
         if _md5(base / f, state, counts) != m:
-            raise ZgError(f"{rel}/{f} does not match dvc.lock (its md5 differs from the one git records)",
-                          fix=_fix(rel))
+            raise ZgError(
+                f"{rel}/{f} does not match dvc.lock (its md5 differs from the one git records)", fix=_fix(rel)
+            )
 
 
 def _load_state(root: Path) -> dict:
@@ -188,7 +198,9 @@ def _check(root: Path, rec: dict[str, str], p: Path, state: dict, counts: dict) 
     if md5 is None:
         return
     if not p.exists():
-        raise ZgError(f"{rel} is missing (dvc.lock records it)", fix=f"restore it with `dvc checkout {rel}` or `dvc pull {rel}`")
+        raise ZgError(
+            f"{rel} is missing (dvc.lock records it)", fix=f"restore it with `dvc checkout {rel}` or `dvc pull {rel}`"
+        )
     counts["outputs"] += 1
     if md5.endswith(".dir"):
         _check_dir(root, rel, md5, state, counts)

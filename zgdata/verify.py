@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zgdata.atomic import write_json
 from zgdata.capture import capture
 from zgdata.config import PartitionConfig, VerifyConfig
-from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.integrity import recover_fix, scan_checksums
 from zgdata.layout import Layout
@@ -24,8 +24,10 @@ REMAT = "re-run `dvc repro -f materialize` (and bump CAPTURE_VERSION if capture 
 def _open_all(folder: Path) -> list[BoundaryDataset]:
     paths = sorted(folder.glob("*.lance")) if folder.exists() else []
     if not paths:
-        raise ZgError(f"no boundary datasets in {folder}",
-                      fix="run `dvc repro materialize`, or `dvc pull` the boundaries you need")
+        raise ZgError(
+            f"no boundary datasets in {folder}",
+            fix="run `dvc repro materialize`, or `dvc pull` the boundaries you need",
+        )
     return [BoundaryDataset(p) for p in paths]
 
 
@@ -35,14 +37,32 @@ def _lineage_failures(sets: list[BoundaryDataset]) -> list[dict]:
     for b in sets:
         lin = b.meta["lineage"]
         if boundary_fingerprint(lin) != b.fingerprint:
-            out.append({"boundary": b.name, "check": "fingerprint",
-                        "what": f"{b.name}'s fingerprint does not match its lineage", "fix": REMAT})
+            out.append(
+                {
+                    "boundary": b.name,
+                    "check": "fingerprint",
+                    "what": f"{b.name}'s fingerprint does not match its lineage",
+                    "fix": REMAT,
+                }
+            )
         for k, mine, theirs in mismatches(lin, ref.meta["lineage"]):
-            out.append({"boundary": b.name, "check": "lineage",
-                        "what": mismatch_text(k, b.name, mine, ref.name, theirs), "fix": REMAT})
+            out.append(
+                {
+                    "boundary": b.name,
+                    "check": "lineage",
+                    "what": mismatch_text(k, b.name, mine, ref.name, theirs),
+                    "fix": REMAT,
+                }
+            )
         if not np.array_equal(b.seq_ids, ref.seq_ids):
-            out.append({"boundary": b.name, "check": "alignment",
-                        "what": f"{b.name} rows are not aligned with {ref.name} by seq_id", "fix": REMAT})
+            out.append(
+                {
+                    "boundary": b.name,
+                    "check": "alignment",
+                    "what": f"{b.name} rows are not aligned with {ref.name} by seq_id",
+                    "fix": REMAT,
+                }
+            )
     return out
 
 
@@ -55,15 +75,31 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
     """Every row of every boundary against its checksum, streamed; the first ``listed`` bad rows each get an entry."""
     out, counts = [], {}
     for b in sets:
-        counts[b.name], bad = scan_checksums(b.ds, b.row_bytes, columns=b.columns,
-                                             decode=lambda rb, b=b: b.decode(rb, strict=False))
+        counts[b.name], bad = scan_checksums(
+            b.ds, b.row_bytes, columns=b.columns, decode=lambda rb, b=b: b.decode(rb, strict=False)
+        )
         for row, seq_id in bad[:listed]:
-            out.append({"boundary": b.name, "check": "checksum", "row": row, "seq_id": seq_id,
-                        "what": f"{b.name} row {row} (seq_id {seq_id}): stored hidden states do not match the "
-                                f"checksum written at materialize", "fix": recover_fix(b.path)})
+            out.append(
+                {
+                    "boundary": b.name,
+                    "check": "checksum",
+                    "row": row,
+                    "seq_id": seq_id,
+                    "what": f"{b.name} row {row} (seq_id {seq_id}): stored hidden states do not match the "
+                    f"checksum written at materialize",
+                    "fix": recover_fix(b.path),
+                }
+            )
         if len(bad) > listed:
-            out.append({"boundary": b.name, "check": "checksum", "rows": len(bad),
-                        "what": f"{b.name}: {len(bad) - listed} more rows fail their checksum", "fix": recover_fix(b.path)})
+            out.append(
+                {
+                    "boundary": b.name,
+                    "check": "checksum",
+                    "rows": len(bad),
+                    "what": f"{b.name}: {len(bad) - listed} more rows fail their checksum",
+                    "fix": recover_fix(b.path),
+                }
+            )
     return out, counts
 
 
@@ -74,20 +110,34 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
 
     lin = sets[0].meta["lineage"]
     teacher, tokens = read_teacher_json(layout), read_tokens_json(layout)
-    here = {"teacher_sha256": teacher["weights_sha256"], "tokenizer_sha256": teacher["tokenizer_sha256"],
-            "tokens_fingerprint": tokens["fingerprint"]}
+    here = {
+        "teacher_sha256": teacher["weights_sha256"],
+        "tokenizer_sha256": teacher["tokenizer_sha256"],
+        "tokens_fingerprint": tokens["fingerprint"],
+    }
     bad = mismatches(lin, here, keys=here)
     if bad:
-        return [{"boundary": "*", "check": "tokens" if k == "tokens_fingerprint" else "teacher",
-                 "what": mismatch_text(k, "the boundaries", a, "models/teacher + data/tokens.json", b), "fix": REMAT}
-                for k, a, b in bad], [], {}
+        return (
+            [
+                {
+                    "boundary": "*",
+                    "check": "tokens" if k == "tokens_fingerprint" else "teacher",
+                    "what": mismatch_text(k, "the boundaries", a, "models/teacher + data/tokens.json", b),
+                    "fix": REMAT,
+                }
+                for k, a, b in bad
+            ],
+            [],
+            {},
+        )
     tok_ds = open_tokens(layout)
     n = len(sets[0].seq_ids)
     g = torch.Generator().manual_seed(cfg.seed)
     rows = np.sort(torch.randperm(n, generator=g)[: min(sample, n)].numpy())
     # rehash: verify never trusts the digest cache that makes ordinary teacher loads cheap
-    model, _, identity = load_teacher_checked(layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True,
-                                                per_layer=True)
+    model, _, identity = load_teacher_checked(
+        layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True, per_layer=True
+    )
     storage = getattr(torch, lin["storage_dtype"])
     failures = []
     for r in rows:
@@ -96,12 +146,22 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
         for b in sets:
             stored = b.take([r], check=False)  # checksums were checked above; report, don't raise
             fresh = caps[b.meta["layer"]]
-            if not torch.equal(stored.view(torch.int16) if storage == torch.bfloat16 else stored,
-                               fresh.view(torch.int16) if storage == torch.bfloat16 else fresh):
+            if not torch.equal(
+                stored.view(torch.int16) if storage == torch.bfloat16 else stored,
+                fresh.view(torch.int16) if storage == torch.bfloat16 else fresh,
+            ):
                 diff = int((stored.float() != fresh.float()).sum())
-                failures.append({"boundary": b.name, "check": "recompute", "row": int(r), "seq_id": int(b.seq_ids[r]),
-                                 "what": f"{b.name} row {r} (seq_id {int(b.seq_ids[r])}): {diff} values differ from "
-                                         f"a fresh teacher pass", "fix": REMAT})
+                failures.append(
+                    {
+                        "boundary": b.name,
+                        "check": "recompute",
+                        "row": int(r),
+                        "seq_id": int(b.seq_ids[r]),
+                        "what": f"{b.name} row {r} (seq_id {int(b.seq_ids[r])}): {diff} values differ from "
+                        f"a fresh teacher pass",
+                        "fix": REMAT,
+                    }
+                )
     return failures, [int(sets[0].seq_ids[r]) for r in rows], identity
 
 
@@ -128,9 +188,17 @@ def _trust_failures(full: bool) -> tuple[list[dict], dict | None]:
     return [], {"outputs": c.outputs, "hashed": c.hashed, "cached": c.cached}
 
 
-def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool = False, layout: Layout = Layout(),
-           boundaries_dir: Path | None = None, partition: PartitionConfig | None = None, mcfg=None,
-           full: bool = False) -> dict:
+def verify(
+    cfg: VerifyConfig,
+    *,
+    sample: int | None = None,
+    lineage_only: bool = False,
+    layout: Layout = Layout(),
+    boundaries_dir: Path | None = None,
+    partition: PartitionConfig | None = None,
+    mcfg=None,
+    full: bool = False,
+) -> dict:
     """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
     depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
     block's pair runs that mode on a subset. ``mcfg`` (materialize): with virtual_first, h00 is computed from
@@ -144,10 +212,19 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
     missing = [n for n in _missing(folder, partition) if n not in vnames] + unbuilt
     stored = [b for b in _open_all(folder) if b.name not in vnames]  # a stale stored h00 is not what readers use
     sets = sorted(stored + virtual, key=lambda b: b.meta["layer"])
-    failures = [] if lineage_only else [
-        {"boundary": n, "check": "missing", "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries "
-         "needs, is missing", "fix": f"`dvc pull {folder / f'{n}.lance'}`, or re-create it with `dvc repro materialize`"}
-        for n in missing]
+    failures = (
+        []
+        if lineage_only
+        else [
+            {
+                "boundary": n,
+                "check": "missing",
+                "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries needs, is missing",
+                "fix": f"`dvc pull {folder / f'{n}.lance'}`, or re-create it with `dvc repro materialize`",
+            }
+            for n in missing
+        ]
+    )
     lineage_failures = _lineage_failures(sets)
     sums, summed = _checksum_failures(stored)
     summed.update({b.name: 0 for b in virtual})
@@ -158,21 +235,41 @@ def verify(cfg: VerifyConfig, *, sample: int | None = None, lineage_only: bool =
         failures += more
     report = {
         "status": "ok" if not failures else "fail",
-        "summary": (f"{len(sets)} boundaries" + (f" ({', '.join(sorted(b.name for b in virtual))} virtual)" if virtual else "")
-                    + f", lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
-                    + ("" if lineage_only else
-                    f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed")
-                    + (f"; not present: {', '.join(missing)}" if missing else "")
-                    + (f"; dvc.lock: {trusted['outputs']} outputs match ({trusted['hashed']} files hashed, "
-                       f"{trusted['cached']} from the cache)" if trusted else "")) if not failures else
-                   "; ".join(f["what"] for f in failures[:3]) + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
-                   + ". " + failures[0]["fix"],
+        "summary": (
+            f"{len(sets)} boundaries"
+            + (f" ({', '.join(sorted(b.name for b in virtual))} virtual)" if virtual else "")
+            + f", lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
+            + (
+                ""
+                if lineage_only
+                else f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed"
+            )
+            + (f"; not present: {', '.join(missing)}" if missing else "")
+            + (
+                f"; dvc.lock: {trusted['outputs']} outputs match ({trusted['hashed']} files hashed, "
+                f"{trusted['cached']} from the cache)"
+                if trusted
+                else ""
+            )
+        )
+        if not failures
+        else "; ".join(f["what"] for f in failures[:3])
+        + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
+        + ". "
+        + failures[0]["fix"],
         "lineage_only": lineage_only,
         "trust": trusted,
-        "boundaries": {b.name: {"fingerprint": b.fingerprint, "rows": len(b.seq_ids),
-                                "version": b.ds.version if b.ds is not None else None, "layer": b.meta["layer"],
-                                "checksum_rows": summed[b.name], **({"virtual": True} if b.ds is None else {})}
-                       for b in sets},
+        "boundaries": {
+            b.name: {
+                "fingerprint": b.fingerprint,
+                "rows": len(b.seq_ids),
+                "version": b.ds.version if b.ds is not None else None,
+                "layer": b.meta["layer"],
+                "checksum_rows": summed[b.name],
+                **({"virtual": True} if b.ds is None else {}),
+            }
+            for b in sets
+        },
         "checksum_rows_checked": sum(summed.values()),
         "missing": missing,
         "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},

@@ -90,16 +90,32 @@ class VirtualBoundary:
         self.dtype = mcfg.storage_dtype
         from zgdata.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
 
-        lineage = {"teacher_sha256": hmeta.get("teacher_sha256"), "tokenizer_sha256": tlin.get("tokenizer_sha256"),
-                   "tokens_fingerprint": tmeta.get("fingerprint"), "layer": 0, "storage_dtype": mcfg.storage_dtype,
-                   "compute_dtype": mcfg.compute_dtype, "attn_implementation": ATTN_IMPLEMENTATION,
-                   "capture_version": CAPTURE_VERSION, "virtual": True,
-                   "computed_from": [str(Layout(Path("")).tokens), str(Layout(Path("")).teacher_head)],
-                   "embedding_sha256": tensors_sha256({k: head[k] for k in sorted(seen.used)})}
-        self.meta = {"kind": "boundary", "name": name, "layer": 0, "fingerprint": boundary_fingerprint(lineage),
-                     "lineage": lineage, "seq_len": self.seq_len, "hidden": self.hidden,
-                     "rows": {str(k): int(v) for k, v in zip(*np.unique(self.splits, return_counts=True))},
-                     "codec": "virtual", "virtual": True, "complete": True}
+        lineage = {
+            "teacher_sha256": hmeta.get("teacher_sha256"),
+            "tokenizer_sha256": tlin.get("tokenizer_sha256"),
+            "tokens_fingerprint": tmeta.get("fingerprint"),
+            "layer": 0,
+            "storage_dtype": mcfg.storage_dtype,
+            "compute_dtype": mcfg.compute_dtype,
+            "attn_implementation": ATTN_IMPLEMENTATION,
+            "capture_version": CAPTURE_VERSION,
+            "virtual": True,
+            "computed_from": [str(Layout(Path("")).tokens), str(Layout(Path("")).teacher_head)],
+            "embedding_sha256": tensors_sha256({k: head[k] for k in sorted(seen.used)}),
+        }
+        self.meta = {
+            "kind": "boundary",
+            "name": name,
+            "layer": 0,
+            "fingerprint": boundary_fingerprint(lineage),
+            "lineage": lineage,
+            "seq_len": self.seq_len,
+            "hidden": self.hidden,
+            "rows": {str(k): int(v) for k, v in zip(*np.unique(self.splits, return_counts=True))},
+            "codec": "virtual",
+            "virtual": True,
+            "complete": True,
+        }
         self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
 
     name = property(lambda self: self.meta["name"])

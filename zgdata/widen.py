@@ -15,8 +15,8 @@ top-level piece (embeddings, each decoder layer, final norm, head) only while th
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Iterable, Iterator
 
 import torch
 

@@ -23,9 +23,12 @@ def _choices() -> dict[str, str]:
     """params key -> "one of a, b" for the fields that declare their allowed values."""
     from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
 
-    return {f"{sec}.{f.name}": ", ".join(f"`{c}`" for c in f.metadata["choices"])
-            for sec, cls in {**SECTIONS, **OPTIONAL_SECTIONS}.items() for f in fields(cls)
-            if f.metadata.get("choices")}
+    return {
+        f"{sec}.{f.name}": ", ".join(f"`{c}`" for c in f.metadata["choices"])
+        for sec, cls in {**SECTIONS, **OPTIONAL_SECTIONS}.items()
+        for f in fields(cls)
+        if f.metadata.get("choices")
+    }
 
 
 def _cell(text: str) -> str:
@@ -35,9 +38,14 @@ def _cell(text: str) -> str:
 def params_page() -> str:
     """docs/reference/params.md: one table per params.yaml section."""
     choices = _choices()
-    out = [_HEADER.format(cmd=COMMAND, src="the config dataclasses (`zg params`)"), "# params.yaml keys\n\n",
-           ("Every key of `params.yaml`, its default and what it means, as `zg params` prints them. A key left out "
-            "takes its default; a wrong type, an out-of-range value or an unknown key is one error line naming it.\n")]
+    out = [
+        _HEADER.format(cmd=COMMAND, src="the config dataclasses (`zg params`)"),
+        "# params.yaml keys\n\n",
+        (
+            "Every key of `params.yaml`, its default and what it means, as `zg params` prints them. A key left out "
+            "takes its default; a wrong type, an out-of-range value or an unknown key is one error line naming it.\n"
+        ),
+    ]
     section = None
     from zgtrain.project.config import params_rows
 
@@ -86,9 +94,14 @@ def cli_page() -> str:
 
     from zgtrain.cli import app
 
-    head = [_HEADER.format(cmd=COMMAND, src="typer's command tree of `zg`"), "# `zg` commands\n\n",
-            ("Every command, its help text, arguments and options (`zg COMMAND --help` prints the same). "
-             "Results go to stdout (`--json` where a script reads them), progress and errors to stderr.\n")]
+    head = [
+        _HEADER.format(cmd=COMMAND, src="typer's command tree of `zg`"),
+        "# `zg` commands\n\n",
+        (
+            "Every command, its help text, arguments and options (`zg COMMAND --help` prints the same). "
+            "Results go to stdout (`--json` where a script reads them), progress and errors to stderr.\n"
+        ),
+    ]
     return "".join(head + _command_section(typer.main.get_command(app), "zg"))
 
 

@@ -40,8 +40,9 @@ def documents(cfg) -> list[tuple[str, str]]:
 
 
 def corpus_digest(docs) -> str:
-    return sha256_bytes(b"".join(sha256_bytes(n.encode()).encode() + sha256_bytes(t.encode()).encode()
-                                 for n, t in docs))
+    return sha256_bytes(
+        b"".join(sha256_bytes(n.encode()).encode() + sha256_bytes(t.encode()).encode() for n, t in docs)
+    )
 
 
 def _pack(docs, tok, seq_len: int):
@@ -71,19 +72,34 @@ def legacy_tokens(cfg, tok, tok_sha: str) -> dict:
     """fingerprint, corpus_digest, rows, and per row: split, doc, input_ids, as the old code computed them."""
     docs = documents(cfg)
     digest = corpus_digest(docs)
-    split_spec = {"heldout": sorted(cfg.heldout), "documents": sorted(cfg.documents),
-                  "max_train_seqs": cfg.max_train_seqs, "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
-    fp = fingerprint("tokens", 1, {"corpus_digest": digest, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len,
-                                   "split": split_spec})
+    split_spec = {
+        "heldout": sorted(cfg.heldout),
+        "documents": sorted(cfg.documents),
+        "max_train_seqs": cfg.max_train_seqs,
+        "max_heldout_seqs": cfg.max_heldout_seqs,
+        "seed": cfg.seed,
+    }
+    fp = fingerprint(
+        "tokens", 1, {"corpus_digest": digest, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
+    )
     held = set(cfg.heldout)
     splits, names, ids, rows = [], [], [], {}
-    for split, subset, k in (("train", [d for d in docs if d[0] not in held], cfg.max_train_seqs),
-                             ("heldout", [d for d in docs if d[0] in held], cfg.max_heldout_seqs)):
+    for split, subset, k in (
+        ("train", [d for d in docs if d[0] not in held], cfg.max_train_seqs),
+        ("heldout", [d for d in docs if d[0] in held], cfg.max_heldout_seqs),
+    ):
         seqs, doc_names = _pack(subset, tok, cfg.seq_len)
         keep = _sample(len(seqs), k, cfg.seed)
         ids.append(seqs[keep])
         names += [doc_names[i] for i in keep]
         splits += [split] * len(keep)
         rows[split] = len(keep)
-    return {"fingerprint": fp, "corpus_digest": digest, "rows": rows, "split": splits, "doc": names,
-            "input_ids": np.concatenate(ids), "documents": len(docs)}
+    return {
+        "fingerprint": fp,
+        "corpus_digest": digest,
+        "rows": rows,
+        "split": splits,
+        "doc": names,
+        "input_ids": np.concatenate(ids),
+        "documents": len(docs),
+    }

@@ -4,16 +4,39 @@ from __future__ import annotations
 
 import pytest
 
-from zgdata.config import (CorpusConfig, MaterializeConfig, PartitionConfig, ProjectKind, TeacherConfig, VerifyConfig,
-                           check_int, defaults, describe, load_params, project_kind, section)
+from zgdata.config import (
+    CorpusConfig,
+    MaterializeConfig,
+    PartitionConfig,
+    ProjectKind,
+    TeacherConfig,
+    VerifyConfig,
+    check_int,
+    defaults,
+    describe,
+    load_params,
+    project_kind,
+    section,
+)
 from zgdata.errors import ZgError
 
 
 def test_defaults_live_in_the_dataclasses():
-    assert defaults(MaterializeConfig) == {"storage_dtype": "bfloat16", "compute_dtype": "float32", "batch_size": 4,
-                                           "commit_rows": 0, "commit_mb": 2048, "commit_seconds": 600.0, "file_mb": 16384,
-                                           "queue_batches": 4, "workers": 1, "worker_threads": 1,
-                                           "rows_per_file": 1024, "codec": "raw", "virtual_first": False}
+    assert defaults(MaterializeConfig) == {
+        "storage_dtype": "bfloat16",
+        "compute_dtype": "float32",
+        "batch_size": 4,
+        "commit_rows": 0,
+        "commit_mb": 2048,
+        "commit_seconds": 600.0,
+        "file_mb": 16384,
+        "queue_batches": 4,
+        "workers": 1,
+        "worker_threads": 1,
+        "rows_per_file": 1024,
+        "codec": "raw",
+        "virtual_first": False,
+    }
     a, b = CorpusConfig(), CorpusConfig()
     assert a.heldout == b.heldout and a.heldout is not b.heldout  # list defaults are not shared
 

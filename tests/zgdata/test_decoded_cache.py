@@ -25,6 +25,7 @@ def _fetch(calls):
         calls.append(rows.copy())
         assert np.array_equal(rows, np.unique(rows))  # one sorted read of distinct rows
         return ROWS[rows]
+
     return fetch
 
 

@@ -19,9 +19,12 @@ from zgdata.encode import batch_encoder, pipelined, plain_backend, reference_enc
 from zgdata.teacher.tokenizer import byte_level_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_end|>", "<pad>"]
-TRAIN = ["The river ran past the mill; the miller counted 1234 sacks of flour in 2024.",
-         "Café naïve über straße — “quoted” text, emoji 🙂🙂 and tabs\tand  double  spaces.",
-         "def f(x):\n    return x ** 2  # code, with indentation\r\n\r\n", "ROMEO. O, she doth teach the torches!"] * 40
+TRAIN = [
+    "The river ran past the mill; the miller counted 1234 sacks of flour in 2024.",
+    "Café naïve über straße — “quoted” text, emoji 🙂🙂 and tabs\tand  double  spaces.",
+    "def f(x):\n    return x ** 2  # code, with indentation\r\n\r\n",
+    "ROMEO. O, she doth teach the torches!",
+] * 40
 TEXTS = [
     "The miller's river ran 12345 times past the mill.",
     "  leading spaces, trailing spaces   ",
@@ -48,8 +51,12 @@ def _byte_level(path: Path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        TRAIN,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.add_tokens(["<tag>"])
     return _save(tok, path, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<|endoftext|>")
 
@@ -105,8 +112,9 @@ def test_a_tokenizer_that_overrides_the_call_gets_the_reference_path(tmp_path):
 
     class Lower(PreTrainedTokenizerFast):  # a subclass with its own encoding step, like a few in transformers
         def _encode_plus(self, text, *args, **kw):
-            return super()._encode_plus([t.lower() for t in text] if isinstance(text, list) else text.lower(),
-                                        *args, **kw)
+            return super()._encode_plus(
+                [t.lower() for t in text] if isinstance(text, list) else text.lower(), *args, **kw
+            )
 
     base = _byte_level(tmp_path / "tok")
     tok = Lower(tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>")
@@ -166,8 +174,10 @@ def test_tokenize_fast_path_equals_the_reference_path(tiny_built, tmp_path, monk
         cfg = CorpusConfig(source=[str(src)], heldout=[], heldout_fraction=0.2, seq_len=16, packing=packing)
         tokens.tokenize(cfg, layout=layout, batch_chars=200, flush_tokens=40)
         t = lance.dataset(str(layout.tokens)).to_table()
-        return layout.tokens_json.read_bytes(), {"schema": t.schema,
-                                                 **{c: t.column(c).to_pylist() for c in t.schema.names}}
+        return layout.tokens_json.read_bytes(), {
+            "schema": t.schema,
+            **{c: t.column(c).to_pylist() for c in t.schema.names},
+        }
 
     for packing in ("eos", "pad"):
         fast = token_set(tmp_path / f"fast-{packing}", packing, batch_encoder)
@@ -191,7 +201,9 @@ def test_a_long_document_encoded_in_pieces_gives_the_whole_documents_ids(tmp_pat
     assert splittable(plain_backend(tok))
     rng = np.random.default_rng(0)
     words = [" ".join(TRAIN[:4]).split(" ")[i] for i in rng.integers(0, 40, 200_000)]
-    seps = rng.choice([" ", "  ", "\n", "\n\n", " \n", "\t", ""], size=len(words), p=[.6, .1, .1, .05, .05, .05, .05])
+    seps = rng.choice(
+        [" ", "  ", "\n", "\n\n", " \n", "\t", ""], size=len(words), p=[0.6, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05]
+    )
     synthetic = "".join(w + s for w, s in zip(words, seps)) + " <|im_end|> <tag>x<tag> \n"
     for doc in (_plays(), synthetic):
         whole = batch_encoder(tok, piece_chars=len(doc))([doc])[0]

@@ -18,7 +18,7 @@ def test_an_invalid_teacher_slice_header_is_one_line(tiny_project):
     path = tiny_project / "models" / "teacher" / "blocks" / "b00.safetensors"
     data = path.read_bytes()
     n = struct.unpack("<Q", data[:8])[0]
-    path.write_bytes(data[:8] + b"\xff" * n + data[8 + n:])  # same length, not JSON
+    path.write_bytes(data[:8] + b"\xff" * n + data[8 + n :])  # same length, not JSON
     res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, "b00.safetensors is not a valid safetensors file: its header is not JSON", "dvc checkout")
     path.write_bytes(struct.pack("<Q", 2**62) + data[8:])

@@ -11,14 +11,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-
 from conftest import zg_main
 from zgd_helpers import overwrite_table, read_json, set_schema_meta
-from zgdata.lineage import boundary_fingerprint
+
 from zgdata.errors import ZgError
 from zgdata.integrity import checksum_array
 from zgdata.lance_io import dir_bytes
 from zgdata.layout import Layout
+from zgdata.lineage import boundary_fingerprint
 from zgdata.reader import BoundaryDataset, BoundaryPair
 
 
@@ -77,8 +77,12 @@ def _flip_one_value(path, row: int, index: int) -> int:
     pos = row * col.type.list_size + index
     values[pos] ^= np.uint16(1 << 3)
     hidden = pa.FixedSizeListArray.from_arrays(pa.array(values, type=pa.uint16()), col.type.list_size)
-    return overwrite_table(path, pa.table([table.column("seq_id"), table.column("split"), hidden,
-                                           checksum_array(hidden)], names=table.column_names))
+    return overwrite_table(
+        path,
+        pa.table(
+            [table.column("seq_id"), table.column("split"), hidden, checksum_array(hidden)], names=table.column_names
+        ),
+    )
 
 
 def test_verify_catches_one_flipped_value(tiny_project):
@@ -139,7 +143,7 @@ def test_reader_api(tiny_built):
 
     a = _collect(pair, seed=1)
     assert [s for s, *_ in a] == list(range(6))
-    for step, rows, x, y in a:
+    for _step, rows, x, y in a:
         assert len(rows) == 5 and set(rows.tolist()) <= set(train.tolist())
         assert x.dtype == y.dtype == torch.bfloat16 and x.shape == y.shape == (5, 64, 64)
         xi, yo = pair.take(rows)  # aligned: both sides hold the same rows
@@ -152,8 +156,10 @@ def test_reader_api(tiny_built):
 
     b = _collect(pair, seed=1)
     c = _collect(pair, seed=2)
-    assert all(np.array_equal(ra, rb) and torch.equal(xa.view(torch.int16), xb.view(torch.int16))
-               for (_, ra, xa, _), (_, rb, xb, _) in zip(a, b))
+    assert all(
+        np.array_equal(ra, rb) and torch.equal(xa.view(torch.int16), xb.view(torch.int16))
+        for (_, ra, xa, _), (_, rb, xb, _) in zip(a, b)
+    )
     assert any(not np.array_equal(ra, rc) for (_, ra, *_), (_, rc, *_) in zip(a, c))
 
     # take by seq_id == take by row, and a resumed iterator continues the same order

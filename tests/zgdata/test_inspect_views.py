@@ -14,9 +14,11 @@ from rich.console import Console
 from zgdata.inspect import collect, render
 
 VIEWS = {"default": {}, "wide": {"wide": True}, "versions": {"versions": True}, "all": {"wide": True, "versions": True}}
-HEADERS = {"default": ("name", "layer", "rows", "codec", "size", "fingerprint", "complete", "history"),
-           "wide": ("teacher", "tokenizer", "tokens", "source", "seq_len", "hidden", "dtype", "stats"),
-           "versions": ("version", "timestamp", "message")}
+HEADERS = {
+    "default": ("name", "layer", "rows", "codec", "size", "fingerprint", "complete", "history"),
+    "wide": ("teacher", "tokenizer", "tokens", "source", "seq_len", "hidden", "dtype", "stats"),
+    "versions": ("version", "timestamp", "message"),
+}
 
 
 def _infos(root):
@@ -34,8 +36,11 @@ def test_views_fit_and_cut_no_header_or_fingerprint(tiny_built, width, view):
     assert max(len(line.rstrip()) for line in text.splitlines()) <= width
     lines = text.splitlines()
     shown = {w for line in lines for w in line.split()}
-    for head in HEADERS["default"] + (HEADERS["wide"] if "wide" in VIEWS[view] else ()) \
-            + (HEADERS["versions"] if "versions" in VIEWS[view] else ()):
+    for head in (
+        HEADERS["default"]
+        + (HEADERS["wide"] if "wide" in VIEWS[view] else ())
+        + (HEADERS["versions"] if "versions" in VIEWS[view] else ())
+    ):
         assert head in shown, (view, width, head)
     for i in infos:  # each fingerprint's 12-character prefix, whole, on one line
         assert i["fingerprint"][:12] in shown
@@ -64,8 +69,9 @@ def test_cli_views_and_json(tiny_project):
     wide = zg_main("data", "inspect", "--wide", "--versions", cwd=tiny_project).stdout
     infos = json.loads(zg_main("data", "inspect", "--json", cwd=tiny_project).stdout)
     again = json.loads(json.dumps(_infos(tiny_project), default=str))  # --json: exactly collect()'s records
-    assert [{k: v for k, v in i.items() if k != "path"} for i in infos] == \
-        [{k: v for k, v in i.items() if k != "path"} for i in again]  # (paths: relative there, absolute here)
+    assert [{k: v for k, v in i.items() if k != "path"} for i in infos] == [
+        {k: v for k, v in i.items() if k != "path"} for i in again
+    ]  # (paths: relative there, absolute here)
     for i in infos:
         assert i["fingerprint"][:12] in plain and i["lineage"]["tokenizer_sha256"][:12] in wide
     assert "lineage" in wide and "materialized rows" in wide and "materialized rows" not in plain

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-
 from conftest import assert_user_error as assert_error_line
 from conftest import zg_main
 from zgd_helpers import assert_user_error, boundary_bits, read_json, tree_sha256
+
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -45,7 +45,7 @@ def _flip_in_file(path, row: int, nbytes: int = 4096):
     data = bytearray(f.read_bytes())
     assert data.count(want) == 1
     start = at + (len(want) - nbytes) // 2
-    data[start:start + nbytes] = bytes(b ^ 0xFF for b in data[start:start + nbytes])
+    data[start : start + nbytes] = bytes(b ^ 0xFF for b in data[start : start + nbytes])
     f.write_bytes(bytes(data))
     assert _row_bytes(path, row) != want  # Lance reads the damaged bytes back without complaint
 
@@ -82,13 +82,21 @@ def test_flipped_row_fails_verify_reader_and_training(tiny_project):
         assert "dvc checkout" in report["failures"][0]["fix"]
         assert report["checksum_rows_checked"] == 3 * 56
         # the full verify recomputed its sample with the teacher bit for bit: the sample missed the row
-        assert report["checked_seq_ids"] == [] if extra else (len(report["checked_seq_ids"]) == 4
-                                                              and ROW not in report["checked_seq_ids"])
+        assert (
+            report["checked_seq_ids"] == []
+            if extra
+            else (len(report["checked_seq_ids"]) == 4 and ROW not in report["checked_seq_ids"])
+        )
 
     # the cached trainer reads through the reader: one error line, and no block output
     res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
-    assert_error_line(res, f"data/boundaries/h02.lance row {ROW} (seq_id {ROW})", "checksum",
-                      "dvc checkout data/boundaries/h02.lance", "dvc repro -f materialize")
+    assert_error_line(
+        res,
+        f"data/boundaries/h02.lance row {ROW} (seq_id {ROW})",
+        "checksum",
+        "dvc checkout data/boundaries/h02.lance",
+        "dvc repro -f materialize",
+    )
     assert [p for p in layout.block_dir("b00").rglob("*") if p.is_file()] == []
     assert not layout.block_metrics("b00").exists() and not layout.block_loss_curve("b00").exists()
     assert tree_sha256(layout.boundaries_dir) == before
@@ -106,8 +114,13 @@ def test_truncated_data_file_is_one_line_error(tiny_project, name, command):
     _truncate_data_file(path)
     rel = str(path.relative_to(tiny_project))
     res = zg_main(*command, cwd=tiny_project, check=False)
-    line = assert_user_error(res, rel, "truncated", f"dvc checkout {rel}",
-                             "dvc repro -f " + ("tokens" if name == "tokens" else "materialize"))
+    line = assert_user_error(
+        res,
+        rel,
+        "truncated",
+        f"dvc checkout {rel}",
+        "dvc repro -f " + ("tokens" if name == "tokens" else "materialize"),
+    )
     assert "h00" not in line and "h04" not in line
 
 
@@ -135,7 +148,9 @@ def test_verify_counts_checksums_and_fails_on_a_missing_boundary(tiny_project):
     shutil.rmtree(layout.boundary("h02"))
     res = zg_main("data", "verify", cwd=tiny_project, check=False)
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    assert "h02 (data/boundaries/h02.lance), which partition.boundaries needs, is missing" in " ".join(res.stderr.split())
+    assert "h02 (data/boundaries/h02.lance), which partition.boundaries needs, is missing" in " ".join(
+        res.stderr.split()
+    )
     report = read_json(layout.verify_report)
     assert [(f["boundary"], f["check"]) for f in report["failures"]] == [("h02", "missing")]
     assert "dvc pull data/boundaries/h02.lance" in report["failures"][0]["fix"]
@@ -148,8 +163,9 @@ def test_verify_counts_checksums_and_fails_on_a_missing_boundary(tiny_project):
 def _rewrite(path, table: pa.Table, meta: dict, drop_meta: tuple = ()) -> None:
     """Replace the dataset at ``path`` with ``table`` under ``meta`` (less the ``drop_meta`` keys)."""
     shutil.rmtree(path)
-    lance.write_dataset(table.replace_schema_metadata({k: v for k, v in meta.items() if k.decode() not in drop_meta}),
-                        str(path))
+    lance.write_dataset(
+        table.replace_schema_metadata({k: v for k, v in meta.items() if k.decode() not in drop_meta}), str(path)
+    )
 
 
 def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
@@ -162,8 +178,9 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     meta = full.schema.metadata
     _rewrite(path, no_checksum, meta, drop_meta=("zg.format_version",))
     res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
-    assert_user_error(res, "data/boundaries/h02.lance", "before boundary format 2", "rematerialize",
-                      "dvc repro -f materialize")
+    assert_user_error(
+        res, "data/boundaries/h02.lance", "before boundary format 2", "rematerialize", "dvc repro -f materialize"
+    )
     # format 2 claimed without the column, or the column under an older version: refused too
     _rewrite(path, no_checksum, meta)
     with pytest.raises(ZgError, match="no valid `checksum` column.*rematerialize"):
@@ -178,5 +195,7 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     want, got = boundary_bits(tiny_built), boundary_bits(tiny_project)
     assert all(torch.equal(got[n]["bits"], want[n]["bits"]) for n in want)
     assert lance.dataset(str(path)).schema.metadata[b"zg.format_version"] == b"2"
-    assert np.array_equal(lance.dataset(str(path)).to_table(columns=["checksum"]).column("checksum").to_numpy(
-        zero_copy_only=False), full.column("checksum").to_numpy(zero_copy_only=False))
+    assert np.array_equal(
+        lance.dataset(str(path)).to_table(columns=["checksum"]).column("checksum").to_numpy(zero_copy_only=False),
+        full.column("checksum").to_numpy(zero_copy_only=False),
+    )

@@ -9,8 +9,15 @@ import pytest
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.lineage import (LINEAGE_KEYS, boundary_fingerprint, boundary_lineage, check, expected_fingerprints,
-                            mismatches, read_tokens_json)
+from zgdata.lineage import (
+    LINEAGE_KEYS,
+    boundary_fingerprint,
+    boundary_lineage,
+    check,
+    expected_fingerprints,
+    mismatches,
+    read_tokens_json,
+)
 
 TEACHER = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64}
 TOKENS = {"fingerprint": "c" * 64, "rows": {"train": 2}, "lineage": {}}
@@ -41,8 +48,9 @@ def test_check_has_one_message_format():
     assert mismatches(a, b) == [("tokens_fingerprint", "c" * 64, "d" * 64)]
     with pytest.raises(ZgError) as e:
         check("h00", a, "h02", b)
-    assert str(e.value).startswith("lineage mismatch on tokens_fingerprint: h00 has " + "c" * 16 + " but h02 has "
-                                   + "d" * 16 + ".")
+    assert str(e.value).startswith(
+        "lineage mismatch on tokens_fingerprint: h00 has " + "c" * 16 + " but h02 has " + "d" * 16 + "."
+    )
     assert "materialize" in e.value.fix
     check("h00", a, "h02", dict(b, tokens_fingerprint="c" * 64))  # equal: no error
     with pytest.raises(ZgError, match="custom fix"):
@@ -63,5 +71,7 @@ def test_expected_fingerprints_from_teacher_and_tokens_json(tmp_path):
         read_tokens_json(layout)
     layout.tokens_json.write_text(json.dumps(TOKENS))
     got = expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
-    assert got == {n: boundary_fingerprint(boundary_lineage(TEACHER, TOKENS, layer, MaterializeConfig()))
-                   for n, layer in (("h00", 0), ("h02", 2))}
+    assert got == {
+        n: boundary_fingerprint(boundary_lineage(TEACHER, TOKENS, layer, MaterializeConfig()))
+        for n, layer in (("h00", 0), ("h02", 2))
+    }

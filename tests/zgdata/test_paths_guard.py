@@ -6,8 +6,8 @@ import json
 import os
 
 import pytest
-
 from conftest import assert_user_error, tree_sha256, zg_main
+
 from zgdata.errors import ZgError
 from zgdata.paths_guard import inside
 
@@ -33,12 +33,10 @@ def test_a_block_folder_symlinked_outside_the_project_is_refused_and_nothing_is_
     res = zg_main("train", "block", "b01", "--restart", cwd=tiny_project, check=False)
     assert_user_error(res, "block b01's folder models/blocks/b01 resolves to", "outside")
     assert tree_sha256(outside) == before and sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
-    assert not any(p.name.startswith("b01") for p in (tiny_project / "models" / "blocks").iterdir()
-                   if p.name != "b01")
+    assert not any(p.name.startswith("b01") for p in (tiny_project / "models" / "blocks").iterdir() if p.name != "b01")
 
 
-def test_a_checkpoint_name_that_leaves_the_block_folder_is_refused_before_any_weights_load(tiny_project,
-                                                                                             monkeypatch):
+def test_a_checkpoint_name_that_leaves_the_block_folder_is_refused_before_any_weights_load(tiny_project, monkeypatch):
     zg_main("train", "block", "b00", "--stop-after", "1", cwd=tiny_project)
     meta_path = tiny_project / "models" / "blocks" / "b00" / "meta.json"
     meta = json.loads(meta_path.read_text())

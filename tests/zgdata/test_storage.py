@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 import torch
 import yaml
-
 from conftest import zg
 from zgd_helpers import boundary_bits, edit_params, kill_9_when, overwrite_table
+
 from zgdata.boundaries import open_boundary
 from zgdata.codec import FORMAT_OF
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
@@ -102,7 +102,9 @@ def test_verify_and_training_reader_accept_zstd(zstd_built, tiny_built):
     want = list(raw.batches("train", start_step=0, steps=9, batch_size=8, seed=3))
     for (s, r, x, y), (s2, r2, x2, y2) in zip(got, want):  # the trainer's batches: same order, same bits
         assert s == s2 and np.array_equal(r, r2)
-        assert torch.equal(x.view(torch.int16), x2.view(torch.int16)) and torch.equal(y.view(torch.int16), y2.view(torch.int16))
+        assert torch.equal(x.view(torch.int16), x2.view(torch.int16)) and torch.equal(
+            y.view(torch.int16), y2.view(torch.int16)
+        )
 
 
 def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
@@ -111,7 +113,7 @@ def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
     path = Layout(root).boundary("h02")
     table = lance.dataset(str(path)).to_table()
     hi = table.column("hidden_hi").to_pylist()
-    hi[5] = hi[6]              # a valid zstd frame of another row: decodes, but to other values
+    hi[5] = hi[6]  # a valid zstd frame of another row: decodes, but to other values
     hi[9] = b"not zstd at all"  # does not decode
     overwrite_table(path, table.set_column(2, table.schema.field(2), pa.array(hi, type=pa.large_binary())))
     b = BoundaryDataset(path)
@@ -131,16 +133,22 @@ def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
     root = tiny_project
     edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
-    proc = kill_9_when(lambda: _journal_rows(root) > 0, ["data", "materialize"], root,
-                       {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"}, root.parent / "killed.stderr",
-                       "the first journaled commit")
+    proc = kill_9_when(
+        lambda: _journal_rows(root) > 0,
+        ["data", "materialize"],
+        root,
+        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"},
+        root.parent / "killed.stderr",
+        "the first journaled commit",
+    )
     done = _journal_rows(root)
     assert proc.returncode == -signal.SIGKILL and 0 < done < 56
     res = zg("data", "materialize", "--json", cwd=root)
     assert json.loads(res.stdout)["resumed_from"] == done
     _assert_same_values(root, tiny_built)
-    assert all(schema_meta(lance.dataset(str(Layout(root).boundary(n))).schema)["codec"]["name"] == "zstd"
-               for n in NAMES)
+    assert all(
+        schema_meta(lance.dataset(str(Layout(root).boundary(n))).schema)["codec"]["name"] == "zstd" for n in NAMES
+    )
 
 
 def test_public_api_rows_tokens_and_dataloader(zstd_built, tiny_built):
@@ -161,4 +169,6 @@ def test_public_api_rows_tokens_and_dataloader(zstd_built, tiny_built):
         loader = DataLoader(toks, batch_size=100, shuffle=False)
         first = next(iter(loader))
         assert first.shape == (100, 64) and first.dtype == torch.bfloat16
-        assert torch.equal(first.view(torch.int16), want[torch.from_numpy(train[:2])].reshape(-1, 64)[:100].view(torch.int16))
+        assert torch.equal(
+            first.view(torch.int16), want[torch.from_numpy(train[:2])].reshape(-1, 64)[:100].view(torch.int16)
+        )

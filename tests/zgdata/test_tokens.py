@@ -8,9 +8,9 @@ import os
 
 import pytest
 import yaml
-
 from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
+
 from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig, section
 from zgdata.layout import Layout
 from zgdata.teacher.prepare import prepare
@@ -91,7 +91,10 @@ def test_inspect_tokens_json(tiny_project):
     params = yaml.safe_load((tiny_project / "params.yaml").read_text())
     assert info["kind"] == "tokens" and info["complete"] is True
     assert info["fingerprint"] == tokens_json["fingerprint"] and len(info["fingerprint"]) == 64
-    assert info["rows"] == {"train": params["corpus"]["max_train_seqs"], "heldout": params["corpus"]["max_heldout_seqs"]}
+    assert info["rows"] == {
+        "train": params["corpus"]["max_train_seqs"],
+        "heldout": params["corpus"]["max_heldout_seqs"],
+    }
     assert info["rows"] == tokens_json["rows"]
     lineage = info["lineage"]
     cfg = section(params, CorpusConfig, "corpus")

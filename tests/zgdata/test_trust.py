@@ -14,8 +14,8 @@ from pathlib import Path
 
 import lance
 import pytest
-
 from conftest import assert_user_error, run, zg
+
 from zgdata import trust
 from zgdata.errors import ZgError
 from zgdata.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
@@ -119,8 +119,10 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
     res = zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root, check=False)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     (failure,) = json.loads(res.stdout)["failures"]
-    assert failure["what"] == f"data/tokens.lance/data/{shard.name} does not match dvc.lock (its md5 differs from " \
-                              "the one git records)"
+    assert (
+        failure["what"] == f"data/tokens.lance/data/{shard.name} does not match dvc.lock (its md5 differs from "
+        "the one git records)"
+    )
     assert "dvc checkout data/tokens.lance" in failure["fix"]
     plain = zg("data", "verify", "--lineage-only", cwd=root, check=False)  # without --full: the tokens are not read
     assert plain.returncode == 0, plain.stderr

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import assert_user_error, read_json, tree_sha256, zg_main
 from test_stage_deps import STRACE, pipeline_stages, trace_stage, undeclared
 from zgd_helpers import edit_params
+
 from zgdata.boundaries import open_boundary
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.inspect import collect
@@ -108,8 +108,9 @@ def test_virtual_first_changes_only_h00_stages(profile):
     on = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
     assert on["materialize"]["outs"] == off["materialize"]["outs"][1:]
     assert "materialize.virtual_first" in on["materialize"]["params"]
-    assert {k: v for k, v in on.items() if k not in ("materialize", "verify", "train", "evaluate")} == \
-        {k: v for k, v in off.items() if k not in ("materialize", "verify", "train", "evaluate")}
+    assert {k: v for k, v in on.items() if k not in ("materialize", "verify", "train", "evaluate")} == {
+        k: v for k, v in off.items() if k not in ("materialize", "verify", "train", "evaluate")
+    }
     items = on["train"]["foreach"]
     assert (items["b00"]["src"], items["b00"]["aux"]) == ("data/tokens.lance", "models/teacher/blocks/head.safetensors")
     assert items["b01"]["src"] == items["b01"]["aux"] == f"data/boundaries/{items['b01']['in']}.lance"
@@ -118,16 +119,21 @@ def test_virtual_first_changes_only_h00_stages(profile):
 
 def test_remote_workers_pull_what_train_at_b00_declares():
     """zg repro --data remote: a worker pulls exactly the stage's data deps (zgtrain/exec/scratch.py)."""
+    from zgtrain.exec.scratch import _inputs
     from zgtrain.project.config import ProjectConfig
     from zgtrain.project.pipeline import dvc_yaml, profile_params
-    from zgtrain.exec.scratch import _inputs
 
     params = profile_params("tiny")
     params["materialize"]["virtual_first"] = True
     project = ProjectConfig.from_params(params)
     train = dvc_yaml(project, code_deps=False)["stages"]["train"]
     for key, item in train["foreach"].items():
-        deps = [d.replace("${key}", key).replace("${item.src}", item["src"]).replace("${item.aux}", item["aux"])
-                .replace("${item.out}", item["out"]) for d in train["do"]["deps"]]
+        deps = [
+            d.replace("${key}", key)
+            .replace("${item.src}", item["src"])
+            .replace("${item.aux}", item["aux"])
+            .replace("${item.out}", item["out"])
+            for d in train["do"]["deps"]
+        ]
         assert sorted(set(deps)) == sorted(_inputs(project, key)), key
     assert _inputs(project, "b00")[:2] == ["data/tokens.lance", "models/teacher/blocks/head.safetensors"]

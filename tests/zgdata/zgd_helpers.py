@@ -13,13 +13,21 @@ import lance
 import pyarrow as pa
 import torch
 import yaml
-
-from conftest import assert_user_error as _assert_user_error
 from conftest import BIN, read_json, tree_sha256  # noqa: F401 (re-exported)
+from conftest import assert_user_error as _assert_user_error
+
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
-__all__ = ["edit_params", "boundary_bits", "assert_user_error", "tree_sha256", "set_schema_meta",
-           "overwrite_table", "read_json", "kill_9_when"]
+__all__ = [
+    "edit_params",
+    "boundary_bits",
+    "assert_user_error",
+    "tree_sha256",
+    "set_schema_meta",
+    "overwrite_table",
+    "read_json",
+    "kill_9_when",
+]
 
 
 def edit_params(root: Path, **sections) -> dict:
@@ -40,9 +48,12 @@ def boundary_bits(root: Path) -> dict[str, dict]:
         table = ds.to_table()
         x = tensor_column(table, "hidden", ds.schema.field("hidden"))
         bits = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
-        out[path.stem] = {"fingerprint": schema_meta(ds.schema)["fingerprint"], "bits": bits.clone(),
-                          "seq_id": torch.from_numpy(table.column("seq_id").to_numpy().copy()),
-                          "dtype": x.dtype}
+        out[path.stem] = {
+            "fingerprint": schema_meta(ds.schema)["fingerprint"],
+            "bits": bits.clone(),
+            "seq_id": torch.from_numpy(table.column("seq_id").to_numpy().copy()),
+            "dtype": x.dtype,
+        }
     return out
 
 
@@ -61,8 +72,6 @@ def overwrite_table(path: Path, table: pa.Table) -> int:
     ds = lance.dataset(str(path))
     table = pa.Table.from_arrays(table.columns, schema=ds.schema)
     return lance.write_dataset(table, str(path), mode="overwrite").version
-
-
 
 
 def kill_9_when(ready, args: list[str], cwd: Path, env: dict, stderr_path: Path, what: str) -> subprocess.Popen:

@@ -16,10 +16,10 @@ import lance
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
-
 from conftest import zg_main
+from safetensors import safe_open
 from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
+
 from zgdata.families import FAMILIES, family
 from zgdata.layout import Layout
 
@@ -110,8 +110,9 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
         assert m["status"] == "done" and m["params"] == m["teacher_params"]
     summary = assemble(project_of(root), layout=layout)
     assert summary.family == name and summary.remote_code is False
-    student = AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32,
-                                                   attn_implementation="sdpa").eval()
+    student = AutoModelForCausalLM.from_pretrained(
+        layout.student, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     assert type(student) is type(teacher) is family(name).causal_lm()
     ids = _heldout_ids(layout)
@@ -175,8 +176,8 @@ def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_pat
 
 
 def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):
-    from zgtrain.student.assemble import assemble
     from zgtrain.fit.checkpoint import load_block
+    from zgtrain.student.assemble import assemble
     from zgtrain.student.load import load_student, modeling_file, template_sha256
 
     name, src = pruned
@@ -221,8 +222,8 @@ def test_conversions_use_the_family_layout(name):
     """Pure tensors, no project: prune_mlp equals the full block with the dropped MLP channels silenced (GPT-2's
     Conv1D (in, out) weights and biases included); drop_layers and reinit know the family's layers and norms."""
     from zgdata.teacher.prepare import _tiny_teacher
-    from zgtrain.project.config import TrainConfig
     from zgtrain.block.conversions import convert
+    from zgtrain.project.config import TrainConfig
 
     model, _ = _tiny_teacher(name)
     fam, config = family(name), model.config
@@ -239,8 +240,10 @@ def test_conversions_use_the_family_layout(name):
         for act in full.mlp_activations(x):
             keep = torch.sort(-act.abs().double().mean(dim=(0, 1)), stable=True).indices[: width // 4]
             masks.append(torch.zeros(width).index_fill_(0, keep, 1.0))
-        hooks = [layer.get_submodule(fam.mlp_out).register_forward_pre_hook(lambda m, a, mask=mask: (a[0] * mask,))
-                 for layer, mask in zip(full.layers, masks)]
+        hooks = [
+            layer.get_submodule(fam.mlp_out).register_forward_pre_hook(lambda m, a, mask=mask: (a[0] * mask,))
+            for layer, mask in zip(full.layers, masks)
+        ]
         try:
             silenced = full(x)
         finally:
@@ -282,13 +285,28 @@ def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
 
     teacher = tmp_path / "teacher"
     if case == "gpt_neox":  # a decoder-only family transformers has and zg does not
-        _save_model_dir(teacher, GPTNeoXConfig(vocab_size=257, hidden_size=32, num_hidden_layers=4,
-                                               num_attention_heads=4, intermediate_size=64))
+        _save_model_dir(
+            teacher,
+            GPTNeoXConfig(
+                vocab_size=257, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64
+            ),
+        )
         needles = ("'gpt_neox' is not supported", ", ".join(sorted(FAMILIES)), "zgdata/families.py")
     else:
-        _save_model_dir(teacher, Qwen2Config(vocab_size=257, hidden_size=32, num_hidden_layers=4,
-                                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                                             use_sliding_window=True, sliding_window=16, max_window_layers=2))
+        _save_model_dir(
+            teacher,
+            Qwen2Config(
+                vocab_size=257,
+                hidden_size=32,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=64,
+                use_sliding_window=True,
+                sliding_window=16,
+                max_window_layers=2,
+            ),
+        )
         needles = ("sliding-window", "use_sliding_window: false")
     root = tmp_path / "proj"  # prepare needs only params.yaml: write the tiny profile's, as `zg init` does
     root.mkdir()

@@ -11,11 +11,19 @@ import time
 from pathlib import Path
 
 import yaml
-
 from conftest import BIN, assert_user_error, read_json, tree_sha256  # noqa: F401 (re-exported)
 
-__all__ = ["set_params", "read_json", "tree_sha256", "assert_user_error", "loss_curve", "copy_project",
-           "load_params_of", "project_of", "kill_after_first_checkpoint"]
+__all__ = [
+    "set_params",
+    "read_json",
+    "tree_sha256",
+    "assert_user_error",
+    "loss_curve",
+    "copy_project",
+    "load_params_of",
+    "project_of",
+    "kill_after_first_checkpoint",
+]
 
 
 def load_params_of(root: Path) -> dict:
@@ -64,8 +72,13 @@ def kill_after_first_checkpoint(args: list[str], cwd: Path, meta_path: Path, std
     ZG_FAILPOINT_SLEEP_AFTER_STEP (the trainers' test hook) sleeps after each optimizer step, so the kill lands
     after a checkpoint and before the run can finish. meta.json is replaced atomically, so a read sees it whole."""
     with open(stderr_path, "w") as err:
-        proc = subprocess.Popen([str(BIN / "zg"), *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"})
+        proc = subprocess.Popen(
+            [str(BIN / "zg"), *args],
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"},
+        )
         try:
             deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
             while proc.poll() is None and time.monotonic() < deadline:

@@ -77,9 +77,11 @@ def _check_disk(need: int, where: Path) -> None:
     where.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(where).free
     if need * 1.05 > free:
-        raise ZgError(f"not enough free disk at {where}: materialize needs about {_gb(need)} "
-                      f"(the rows staged, then compacted into a second copy by finalize) but {_gb(free)} is free",
-                      fix="free space, store fewer boundaries, or cap corpus.max_train_seqs")
+        raise ZgError(
+            f"not enough free disk at {where}: materialize needs about {_gb(need)} "
+            f"(the rows staged, then compacted into a second copy by finalize) but {_gb(free)} is free",
+            fix="free space, store fewer boundaries, or cap corpus.max_train_seqs",
+        )
 
 
 def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
@@ -92,8 +94,9 @@ def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
 
 
 @locked("materialize")
-def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout(),
-                sharded: bool | None = None) -> MaterializeResult:
+def materialize(
+    cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout(), sharded: bool | None = None
+) -> MaterializeResult:
     """Capture every partition boundary into data/boundaries/ (resumable; a no-op when up to date).
 
     ``sharded``: capture on Ray in shards; default ``cfg.workers > 1`` (the benchmark forces one worker).
@@ -101,11 +104,20 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     t0 = time.perf_counter()
     teacher = read_teacher_json(layout)
     tmeta = read_tokens_json(layout)
-    check("data/tokens.lance", tmeta["lineage"], "the teacher", teacher, keys=("tokenizer_sha256",),
-          key="teacher.source", fix="re-run `dvc repro tokens` so the tokens come from this teacher's tokenizer")
+    check(
+        "data/tokens.lance",
+        tmeta["lineage"],
+        "the teacher",
+        teacher,
+        keys=("tokenizer_sha256",),
+        key="teacher.source",
+        fix="re-run `dvc repro tokens` so the tokens come from this teacher's tokenizer",
+    )
     arch = teacher["architecture"]
     partition.check_depth(arch["num_layers"])
-    names, layers = stored(partition, cfg)  # materialize.virtual_first: h00 is recomputed by its readers (zgdata/virtual.py)
+    names, layers = stored(
+        partition, cfg
+    )  # materialize.virtual_first: h00 is recomputed by its readers (zgdata/virtual.py)
     lineages = {n: boundary_lineage(teacher, tmeta, layer, cfg) for n, layer in zip(names, layers)}
     fps = {n: boundary_fingerprint(lin) for n, lin in lineages.items()}
     rows_by_split = tmeta["rows"]
@@ -119,8 +131,14 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
     stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
     remove_dead_staging(layout, keep=stage)
     if all(_complete(finals[n], fps[n], n_rows, cfg.codec) for n in names):
-        return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
-                                 seconds=time.perf_counter() - t0, skipped=True)
+        return MaterializeResult(
+            paths=finals,
+            fingerprints=fps,
+            rows=n_rows,
+            tokens=n_rows * seq_len,
+            seconds=time.perf_counter() - t0,
+            skipped=True,
+        )
 
     stage.mkdir(parents=True, exist_ok=True)
     journal = Journal(stage / "journal.json")
@@ -130,9 +148,20 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
 
     schemas = {}
     for n, layer in zip(names, layers):
-        meta = {"kind": "boundary", "name": n, "layer": layer, "fingerprint": fps[n], "lineage": lineages[n],
-                "software": software_versions(), "seq_len": seq_len, "hidden": hidden, "rows": rows_by_split,
-                "format_version": FORMAT_OF[cfg.codec], "codec": codec_meta(cfg.codec), "complete": False}
+        meta = {
+            "kind": "boundary",
+            "name": n,
+            "layer": layer,
+            "fingerprint": fps[n],
+            "lineage": lineages[n],
+            "software": software_versions(),
+            "seq_len": seq_len,
+            "hidden": hidden,
+            "rows": rows_by_split,
+            "format_version": FORMAT_OF[cfg.codec],
+            "codec": codec_meta(cfg.codec),
+            "complete": False,
+        }
         schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype, cfg.codec)
     sharded = cfg.workers > 1 if sharded is None else sharded
     shards: list = []
@@ -141,16 +170,54 @@ def materialize(cfg: MaterializeConfig, partition: PartitionConfig, *, layout: L
             from zgdata.materialize.sharded import run_sharded
 
             expect = {"teacher_sha256": teacher["weights_sha256"], "tokens_fingerprint": tmeta["fingerprint"]}
-            shards = run_sharded(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas,
-                                 journal=journal, n_rows=n_rows, seq_len=seq_len, hidden=hidden, expect=expect,
-                                 advance=advance)
+            shards = run_sharded(
+                cfg,
+                layout=layout,
+                stage=stage,
+                names=names,
+                layers=layers,
+                schemas=schemas,
+                journal=journal,
+                n_rows=n_rows,
+                seq_len=seq_len,
+                hidden=hidden,
+                expect=expect,
+                advance=advance,
+            )
         else:
-            run_local(cfg, layout=layout, stage=stage, names=names, layers=layers, schemas=schemas, journal=journal,
-                      n_rows=n_rows, seq_len=seq_len, hidden=hidden, start=start, advance=advance)
+            run_local(
+                cfg,
+                layout=layout,
+                stage=stage,
+                names=names,
+                layers=layers,
+                schemas=schemas,
+                journal=journal,
+                n_rows=n_rows,
+                seq_len=seq_len,
+                hidden=hidden,
+                start=start,
+                advance=advance,
+            )
     remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
     with span("materialize.finalize"):
-        stats = finalize(stage, names, journal, finals, n_rows=n_rows, row_bytes=seq_len * hidden * BYTES[cfg.storage_dtype],
-                         file_mb=cfg.file_mb)
+        stats = finalize(
+            stage,
+            names,
+            journal,
+            finals,
+            n_rows=n_rows,
+            row_bytes=seq_len * hidden * BYTES[cfg.storage_dtype],
+            file_mb=cfg.file_mb,
+        )
     shutil.rmtree(stage, ignore_errors=True)
-    return MaterializeResult(paths=finals, fingerprints=fps, rows=n_rows, tokens=n_rows * seq_len,
-                             seconds=time.perf_counter() - t0, resumed_from=start, stats=stats, shards=shards)
+    return MaterializeResult(
+        paths=finals,
+        fingerprints=fps,
+        rows=n_rows,
+        tokens=n_rows * seq_len,
+        seconds=time.perf_counter() - t0,
+        resumed_from=start,
+        stats=stats,
+        shards=shards,
+    )

@@ -29,9 +29,11 @@ __all__ = ["cluster", "run_ordered", "MAX_RETRIES"]
 
 def _connect_error(addr: str | None, e: BaseException) -> ZgError:
     where = f"the Ray cluster at {addr}" if addr else "a local Ray instance"
-    return ZgError(f"materialize.workers > 1 could not start or join {where}: {first_line(e)}",
-                   key="materialize.workers",
-                   fix="check ZG_RAY_ADDRESS (unset it to start a local instance), or set materialize.workers: 1")
+    return ZgError(
+        f"materialize.workers > 1 could not start or join {where}: {first_line(e)}",
+        key="materialize.workers",
+        fix="check ZG_RAY_ADDRESS (unset it to start a local instance), or set materialize.workers: 1",
+    )
 
 
 @contextlib.contextmanager
@@ -40,8 +42,11 @@ def cluster(cpus: int) -> Iterator[None]:
     try:
         import ray  # noqa: F401
     except ImportError as e:
-        raise ZgError("materialize.workers > 1 runs on Ray, which is not installed", key="materialize.workers",
-                      fix="pip install 'ray>=2.60' (or set materialize.workers: 1)") from e
+        raise ZgError(
+            "materialize.workers > 1 runs on Ray, which is not installed",
+            key="materialize.workers",
+            fix="pip install 'ray>=2.60' (or set materialize.workers: 1)",
+        ) from e
     with ray_cluster.connect(ray_cluster.address(), cpus=cpus, error=_connect_error):
         yield
 
@@ -51,9 +56,12 @@ def _check_resources(cpus: int, gpus: int) -> None:
 
     have = ray.cluster_resources()
     if have.get("CPU", 0) < cpus or have.get("GPU", 0) < gpus:
-        raise ZgError(f"the Ray cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs, but one "
-                      f"shard task needs {cpus} CPUs and {gpus} GPUs", key="materialize.worker_threads",
-                      fix="lower materialize.worker_threads, unset ZG_DEVICE for CPU, or join a bigger cluster")
+        raise ZgError(
+            f"the Ray cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs, but one "
+            f"shard task needs {cpus} CPUs and {gpus} GPUs",
+            key="materialize.worker_threads",
+            fix="lower materialize.worker_threads, unset ZG_DEVICE for CPU, or join a bigger cluster",
+        )
 
 
 def _result(ref, spec: dict) -> dict:
@@ -65,10 +73,12 @@ def _result(ref, spec: dict) -> dict:
     except ray.exceptions.RayTaskError:
         raise  # a bug in the task: keep its traceback (user-fixable failures come back as JSON)
     except ray.exceptions.RayError as e:
-        raise ZgError(f"materialize shard rows {lo}-{hi - 1} failed: its worker died {MAX_RETRIES + 1} times "
-                      f"({type(e).__name__}: {first_line(e)})",
-                      fix="rerun `zg data materialize` (committed shards are kept); if the workers ran out of memory, "
-                          "lower materialize.workers or materialize.batch_size") from e
+        raise ZgError(
+            f"materialize shard rows {lo}-{hi - 1} failed: its worker died {MAX_RETRIES + 1} times "
+            f"({type(e).__name__}: {first_line(e)})",
+            fix="rerun `zg data materialize` (committed shards are kept); if the workers ran out of memory, "
+            "lower materialize.workers or materialize.batch_size",
+        ) from e
     if "error" in out:
         err = out["error"]
         raise ZgError(err["what"], fix=err["fix"], key=err["key"], code=err.get("code", 2))

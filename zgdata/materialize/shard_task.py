@@ -27,9 +27,9 @@ import torch
 
 from zgdata.capture import capture
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
+from zgdata.codec import CODECS, hidden_arrays
 from zgdata.errors import ZgError, from_os_error
 from zgdata.integrity import checksum_array
-from zgdata.codec import CODECS, hidden_arrays
 from zgdata.layout import Layout
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.staging import Streams, boundary_schema
@@ -52,8 +52,13 @@ def run_shard(spec_json: str) -> str:
         err = from_os_error(e, Path(spec["stage"]))
         if err is None:
             raise
-    return json.dumps({"lo": spec["lo"], "hi": spec["hi"],
-                       "error": {"what": err.what, "fix": err.fix, "key": err.key, "code": err.code}})
+    return json.dumps(
+        {
+            "lo": spec["lo"],
+            "hi": spec["hi"],
+            "error": {"what": err.what, "fix": err.fix, "key": err.key, "code": err.code},
+        }
+    )
 
 
 def _teacher(layout: Layout, dtype: str, sha: str):
@@ -72,18 +77,27 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
     from zgdata.teacher.prepare import read_teacher_json
 
     if not stage.is_dir():
-        raise ZgError(f"the shard worker on host {socket.gethostname()} cannot see the staging dir {stage}",
-                      fix="run every Ray node with the project on a shared filesystem at the same path, "
-                          "or set materialize.workers: 1")
+        raise ZgError(
+            f"the shard worker on host {socket.gethostname()} cannot see the staging dir {stage}",
+            fix="run every Ray node with the project on a shared filesystem at the same path, "
+            "or set materialize.workers: 1",
+        )
     if spec["versions"] != VERSIONS:
-        raise ZgError(f"the shard worker on host {socket.gethostname()} runs another zg (capture/format versions "
-                      f"{VERSIONS}, the driver has {spec['versions']})", fix="install the same zg on every Ray node")
-    have = {"teacher_sha256": read_teacher_json(layout)["weights_sha256"],
-            "tokens_fingerprint": read_tokens_json(layout)["fingerprint"]}
+        raise ZgError(
+            f"the shard worker on host {socket.gethostname()} runs another zg (capture/format versions "
+            f"{VERSIONS}, the driver has {spec['versions']})",
+            fix="install the same zg on every Ray node",
+        )
+    have = {
+        "teacher_sha256": read_teacher_json(layout)["weights_sha256"],
+        "tokens_fingerprint": read_tokens_json(layout)["fingerprint"],
+    }
     for k, want in spec["expect"].items():
         if have[k] != want:
-            raise ZgError(f"{k} changed while materialize ran ({str(want)[:12]} -> {str(have[k])[:12]})",
-                          fix="rerun `zg data materialize` when the teacher and tokens stay put")
+            raise ZgError(
+                f"{k} changed while materialize ran ({str(want)[:12]} -> {str(have[k])[:12]})",
+                fix="rerun `zg data materialize` when the teacher and tokens stay put",
+            )
 
 
 def _run(spec: dict) -> dict:
@@ -113,16 +127,30 @@ def _run(spec: dict) -> dict:
                 x = caps[layer]
                 stats[n] = boundary_stats.combine(stats[n], boundary_stats.batch_stats(x))
                 values, bits = hidden_arrays(x, spec["storage_dtype"], codec)
-                streams.put(n, pa.RecordBatch.from_arrays([pa.array(rows, type=pa.int64()), pa.array(splits), *values,
-                                                           checksum_array(bits)], schema=schema))
+                streams.put(
+                    n,
+                    pa.RecordBatch.from_arrays(
+                        [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)],
+                        schema=schema,
+                    ),
+                )
     except BaseException:
         streams.close(abort=True)
         raise
     fragments = streams.close()
     _test_hooks(spec)
-    return {"lo": lo, "hi": hi, "fragments": fragments, "stats": stats, "pid": os.getpid(),
-            "host": socket.gethostname(), "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
-            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "lo": lo,
+        "hi": hi,
+        "fragments": fragments,
+        "stats": stats,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "threads": torch.get_num_threads(),
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def _test_hooks(spec: dict) -> None:
@@ -140,7 +168,9 @@ def _test_hooks(spec: dict) -> None:
         return
     log = Path(hooks["log"])
     with open(log, "a") as f:  # one short write in append mode: lines of concurrent workers do not mix
-        f.write(json.dumps({"lo": spec["lo"], "hi": spec["hi"], "pid": os.getpid(), "driver": hooks.get("driver")}) + "\n")
+        f.write(
+            json.dumps({"lo": spec["lo"], "hi": spec["hi"], "pid": os.getpid(), "driver": hooks.get("driver")}) + "\n"
+        )
     if hooks.get("sleep"):
         try:
             with open(f"{log}.sleeper", "x") as f:

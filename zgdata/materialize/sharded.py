@@ -40,19 +40,52 @@ def plan(start: int, n_rows: int, *, batch_size: int, rows_per_file: int, worker
     return [(lo, min(lo + per, n_rows)) for lo in range(start, n_rows, per)]
 
 
-def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int], schemas: dict, journal,
-                n_rows: int, seq_len: int, hidden: int, expect: dict, advance) -> list[dict]:
+def run_sharded(
+    cfg,
+    *,
+    layout,
+    stage: Path,
+    names: list[str],
+    layers: list[int],
+    schemas: dict,
+    journal,
+    n_rows: int,
+    seq_len: int,
+    hidden: int,
+    expect: dict,
+    advance,
+) -> list[dict]:
     """Capture the rows after the journal's ``rows_done`` on Ray and commit them; returns where each shard ran."""
     dev = device()  # refuses a bad ZG_DEVICE here, before any task starts
     gpus = 1 if dev.type == "cuda" else 0
-    todo = plan(journal.state["rows_done"], n_rows, batch_size=cfg.batch_size, rows_per_file=cfg.rows_per_file,
-                workers=cfg.workers)
-    base = {"root": str(Path(layout.root).resolve()), "stage": str(stage.resolve()), "names": names,
-            "layers": layers, "batch_size": cfg.batch_size, "seq_len": seq_len, "hidden": hidden,
-            "storage_dtype": cfg.storage_dtype, "codec": cfg.codec, "compute_dtype": cfg.compute_dtype, "threads": cfg.worker_threads,
-            "versions": VERSIONS, "expect": expect, "device": "cuda" if gpus else str(dev),
-            "hooks": {"log": failpoints.path(failpoints.SHARD_LOG), "driver": os.getpid(),
-                      "sleep": failpoints.seconds(failpoints.IN_SHARD)}}
+    todo = plan(
+        journal.state["rows_done"],
+        n_rows,
+        batch_size=cfg.batch_size,
+        rows_per_file=cfg.rows_per_file,
+        workers=cfg.workers,
+    )
+    base = {
+        "root": str(Path(layout.root).resolve()),
+        "stage": str(stage.resolve()),
+        "names": names,
+        "layers": layers,
+        "batch_size": cfg.batch_size,
+        "seq_len": seq_len,
+        "hidden": hidden,
+        "storage_dtype": cfg.storage_dtype,
+        "codec": cfg.codec,
+        "compute_dtype": cfg.compute_dtype,
+        "threads": cfg.worker_threads,
+        "versions": VERSIONS,
+        "expect": expect,
+        "device": "cuda" if gpus else str(dev),
+        "hooks": {
+            "log": failpoints.path(failpoints.SHARD_LOG),
+            "driver": os.getpid(),
+            "sleep": failpoints.seconds(failpoints.IN_SHARD),
+        },
+    }
     specs = [{**base, "lo": lo, "hi": hi} for lo, hi in todo]
     ran = []
     if specs:  # none when every row was committed before a kill: only finalization is left
@@ -61,6 +94,7 @@ def run_sharded(cfg, *, layout, stage: Path, names: list[str], layers: list[int]
                 with span("materialize.commit", rows=res["hi"] - res["lo"]):
                     commit(stage, names, schemas, journal, res, n_rows)
                 advance((res["hi"] - res["lo"]) * seq_len)
-                ran.append({k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds",
-                                                  "peak_rss_mb")})
+                ran.append(
+                    {k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds", "peak_rss_mb")}
+                )
     return ran  # materialize removes orphaned files before finalizing

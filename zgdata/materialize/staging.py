@@ -33,10 +33,15 @@ __all__ = ["boundary_schema", "Journal", "reconcile", "Streams", "commit", "remo
 
 def boundary_schema(meta: dict | None, seq_len: int, hidden: int, storage_dtype: str, codec: str = "raw") -> pa.Schema:
     """The Arrow schema of a boundary dataset (``meta``: its zg.* schema metadata, or None for the bare fields)."""
-    return pa.schema([pa.field("seq_id", pa.int64()), pa.field("split", pa.string()),
-                      *hidden_fields(seq_len, hidden, storage_dtype, codec),
-                      pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES))],
-                     metadata=encode_meta(meta) if meta is not None else None)
+    return pa.schema(
+        [
+            pa.field("seq_id", pa.int64()),
+            pa.field("split", pa.string()),
+            *hidden_fields(seq_len, hidden, storage_dtype, codec),
+            pa.field(CHECKSUM_COLUMN, pa.binary(CHECKSUM_BYTES)),
+        ],
+        metadata=encode_meta(meta) if meta is not None else None,
+    )
 
 
 class Journal:
@@ -71,14 +76,17 @@ _ABORT = object()
 class Streams:
     """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
 
-    def __init__(self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2,
-                 mode: str = "append"):
+    def __init__(
+        self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2, mode: str = "append"
+    ):
         self.mode = mode
         self.q = {n: queue.Queue(maxsize=depth) for n in names}
         self.out: dict[str, list] = {}
         self.err: dict[str, BaseException] = {}
-        self.threads = [threading.Thread(target=self._write, args=(stage / f"{n}.lance", n, schema, rows_per_file),
-                                         daemon=True) for n in names]
+        self.threads = [
+            threading.Thread(target=self._write, args=(stage / f"{n}.lance", n, schema, rows_per_file), daemon=True)
+            for n in names
+        ]
         for t in self.threads:
             t.start()
 
@@ -92,8 +100,13 @@ class Streams:
                 yield b
 
         try:
-            frags = write_fragments(pa.RecordBatchReader.from_batches(schema, batches()), str(path), schema=schema,
-                                    mode=self.mode, max_rows_per_file=rows_per_file)
+            frags = write_fragments(
+                pa.RecordBatchReader.from_batches(schema, batches()),
+                str(path),
+                schema=schema,
+                mode=self.mode,
+                max_rows_per_file=rows_per_file,
+            )
             self.out[name] = [f.to_json() for f in frags]
         except BaseException as e:  # re-raised by put()/close() in the capturing thread
             self.err[name] = e
@@ -134,8 +147,11 @@ def commit(stage: Path, names: list[str], schemas: dict, journal: Journal, res: 
         # after a rollback (reconcile) the latest version restores the journaled one under a new number
         have = lance.dataset(path).version if st["versions"].get(n) else None
         op = lance.LanceOperation.Append(frags) if have else lance.LanceOperation.Overwrite(schemas[n], frags)
-        tx = lance.Transaction(read_version=have or 0, operation=op,
-                               transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {n_rows}"})
+        tx = lance.Transaction(
+            read_version=have or 0,
+            operation=op,
+            transaction_properties={"zg.message": f"rows {lo}-{hi - 1} of {n_rows}"},
+        )
         st["versions"][n] = lance.LanceDataset.commit(path, tx).version
         st["stats"][n] = boundary_stats.combine(st["stats"].get(n, boundary_stats.empty()), res["stats"][n])
         if st["rows_done"] > 0:
@@ -165,8 +181,16 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def finalize(stage: Path, names: list[str], journal: Journal, finals: dict[str, Path], *, n_rows: int,
-             row_bytes: int, file_mb: int) -> dict:
+def finalize(
+    stage: Path,
+    names: list[str],
+    journal: Journal,
+    finals: dict[str, Path],
+    *,
+    n_rows: int,
+    row_bytes: int,
+    file_mb: int,
+) -> dict:
     """Compact each staged boundary into large files and publish it as a new dataset of one version.
 
     The staged dataset has one version per commit group. Finalize compacts its fragments into files
@@ -186,8 +210,11 @@ def finalize(stage: Path, names: list[str], journal: Journal, finals: dict[str, 
         ds = lance.dataset(str(src))
         if len(ds.get_fragments()) > 1:
             with span("materialize.compact", rows=n_rows):
-                ds.optimize.compact_files(target_rows_per_fragment=max(1, file_mb * 2**20 // row_bytes),
-                                          compaction_mode="try_binary_copy", num_threads=1)
+                ds.optimize.compact_files(
+                    target_rows_per_fragment=max(1, file_mb * 2**20 // row_bytes),
+                    compaction_mode="try_binary_copy",
+                    num_threads=1,
+                )
                 ds = lance.dataset(str(src))
         frags = ds.get_fragments()
         shutil.rmtree(pub, ignore_errors=True)
@@ -195,12 +222,22 @@ def finalize(stage: Path, names: list[str], journal: Journal, finals: dict[str, 
         for f in frags:
             for d in f.data_files():
                 _link_or_copy(src / "data" / d.path, pub / "data" / d.path)
-        schema = ds.schema.with_metadata({**ds.schema.metadata, **{k.encode(): v.encode() for k, v in
-                                                                   encode_meta({"stats": stats[n], "complete": True}).items()}})
-        msg = (f"materialized rows 0-{n_rows - 1}" + (f" in {groups} commit groups" if groups else "")
-               + f", {len(frags)} data file{'s' if len(frags) != 1 else ''}")
-        tx = lance.Transaction(read_version=0, operation=lance.LanceOperation.Overwrite(schema, [f.metadata for f in frags]),
-                               transaction_properties={"zg.message": msg})
+        schema = ds.schema.with_metadata(
+            {
+                **ds.schema.metadata,
+                **{k.encode(): v.encode() for k, v in encode_meta({"stats": stats[n], "complete": True}).items()},
+            }
+        )
+        msg = (
+            f"materialized rows 0-{n_rows - 1}"
+            + (f" in {groups} commit groups" if groups else "")
+            + f", {len(frags)} data file{'s' if len(frags) != 1 else ''}"
+        )
+        tx = lance.Transaction(
+            read_version=0,
+            operation=lance.LanceOperation.Overwrite(schema, [f.metadata for f in frags]),
+            transaction_properties={"zg.message": msg},
+        )
         lance.LanceDataset.commit(str(pub), tx)
     for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
         replace_path(stage / f"{n}.publish.lance", finals[n])

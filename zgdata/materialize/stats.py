@@ -52,14 +52,22 @@ def batch_stats(x: torch.Tensor) -> dict:
         a = xf.abs()
         a = a[torch.isfinite(a)]
         absmax = float(a.max()) if a.numel() else 0.0
-    return {"rms_units": _units(np.ascontiguousarray(rms, dtype=np.float32)), "tokens": int(rms.size),
-            "absmax": absmax, "nonfinite": int(finite.size - rms.size)}
+    return {
+        "rms_units": _units(np.ascontiguousarray(rms, dtype=np.float32)),
+        "tokens": int(rms.size),
+        "absmax": absmax,
+        "nonfinite": int(finite.size - rms.size),
+    }
 
 
 def combine(a: dict, b: dict) -> dict:
     """Stats of two parts together (exact; commutative and associative)."""
-    return {"rms_units": int(a["rms_units"]) + int(b["rms_units"]), "tokens": a["tokens"] + b["tokens"],
-            "absmax": max(a["absmax"], b["absmax"]), "nonfinite": a.get("nonfinite", 0) + b.get("nonfinite", 0)}
+    return {
+        "rms_units": int(a["rms_units"]) + int(b["rms_units"]),
+        "tokens": a["tokens"] + b["tokens"],
+        "absmax": max(a["absmax"], b["absmax"]),
+        "nonfinite": a.get("nonfinite", 0) + b.get("nonfinite", 0),
+    }
 
 
 def summary(s: dict) -> dict:

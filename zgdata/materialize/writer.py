@@ -51,9 +51,11 @@ class Writer(threading.Thread):
             while (item := self.q.get()) is not None:
                 self._add(*item)
                 g = self.group
-                if ((self.cfg.commit_rows and g["hi"] - g["lo"] >= self.cfg.commit_rows)
-                        or g["bytes"] >= self.cfg.commit_mb * 2**20
-                        or time.monotonic() - g["t0"] >= self.cfg.commit_seconds):
+                if (
+                    (self.cfg.commit_rows and g["hi"] - g["lo"] >= self.cfg.commit_rows)
+                    or g["bytes"] >= self.cfg.commit_mb * 2**20
+                    or time.monotonic() - g["t0"] >= self.cfg.commit_seconds
+                ):
                     self._flush()
             self._flush()
         except BaseException as e:  # surfaced by the main thread
@@ -65,17 +67,27 @@ class Writer(threading.Thread):
         if self.group is None:
             # one writer per dataset here: "create" until the first commit spares Lance's "no dataset" warning
             fresh = not any((self.stage / f"{n}.lance" / "_versions").exists() for n in self.names)
-            self.group = {"streams": Streams(self.stage, self.names, self.bare, rows_per_file=2**31 - 1,
-                                             mode="create" if fresh else "append"),
-                          "lo": int(rows[0]), "hi": int(rows[0]), "bytes": 0, "t0": time.monotonic(),
-                          "stats": {n: boundary_stats.empty() for n in self.names}}
+            self.group = {
+                "streams": Streams(
+                    self.stage, self.names, self.bare, rows_per_file=2**31 - 1, mode="create" if fresh else "append"
+                ),
+                "lo": int(rows[0]),
+                "hi": int(rows[0]),
+                "bytes": 0,
+                "t0": time.monotonic(),
+                "stats": {n: boundary_stats.empty() for n in self.names},
+            }
         g = self.group
         for name in self.names:
-            x = caps[name]                                                   # (N, T, C) storage dtype
+            x = caps[name]  # (N, T, C) storage dtype
             g["stats"][name] = boundary_stats.combine(g["stats"][name], boundary_stats.batch_stats(x))
             values, bits = hidden_arrays(x, self.cfg.storage_dtype, self.cfg.codec)
-            g["streams"].put(name, pa.RecordBatch.from_arrays(
-                [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)], schema=self.bare))
+            g["streams"].put(
+                name,
+                pa.RecordBatch.from_arrays(
+                    [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)], schema=self.bare
+                ),
+            )
             g["bytes"] += x.numel() * x.element_size()
         g["hi"] = int(rows[-1]) + 1
 
@@ -85,8 +97,14 @@ class Writer(threading.Thread):
             return
         with span("materialize.commit", rows=g["hi"] - g["lo"], nbytes=g["bytes"]):
             fragments = g["streams"].close()
-            commit(self.stage, self.names, self.schemas, self.journal,
-                   {"lo": g["lo"], "hi": g["hi"], "fragments": fragments, "stats": g["stats"]}, self.total_rows)
+            commit(
+                self.stage,
+                self.names,
+                self.schemas,
+                self.journal,
+                {"lo": g["lo"], "hi": g["hi"], "fragments": fragments, "stats": g["stats"]},
+                self.total_rows,
+            )
 
 
 def run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, start, advance) -> None:
@@ -94,8 +112,16 @@ def run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, se
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
     storage = getattr(torch, cfg.storage_dtype)
-    writer = Writer(stage=stage, names=names, schemas=schemas, journal=journal, cfg=cfg, total_rows=n_rows,
-                     seq_len=seq_len, hidden=hidden)
+    writer = Writer(
+        stage=stage,
+        names=names,
+        schemas=schemas,
+        journal=journal,
+        cfg=cfg,
+        total_rows=n_rows,
+        seq_len=seq_len,
+        hidden=hidden,
+    )
     tokens_ds = open_tokens(layout)
     writer.start()
     try:

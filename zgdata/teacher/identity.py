@@ -26,13 +26,16 @@ from zgdata.layout import Layout
 __all__ = ["FilesCheck", "record_files", "check_files", "cache_path", "RESTORE"]
 
 CACHE_VERSION = 1
-RESTORE = ("restore it with `dvc checkout models/teacher` (or `dvc pull models/teacher`), "
-           "or re-run `dvc repro -f teacher` if the teacher is meant to change")
+RESTORE = (
+    "restore it with `dvc checkout models/teacher` (or `dvc pull models/teacher`), "
+    "or re-run `dvc repro -f teacher` if the teacher is meant to change"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FilesCheck:
     """What one check did: how many files, how many digests were computed vs taken from the cache."""
+
     files: int
     hashed: int
     cached: int
@@ -102,14 +105,18 @@ def check_files(layout: Layout, teacher: dict, *, rehash: bool = False) -> Files
     hf = layout.teacher_hf
     files = teacher.get("files")
     if not isinstance(files, dict) or not files:
-        raise ZgError(f"{layout.teacher_json} has no per-file digests (`files`): it was written by an older zg",
-                      fix="re-run `dvc repro -f teacher` (or `zg teacher prepare`) to record them")
+        raise ZgError(
+            f"{layout.teacher_json} has no per-file digests (`files`): it was written by an older zg",
+            fix="re-run `dvc repro -f teacher` (or `zg teacher prepare`) to record them",
+        )
     disk = _on_disk(hf)
     extra = sorted(set(disk) - set(files))
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise ZgError(f"{hf / extra[0]}{more} is not a file of the prepared teacher (teacher.json does not list it)",
-                      fix="remove it, or " + RESTORE)
+        raise ZgError(
+            f"{hf / extra[0]}{more} is not a file of the prepared teacher (teacher.json does not list it)",
+            fix="remove it, or " + RESTORE,
+        )
     missing = sorted(set(files) - set(disk))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -125,8 +132,11 @@ def check_files(layout: Layout, teacher: dict, *, rehash: bool = False) -> Files
             digest, hashed = _sha256_file(disk[name]), hashed + 1
         entries[key] = {"stat": sig, "sha256": digest}
         if digest != files[name]:
-            raise ZgError(f"{hf / name} does not match teacher.json (sha256 {digest[:12]} on disk, "
-                          f"{str(files[name])[:12]} recorded)", fix=RESTORE)
+            raise ZgError(
+                f"{hf / name} does not match teacher.json (sha256 {digest[:12]} on disk, "
+                f"{str(files[name])[:12]} recorded)",
+                fix=RESTORE,
+            )
     if hashed:
         _save_cache(layout, entries)  # only the current files: the cache never grows
     return FilesCheck(files=len(files), hashed=hashed, cached=len(files) - hashed, rehash=rehash)

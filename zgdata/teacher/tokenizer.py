@@ -14,8 +14,11 @@ def tokenizer_sha256(tok) -> str:
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
         from zgdata.errors import ZgError
-        raise ZgError(f"tokenizer {type(tok).__name__} has no fast backend to hash",
-                      fix="use a teacher whose tokenizer has a tokenizer.json (fast tokenizer)")
+
+        raise ZgError(
+            f"tokenizer {type(tok).__name__} has no fast backend to hash",
+            fix="use a teacher whose tokenizer has a tokenizer.json (fast tokenizer)",
+        )
     spec = json.loads(backend.to_str())
     specials = {k: str(v) for k, v in sorted(tok.special_tokens_map.items())}
     return sha256_bytes(canonical_json({"backend": spec, "specials": specials}).encode())
@@ -32,5 +35,10 @@ def byte_level_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", model_max_length=1 << 30)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=1 << 30,
+    )

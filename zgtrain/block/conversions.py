@@ -9,7 +9,7 @@ from the teacher's adapter in zgdata/families.py.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -25,9 +25,11 @@ Conversion = Callable[..., StudentBlock]
 
 def register(name: str):
     """Make ``fn`` the conversion ``name`` (a built-in declared in zgtrain/block/names.py, or a new one)."""
+
     def deco(fn: Conversion) -> Conversion:
         CONVERSIONS[name] = fn
         return fn
+
     return deco
 
 
@@ -44,8 +46,10 @@ def _load(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> Stud
     missing, unexpected = block.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("rotary_emb.")]
     if missing or unexpected:
-        raise ZgError(f"teacher slice does not fit the student block (missing {missing[:3]}, unexpected {unexpected[:3]})",
-                      fix="re-run `dvc repro teacher` to rewrite the slices")
+        raise ZgError(
+            f"teacher slice does not fit the student block (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            fix="re-run `dvc repro teacher` to rewrite the slices",
+        )
     return block
 
 
@@ -74,8 +78,11 @@ def drop_layers(tensors, config, cfg, sample, gen) -> StudentBlock:
     layers = list(_teacher_layers(tensors).values())
     keep = list(cfg.keep_layers)
     if not keep or sorted(set(keep)) != keep or keep[0] < 0 or keep[-1] >= len(layers):
-        raise ZgError(f"train.keep_layers is {keep} for a block of {len(layers)} layers", key="train.keep_layers",
-                      fix=f"give sorted offsets within [0, {len(layers) - 1}], e.g. [0, {len(layers) - 1}]")
+        raise ZgError(
+            f"train.keep_layers is {keep} for a block of {len(layers)} layers",
+            key="train.keep_layers",
+            fix=f"give sorted offsets within [0, {len(layers) - 1}], e.g. [0, {len(layers) - 1}]",
+        )
     return _load(StudentBlock(config, [family_of(config).width(config)] * len(keep)), [layers[i] for i in keep])
 
 
@@ -84,13 +91,13 @@ def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
     """Keep the MLP channels with the largest mean |activation| on the block's own input data."""
     full = identity(tensors, config, cfg, sample, gen)
     with torch.no_grad():
-        acts = full.mlp_activations(sample)                     # per layer: (B, T, I)
+        acts = full.mlp_activations(sample)  # per layer: (B, T, I)
     fam = family_of(config)
     keep_n = max(1, round(fam.width(config) * (1 - cfg.prune_ratio)))
     layers = list(_teacher_layers(tensors).values())
     pruned = []
     for layer, act in zip(layers, acts):
-        score = act.abs().double().mean(dim=(0, 1))              # (I,)
+        score = act.abs().double().mean(dim=(0, 1))  # (I,)
         # stable sort on (-score, index): ties resolve by channel index, deterministically
         order = torch.sort(-score, stable=True).indices[:keep_n]
         idx = torch.sort(order).values
@@ -113,5 +120,7 @@ if _unbuilt:  # a name declared in zgtrain/block/names.py needs its function her
 
 def convert(name: str, tensors, config, cfg, sample: torch.Tensor, gen: torch.Generator) -> StudentBlock:
     if CONVERSIONS.get(name) is None:
-        raise ZgError(f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}")
+        raise ZgError(
+            f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}"
+        )
     return CONVERSIONS[name](tensors, config, cfg, sample, gen)

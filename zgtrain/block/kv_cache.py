@@ -15,13 +15,14 @@ import torch
 __all__ = ["kv_bytes_per_token", "kv_geometry", "kv_summary"]
 
 
-def kv_bytes_per_token(windows: list[int | None], *, context: int, kv_heads: int, head_dim: int,
-                       dtype_bytes: int) -> float:
+def kv_bytes_per_token(
+    windows: list[int | None], *, context: int, kv_heads: int, head_dim: int, dtype_bytes: int
+) -> float:
     """KV-cache bytes per token at ``context`` for layers with these windows (None: full attention)."""
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     positions = sum(context if w is None else min(w, context) for w in windows)
-    return 2 * kv_heads * head_dim * dtype_bytes * positions / context     # 2: a key and a value
+    return 2 * kv_heads * head_dim * dtype_bytes * positions / context  # 2: a key and a value
 
 
 def _config(config):
@@ -38,10 +39,12 @@ def kv_geometry(config) -> dict:
     heads = config.num_attention_heads  # GPT-2's n_head, through its config's attribute map
     dtype = getattr(config, "dtype", None) or "float32"
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    return {"context": int(config.max_position_embeddings),
-            "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
-            "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-            "dtype_bytes": torch.empty((), dtype=dtype).element_size()}
+    return {
+        "context": int(config.max_position_embeddings),
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        "dtype_bytes": torch.empty((), dtype=dtype).element_size(),
+    }
 
 
 def kv_summary(config, windows: list[int | None], teacher_layers: int | None = None) -> dict:
@@ -53,5 +56,9 @@ def kv_summary(config, windows: list[int | None], teacher_layers: int | None = N
     g = kv_geometry(config)
     student = kv_bytes_per_token(windows, **g)
     teacher = kv_bytes_per_token([None] * teacher_layers, **g)
-    return {"kv_context": g["context"], "kv_bytes_per_token": student, "teacher_kv_bytes_per_token": teacher,
-            "kv_ratio": student / teacher if teacher else None}
+    return {
+        "kv_context": g["context"],
+        "kv_bytes_per_token": student,
+        "teacher_kv_bytes_per_token": teacher,
+        "kv_ratio": student / teacher if teacher else None,
+    }

@@ -32,8 +32,9 @@ class StudentBlock(nn.Module):
         self.windows = list(windows) if windows is not None else [None] * len(self.intermediate_sizes)
         if len(self.windows) != len(self.intermediate_sizes):
             raise ValueError(f"{len(self.windows)} windows for {len(self.intermediate_sizes)} layers")
-        self.layers = nn.ModuleList(fam.make_layer(fam.layer_config(config, m), i)
-                                    for i, m in enumerate(intermediate_sizes))
+        self.layers = nn.ModuleList(
+            fam.make_layer(fam.layer_config(config, m), i) for i, m in enumerate(intermediate_sizes)
+        )
         add_windows(self.layers, self.windows)
         rotary = fam.rotary(fam.layer_config(config, fam.width(config)))
         if rotary is not None:  # buffers derived from the config, never saved (see weights())
@@ -53,8 +54,12 @@ class StudentBlock(nn.Module):
     def mlp_activations(self, h: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, the MLP's intermediate activation (the input of its output projection): (B, T, I)."""
         acts = []
-        hooks = [layer.get_submodule(self.family.mlp_out).register_forward_hook(
-                     lambda m, inp, out: acts.append(inp[0].detach())) for layer in self.layers]
+        hooks = [
+            layer.get_submodule(self.family.mlp_out).register_forward_hook(
+                lambda m, inp, out: acts.append(inp[0].detach())
+            )
+            for layer in self.layers
+        ]
         try:
             self.forward(h)
         finally:

@@ -14,14 +14,15 @@ zgtrain/block/objectives.py does the tensor math.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["CONVERSIONS", "OBJECTIVES", "ObjectiveSpec"]
 
 # name -> the conversion's function (None until zgtrain.block.conversions is imported)
 CONVERSIONS: dict[str, Callable | None] = dict.fromkeys(
-    ("identity", "reinit", "drop_layers", "prune_mlp", "window_attention"))
+    ("identity", "reinit", "drop_layers", "prune_mlp", "window_attention")
+)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,19 @@ __all__ = ["Objective", "ObjectiveSpec", "OBJECTIVES", "nmse"]
 
 
 class Objective:
-    def __init__(self, name: str, *, normalize: str, sigma: float, x_sample: torch.Tensor, y_sample: torch.Tensor,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        name: str,
+        *,
+        normalize: str,
+        sigma: float,
+        x_sample: torch.Tensor,
+        y_sample: torch.Tensor,
+        device: torch.device | str = "cpu",
+    ):
         self.name, self.spec, self.sigma = name, OBJECTIVES[name], sigma
-        xs, ys = x_sample.double().flatten(0, 1), y_sample.double().flatten(0, 1)   # (N*T, C)
-        self.x_std = xs.std(0).float().clamp_min(1e-6).to(device)                   # (C,)
+        xs, ys = x_sample.double().flatten(0, 1), y_sample.double().flatten(0, 1)  # (N*T, C)
+        self.x_std = xs.std(0).float().clamp_min(1e-6).to(device)  # (C,)
         target = ys if self.spec.anchored else xs
         if normalize == "none":
             scale = torch.ones(xs.shape[1], dtype=torch.float64)
@@ -30,14 +38,14 @@ class Objective:
             scale = target.var(0)
         else:  # delta: the block's own residual update
             scale = (target - xs).var(0)
-        self.scale = scale.float().clamp_min(1e-8).to(device)                         # (C,)
+        self.scale = scale.float().clamp_min(1e-8).to(device)  # (C,)
 
     def batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, target) for one batch; noise comes from the block's own generator."""
         if not self.spec.noisy:
             return x, (y if self.spec.anchored else x)
         # drawn on the CPU generator, then moved: the same bits on every device
-        noise = torch.randn(x.shape, generator=gen).to(x.device) * self.x_std * self.sigma   # (B, T, C)
+        noise = torch.randn(x.shape, generator=gen).to(x.device) * self.x_std * self.sigma  # (B, T, C)
         return x + noise, (y if self.spec.anchored else x)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

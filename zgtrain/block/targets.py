@@ -11,7 +11,7 @@ import torch
 
 from zgdata.config import BlockSpec, MaterializeConfig, PartitionConfig
 from zgdata.layout import Layout
-from zgdata.lineage import expected_lineages, boundary_fingerprint
+from zgdata.lineage import boundary_fingerprint, expected_lineages
 from zgdata.reader import BoundaryPair, step_rows
 
 __all__ = ["CachedTargets", "OnlineTargets", "open_targets"]
@@ -81,4 +81,8 @@ class OnlineTargets:
 
 
 def open_targets(kind: str, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
-    return CachedTargets(layout, spec, partition, mcfg) if kind == "cached" else OnlineTargets(layout, spec, partition, mcfg)
+    return (
+        CachedTargets(layout, spec, partition, mcfg)
+        if kind == "cached"
+        else OnlineTargets(layout, spec, partition, mcfg)
+    )

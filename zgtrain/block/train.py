@@ -48,7 +48,7 @@ def _heldout(block, targets, cfg: TrainConfig) -> float:
     where = next(block.parameters()).device
     with torch.no_grad():
         for i in range(0, len(rows), cfg.batch_size):
-            x, y = targets.take(rows[i:i + cfg.batch_size])
+            x, y = targets.take(rows[i : i + cfg.batch_size])
             e, d = nmse(block(x.to(where).float()), y.to(where).float())
             err, spread = err + e, spread + d
     return err / max(spread, 1e-30)
@@ -56,8 +56,15 @@ def _heldout(block, targets, cfg: TrainConfig) -> float:
 
 def _diverged(key: str, d: Path):
     def fail(step: int, what: str) -> ZgError:
-        return loop.diverged(f"block {key}", step, what, key=f"blocks.{key}", good=checkpoint.read_meta(d)["step"],
-                             fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart")
+        return loop.diverged(
+            f"block {key}",
+            step,
+            what,
+            key=f"blocks.{key}",
+            good=checkpoint.read_meta(d)["step"],
+            fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart",
+        )
+
     return fail
 
 
@@ -112,8 +119,9 @@ def _steps(run: Run) -> loop.Steps:
     fail = _diverged(run.key, run.dir)
 
     def batches(start: int, end: int):
-        for step, _, x, y in run.src.batches("train", start_step=start, steps=end, batch_size=cfg.batch_size,
-                                             seed=run.seed):
+        for step, _, x, y in run.src.batches(
+            "train", start_step=start, steps=end, batch_size=cfg.batch_size, seed=run.seed
+        ):
             yield step, (x, y)
 
     def work(step: int, batch) -> int:
@@ -129,9 +137,15 @@ def _steps(run: Run) -> loop.Steps:
         if run.on_step is not None:
             run.on_step(step, run.curve[-1])
 
-    return loop.Steps(name=f"train {run.key}", batches=batches, work=work, lrs=[(opt, lambda s: lr_at(cfg, s))],
-                      save=lambda step: checkpoint.save(run.dir, run.meta, block, opt, run.gen, run.curve, step),
-                      checkpoint_every=cfg.checkpoint_every, on_step=on_step)
+    return loop.Steps(
+        name=f"train {run.key}",
+        batches=batches,
+        work=work,
+        lrs=[(opt, lambda s: lr_at(cfg, s))],
+        save=lambda step: checkpoint.save(run.dir, run.meta, block, opt, run.gen, run.curve, step),
+        checkpoint_every=cfg.checkpoint_every,
+        on_step=on_step,
+    )
 
 
 def fit(run: Run, end: int) -> None:
@@ -140,8 +154,14 @@ def fit(run: Run, end: int) -> None:
     loop.fit(run, end, _steps(run), timed="train.steps")
 
 
-def setup(project: ProjectConfig, key: str, *, targets: str | None = None, restart: bool | str = False,
-          layout: Layout = Layout()) -> Run:
+def setup(
+    project: ProjectConfig,
+    key: str,
+    *,
+    targets: str | None = None,
+    restart: bool | str = False,
+    layout: Layout = Layout(),
+) -> Run:
     """Build block KEY's run: a fresh start (init weights + checkpoint 0 written) or a resume from its checkpoint.
 
     ``restart="auto"`` (zg repro) resumes only an unfinished checkpoint of this very run and otherwise starts
@@ -155,34 +175,64 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
     set_threads(cfg.threads)
     tensors, smeta = load_slice(layout.teacher_slice(key))
     if (smeta.get("in"), smeta.get("out")) != (spec.input, spec.output):
-        raise ZgError(f"teacher slice for {key} covers {smeta.get('in')}->{smeta.get('out')}, params say "
-                      f"{spec.input}->{spec.output}", fix="re-run `dvc repro teacher` after changing the partition")
+        raise ZgError(
+            f"teacher slice for {key} covers {smeta.get('in')}->{smeta.get('out')}, params say "
+            f"{spec.input}->{spec.output}",
+            fix="re-run `dvc repro teacher` after changing the partition",
+        )
     src = open_targets(cfg.targets, layout, spec, project.partition, project.materialize)
-    check(f"the boundaries of {key}", src.lineage, f"its teacher slice {layout.teacher_slice(key).name}",
-          {"teacher_sha256": smeta.get("teacher_sha256")}, keys=("teacher_sha256",),
-          fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)")
+    check(
+        f"the boundaries of {key}",
+        src.lineage,
+        f"its teacher slice {layout.teacher_slice(key).name}",
+        {"teacher_sha256": smeta.get("teacher_sha256")},
+        keys=("teacher_sha256",),
+        fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)",
+    )
     seed = block_seed(project.seed, cfg.seed, key)
-    identity = {"key": key, "in": spec.input, "out": spec.output, "seed": seed, "trainer_version": TRAINER_VERSION,
-                "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
-                "fingerprints": src.fingerprints, "teacher_sha256": smeta["teacher_sha256"]}
+    identity = {
+        "key": key,
+        "in": spec.input,
+        "out": spec.output,
+        "seed": seed,
+        "trainer_version": TRAINER_VERSION,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+        "fingerprints": src.fingerprints,
+        "teacher_sha256": smeta["teacher_sha256"],
+    }
     d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")
-    prior = resumable(None if restart is True else checkpoint.read_meta(d), identity, where=f"models/blocks/{key}",
-                      fix="rerun with --restart to discard it, or restore the old params", auto=restart == "auto")
+    prior = resumable(
+        None if restart is True else checkpoint.read_meta(d),
+        identity,
+        where=f"models/blocks/{key}",
+        fix="rerun with --restart to discard it, or restore the old params",
+        auto=restart == "auto",
+    )
     # read (and checksum) the data before anything in the block directory changes
     xs, ys = (t.float() for t in src.take(src.rows("train")[: cfg.importance_rows]))
     d = loop.begin(d, prior)  # a restart builds beside the old folder; train_block swaps it in at the end
 
     gen = seed_all(seed)
     block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())
-    objective = Objective(cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys,
-                          device=device())
+    objective = Objective(
+        cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys, device=device()
+    )
     opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    meta = {**identity, "teacher_config": smeta["config"], "teacher_layers": smeta["layers"],
-            "intermediate_sizes": block.intermediate_sizes, "windows": block.windows, "params": sum(p.numel() for p in block.parameters()),
-            "teacher_params": sum(v.numel() for v in tensors.values()), "steps": cfg.steps, "done": False,
-            "state_sha256": None}
-    run = Run(key=key, cfg=cfg, dir=d, meta=meta, block=block, opt=opt, gen=gen, objective=objective, src=src,
-              seed=seed)
+    meta = {
+        **identity,
+        "teacher_config": smeta["config"],
+        "teacher_layers": smeta["layers"],
+        "intermediate_sizes": block.intermediate_sizes,
+        "windows": block.windows,
+        "params": sum(p.numel() for p in block.parameters()),
+        "teacher_params": sum(v.numel() for v in tensors.values()),
+        "steps": cfg.steps,
+        "done": False,
+        "state_sha256": None,
+    }
+    run = Run(
+        key=key, cfg=cfg, dir=d, meta=meta, block=block, opt=opt, gen=gen, objective=objective, src=src, seed=seed
+    )
     if prior is None:
         checkpoint.save_weights(block.weights(), d / "init.safetensors")
         checkpoint.save(d, meta, block, opt, gen, run.curve, 0)
@@ -196,8 +246,16 @@ def setup(project: ProjectConfig, key: str, *, targets: str | None = None, resta
 
 
 @locked("block")
-def train_block(project: ProjectConfig, key: str, *, targets: str | None = None, stop_after: int | None = None,
-                restart: bool | str = False, layout: Layout = Layout(), on_step=None) -> BlockResult:
+def train_block(
+    project: ProjectConfig,
+    key: str,
+    *,
+    targets: str | None = None,
+    stop_after: int | None = None,
+    restart: bool | str = False,
+    layout: Layout = Layout(),
+    on_step=None,
+) -> BlockResult:
     """Train block KEY to train.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
     loop.check_stop_after(stop_after)
     run = setup(project, key, targets=targets, restart=restart, layout=layout)
@@ -209,8 +267,9 @@ def train_block(project: ProjectConfig, key: str, *, targets: str | None = None,
     if end < cfg.steps:
         checkpoint.save(d, run.meta, run.block, run.opt, run.gen, run.curve, end)
         loop.publish(d, layout.block_dir(key))
-        return BlockResult(key=key, status="stopped", step=end, steps=cfg.steps, state_sha256=sha,
-                           train_loss=loop.mean_tail(run.curve))
+        return BlockResult(
+            key=key, status="stopped", step=end, steps=cfg.steps, state_sha256=sha, train_loss=loop.mean_tail(run.curve)
+        )
     run.block.eval()
     heldout = _heldout(run.block, run.src, cfg)
     run.meta.update(done=True, state_sha256=sha)
@@ -218,13 +277,24 @@ def train_block(project: ProjectConfig, key: str, *, targets: str | None = None,
         checkpoint.finish(d, run.meta, run.block, run.opt, run.gen, run.curve, cfg.steps)
         loop.publish(d, layout.block_dir(key))
     meta = run.meta
-    result = BlockResult(key=key, steps=cfg.steps, train_loss=loop.mean_tail(run.curve),
-                         first_loss=run.curve[0] if run.curve else None, heldout_loss=heldout,
-                         tokens_per_s=run.tokens_per_s(), params=meta["params"], teacher_params=meta["teacher_params"],
-                         param_ratio=meta["params"] / meta["teacher_params"],
-                         kv=kv_summary(meta["teacher_config"], run.block.windows, len(meta["teacher_layers"])),
-                         objective=cfg.objective, conversion=cfg.conversion, targets=cfg.targets, state_sha256=sha,
-                         status="done", step=cfg.steps)
+    result = BlockResult(
+        key=key,
+        steps=cfg.steps,
+        train_loss=loop.mean_tail(run.curve),
+        first_loss=run.curve[0] if run.curve else None,
+        heldout_loss=heldout,
+        tokens_per_s=run.tokens_per_s(),
+        params=meta["params"],
+        teacher_params=meta["teacher_params"],
+        param_ratio=meta["params"] / meta["teacher_params"],
+        kv=kv_summary(meta["teacher_config"], run.block.windows, len(meta["teacher_layers"])),
+        objective=cfg.objective,
+        conversion=cfg.conversion,
+        targets=cfg.targets,
+        state_sha256=sha,
+        status="done",
+        step=cfg.steps,
+    )
     if run.finished:  # a no-op rerun: the recorded speed stands, and no file changes
         result.tokens_per_s = _recorded(layout.block_metrics(key)).get("tokens_per_s")
     _write_changed(layout.block_metrics(key), result.metrics())

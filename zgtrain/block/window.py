@@ -44,7 +44,7 @@ class SlidingWindow:
         kv_len = mask.shape[-1] if mask is not None else past + q_len
         q = torch.arange(past, past + q_len, device=hidden.device)[:, None]
         k = torch.arange(kv_len, device=hidden.device)[None, :]
-        band = (k <= q) & (k > q - self.window)                            # (q_len, kv_len)
+        band = (k <= q) & (k > q - self.window)  # (q_len, kv_len)
         if mask is None and impl == "sdpa":
             mask = band[None, None]
         elif mask is None:

@@ -35,7 +35,7 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, *, resamples: int, seed: in
     reps = []
     for start in range(0, resamples, CHUNK):
         b = min(CHUNK, resamples - start)
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64)   # (b, N) draws per sequence
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64)  # (b, N) draws per sequence
         d = counts @ den
         with np.errstate(divide="ignore", invalid="ignore"):
             reps.append(np.where(d != 0, (counts @ num) / np.where(d != 0, d, 1.0), np.nan))

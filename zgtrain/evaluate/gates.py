@@ -43,8 +43,10 @@ class Gate:
         return (value - threshold if self.at_most else threshold - value) / max(abs(threshold), 1e-12)
 
 
-GATES = (Gate(key="max_ce_gap", metric="ce_gap", at_most=True),
-         Gate(key="min_context_retention", metric="context_retention", at_most=False))
+GATES = (
+    Gate(key="max_ce_gap", metric="ce_gap", at_most=True),
+    Gate(key="min_context_retention", metric="context_retention", at_most=False),
+)
 
 
 def gate(key: str) -> Gate:
@@ -83,8 +85,13 @@ def shortfall(gates_passed: dict) -> tuple[float, str, str]:
 
 def failures(gates_passed: dict) -> list[tuple[str, Gate, dict]]:
     """(set, gate, its verdict) of every failed gate on a judged set, in the verdicts' order."""
-    return [(set_name, g, v[g.key]) for set_name, v in gates_passed.items()
-            if set_name != "all" and v["judged"] for g in GATES if not v[g.key]["passed"]]
+    return [
+        (set_name, g, v[g.key])
+        for set_name, v in gates_passed.items()
+        if set_name != "all" and v["judged"]
+        for g in GATES
+        if not v[g.key]["passed"]
+    ]
 
 
 def describe(gates) -> str:

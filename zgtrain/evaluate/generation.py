@@ -24,8 +24,11 @@ __all__ = ["prompts", "greedy", "matching_prefix", "report"]
 def prompts(ids: torch.Tensor, n: int, prompt_tokens: int) -> tuple[list[int], torch.Tensor]:
     """(row indices, (n, prompt_tokens) prompt ids): ``n`` rows spread evenly over the set."""
     if prompt_tokens >= ids.shape[1]:
-        raise ZgError(f"eval.prompt_tokens {prompt_tokens} is not below the sequence length {ids.shape[1]}",
-                      key="eval.prompt_tokens", fix=f"use a value below {ids.shape[1]}")
+        raise ZgError(
+            f"eval.prompt_tokens {prompt_tokens} is not below the sequence length {ids.shape[1]}",
+            key="eval.prompt_tokens",
+            fix=f"use a value below {ids.shape[1]}",
+        )
     rows = sorted(set(np.linspace(0, len(ids) - 1, num=min(n, len(ids))).round().astype(int).tolist()))
     return rows, ids[rows, :prompt_tokens]
 
@@ -37,7 +40,7 @@ def greedy(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     for _ in range(new_tokens):
         nxt = model(input_ids=x).logits[:, -1].argmax(-1, keepdim=True)
         x = torch.cat([x, nxt], dim=1)
-    return x[:, prompt.shape[1]:].cpu()
+    return x[:, prompt.shape[1] :].cpu()
 
 
 def matching_prefix(a: torch.Tensor, b: torch.Tensor) -> list[int]:
@@ -51,23 +54,40 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("|", "&#124;").replace("\r", "").replace("\n", "<br>") or " "
 
 
-def report(tok, rows: list[int], prompt: torch.Tensor, teacher: torch.Tensor, student: torch.Tensor,
-           set_name: str, repaired: torch.Tensor | None = None) -> str:
+def report(
+    tok,
+    rows: list[int],
+    prompt: torch.Tensor,
+    teacher: torch.Tensor,
+    student: torch.Tensor,
+    set_name: str,
+    repaired: torch.Tensor | None = None,
+) -> str:
     """Markdown: per prompt, the teacher's, the student's and (with repair on) the repaired student's greedy
     continuations side by side, with how many leading tokens each shares with the teacher."""
     cols = {"student": student, **({"repaired": repaired} if repaired is not None else {})}
     same = {who: matching_prefix(teacher, c) for who, c in cols.items()}
-    lines = ["# Generation check", "",
-             f"Greedy continuations ({teacher.shape[1]} new tokens, argmax, no sampling) of {len(rows)} prompts "
-             f"of {prompt.shape[1]} tokens from the '{set_name}' set, by the teacher and the "
-             f"{' and the '.join(cols)}. Written by `zg train evaluate`; `matching` counts the leading tokens "
-             "each shares with the teacher.", ""]
+    lines = [
+        "# Generation check",
+        "",
+        f"Greedy continuations ({teacher.shape[1]} new tokens, argmax, no sampling) of {len(rows)} prompts "
+        f"of {prompt.shape[1]} tokens from the '{set_name}' set, by the teacher and the "
+        f"{' and the '.join(cols)}. Written by `zg train evaluate`; `matching` counts the leading tokens "
+        "each shares with the teacher.",
+        "",
+    ]
     for i, row in enumerate(rows):
         match = ", ".join(f"{who} {same[who][i]}/{teacher.shape[1]}" for who in cols)
-        lines += [f"## Prompt {i + 1} (row {row}; matching {match})", "",
-                  "| prompt | teacher | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols),
-                  f"| {_cell(tok.decode(prompt[i]))} | {_cell(tok.decode(teacher[i]))} | "
-                  + " | ".join(_cell(tok.decode(c[i])) for c in cols.values()) + " |", ""]
+        lines += [
+            f"## Prompt {i + 1} (row {row}; matching {match})",
+            "",
+            "| prompt | teacher | " + " | ".join(cols) + " |",
+            "|---|---|" + "---|" * len(cols),
+            f"| {_cell(tok.decode(prompt[i]))} | {_cell(tok.decode(teacher[i]))} | "
+            + " | ".join(_cell(tok.decode(c[i])) for c in cols.values())
+            + " |",
+            "",
+        ]
     if not rows:
         lines += ["No prompts (eval.generate_prompts is 0).", ""]
     return "\n".join(lines)

@@ -37,8 +37,15 @@ __all__ = ["STANDARD", "PRIMARY", "metrics_path", "lm_eval_tasks", "run_lm_eval"
 
 # Standard tasks zg knows where to find inside lm_eval/tasks/ (loading only that folder takes a second;
 # indexing all of lm-eval's ~15,000 task configs takes 10-40 s). Other names are looked up in the full index.
-STANDARD = {"hellaswag": "hellaswag", "arc_easy": "arc", "arc_challenge": "arc", "piqa": "piqa",
-            "lambada_openai": "lambada", "lambada_standard": "lambada", "winogrande": "winogrande"}
+STANDARD = {
+    "hellaswag": "hellaswag",
+    "arc_easy": "arc",
+    "arc_challenge": "arc",
+    "piqa": "piqa",
+    "lambada_openai": "lambada",
+    "lambada_standard": "lambada",
+    "winogrande": "winogrande",
+}
 # The metric reported as a task's accuracy (all metrics are kept): the usual one for each task.
 PRIMARY = {"hellaswag": "acc_norm", "arc_challenge": "acc_norm"}
 _INSTALL = "install it with `pip install 'zerograph[eval]'` (or `make setup`)"
@@ -108,22 +115,28 @@ def _check_standard(tm, standard: list[str]) -> None:
     for name in standard:
         entry = tm.task_index.get(name)
         if entry is None:
-            raise ZgError(f"lm-eval has no task {name!r}", key="lm_eval.tasks",
-                          fix=f"use {NEXTLINE} or a task name `lm_eval --tasks list` shows (e.g. hellaswag, arc_easy, "
-                              "piqa, lambada_openai)")
+            raise ZgError(
+                f"lm-eval has no task {name!r}",
+                key="lm_eval.tasks",
+                fix=f"use {NEXTLINE} or a task name `lm_eval --tasks list` shows (e.g. hellaswag, arc_easy, "
+                "piqa, lambada_openai)",
+            )
         cfg = entry.cfg or {}
         data = "/".join(str(x) for x in (cfg.get("dataset_path"), cfg.get("dataset_name")) if x)
         try:
             tm.load([name])  # builds the task: `datasets` loads its splits, from the cache when offline
         except (ConnectionError, FileNotFoundError) as e:
-            online = os.environ.get("HF_HUB_OFFLINE", "1") in ("0", "false", "False") \
-                and os.environ.get("HF_DATASETS_OFFLINE", "0") in ("0", "false", "False")
-            how = ("the download failed" if online else "zg runs offline")
-            raise ZgError(f"lm-eval task {name} needs the dataset {data or '?'}, which is not in the local datasets "
-                          f"cache ({_datasets_cache()}) and {how} ({type(e).__name__})",
-                          key="lm_eval.tasks",
-                          fix=f"fetch it once with network access (`HF_HUB_OFFLINE=0 zg train lm-eval {name}`), or set "
-                              f"HF_DATASETS_CACHE to a datasets cache that holds it, or drop {name}") from e
+            online = os.environ.get("HF_HUB_OFFLINE", "1") in ("0", "false", "False") and os.environ.get(
+                "HF_DATASETS_OFFLINE", "0"
+            ) in ("0", "false", "False")
+            how = "the download failed" if online else "zg runs offline"
+            raise ZgError(
+                f"lm-eval task {name} needs the dataset {data or '?'}, which is not in the local datasets "
+                f"cache ({_datasets_cache()}) and {how} ({type(e).__name__})",
+                key="lm_eval.tasks",
+                fix=f"fetch it once with network access (`HF_HUB_OFFLINE=0 zg train lm-eval {name}`), or set "
+                f"HF_DATASETS_CACHE to a datasets cache that holds it, or drop {name}",
+            ) from e
 
 
 def _scores(out: dict, task: str) -> tuple[dict, dict]:
@@ -164,13 +177,24 @@ def _task_figures(results: dict, task: str) -> dict:
 
 
 def _evaluate(lm_eval, lm, specs: list, tm, limit: int | None) -> dict:
-    return lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=tm, limit=limit, num_fewshot=0,
-                                   log_samples=False, bootstrap_iters=1000, random_seed=0, numpy_random_seed=1234,
-                                   torch_random_seed=1234, fewshot_random_seed=1234)
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=specs,
+        task_manager=tm,
+        limit=limit,
+        num_fewshot=0,
+        log_samples=False,
+        bootstrap_iters=1000,
+        random_seed=0,
+        numpy_random_seed=1234,
+        torch_random_seed=1234,
+        fewshot_random_seed=1234,
+    )
 
 
-def run_lm_eval(project, tasks: list[str] | None = None, *, limit: int | None = None,
-                layout: Layout = Layout()) -> LmEvalResult:
+def run_lm_eval(
+    project, tasks: list[str] | None = None, *, limit: int | None = None, layout: Layout = Layout()
+) -> LmEvalResult:
     out_path = metrics_path(layout)
     with project_lock(layout, "lm_eval", writes=out_path):
         return _run(project, lm_eval_tasks(project, tasks), limit, layout, out_path)
@@ -196,8 +220,7 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
         lineage[NEXTLINE] = meta = write_nextline_task(cfg, layout)
         files = task_files(layout)
         # absolute paths for this run; the YAML on disk keeps them relative to the project root
-        specs.append(task_config(str(files["jsonl"].resolve()),
-                                 str(layout.hf_datasets_cache.resolve()), meta))
+        specs.append(task_config(str(files["jsonl"].resolve()), str(layout.hf_datasets_cache.resolve()), meta))
     specs += standard
     results, models = {}, {}
     # the students' folders and checked loaders (load_student checks zg's pinned modeling file before any
@@ -211,14 +234,20 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
             # the student is scored with the same (checked) tokenizer; a teacher stored narrower than fp32 stays so
             # and is widened one piece at a time while it runs (zgdata.widen)
             model, tok = load_teacher(layout, per_layer=True)
-            models[who] = {"path": str(layout.teacher_hf), "weights_sha256": read_teacher_json(layout)["weights_sha256"]}
+            models[who] = {
+                "path": str(layout.teacher_hf),
+                "weights_sha256": read_teacher_json(layout)["weights_sha256"],
+            }
         else:
             folder, load = students[who]
             model = load()
             summary = json.loads((folder / "zerograph.json").read_text())
             remote = bool(json.loads((folder / "config.json").read_text()).get("auto_map"))
-            models[who] = {"path": str(folder), "trust_remote_code": remote,
-                           "modeling_sha256": summary.get("modeling_sha256") if remote else None}
+            models[who] = {
+                "path": str(folder),
+                "trust_remote_code": remote,
+                "modeling_sha256": summary.get("modeling_sha256") if remote else None,
+            }
         lm = HFLM(pretrained=model.to(device()), tokenizer=tok, batch_size=cfg.batch_size)
         with running_widened(model):
             results[who] = _evaluate(lm_eval, lm, specs, tm, limit or None)
@@ -227,9 +256,18 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
     for task in tasks:
         if task == NEXTLINE:
             per_task[task]["chance"] = 1.0 / cfg.choices
-    result = LmEvalResult(tasks=per_task, task_lineage=lineage, models=models,
-                          lm_eval={"version": getattr(lm_eval, "__version__", None), "model": "hf", "num_fewshot": 0,
-                                   "limit": limit or None, "batch_size": cfg.batch_size},
-                          seconds=time.perf_counter() - t0)
+    result = LmEvalResult(
+        tasks=per_task,
+        task_lineage=lineage,
+        models=models,
+        lm_eval={
+            "version": getattr(lm_eval, "__version__", None),
+            "model": "hf",
+            "num_fewshot": 0,
+            "limit": limit or None,
+            "batch_size": cfg.batch_size,
+        },
+        seconds=time.perf_counter() - t0,
+    )
     write_json(out_path, result.metrics())
     return result

@@ -25,8 +25,16 @@ from zgdata.atomic import write_json, write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
-__all__ = ["NEXTLINE", "GENERATOR_VERSION", "task_dir", "task_files", "task_config", "segments", "build_examples",
-           "write_nextline_task"]
+__all__ = [
+    "NEXTLINE",
+    "GENERATOR_VERSION",
+    "task_dir",
+    "task_files",
+    "task_config",
+    "segments",
+    "build_examples",
+    "write_nextline_task",
+]
 
 NEXTLINE = "zg_nextline"
 GENERATOR_VERSION = 1  # bump when the examples a token set yields change
@@ -55,10 +63,15 @@ def task_config(data_file: str, cache_dir: str, meta: dict) -> dict:
         "doc_to_choice": "choices",
         "doc_to_target": "label",
         "target_delimiter": "",  # the context ends with its newline; a choice is the next line itself
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
-        "metadata": {"version": float(GENERATOR_VERSION), "tokens_fingerprint": meta["tokens_fingerprint"],
-                     "jsonl_sha256": meta["jsonl_sha256"]},
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {
+            "version": float(GENERATOR_VERSION),
+            "tokens_fingerprint": meta["tokens_fingerprint"],
+            "jsonl_sha256": meta["jsonl_sha256"],
+        },
     }
 
 
@@ -77,9 +90,11 @@ def segments(layout: Layout) -> tuple[list[tuple[str, list[str]]], dict]:
     table = ds.to_table(columns=cols)
     rows = np.flatnonzero(np.asarray(table.column("split").to_pylist()) == "heldout")
     if not len(rows):
-        raise ZgError(f"{layout.tokens} has no held-out rows", key="corpus.heldout",
-                      fix="hold out some documents (corpus.heldout, heldout_field or heldout_fraction), then "
-                          "`dvc repro tokens`")
+        raise ZgError(
+            f"{layout.tokens} has no held-out rows",
+            key="corpus.heldout",
+            fix="hold out some documents (corpus.heldout, heldout_field or heldout_fraction), then `dvc repro tokens`",
+        )
     rows = rows[np.argsort(np.asarray(table.column("seq_id").to_pylist())[rows], kind="stable")]
     ids = table.column("input_ids").combine_chunks().values.to_numpy().astype(np.int64).reshape(len(table), -1)
     length = table.column("length").to_pylist() if "length" in cols else None
@@ -101,8 +116,9 @@ def _choosable(line: str) -> bool:
     return MIN_CHARS <= len(line.strip()) <= MAX_CHARS
 
 
-def build_examples(segs: list[tuple[str, list[str]]], *, examples: int, choices: int, context_lines: int,
-                   seed: int) -> tuple[list[dict], dict]:
+def build_examples(
+    segs: list[tuple[str, list[str]]], *, examples: int, choices: int, context_lines: int, seed: int
+) -> tuple[list[dict], dict]:
     """Seeded multiple-choice examples: the true next line among ``choices - 1`` distractors.
 
     Distractors come from other documents when there are enough distinct lines there, else also from other
@@ -114,8 +130,11 @@ def build_examples(segs: list[tuple[str, list[str]]], *, examples: int, choices:
             if k >= 1 and _choosable(lines[j]):
                 cands.append((s, j, nonblank[max(0, k - context_lines)]))
     if not cands:
-        raise ZgError("the held-out split yields no next-line example (no line of 8-200 characters after another "
-                      "line)", key="corpus.heldout", fix="hold out more text, or text with line breaks")
+        raise ZgError(
+            "the held-out split yields no next-line example (no line of 8-200 characters after another line)",
+            key="corpus.heldout",
+            fix="hold out more text, or text with line breaks",
+        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(cands))[:examples]  # lm-eval's limit takes the first N: keep them a random sample
     out, tiers = [], {"other_documents": 0, "other_segments": 0, "same_segment": 0}
@@ -142,15 +161,27 @@ def build_examples(segs: list[tuple[str, list[str]]], *, examples: int, choices:
             picks += tier[used]
             used += 1
         if len(picks) < choices - 1:
-            raise ZgError(f"the held-out split has too few distinct lines for {choices} choices per example "
-                          f"({len(picks) + 1} usable)", key="lm_eval.choices",
-                          fix="lower lm_eval.choices, or hold out more text")
+            raise ZgError(
+                f"the held-out split has too few distinct lines for {choices} choices per example "
+                f"({len(picks) + 1} usable)",
+                key="lm_eval.choices",
+                fix="lower lm_eval.choices, or hold out more text",
+            )
         tiers[list(tiers)[used - 1]] += 1
         wrong = [picks[i] for i in sorted(rng.choice(len(picks), choices - 1, replace=False))]
         label = int(rng.integers(choices))
         opts = wrong[:label] + [truth] + wrong[label:]
-        out.append({"id": f"{NEXTLINE}-{n:05d}", "context": "\n".join(lines[a:j]) + "\n",
-                    "choices": [o + "\n" for o in opts], "label": label, "doc": doc, "segment": s, "line": j})
+        out.append(
+            {
+                "id": f"{NEXTLINE}-{n:05d}",
+                "context": "\n".join(lines[a:j]) + "\n",
+                "choices": [o + "\n" for o in opts],
+                "label": label,
+                "doc": doc,
+                "segment": s,
+                "line": j,
+            }
+        )
     return out, {"candidates": len(cands), "distractors_from": tiers}
 
 
@@ -159,17 +190,29 @@ def write_nextline_task(cfg, layout: Layout = Layout()) -> dict:
     import yaml
 
     segs, src = segments(layout)
-    ex, stats = build_examples(segs, examples=cfg.examples, choices=cfg.choices, context_lines=cfg.context_lines,
-                               seed=cfg.seed)
+    ex, stats = build_examples(
+        segs, examples=cfg.examples, choices=cfg.choices, context_lines=cfg.context_lines, seed=cfg.seed
+    )
     body = "".join(json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n" for e in ex)
-    meta = {"task": NEXTLINE, "generator_version": GENERATOR_VERSION, **src, "segments": len(segs), **stats,
-            "examples": len(ex), "choices": cfg.choices, "context_lines": cfg.context_lines, "seed": cfg.seed,
-            "jsonl_sha256": hashlib.sha256(body.encode()).hexdigest()}
+    meta = {
+        "task": NEXTLINE,
+        "generator_version": GENERATOR_VERSION,
+        **src,
+        "segments": len(segs),
+        **stats,
+        "examples": len(ex),
+        "choices": cfg.choices,
+        "context_lines": cfg.context_lines,
+        "seed": cfg.seed,
+        "jsonl_sha256": hashlib.sha256(body.encode()).hexdigest(),
+    }
     files = task_files(layout)
     rel = files["jsonl"].relative_to(layout.root).as_posix()
-    head = (f"# Generated by `zg train lm-eval` from the held-out split of data/tokens.lance (tokens fingerprint "
-            f"{meta['tokens_fingerprint'][:16]}...).\n# Run from the project root: "
-            f"lm_eval --include_path eval/lm_eval --tasks {NEXTLINE} ...\n")
+    head = (
+        f"# Generated by `zg train lm-eval` from the held-out split of data/tokens.lance (tokens fingerprint "
+        f"{meta['tokens_fingerprint'][:16]}...).\n# Run from the project root: "
+        f"lm_eval --include_path eval/lm_eval --tasks {NEXTLINE} ...\n"
+    )
     write_text(files["jsonl"], body)
     cache = Layout(Path("")).hf_datasets_cache.as_posix()  # relative to the project root, like rel
     write_text(files["yaml"], head + yaml.safe_dump(task_config(rel, cache, meta), sort_keys=False))

@@ -26,22 +26,22 @@ from zgdata.families import family_of
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.progress import stderr
-from zgdata.virtual import open_pair_in
 from zgdata.runtime import device
 from zgdata.teacher.prepare import load_slice, load_teacher
 from zgdata.tokens import read_tokens
+from zgdata.virtual import open_pair_in
 from zgdata.widen import running_widened
-from zgtrain.student.assemble import build_student
-from zgtrain.fit.checkpoint import load_block
-from zgtrain.project.config import ProjectConfig
-from zgtrain.evaluate.sets import HELDOUT, heldout_set, tokenize_set
-from zgtrain.evaluate.generation import greedy, matching_prefix, prompts, report
 from zgtrain.block.objectives import nmse
 from zgtrain.evaluate.gates import judge_sets
+from zgtrain.evaluate.generation import greedy, matching_prefix, prompts, report
 from zgtrain.evaluate.set_metrics import figures, score, targets_for
+from zgtrain.evaluate.sets import HELDOUT, heldout_set, tokenize_set
+from zgtrain.fit.checkpoint import load_block
+from zgtrain.project.config import ProjectConfig
 from zgtrain.repair.judge import add_repaired, repaired_loader
-from zgtrain.student.load import load_student
+from zgtrain.student.assemble import build_student
 from zgtrain.student.card import write_eval_card
+from zgtrain.student.load import load_student
 
 __all__ = ["evaluate", "eval_sets", "EvalResult"]
 
@@ -89,8 +89,11 @@ class EvalResult:
     def metrics(self) -> dict:
         """metrics/eval.json: every field, less the optional ones that are None."""
         optional = ("generation", "repaired", "student_gates_passed", "gated_model")
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in optional or getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in optional or getattr(self, f.name) is not None
+        }
 
 
 def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dict:
@@ -99,7 +102,7 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dic
     ids, _ = read_tokens(layout, rows)
     dev = device()
     fam = family_of(hmeta["config"])  # GPT-2 adds learned positions to the token embeddings
-    h = fam.embed_head({k: v.float() for k, v in head.items()}, ids).to(dev)   # (N, T, C) student upstream
+    h = fam.embed_head({k: v.float() for k, v in head.items()}, ids).to(dev)  # (N, T, C) student upstream
     out = {}
     with torch.no_grad():
         for spec in part.blocks():
@@ -120,18 +123,31 @@ def _csv(rows: list[list]) -> str:
     return buf.getvalue()
 
 
-SET_COLUMNS = ("ce_tokens", "teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_recovered",
-               "context_retention", "top1_agreement")
+SET_COLUMNS = (
+    "ce_tokens",
+    "teacher_ce",
+    "student_ce",
+    "untrained_ce",
+    "ce_gap",
+    "ce_recovered",
+    "context_retention",
+    "top1_agreement",
+)
 
 
 def _sets_csv(figs: dict, repaired: dict) -> str:
     """One row per eval set; with repair on, the repaired model's CE and gap as two more columns."""
     head = ["set", *SET_COLUMNS, "ce_gap_lo", "ce_gap_hi", "context_retention_lo", "context_retention_hi"]
     head += ["repaired_ce", "repaired_ce_gap"] if repaired else []
-    rows = [[name, *[f"{f[c]:.6f}" if isinstance(f[c], float) else f[c] for c in SET_COLUMNS],
-             *[f"{f[k][e]:.6f}" for k in ("ce_gap_ci95", "context_retention_ci95") for e in ("lo", "hi")],
-             *([f"{repaired[name]['ce']:.6f}", f"{repaired[name]['ce_gap']:.6f}"] if repaired else [])]
-            for name, f in figs.items()]
+    rows = [
+        [
+            name,
+            *[f"{f[c]:.6f}" if isinstance(f[c], float) else f[c] for c in SET_COLUMNS],
+            *[f"{f[k][e]:.6f}" for k in ("ce_gap_ci95", "context_retention_ci95") for e in ("lo", "hi")],
+            *([f"{repaired[name]['ce']:.6f}", f"{repaired[name]['ce_gap']:.6f}"] if repaired else []),
+        ]
+        for name, f in figs.items()
+    ]
     return _csv([head] + rows)
 
 
@@ -139,14 +155,19 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, fig
     """CSVs for `dvc plots` and PNGs: CE per set (teacher, untrained, student and, with repair on, repaired),
     boundary shift per block, every block's train loss. ``repaired``: set -> the repaired model's figures."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     write_text(layout.eval_ce_plot, _csv([["model", "ce"]] + [[n, f"{scores[n]['ce']:.6f}"] for n in scores]))
     write_text(layout.eval_sets_plot, _sets_csv(figs, repaired))
-    write_text(layout.eval_shift_plot, _csv([["block", "teacher_input", "student_input"]]
-                                            + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"]
-                                               for k, v in shift.items()]))
+    write_text(
+        layout.eval_shift_plot,
+        _csv(
+            [["block", "teacher_input", "student_input"]]
+            + [[k, f"{v['teacher_input']:.6f}", f"{v['student_input']:.6f}"] for k, v in shift.items()]
+        ),
+    )
     with atomic_path(layout.eval_figures) as png:  # a DVC directory output: its images are replaced together
         png.mkdir(parents=True)
         fig, ax = plt.subplots(figsize=(max(5, 2 * len(figs)), 3.5))
@@ -157,32 +178,54 @@ def _plots(layout: Layout, scores: dict, shift: dict, part: PartitionConfig, fig
         w = 0.8 / len(bars)
         for j, (m, ys) in enumerate(bars.items()):
             ax.bar(xs + (j - (len(bars) - 1) / 2) * w, ys, w, label=m)
-        ax.set_xticks(xs, list(figs)); ax.set_ylabel("CE (nats/token)")
+        ax.set_xticks(xs, list(figs))
+        ax.set_ylabel("CE (nats/token)")
         ax.legend(ncol=len(bars), fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0))  # above the bars
-        fig.tight_layout(); fig.savefig(png / "ce.png", dpi=100); plt.close(fig)
+        fig.tight_layout()
+        fig.savefig(png / "ce.png", dpi=100)
+        plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 3.5))
         keys = list(shift)
         xs = np.arange(len(keys))
         ax.bar(xs - 0.2, [shift[k]["teacher_input"] for k in keys], 0.4, label="teacher input")
         ax.bar(xs + 0.2, [shift[k]["student_input"] for k in keys], 0.4, label="student input")
-        ax.set_xticks(xs, keys); ax.set_ylabel("normalized error"); ax.legend()
-        fig.tight_layout(); fig.savefig(png / "shift.png", dpi=100); plt.close(fig)
+        ax.set_xticks(xs, keys)
+        ax.set_ylabel("normalized error")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png / "shift.png", dpi=100)
+        plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for spec in part.blocks():
             p = layout.block_loss_curve(spec.key)
             if p.exists():
                 rows = list(csv.DictReader(open(p)))
                 ax.plot([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], label=spec.key)
-        ax.set_yscale("log"); ax.set_xlabel("step"); ax.set_ylabel("train loss"); ax.legend()
-        fig.tight_layout(); fig.savefig(png / "loss.png", dpi=100); plt.close(fig)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png / "loss.png", dpi=100)
+        plt.close(fig)
 
 
 def _size(layout: Layout) -> dict:
     """The student's parameters and KV-cache bytes per token (zgtrain/block/kv_cache.py) against the teacher's, as
     assemble recorded them in zerograph.json (None where a student assembled before KV figures lacks them)."""
     summary = json.loads((layout.student / "zerograph.json").read_text())
-    return {k: summary.get(k) for k in ("params", "teacher_params", "param_ratio", "kv_context", "kv_bytes_per_token",
-                                        "teacher_kv_bytes_per_token", "kv_ratio")}
+    return {
+        k: summary.get(k)
+        for k in (
+            "params",
+            "teacher_params",
+            "param_ratio",
+            "kv_context",
+            "kv_bytes_per_token",
+            "teacher_kv_bytes_per_token",
+            "kv_ratio",
+        )
+    }
 
 
 def eval_sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
@@ -196,8 +239,17 @@ def eval_sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
     extra = []
     for i, spec in enumerate(specs):
         stderr.print(f"evaluate: tokenizing eval set '{spec.name}' ({spec.source})")
-        extra.append(tokenize_set(spec, i, tok=tok, tokenizer_sha256=tok_sha, seq_len=held.ids.shape[1],
-                                  seed=project.eval.seed, layout=layout))
+        extra.append(
+            tokenize_set(
+                spec,
+                i,
+                tok=tok,
+                tokenizer_sha256=tok_sha,
+                seq_len=held.ids.shape[1],
+                seed=project.eval.seed,
+                layout=layout,
+            )
+        )
     return [held, *extra]
 
 
@@ -210,19 +262,25 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     held, rows = heldout_set(layout, cfg.heldout_seqs)
     seq_len = held.ids.shape[1]
     if cfg.context_min_pos >= seq_len:
-        raise ZgError(f"eval.context_min_pos {cfg.context_min_pos} is not below seq_len {seq_len}",
-                      key="eval.context_min_pos", fix=f"use a value below {seq_len}")
-    gen_rows, gen_prompt = prompts(held.ids, cfg.generate_prompts, cfg.prompt_tokens) if cfg.generate_prompts \
-        else ([], held.ids[:0, :1])
+        raise ZgError(
+            f"eval.context_min_pos {cfg.context_min_pos} is not below seq_len {seq_len}",
+            key="eval.context_min_pos",
+            fix=f"use a value below {seq_len}",
+        )
+    gen_rows, gen_prompt = (
+        prompts(held.ids, cfg.generate_prompts, cfg.prompt_tokens) if cfg.generate_prompts else ([], held.ids[:0, :1])
+    )
     if not (layout.student / "config.json").exists():
         raise ZgError(f"{layout.student} not found", fix="run `dvc repro assemble`")
     tok = load_tokenizer(layout)  # checks the teacher's files and tokenizer hash
     sets = eval_sets(project, layout, held, tok)
     targets = {s.name: targets_for(s, cfg) for s in sets}
     # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.widen)
-    models = {"teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
-              "untrained": lambda: build_student(project, layout=layout, which="init")[0],
-              "student": lambda: load_student(layout.student)}
+    models = {
+        "teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
+        "untrained": lambda: build_student(project, layout=layout, which="init")[0],
+        "student": lambda: load_student(layout.student),
+    }
     if project.repair.enabled:  # also score models/repaired; the gates judge it (zgtrain/repair/judge.py)
         models["repaired"] = repaired_loader(layout)
     scores: dict = {s.name: {} for s in sets}
@@ -238,22 +296,54 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     shift = _shift(part, layout, rows, project.materialize)
     figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}
     h = figs[HELDOUT]
-    result = {k: h[k] for k in ("teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_gap_ci95", "ce_recovered",
-                                "teacher_context_use", "student_context_use", "untrained_context_use",
-                                "context_retention", "context_retention_ci95", "top1_agreement")}
-    result.update(shift=shift, gates_passed=judge_sets(gates, figs),
-                  heldout_sequences=int(len(held.ids)), heldout_tokens=int(held.ids.numel()),
-                  context_window=cfg.window, context_targets=int(len(targets[HELDOUT])), sets=figs,
-                  size=_size(layout))
+    result = {
+        k: h[k]
+        for k in (
+            "teacher_ce",
+            "student_ce",
+            "untrained_ce",
+            "ce_gap",
+            "ce_gap_ci95",
+            "ce_recovered",
+            "teacher_context_use",
+            "student_context_use",
+            "untrained_context_use",
+            "context_retention",
+            "context_retention_ci95",
+            "top1_agreement",
+        )
+    }
+    result.update(
+        shift=shift,
+        gates_passed=judge_sets(gates, figs),
+        heldout_sequences=int(len(held.ids)),
+        heldout_tokens=int(held.ids.numel()),
+        context_window=cfg.window,
+        context_targets=int(len(targets[HELDOUT])),
+        sets=figs,
+        size=_size(layout),
+    )
     if gen_rows:
         same = matching_prefix(continuations["teacher"], continuations["student"])
-        result["generation"] = {"prompts": len(gen_rows), "prompt_tokens": cfg.prompt_tokens,
-                                "new_tokens": cfg.generate_tokens, "matching_prefix_mean": float(np.mean(same))}
+        result["generation"] = {
+            "prompts": len(gen_rows),
+            "prompt_tokens": cfg.prompt_tokens,
+            "new_tokens": cfg.generate_tokens,
+            "matching_prefix_mean": float(np.mean(same)),
+        }
         if "repaired" in continuations:
-            result["generation"]["repaired_matching_prefix_mean"] = float(np.mean(
-                matching_prefix(continuations["teacher"], continuations["repaired"])))
-        text = report(tok, gen_rows, gen_prompt, continuations["teacher"], continuations["student"], HELDOUT,
-                      repaired=continuations.get("repaired"))
+            result["generation"]["repaired_matching_prefix_mean"] = float(
+                np.mean(matching_prefix(continuations["teacher"], continuations["repaired"]))
+            )
+        text = report(
+            tok,
+            gen_rows,
+            gen_prompt,
+            continuations["teacher"],
+            continuations["student"],
+            HELDOUT,
+            repaired=continuations.get("repaired"),
+        )
     else:
         text = report(tok, [], gen_prompt, gen_prompt, gen_prompt, HELDOUT)
     if project.repair.enabled:

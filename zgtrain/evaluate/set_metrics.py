@@ -21,9 +21,14 @@ __all__ = ["targets_for", "score", "figures"]
 
 def targets_for(evalset, cfg) -> torch.Tensor:
     ids = evalset.ids
-    return context_targets(len(ids), ids.shape[1], k=evalset.context_targets or cfg.context_targets,
-                           min_pos=cfg.context_min_pos,
-                           seed=cfg.seed, lengths=evalset.lengths)
+    return context_targets(
+        len(ids),
+        ids.shape[1],
+        k=evalset.context_targets or cfg.context_targets,
+        min_pos=cfg.context_min_pos,
+        seed=cfg.seed,
+        lengths=evalset.lengths,
+    )
 
 
 def score(model, label: str, evalset, targets: torch.Tensor, cfg) -> dict:
@@ -41,8 +46,8 @@ def _ce(nll: torch.Tensor, mask) -> float:
 
 
 def _context_use(sc: dict, targets: torch.Tensor) -> torch.Tensor:
-    full = sc["nll"][targets[:, 0], targets[:, 1] - 1]                   # target p predicted at p-1
-    return sc["window"] - full                                           # (k,) per target
+    full = sc["nll"][targets[:, 0], targets[:, 1] - 1]  # target p predicted at p-1
+    return sc["window"] - full  # (k,) per target
 
 
 def figures(evalset, scores: dict, targets: torch.Tensor, cfg) -> dict:
@@ -62,15 +67,27 @@ def figures(evalset, scores: dict, targets: torch.Tensor, cfg) -> dict:
     diff = ((scores[s]["nll"] - scores[t]["nll"]) * m).sum(1).numpy()
     seq = targets[:, 0].numpy()
     gap_ci = ratio_interval(diff, m.sum(1).numpy(), resamples=cfg.bootstrap, seed=cfg.seed)
-    ret_ci = ratio_interval(per_sequence(cu_each[s].numpy(), seq, n), per_sequence(cu_each[t].numpy(), seq, n),
-                            resamples=cfg.bootstrap, seed=cfg.seed)
-    return {"teacher_ce": ce[t], "student_ce": ce[s], "untrained_ce": ce[u], "ce_gap": ce_gap,
-            "ce_gap_ci95": {"lo": gap_ci["lo"], "hi": gap_ci["hi"]},
-            "ce_recovered": (ce[u] - ce[s]) / denom if denom else float("nan"),
-            "teacher_context_use": cu[t], "student_context_use": cu[s], "untrained_context_use": cu[u],
-            "context_retention": retention,
-            "context_retention_ci95": {"lo": ret_ci["lo"], "hi": ret_ci["hi"]},
-            "top1_agreement": float(agree[mask].double().mean() if mask is not None else agree.double().mean()),
-            "sequences": n, "ce_tokens": ce_tokens, "context_targets": int(len(targets)),
-            "bootstrap_resamples": int(cfg.bootstrap)}
-
+    ret_ci = ratio_interval(
+        per_sequence(cu_each[s].numpy(), seq, n),
+        per_sequence(cu_each[t].numpy(), seq, n),
+        resamples=cfg.bootstrap,
+        seed=cfg.seed,
+    )
+    return {
+        "teacher_ce": ce[t],
+        "student_ce": ce[s],
+        "untrained_ce": ce[u],
+        "ce_gap": ce_gap,
+        "ce_gap_ci95": {"lo": gap_ci["lo"], "hi": gap_ci["hi"]},
+        "ce_recovered": (ce[u] - ce[s]) / denom if denom else float("nan"),
+        "teacher_context_use": cu[t],
+        "student_context_use": cu[s],
+        "untrained_context_use": cu[u],
+        "context_retention": retention,
+        "context_retention_ci95": {"lo": ret_ci["lo"], "hi": ret_ci["hi"]},
+        "top1_agreement": float(agree[mask].double().mean() if mask is not None else agree.double().mean()),
+        "sequences": n,
+        "ce_tokens": ce_tokens,
+        "context_targets": int(len(targets)),
+        "bootstrap_resamples": int(cfg.bootstrap),
+    }

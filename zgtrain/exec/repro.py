@@ -80,8 +80,11 @@ def plan(root: Path, targets: list[str]) -> Plan:
             try:
                 needed |= {s.addressing for s in repo.stage.collect(t, with_deps=True)}
             except DvcException as e:
-                raise ZgError(f"target '{t}' is not a stage of {root / 'dvc.yaml'} ({e})", key="TARGETS",
-                              fix=f"use stage names: {', '.join(order)}") from e
+                raise ZgError(
+                    f"target '{t}' is not a stage of {root / 'dvc.yaml'} ({e})",
+                    key="TARGETS",
+                    fix=f"use stage names: {', '.join(order)}",
+                ) from e
         name = {s: s.addressing for s in graph.nodes}
         blocks = [s for s in graph.nodes if name[s].startswith("train@") and name[s] in needed]
         after = {name[a] for b in blocks for a in nx.ancestors(graph, b)}  # stages that depend on a block
@@ -104,8 +107,10 @@ def stale_stages(root: Path, stages: list[str]) -> list[str]:
         with Repo(str(root)) as repo:
             changed = repo.status(targets=stages)
     except DvcException as e:
-        raise ZgError(f"`dvc status` failed in {root}: {str(e)[:300]}",
-                      fix="run `dvc status` yourself to see what is wrong, fix it, then rerun `zg repro`") from e
+        raise ZgError(
+            f"`dvc status` failed in {root}: {str(e)[:300]}",
+            fix="run `dvc status` yourself to see what is wrong, fix it, then rerun `zg repro`",
+        ) from e
     return [s for s in stages if s in changed]
 
 
@@ -128,16 +133,22 @@ def _failure(project: ProjectConfig, failed: list[dict], recorded: list[str], po
         parts.append(f"train@{r['key']} failed{named}: {r['error'].rstrip('.')}{fix}")
     rec = f"recorded in dvc.lock: {', '.join(recorded)}" if recorded else "no block was recorded"
     skipped = f"; not run: {', '.join(post)}" if post else ""
-    return ZgError(f"{'; '.join(parts)}; {rec}{skipped}", key=keys[0],
-                   fix="fix the failed block's params, then rerun `zg repro`: recorded blocks do not run again")
+    return ZgError(
+        f"{'; '.join(parts)}; {rec}{skipped}",
+        key=keys[0],
+        fix="fix the failed block's params, then rerun `zg repro`: recorded blocks do not run again",
+    )
 
 
 def _record(root: Path, key: str, at_start: ProjectConfig) -> None:
     """`dvc commit -f train@KEY`, after checking that the block's params did not change while it trained."""
     now = ProjectConfig.load(Layout(root).params)
     if key not in now.blocks or now.blocks[key] != at_start.blocks[key] or now.seed != at_start.seed:
-        raise ZgError(f"params of block {key} changed in params.yaml while zg repro trained it; not recording it",
-                      key=f"blocks.{key}", fix="rerun `zg repro`: it retrains the block with the params now there")
+        raise ZgError(
+            f"params of block {key} changed in params.yaml while zg repro trained it; not recording it",
+            key=f"blocks.{key}",
+            fix="rerun `zg repro`: it retrains the block with the params now there",
+        )
     dvc(root, "commit", "-f", f"train@{key}")
 
 
@@ -145,8 +156,9 @@ def _use_ray(jobs: int, address: str | None, n: int, data: str) -> bool:
     return address is not None or data == "remote" or (jobs > 1 and n > 1)
 
 
-def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None,
-          data: str = "shared") -> ReproResult:
+def repro(
+    root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None, data: str = "shared"
+) -> ReproResult:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
     from zgdata.runtime import device
 
@@ -165,8 +177,17 @@ def repro(root: Path, targets: list[str], *, jobs: int = 1, address: str | None 
         return _repro(root, layout, project, dev, targets, jobs=jobs, address=address, data=data)
 
 
-def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: list[str], *, jobs: int,
-           address: str | None, data: str) -> ReproResult:
+def _repro(
+    root: Path,
+    layout: Layout,
+    project: ProjectConfig,
+    dev,
+    targets: list[str],
+    *,
+    jobs: int,
+    address: str | None,
+    data: str,
+) -> ReproResult:
     t0 = time.monotonic()
     p = plan(root, targets)
     ran: list[str] = []
@@ -206,14 +227,26 @@ def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: lis
                 try:
                     from zgtrain.exec import ray_tasks as ray_exec
                 except ImportError as e:
-                    raise ZgError(f"zg repro --jobs {jobs} needs Ray, which is not installed ({e})", key="--jobs",
-                                  fix="pip install 'zerograph[ray]' (make setup does), or use --jobs 1") from e
-                needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0}
-                         for k in keys}
+                    raise ZgError(
+                        f"zg repro --jobs {jobs} needs Ray, which is not installed ({e})",
+                        key="--jobs",
+                        fix="pip install 'zerograph[ray]' (make setup does), or use --jobs 1",
+                    ) from e
+                needs = {
+                    k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0} for k in keys
+                }
                 source = scratch.prepare(root, keys, project) if data == "remote" else None
-                cluster = ray_exec.run_blocks(root, keys, needs=needs, jobs=jobs, address=address or ray_cluster.address(),
-                                              data=data, source=source, on_update=monitor.update,
-                                              on_result=finished)
+                cluster = ray_exec.run_blocks(
+                    root,
+                    keys,
+                    needs=needs,
+                    jobs=jobs,
+                    address=address or ray_cluster.address(),
+                    data=data,
+                    source=source,
+                    on_update=monitor.update,
+                    on_result=finished,
+                )
             else:
                 for k in keys:
                     finished(train_one(root, k, report=monitor.update))
@@ -225,5 +258,6 @@ def _repro(root: Path, layout: Layout, project: ProjectConfig, dev, targets: lis
         raise _failure(project, failed, recorded, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)
-    return ReproResult(ran=ran, restored=restored, blocks=results, jobs=jobs, cluster=cluster,
-                       seconds=time.monotonic() - t0)
+    return ReproResult(
+        ran=ran, restored=restored, blocks=results, jobs=jobs, cluster=cluster, seconds=time.monotonic() - t0
+    )

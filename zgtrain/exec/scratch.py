@@ -22,8 +22,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -41,8 +41,10 @@ PIPELINE_FILES = ("params.yaml", "dvc.yaml", "dvc.lock")
 def _git(root: Path, *args: str) -> str:
     res = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
     if res.returncode:
-        raise ZgError(f"`git {' '.join(args)}` failed in {root}: {(res.stderr or res.stdout).strip()[:300]}",
-                      fix="zg repro --data remote needs a git repository with a remote the workers can reach")
+        raise ZgError(
+            f"`git {' '.join(args)}` failed in {root}: {(res.stderr or res.stdout).strip()[:300]}",
+            fix="zg repro --data remote needs a git repository with a remote the workers can reach",
+        )
     return res.stdout.strip()
 
 
@@ -50,8 +52,11 @@ def _inputs(project: ProjectConfig, key: str) -> list[str]:
     from zgdata.virtual import is_virtual
 
     spec, layout = project.block(key).spec, Layout(Path(""))
-    first = [str(layout.tokens), str(layout.teacher_head)] if is_virtual(spec.input, project.partition, project.materialize) \
-        else [str(layout.boundary(spec.input))]  # a virtual h00 is computed from these (zgdata/virtual.py)
+    first = (
+        [str(layout.tokens), str(layout.teacher_head)]
+        if is_virtual(spec.input, project.partition, project.materialize)
+        else [str(layout.boundary(spec.input))]
+    )  # a virtual h00 is computed from these (zgdata/virtual.py)
     return first + [str(layout.boundary(spec.output)), str(layout.teacher_slice(key))]
 
 
@@ -59,11 +64,17 @@ def prepare(root: Path, keys: list[str], project: ProjectConfig) -> dict:
     """Check the git and DVC remotes, push every block's inputs, and describe the source for the workers."""
     url = _git(root, "remote", "get-url", "origin") if "origin" in _git(root, "remote").split() else ""
     if not url:
-        raise ZgError(f"{root} has no git remote 'origin' for the workers to clone", key="--data",
-                      fix="git remote add origin URL && git push origin HEAD (or use --data shared)")
+        raise ZgError(
+            f"{root} has no git remote 'origin' for the workers to clone",
+            key="--data",
+            fix="git remote add origin URL && git push origin HEAD (or use --data shared)",
+        )
     if not dvc(root, "remote", "default").strip():
-        raise ZgError(f"{root} has no default DVC remote for the workers to pull from", key="--data",
-                      fix="dvc remote add -d NAME URL, commit .dvc/config and push it (docs/SHARING.md)")
+        raise ZgError(
+            f"{root} has no default DVC remote for the workers to pull from",
+            key="--data",
+            fix="dvc remote add -d NAME URL, commit .dvc/config and push it (docs/SHARING.md)",
+        )
     rev = _git(root, "rev-parse", "HEAD")
     paths = sorted({p for k in keys for p in _inputs(project, k)})
     dvc(root, "push", *paths)
@@ -86,8 +97,11 @@ def _checkout(source: dict, d: Path) -> None:
     try:
         _git(d, "checkout", "--quiet", source["rev"])
     except ZgError as e:
-        raise ZgError(f"commit {source['rev'][:12]} is not in {source['url']}", key="--data",
-                      fix="git push the commit you run zg repro at, then rerun") from e
+        raise ZgError(
+            f"commit {source['rev'][:12]} is not in {source['url']}",
+            key="--data",
+            fix="git push the commit you run zg repro at, then rerun",
+        ) from e
 
 
 def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | None = None) -> dict:
@@ -107,8 +121,7 @@ def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | No
         dvc(d, "commit", "-f", f"train@{key}")
         dvc(d, "push", f"train@{key}")
         entry = yaml.safe_load((d / "dvc.lock").read_text())["stages"][f"train@{key}"]
-        uncached = {o["path"]: (d / o["path"]).read_text() for o in entry.get("outs", [])
-                    if (d / o["path"]).is_file()}
+        uncached = {o["path"]: (d / o["path"]).read_text() for o in entry.get("outs", []) if (d / o["path"]).is_file()}
     except ZgError as e:
         return {**r, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
     shutil.rmtree(d, ignore_errors=True)

@@ -38,8 +38,10 @@ def dvc(root: Path, *args: str, echo: bool = False) -> str:
     text = "".join(out)
     if rc:
         last = [ln for ln in text.splitlines() if ln.strip()][-3:]
-        raise ZgError(f"`dvc {' '.join(args)}` failed in {root} (exit {rc}): {' | '.join(last)[:400]}",
-                      fix="fix what dvc says above, then rerun `zg repro` (recorded stages do not run again)")
+        raise ZgError(
+            f"`dvc {' '.join(args)}` failed in {root} (exit {rc}): {' | '.join(last)[:400]}",
+            fix="fix what dvc says above, then rerun `zg repro` (recorded stages do not run again)",
+        )
     return text
 
 
@@ -91,5 +93,11 @@ def train_one(root: str | Path, key: str, report: Callable[[dict], None] | None 
             r = train_block(project, key, restart="auto", layout=layout, on_step=on_step)
     except ZgError as e:
         return {"key": key, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix, **where}
-    return {**r.metrics(), **where, "threads": torch.get_num_threads(), "seconds": time.monotonic() - t0,
-            "cpu_seconds": time.process_time() - cpu0, "peak_rss_mb": _peak_rss_mb()}
+    return {
+        **r.metrics(),
+        **where,
+        "threads": torch.get_num_threads(),
+        "seconds": time.monotonic() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
+        "peak_rss_mb": _peak_rss_mb(),
+    }

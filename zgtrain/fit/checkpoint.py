@@ -27,15 +27,27 @@ from zgdata.layout import Layout
 from zgdata.paths_guard import inside
 from zgdata.runtime import rng_state, set_rng_state
 
-__all__ = ["FORMAT_VERSION", "read_meta", "save_weights", "save", "restore", "state_sha256", "load_block",
-           "finish", "file_sha256", "check_weights"]
+__all__ = [
+    "FORMAT_VERSION",
+    "read_meta",
+    "save_weights",
+    "save",
+    "restore",
+    "state_sha256",
+    "load_block",
+    "finish",
+    "file_sha256",
+    "check_weights",
+]
 
 FORMAT_VERSION = 2  # 1: optimizer.pt / rng.pt pickles (no longer loaded)
 
 
 def _fix(key: str) -> str:
-    return f"restore it with `dvc checkout models/blocks/{key}` (or `dvc pull`), or retrain with " \
-           f"`zg train block {key} --restart`"
+    return (
+        f"restore it with `dvc checkout models/blocks/{key}` (or `dvc pull`), or retrain with "
+        f"`zg train block {key} --restart`"
+    )
 
 
 def read_meta(d: Path) -> dict | None:
@@ -108,7 +120,9 @@ def save(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, ste
     name = f"ckpt-{step:06d}"
     with atomic_path(d / name) as tmp:
         tmp.mkdir(parents=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in block.weights().items()}, str(tmp / "model.safetensors"))
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in block.weights().items()}, str(tmp / "model.safetensors")
+        )
         tensors, values = _optimizer_state(opt)
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         (tmp / "optimizer.json").write_text(json.dumps(values, sort_keys=True))
@@ -126,11 +140,17 @@ def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
     """Load the checkpoint ``meta`` names into block, optimizer and generator; return the loss curve so far."""
     key = Path(d).name
     if meta.get("checkpoint_format") != FORMAT_VERSION:
-        raise ZgError(f"{d} holds a checkpoint in an older format ({meta.get('checkpoint_format', 1)}, pickled "
-                      f"optimizer/RNG state) that zg no longer loads", fix=f"rerun with `zg train block {key} "
-                                                                           f"--restart` to start it afresh")
-    c = inside(Path(d) / str(meta.get("checkpoint")), d, what="the checkpoint meta.json names,",
-               fix=f"rerun with `zg train block {key} --restart` to start it afresh")
+        raise ZgError(
+            f"{d} holds a checkpoint in an older format ({meta.get('checkpoint_format', 1)}, pickled "
+            f"optimizer/RNG state) that zg no longer loads",
+            fix=f"rerun with `zg train block {key} --restart` to start it afresh",
+        )
+    c = inside(
+        Path(d) / str(meta.get("checkpoint")),
+        d,
+        what="the checkpoint meta.json names,",
+        fix=f"rerun with `zg train block {key} --restart` to start it afresh",
+    )
     weights = _load_tensors(c / "model.safetensors", key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
@@ -177,8 +197,10 @@ def check_weights(d: Path, meta: dict) -> None:
         return
     got = file_sha256(path) if path.exists() else None
     if got != want:
-        raise ZgError(f"{path} is not the file its training wrote (sha256 {str(got)[:12]}, meta.json records "
-                      f"{want[:12]})", fix=_fix(Path(d).name))
+        raise ZgError(
+            f"{path} is not the file its training wrote (sha256 {str(got)[:12]}, meta.json records {want[:12]})",
+            fix=_fix(Path(d).name),
+        )
 
 
 def load_block(layout: Layout, key: str, *, which: str = "final"):
@@ -189,10 +211,14 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
     d = layout.block_dir(key)
     meta = read_meta(d)
     if meta is None:
-        raise ZgError(f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro train@{key}`")
+        raise ZgError(
+            f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro train@{key}`"
+        )
     if which == "final" and not meta.get("done"):
-        raise ZgError(f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
-                      fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`")
+        raise ZgError(
+            f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
+            fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`",
+        )
     config = config_from_dict(meta["teacher_config"])
     block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"))  # no "windows": full attention
     if which == "final":

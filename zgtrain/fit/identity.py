@@ -19,8 +19,10 @@ def matches(prior: dict, identity: dict) -> bool:
 
 
 def _flat(d: dict, keys) -> dict:
-    return {**{k: d.get(k) for k in keys if k != "config"},
-            **{f"config.{k}": v for k, v in (d.get("config") or {}).items()}}
+    return {
+        **{k: d.get(k) for k in keys if k != "config"},
+        **{f"config.{k}": v for k, v in (d.get("config") or {}).items()},
+    }
 
 
 def differences(prior: dict, identity: dict, limit: int = 4) -> str:

@@ -27,9 +27,22 @@ from zgdata.errors import ZgError
 from zgdata.progress import progress
 from zgdata.timing import span
 
-__all__ = ["Steps", "RunState", "Result", "fit", "check_stop_after", "end_step", "reset", "begin", "publish",
-           "clear_partials",
-           "diverged", "update", "optimizer_step", "mean_tail"]
+__all__ = [
+    "Steps",
+    "RunState",
+    "Result",
+    "fit",
+    "check_stop_after",
+    "end_step",
+    "reset",
+    "begin",
+    "publish",
+    "clear_partials",
+    "diverged",
+    "update",
+    "optimizer_step",
+    "mean_tail",
+]
 
 
 @dataclass(kw_only=True)
@@ -48,13 +61,13 @@ class RunState:
 class Steps:
     """One trainer's part of the loop."""
 
-    name: str                                            # the progress bar's label
+    name: str  # the progress bar's label
     batches: Callable[[int, int], Iterable[tuple[int, Any]]]  # (start, end) -> (step, batch), in step order
-    work: Callable[[int, Any], int]                      # one step on its batch; returns the tokens it trained on
+    work: Callable[[int, Any], int]  # one step on its batch; returns the tokens it trained on
     lrs: Sequence[tuple[torch.optim.Optimizer, Callable[[int], float]]]  # each optimizer and its lr schedule
-    save: Callable[[int], None]                          # write the checkpoint of a step
+    save: Callable[[int], None]  # write the checkpoint of a step
     checkpoint_every: int
-    on_step: Callable[[int], None] | None = None         # after each step (zg repro's progress); changes nothing
+    on_step: Callable[[int], None] | None = None  # after each step (zg repro's progress); changes nothing
 
 
 def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> None:
@@ -148,8 +161,9 @@ def optimizer_step(opt: torch.optim.Optimizer, fail: Callable[[str], ZgError]) -
         raise fail(f"the optimizer step overflowed ({e})") from e
 
 
-def update(loss: torch.Tensor, params, opt: torch.optim.Optimizer, grad_clip: float,
-           fail: Callable[[str], ZgError]) -> None:
+def update(
+    loss: torch.Tensor, params, opt: torch.optim.Optimizer, grad_clip: float, fail: Callable[[str], ZgError]
+) -> None:
     """Backward, clip (0: norm measured, nothing clipped), optimizer step; ``fail(what)`` on a non-finite value."""
     if not torch.isfinite(loss):
         raise fail(f"loss became {loss.item()}")

@@ -36,15 +36,20 @@ class _LinearCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         gz, gw = ctx.saved_tensors
-        return (None if gz is None else gz * g.to(gz.dtype), None if gw is None else gw * g.to(gw.dtype),
-                None, None, None)
+        return (
+            None if gz is None else gz * g.to(gz.dtype),
+            None if gw is None else gw * g.to(gw.dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def _chunks(z, wc, target, dtype, chunk, total, gz, gw) -> None:
     """Accumulate the summed CE into ``total`` and the gradients of the mean into ``gz`` / ``gw`` (when given)."""
     n = z.shape[0]
     for i in range(0, n, chunk):
-        zc, yc = z[i:i + chunk].to(dtype), target[i:i + chunk]
+        zc, yc = z[i : i + chunk].to(dtype), target[i : i + chunk]
         logits = (zc @ wc.T).to(total.dtype)
         lse = torch.logsumexp(logits, dim=-1)
         total += (lse - logits.gather(1, yc[:, None]).squeeze(1)).sum()
@@ -53,13 +58,19 @@ def _chunks(z, wc, target, dtype, chunk, total, gz, gw) -> None:
             p[torch.arange(len(yc), device=p.device), yc] -= 1.0
             p = p.div_(n).to(dtype)
             if gz is not None:
-                gz[i:i + chunk] = (p @ wc).to(z.dtype)
+                gz[i : i + chunk] = (p @ wc).to(z.dtype)
             if gw is not None:
                 gw += (p.T @ zc).to(gw.dtype)
 
 
-def linear_ce(z: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype = torch.float32,
-              chunk: int = CHUNK) -> torch.Tensor:
+def linear_ce(
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    dtype: torch.dtype = torch.float32,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
     """Mean CE of ``target`` (N,) under logits ``z @ weight.T``, z (N, H), weight (V, H); differentiable in both."""
     if z.dim() != 2 or target.shape != z.shape[:1]:
         raise ValueError(f"linear_ce wants z (N, H) and target (N,), got {tuple(z.shape)} and {tuple(target.shape)}")

@@ -17,23 +17,33 @@ from torch import nn
 
 from zgdata.families import family
 from zgdata.runtime import autocast, compute_dtype
-from zgtrain.local.linear_ce import linear_ce
 from zgtrain.local.config import LocalConfig
+from zgtrain.local.linear_ce import linear_ce
 
 __all__ = ["llama_config", "build_model", "LocalBlock", "make_blocks"]
 
 _LLAMA = family("llama")
 
 
-def llama_config(cfg: LocalConfig, *, vocab_size: int, max_positions: int, bos: int | None, eos: int | None,
-                 pad: int | None):
+def llama_config(
+    cfg: LocalConfig, *, vocab_size: int, max_positions: int, bos: int | None, eos: int | None, pad: int | None
+):
     from transformers import LlamaConfig
 
-    c = LlamaConfig(vocab_size=vocab_size, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
-                    num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                    max_position_embeddings=max_positions, initializer_range=cfg.init_std,
-                    tie_word_embeddings=False,  # a tied embedding would be shared by the first and the last block
-                    bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    c = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=max_positions,
+        initializer_range=cfg.init_std,
+        tie_word_embeddings=False,  # a tied embedding would be shared by the first and the last block
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
     c._attn_implementation = "sdpa"
     return c
 
@@ -75,8 +85,19 @@ class _AuxLayer(nn.Module):
 class LocalBlock(nn.Module):
     """Decoder layers [lo, hi) of the model plus the head its loss reads (aux, or the model's own for the last)."""
 
-    def __init__(self, model, lo: int, hi: int, *, first: bool, last: bool, aux: str, mtp_offsets: list[int],
-                 gen: torch.Generator, precision: str = "fp32"):
+    def __init__(
+        self,
+        model,
+        lo: int,
+        hi: int,
+        *,
+        first: bool,
+        last: bool,
+        aux: str,
+        mtp_offsets: list[int],
+        gen: torch.Generator,
+        precision: str = "fp32",
+    ):
         super().__init__()
         self.precision = precision
         from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -137,25 +158,37 @@ class LocalBlock(nn.Module):
         loss = self._ce(z, ids, 1)
         terms = {"next": loss.detach()}
         if self.mtp_offsets:
-            mtp = torch.stack([self._ce(z + proj(z), ids, d)
-                               for proj, d in zip(self.mtp, self.mtp_offsets)]).mean()
+            mtp = torch.stack([self._ce(z + proj(z), ids, d) for proj, d in zip(self.mtp, self.mtp_offsets)]).mean()
             terms["mtp"] = mtp.detach()
             loss = loss + mtp_weight * mtp
         return h, loss, terms
 
-
     def _ce(self, z: torch.Tensor, ids: torch.Tensor, offset: int) -> torch.Tensor:
         """Mean CE of token t+offset from position t, through this block's norm and head (zgtrain/local/linear_ce.py)."""
         y = self.norm(z[:, :-offset]).float()
-        return linear_ce(y.reshape(-1, y.shape[-1]), self.lm_head.weight, ids[:, offset:].reshape(-1),
-                         dtype=compute_dtype(self.precision))
+        return linear_ce(
+            y.reshape(-1, y.shape[-1]),
+            self.lm_head.weight,
+            ids[:, offset:].reshape(-1),
+            dtype=compute_dtype(self.precision),
+        )
 
 
 def make_blocks(model, boundaries: list[int], cfg: LocalConfig, gens: list[torch.Generator]) -> list[LocalBlock]:
     """One LocalBlock per partition block; MTP at block 0 (``first``) or at every block (``all``)."""
     k = len(boundaries) - 1
     offsets = list(range(2, cfg.mtp_depth + 1))
-    return [LocalBlock(model, lo, hi, first=i == 0, last=i == k - 1, aux=cfg.aux, gen=gens[i],
-                       mtp_offsets=offsets if cfg.mtp == "all" or (cfg.mtp == "first" and i == 0) else [],
-                       precision=cfg.precision)
-            for i, (lo, hi) in enumerate(zip(boundaries, boundaries[1:]))]
+    return [
+        LocalBlock(
+            model,
+            lo,
+            hi,
+            first=i == 0,
+            last=i == k - 1,
+            aux=cfg.aux,
+            gen=gens[i],
+            mtp_offsets=offsets if cfg.mtp == "all" or (cfg.mtp == "first" and i == 0) else [],
+            precision=cfg.precision,
+        )
+        for i, (lo, hi) in enumerate(zip(boundaries, boundaries[1:]))
+    ]

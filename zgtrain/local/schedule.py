@@ -58,12 +58,12 @@ def _early_cuda(run, batch: torch.Tensor) -> list:
     out, x, ready = [], batch, None
     for i, blk in enumerate(run.blocks):
         s = streams[i]
-        s.wait_stream(main)        # the batch, the lr just set
+        s.wait_stream(main)  # the batch, the lr just set
         if ready is not None:
-            s.wait_event(ready)    # only the previous block's forward, not its backward
+            s.wait_event(ready)  # only the previous block's forward, not its backward
         with torch.cuda.stream(s):
             batch.record_stream(s)
-            x.record_stream(s)     # allocated on the previous block's stream: keep it alive for this one
+            x.record_stream(s)  # allocated on the previous block's stream: keep it alive for this one
             h, loss, terms = blk(x, batch, mtp_weight=run.cfg.mtp_weight)
             x = h.detach()
             ready = torch.cuda.Event()

@@ -90,14 +90,14 @@ class LocalExportResult(loop.Result):
 class BlockRun(loop.RunState):
     """One block of a sequential run: what ``_setup`` builds and the loop advances."""
 
-    run: LocalRun          # the whole model, the data and every block at its seeded init (``build``)
+    run: LocalRun  # the whole model, the data and every block at its seeded init (``build``)
     i: int
     key: str
-    cfg: LocalConfig       # local: with local.blocks.KEY applied
+    cfg: LocalConfig  # local: with local.blocks.KEY applied
     opt: torch.optim.Optimizer
     dir: Path
     identity: dict
-    inputs: object         # the upstream block's output dataset (None for b00: it reads token ids)
+    inputs: object  # the upstream block's output dataset (None for b00: it reads token ids)
     input_fingerprint: str
     curve: list = field(default_factory=list)
 
@@ -116,8 +116,11 @@ class BlockRun(loop.RunState):
 
 def _sequential(project: ProjectConfig) -> None:
     if project.local.mode != "sequential":
-        raise ZgError(f"local.mode is {project.local.mode}: all blocks train at once", key="local.mode",
-                      fix="run `zg train local`, or set local.mode: sequential and run `zg pipeline`")
+        raise ZgError(
+            f"local.mode is {project.local.mode}: all blocks train at once",
+            key="local.mode",
+            fix="run `zg train local`, or set local.mode: sequential and run `zg pipeline`",
+        )
 
 
 def _open_input(path: Path, upstream: str, layer: int, tokens_fp: str):
@@ -126,8 +129,10 @@ def _open_input(path: Path, upstream: str, layer: int, tokens_fp: str):
     want = {"block": upstream, "layer": layer, "tokens_fingerprint": tokens_fp}
     for k, v in want.items():
         if meta.get(k) != v:
-            raise ZgError(f"{path} was written with {k}={meta.get(k)!r}, this run needs {v!r}",
-                          fix=f"rerun the block that writes it: `dvc repro local_{upstream}`")
+            raise ZgError(
+                f"{path} was written with {k}={meta.get(k)!r}, this run needs {v!r}",
+                fix=f"rerun the block that writes it: `dvc repro local_{upstream}`",
+            )
     return ds, meta
 
 
@@ -145,8 +150,10 @@ def _write_outputs(path: Path, blk, ids: torch.Tensor, inputs, meta: dict, batch
     dev = next(blk.parameters()).device
     blk.eval()
     n, t = ids.shape
-    schema = pa.schema([pa.field("seq_id", pa.int64()), hidden_field("hidden", t, width, "float32")],
-                       metadata=encode_meta({**meta, "kind": _KIND, "complete": True}))
+    schema = pa.schema(
+        [pa.field("seq_id", pa.int64()), hidden_field("hidden", t, width, "float32")],
+        metadata=encode_meta({**meta, "kind": _KIND, "complete": True}),
+    )
 
     def batches():  # a generator runs when Lance pulls from it, so it holds no_grad itself
         for i in range(0, n, batch_size):
@@ -154,8 +161,7 @@ def _write_outputs(path: Path, blk, ids: torch.Tensor, inputs, meta: dict, batch
             x = ids[rows] if inputs is None else _take(inputs, rows)
             with torch.no_grad():  # the boundary only: the block's head and loss are not needed here
                 h = blk.boundary(x.to(dev))
-            yield pa.record_batch([pa.array(rows, type=pa.int64()), to_arrow_hidden(h.cpu(), "float32")],
-                                  schema=schema)
+            yield pa.record_batch([pa.array(rows, type=pa.int64()), to_arrow_hidden(h.cpu(), "float32")], schema=schema)
 
     with atomic_path(path) as tmp:
         lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(tmp), mode="create")
@@ -165,8 +171,11 @@ def _setup(project: ProjectConfig, key: str, *, restart: bool, layout: Layout) -
     """Block KEY at its seeded init and its input dataset; resumed from its checkpoint when it holds this run."""
     run = build(project, layout)
     if key not in run.keys:
-        raise ZgError(f"block '{key}' is not in the partition {run.identity['boundaries']}", key="partition",
-                      fix=f"use one of {', '.join(run.keys)}")
+        raise ZgError(
+            f"block '{key}' is not in the partition {run.identity['boundaries']}",
+            key="partition",
+            fix=f"use one of {', '.join(run.keys)}",
+        )
     i = run.keys.index(key)
     cfg, lo = run.bcfgs[i], run.identity["boundaries"][i]
     tokens_fp = run.identity["tokens_fingerprint"]
@@ -174,13 +183,30 @@ def _setup(project: ProjectConfig, key: str, *, restart: bool, layout: Layout) -
     if i:
         inputs, in_meta = _open_input(layout.local_boundary(lo), run.keys[i - 1], lo, tokens_fp)
         in_fp = in_meta["fingerprint"]
-    identity = {**{k: v for k, v in run.identity.items() if k != "config"}, "seq_version": SEQ_VERSION,
-                "key": key, "input_fingerprint": in_fp,
-                "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY}}
-    b = BlockRun(run=run, i=i, key=key, cfg=cfg, opt=adamw(run.blocks[i], cfg), dir=layout.local_block_dir(key),
-                 identity=identity, inputs=inputs, input_fingerprint=in_fp)
-    prior = resumable(None if restart else checkpoint.read_meta(b.dir), identity, where=str(b.dir),
-                      fix=f"rerun with `zg train local-block {key} --restart`, or restore the old params")
+    identity = {
+        **{k: v for k, v in run.identity.items() if k != "config"},
+        "seq_version": SEQ_VERSION,
+        "key": key,
+        "input_fingerprint": in_fp,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY},
+    }
+    b = BlockRun(
+        run=run,
+        i=i,
+        key=key,
+        cfg=cfg,
+        opt=adamw(run.blocks[i], cfg),
+        dir=layout.local_block_dir(key),
+        identity=identity,
+        inputs=inputs,
+        input_fingerprint=in_fp,
+    )
+    prior = resumable(
+        None if restart else checkpoint.read_meta(b.dir),
+        identity,
+        where=str(b.dir),
+        fix=f"rerun with `zg train local-block {key} --restart`, or restore the old params",
+    )
     b.dir = loop.begin(b.dir, prior)  # a restart builds beside the old folder; train_block swaps it in
     if prior is None:
         b.save(0)
@@ -210,17 +236,29 @@ def _steps(b: BlockRun) -> loop.Steps:
         opt.zero_grad(set_to_none=True)
         value = float(loss.detach())
         if not math.isfinite(value):
-            raise loop.diverged(f"local block {b.key}", step, f"loss became {value}", key=f"local.blocks.{b.key}.lr",
-                                fix="lower its lr and rerun with --restart")
+            raise loop.diverged(
+                f"local block {b.key}",
+                step,
+                f"loss became {value}",
+                key=f"local.blocks.{b.key}.lr",
+                fix="lower its lr and rerun with --restart",
+            )
         b.curve.append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
         return y.numel()
 
-    return loop.Steps(name=f"train local {b.key}", batches=batches, work=work, lrs=[(opt, lambda s: local_lr(cfg, s))],
-                      save=b.save, checkpoint_every=cfg.checkpoint_every)
+    return loop.Steps(
+        name=f"train local {b.key}",
+        batches=batches,
+        work=work,
+        lrs=[(opt, lambda s: local_lr(cfg, s))],
+        save=b.save,
+        checkpoint_every=cfg.checkpoint_every,
+    )
 
 
-def train_block(project: ProjectConfig, key: str, *, stop_after: int | None = None, restart: bool = False,
-                layout: Layout = Layout()) -> LocalBlockResult:
+def train_block(
+    project: ProjectConfig, key: str, *, stop_after: int | None = None, restart: bool = False, layout: Layout = Layout()
+) -> LocalBlockResult:
     """Train block KEY to its steps from its input dataset (token ids for b00), then write its outputs."""
     _sequential(project)
     loop.check_stop_after(stop_after)
@@ -230,18 +268,28 @@ def train_block(project: ProjectConfig, key: str, *, stop_after: int | None = No
         b.block.train()
         loop.fit(b, end, _steps(b))
         sha = checkpoint.state_sha256(b.block, b.opt)
-        result = LocalBlockResult(status="stopped", key=key, step=end, steps=b.cfg.steps, state_sha256=sha,
-                                  tokens_sha256=sha256_bytes("".join(c["batch"] for c in b.curve).encode()))
+        result = LocalBlockResult(
+            status="stopped",
+            key=key,
+            step=end,
+            steps=b.cfg.steps,
+            state_sha256=sha,
+            tokens_sha256=sha256_bytes("".join(c["batch"] for c in b.curve).encode()),
+        )
         if end < b.cfg.steps:
             b.save(end)
             loop.publish(b.dir, layout.local_block_dir(key))
             return result
-        checkpoint.finish(b.dir, {**b.identity, "done": True, "state_sha256": sha}, b.block, b.opt, b.gen, b.curve,
-                          end)
+        checkpoint.finish(b.dir, {**b.identity, "done": True, "state_sha256": sha}, b.block, b.opt, b.gen, b.curve, end)
         loop.publish(b.dir, layout.local_block_dir(key))
         _publish(b, sha, layout)
-        result = replace(result, status="done", input_fingerprint=b.input_fingerprint, tokens_per_s=b.tokens_per_s(),
-                         train_loss=loop.mean_tail([c["loss"] for c in b.curve]))
+        result = replace(
+            result,
+            status="done",
+            input_fingerprint=b.input_fingerprint,
+            tokens_per_s=b.tokens_per_s(),
+            train_loss=loop.mean_tail([c["loss"] for c in b.curve]),
+        )
         write_json(layout.local_block_metrics(key), result.metrics())
         return result
 
@@ -252,11 +300,18 @@ def _publish(b: BlockRun, sha: str, layout: Layout) -> None:
     if i == len(run.keys) - 1:
         return
     hi = run.identity["boundaries"][i + 1]
-    lineage = {"block": b.key, "layer": hi, "state_sha256": sha, "input_fingerprint": b.input_fingerprint,
-               "tokens_fingerprint": run.identity["tokens_fingerprint"], "seq_version": SEQ_VERSION}
+    lineage = {
+        "block": b.key,
+        "layer": hi,
+        "state_sha256": sha,
+        "input_fingerprint": b.input_fingerprint,
+        "tokens_fingerprint": run.identity["tokens_fingerprint"],
+        "seq_version": SEQ_VERSION,
+    }
     lineage["fingerprint"] = sha256_bytes(canonical_json(lineage).encode())
-    _write_outputs(layout.local_boundary(hi), b.block, run.ids, b.inputs, lineage, b.cfg.batch_size,
-                   run.model.config.hidden_size)
+    _write_outputs(
+        layout.local_boundary(hi), b.block, run.ids, b.inputs, lineage, b.cfg.batch_size, run.model.config.hidden_size
+    )
 
 
 def export(project: ProjectConfig, *, layout: Layout = Layout()) -> LocalExportResult:
@@ -275,21 +330,33 @@ def export(project: ProjectConfig, *, layout: Layout = Layout()) -> LocalExportR
             checkpoint.check_weights(d, meta)
             missing, unexpected = blk.load_state_dict(load_file(str(d / "model.safetensors")), strict=False)
             if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
-                raise ZgError(f"{d / 'model.safetensors'} does not fit block {key} of this model",
-                              fix=f"rerun `dvc repro local_{key}`")
+                raise ZgError(
+                    f"{d / 'model.safetensors'} does not fit block {key} of this model",
+                    fix=f"rerun `dvc repro local_{key}`",
+                )
             shas[key] = meta["state_sha256"]
             curves[key] = json.loads((d / meta["checkpoint"] / "curve.json").read_text())
         with atomic_path(layout.local_hf) as tmp:
             run.model.save_pretrained(tmp)
             run.tokenizer.save_pretrained(tmp)
-        scores = heldout_scores(layout.local_hf, run.blocks, run.keys, run.ids[run.heldout_rows], run.cfg.eval_batch_size)
+        scores = heldout_scores(
+            layout.local_hf, run.blocks, run.keys, run.ids[run.heldout_rows], run.cfg.eval_batch_size
+        )
         result = LocalExportResult(
-            status="done", mode="sequential", k=len(run.keys), aux=run.cfg.aux, mtp=run.cfg.mtp,
-            state_sha256=sha256_bytes("".join(shas[k] for k in run.keys).encode()), block_state_sha256=shas,
-            tokens_sha256=sha256_bytes("".join(c["batch"] for c in curves[run.keys[0]]).encode()), **scores,
+            status="done",
+            mode="sequential",
+            k=len(run.keys),
+            aux=run.cfg.aux,
+            mtp=run.cfg.mtp,
+            state_sha256=sha256_bytes("".join(shas[k] for k in run.keys).encode()),
+            block_state_sha256=shas,
+            tokens_sha256=sha256_bytes("".join(c["batch"] for c in curves[run.keys[0]]).encode()),
+            **scores,
             train_loss={k: loop.mean_tail([c["loss"] for c in v]) for k, v in curves.items()},
-            tokens_seen={k: len(v) * run.bcfgs[i].batch_size * int(run.ids.shape[1])
-                         for i, (k, v) in enumerate(curves.items())},
-            params=sum(p.numel() for p in run.model.parameters()))
+            tokens_seen={
+                k: len(v) * run.bcfgs[i].batch_size * int(run.ids.shape[1]) for i, (k, v) in enumerate(curves.items())
+            },
+            params=sum(p.numel() for p in run.model.parameters()),
+        )
         write_json(layout.local_metrics, result.metrics())
         return result

@@ -40,8 +40,19 @@ from zgtrain.local.model import build_model, llama_config, make_blocks
 from zgtrain.local.schedule import SCHEDULES
 from zgtrain.project.config import ProjectConfig
 
-__all__ = ["train_local", "build", "setup", "fit", "adamw", "local_lr", "LocalRun", "LocalResult", "heldout_scores",
-           "LOCAL_VERSION", "NOT_IDENTITY"]
+__all__ = [
+    "train_local",
+    "build",
+    "setup",
+    "fit",
+    "adamw",
+    "local_lr",
+    "LocalRun",
+    "LocalResult",
+    "heldout_scores",
+    "LOCAL_VERSION",
+    "NOT_IDENTITY",
+]
 
 LOCAL_VERSION = 1
 # Keys that never change the trained bits, so a resume may change them (and `zg pipeline` leaves them out of the
@@ -63,7 +74,7 @@ class LocalRun(loop.RunState):
     gens: list
     model: object
     tokenizer: object
-    ids: torch.Tensor            # (N, T) every token row, train and heldout
+    ids: torch.Tensor  # (N, T) every token row, train and heldout
     train_rows: np.ndarray
     heldout_rows: np.ndarray
     data_seed: int
@@ -79,8 +90,18 @@ class LocalRun(loop.RunState):
 class LocalResult(loop.Result):
     """What ``train_local`` returns; ``metrics()`` is metrics/local.json (a stopped run: its STOPPED keys)."""
 
-    STOPPED = ("status", "step", "steps", "k", "schedule", "aux", "mtp", "tokens_sha256", "state_sha256",
-               "block_state_sha256")
+    STOPPED = (
+        "status",
+        "step",
+        "steps",
+        "k",
+        "schedule",
+        "aux",
+        "mtp",
+        "tokens_sha256",
+        "state_sha256",
+        "block_state_sha256",
+    )
     status: str
     step: int
     steps: int
@@ -104,10 +125,12 @@ class LocalResult(loop.Result):
 def _check_partition(project: ProjectConfig) -> list[int]:
     b, layers = project.partition.boundaries, project.local.layers
     if b[0] != 0 or b[-1] != layers:
-        raise ZgError(f"partition.boundaries {b} does not cut local.layers={layers} into blocks",
-                      key="partition.boundaries",
-                      fix=f"run from 0 to {layers}, e.g. [0, {layers}] (K=1) or [0, {layers // 2}, {layers}] (K=2), "
-                          f"then `zg pipeline`")
+        raise ZgError(
+            f"partition.boundaries {b} does not cut local.layers={layers} into blocks",
+            key="partition.boundaries",
+            fix=f"run from 0 to {layers}, e.g. [0, {layers}] (K=1) or [0, {layers // 2}, {layers}] (K=2), "
+            f"then `zg pipeline`",
+        )
     return list(b)
 
 
@@ -155,16 +178,27 @@ def build(project: ProjectConfig, layout: Layout) -> LocalRun:
     splits = np.asarray(splits)
     train_rows, heldout_rows = np.flatnonzero(splits == "train"), np.flatnonzero(splits == "heldout")
     if not len(train_rows) or not len(heldout_rows):
-        raise ZgError(f"{layout.tokens} has {len(train_rows)} train and {len(heldout_rows)} held-out rows",
-                      key="corpus.heldout", fix="local training needs both: check corpus.heldout and the row caps")
+        raise ZgError(
+            f"{layout.tokens} has {len(train_rows)} train and {len(heldout_rows)} held-out rows",
+            key="corpus.heldout",
+            fix="local training needs both: check corpus.heldout and the row caps",
+        )
     if cfg.heldout_seqs:
         heldout_rows = heldout_rows[: cfg.heldout_seqs]
     vocab = len(tok)
     if int(ids.max()) >= vocab:
-        raise ZgError(f"{layout.tokens} holds token id {int(ids.max())}, beyond the tokenizer's {vocab}",
-                      fix="re-run `dvc repro tokens` with this teacher")
-    config = llama_config(cfg, vocab_size=vocab, max_positions=ids.shape[1], bos=tok.bos_token_id,
-                          eos=tok.eos_token_id, pad=tok.pad_token_id)
+        raise ZgError(
+            f"{layout.tokens} holds token id {int(ids.max())}, beyond the tokenizer's {vocab}",
+            fix="re-run `dvc repro tokens` with this teacher",
+        )
+    config = llama_config(
+        cfg,
+        vocab_size=vocab,
+        max_positions=ids.shape[1],
+        bos=tok.bos_token_id,
+        eos=tok.eos_token_id,
+        pad=tok.pad_token_id,
+    )
     keys = [b.key for b in project.partition.blocks()]
     seeds = [block_seed(project.seed, cfg.seed, f"local/{k}") for k in keys]
     gens = [torch.Generator().manual_seed(s % (2**63)) for s in seeds]
@@ -174,13 +208,32 @@ def build(project: ProjectConfig, layout: Layout) -> LocalRun:
     model.to(dev)
     for blk in blocks:
         blk.to(dev).train()
-    identity = {"local_version": LOCAL_VERSION, "seed": project.seed, "boundaries": boundaries, "keys": keys,
-                "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY},
-                "tokens_fingerprint": rec["fingerprint"], "tokenizer_sha256": teacher["tokenizer_sha256"]}
-    return LocalRun(cfg=cfg, keys=keys, blocks=blocks, opts=[], gens=gens, model=model, tokenizer=tok, ids=ids,
-                    train_rows=train_rows, heldout_rows=heldout_rows, identity=identity, layout=layout,
-                    data_seed=block_seed(project.seed, cfg.seed, "local/data"), curves=[[] for _ in keys],
-                    bcfgs=[cfg.of(k) for k in keys])
+    identity = {
+        "local_version": LOCAL_VERSION,
+        "seed": project.seed,
+        "boundaries": boundaries,
+        "keys": keys,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY},
+        "tokens_fingerprint": rec["fingerprint"],
+        "tokenizer_sha256": teacher["tokenizer_sha256"],
+    }
+    return LocalRun(
+        cfg=cfg,
+        keys=keys,
+        blocks=blocks,
+        opts=[],
+        gens=gens,
+        model=model,
+        tokenizer=tok,
+        ids=ids,
+        train_rows=train_rows,
+        heldout_rows=heldout_rows,
+        identity=identity,
+        layout=layout,
+        data_seed=block_seed(project.seed, cfg.seed, "local/data"),
+        curves=[[] for _ in keys],
+        bcfgs=[cfg.of(k) for k in keys],
+    )
 
 
 def adamw(blk, cfg: LocalConfig) -> torch.optim.Optimizer:
@@ -190,13 +243,20 @@ def adamw(blk, cfg: LocalConfig) -> torch.optim.Optimizer:
 def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout()) -> LocalRun:
     """Build the run from params and data; resume it from its checkpoint when one of this very run exists."""
     if project.local.mode != "simultaneous":
-        raise ZgError("local.mode is sequential: its blocks train one DVC stage each", key="local.mode",
-                      fix="run `dvc repro` (stages local_bNN, local_export) or `zg train local-block KEY`")
+        raise ZgError(
+            "local.mode is sequential: its blocks train one DVC stage each",
+            key="local.mode",
+            fix="run `dvc repro` (stages local_bNN, local_export) or `zg train local-block KEY`",
+        )
     run = build(project, layout)
     run.opts = [adamw(blk, c) for blk, c in zip(run.blocks, run.bcfgs)]
     d = layout.local_run
-    prior = resumable(None if restart else _read_meta(d / "meta.json"), run.identity, where=str(d),
-                      fix="rerun with `zg train local --restart` to discard it, or restore the old params")
+    prior = resumable(
+        None if restart else _read_meta(d / "meta.json"),
+        run.identity,
+        where=str(d),
+        fix="rerun with `zg train local --restart` to discard it, or restore the old params",
+    )
     run.dir = loop.begin(d, prior)  # a restart builds beside the old folder; _publish swaps it in
     if prior is None:
         _save(run)
@@ -205,8 +265,10 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
         for i, k in enumerate(run.keys):
             bmeta = checkpoint.read_meta(c / k)
             if bmeta is None:
-                raise ZgError(f"{c / k / 'meta.json'} is missing (run/meta.json points at it)",
-                              fix="rerun with `zg train local --restart`")
+                raise ZgError(
+                    f"{c / k / 'meta.json'} is missing (run/meta.json points at it)",
+                    fix="rerun with `zg train local --restart`",
+                )
             run.curves[i] = checkpoint.restore(c / k, bmeta, run.blocks[i], run.opts[i], run.gens[i])
         run.step = prior["step"]
     return run
@@ -227,14 +289,24 @@ def _steps(run: LocalRun) -> loop.Steps:
         for i, (loss, terms) in enumerate(results):  # one sync per step, after every block's work is issued
             value = float(loss.detach())
             if not math.isfinite(value):
-                raise loop.diverged(f"local block {run.keys[i]}", step, f"loss became {value}", key="local.lr",
-                                    fix="lower local.lr and rerun with --restart")
+                raise loop.diverged(
+                    f"local block {run.keys[i]}",
+                    step,
+                    f"loss became {value}",
+                    key="local.lr",
+                    fix="lower local.lr and rerun with --restart",
+                )
             run.curves[i].append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
         return batch.numel()
 
-    return loop.Steps(name="train local", batches=batches, work=work, save=lambda step: _save(run),
-                      lrs=[(opt, lambda s, c=c: local_lr(c, s)) for opt, c in zip(run.opts, run.bcfgs)],
-                      checkpoint_every=cfg.checkpoint_every)
+    return loop.Steps(
+        name="train local",
+        batches=batches,
+        work=work,
+        save=lambda step: _save(run),
+        lrs=[(opt, lambda s, c=c: local_lr(c, s)) for opt, c in zip(run.opts, run.bcfgs)],
+        checkpoint_every=cfg.checkpoint_every,
+    )
 
 
 def fit(run: LocalRun, end: int) -> None:
@@ -266,16 +338,20 @@ def heldout_scores(hf: Path, blocks: list, keys: list, ids: torch.Tensor, batch_
     for blk in blocks:
         blk.eval()
     for i in range(0, len(ids), batch_size):
-        x = y = ids[i:i + batch_size].to(dev)
+        x = y = ids[i : i + batch_size].to(dev)
         for j, blk in enumerate(blocks):
             x, _, terms = blk(x, y)
             sums[j] += float(terms["next"]) * len(y)
-    return {"heldout_ce": ce, "block_ce": {k: s / len(ids) for k, s in zip(keys, sums)},
-            "heldout_tokens": int(ids[:, 1:].numel())}
+    return {
+        "heldout_ce": ce,
+        "block_ce": {k: s / len(ids) for k, s in zip(keys, sums)},
+        "heldout_tokens": int(ids[:, 1:].numel()),
+    }
 
 
-def train_local(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-                layout: Layout = Layout()) -> LocalResult:
+def train_local(
+    project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False, layout: Layout = Layout()
+) -> LocalResult:
     """Train every block to local.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
     loop.check_stop_after(stop_after)
     with project_lock(layout, "local", writes=layout.local_dir):
@@ -284,8 +360,16 @@ def train_local(project: ProjectConfig, *, stop_after: int | None = None, restar
         end = loop.end_step(cfg.steps, run.step, stop_after)
         fit(run, end)
         shas = state_sha256(run)
-        base = {"step": end, "steps": cfg.steps, "k": len(run.blocks), "schedule": cfg.schedule, "aux": cfg.aux,
-                "mtp": cfg.mtp, "tokens_sha256": tokens_sha256(run), **shas}
+        base = {
+            "step": end,
+            "steps": cfg.steps,
+            "k": len(run.blocks),
+            "schedule": cfg.schedule,
+            "aux": cfg.aux,
+            "mtp": cfg.mtp,
+            "tokens_sha256": tokens_sha256(run),
+            **shas,
+        }
         if end < cfg.steps:
             _save(run)
             _publish(run, stopped=True)
@@ -299,13 +383,26 @@ def train_local(project: ProjectConfig, *, stop_after: int | None = None, restar
         _save(run, done=True, extra={"state_sha256": shas["state_sha256"]})
         _publish(run, stopped=False)
         n_model = sum(p.numel() for p in run.model.parameters())
-        result = LocalResult(status="done", **base, **scores, train_loss=_train_losses(run.keys, run.curves),
-                             tokens_seen=cfg.steps * cfg.batch_size * int(run.ids.shape[1]), params=n_model,
-                             local_params=sum(p.numel() for b in run.blocks for p in b.parameters()) - n_model,
-                             tokens_per_s=run.tokens_per_s())
+        result = LocalResult(
+            status="done",
+            **base,
+            **scores,
+            train_loss=_train_losses(run.keys, run.curves),
+            tokens_seen=cfg.steps * cfg.batch_size * int(run.ids.shape[1]),
+            params=n_model,
+            local_params=sum(p.numel() for b in run.blocks for p in b.parameters()) - n_model,
+            tokens_per_s=run.tokens_per_s(),
+        )
         write_json(layout.local_metrics, result.metrics())
-        write_text(layout.local_loss_curve, "step," + ",".join(run.keys) + "\n" + "".join(
-            f"{s}," + ",".join(f"{c[s]['loss']:.6g}" for c in run.curves) + "\n" for s in range(len(run.curves[0]))))
+        write_text(
+            layout.local_loss_curve,
+            "step,"
+            + ",".join(run.keys)
+            + "\n"
+            + "".join(
+                f"{s}," + ",".join(f"{c[s]['loss']:.6g}" for c in run.curves) + "\n" for s in range(len(run.curves[0]))
+            ),
+        )
         return result
 
 

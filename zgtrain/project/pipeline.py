@@ -24,8 +24,15 @@ from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig, S
 __all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "dump_params", "init_project", "regenerate"]
 
 # The out-of-domain set of the profiles: the only text besides the plays that the embedded packages ship.
-DOCS_SET = {"name": "docs", "source": "embedded:docs", "format": "auto", "text_field": "text", "id_field": "id",
-            "max_seqs": 0, "context_targets": 128}
+DOCS_SET = {
+    "name": "docs",
+    "source": "embedded:docs",
+    "format": "auto",
+    "text_field": "text",
+    "id_field": "id",
+    "max_seqs": 0,
+    "context_targets": 128,
+}
 
 # A profile is a set of overrides on the config dataclasses' defaults (the one place defaults live).
 PROFILES = {
@@ -43,14 +50,25 @@ PROFILES = {
     },
     "tiny": {
         "teacher": {"source": "random:tiny"},
-        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 64,
-                   "max_train_seqs": 48, "max_heldout_seqs": 8},
+        "corpus": {
+            "documents": ["macbeth", "hamlet", "othello"],
+            "heldout": ["macbeth"],
+            "seq_len": 64,
+            "max_train_seqs": 48,
+            "max_heldout_seqs": 8,
+        },
         "partition": {"boundaries": [0, 2, 4]},
         "materialize": {"batch_size": 8, "commit_rows": 16},
         "train": {"steps": 12, "warmup": 2, "checkpoint_every": 4},
-        "eval": {"window": 8, "context_targets": 64, "context_min_pos": 32, "batch_size": 16,
-                 "sets": [{**DOCS_SET, "max_seqs": 16, "context_targets": 0}], "prompt_tokens": 16,
-                 "generate_tokens": 16},
+        "eval": {
+            "window": 8,
+            "context_targets": 64,
+            "context_min_pos": 32,
+            "batch_size": 16,
+            "sets": [{**DOCS_SET, "max_seqs": 16, "context_targets": 0}],
+            "prompt_tokens": 16,
+            "generate_tokens": 16,
+        },
         # repair stays off (steps 0); these fit a 12-step repair of the tiny student when a test turns it on
         "repair": {"lr": 3e-4, "warmup": 2, "checkpoint_every": 4},
     },
@@ -63,26 +81,48 @@ PROFILES = {
     },
     "local-tiny": {
         "teacher": {"source": "random:tiny"},
-        "corpus": {"documents": ["macbeth", "hamlet", "othello"], "heldout": ["macbeth"], "seq_len": 32,
-                   "max_train_seqs": 64, "max_heldout_seqs": 8},
+        "corpus": {
+            "documents": ["macbeth", "hamlet", "othello"],
+            "heldout": ["macbeth"],
+            "seq_len": 32,
+            "max_train_seqs": 64,
+            "max_heldout_seqs": 8,
+        },
         "partition": {"boundaries": [0, 2, 4]},
-        "local": {"layers": 4, "hidden": 32, "heads": 2, "kv_heads": 2, "intermediate": 64, "steps": 8,
-                  "batch_size": 4, "warmup": 2, "checkpoint_every": 4},
+        "local": {
+            "layers": 4,
+            "hidden": 32,
+            "heads": 2,
+            "kv_heads": 2,
+            "intermediate": 64,
+            "steps": 8,
+            "batch_size": 4,
+            "warmup": 2,
+            "checkpoint_every": 4,
+        },
     },
 }
 # Search profiles: the default ones plus a variant library and a budget. Variants are off unless a
 # profile (or params.yaml) has a variants: section; then `zg pipeline` adds the variant@BLOCK-NAME and search stages.
-PROFILES["search"] = {**copy.deepcopy(PROFILES["smollm2"]), "variants": {
-    "p25": {"conversion": "prune_mlp", "prune_ratio": 0.25},
-    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5},
-    "p75": {"conversion": "prune_mlp", "prune_ratio": 0.75},
-    "drop3": {"conversion": "drop_layers", "keep_layers": [0, 2, 4]},   # 5 teacher layers -> 3
-    "drop2": {"conversion": "drop_layers", "keep_layers": [0, 4]},      # 5 teacher layers -> 2
-}, "search": {"budget": 0.625}}
-PROFILES["tiny-search"] = {**copy.deepcopy(PROFILES["tiny"]), "variants": {
-    "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5, "steps": 4},
-    "drop": {"conversion": "drop_layers", "keep_layers": [0], "steps": 4},
-}, "search": {"budget": 0.75}}
+PROFILES["search"] = {
+    **copy.deepcopy(PROFILES["smollm2"]),
+    "variants": {
+        "p25": {"conversion": "prune_mlp", "prune_ratio": 0.25},
+        "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5},
+        "p75": {"conversion": "prune_mlp", "prune_ratio": 0.75},
+        "drop3": {"conversion": "drop_layers", "keep_layers": [0, 2, 4]},  # 5 teacher layers -> 3
+        "drop2": {"conversion": "drop_layers", "keep_layers": [0, 4]},  # 5 teacher layers -> 2
+    },
+    "search": {"budget": 0.625},
+}
+PROFILES["tiny-search"] = {
+    **copy.deepcopy(PROFILES["tiny"]),
+    "variants": {
+        "p50": {"conversion": "prune_mlp", "prune_ratio": 0.5, "steps": 4},
+        "drop": {"conversion": "drop_layers", "keep_layers": [0], "steps": 4},
+    },
+    "search": {"budget": 0.75},
+}
 
 
 def profile_params(profile: str) -> dict:
@@ -100,43 +140,113 @@ def profile_params(profile: str) -> dict:
             params[name] = {**defaults(cls), **copy.deepcopy(over[name])}
     part = section(params, PartitionConfig)
     # blocks: carries per-block train overrides of a conversion; a local project's blocks come from the partition
-    params["blocks"] = {} if project_kind(params) is ProjectKind.LOCAL else {
-        b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    params["blocks"] = (
+        {}
+        if project_kind(params) is ProjectKind.LOCAL
+        else {b.key: {"in": b.input, "out": b.output} for b in part.blocks()}
+    )
     ProjectConfig.from_params(params)  # a profile is valid by construction; this proves it
     return params
 
 
 # Code each stage runs, listed as deps only in a checkout of ZeroGraph itself (code_deps=True).
 _CODE = {
-    "teacher": ["zgdata/teacher/prepare.py", "zgdata/teacher/identity.py", "zgdata/teacher/source.py",
-                "zgdata/teacher/tokenizer.py", "zgdata/families.py"],
+    "teacher": [
+        "zgdata/teacher/prepare.py",
+        "zgdata/teacher/identity.py",
+        "zgdata/teacher/source.py",
+        "zgdata/teacher/tokenizer.py",
+        "zgdata/families.py",
+    ],
     "tokens": ["zgdata/tokens.py", "zgdata/corpus.py", "zgdata/packing.py"],
     "materialize": ["zgdata/capture_version.py", "zgdata/codec.py"],
     "verify": ["zgdata/verify.py", "zgdata/capture.py", "zgdata/widen.py", "zgdata/integrity.py", "zgdata/families.py"],
-    "train": ["zgtrain/block/train.py", "zgtrain/block/model.py", "zgtrain/block/conversions.py", "zgtrain/block/objectives.py",
-              "zgtrain/block/targets.py", "zgtrain/fit/checkpoint.py", "zgdata/reader.py", "zgdata/families.py",
-              "zgtrain/block/window.py", "zgtrain/block/kv_cache.py", "zgtrain/fit/loop.py", "zgtrain/fit/identity.py",
-              "zgtrain/fit/schedule.py"],
-    "assemble": ["zgtrain/student/assemble.py", "zgtrain/student/load.py", "zgtrain/student/templates", "zgdata/families.py",
-                 "zgtrain/block/window.py", "zgtrain/block/kv_cache.py", "zgtrain/student/card.py"],
-    "evaluate": ["zgtrain/evaluate/run.py", "zgtrain/evaluate/metrics.py", "zgtrain/student/load.py", "zgdata/families.py",
-                 "zgtrain/block/window.py", "zgtrain/evaluate/sets.py", "zgtrain/evaluate/set_metrics.py", "zgtrain/evaluate/bootstrap.py",
-                 "zgtrain/evaluate/generation.py", "zgdata/corpus.py", "zgdata/widen.py", "zgtrain/student/card.py",
-                 "zgtrain/evaluate/gates.py"],
-    "local": ["zgtrain/local/simultaneous.py", "zgtrain/local/model.py", "zgtrain/local/schedule.py",
-              "zgtrain/local/config.py", "zgtrain/local/sequential.py", "zgtrain/fit/checkpoint.py", "zgtrain/evaluate/metrics.py",
-              "zgdata/families.py", "zgtrain/fit/loop.py", "zgtrain/fit/identity.py", "zgtrain/fit/schedule.py"],
-    "lm_eval": ["zgtrain/evaluate/lm_eval.py", "zgtrain/evaluate/lm_eval_task.py", "zgtrain/student/load.py", "zgdata/widen.py"],
+    "train": [
+        "zgtrain/block/train.py",
+        "zgtrain/block/model.py",
+        "zgtrain/block/conversions.py",
+        "zgtrain/block/objectives.py",
+        "zgtrain/block/targets.py",
+        "zgtrain/fit/checkpoint.py",
+        "zgdata/reader.py",
+        "zgdata/families.py",
+        "zgtrain/block/window.py",
+        "zgtrain/block/kv_cache.py",
+        "zgtrain/fit/loop.py",
+        "zgtrain/fit/identity.py",
+        "zgtrain/fit/schedule.py",
+    ],
+    "assemble": [
+        "zgtrain/student/assemble.py",
+        "zgtrain/student/load.py",
+        "zgtrain/student/templates",
+        "zgdata/families.py",
+        "zgtrain/block/window.py",
+        "zgtrain/block/kv_cache.py",
+        "zgtrain/student/card.py",
+    ],
+    "evaluate": [
+        "zgtrain/evaluate/run.py",
+        "zgtrain/evaluate/metrics.py",
+        "zgtrain/student/load.py",
+        "zgdata/families.py",
+        "zgtrain/block/window.py",
+        "zgtrain/evaluate/sets.py",
+        "zgtrain/evaluate/set_metrics.py",
+        "zgtrain/evaluate/bootstrap.py",
+        "zgtrain/evaluate/generation.py",
+        "zgdata/corpus.py",
+        "zgdata/widen.py",
+        "zgtrain/student/card.py",
+        "zgtrain/evaluate/gates.py",
+    ],
+    "local": [
+        "zgtrain/local/simultaneous.py",
+        "zgtrain/local/model.py",
+        "zgtrain/local/schedule.py",
+        "zgtrain/local/config.py",
+        "zgtrain/local/sequential.py",
+        "zgtrain/fit/checkpoint.py",
+        "zgtrain/evaluate/metrics.py",
+        "zgdata/families.py",
+        "zgtrain/fit/loop.py",
+        "zgtrain/fit/identity.py",
+        "zgtrain/fit/schedule.py",
+    ],
+    "lm_eval": [
+        "zgtrain/evaluate/lm_eval.py",
+        "zgtrain/evaluate/lm_eval_task.py",
+        "zgtrain/student/load.py",
+        "zgdata/widen.py",
+    ],
     "repair_eval": ["zgtrain/repair/judge.py", "zgtrain/student/load.py", "zgtrain/evaluate/gates.py"],
-    "repair": ["zgtrain/repair/train.py", "zgtrain/repair/model.py", "zgtrain/fit/checkpoint.py", "zgtrain/fit/loop.py",
-               "zgtrain/fit/identity.py", "zgtrain/fit/schedule.py", "zgtrain/student/load.py", "zgdata/reader.py",
-               "zgdata/families.py", "zgtrain/student/card.py"],
+    "repair": [
+        "zgtrain/repair/train.py",
+        "zgtrain/repair/model.py",
+        "zgtrain/fit/checkpoint.py",
+        "zgtrain/fit/loop.py",
+        "zgtrain/fit/identity.py",
+        "zgtrain/fit/schedule.py",
+        "zgtrain/student/load.py",
+        "zgdata/reader.py",
+        "zgdata/families.py",
+        "zgtrain/student/card.py",
+    ],
 }
 _CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 _CODE["variant"] = _CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
 _CODE["search"] = ["zgtrain/search/solve.py", "zgtrain/search/variants.py"]
-_CODE["search_assemble"] = list(dict.fromkeys(_CODE["assemble"] + _CODE["evaluate"] + [  # it evaluates each try
-    "zgtrain/search/assemble.py", "zgtrain/search/judge.py", "zgtrain/search/variants.py"]))
+_CODE["search_assemble"] = list(
+    dict.fromkeys(
+        _CODE["assemble"]
+        + _CODE["evaluate"]
+        + [  # it evaluates each try
+            "zgtrain/search/assemble.py",
+            "zgtrain/search/judge.py",
+            "zgtrain/search/variants.py",
+        ]
+    )
+)
 _CODE["search_repair"] = list(dict.fromkeys(_CODE["repair"] + ["zgtrain/search/repair.py"]))
 
 
@@ -172,59 +282,94 @@ def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
     blocks = project.partition.blocks()
     bnd = [str(L.boundary(n)) for n in project.partition.names]
     stages = {
-        "teacher": {"cmd": "zg teacher prepare", "deps": code("teacher"), "params": ["teacher", "partition"],
-                    "outs": [str(L.teacher_hf), str(L.teacher_json), str(L.teacher_head)]
-                    + [str(L.teacher_slice(b.key)) for b in blocks]},
-        "tokens": {"cmd": "zg data tokenize", "deps": [str(L.teacher_json), str(L.teacher_hf)] + code("tokens"),
-                   "params": ["corpus"], "outs": [str(L.tokens), str(L.tokens_json)]},
+        "teacher": {
+            "cmd": "zg teacher prepare",
+            "deps": code("teacher"),
+            "params": ["teacher", "partition"],
+            "outs": [str(L.teacher_hf), str(L.teacher_json), str(L.teacher_head)]
+            + [str(L.teacher_slice(b.key)) for b in blocks],
+        },
+        "tokens": {
+            "cmd": "zg data tokenize",
+            "deps": [str(L.teacher_json), str(L.teacher_hf)] + code("tokens"),
+            "params": ["corpus"],
+            "outs": [str(L.tokens), str(L.tokens_json)],
+        },
         # Every file a stage reads is a dep (tests/test_stage_deps.py), so `dvc repro --pull` fetches it.
         # Rewriting a Lance dataset changes its file names, so a needless materialize rerun invalidates
         # every block. hf and tokens.lance change only when their stages rerun, and then teacher.json or
         # tokens.json has usually changed too: teacher prepare writes the same bytes from the same inputs
         # and library versions, but a forced tokenize rewrites tokens.lance and so reruns materialize.
-        "materialize": {"cmd": "zg data materialize",
-                        "deps": [str(L.teacher_json), str(L.tokens_json), str(L.teacher_hf), str(L.tokens)]
-                        + code("materialize"),
-                        "params": ["materialize.storage_dtype", "materialize.compute_dtype", "materialize.codec",
-                                   "partition.boundaries"],
-                        "outs": bnd},
-        "verify": {"cmd": "zg data verify",
-                   "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
-                   + code("verify"),
-                   "params": ["verify"], "metrics": [{str(L.verify_report): {"cache": False}}]},
-        "train": {"foreach": "${blocks}", "do": {
-            "cmd": "zg train block ${key}",
-            "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.teacher_slice("${key}"))]
-            + code("train"),
-            "params": ["seed", "train", "blocks.${key}"],
-            "outs": [str(L.block_dir("${key}"))],
-            "metrics": [{str(L.block_metrics("${key}")): {"cache": False}}],
-            "plots": [{str(L.block_loss_curve("${key}")): {"cache": False, "x": "step", "y": "loss"}}]}},
-        "assemble": {"cmd": "zg train assemble",
-                     "deps": [str(L.block_dir(b.key)) for b in blocks] + [str(L.teacher_head), str(L.teacher_hf)]
-                     + [str(L.teacher_json), str(L.tokens_json)] + code("assemble"),
-                     "params": ["partition"], "outs": [str(L.student)]},
-        "evaluate": {"cmd": "zg train evaluate",
-                     "deps": [str(L.student), str(L.teacher_hf), str(L.tokens)] + bnd
-                     + [str(L.block_dir(b.key)) for b in blocks]
-                     + [str(L.teacher_head), str(L.teacher_json), str(L.tokens_json)]
-                     + [str(L.block_loss_curve(b.key)) for b in blocks] + code("evaluate")
-                     + literal_paths(project.eval.sets),  # eval set files DVC can watch
-                     "params": ["eval", "gates"],
-                     "outs": [{str(L.generation_report): {"cache": False}},
-                              {str(L.model_card): {"cache": False}}],  # the student's card + its figures
-                     "metrics": [{str(L.eval_metrics): {"cache": False}}],
-                     "plots": [{str(L.eval_ce_plot): {"cache": False, "x": "model", "y": "ce"}},
-                               {str(L.eval_sets_plot): {"cache": False, "x": "set", "y": "ce_gap"}},
-                               {str(L.eval_shift_plot): {"cache": False, "x": "block", "y": "student_input"}},
-                               str(L.eval_figures)]},
+        "materialize": {
+            "cmd": "zg data materialize",
+            "deps": [str(L.teacher_json), str(L.tokens_json), str(L.teacher_hf), str(L.tokens)] + code("materialize"),
+            "params": [
+                "materialize.storage_dtype",
+                "materialize.compute_dtype",
+                "materialize.codec",
+                "partition.boundaries",
+            ],
+            "outs": bnd,
+        },
+        "verify": {
+            "cmd": "zg data verify",
+            "deps": bnd + [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)] + code("verify"),
+            "params": ["verify"],
+            "metrics": [{str(L.verify_report): {"cache": False}}],
+        },
+        "train": {
+            "foreach": "${blocks}",
+            "do": {
+                "cmd": "zg train block ${key}",
+                "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.teacher_slice("${key}"))]
+                + code("train"),
+                "params": ["seed", "train", "blocks.${key}"],
+                "outs": [str(L.block_dir("${key}"))],
+                "metrics": [{str(L.block_metrics("${key}")): {"cache": False}}],
+                "plots": [{str(L.block_loss_curve("${key}")): {"cache": False, "x": "step", "y": "loss"}}],
+            },
+        },
+        "assemble": {
+            "cmd": "zg train assemble",
+            "deps": [str(L.block_dir(b.key)) for b in blocks]
+            + [str(L.teacher_head), str(L.teacher_hf)]
+            + [str(L.teacher_json), str(L.tokens_json)]
+            + code("assemble"),
+            "params": ["partition"],
+            "outs": [str(L.student)],
+        },
+        "evaluate": {
+            "cmd": "zg train evaluate",
+            "deps": [str(L.student), str(L.teacher_hf), str(L.tokens)]
+            + bnd
+            + [str(L.block_dir(b.key)) for b in blocks]
+            + [str(L.teacher_head), str(L.teacher_json), str(L.tokens_json)]
+            + [str(L.block_loss_curve(b.key)) for b in blocks]
+            + code("evaluate")
+            + literal_paths(project.eval.sets),  # eval set files DVC can watch
+            "params": ["eval", "gates"],
+            "outs": [
+                {str(L.generation_report): {"cache": False}},
+                {str(L.model_card): {"cache": False}},
+            ],  # the student's card + its figures
+            "metrics": [{str(L.eval_metrics): {"cache": False}}],
+            "plots": [
+                {str(L.eval_ce_plot): {"cache": False, "x": "model", "y": "ce"}},
+                {str(L.eval_sets_plot): {"cache": False, "x": "set", "y": "ce_gap"}},
+                {str(L.eval_shift_plot): {"cache": False, "x": "block", "y": "student_input"}},
+                str(L.eval_figures),
+            ],
+        },
     }
     if project.lm_eval.tasks:  # off unless lm_eval.tasks names some: minutes on a real teacher
-        stages["lm_eval"] = {"cmd": "zg train lm-eval",
-                             "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
-                                      str(L.tokens_json)] + code("lm_eval"),
-                             "params": ["lm_eval"], "outs": [str(L.lm_eval_dir)],
-                             "metrics": [{str(L.lm_eval_metrics): {"cache": False}}]}
+        stages["lm_eval"] = {
+            "cmd": "zg train lm-eval",
+            "deps": [str(L.student), str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
+            + code("lm_eval"),
+            "params": ["lm_eval"],
+            "outs": [str(L.lm_eval_dir)],
+            "metrics": [{str(L.lm_eval_metrics): {"cache": False}}],
+        }
     return stages
 
 
@@ -236,23 +381,34 @@ def _local_stages(project: ProjectConfig, L: Layout, blocks, code) -> dict:
 
     data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
     if project.local.mode != "sequential":
-        return {"local": {"cmd": "zg train local", "deps": data + code("local"),
-                          "params": ["seed", "partition", "local"], "outs": [str(L.local_dir)],
-                          "metrics": [{str(L.local_metrics): {"cache": False}}],
-                          "plots": [{str(L.local_loss_curve): {"cache": False, "x": "step"}}]}}
+        return {
+            "local": {
+                "cmd": "zg train local",
+                "deps": data + code("local"),
+                "params": ["seed", "partition", "local"],
+                "outs": [str(L.local_dir)],
+                "metrics": [{str(L.local_metrics): {"cache": False}}],
+                "plots": [{str(L.local_loss_curve): {"cache": False, "x": "step"}}],
+            }
+        }
     shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*NOT_IDENTITY, "blocks")]
     bnd = [str(L.local_boundary(layer)) for layer in project.partition.boundaries]
     out = {}
     for i, b in enumerate(blocks):
         out[f"local_{b.key}"] = {
-            "cmd": f"zg train local-block {b.key}", "deps": data + ([bnd[i]] if i else []) + code("local"),
+            "cmd": f"zg train local-block {b.key}",
+            "deps": data + ([bnd[i]] if i else []) + code("local"),
             "params": ["seed", "partition", *shared, f"local.blocks.{b.key}"],
             "outs": [str(L.local_block_dir(b.key))] + ([bnd[i + 1]] if i < len(blocks) - 1 else []),
-            "metrics": [{str(L.local_block_metrics(b.key)): {"cache": False}}]}
-    out["local_export"] = {"cmd": "zg train local-export",
-                           "deps": data + [str(L.local_block_dir(b.key)) for b in blocks] + code("local"),
-                           "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
-                           "outs": [str(L.local_hf)], "metrics": [{str(L.local_metrics): {"cache": False}}]}
+            "metrics": [{str(L.local_block_metrics(b.key)): {"cache": False}}],
+        }
+    out["local_export"] = {
+        "cmd": "zg train local-export",
+        "deps": data + [str(L.local_block_dir(b.key)) for b in blocks] + code("local"),
+        "params": ["seed", "partition", "local.heldout_seqs", "local.eval_batch_size"],
+        "outs": [str(L.local_hf)],
+        "metrics": [{str(L.local_metrics): {"cache": False}}],
+    }
     return out
 
 
@@ -265,46 +421,69 @@ def _search_stages(project: ProjectConfig, blocks, code) -> dict:
     search_repair repairs the kept mix and judges it again."""
     L = Layout(Path(""))
     names = list(project.variants)
-    runs = {f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names}
+    runs = {
+        f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names
+    }
     item = ("${item.block}", "${item.variant}")
     out = {
-        "variant": {"foreach": runs, "do": {
-            "cmd": "zg train variant ${item.block} ${item.variant}",
-            "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.tokens),
-                     str(L.tokens_json), str(L.teacher_head)] + [str(L.teacher_slice(b.key)) for b in blocks]
-            + code("variant"),
-            "params": ["seed", "train", "variants.${item.variant}"],
-            "outs": [str(L.variant_dir(*item))],
-            "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
-            "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}]}},
-        "search": {"cmd": "zg search run",
-                   "deps": [str(L.variant_metrics(b.key, v)) for b in blocks for v in names] + code("search"),
-                   "params": ["search"],
-                   "outs": [{str(L.search_choice): {"cache": False}}],
-                   "metrics": [{str(L.search_metrics): {"cache": False}}]},
+        "variant": {
+            "foreach": runs,
+            "do": {
+                "cmd": "zg train variant ${item.block} ${item.variant}",
+                "deps": [
+                    str(L.boundary("${item.in}")),
+                    str(L.boundary("${item.out}")),
+                    str(L.tokens),
+                    str(L.tokens_json),
+                    str(L.teacher_head),
+                ]
+                + [str(L.teacher_slice(b.key)) for b in blocks]
+                + code("variant"),
+                "params": ["seed", "train", "variants.${item.variant}"],
+                "outs": [str(L.variant_dir(*item))],
+                "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
+                "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}],
+            },
+        },
+        "search": {
+            "cmd": "zg search run",
+            "deps": [str(L.variant_metrics(b.key, v)) for b in blocks for v in names] + code("search"),
+            "params": ["search"],
+            "outs": [{str(L.search_choice): {"cache": False}}],
+            "metrics": [{str(L.search_metrics): {"cache": False}}],
+        },
         # the chosen mix as a student, judged on the eval sets (the next-best mixes when it fails a gate); which
         # variant folders it reads depends on the choice, so it lists all
-        "search_assemble": {"cmd": "zg search assemble",
-                            "deps": [str(L.search_choice)] + [str(L.variant_dir(b.key, v)) for b in blocks for v in names]
-                            + [str(L.teacher_slice(b.key)) for b in blocks]
-                            + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens),
-                               str(L.tokens_json)] + code("search_assemble")
-                            + literal_paths(project.eval.sets),
-                            "params": ["partition", "eval", "gates", "search.max_tries"],
-                            "outs": [str(L.search_student)],
-                            "metrics": [{str(L.search_eval_metrics): {"cache": False}}]},
+        "search_assemble": {
+            "cmd": "zg search assemble",
+            "deps": [str(L.search_choice)]
+            + [str(L.variant_dir(b.key, v)) for b in blocks for v in names]
+            + [str(L.teacher_slice(b.key)) for b in blocks]
+            + [str(L.teacher_head), str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
+            + code("search_assemble")
+            + literal_paths(project.eval.sets),
+            "params": ["partition", "eval", "gates", "search.max_tries"],
+            "outs": [str(L.search_student)],
+            "metrics": [{str(L.search_eval_metrics): {"cache": False}}],
+        },
     }
     if project.repair.enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
         rp, sa = L.search_repair, out["search_assemble"]
         out["search_repair"] = {
             "cmd": "zg search repair",
             # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
-            "deps": list(dict.fromkeys([str(L.search_student), str(L.search_eval_metrics),
-                                        str(L.boundary(blocks[-1].output))] + sa["deps"][1:] + code("search_repair"))),
+            "deps": list(
+                dict.fromkeys(
+                    [str(L.search_student), str(L.search_eval_metrics), str(L.boundary(blocks[-1].output))]
+                    + sa["deps"][1:]
+                    + code("search_repair")
+                )
+            ),
             "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
             "outs": [str(rp.run_dir), str(rp.model)],
             "metrics": [{str(rp.metrics): {"cache": False}}],
-            "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+            "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],
+        }
     return out
 
 
@@ -325,12 +504,16 @@ def _virtual_first(stages: dict, project: ProjectConfig, L: Layout, code) -> Non
     stages["verify"]["deps"] = [d for d in stages["verify"]["deps"] if d != h00] + [head] + code("virtual")
     # evaluate reads the tokens and the head slice already
     stages["evaluate"]["deps"] = [d for d in stages["evaluate"]["deps"] if d != h00] + code("virtual")
-    src = {b.key: (tokens, head) if b.input == part.names[0] else (str(L.boundary(b.input)),) * 2 for b in part.blocks()}
+    src = {
+        b.key: (tokens, head) if b.input == part.names[0] else (str(L.boundary(b.input)),) * 2 for b in part.blocks()
+    }
     train = stages["train"]
-    train["foreach"] = {b.key: {"in": b.input, "out": b.output, "src": src[b.key][0], "aux": src[b.key][1]}
-                        for b in part.blocks()}
-    train["do"]["deps"] = ["${item.src}", "${item.aux}"] + [d for d in train["do"]["deps"] if "${item.in}" not in d] \
-        + code("virtual")
+    train["foreach"] = {
+        b.key: {"in": b.input, "out": b.output, "src": src[b.key][0], "aux": src[b.key][1]} for b in part.blocks()
+    }
+    train["do"]["deps"] = (
+        ["${item.src}", "${item.aux}"] + [d for d in train["do"]["deps"] if "${item.in}" not in d] + code("virtual")
+    )
     if "variant" in stages:  # a b00 variant reads the tokens and the head slice, deps of every variant already
         for run in stages["variant"]["foreach"].values():
             run["src"] = tokens if run["in"] == part.names[0] else str(L.boundary(run["in"]))
@@ -348,12 +531,21 @@ def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
     if not project.repair.enabled:
         return
     rp = L.repair
-    stages["repair"] = {"cmd": "zg train repair",
-                        "deps": [str(L.student), str(L.teacher_head), str(L.boundary(project.partition.names[-1])), str(L.tokens),
-                                 str(L.tokens_json)] + code("repair"),
-                        "params": ["seed", "repair"], "outs": [str(rp.run_dir), str(rp.model)],
-                        "metrics": [{str(rp.metrics): {"cache": False}}],
-                        "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}]}
+    stages["repair"] = {
+        "cmd": "zg train repair",
+        "deps": [
+            str(L.student),
+            str(L.teacher_head),
+            str(L.boundary(project.partition.names[-1])),
+            str(L.tokens),
+            str(L.tokens_json),
+        ]
+        + code("repair"),
+        "params": ["seed", "repair"],
+        "outs": [str(rp.run_dir), str(rp.model)],
+        "metrics": [{str(rp.metrics): {"cache": False}}],
+        "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],
+    }
     for name in ("evaluate", "lm_eval"):  # the stages that score models/repaired beside the student
         if name in stages:
             st = stages.pop(name)
@@ -366,8 +558,12 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
-    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(x, (int, float)) for x in v) and bool(v)))
+_Dumper.add_representer(
+    list,
+    lambda d, v: d.represent_sequence(
+        "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(x, (int, float)) for x in v) and bool(v)
+    ),
+)
 
 HEADER = "# Generated by `zg pipeline` from params.yaml (partition). Edit params, then rerun `zg pipeline`.\n"
 
@@ -394,9 +590,18 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
         over = params["local"].get("blocks") or {}  # one params key per block stage
         params["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in blocks}
     old = params.get("blocks") or {}
-    params["blocks"] = {} if kind is ProjectKind.LOCAL else {  # a local project's blocks are its partition's
-        b.key: {**{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")}, "in": b.input,
-                "out": b.output} for b in blocks}
+    params["blocks"] = (
+        {}
+        if kind is ProjectKind.LOCAL
+        else {  # a local project's blocks are its partition's
+            b.key: {
+                **{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
+                "in": b.input,
+                "out": b.output,
+            }
+            for b in blocks
+        }
+    )
     project = ProjectConfig.from_params(params)
     if project.variants and "search" not in params:  # the search stage depends on search:, so it must exist
         params["search"] = defaults(SearchConfig)
@@ -412,8 +617,10 @@ def dump_params(params: dict) -> str:
 def _run(cmd: list[str], cwd: Path) -> None:
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if res.returncode:
-        raise ZgError(f"`{' '.join(cmd)}` failed in {cwd}: {(res.stderr or res.stdout).strip()[:300]}",
-                      fix="install git and dvc (make setup) and retry")
+        raise ZgError(
+            f"`{' '.join(cmd)}` failed in {cwd}: {(res.stderr or res.stdout).strip()[:300]}",
+            fix="install git and dvc (make setup) and retry",
+        )
 
 
 def init_project(root: Path, profile: str) -> Path:
@@ -421,8 +628,10 @@ def init_project(root: Path, profile: str) -> Path:
     root = Path(root)
     params = profile_params(profile)
     if (root / "dvc.yaml").exists() or (root / "params.yaml").exists():
-        raise ZgError(f"{root} already holds a ZeroGraph project (dvc.yaml or params.yaml exists)",
-                      fix="choose an empty directory, or run `zg pipeline` inside it to regenerate dvc.yaml")
+        raise ZgError(
+            f"{root} already holds a ZeroGraph project (dvc.yaml or params.yaml exists)",
+            fix="choose an empty directory, or run `zg pipeline` inside it to regenerate dvc.yaml",
+        )
     root.mkdir(parents=True, exist_ok=True)
     if not (root / ".git").exists():
         _run(["git", "init", "-q"], root)

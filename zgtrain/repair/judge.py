@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgtrain.student.load import student_sha256
 from zgtrain.evaluate.gates import judge_sets
+from zgtrain.student.load import student_sha256
 
 __all__ = ["repaired_loader", "add_repaired", "gap_closed"]
 
@@ -28,11 +28,15 @@ def repaired_loader(layout: Layout) -> Callable:
     try:
         started = json.loads((folder / "zerograph.json").read_text())["repair"]["student_sha256"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ZgError(f"{folder / 'zerograph.json'} does not record the student it was repaired from ({e})",
-                      fix="rerun `dvc repro -f repair`") from e
+        raise ZgError(
+            f"{folder / 'zerograph.json'} does not record the student it was repaired from ({e})",
+            fix="rerun `dvc repro -f repair`",
+        ) from e
     if started != student_sha256(layout.student):
-        raise ZgError(f"{folder} was repaired from another student than {layout.student} "
-                      f"(student_sha256 {started[:12]})", fix="rerun `dvc repro repair` after assemble")
+        raise ZgError(
+            f"{folder} was repaired from another student than {layout.student} (student_sha256 {started[:12]})",
+            fix="rerun `dvc repro repair` after assemble",
+        )
     return lambda: load_student(folder)
 
 
@@ -52,15 +56,22 @@ def add_repaired(result: dict, scores: dict, figs: dict, gates, *, figures: Call
     for s in sets:
         sc = scores[s.name]
         f = figures(s, {"teacher": sc["teacher"], "untrained": sc["untrained"], "student": sc["repaired"]})
-        per_set[s.name] = {"ce": f["student_ce"], "ce_gap": f["ce_gap"], "ce_gap_ci95": f["ce_gap_ci95"],
-                           "ce_recovered": f["ce_recovered"], "context_use": f["student_context_use"],
-                           "context_retention": f["context_retention"],
-                           "context_retention_ci95": f["context_retention_ci95"],
-                           "top1_agreement": f["top1_agreement"],
-                           "ce_gap_closed": gap_closed(figs[s.name]["ce_gap"], f["ce_gap"])}
+        per_set[s.name] = {
+            "ce": f["student_ce"],
+            "ce_gap": f["ce_gap"],
+            "ce_gap_ci95": f["ce_gap_ci95"],
+            "ce_recovered": f["ce_recovered"],
+            "context_use": f["student_context_use"],
+            "context_retention": f["context_retention"],
+            "context_retention_ci95": f["context_retention_ci95"],
+            "top1_agreement": f["top1_agreement"],
+            "ce_gap_closed": gap_closed(figs[s.name]["ce_gap"], f["ce_gap"]),
+        }
     first = sets[0].name  # the in-domain held-out split
-    result["repaired"] = {**{k: v for k, v in per_set[first].items() if "ci95" not in k and k != "top1_agreement"},
-                          "sets": per_set}
+    result["repaired"] = {
+        **{k: v for k, v in per_set[first].items() if "ci95" not in k and k != "top1_agreement"},
+        "sets": per_set,
+    }
     result["student_gates_passed"] = result["gates_passed"]
     result["gates_passed"] = judge_sets(gates, per_set)
     result["gated_model"] = "repaired"

@@ -29,10 +29,11 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int, alpha: float, gen: torch.Generator):
         super().__init__()
         self.base = base
-        a = torch.randn(rank, base.in_features, generator=gen) / base.in_features ** 0.5
+        a = torch.randn(rank, base.in_features, generator=gen) / base.in_features**0.5
         self.lora_a = nn.Parameter(a.to(base.weight.device, base.weight.dtype))
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device,
-                                               dtype=base.weight.dtype))
+        self.lora_b = nn.Parameter(
+            torch.zeros(base.out_features, rank, device=base.weight.device, dtype=base.weight.dtype)
+        )
         self.scale = alpha / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,8 +53,15 @@ class RepairModel(nn.Module):
     no dropout (GPT-2 has some), so a step is a pure function of weights, optimizer state and batch.
     """
 
-    def __init__(self, lm: nn.Module, trainable: str, *, lora_rank: int = 8, lora_alpha: float = 16.0,
-                 gen: torch.Generator | None = None):
+    def __init__(
+        self,
+        lm: nn.Module,
+        trainable: str,
+        *,
+        lora_rank: int = 8,
+        lora_alpha: float = 16.0,
+        gen: torch.Generator | None = None,
+    ):
         super().__init__()
         self.lm = lm.eval()
         fam = family_of(lm.config)
@@ -64,20 +72,25 @@ class RepairModel(nn.Module):
                 for name, mod in list(layer.named_modules()):
                     if type(mod) is nn.Linear:
                         parent, _, leaf = name.rpartition(".")
-                        setattr(layer.get_submodule(parent) if parent else layer, leaf,
-                                LoRALinear(mod, lora_rank, lora_alpha, gen))
+                        setattr(
+                            layer.get_submodule(parent) if parent else layer,
+                            leaf,
+                            LoRALinear(mod, lora_rank, lora_alpha, gen),
+                        )
             keep = {id(p) for m in lm.modules() if isinstance(m, LoRALinear) for p in (m.lora_a, m.lora_b)}
         elif trainable == "norms":
-            keep = {id(p) for layer in fam.layers(lm) for n in fam.layer_norms
-                    for p in getattr(layer, n).parameters()}
+            keep = {id(p) for layer in fam.layers(lm) for n in fam.layer_norms for p in getattr(layer, n).parameters()}
             keep |= {id(p) for p in fam.final_norm(lm).parameters()}
         else:
             keep = {id(p) for p in lm.parameters()}
         for p in lm.parameters():
             p.requires_grad_(id(p) in keep)
         if not keep:
-            raise ZgError(f"repair.trainable={trainable} selects no parameter of this {fam.model_type} student",
-                          key="repair.trainable", fix="use repair.trainable: all")
+            raise ZgError(
+                f"repair.trainable={trainable} selects no parameter of this {fam.model_type} student",
+                key="repair.trainable",
+                fix="use repair.trainable: all",
+            )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) float32 logits."""
@@ -120,10 +133,13 @@ class TeacherHead(nn.Module):
         # the student's final-norm module gives the family's norm class and eps; its weights come from the slice
         self.norm = copy.deepcopy(fam.final_norm(student)).float().eval()
         prefix = fam.norm_attr + "."
-        norm = {k[len(prefix):]: v.float() for k, v in head.items() if k.startswith(prefix)}
+        norm = {k[len(prefix) :]: v.float() for k, v in head.items() if k.startswith(prefix)}
         if "lm_head.weight" not in head or not norm:
-            raise ZgError("the head slice lacks the final norm or lm_head.weight", key="teacher",
-                          fix="re-run `dvc repro teacher` (or `dvc pull models/teacher/blocks/head.safetensors`)")
+            raise ZgError(
+                "the head slice lacks the final norm or lm_head.weight",
+                key="teacher",
+                fix="re-run `dvc repro teacher` (or `dvc pull models/teacher/blocks/head.safetensors`)",
+            )
         self.norm.load_state_dict(norm, strict=True)
         self.register_buffer("weight", head["lm_head.weight"].float(), persistent=False)
         for p in self.norm.parameters():
@@ -141,13 +157,20 @@ def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempera
     return F.kl_div(ls, lt, log_target=True, reduction="none").sum(-1)
 
 
-def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-                 *, temperature: float, ce_weight: float) -> torch.Tensor:
+def distill_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature: float,
+    ce_weight: float,
+) -> torch.Tensor:
     """T^2 * mean KL over real positions (Hinton's scaling keeps gradients comparable across T), plus
     ``ce_weight`` * next-token cross-entropy over real targets. ``mask`` (B, T) is False at padding."""
     m = mask.float()
     kl = (token_kl(student_logits, teacher_logits, temperature) * m).sum() / m.sum().clamp_min(1)
-    loss = kl * temperature ** 2
+    loss = kl * temperature**2
     if ce_weight:
         tm = m[:, 1:]
         ce = F.cross_entropy(student_logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")

@@ -59,13 +59,20 @@ class RepairData:
         self.tokens = open_tokens(layout)
         self.boundary = BoundaryDataset(layout.boundary(boundary))
         lineage = self.boundary.meta.get("lineage", {})
-        check(str(layout.tokens_json), {"tokens_fingerprint": read_tokens_json(layout)["fingerprint"]},
-              str(layout.boundary(boundary)), lineage, keys=("tokens_fingerprint",),
-              fix="rebuild both from one commit (`dvc repro tokens materialize`)")
+        check(
+            str(layout.tokens_json),
+            {"tokens_fingerprint": read_tokens_json(layout)["fingerprint"]},
+            str(layout.boundary(boundary)),
+            lineage,
+            keys=("tokens_fingerprint",),
+            fix="rebuild both from one commit (`dvc repro tokens materialize`)",
+        )
         seq = self.tokens.to_table(columns=["seq_id"]).column("seq_id").to_numpy()
         if not np.array_equal(seq, self.boundary.seq_ids):
-            raise ZgError(f"{layout.boundary(boundary)} is not row-aligned with {layout.tokens}",
-                          fix="re-run `dvc repro materialize` after tokens")
+            raise ZgError(
+                f"{layout.boundary(boundary)} is not row-aligned with {layout.tokens}",
+                fix="re-run `dvc repro materialize` after tokens",
+            )
         self.has_length = "length" in self.tokens.schema.names  # corpus.packing: pad
 
     def rows(self, split: str) -> np.ndarray:
@@ -95,7 +102,7 @@ class RepairRun(loop.RunState):
     gen: torch.Generator
     data: RepairData
     seed: int
-    student: Path      # the folder it started from: its tokenizer, zerograph.json and modeling file are copied
+    student: Path  # the folder it started from: its tokenizer, zerograph.json and modeling file are copied
     curve: list = field(default_factory=list)
 
 
@@ -133,7 +140,7 @@ def mean_kl(model: RepairModel, head: TeacherHead, data: RepairData, rows: np.nd
     dev = device()
     total = count = 0.0
     for i in range(0, len(rows), batch_size):
-        ids, mask, h = data.take(rows[i:i + batch_size])
+        ids, mask, h = data.take(rows[i : i + batch_size])
         kl = token_kl(model(ids.to(dev)), head(h.to(dev)))
         total += float((kl.double() * mask.to(dev)).sum())
         count += float(mask.sum())
@@ -142,8 +149,10 @@ def mean_kl(model: RepairModel, head: TeacherHead, data: RepairData, rows: np.nd
 
 def _kls(model: RepairModel, head: TeacherHead, data: RepairData, cfg: RepairConfig) -> dict:
     """KL at T=1 on the first ``repair.eval_rows`` train and held-out sequences (held-out: reported, never trained)."""
-    return {split: mean_kl(model, head, data, data.rows(split)[: cfg.eval_rows], cfg.batch_size)
-            for split in ("train", "heldout")}
+    return {
+        split: mean_kl(model, head, data, data.rows(split)[: cfg.eval_rows], cfg.batch_size)
+        for split in ("train", "heldout")
+    }
 
 
 def _inputs(project: ProjectConfig, layout: Layout) -> tuple[RepairData, dict, dict]:
@@ -152,29 +161,46 @@ def _inputs(project: ProjectConfig, layout: Layout) -> tuple[RepairData, dict, d
     head_tensors, hmeta = load_slice(layout.teacher_head)
     data = RepairData(layout, last)
     lineage = data.boundary.meta.get("lineage", {})
-    check(str(layout.boundary(last)), lineage, str(layout.teacher_head),
-          {"teacher_sha256": hmeta.get("teacher_sha256")}, keys=("teacher_sha256",),
-          fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)")
+    check(
+        str(layout.boundary(last)),
+        lineage,
+        str(layout.teacher_head),
+        {"teacher_sha256": hmeta.get("teacher_sha256")},
+        keys=("teacher_sha256",),
+        fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)",
+    )
     n_layers = int(hmeta["config"]["num_hidden_layers"])
     if lineage.get("layer") != n_layers:
-        raise ZgError(f"repair needs the teacher's last boundary (layer {n_layers}); partition.boundaries ends at "
-                      f"{lineage.get('layer')}", key="partition.boundaries",
-                      fix=f"end partition.boundaries with {n_layers}, or set repair.steps: 0")
+        raise ZgError(
+            f"repair needs the teacher's last boundary (layer {n_layers}); partition.boundaries ends at "
+            f"{lineage.get('layer')}",
+            key="partition.boundaries",
+            fix=f"end partition.boundaries with {n_layers}, or set repair.steps: 0",
+        )
     if not len(data.rows("train")):
         raise ZgError(f"{layout.boundary(last)} has no 'train' rows", fix="check corpus.heldout and the caps")
     return data, head_tensors, hmeta
 
 
-def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Layout(), student: Path | None = None,
-          paths: RepairPaths | None = None) -> RepairRun:
+def setup(
+    project: ProjectConfig,
+    *,
+    restart: bool = False,
+    layout: Layout = Layout(),
+    student: Path | None = None,
+    paths: RepairPaths | None = None,
+) -> RepairRun:
     """Build the repair run: a fresh start (checkpoint 0, KL before measured) or a resume from its run folder.
 
     ``student`` and ``paths`` default to the main pipeline's (models/student, ``layout.repair``); the search
     repair (zgtrain/search/repair.py) passes models/search/student and ``layout.search_repair``."""
     cfg = project.repair
     if not cfg.enabled:
-        raise ZgError("repair.steps is 0: the repair stage is off", key="repair.steps",
-                      fix="set repair.steps > 0 in params.yaml and run `zg pipeline`")
+        raise ZgError(
+            "repair.steps is 0: the repair stage is off",
+            key="repair.steps",
+            fix="set repair.steps > 0 in params.yaml and run `zg pipeline`",
+        )
     set_threads(cfg.threads)
     paths = paths or layout.repair
     student = Path(student or layout.student)
@@ -182,10 +208,14 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     student_sha = student_sha256(student)
     lm = load_student(student)
     seed = block_seed(project.seed, cfg.seed, "repair")
-    identity = {"repair_version": REPAIR_VERSION, "seed": seed,
-                "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
-                "student_sha256": student_sha, "boundary": {project.partition.names[-1]: data.boundary.fingerprint},
-                "teacher_sha256": hmeta["teacher_sha256"]}
+    identity = {
+        "repair_version": REPAIR_VERSION,
+        "seed": seed,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+        "student_sha256": student_sha,
+        "boundary": {project.partition.names[-1]: data.boundary.fingerprint},
+        "teacher_sha256": hmeta["teacher_sha256"],
+    }
     d = paths.run_dir
     prior = resumable(None if restart else checkpoint.read_meta(d), identity, where=str(d), fix=_RESTART)
     gen = seed_all(seed)
@@ -195,10 +225,26 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     model = RepairModel(lm, cfg.trainable, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, gen=gen).to(dev)
     opt = torch.optim.AdamW(model.trainable(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     d = loop.begin(d, prior)  # only now, when nothing can refuse the run; a restart builds beside the old folder
-    meta = {**identity, "steps": cfg.steps, "done": False, "state_sha256": None,
-            "trainable_params": sum(p.numel() for p in model.trainable()), "params": n_params}
-    run = RepairRun(cfg=cfg, paths=replace(paths, run_dir=d), meta=meta, model=model, head=head, opt=opt, gen=gen, data=data, seed=seed,
-                    student=student)
+    meta = {
+        **identity,
+        "steps": cfg.steps,
+        "done": False,
+        "state_sha256": None,
+        "trainable_params": sum(p.numel() for p in model.trainable()),
+        "params": n_params,
+    }
+    run = RepairRun(
+        cfg=cfg,
+        paths=replace(paths, run_dir=d),
+        meta=meta,
+        model=model,
+        head=head,
+        opt=opt,
+        gen=gen,
+        data=data,
+        seed=seed,
+        student=student,
+    )
     if prior is None:
         # what repair starts from, measured once: a resumed run's model has already moved
         meta["kl_before"] = _kls(model, head, data, cfg)
@@ -220,23 +266,33 @@ def _steps(run: RepairRun) -> loop.Steps:
     train_rows = run.data.rows("train")
 
     def fail(step: int, what: str) -> ZgError:
-        return loop.diverged("repair", step, what, key="repair.lr", good=checkpoint.read_meta(d)["step"],
-                             fix="lower repair.lr and rerun with `zg train repair --restart`")
+        return loop.diverged(
+            "repair",
+            step,
+            what,
+            key="repair.lr",
+            good=checkpoint.read_meta(d)["step"],
+            fix="lower repair.lr and rerun with `zg train repair --restart`",
+        )
 
     def work(step: int, rows) -> int:
         ids, mask, h = run.data.take(rows)
         ids, mask = ids.to(dev), mask.to(dev)
-        loss = distill_loss(model(ids), run.head(h.to(dev)), ids, mask, temperature=cfg.temperature,
-                            ce_weight=cfg.ce_weight)
+        loss = distill_loss(
+            model(ids), run.head(h.to(dev)), ids, mask, temperature=cfg.temperature, ce_weight=cfg.ce_weight
+        )
         loop.update(loss, model.trainable(), opt, cfg.grad_clip, lambda what: fail(step, what))
         run.curve.append(float(loss.detach()))
         return int(mask.sum())
 
-    return loop.Steps(name="repair", work=work, lrs=[(opt, lambda s: lr_at(cfg, s))],
-                      batches=lambda start, end: ((s, step_rows(train_rows, s, cfg.batch_size, run.seed))
-                                                  for s in range(start, end)),
-                      save=lambda step: checkpoint.save(d, run.meta, model, opt, run.gen, run.curve, step),
-                      checkpoint_every=cfg.checkpoint_every)
+    return loop.Steps(
+        name="repair",
+        work=work,
+        lrs=[(opt, lambda s: lr_at(cfg, s))],
+        batches=lambda start, end: ((s, step_rows(train_rows, s, cfg.batch_size, run.seed)) for s in range(start, end)),
+        save=lambda step: checkpoint.save(d, run.meta, model, opt, run.gen, run.curve, step),
+        checkpoint_every=cfg.checkpoint_every,
+    )
 
 
 def fit(run: RepairRun, end: int) -> None:
@@ -252,9 +308,11 @@ def _publish(run: RepairRun, summary: dict) -> None:
     with atomic_path(run.paths.model) as tmp:
         run.model.lm.save_pretrained(tmp)
         for p in sorted(src.iterdir()):  # tokenizer, zerograph.json, zg's pinned modeling file: as the student's
-            if p.is_file() and not (p.suffix == ".safetensors" or p.name in ("config.json", "generation_config.json",
-                                                                                  CHECKSUMS)
-                                    or p.name.endswith(".safetensors.index.json")):
+            if p.is_file() and not (
+                p.suffix == ".safetensors"
+                or p.name in ("config.json", "generation_config.json", CHECKSUMS)
+                or p.name.endswith(".safetensors.index.json")
+            ):
                 shutil.copyfile(p, tmp / p.name)
         zg = _read_json(tmp / "zerograph.json")
         zg["repair"] = summary
@@ -270,8 +328,15 @@ def _read_json(path: Path) -> dict:
         raise ZgError(f"{path} is unreadable ({e})", fix="rebuild the student with `dvc repro -f assemble`") from e
 
 
-def repair(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-           layout: Layout = Layout(), student: Path | None = None, paths: RepairPaths | None = None) -> RepairResult:
+def repair(
+    project: ProjectConfig,
+    *,
+    stop_after: int | None = None,
+    restart: bool = False,
+    layout: Layout = Layout(),
+    student: Path | None = None,
+    paths: RepairPaths | None = None,
+) -> RepairResult:
     """Run (or resume) the repair to repair.steps (or ``stop_after`` more steps), then publish models/repaired
     (``student`` and ``paths``: as in ``setup``)."""
     paths = paths or layout.repair
@@ -289,25 +354,40 @@ def _repair(project, *, stop_after, restart, layout, paths, student) -> RepairRe
     if end < cfg.steps:
         checkpoint.save(run.paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, end)
         loop.publish(run.paths.run_dir, paths.run_dir)
-        return RepairResult(status="stopped", step=end, steps=cfg.steps, state_sha256=sha,
-                            train_loss=loop.mean_tail(run.curve))
+        return RepairResult(
+            status="stopped", step=end, steps=cfg.steps, state_sha256=sha, train_loss=loop.mean_tail(run.curve)
+        )
     after = _kls(run.model, run.head, run.data, cfg)
     before = run.meta["kl_before"]
     run.meta.update(done=True, state_sha256=sha)
     checkpoint.finish(run.paths.run_dir, run.meta, run.model, run.opt, run.gen, run.curve, cfg.steps)
     loop.publish(run.paths.run_dir, paths.run_dir)
     run.paths = paths
-    result = RepairResult(status="done", step=cfg.steps, steps=cfg.steps, state_sha256=sha,
-                          kl_train_before=before["train"], kl_train_after=after["train"],
-                          kl_heldout_before=before["heldout"], kl_heldout_after=after["heldout"],
-                          eval_rows=cfg.eval_rows, first_loss=run.curve[0] if run.curve else None,
-                          train_loss=loop.mean_tail(run.curve), trainable=cfg.trainable,
-                          trainable_params=run.meta["trainable_params"], params=run.meta["params"],
-                          temperature=cfg.temperature, ce_weight=cfg.ce_weight, tokens_per_s=run.tokens_per_s(),
-                          student_sha256=run.meta["student_sha256"])
+    result = RepairResult(
+        status="done",
+        step=cfg.steps,
+        steps=cfg.steps,
+        state_sha256=sha,
+        kl_train_before=before["train"],
+        kl_train_after=after["train"],
+        kl_heldout_before=before["heldout"],
+        kl_heldout_after=after["heldout"],
+        eval_rows=cfg.eval_rows,
+        first_loss=run.curve[0] if run.curve else None,
+        train_loss=loop.mean_tail(run.curve),
+        trainable=cfg.trainable,
+        trainable_params=run.meta["trainable_params"],
+        params=run.meta["params"],
+        temperature=cfg.temperature,
+        ce_weight=cfg.ce_weight,
+        tokens_per_s=run.tokens_per_s(),
+        student_sha256=run.meta["student_sha256"],
+    )
     metrics = result.metrics()
-    _publish(run, {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable", "temperature",
-                                           "ce_weight")})
+    _publish(
+        run,
+        {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable", "temperature", "ce_weight")},
+    )
     write_json(paths.metrics, metrics)
     write_text(paths.loss_curve, "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))
     return result

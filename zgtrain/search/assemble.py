@@ -23,11 +23,11 @@ from zgdata.lineage import check, expected_fingerprints
 from zgdata.lock import project_lock
 from zgdata.progress import stderr
 from zgdata.teacher.prepare import load_slice
-from zgtrain.student.assemble import StudentResult, build_from_blocks, save_student
+from zgtrain.block.conversions import identity
 from zgtrain.fit.checkpoint import load_block
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
-from zgtrain.block.conversions import identity
 from zgtrain.search.variants import VariantLayout, search_choice, search_eval_metrics, search_student, stage_name
+from zgtrain.student.assemble import StudentResult, build_from_blocks, save_student
 
 __all__ = ["read_choice", "mix_blocks", "assemble_choice", "checked_mix", "SearchAssembleResult"]
 
@@ -58,20 +58,33 @@ class SearchAssembleResult:
 
     def report(self) -> dict:
         """metrics/search_eval.json."""
-        return {"selected": self.selected, "passed": self.passed, "tries": self.tries, "budget": self.budget,
-                "budget_unit": self.budget_unit, "cost": self.cost, "unmet": self.unmet}
+        return {
+            "selected": self.selected,
+            "passed": self.passed,
+            "tries": self.tries,
+            "budget": self.budget,
+            "budget_unit": self.budget_unit,
+            "cost": self.cost,
+            "unmet": self.unmet,
+        }
 
     def metrics(self) -> dict:
         """The student's summary, the report and the written try (what `zg search assemble --json` prints)."""
-        return {**self.student.metrics(), **self.report(), "written_try": self.written_try,
-                "choice": self.tries[self.written_try]["mix"]}
+        return {
+            **self.student.metrics(),
+            **self.report(),
+            "written_try": self.written_try,
+            "choice": self.tries[self.written_try]["mix"],
+        }
 
 
 def checked_mix(project: ProjectConfig, mix: dict, path) -> dict[str, str]:
     mix = {b: str(v) for b, v in mix.items()}
     if list(mix) != list(project.blocks) or not set(mix.values()) <= {IDENTITY_VARIANT, *project.variants}:
-        raise ZgError(f"{path} chooses {mix}, which does not fit params.yaml's blocks and variants",
-                      fix="rerun the search: `dvc repro search`")
+        raise ZgError(
+            f"{path} chooses {mix}, which does not fit params.yaml's blocks and variants",
+            fix="rerun the search: `dvc repro search`",
+        )
     return mix
 
 
@@ -104,10 +117,17 @@ def mix_blocks(project: ProjectConfig, mix: dict[str, str], layout: Layout, whic
             block = identity(tensors, config_from_dict(smeta["config"]), None, None, None).eval()
             meta = {"state_sha256": None, "fingerprints": {}, "teacher_layers": smeta["layers"]}
         else:
-            block, meta = load_block(VariantLayout(root=layout.root, block=spec.key, variant=name), spec.key,
-                                     which=which)
-            check(f"variant {spec.key}/{name}", meta["fingerprints"], "the current boundaries", want,
-                  keys=(spec.input, spec.output), fix=f"it is stale: run `dvc repro {stage_name(spec.key, name)}`")
+            block, meta = load_block(
+                VariantLayout(root=layout.root, block=spec.key, variant=name), spec.key, which=which
+            )
+            check(
+                f"variant {spec.key}/{name}",
+                meta["fingerprints"],
+                "the current boundaries",
+                want,
+                keys=(spec.input, spec.output),
+                fix=f"it is stale: run `dvc repro {stage_name(spec.key, name)}`",
+            )
         blocks.append((spec, block, meta))
     return blocks
 
@@ -120,17 +140,25 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
     with project_lock(layout, "search-assemble", writes=path):
         judge = MixJudge(project, layout)
         tries, kept = [], None
-        for i, mix in enumerate(mixes[:project.search.max_tries]):
+        for i, mix in enumerate(mixes[: project.search.max_tries]):
             stderr.print(f"search: try {i + 1}: {', '.join(f'{b}={n}' for b, n in mix.items())}")
             model, summary = build_from_blocks(mix_blocks(project, mix, layout), layout=layout)
             init, _ = build_from_blocks(mix_blocks(project, mix, layout, "init"), layout=layout)
             verdict = judge.judge(model, init, f"try {i + 1}")
             del init
             costs = ranked[i]  # the blocks' params and KV bytes/token, as the search counted them
-            tries.append({"mix": mix, "params": costs["params"], "kv_bytes": costs["kv_bytes"],
-                          "predicted_ce_delta": costs["predicted_ce_delta"], "model_params": summary["params"],
-                          "model_param_ratio": summary["param_ratio"], "model_kv_ratio": summary["kv_ratio"],
-                          **verdict})
+            tries.append(
+                {
+                    "mix": mix,
+                    "params": costs["params"],
+                    "kv_bytes": costs["kv_bytes"],
+                    "predicted_ce_delta": costs["predicted_ce_delta"],
+                    "model_params": summary["params"],
+                    "model_param_ratio": summary["param_ratio"],
+                    "model_kv_ratio": summary["kv_ratio"],
+                    **verdict,
+                }
+            )
             if kept is None or verdict["miss"] < tries[kept[0]]["miss"]:
                 kept = (i, model, summary)
             if verdict["gates_passed"]["all"]:
@@ -140,11 +168,19 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
         summary["choice"] = tries[i]["mix"]
         summary["search"] = {"try": i + 1, "tries": len(tries), "gates_passed": passed}
         result = SearchAssembleResult(
-            student=save_student(model, summary, path, layout=layout), selected=i if passed else None,
-            passed=passed, tries=tries, budget=choice["budget"], budget_unit=choice["budget_unit"],
-            cost=choice["cost"], unmet=None if passed else unmet_report(project, choice, tries), written_try=i)
+            student=save_student(model, summary, path, layout=layout),
+            selected=i if passed else None,
+            passed=passed,
+            tries=tries,
+            budget=choice["budget"],
+            budget_unit=choice["budget_unit"],
+            cost=choice["cost"],
+            unmet=None if passed else unmet_report(project, choice, tries),
+            written_try=i,
+        )
         if not passed:
-            stderr.print(f"warning: {result.unmet['message']}; wrote the closest miss to {path} "
-                         f"({result.unmet['fix']})")
+            stderr.print(
+                f"warning: {result.unmet['message']}; wrote the closest miss to {path} ({result.unmet['fix']})"
+            )
         write_json(search_eval_metrics(layout), result.report())
     return result

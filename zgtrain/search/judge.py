@@ -14,15 +14,25 @@ from zgdata.layout import Layout
 from zgdata.progress import stderr
 from zgdata.runtime import device
 from zgdata.widen import running_widened
-from zgtrain.project.config import ProjectConfig
 from zgtrain.evaluate.gates import describe, judge_sets, shortfall
 from zgtrain.evaluate.set_metrics import figures, score, targets_for
+from zgtrain.project.config import ProjectConfig
 
 __all__ = ["MixJudge", "unmet_report", "SET_FIGURES"]
 
 # the figures of each set that metrics/search_eval.json keeps per try (the study's table: CE, recovered, context)
-SET_FIGURES = ("teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_gap_ci95", "ce_recovered",
-               "context_retention", "context_retention_ci95", "top1_agreement", "ce_tokens")
+SET_FIGURES = (
+    "teacher_ce",
+    "student_ce",
+    "untrained_ce",
+    "ce_gap",
+    "ce_gap_ci95",
+    "ce_recovered",
+    "context_retention",
+    "context_retention_ci95",
+    "top1_agreement",
+    "ce_tokens",
+)
 
 
 class MixJudge:
@@ -30,8 +40,8 @@ class MixJudge:
 
     def __init__(self, project: ProjectConfig, layout: Layout):
         from zgdata.teacher.prepare import load_teacher, load_tokenizer
-        from zgtrain.evaluate.sets import heldout_set
         from zgtrain.evaluate.run import eval_sets
+        from zgtrain.evaluate.sets import heldout_set
 
         self.cfg, self.gates = project.eval, project.gates
         held, _ = heldout_set(layout, self.cfg.heldout_seqs)
@@ -51,8 +61,12 @@ class MixJudge:
         trained, untrained = self._score(model, label), self._score(init_model, f"{label} (untrained)")
         sets = {}
         for s in self.sets:
-            f = figures(s, {"teacher": self.teacher[s.name], "untrained": untrained[s.name],
-                            "student": trained[s.name]}, self.targets[s.name], self.cfg)
+            f = figures(
+                s,
+                {"teacher": self.teacher[s.name], "untrained": untrained[s.name], "student": trained[s.name]},
+                self.targets[s.name],
+                self.cfg,
+            )
             sets[s.name] = {k: f[k] for k in SET_FIGURES}
         gates_passed = judge_sets(self.gates, sets)
         passed = gates_passed["all"]
@@ -67,11 +81,20 @@ def unmet_report(project: ProjectConfig, choice: dict, tries: list[dict]) -> dic
     k = min(range(len(tries)), key=lambda i: tries[i]["miss"])
     miss, where, gate = shortfall(tries[k]["gates_passed"])
     v = tries[k]["gates_passed"][where][gate]
-    message = (f"search.budget {choice['budget']} ({choice['budget_unit']} of {choice['cost']}) and the gates "
-               f"{describe(g)} on {list(g.sets)} cannot "
-               f"be met together by the {len(tries)} best mixes; closest miss: try {k + 1} "
-               f"({', '.join(f'{b}={n}' for b, n in tries[k]['mix'].items())}), {gate} {v['value']:.4f} on {where} "
-               f"against {v['threshold']} ({miss:.1%} short)")
-    return {"closest_try": k, "set": where, "gate": gate, "value": v["value"], "threshold": v["threshold"],
-            "relative_miss": miss, "message": message,
-            "fix": "raise search.budget, relax the gates, add variants, or raise search.max_tries"}
+    message = (
+        f"search.budget {choice['budget']} ({choice['budget_unit']} of {choice['cost']}) and the gates "
+        f"{describe(g)} on {list(g.sets)} cannot "
+        f"be met together by the {len(tries)} best mixes; closest miss: try {k + 1} "
+        f"({', '.join(f'{b}={n}' for b, n in tries[k]['mix'].items())}), {gate} {v['value']:.4f} on {where} "
+        f"against {v['threshold']} ({miss:.1%} short)"
+    )
+    return {
+        "closest_try": k,
+        "set": where,
+        "gate": gate,
+        "value": v["value"],
+        "threshold": v["threshold"],
+        "relative_miss": miss,
+        "message": message,
+        "fix": "raise search.budget, relax the gates, add variants, or raise search.max_tries",
+    }

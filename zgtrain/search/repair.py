@@ -23,8 +23,8 @@ from zgdata.atomic import write_json
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.progress import stderr
-from zgtrain.project.config import ProjectConfig
 from zgtrain.evaluate.gates import shortfall
+from zgtrain.project.config import ProjectConfig
 from zgtrain.repair.judge import gap_closed
 from zgtrain.search.variants import search_eval_metrics, search_student
 
@@ -75,9 +75,19 @@ class SearchRepairResult:
     def metrics(self) -> dict:
         if self.status != "done":
             return dict(self.repair)
-        out = {**self.repair, "mix": self.mix, "try": self.tried, "params": self.params, "kv_bytes": self.kv_bytes,
-               "passed": self.passed, "sets": self.sets, "gates_passed": self.gates_passed, "miss": self.miss,
-               "ce_gap_closed": self.ce_gap_closed, "before": self.before}
+        out = {
+            **self.repair,
+            "mix": self.mix,
+            "try": self.tried,
+            "params": self.params,
+            "kv_bytes": self.kv_bytes,
+            "passed": self.passed,
+            "sets": self.sets,
+            "gates_passed": self.gates_passed,
+            "miss": self.miss,
+            "ce_gap_closed": self.ce_gap_closed,
+            "before": self.before,
+        }
         return out if self.unmet is None else {**out, "unmet": self.unmet}
 
 
@@ -104,8 +114,9 @@ def kept_try(layout: Layout) -> tuple[int, dict]:
     return i, entry
 
 
-def repair_search(project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False,
-                  layout: Layout = Layout()) -> SearchRepairResult:
+def repair_search(
+    project: ProjectConfig, *, stop_after: int | None = None, restart: bool = False, layout: Layout = Layout()
+) -> SearchRepairResult:
     """Repair models/search/student (or ``stop_after`` more steps of it), then judge the repaired mix."""
     from zgtrain.repair.train import repair
     from zgtrain.search.assemble import checked_mix, mix_blocks
@@ -113,12 +124,13 @@ def repair_search(project: ProjectConfig, *, stop_after: int | None = None, rest
     i, before = kept_try(layout)
     mix = checked_mix(project, before["mix"], search_eval_metrics(layout))
     paths = layout.search_repair
-    res = repair(project, stop_after=stop_after, restart=restart, layout=layout, student=search_student(layout),
-                 paths=paths).metrics()
+    res = repair(
+        project, stop_after=stop_after, restart=restart, layout=layout, student=search_student(layout), paths=paths
+    ).metrics()
     if res["status"] != "done":
         return SearchRepairResult(repair=res)
-    from zgtrain.student.assemble import build_from_blocks
     from zgtrain.search.judge import MixJudge
+    from zgtrain.student.assemble import build_from_blocks
     from zgtrain.student.load import load_student
 
     judge = MixJudge(project, layout)
@@ -130,15 +142,29 @@ def repair_search(project: ProjectConfig, *, stop_after: int | None = None, rest
     if not passed:
         miss, where, gate = shortfall(verdict["gates_passed"])
         v = verdict["gates_passed"][where][gate]
-        unmet = (f"the repaired mix fails {gate} on {where}: {v['value']:.4f} against {v['threshold']} "
-                 f"({miss:.1%} short)")
+        unmet = (
+            f"the repaired mix fails {gate} on {where}: {v['value']:.4f} against {v['threshold']} ({miss:.1%} short)"
+        )
         stderr.print(f"warning: {unmet}; raise search.budget or repair.steps, or relax the gates")
     report = SearchRepairResult(
-        repair=res, mix=mix, tried=i + 1, params=before["params"], kv_bytes=before["kv_bytes"], passed=passed,
-        sets=verdict["sets"], gates_passed=verdict["gates_passed"], miss=verdict["miss"], ce_gap_closed=closed,
-        before={"passed": before["gates_passed"]["all"], "miss": before["miss"],
-                "sets": {n: {k: s[k] for k in ("student_ce", "ce_gap", "context_retention")}
-                         for n, s in before["sets"].items()}},
-        unmet=unmet)
+        repair=res,
+        mix=mix,
+        tried=i + 1,
+        params=before["params"],
+        kv_bytes=before["kv_bytes"],
+        passed=passed,
+        sets=verdict["sets"],
+        gates_passed=verdict["gates_passed"],
+        miss=verdict["miss"],
+        ce_gap_closed=closed,
+        before={
+            "passed": before["gates_passed"]["all"],
+            "miss": before["miss"],
+            "sets": {
+                n: {k: s[k] for k in ("student_ce", "ce_gap", "context_retention")} for n, s in before["sets"].items()
+            },
+        },
+        unmet=unmet,
+    )
     write_json(paths.metrics, report.metrics())
     return report

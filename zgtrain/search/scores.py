@@ -15,12 +15,12 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families import config_from_dict, family_of
 from zgdata.layout import Layout
-from zgdata.virtual import open_pair_in
 from zgdata.runtime import device
 from zgdata.teacher.prepare import load_slice
 from zgdata.tokens import read_tokens
-from zgtrain.fit.checkpoint import load_block
+from zgdata.virtual import open_pair_in
 from zgtrain.block.conversions import identity
+from zgtrain.fit.checkpoint import load_block
 
 __all__ = ["score_variant", "head_module", "teacher_blocks"]
 
@@ -59,11 +59,14 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
     head, hmeta = head_module(layout)
     n_layers = hmeta["config"]["num_hidden_layers"]
     if part.boundaries[-1] != n_layers:
-        raise ZgError(f"partition.boundaries ends at layer {part.boundaries[-1]}, but the teacher has {n_layers}: "
-                      f"the replace-one-block CE needs teacher blocks up to the head", key="partition.boundaries",
-                      fix=f"end partition.boundaries at {n_layers}")
+        raise ZgError(
+            f"partition.boundaries ends at layer {part.boundaries[-1]}, but the teacher has {n_layers}: "
+            f"the replace-one-block CE needs teacher blocks up to the head",
+            key="partition.boundaries",
+            fix=f"end partition.boundaries at {n_layers}",
+        )
     keys = [b.key for b in part.blocks()]
-    downstream = teacher_blocks(project, layout, keys[keys.index(block) + 1:])
+    downstream = teacher_blocks(project, layout, keys[keys.index(block) + 1 :])
     swapped, _ = load_block(layout, block)
     dev = device()
     for m in (swapped, *downstream):
@@ -73,17 +76,22 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
     if cfg.heldout_rows:
         rows = rows[: cfg.heldout_rows]
     if not len(rows):
-        raise ZgError(f"{layout.boundary(spec.input)} has no held-out rows", key="corpus.heldout",
-                      fix="hold out some documents (corpus.heldout) and rerun tokenize and materialize")
+        raise ZgError(
+            f"{layout.boundary(spec.input)} has no held-out rows",
+            key="corpus.heldout",
+            fix="hold out some documents (corpus.heldout) and rerun tokenize and materialize",
+        )
     ids, splits = read_tokens(layout, rows)
     if set(splits) != {"heldout"}:
-        raise ZgError(f"rows of {layout.boundary(spec.input)} do not match data/tokens.lance",
-                      fix="restore both from one commit, or re-run `dvc repro tokens materialize`")
+        raise ZgError(
+            f"rows of {layout.boundary(spec.input)} do not match data/tokens.lance",
+            fix="restore both from one commit, or re-run `dvc repro tokens materialize`",
+        )
     nll = {"replace": 0.0, "teacher": 0.0}
     count = 0
     for i in range(0, len(rows), cfg.batch_size):
-        r = rows[i:i + cfg.batch_size]
-        gold = ids[i:i + cfg.batch_size, 1:].to(dev)
+        r = rows[i : i + cfg.batch_size]
+        gold = ids[i : i + cfg.batch_size, 1:].to(dev)
         starts = {"replace": swapped(x_ds.take(r).float().to(dev)), "teacher": y_ds.take(r).float().to(dev)}
         for name, h in starts.items():
             for blk in downstream:
@@ -92,6 +100,11 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
             nll[name] += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="sum"))
         count += gold.numel()
     replace_ce, teacher_ce = nll["replace"] / count, nll["teacher"] / count
-    return {"replace_ce": replace_ce, "teacher_ce": teacher_ce, "ce_delta": replace_ce - teacher_ce,
-            "score_rows": int(len(rows)), "score_tokens": int(count),
-            "downstream_blocks": keys[keys.index(block) + 1:]}
+    return {
+        "replace_ce": replace_ce,
+        "teacher_ce": teacher_ce,
+        "ce_delta": replace_ce - teacher_ce,
+        "score_rows": int(len(rows)),
+        "score_tokens": int(count),
+        "downstream_blocks": keys[keys.index(block) + 1 :],
+    }

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 from zgdata.atomic import write_json
 from zgdata.errors import ZgError
@@ -41,8 +41,9 @@ def solve(choices: Sequence[Sequence[tuple[float, float]]], budget: float) -> tu
     lower cost wins, then the lexicographically smaller index tuple."""
     states = [(0.0, 0.0, ())]  # (delta, cost, indices) of the partial mixes on the Pareto front
     for opts in choices:
-        grown = [(d + od, c + oc, idx + (j,)) for d, c, idx in states for j, (oc, od) in enumerate(opts)
-                 if c + oc <= budget]
+        grown = [
+            (d + od, c + oc, idx + (j,)) for d, c, idx in states for j, (oc, od) in enumerate(opts) if c + oc <= budget
+        ]
         grown.sort(key=lambda s: (s[1], s[0], s[2]))
         states, best = [], math.inf
         for s in grown:  # an earlier state has cost <= this one's; keep this one only if its delta is lower
@@ -80,7 +81,7 @@ def ranked(choices: Sequence[Sequence[tuple[float, float]]], budget: float, k: i
         (_, _, x), allowed = heapq.heappop(heap)
         out.append(x)
         for i in range(len(choices)):
-            sub = [[x[b]] for b in range(i)] + [[j for j in allowed[i] if j != x[i]]] + allowed[i + 1:]
+            sub = [[x[b]] for b in range(i)] + [[j for j in allowed[i] if j != x[i]]] + allowed[i + 1 :]
             y = best(sub) if sub[i] else None
             if y is not None:
                 heapq.heappush(heap, (_key(choices, y), sub))
@@ -96,17 +97,34 @@ def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
             path = variant_metrics(layout, block, v)
             try:
                 m = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-                raise ZgError(f"{path} is missing or unreadable", fix=f"run `dvc repro {stage_name(block, v)}`")
-            if m.get("status") != "done" or "ce_delta" not in m or "kv_bytes_per_token" not in m \
-                    or (m.get("block"), m.get("variant")) != (block, v):
-                raise ZgError(f"{path} is not the scores of a finished {block}/{v}",
-                              fix=f"run `dvc repro {stage_name(block, v)}`")
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ZgError(f"{path} is missing or unreadable", fix=f"run `dvc repro {stage_name(block, v)}`") from e
+            if (
+                m.get("status") != "done"
+                or "ce_delta" not in m
+                or "kv_bytes_per_token" not in m
+                or (m.get("block"), m.get("variant")) != (block, v)
+            ):
+                raise ZgError(
+                    f"{path} is not the scores of a finished {block}/{v}", fix=f"run `dvc repro {stage_name(block, v)}`"
+                )
             if not opts:
-                opts.append({"variant": IDENTITY_VARIANT, "params": int(m["teacher_params"]),
-                             "kv_bytes": float(m["teacher_kv_bytes_per_token"]), "ce_delta": 0.0})
-            opts.append({"variant": v, "params": int(m["params"]), "kv_bytes": float(m["kv_bytes_per_token"]),
-                         "ce_delta": float(m["ce_delta"])})
+                opts.append(
+                    {
+                        "variant": IDENTITY_VARIANT,
+                        "params": int(m["teacher_params"]),
+                        "kv_bytes": float(m["teacher_kv_bytes_per_token"]),
+                        "ce_delta": 0.0,
+                    }
+                )
+            opts.append(
+                {
+                    "variant": v,
+                    "params": int(m["params"]),
+                    "kv_bytes": float(m["kv_bytes_per_token"]),
+                    "ce_delta": float(m["ce_delta"]),
+                }
+            )
         out[block] = opts
     return out
 
@@ -164,8 +182,11 @@ def _totals(opts: dict, idx) -> dict:
 def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
     cfg = project.search
     if not project.variants:
-        raise ZgError("params.yaml has no variant library to search", key="variants",
-                      fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`")
+        raise ZgError(
+            "params.yaml has no variant library to search",
+            key="variants",
+            fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`",
+        )
     opts = options(project, layout)
     blocks = list(opts)
     choices = [[(o[cfg.cost], o["ce_delta"]) for o in opts[b]] for b in blocks]
@@ -175,30 +196,68 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
     pick = solve(choices, budget)
     if pick is None:
         least = min_cost(choices)
-        smallest = f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)" if cfg.budget_unit == "fraction" \
+        smallest = (
+            f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)"
+            if cfg.budget_unit == "fraction"
             else f"{math.ceil(least * 1e4) / 1e4:g} (budget_unit: absolute)"
-        raise ZgError(f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
-                      f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
-                      f"teacher's {full:,.0f})", key="search.budget", fix=f"set search.budget >= {smallest}, or add "
-                      f"cheaper variants")
+        )
+        raise ZgError(
+            f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
+            f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
+            f"teacher's {full:,.0f})",
+            key="search.budget",
+            fix=f"set search.budget >= {smallest}, or add cheaper variants",
+        )
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
     # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
-    alternatives = [{"mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)}, **_totals(opts, idx),
-                     "predicted_ce_delta": _key(choices, idx)[0]} for idx in ranked(choices, budget, RANKED)]
+    alternatives = [
+        {
+            "mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
+            **_totals(opts, idx),
+            "predicted_ce_delta": _key(choices, idx)[0],
+        }
+        for idx in ranked(choices, budget, RANKED)
+    ]
     got = _totals(opts, pick)
-    choice = {"cost": cfg.cost, "budget": cfg.budget, "budget_unit": cfg.budget_unit, "budget_cost": budget,
-              "teacher_params": teacher["params"], "teacher_kv_bytes": teacher["kv_bytes"], **got,
-              "param_ratio": got["params"] / teacher["params"], "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],
-              "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()), "blocks": chosen,
-              "ranked": alternatives}
+    choice = {
+        "cost": cfg.cost,
+        "budget": cfg.budget,
+        "budget_unit": cfg.budget_unit,
+        "budget_cost": budget,
+        "teacher_params": teacher["params"],
+        "teacher_kv_bytes": teacher["kv_bytes"],
+        **got,
+        "param_ratio": got["params"] / teacher["params"],
+        "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],
+        "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()),
+        "blocks": chosen,
+        "ranked": alternatives,
+    }
     # uniform mixes (one variant everywhere): what the study compares the searched mix against
-    uniform = {v: {**_totals(opts, [j] * len(blocks)),
-                   "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
-               for j, v in enumerate(project.variants, start=1)}
-    metrics = {k: choice[k] for k in ("cost", "budget_cost", "teacher_params", "teacher_kv_bytes", "params", "kv_bytes",
-                                      "param_ratio", "kv_ratio", "predicted_ce_delta")}
-    metrics.update(candidates=sum(len(o) for o in opts.values()), mixes=math.prod(len(o) for o in opts.values()),
-                   uniform=uniform, choice={b: o["variant"] for b, o in chosen.items()})
+    uniform = {
+        v: {**_totals(opts, [j] * len(blocks)), "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
+        for j, v in enumerate(project.variants, start=1)
+    }
+    metrics = {
+        k: choice[k]
+        for k in (
+            "cost",
+            "budget_cost",
+            "teacher_params",
+            "teacher_kv_bytes",
+            "params",
+            "kv_bytes",
+            "param_ratio",
+            "kv_ratio",
+            "predicted_ce_delta",
+        )
+    }
+    metrics.update(
+        candidates=sum(len(o) for o in opts.values()),
+        mixes=math.prod(len(o) for o in opts.values()),
+        uniform=uniform,
+        choice={b: o["variant"] for b, o in chosen.items()},
+    )
     result = SearchResult(**choice, path=str(search_choice(layout)))
     write_json(search_choice(layout), result.choice())
     write_json(search_metrics(layout), metrics)

@@ -20,10 +20,21 @@ from pathlib import Path
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
-__all__ = ["variant_dir", "variant_metrics", "variant_plot", "search_choice", "search_metrics", "search_eval_metrics",
-           "search_student",
-           "VariantLayout", "VariantResult",
-           "variant_project", "train_variant", "stage_name", "show"]
+__all__ = [
+    "variant_dir",
+    "variant_metrics",
+    "variant_plot",
+    "search_choice",
+    "search_metrics",
+    "search_eval_metrics",
+    "search_student",
+    "VariantLayout",
+    "VariantResult",
+    "variant_project",
+    "train_variant",
+    "stage_name",
+    "show",
+]
 
 
 def variant_dir(layout: Layout, block: str, variant: str) -> Path:
@@ -118,14 +129,23 @@ class VariantResult:
         """The training's figures, the block and variant names and, once done, the scores."""
         if self.status != "done":
             return dict(self.training)
-        return {**self.training, "block": self.block, "variant": self.variant,
-                "heldout_nmse": self.training["heldout_loss"], "replace_ce": self.replace_ce,
-                "teacher_ce": self.teacher_ce, "ce_delta": self.ce_delta, "score_rows": self.score_rows,
-                "score_tokens": self.score_tokens, "downstream_blocks": self.downstream_blocks}
+        return {
+            **self.training,
+            "block": self.block,
+            "variant": self.variant,
+            "heldout_nmse": self.training["heldout_loss"],
+            "replace_ce": self.replace_ce,
+            "teacher_ce": self.teacher_ce,
+            "ce_delta": self.ce_delta,
+            "score_rows": self.score_rows,
+            "score_tokens": self.score_tokens,
+            "downstream_blocks": self.downstream_blocks,
+        }
 
 
-def train_variant(project, block: str, variant: str, *, restart: bool | str = False,
-                  layout: Layout = Layout()) -> VariantResult:
+def train_variant(
+    project, block: str, variant: str, *, restart: bool | str = False, layout: Layout = Layout()
+) -> VariantResult:
     """Train BLOCK as VARIANT (resuming its own checkpoint), then score it; writes its metrics file."""
     from zgdata.atomic import write_json
     from zgtrain.block.train import train_block
@@ -135,8 +155,9 @@ def train_variant(project, block: str, variant: str, *, restart: bool | str = Fa
     result = train_block(variant_project(project, block, variant), block, restart=restart, layout=vl)
     if result.status != "done":
         return VariantResult(block=block, variant=variant, training=result.metrics())
-    out = VariantResult(block=block, variant=variant, training=result.metrics(),
-                        **score_variant(project, block, variant, layout=vl))
+    out = VariantResult(
+        block=block, variant=variant, training=result.metrics(), **score_variant(project, block, variant, layout=vl)
+    )
     write_json(vl.block_metrics(block), out.metrics())
     return out
 
@@ -152,8 +173,11 @@ def show(project, *, layout: Layout = Layout(), stale: bool = True) -> dict:
     """Which (block, variant) pairs exist (trained and scored) and which `dvc status` reports stale."""
     pairs = [(b, v) for b in project.blocks for v in project.variants]
     if not pairs:
-        raise ZgError("params.yaml has no variant library", key="variants",
-                      fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`")
+        raise ZgError(
+            "params.yaml has no variant library",
+            key="variants",
+            fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`",
+        )
     changed: set[str] = set()
     if stale:
         from zgtrain.exec.repro import stale_stages
@@ -163,10 +187,21 @@ def show(project, *, layout: Layout = Layout(), stale: bool = True) -> dict:
     for b, v in pairs:
         m = _read(variant_metrics(layout, b, v))
         meta = _read(variant_dir(layout, b, v) / "meta.json")
-        rows.append({"block": b, "variant": v, "stage": stage_name(b, v),
-                     "exists": bool(m and meta and meta.get("done") and "ce_delta" in m),
-                     "stale": stage_name(b, v) in changed,
-                     "params": (m or {}).get("params"), "ce_delta": (m or {}).get("ce_delta"),
-                     "heldout_nmse": (m or {}).get("heldout_nmse")})
-    return {"variants": rows, "exist": sum(r["exists"] for r in rows), "stale": sum(r["stale"] for r in rows),
-            "total": len(rows)}
+        rows.append(
+            {
+                "block": b,
+                "variant": v,
+                "stage": stage_name(b, v),
+                "exists": bool(m and meta and meta.get("done") and "ce_delta" in m),
+                "stale": stage_name(b, v) in changed,
+                "params": (m or {}).get("params"),
+                "ce_delta": (m or {}).get("ce_delta"),
+                "heldout_nmse": (m or {}).get("heldout_nmse"),
+            }
+        )
+    return {
+        "variants": rows,
+        "exist": sum(r["exists"] for r in rows),
+        "stale": sum(r["stale"] for r in rows),
+        "total": len(rows),
+    }

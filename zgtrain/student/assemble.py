@@ -62,8 +62,11 @@ class StudentResult:
 
     def metrics(self) -> dict:
         """Every field, less choice and search where they are None (what `zg train assemble --json` prints)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("choice", "search") or getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("choice", "search") or getattr(self, f.name) is not None
+        }
 
 
 def _blocks(project: ProjectConfig, layout: Layout, which: str):
@@ -72,11 +75,18 @@ def _blocks(project: ProjectConfig, layout: Layout, which: str):
     out = []
     for spec in part.blocks():
         if read_meta(layout.block_dir(spec.key)) is None:
-            raise ZgError(f"block {spec.key} is missing ({layout.block_dir(spec.key)})",
-                          fix=f"run `dvc repro train@{spec.key}`")
+            raise ZgError(
+                f"block {spec.key} is missing ({layout.block_dir(spec.key)})", fix=f"run `dvc repro train@{spec.key}`"
+            )
         block, meta = load_block(layout, spec.key, which=which)
-        check(f"block {spec.key}", meta["fingerprints"], "the current boundaries", want, keys=(spec.input, spec.output),
-              fix=f"block {spec.key} is stale: run `dvc repro train@{spec.key}`")
+        check(
+            f"block {spec.key}",
+            meta["fingerprints"],
+            "the current boundaries",
+            want,
+            keys=(spec.input, spec.output),
+            fix=f"block {spec.key} is stale: run `dvc repro train@{spec.key}`",
+        )
         out.append((spec, block, meta))
     return out
 
@@ -97,8 +107,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     model_cls = fam.causal_lm()
     if not uniform:  # per-layer widths or windows: a config subclass plus modeling code shipped with the model
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows,
-                                                               **fields)
+        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows, **fields)
         model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
     config._attn_implementation = "sdpa"
     state = {fam.head_key(k): v for k, v in head.items()}
@@ -107,12 +116,15 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         for j in range(len(block.layers)):
             for k, v in block.weights().items():
                 if k.startswith(f"layers.{j}."):
-                    state[fam.layer_key(i, k.split('.', 2)[2])] = v
+                    state[fam.layer_key(i, k.split(".", 2)[2])] = v
             i += 1
     with torch.device("meta"):
         model = model_cls(config)
-    model.load_state_dict({k: v.to(getattr(torch, hmeta["config"].get("dtype") or "float32")).clone()
-                           for k, v in state.items()}, assign=True, strict=False)
+    model.load_state_dict(
+        {k: v.to(getattr(torch, hmeta["config"].get("dtype") or "float32")).clone() for k, v in state.items()},
+        assign=True,
+        strict=False,
+    )
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
@@ -120,11 +132,25 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     fam.rebuild_buffers(model, config)  # derived buffers (rotary) off the meta device
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
-    summary = {"params": n, "teacher_params": teacher_params, "param_ratio": n / teacher_params, "layers": len(sizes),
-               "intermediate_sizes": sizes, "layer_windows": windows, "remote_code": not uniform,
-               "family": fam.model_type, **kv_summary(hmeta["config"], windows),
-               "blocks": {spec.key: {"state_sha256": meta.get("state_sha256"), "fingerprints": meta["fingerprints"],
-                                     "teacher_layers": meta["teacher_layers"]} for spec, _, meta in blocks}}
+    summary = {
+        "params": n,
+        "teacher_params": teacher_params,
+        "param_ratio": n / teacher_params,
+        "layers": len(sizes),
+        "intermediate_sizes": sizes,
+        "layer_windows": windows,
+        "remote_code": not uniform,
+        "family": fam.model_type,
+        **kv_summary(hmeta["config"], windows),
+        "blocks": {
+            spec.key: {
+                "state_sha256": meta.get("state_sha256"),
+                "fingerprints": meta["fingerprints"],
+                "teacher_layers": meta["teacher_layers"],
+            }
+            for spec, _, meta in blocks
+        },
+    }
     return model.eval(), summary
 
 
@@ -142,9 +168,17 @@ def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout())
         model.save_pretrained(tmp)
         modeling = ship_modeling_code(tmp, summary["family"]) if summary["remote_code"] else None
         load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
-        (tmp / "zerograph.json").write_text(json.dumps({**summary, "teacher_sha256": teacher_sha,
-                                                        "modeling_sha256": modeling}, indent=2, sort_keys=True) + "\n")
-        write_card(tmp, {**summary, "teacher_sha256": teacher_sha}, layout=layout,  # README.md: docs, not weights
-                   kind="student" if Path(path) == layout.student else "search")
+        (tmp / "zerograph.json").write_text(
+            json.dumps(
+                {**summary, "teacher_sha256": teacher_sha, "modeling_sha256": modeling}, indent=2, sort_keys=True
+            )
+            + "\n"
+        )
+        write_card(
+            tmp,
+            {**summary, "teacher_sha256": teacher_sha},
+            layout=layout,  # README.md: docs, not weights
+            kind="student" if Path(path) == layout.student else "search",
+        )
         record_checksums(tmp)  # the weights' digests: load_student checks them on every load
     return StudentResult(path=str(path), **{k: v for k, v in summary.items() if k != "blocks"})

@@ -50,15 +50,22 @@ def _corpus(layout: Layout) -> str | None:
 
 def _blocks_table(summary: dict, teacher: dict) -> str:
     width = teacher.get("architecture", {}).get("intermediate_size")
-    rows = [(f"| block | teacher layers | MLP widths (teacher: {width}) | attention windows | boundaries (in -> out) "
-             "| state_sha256 |"), "|---|---|---|---|---|---|"]
+    rows = [
+        (
+            f"| block | teacher layers | MLP widths (teacher: {width}) | attention windows | boundaries (in -> out) "
+            "| state_sha256 |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
     sizes, windows, i = summary.get("intermediate_sizes", []), summary.get("layer_windows", []), 0
     for key, b in sorted(summary.get("blocks", {}).items()):
         n = len(b["teacher_layers"])
-        win = ", ".join("full" if w is None else str(w) for w in windows[i:i + n])
+        win = ", ".join("full" if w is None else str(w) for w in windows[i : i + n])
         fps = " -> ".join(f"`{name}` `{fp[:16]}`" for name, fp in b["fingerprints"].items())
-        rows.append(f"| {key} | {b['teacher_layers'][0]}-{b['teacher_layers'][-1]} | "
-                    f"{', '.join(map(str, sizes[i:i + n]))} | {win} | {fps} | `{(b.get('state_sha256') or '')[:16]}` |")
+        rows.append(
+            f"| {key} | {b['teacher_layers'][0]}-{b['teacher_layers'][-1]} | "
+            f"{', '.join(map(str, sizes[i : i + n]))} | {win} | {fps} | `{(b.get('state_sha256') or '')[:16]}` |"
+        )
         i += n
     return "\n".join(rows)
 
@@ -70,17 +77,23 @@ def student_card(summary: dict, *, layout: Layout = Layout(), kind: str = "stude
     teacher, tokens = _json(layout.teacher_json), _json(layout.tokens_json)
     base, license_ = KNOWN_TEACHERS.get(teacher.get("source"), (None, None))
     corpus = _corpus(layout)
-    data = ModelCardData(base_model=base, library_name="transformers", license=license_,
-                         datasets=[corpus] if corpus else None,
-                         tags=["zerograph", "blockwise-distillation", summary.get("family", "")], model_name=kind)
+    data = ModelCardData(
+        base_model=base,
+        library_name="transformers",
+        license=license_,
+        datasets=[corpus] if corpus else None,
+        tags=["zerograph", "blockwise-distillation", summary.get("family", "")],
+        model_name=kind,
+    )
     boundaries = {name: fp for b in summary.get("blocks", {}).values() for name, fp in b["fingerprints"].items()}
-    body = f"""# {kind}: a ZeroGraph student of `{teacher.get('source')}`
+    body = (
+        f"""# {kind}: a ZeroGraph student of `{teacher.get("source")}`
 
 Converted block by block by ZeroGraph (`zg`): each block below was trained from its own
 pair of the teacher's stored boundaries, then the blocks were assembled between the teacher's embeddings and
-head. {summary.get('params', 0):,} parameters, {summary.get('param_ratio', 0):.3f} of the teacher's
-{summary.get('teacher_params', 0):,}; KV cache {summary.get('kv_bytes_per_token')} bytes per token at context
-{summary.get('kv_context')}.
+head. {summary.get("params", 0):,} parameters, {summary.get("param_ratio", 0):.3f} of the teacher's
+{summary.get("teacher_params", 0):,}; KV cache {summary.get("kv_bytes_per_token")} bytes per token at context
+{summary.get("kv_context")}.
 
 ## Blocks
 
@@ -90,11 +103,13 @@ head. {summary.get('params', 0):,} parameters, {summary.get('param_ratio', 0):.3
 
 | what | value |
 |---|---|
-| teacher source | `{teacher.get('source')}` |
-| teacher weights_sha256 | `{teacher.get('weights_sha256')}` |
-| tokenizer_sha256 | `{teacher.get('tokenizer_sha256')}` |
-| token set fingerprint | `{tokens.get('fingerprint')}` |
-""" + "".join(f"| boundary {name} fingerprint | `{fp}` |\n" for name, fp in sorted(boundaries.items())) + f"""
+| teacher source | `{teacher.get("source")}` |
+| teacher weights_sha256 | `{teacher.get("weights_sha256")}` |
+| tokenizer_sha256 | `{teacher.get("tokenizer_sha256")}` |
+| token set fingerprint | `{tokens.get("fingerprint")}` |
+"""
+        + "".join(f"| boundary {name} fingerprint | `{fp}` |\n" for name, fp in sorted(boundaries.items()))
+        + f"""
 ## Evaluation
 
 `dvc repro evaluate` writes the eval table (95% bootstrap intervals) and the gate verdict into
@@ -103,10 +118,11 @@ another stage.
 
 ## Reproduce
 
-In the project this folder came from: `dvc pull && {_REPRO.get(kind, 'dvc repro')}` (or `dvc repro` for
+In the project this folder came from: `dvc pull && {_REPRO.get(kind, "dvc repro")}` (or `dvc repro` for
 every stage). Loading: `AutoModelForCausalLM.from_pretrained(folder)`; a folder that ships
 `modeling_zg_*.py` loads with zg's own checked loader (`zgtrain.student.load`).
 """
+    )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
@@ -130,10 +146,13 @@ def write_repaired_card(folder: Path, repair: dict) -> Path | None:
     facts = "\n".join(f"| {k} | `{v}` |" for k, v in sorted(repair.items()))
     head, _, rest = card.text.partition("## Evaluation")
     head = re.sub(r"^# \w+: a ZeroGraph student", "# repaired: a ZeroGraph student", head.lstrip("\n"), count=1)
-    text = (f"{head}## Repair\n\nThe student above, then globally distilled on the teacher's logits "
-            f"(`zg train repair`, params `repair:`).\n\n| what | value |\n|---|---|\n{facts}\n\n## Evaluation"
-            + rest.replace("dvc repro assemble", "dvc repro repair")
-            .replace("dvc repro search_assemble", "dvc repro search_repair"))
+    text = (
+        f"{head}## Repair\n\nThe student above, then globally distilled on the teacher's logits "
+        f"(`zg train repair`, params `repair:`).\n\n| what | value |\n|---|---|\n{facts}\n\n## Evaluation"
+        + rest.replace("dvc repro assemble", "dvc repro repair").replace(
+            "dvc repro search_assemble", "dvc repro search_repair"
+        )
+    )
     write_text(path, f"---\n{card.data.to_yaml()}\n---\n{text}")
     return path
 
@@ -152,27 +171,43 @@ def eval_card(card_text: str, metrics: dict):
     gates = metrics.get("gates_passed", {})
     for name, f in metrics["sets"].items():
         g = gates.get(name, {})
-        verdict = ("PASS" if all(v["passed"] for v in g.values() if isinstance(v, dict)) else "FAIL") \
-            + ("" if g.get("judged") else " (not judged)")
-        rows.append(f"| {name} | " + " | ".join(f"{f[k]:.3f}{_interval(f, k)}" for k in EVAL_METRICS)
-                    + f" | {verdict} |")
-        results += [EvalResult(task_type="text-generation", dataset_type=f"zerograph/{name}", dataset_name=name,
-                               metric_type=k, metric_value=f[k]) for k in EVAL_METRICS]
+        verdict = ("PASS" if all(v["passed"] for v in g.values() if isinstance(v, dict)) else "FAIL") + (
+            "" if g.get("judged") else " (not judged)"
+        )
+        rows.append(
+            f"| {name} | " + " | ".join(f"{f[k]:.3f}{_interval(f, k)}" for k in EVAL_METRICS) + f" | {verdict} |"
+        )
+        results += [
+            EvalResult(
+                task_type="text-generation",
+                dataset_type=f"zerograph/{name}",
+                dataset_name=name,
+                metric_type=k,
+                metric_value=f[k],
+            )
+            for k in EVAL_METRICS
+        ]
     card.data.eval_results, card.data.model_name = results, card.data.model_name or "student"
     model = metrics.get("gated_model", "student")
     verdict = "**PASS**" if gates.get("all") else "**FAIL**"
-    section = ("## Evaluation\n\nFrom `metrics/eval.json` (`zg train evaluate`; CE in nats per token, 95% bootstrap "
-               "intervals over whole sequences in parentheses).\n\n" + "\n".join(rows)
-               + f"\n\nGate verdict ({model}, over the sets `gates.sets` judges): {verdict}.\n")
+    section = (
+        "## Evaluation\n\nFrom `metrics/eval.json` (`zg train evaluate`; CE in nats per token, 95% bootstrap "
+        "intervals over whole sequences in parentheses).\n\n"
+        + "\n".join(rows)
+        + f"\n\nGate verdict ({model}, over the sets `gates.sets` judges): {verdict}.\n"
+    )
     head, _, rest = card.text.partition("## Evaluation")
-    tail = rest[rest.index("## Reproduce"):] if "## Reproduce" in rest else ""
+    tail = rest[rest.index("## Reproduce") :] if "## Reproduce" in rest else ""
     return ModelCard(f"---\n{card.data.to_yaml()}\n---\n{head}{section}\n{tail}")
 
 
 def write_eval_card(layout: Layout = Layout()) -> Path:
     """reports/model_card.md (evaluate's own output): the student's card plus metrics/eval.json's figures."""
     path, card = layout.model_card, layout.student / CARD
-    text = card.read_text() if card.exists() else \
-        str(student_card(_json(layout.student / "zerograph.json"), layout=layout))  # assembled before cards existed
+    text = (
+        card.read_text()
+        if card.exists()
+        else str(student_card(_json(layout.student / "zerograph.json"), layout=layout))
+    )  # assembled before cards existed
     write_text(path, str(eval_card(text, _json(layout.eval_metrics))))
     return path

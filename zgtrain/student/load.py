@@ -23,9 +23,20 @@ from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
 from zgdata.safetensors_check import check_header
 
-__all__ = ["MODELING_FILE", "AUTO_MAP", "modeling_file", "auto_map", "template_class", "template_sha256",
-           "ship_modeling_code", "load_student", "student_sha256", "CHECKSUMS", "record_checksums",
-           "check_checksums"]
+__all__ = [
+    "MODELING_FILE",
+    "AUTO_MAP",
+    "modeling_file",
+    "auto_map",
+    "template_class",
+    "template_sha256",
+    "ship_modeling_code",
+    "load_student",
+    "student_sha256",
+    "CHECKSUMS",
+    "record_checksums",
+    "check_checksums",
+]
 
 CHECKSUMS = "checksums.json"
 
@@ -77,12 +88,14 @@ def _remote_code_allowed(folder: Path) -> bool:
         cfg = json.loads((folder / "config.json").read_text())
         summary = json.loads((folder / "zerograph.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{folder} is not a student zg assembled (config.json / zerograph.json unreadable: {e})",
-                      fix=_FIX) from e
+        raise ZgError(
+            f"{folder} is not a student zg assembled (config.json / zerograph.json unreadable: {e})", fix=_FIX
+        ) from e
     model_type = summary.get("family", "llama")
     if model_type not in FAMILIES:
-        raise ZgError(f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})",
-                      fix=_FIX)
+        raise ZgError(
+            f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})", fix=_FIX
+        )
     name = modeling_file(model_type)
     extra_code = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.name != name)
     if extra_code:
@@ -91,14 +104,18 @@ def _remote_code_allowed(folder: Path) -> bool:
     if not found:
         return False
     if found != auto_map(model_type):
-        raise ZgError(f"{folder / 'config.json'} has an auto_map zg did not write ({json.dumps(found)[:120]})",
-                      fix=_FIX)
+        raise ZgError(
+            f"{folder / 'config.json'} has an auto_map zg did not write ({json.dumps(found)[:120]})", fix=_FIX
+        )
     code = folder / name
     pinned, ours = summary.get("modeling_sha256"), template_sha256(model_type)
     got = _sha256(code) if code.exists() else None
     if got is None or got != pinned or got != ours:
-        raise ZgError(f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned "
-                      f"{str(pinned)[:12]}, this zg's {ours[:12]})", fix=_FIX)
+        raise ZgError(
+            f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned "
+            f"{str(pinned)[:12]}, this zg's {ours[:12]})",
+            fix=_FIX,
+        )
     return True
 
 
@@ -124,9 +141,11 @@ def check_checksums(folder: Path) -> None:
     got = {p.name: _sha256(p) for p in _weight_files(folder)}
     bad = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
     if bad:
-        raise ZgError(f"{Path(folder) / bad[0]} is not the weights file zg wrote (sha256 "
-                      f"{str(got.get(bad[0]))[:12]}, {CHECKSUMS} records {str(want.get(bad[0]))[:12]})",
-                      fix="restore it with `dvc checkout` (or `dvc pull`), or " + _FIX.split(" (")[0])
+        raise ZgError(
+            f"{Path(folder) / bad[0]} is not the weights file zg wrote (sha256 "
+            f"{str(got.get(bad[0]))[:12]}, {CHECKSUMS} records {str(want.get(bad[0]))[:12]})",
+            fix="restore it with `dvc checkout` (or `dvc pull`), or " + _FIX.split(" (")[0],
+        )
 
 
 def _check_weight_files(folder: Path) -> None:
@@ -135,9 +154,11 @@ def _check_weight_files(folder: Path) -> None:
     files = _weight_files(folder)
     if not files:
         other = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
-        raise ZgError(f"{folder} holds no .safetensors weights" + (f" (only {', '.join(other)}, a pickle zg never "
-                      "loads)" if other else ""), fix="convert them to safetensors, or rebuild the student with "
-                                                      "`dvc repro assemble`")
+        raise ZgError(
+            f"{folder} holds no .safetensors weights"
+            + (f" (only {', '.join(other)}, a pickle zg never loads)" if other else ""),
+            fix="convert them to safetensors, or rebuild the student with `dvc repro assemble`",
+        )
     for p in files:
         check_header(p, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro assemble`")
 
@@ -153,8 +174,9 @@ def load_student(folder: Path, *, dtype=None):
     remote = _remote_code_allowed(folder)
     _check_weight_files(folder)
     check_checksums(folder)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=remote,
-                                                attn_implementation="sdpa").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype or torch.float32, trust_remote_code=remote, attn_implementation="sdpa"
+    ).eval()
 
 
 def student_sha256(folder: Path) -> str:

@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import zg_main
-from zgd_helpers import (assert_user_error, boundary_bits, edit_params, kill_9_when, read_json, set_schema_meta,
-                         tree_sha256)
+from zgd_helpers import (
+    assert_user_error,
+    boundary_bits,
+    edit_params,
+    kill_9_when,
+    read_json,
+    set_schema_meta,
+    tree_sha256,
+)
+
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section
 from zgdata.errors import ZgError
 from zgdata.inspect import collect
@@ -124,9 +131,14 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
     edit_params(root, materialize={"commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
     mid = failpoint.endswith("MID_COMMIT")
-    proc = kill_9_when(lambda: _journal_rows(root) > 0 and (not mid or bool(_ahead_of_journal(root))),
-                       ["data", "materialize"], root, {**os.environ, failpoint: "1.0"}, root.parent / "killed.stderr",
-                       "the first journaled commit")
+    proc = kill_9_when(
+        lambda: _journal_rows(root) > 0 and (not mid or bool(_ahead_of_journal(root))),
+        ["data", "materialize"],
+        root,
+        {**os.environ, failpoint: "1.0"},
+        root.parent / "killed.stderr",
+        "the first journaled commit",
+    )
     assert proc.returncode == -signal.SIGKILL, "materialize finished before it was killed"
     done = _journal_rows(root)
     assert 0 < done < n_rows
@@ -211,8 +223,11 @@ def _mark_incomplete(path):
     set_schema_meta(path, complete=False)
 
 
-@pytest.mark.parametrize("damage", [_delete_data_files, _truncate_manifests, _mark_incomplete],
-                         ids=["data-files-deleted", "manifest-truncated", "half-written"])
+@pytest.mark.parametrize(
+    "damage",
+    [_delete_data_files, _truncate_manifests, _mark_incomplete],
+    ids=["data-files-deleted", "manifest-truncated", "half-written"],
+)
 def test_damaged_boundary_dataset(tiny_project, damage):
     layout = Layout(tiny_project)
     bad, others = layout.boundary("h02"), [layout.boundary("h00"), layout.boundary("h04")]
@@ -247,8 +262,9 @@ def test_not_enough_disk(tiny_project, monkeypatch):
     cfg, part = _configs(root)
     tokens = read_json(root / "data" / "tokens.json")
     hidden = read_json(root / "models" / "teacher" / "teacher.json")["architecture"]["hidden_size"]
-    need = estimate_bytes(sum(tokens["rows"].values()), tokens["lineage"]["seq_len"], hidden, cfg.storage_dtype,
-                          len(part.boundaries))
+    need = estimate_bytes(
+        sum(tokens["rows"].values()), tokens["lineage"]["seq_len"], hidden, cfg.storage_dtype, len(part.boundaries)
+    )
     free = need // 3
     monkeypatch.setattr(mat.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 * need, 9 * need, free))
     with pytest.raises(ZgError) as e:
@@ -293,6 +309,7 @@ def test_the_free_space_estimate_covers_what_a_real_run_holds_at_its_peak(tiny_p
     materialize(cfg, part, layout=Layout(root))
     tokens = read_json(root / "data" / "tokens.json")
     hidden = read_json(root / "models" / "teacher" / "teacher.json")["architecture"]["hidden_size"]
-    need = estimate_bytes(sum(tokens["rows"].values()), tokens["lineage"]["seq_len"], hidden, cfg.storage_dtype,
-                          len(peak["names"]))
+    need = estimate_bytes(
+        sum(tokens["rows"].values()), tokens["lineage"]["seq_len"], hidden, cfg.storage_dtype, len(peak["names"])
+    )
     assert peak["bytes"] <= need <= 4 * peak["bytes"], (peak, need)

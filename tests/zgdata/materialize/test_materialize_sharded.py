@@ -20,16 +20,16 @@ import lance
 import pytest
 import torch
 import yaml
-
 from conftest import zg
 from zgd_helpers import assert_user_error, boundary_bits, edit_params, kill_9_when, tree_sha256
+
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.lance_io import open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
-from zgdata.materialize.sharded import plan
 from zgdata.materialize.shard_task import VERSIONS, run_shard
+from zgdata.materialize.sharded import plan
 
 HANG_GUARD_S = 600  # loops below wait for events, never for a duration: this only stops a hung test
 
@@ -45,9 +45,13 @@ def _rows(root) -> dict:
     for path in sorted((root / "data" / "boundaries").glob("*.lance")):
         ds = open_dataset(path, kind="boundary")
         meta = schema_meta(ds.schema)
-        out[path.stem] = {"table": ds.to_table(), "fingerprint": meta["fingerprint"], "stats": meta["stats"],
-                          "fragments": [f.count_rows() for f in ds.get_fragments()],
-                          "files": len(list((path / "data").iterdir()))}
+        out[path.stem] = {
+            "table": ds.to_table(),
+            "fingerprint": meta["fingerprint"],
+            "stats": meta["stats"],
+            "fragments": [f.count_rows() for f in ds.get_fragments()],
+            "files": len(list((path / "data").iterdir())),
+        }
     return out
 
 
@@ -113,8 +117,9 @@ def test_sharded_equals_single_process(tiny_built, tiny_project, ray_session):
     assert len(versions) == 1 and versions[0]["metadata"]["total_rows"] == "56"  # published as one version
 
 
-def test_killed_worker_is_retried_and_its_files_never_published(tiny_built, tiny_project, ray_session, tmp_path,
-                                                                monkeypatch):
+def test_killed_worker_is_retried_and_its_files_never_published(
+    tiny_built, tiny_project, ray_session, tmp_path, monkeypatch
+):
     log = tmp_path / "shards.log"
     monkeypatch.setenv("ZG_TEST_SHARD_LOG", str(log))
     monkeypatch.setenv("ZG_FAILPOINT_SLEEP_IN_SHARD", str(HANG_GUARD_S))  # the first shard to finish waits here
@@ -170,8 +175,9 @@ def _ahead_of_journal(root) -> bool:
 
 
 @pytest.mark.parametrize("failpoint", ["ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "ZG_FAILPOINT_SLEEP_MID_COMMIT"])
-def test_killed_driver_resumes_without_redoing_committed_shards(tiny_built, tiny_project, ray_session, tmp_path,
-                                                                monkeypatch, failpoint):
+def test_killed_driver_resumes_without_redoing_committed_shards(
+    tiny_built, tiny_project, ray_session, tmp_path, monkeypatch, failpoint
+):
     """kill -9 of `zg data materialize` after a journaled shard commit, or inside one (some boundaries got the
     shard, the journal not yet): the rerun rolls back what the journal lacks and runs only uncommitted shards."""
     root = tiny_project
@@ -180,9 +186,14 @@ def test_killed_driver_resumes_without_redoing_committed_shards(tiny_built, tiny
     shutil.rmtree(root / "data" / "boundaries")
     env = {**os.environ, "ZG_RAY_ADDRESS": ray_session, "ZG_TEST_SHARD_LOG": str(log)}
     mid = failpoint.endswith("MID_COMMIT")
-    proc = kill_9_when(lambda: bool(_journal(root).get("rows_done")) and (not mid or _ahead_of_journal(root)),
-                       ["data", "materialize"], root, {**env, failpoint: "600"}, tmp_path / "killed.stderr",
-                       "the first journaled shard commit")
+    proc = kill_9_when(
+        lambda: bool(_journal(root).get("rows_done")) and (not mid or _ahead_of_journal(root)),
+        ["data", "materialize"],
+        root,
+        {**env, failpoint: "600"},
+        tmp_path / "killed.stderr",
+        "the first journaled shard commit",
+    )
     assert proc.returncode == -signal.SIGKILL
     journal = _journal(root)
     done = journal["rows_done"]
@@ -217,12 +228,28 @@ def test_task_refuses_a_changed_teacher_or_an_unseen_staging_dir(tiny_project, t
     tokens = json.loads(layout.tokens_json.read_text())
     stage = tmp_path / "stage"
     stage.mkdir()
-    spec = {"root": str(tiny_project), "stage": str(stage), "lo": 0, "hi": 8, "names": ["h00"], "layers": [0],
-            "batch_size": 8, "seq_len": 64, "hidden": 64, "storage_dtype": "bfloat16", "compute_dtype": "float32",
-            "threads": 1, "versions": VERSIONS, "device": "cpu", "hooks": {},
-            "expect": {"teacher_sha256": "0" * 64, "tokens_fingerprint": tokens["fingerprint"]}}
+    spec = {
+        "root": str(tiny_project),
+        "stage": str(stage),
+        "lo": 0,
+        "hi": 8,
+        "names": ["h00"],
+        "layers": [0],
+        "batch_size": 8,
+        "seq_len": 64,
+        "hidden": 64,
+        "storage_dtype": "bfloat16",
+        "compute_dtype": "float32",
+        "threads": 1,
+        "versions": VERSIONS,
+        "device": "cpu",
+        "hooks": {},
+        "expect": {"teacher_sha256": "0" * 64, "tokens_fingerprint": tokens["fingerprint"]},
+    }
     err = json.loads(run_shard(json.dumps(spec)))["error"]
-    assert "teacher_sha256 changed while materialize ran" in err["what"] and teacher["weights_sha256"][:12] in err["what"]
+    assert (
+        "teacher_sha256 changed while materialize ran" in err["what"] and teacher["weights_sha256"][:12] in err["what"]
+    )
     spec["expect"]["teacher_sha256"] = teacher["weights_sha256"]
     err = json.loads(run_shard(json.dumps({**spec, "stage": str(tmp_path / "elsewhere")})))["error"]
     assert "cannot see the staging dir" in err["what"] and "shared filesystem" in err["fix"]

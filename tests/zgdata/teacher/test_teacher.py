@@ -7,9 +7,9 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import zg
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
+
 from zgdata.config import PartitionConfig, TeacherConfig
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
@@ -32,8 +32,9 @@ def test_random_tiny_is_reproducible(tiny_built, tmp_path):
     assert read_json(a.path / "teacher.json") == read_json(b.path / "teacher.json")
     # the files themselves, not only the recorded digests
     for rel in ("hf/model.safetensors", "blocks/b00.safetensors", "blocks/b01.safetensors", "blocks/head.safetensors"):
-        assert _file_sha(a.path / rel) == _file_sha(b.path / rel) == \
-            _file_sha(tiny_built / "models" / "teacher" / rel), rel
+        assert (
+            _file_sha(a.path / rel) == _file_sha(b.path / rel) == _file_sha(tiny_built / "models" / "teacher" / rel)
+        ), rel
     # the recorded digest describes what was saved
     model, _ = load_teacher(Layout(tmp_path / "a"), with_tokenizer=False)
     assert tensors_sha256(model.state_dict()) == a.weights_sha256
@@ -81,14 +82,21 @@ def test_smollm2_architecture(smollm2):
     meta = read_json(layout.teacher_json)
     arch = meta["architecture"]
     assert arch["model_type"] == "llama"
-    assert (arch["num_layers"], arch["hidden_size"], arch["num_heads"], arch["num_kv_heads"],
-            arch["intermediate_size"], arch["vocab_size"]) == (30, 576, 9, 3, 1536, 49152)
+    assert (
+        arch["num_layers"],
+        arch["hidden_size"],
+        arch["num_heads"],
+        arch["num_kv_heads"],
+        arch["intermediate_size"],
+        arch["vocab_size"],
+    ) == (30, 576, 9, 3, 1536, 49152)
     assert meta["source"] == "smollm2-135m"
     assert meta["weights_sha256"] == result.weights_sha256 and len(result.weights_sha256) == 64
     assert 130e6 < meta["params"] < 140e6
     # one weight slice per block of the default partition, plus the head
-    assert sorted(p.name for p in (layout.teacher_dir / "blocks").iterdir()) == \
-        [f"b{i:02d}.safetensors" for i in range(6)] + ["head.safetensors"]
+    assert sorted(p.name for p in (layout.teacher_dir / "blocks").iterdir()) == [
+        f"b{i:02d}.safetensors" for i in range(6)
+    ] + ["head.safetensors"]
 
 
 @pytest.mark.slow

@@ -14,13 +14,13 @@ import sys
 
 import pytest
 import torch
-
 from conftest import zg_main
 from zgd_helpers import assert_user_error, read_json, tree_sha256
+
 from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
-from zgdata.teacher.prepare import load_teacher, read_teacher_json
 from zgdata.teacher.identity import cache_path, check_files
+from zgdata.teacher.prepare import load_teacher, read_teacher_json
 
 WEIGHTS = "models/teacher/hf/model.safetensors"
 PUBLISHED = ("data/boundaries", "data/tokens.lance", "models/blocks", "models/student", "metrics")
@@ -51,9 +51,11 @@ def _swap_weights(root, tmp_path) -> None:
 
 def _build_student(root) -> None:
     """Train b00 and b01 and assemble, in one child process (one interpreter start instead of three)."""
-    code = ("from zgtrain.project.config import ProjectConfig; from zgtrain.block.train import train_block; "
-            "from zgtrain.student.assemble import assemble; p = ProjectConfig.load('params.yaml'); "
-            "[train_block(p, k) for k in ('b00', 'b01')]; assemble(p)")
+    code = (
+        "from zgtrain.project.config import ProjectConfig; from zgtrain.block.train import train_block; "
+        "from zgtrain.student.assemble import assemble; p = ProjectConfig.load('params.yaml'); "
+        "[train_block(p, k) for k in ('b00', 'b01')]; assemble(p)"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, capture_output=True, timeout=600)
     assert (root / "models" / "student" / "config.json").exists()
 
@@ -63,8 +65,10 @@ def _forge_cache(layout, teacher) -> None:
     path = layout.root / WEIGHTS
     cache = json.loads(cache_path(layout).read_text())
     st = os.stat(path)
-    cache["files"][str(path.resolve())] = {"stat": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino],
-                                           "sha256": teacher["files"]["model.safetensors"]}
+    cache["files"][str(path.resolve())] = {
+        "stat": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino],
+        "sha256": teacher["files"]["model.safetensors"],
+    }
     cache_path(layout).write_text(json.dumps(cache))
 
 
@@ -74,8 +78,14 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     _swap_weights(root, tmp_path)
     before = _published(root)
     for cmd in (("train", "block", "b00", "--targets", "online"), ("train", "evaluate")):
-        assert_user_error(zg_main(*cmd, cwd=root, check=False), WEIGHTS, "does not match teacher.json",
-                          "dvc checkout models/teacher", "dvc repro -f teacher", alone=False)
+        assert_user_error(
+            zg_main(*cmd, cwd=root, check=False),
+            WEIGHTS,
+            "does not match teacher.json",
+            "dvc checkout models/teacher",
+            "dvc repro -f teacher",
+            alone=False,
+        )
     assert not (root / "metrics" / "eval.json").exists()  # no gate verdict from the wrong teacher
     # materialize only loads the teacher when it must write: take the boundaries away
     shutil.move(root / "data" / "boundaries", tmp_path / "boundaries")
@@ -156,5 +166,10 @@ def test_verify_rehashes_with_a_warm_cache(tiny_project):
     assert check_files(layout, teacher).cached == n  # warm
     report = json.loads(zg_main("data", "verify", "--json", cwd=tiny_project).stdout)
     assert report["status"] == "ok" and f"{n} teacher files rehashed" in report["summary"]
-    assert report["teacher_files"] == {"files": n, "hashed": n, "cached": 0, "rehash": True,
-                                       "weights_sha256_checked": True}
+    assert report["teacher_files"] == {
+        "files": n,
+        "hashed": n,
+        "cached": 0,
+        "rehash": True,
+        "weights_sha256_checked": True,
+    }

@@ -11,9 +11,9 @@ import json
 
 import pytest
 import torch
-
 from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
+
 from zgdata.config import PartitionConfig, TeacherConfig
 from zgdata.errors import ZgError
 from zgdata.hashing import tensors_sha256
@@ -105,8 +105,9 @@ def test_bf16_checkpoint_keeps_its_stored_dtype(tmp_path):
     assert auto.weights_sha256 == tensors_sha256(stored.state_dict())
     tensors, _ = load_slice(layout.teacher_slice("b00"))
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
-    cast = prepare(TeacherConfig(source=str(tmp_path / "fp32"), dtype="bfloat16"), TINY_PARTITION,
-                   layout=Layout(tmp_path / "cast"))
+    cast = prepare(
+        TeacherConfig(source=str(tmp_path / "fp32"), dtype="bfloat16"), TINY_PARTITION, layout=Layout(tmp_path / "cast")
+    )
     assert cast.weights_sha256 == auto.weights_sha256
     _, _, check = load_teacher_checked(layout, dtype="bfloat16", with_tokenizer=False, rehash=True)
     assert check["weights_sha256_checked"] is True
@@ -131,7 +132,8 @@ def test_large_teacher_is_prepared_in_shards_and_each_is_checked(tmp_path, monke
     assert check["weights_sha256_checked"] is True and check["files"] == len(files)
     assert tree_sha256(layout.teacher_dir / "blocks") == tree_sha256(
         prepare(TeacherConfig(source="random:tiny-qwen2"), TINY_PARTITION, layout=Layout(tmp_path / "one")).path
-        / "blocks")  # the slices do not depend on how hf/ is cut
+        / "blocks"
+    )  # the slices do not depend on how hf/ is cut
     assert prep.weights_sha256 == read_json(tmp_path / "one" / "models" / "teacher" / "teacher.json")["weights_sha256"]
     (layout.teacher_hf / shards[1]).rename(tmp_path / "aside")
     with pytest.raises(ZgError, match=f"{shards[1]} is missing .teacher.json lists it"):
@@ -213,8 +215,8 @@ def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
     import shutil
 
     import numpy as np
-
     from zgd_helpers import boundary_bits
+
     from zgdata.capture import capture
     from zgdata.tokens import read_tokens
 

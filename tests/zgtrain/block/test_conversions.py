@@ -7,11 +7,19 @@ import torch
 from transformers import LlamaConfig
 
 from zgdata.errors import ZgError
-from zgtrain.project.config import TrainConfig
 from zgtrain.block.conversions import CONVERSIONS, convert
+from zgtrain.project.config import TrainConfig
 
-CONFIG = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.1)
+CONFIG = LlamaConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+    initializer_range=0.1,
+)
 
 
 def _teacher_tensors(first_layer: int = 3, n: int = 3) -> dict[str, torch.Tensor]:

@@ -21,14 +21,17 @@ def _obj(name="regress", normalize="none", sigma=0.5):
     return Objective(name, normalize=normalize, sigma=sigma, x_sample=X, y_sample=Y)
 
 
-@pytest.mark.parametrize("name,normalize,scale", [
-    ("regress", "none", [1.0, 1.0]),
-    ("regress", "target", [4.0, 36.0]),
-    ("regress", "delta", [1e-8, 4.0]),         # a dim the block never changes: clamped, not 0
-    ("noisy_regress", "target", [4.0, 36.0]),
-    ("denoise", "target", [4.0, 16.0]),        # denoise's target is x itself
-    ("denoise", "delta", [1e-8, 1e-8]),        # x - x
-])
+@pytest.mark.parametrize(
+    "name,normalize,scale",
+    [
+        ("regress", "none", [1.0, 1.0]),
+        ("regress", "target", [4.0, 36.0]),
+        ("regress", "delta", [1e-8, 4.0]),  # a dim the block never changes: clamped, not 0
+        ("noisy_regress", "target", [4.0, 36.0]),
+        ("denoise", "target", [4.0, 16.0]),  # denoise's target is x itself
+        ("denoise", "delta", [1e-8, 1e-8]),  # x - x
+    ],
+)
 def test_normalization_scales_by_hand(name, normalize, scale):
     o = _obj(name, normalize)
     assert o.scale.dtype == torch.float32 and o.scale.shape == (2,)
@@ -37,7 +40,7 @@ def test_normalization_scales_by_hand(name, normalize, scale):
 
 
 def test_loss_is_per_dim_normalized_mse_by_hand():
-    o = _obj("regress", "target")                     # scale (4, 36)
+    o = _obj("regress", "target")  # scale (4, 36)
     pred = torch.tensor([[[0.0, 0.0], [1.0, 6.0]]])
     tgt = torch.tensor([[[2.0, 6.0], [1.0, 0.0]]])
     # squared errors / scale: 4/4, 36/36, 0/4, 36/36 -> mean of (1, 1, 0, 1)
@@ -58,7 +61,7 @@ def test_regress_passes_its_inputs_through_and_draws_no_noise():
 def test_noise_comes_only_from_the_generator(name):
     o = _obj(name, "target", sigma=0.5)
     x, y = torch.randn(2, 3, 2), torch.randn(2, 3, 2)
-    torch.manual_seed(1)                                # the global RNG must not matter
+    torch.manual_seed(1)  # the global RNG must not matter
     a_in, a_tgt = o.batch(x, y, torch.Generator().manual_seed(11))
     torch.manual_seed(2)
     torch.randn(100)
@@ -84,7 +87,7 @@ def test_zero_sigma_adds_nothing():
 
 
 def test_nmse_by_hand():
-    target = torch.tensor([[[1.0, 0.0], [3.0, 4.0]], [[5.0, 8.0], [7.0, 0.0]]])   # (B=2, T=2, C=2)
+    target = torch.tensor([[[1.0, 0.0], [3.0, 4.0]], [[5.0, 8.0], [7.0, 0.0]]])  # (B=2, T=2, C=2)
     pred = target + torch.tensor([[[1.0, 0.0], [0.0, -2.0]], [[0.0, 0.0], [3.0, 0.0]]])
     err, dev = nmse(pred, target)
     # err: 1 + 4 + 9 = 14

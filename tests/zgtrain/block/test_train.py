@@ -17,11 +17,20 @@ import shutil
 import lance
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import zg, zg_main
-from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, load_params_of, loss_curve,
-                         project_of, read_json, set_params, tree_sha256)
+from safetensors.torch import load_file
+from zgt_helpers import (
+    assert_user_error,
+    copy_project,
+    kill_after_first_checkpoint,
+    load_params_of,
+    loss_curve,
+    project_of,
+    read_json,
+    set_params,
+    tree_sha256,
+)
+
 from zgdata.errors import ZgError
 from zgdata.lance_io import schema_meta
 from zgdata.layout import Layout
@@ -29,6 +38,7 @@ from zgtrain.block.train import train_block
 from zgtrain.fit import checkpoint
 from zgtrain.fit.checkpoint import load_block, state_sha256
 from zgtrain.fit.schedule import block_seed
+
 
 def _train_json(root, *args, env=None) -> dict:
     return json.loads(zg("train", "block", "b00", "--json", *args, cwd=root, env=env).stdout)
@@ -59,6 +69,7 @@ def straight(tiny_built, tmp_path_factory):
 
 # --- guarantee 1: cached and online targets -------------------------------------------------------------
 
+
 def test_cached_and_online_targets_are_bitwise_identical(straight, tiny_project):
     _, ref = straight
     _reference_params(tiny_project)
@@ -68,11 +79,13 @@ def test_cached_and_online_targets_are_bitwise_identical(straight, tiny_project)
     assert online["targets"] == "online" and online["status"] == "done"
     assert online["state_sha256"] == ref["state_sha256"]
     assert online["heldout_loss"] == ref["heldout_loss"]
-    assert (tiny_project / "plots" / "loss" / "b00.csv").read_text() == \
-        (straight[0] / "plots" / "loss" / "b00.csv").read_text()
+    assert (tiny_project / "plots" / "loss" / "b00.csv").read_text() == (
+        straight[0] / "plots" / "loss" / "b00.csv"
+    ).read_text()
 
 
 # --- guarantee 2: interrupt and resume -------------------------------------------------------------------
+
 
 def test_stop_after_then_resume_is_bitwise_identical(straight, tiny_project):
     _, ref = straight
@@ -98,7 +111,9 @@ def test_kill_9_between_checkpoints_then_resume_is_bitwise_identical(straight, t
     _reference_params(tiny_project)
     meta_path = tiny_project / "models" / "blocks" / "b00" / "meta.json"
     assert not meta_path.exists()
-    kill_after_first_checkpoint(["train", "block", "b00"], tiny_project, meta_path, tiny_project.parent / "killed.stderr")
+    kill_after_first_checkpoint(
+        ["train", "block", "b00"], tiny_project, meta_path, tiny_project.parent / "killed.stderr"
+    )
     meta = read_json(meta_path)
     assert meta["done"] is False and 0 < meta["step"] < 12
     assert (meta_path.parent / meta["checkpoint"] / "model.safetensors").exists()
@@ -134,6 +149,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
 
 
 # --- conversions --------------------------------------------------------------------------------------
+
 
 def test_identity_conversion_reproduces_the_teacher_boundary(tiny_project):
     set_params(tiny_project, {"train.conversion": "identity", "train.steps": 0})
@@ -177,10 +193,19 @@ def test_prune_mlp_cuts_params_by_its_ratio(straight, tiny_project):
 
 # --- objectives ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("objective", ["regress", "noisy_regress", "denoise"])
 def test_each_objective_lowers_its_own_loss(tiny_project, objective):
-    set_params(tiny_project, {"train.objective": objective, "train.steps": 30, "train.lr": 1.0e-3,
-                              "train.warmup": 3, "train.checkpoint_every": 0})
+    set_params(
+        tiny_project,
+        {
+            "train.objective": objective,
+            "train.steps": 30,
+            "train.lr": 1.0e-3,
+            "train.warmup": 3,
+            "train.checkpoint_every": 0,
+        },
+    )
     m = train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
     assert m.objective == objective and m.steps == 30
     curve = loss_curve(tiny_project)
@@ -193,6 +218,7 @@ def test_each_objective_lowers_its_own_loss(tiny_project, objective):
 
 
 # --- guard rails --------------------------------------------------------------------------------------
+
 
 def test_boundary_pair_with_mismatched_lineage_is_refused(tiny_project):
     path = tiny_project / "data" / "boundaries" / "h02.lance"
@@ -262,11 +288,21 @@ def test_optimizer_params_out_of_range_are_refused_before_training(tiny_project,
 
 # --- outputs ------------------------------------------------------------------------------------------
 
+
 def test_metrics_curve_and_block_directory(straight):
     root, ref = straight
     m = read_json(root / "metrics" / "blocks" / "b00.json")
-    for k in ("steps", "train_loss", "heldout_loss", "tokens_per_s", "params", "teacher_params", "objective",
-              "conversion", "state_sha256"):
+    for k in (
+        "steps",
+        "train_loss",
+        "heldout_loss",
+        "tokens_per_s",
+        "params",
+        "teacher_params",
+        "objective",
+        "conversion",
+        "state_sha256",
+    ):
         assert k in m and m[k] is not None, k
     assert m == {k: ref[k] for k in m}
     assert m["steps"] == 12 and m["objective"] == "noisy_regress" and m["conversion"] == "prune_mlp"

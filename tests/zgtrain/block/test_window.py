@@ -13,15 +13,15 @@ import lance
 import numpy as np
 import pytest
 import torch
-
 from zgt_helpers import copy_project, project_of, read_json
+
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
 from zgdata.layout import Layout
-from zgtrain.project.config import TrainConfig
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_bytes_per_token, kv_geometry, kv_summary
 from zgtrain.block.window import SlidingWindow
+from zgtrain.project.config import TrainConfig
 
 NAMES = sorted(FAMILIES)
 
@@ -58,8 +58,10 @@ def test_a_window_at_least_the_sequence_is_the_teacher_block_bit_for_bit(name):
         for w in (x.shape[1], x.shape[1] + 1, 4096):
             block = _block(name, model, (1, 2), w, x)
             assert block.windows == [w, w] and block.intermediate_sizes == teacher.intermediate_sizes
-            assert all(torch.equal(v, tensors[f"layers.{1 + int(k.split('.')[1])}.{k.split('.', 2)[2]}"])
-                       for k, v in block.weights().items())  # the whole block copied: only attention is restricted
+            assert all(
+                torch.equal(v, tensors[f"layers.{1 + int(k.split('.')[1])}.{k.split('.', 2)[2]}"])
+                for k, v in block.weights().items()
+            )  # the whole block copied: only attention is restricted
             assert torch.equal(block(x), want), w
         assert not torch.equal(_block(name, model, (1, 2), x.shape[1] - 1, x)(x), want)
 
@@ -77,9 +79,9 @@ def test_a_windowed_layer_sees_exactly_its_last_w_tokens(name):
         got = _block(name, model, (1,), w, x)(x)
         assert torch.equal(got[:, :w], teacher(x[:, :w]))
         for t in range(w, x.shape[1]):
-            alone = teacher(x[:, t - w + 1:t + 1])[:, -1]
+            alone = teacher(x[:, t - w + 1 : t + 1])[:, -1]
             torch.testing.assert_close(got[:, t], alone, rtol=1e-4, atol=1e-5)
-            assert not torch.allclose(got[:, t], teacher(x[:, :t + 1])[:, -1], rtol=1e-4, atol=1e-5)
+            assert not torch.allclose(got[:, t], teacher(x[:, : t + 1])[:, -1], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -111,17 +113,19 @@ def test_shipped_modeling_file_runs_the_same_window_as_the_student_blocks(name, 
     with torch.no_grad():
         h = fam.embed(fam.inner(loaded), ids)
         for lo in (0, 2):
-            block = StudentBlock(teacher.config, [width] * 2, windows[lo:lo + 2]).eval()
-            block.load_state_dict({f"layers.{j}.{k}": v for j in (0, 1) for k, v in layers[lo + j].items()},
-                                  strict=False)
+            block = StudentBlock(teacher.config, [width] * 2, windows[lo : lo + 2]).eval()
+            block.load_state_dict(
+                {f"layers.{j}.{k}": v for j in (0, 1) for k, v in layers[lo + j].items()}, strict=False
+            )
             h = block(h)
         blockwise = loaded.lm_head(fam.final_norm(loaded)(h))
         logits = loaded(input_ids=ids).logits
         assert torch.equal(logits, blockwise)
         assert not torch.allclose(logits, teacher(input_ids=ids).logits, rtol=1e-4, atol=1e-4)  # windows matter
         # eager attention (additive float masks) and a left-padded batch (the window merged into a 4-D padding mask)
-        eager = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32,
-                                                     attn_implementation="eager").eval()
+        eager = AutoModelForCausalLM.from_pretrained(
+            tmp_path, trust_remote_code=True, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
         torch.testing.assert_close(eager(input_ids=ids).logits, logits, rtol=1e-4, atol=1e-4)
         pad = torch.cat([torch.zeros(2, 3, dtype=torch.long), ids], 1)
         attn = torch.cat([torch.tensor([[0, 0, 0], [1, 1, 1]]), torch.ones(2, 16, dtype=torch.long)], 1)
@@ -130,12 +134,18 @@ def test_shipped_modeling_file_runs_the_same_window_as_the_student_blocks(name, 
         torch.testing.assert_close(padded[0, 3:], logits[0], rtol=1e-4, atol=1e-4)
 
         prompt = ids[:1, :6]
-        out = loaded.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, output_logits=True,
-                              return_dict_in_generate=True)
+        out = loaded.generate(
+            prompt,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         seq = out.sequences
         assert seq.shape == (1, 14) and torch.equal(seq[:, :6], prompt)
-        full = loaded(input_ids=seq).logits[0]                                  # (14, V) without a cache
-        for step, step_logits in enumerate(out.logits):                      # step s predicts token 6 + s
+        full = loaded(input_ids=seq).logits[0]  # (14, V) without a cache
+        for step, step_logits in enumerate(out.logits):  # step s predicts token 6 + s
             torch.testing.assert_close(step_logits[0], full[5 + step], rtol=1e-4, atol=1e-4)
 
 
@@ -158,11 +168,11 @@ def test_train_window_is_validated():
 def test_kv_bytes_per_token_by_hand():
     # one cached position of one layer: key + value, 2 heads x 8 dims x 2 bytes each = 2 * 2 * 8 * 2 = 64 bytes
     g = dict(kv_heads=2, head_dim=8, dtype_bytes=2)
-    assert kv_bytes_per_token([None] * 4, context=128, **g) == 4 * 64                       # 256: full attention
+    assert kv_bytes_per_token([None] * 4, context=128, **g) == 4 * 64  # 256: full attention
     # windows 64 and 16 at context 128: (128 + 64 + 128 + 16) positions * 64 bytes / 128 tokens = 168
     assert kv_bytes_per_token([None, 64, None, 16], context=128, **g) == 168
     assert kv_bytes_per_token([None, 64, None, 16], context=32, **g) == (32 + 32 + 32 + 16) * 64 / 32  # 224
-    assert kv_bytes_per_token([1000], context=128, **g) == 64                             # window >= context
+    assert kv_bytes_per_token([1000], context=128, **g) == 64  # window >= context
     assert kv_bytes_per_token([], context=128, **g) == 0
     with pytest.raises(ValueError):
         kv_bytes_per_token([None], context=0, **g)
@@ -172,7 +182,7 @@ def test_kv_bytes_per_token_by_hand():
 def test_kv_geometry_of_each_family(name):
     config = _teacher(name).config.to_dict()
     g = kv_geometry(config)
-    kv_heads = 2 if name != "gpt2" else 4                                   # tiny configs: 4 heads, Llama/Qwen2 GQA 2
+    kv_heads = 2 if name != "gpt2" else 4  # tiny configs: 4 heads, Llama/Qwen2 GQA 2
     assert g == {"context": 512, "kv_heads": kv_heads, "head_dim": 16, "dtype_bytes": 4}
     s = kv_summary(config, [None, 256, 512, 64])
     per_layer = 2 * kv_heads * 16 * 4
@@ -191,19 +201,21 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
     from zgdata.materialize.driver import materialize
     from zgdata.teacher.prepare import prepare
     from zgdata.tokens import read_tokens
-    from zgtrain.student.assemble import assemble
-    from zgtrain.fit.checkpoint import load_block
-    from zgtrain.evaluate.run import evaluate
-    from zgtrain.student.load import load_student, modeling_file, template_sha256
     from zgtrain.block.train import train_block
+    from zgtrain.evaluate.run import evaluate
+    from zgtrain.fit.checkpoint import load_block
+    from zgtrain.student.assemble import assemble
+    from zgtrain.student.load import load_student, modeling_file, template_sha256
 
     root = copy_project(tiny_built, tmp_path / "proj")
     layout = Layout(root)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["partition"]["boundaries"] = [0, 1, 2, 4]
-    params["blocks"] = {"b00": {"in": "h00", "out": "h01", "conversion": "window_attention", "window": 16},
-                        "b01": {"in": "h01", "out": "h02", "conversion": "identity", "steps": 0},
-                        "b02": {"in": "h02", "out": "h04", "conversion": "prune_mlp", "prune_ratio": 0.5}}
+    params["blocks"] = {
+        "b00": {"in": "h00", "out": "h01", "conversion": "window_attention", "window": 16},
+        "b01": {"in": "h01", "out": "h02", "conversion": "identity", "steps": 0},
+        "b02": {"in": "h02", "out": "h04", "conversion": "prune_mlp", "prune_ratio": 0.5},
+    }
     params["train"]["steps"] = 2
     params["eval"].update(heldout_seqs=2, context_targets=8)  # small: the CE figures are not the point
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -216,7 +228,7 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
     assert metrics["b00"]["kv_context"] == 512 and metrics["b00"]["kv_ratio"] == 16 / 512
     assert metrics["b00"]["param_ratio"] == 1.0
     assert metrics["b01"]["kv_ratio"] == metrics["b02"]["kv_ratio"] == 1.0 and metrics["b02"]["param_ratio"] < 1
-    per_layer = metrics["b01"]["kv_bytes_per_token"]                         # full attention, 1 layer
+    per_layer = metrics["b01"]["kv_bytes_per_token"]  # full attention, 1 layer
     assert metrics["b00"]["kv_bytes_per_token"] == per_layer * 16 / 512
     assert metrics["b02"]["teacher_kv_bytes_per_token"] == 2 * per_layer
 

@@ -11,24 +11,46 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
+
 from zgdata.errors import ZgError
 from zgdata.tokens import corpus_digest
 from zgtrain.project.config import ProjectConfig
 from zgtrain.project.pipeline import dvc_yaml, profile_params
 
-PER_SET = ("teacher_ce", "student_ce", "untrained_ce", "ce_gap", "ce_gap_ci95", "ce_recovered", "teacher_context_use",
-           "student_context_use", "untrained_context_use", "context_retention", "context_retention_ci95",
-           "top1_agreement", "sequences", "ce_tokens", "context_targets", "lineage")
-NEWS = [{"id": f"n{i}", "text": f"Item {i}: the city council met on Tuesday to discuss the new budget for roads, "
-                                f"schools and the public library. Members voted {i + 3} to {9 - i} in favour."}
-        for i in range(6)]
-NOTES = {"a.txt": "Remember to water the plants, call the plumber about the kitchen sink, and renew the car "
-                  "insurance before the end of the month. " * 2,
-         "b.txt": "The meeting moved to Thursday at ten. Bring the quarterly report and the slides about the "
-                  "new onboarding process for engineers. " * 2}
+PER_SET = (
+    "teacher_ce",
+    "student_ce",
+    "untrained_ce",
+    "ce_gap",
+    "ce_gap_ci95",
+    "ce_recovered",
+    "teacher_context_use",
+    "student_context_use",
+    "untrained_context_use",
+    "context_retention",
+    "context_retention_ci95",
+    "top1_agreement",
+    "sequences",
+    "ce_tokens",
+    "context_targets",
+    "lineage",
+)
+NEWS = [
+    {
+        "id": f"n{i}",
+        "text": f"Item {i}: the city council met on Tuesday to discuss the new budget for roads, "
+        f"schools and the public library. Members voted {i + 3} to {9 - i} in favour.",
+    }
+    for i in range(6)
+]
+NOTES = {
+    "a.txt": "Remember to water the plants, call the plumber about the kitchen sink, and renew the car "
+    "insurance before the end of the month. " * 2,
+    "b.txt": "The meeting moved to Thursday at ten. Bring the quarterly report and the slides about the "
+    "new onboarding process for engineers. " * 2,
+}
 
 
 def _check_set(f: dict, seq_len: int) -> None:
@@ -73,10 +95,18 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
     for name, text in NOTES.items():
         (root / "ood" / name).write_text(text)
     first = read_json(reproduced / "metrics" / "eval.json")
-    params = set_params(root, {
-        "eval.sets": [{"name": "news", "source": "ood/news.jsonl", "max_seqs": 4, "context_targets": 16},
-                      {"name": "notes", "source": "ood/*.txt", "format": "text"}],
-        "gates.sets": ["heldout", "news"], "gates.max_ce_gap": -100, "gates.min_context_retention": -1e9})
+    params = set_params(
+        root,
+        {
+            "eval.sets": [
+                {"name": "news", "source": "ood/news.jsonl", "max_seqs": 4, "context_targets": 16},
+                {"name": "notes", "source": "ood/*.txt", "format": "text"},
+            ],
+            "gates.sets": ["heldout", "news"],
+            "gates.max_ce_gap": -100,
+            "gates.min_context_retention": -1e9,
+        },
+    )
     res = zg_main("train", "evaluate", cwd=root)
     m = read_json(root / "metrics" / "eval.json")
     assert set(m["sets"]) == {"heldout", "news", "notes"}
@@ -91,7 +121,9 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
     assert notes["corpus_digest"] == corpus_digest((n.removesuffix(".txt"), t) for n, t in sorted(NOTES.items()))
     total = sum(len(t) + 1 for t in NOTES.values())
     assert total % 64 > 1  # the tail is a padded last row: every token is used
-    assert notes["tokens"] == notes["tokens_total"] == total and notes["rows"] == notes["rows_packed"] == -(-total // 64)
+    assert notes["tokens"] == notes["tokens_total"] == total and notes["rows"] == notes["rows_packed"] == -(
+        -total // 64
+    )
     assert m["sets"]["notes"]["ce_tokens"] == total - notes["rows"]
     assert m["sets"]["news"]["context_targets"] == 16 and m["sets"]["notes"]["context_targets"] == 64  # eval.*
     # the same inputs in another process give the same figures and intervals, bit for bit
@@ -111,22 +143,25 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
     assert "ood/news.jsonl" in deps and not any("*" in d for d in deps)
 
 
-@pytest.mark.parametrize("sets,gates,key", [
-    (["docs"], None, "eval.sets[0]"),
-    ([{"name": "x"}], None, "eval.sets[0].source"),
-    ([{"source": "a.txt"}], None, "eval.sets[0].name"),
-    ([{"name": "x", "source": "a.txt", "bogus": 1}], None, "eval.sets[0]"),
-    ([{"name": "Bad Name", "source": "a.txt"}], None, "eval.sets[0].name"),
-    ([{"name": "heldout", "source": "a.txt"}], None, "eval.sets[0].name"),
-    ([{"name": "x", "source": "a.txt"}, {"name": "x", "source": "b.txt"}], None, "eval.sets[1].name"),
-    ([{"name": "x", "source": "a.txt", "format": "csv"}], None, "eval.sets[0].format"),
-    ([{"name": "x", "source": "a.txt", "max_seqs": -1}], None, "eval.sets[0].max_seqs"),
-    ([{"name": "x", "source": "a.txt", "context_targets": "many"}], None, "eval.sets[0].context_targets"),
-    ([{"name": "x", "source": 5}], None, "eval.sets[0].source"),
-    ([{"name": "x", "source": "embedded:poems"}], None, "eval.sets[0].source"),
-    ([], ["docs"], "gates.sets"),
-    ([], [], "gates.sets"),
-])
+@pytest.mark.parametrize(
+    "sets,gates,key",
+    [
+        (["docs"], None, "eval.sets[0]"),
+        ([{"name": "x"}], None, "eval.sets[0].source"),
+        ([{"source": "a.txt"}], None, "eval.sets[0].name"),
+        ([{"name": "x", "source": "a.txt", "bogus": 1}], None, "eval.sets[0]"),
+        ([{"name": "Bad Name", "source": "a.txt"}], None, "eval.sets[0].name"),
+        ([{"name": "heldout", "source": "a.txt"}], None, "eval.sets[0].name"),
+        ([{"name": "x", "source": "a.txt"}, {"name": "x", "source": "b.txt"}], None, "eval.sets[1].name"),
+        ([{"name": "x", "source": "a.txt", "format": "csv"}], None, "eval.sets[0].format"),
+        ([{"name": "x", "source": "a.txt", "max_seqs": -1}], None, "eval.sets[0].max_seqs"),
+        ([{"name": "x", "source": "a.txt", "context_targets": "many"}], None, "eval.sets[0].context_targets"),
+        ([{"name": "x", "source": 5}], None, "eval.sets[0].source"),
+        ([{"name": "x", "source": "embedded:poems"}], None, "eval.sets[0].source"),
+        ([], ["docs"], "gates.sets"),
+        ([], [], "gates.sets"),
+    ],
+)
 def test_bad_set_config_names_its_key(sets, gates, key):
     """Refused when params are read (before any stage writes; the CLI's one-line rendering of such errors is
     tests/zgtrain/project/test_params_validation.py's)."""
@@ -149,8 +184,10 @@ def test_bad_sets_are_one_line_and_write_nothing(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
     before = _published(root)
     (root / "ood.jsonl").write_text('{"body": "no text field here"}\n')
-    for sets, needles in (([{"name": "gone", "source": "missing/*.md"}], ["eval.sets[0].source", "'gone'"]),
-                          ([{"name": "bad", "source": "ood.jsonl"}], ["eval.sets[0].text_field", "ood.jsonl line 1"])):
+    for sets, needles in (
+        ([{"name": "gone", "source": "missing/*.md"}], ["eval.sets[0].source", "'gone'"]),
+        ([{"name": "bad", "source": "ood.jsonl"}], ["eval.sets[0].text_field", "ood.jsonl line 1"]),
+    ):
         set_params(root, {"eval.sets": sets})  # valid params: refused when the set is read
         assert_user_error(zg_main("train", "evaluate", cwd=root, check=False), *needles)
     assert _published(root) == before

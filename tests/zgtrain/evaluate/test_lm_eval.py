@@ -15,7 +15,6 @@ import re
 import pytest
 import torch
 import yaml
-
 from conftest import run, zg
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
@@ -33,14 +32,14 @@ def _scores(model, tok, ex) -> list[float]:
     the context's trailing whitespace moves to the continuation; continuation = encode(whole)[len(encode(ctx)):]."""
     ctx = ex["context"]
     n = len(ctx) - len(ctx.rstrip())
-    ctx, lead = ctx[: len(ctx) - n], ctx[len(ctx) - n:]
+    ctx, lead = ctx[: len(ctx) - n], ctx[len(ctx) - n :]
     out = []
     for choice in ex["choices"]:
         whole = tok(ctx + lead + choice, add_special_tokens=False).input_ids
-        cont = whole[len(tok(ctx, add_special_tokens=False).input_ids):]
+        cont = whole[len(tok(ctx, add_special_tokens=False).input_ids) :]
         with torch.no_grad():
             logp = model(torch.tensor([whole[:-1]])).logits[0].float().log_softmax(-1)
-        out.append(float(logp[len(whole) - 1 - len(cont):].gather(1, torch.tensor(cont)[:, None]).sum()))
+        out.append(float(logp[len(whole) - 1 - len(cont) :].gather(1, torch.tensor(cont)[:, None]).sum()))
     return out
 
 
@@ -58,15 +57,20 @@ def test_lm_eval_stage_runs_offline_on_teacher_student_and_repaired(reproduced, 
     root = copy_project(reproduced, tmp_path / "proj")
     # b01 narrower than b00: the student ships zg's modeling file and loads with trust_remote_code;
     # repair on: the stage scores models/repaired too, and depends on it
-    set_params(root, {"blocks.b01.prune_ratio": 0.75, "lm_eval.tasks": [NEXTLINE], "lm_eval.limit": LIMIT,
-                      "repair.steps": 3})
+    set_params(
+        root, {"blocks.b01.prune_ratio": 0.75, "lm_eval.tasks": [NEXTLINE], "lm_eval.limit": LIMIT, "repair.steps": 3}
+    )
     zg("pipeline", cwd=root)
     stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["lm_eval"]
     assert "models/repaired" in stage["deps"] and "repair.steps" in stage["params"]
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # nothing cached
     res = run(["dvc", "repro", "lm_eval"], cwd=root, env=env)  # evaluate is not upstream of it: left stale
-    assert re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr) == ["train@b01", "assemble", "repair",
-                                                                                "lm_eval"]
+    assert re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr) == [
+        "train@b01",
+        "assemble",
+        "repair",
+        "lm_eval",
+    ]
     assert "changed" not in run(["dvc", "status", "lm_eval"], cwd=root).stdout
 
     m = read_json(root / "metrics" / "lm_eval.json")
@@ -85,9 +89,11 @@ def test_lm_eval_stage_runs_offline_on_teacher_student_and_repaired(reproduced, 
 
     examples = [json.loads(line) for line in files["jsonl"].read_text().splitlines()][:LIMIT]
     teacher, tok = load_teacher(Layout(root))
-    mine = {"teacher": _accuracies(teacher, tok, examples),
-            "student": _accuracies(load_student(Layout(root).student), tok, examples),
-            "repaired": _accuracies(load_student(root / "models" / "repaired"), tok, examples)}
+    mine = {
+        "teacher": _accuracies(teacher, tok, examples),
+        "student": _accuracies(load_student(Layout(root).student), tok, examples),
+        "repaired": _accuracies(load_student(root / "models" / "repaired"), tok, examples),
+    }
     for metric in ("acc", "acc_norm"):
         got = t["metrics"][metric]
         for who in ("teacher", "student", "repaired"):
@@ -95,8 +101,9 @@ def test_lm_eval_stage_runs_offline_on_teacher_student_and_repaired(reproduced, 
         for who in ("student", "repaired"):
             pct = got[f"{who}_pct_of_teacher"]
             assert pct is None if got["teacher"] == 0 else pct == pytest.approx(100 * got[who] / got["teacher"])
-    assert (t["teacher"], t["student"], t["repaired"]) == tuple(t["metrics"]["acc"][w]
-                                                              for w in ("teacher", "student", "repaired"))
+    assert (t["teacher"], t["student"], t["repaired"]) == tuple(
+        t["metrics"]["acc"][w] for w in ("teacher", "student", "repaired")
+    )
 
 
 def test_nextline_task_is_deterministic_and_true_to_the_heldout_text(tiny_project, tmp_path):
@@ -117,8 +124,13 @@ def test_nextline_task_is_deterministic_and_true_to_the_heldout_text(tiny_projec
         truth = ex["choices"][ex["label"]]
         assert len(set(ex["choices"])) == cfg.choices
         assert any(ex["context"] + truth in t for t in texts), ex
-    other = build_examples(segments(layout)[0], examples=cfg.examples, choices=cfg.choices,
-                           context_lines=cfg.context_lines, seed=cfg.seed + 1)[0]
+    other = build_examples(
+        segments(layout)[0],
+        examples=cfg.examples,
+        choices=cfg.choices,
+        context_lines=cfg.context_lines,
+        seed=cfg.seed + 1,
+    )[0]
     assert [e["choices"] for e in other] != [e["choices"] for e in examples]
 
 
@@ -128,8 +140,15 @@ def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
     before = tree_sha256(tiny_project)
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
     res = zg("train", "lm-eval", "hellaswag", cwd=tiny_project, check=False, env=env)
-    assert_user_error(res, "hellaswag", "Rowan/hellaswag", str(tmp_path / "hf" / "datasets"), "HF_HUB_OFFLINE=0",
-                      "HF_DATASETS_CACHE", "[lm_eval.tasks]")
+    assert_user_error(
+        res,
+        "hellaswag",
+        "Rowan/hellaswag",
+        str(tmp_path / "hf" / "datasets"),
+        "HF_HUB_OFFLINE=0",
+        "HF_DATASETS_CACHE",
+        "[lm_eval.tasks]",
+    )
     assert tree_sha256(tiny_project) == before
     assert not (tiny_project / "metrics" / "lm_eval.json").exists()
     # no student yet: refused before the task files are written

@@ -31,7 +31,7 @@ class Bigram(torch.nn.Module):
         return self.table.device
 
     def forward(self, input_ids):
-        return SimpleNamespace(logits=self.table[input_ids])              # (B, T, V)
+        return SimpleNamespace(logits=self.table[input_ids])  # (B, T, V)
 
 
 def _hand_nll(ids: torch.Tensor) -> torch.Tensor:
@@ -46,8 +46,15 @@ def llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=48,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -60,8 +67,13 @@ def test_token_nll_by_hand_on_the_bigram_model():
     got = token_nll(Bigram(), ids, batch_size=1)
     assert got.shape == (2, 6) and got.dtype == torch.float64
     l2, l6 = math.log(2), math.log(6)
-    want = torch.tensor([[l2, l2, l6, l6, l6, l2],    # 0>1 1>2 hit, 2>0 0>0 0>3 miss, 3>0 hit
-                         [l2, l2, l2, l6, l2, l6]], dtype=torch.float64)
+    want = torch.tensor(
+        [
+            [l2, l2, l6, l6, l6, l2],  # 0>1 1>2 hit, 2>0 0>0 0>3 miss, 3>0 hit
+            [l2, l2, l2, l6, l2, l6],
+        ],
+        dtype=torch.float64,
+    )
     assert torch.allclose(got, want, rtol=0, atol=1e-6), (got, want)
     assert torch.equal(_hand_nll(ids), want)  # the helper the window test relies on agrees with the table
 
@@ -84,7 +96,7 @@ def test_token_nll_matches_the_model_logits_and_ignores_batch_size(llama):
     got = token_nll(llama, ids, batch_size=2)
     assert got.shape == (5, 11) and got.dtype == torch.float64
     with torch.no_grad():
-        logp = torch.log_softmax(llama(input_ids=ids).logits.double(), -1)            # (N, T, V)
+        logp = torch.log_softmax(llama(input_ids=ids).logits.double(), -1)  # (N, T, V)
     want = -logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     assert torch.allclose(token_nll(llama, ids, batch_size=5), got, rtol=1e-5, atol=1e-6)
@@ -100,8 +112,12 @@ def test_window_over_the_whole_prefix_equals_full_context_nll(llama):
     assert got.shape == (4,)
     assert torch.allclose(got, full, rtol=1e-5, atol=1e-5)
     # a shorter window drops real context, so the figure changes (this is what the metric measures)
-    assert not torch.allclose(window_nll(llama, ids, targets + torch.tensor([0, 4]), window=window, batch_size=3),
-                              token_nll(llama, ids, batch_size=4)[:, window + 3], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(
+        window_nll(llama, ids, targets + torch.tensor([0, 4]), window=window, batch_size=3),
+        token_nll(llama, ids, batch_size=4)[:, window + 3],
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_context_targets_shape_range_order_and_seed():
@@ -110,7 +126,7 @@ def test_context_targets_shape_range_order_and_seed():
     assert bool((t[:, 0] >= 0).all() and (t[:, 0] < 5).all())
     assert bool((t[:, 1] >= 25).all() and (t[:, 1] < 40).all())
     assert len({tuple(r) for r in t.tolist()}) == 30  # no pair drawn twice
-    assert t.tolist() == sorted(t.tolist())           # sorted by (sequence, position)
+    assert t.tolist() == sorted(t.tolist())  # sorted by (sequence, position)
     assert torch.equal(context_targets(5, 40, k=30, min_pos=25, seed=7), t)
     assert not torch.equal(context_targets(5, 40, k=30, min_pos=25, seed=8), t)
 

@@ -30,7 +30,8 @@ def test_in_place_edit_after_repro_is_seen_by_dvc_status(reproduced, tmp_path):
     status = json.loads(run(["dvc", "status", "--json"], cwd=root).stdout or "{}")
     assert "materialize" in status, status
     # the cache objects are as they were: `dvc checkout` can restore the file
-    assert {hashlib.md5(p.read_bytes()).hexdigest() for p in (root / ".dvc" / "cache").rglob("*") if p.is_file()} \
-        == cache
+    assert {
+        hashlib.md5(p.read_bytes()).hexdigest() for p in (root / ".dvc" / "cache").rglob("*") if p.is_file()
+    } == cache
     run(["dvc", "checkout", "-f", "materialize"], cwd=root)
     assert json.loads(run(["dvc", "status", "--json"], cwd=root).stdout or "{}") == {}

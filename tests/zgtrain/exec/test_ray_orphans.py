@@ -50,12 +50,20 @@ def test_killed_driver_leaves_no_ray_process(reproduced, tmp_path):
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "no blocks"], cwd=root)
     env = {k: v for k, v in os.environ.items() if k not in ("ZG_RAY_ADDRESS", "RAY_ADDRESS")}
-    proc = subprocess.Popen([str(BIN / "zg"), "repro", "train@b00", "train@b01", "--jobs", "2"], cwd=root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**env, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.3"})
+    proc = subprocess.Popen(
+        [str(BIN / "zg"), "repro", "train@b00", "train@b01", "--jobs", "2"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**env, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.3"},
+    )
     try:
-        _wait(lambda: _started(root, "b00") and _started(root, "b01") or proc.poll() is not None,
-              "both blocks training on Ray", limit=600)
+        _wait(
+            lambda: _started(root, "b00") and _started(root, "b01") or proc.poll() is not None,
+            "both blocks training on Ray",
+            limit=600,
+        )
         assert proc.poll() is None, f"zg repro ended first (rc {proc.returncode})"
         running = _in_session(proc.pid)
         assert any("raylet" in line for line in running) and any("ray::" in line for line in running), running

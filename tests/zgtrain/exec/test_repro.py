@@ -24,14 +24,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import BIN, run, zg
 from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
+
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
 
-TIMED = {"metrics/blocks/b00.json": "tokens_per_s", "metrics/blocks/b01.json": "tokens_per_s",
-         "metrics/eval.json": "seconds"}
+TIMED = {
+    "metrics/blocks/b00.json": "tokens_per_s",
+    "metrics/blocks/b01.json": "tokens_per_s",
+    "metrics/eval.json": "seconds",
+}
 LATER = ["train@b00", "train@b01", "assemble", "evaluate"]
 
 
@@ -131,11 +134,15 @@ def parallel(base, tmp_path_factory, ray_session) -> tuple[Path, dict, int]:
     checkpoint (step 4 of 12): (project, --json result, the killed worker's pid)."""
     root = copy_project(base, tmp_path_factory.mktemp("parallel") / "proj")
     out, err = open(root.parent / "out", "w+"), open(root.parent / "err", "w+")
-    proc = subprocess.Popen([str(BIN / "zg"), "repro", "--json", "--jobs", "2", "--address", ray_session], cwd=root,
-                            stdout=out, stderr=err, env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.4"})
+    proc = subprocess.Popen(
+        [str(BIN / "zg"), "repro", "--json", "--jobs", "2", "--address", ray_session],
+        cwd=root,
+        stdout=out,
+        stderr=err,
+        env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.4"},
+    )
     try:
-        _wait(lambda: (_meta(root, "b00") or {}).get("step", 0) > 0 and _lock_holder(root, "b00"), "checkpoint 4",
-              proc)
+        _wait(lambda: (_meta(root, "b00") or {}).get("step", 0) > 0 and _lock_holder(root, "b00"), "checkpoint 4", proc)
         worker = _lock_holder(root, "b00")
         assert worker != proc.pid and not _meta(root, "b00")["done"]
         os.kill(worker, signal.SIGKILL)
@@ -149,6 +156,7 @@ def parallel(base, tmp_path_factory, ray_session) -> tuple[Path, dict, int]:
 
 # --- guarantee 7: the same end state as a serial `dvc repro` ------------------------------------------------
 
+
 def test_parallel_repro_ends_where_dvc_repro_does(serial, parallel):
     root, r, _ = parallel
     assert sorted(r["ran"][:2]) == ["train@b00", "train@b01"] and r["ran"][2:] == ["assemble", "evaluate"]
@@ -158,8 +166,9 @@ def test_parallel_repro_ends_where_dvc_repro_does(serial, parallel):
     for path in TIMED:
         assert _untimed(root, path) == _untimed(serial, path), path
     for key in ("b00", "b01"):
-        assert r["blocks"][key]["state_sha256"] == read_json(serial / "metrics" / "blocks" / f"{key}.json")[
-            "state_sha256"]
+        assert (
+            r["blocks"][key]["state_sha256"] == read_json(serial / "metrics" / "blocks" / f"{key}.json")["state_sha256"]
+        )
         assert r["blocks"][key]["threads"] == 1  # train.threads, what each task asked Ray for
     assert _status(root) == {}
     again = run(["dvc", "repro"], cwd=root)
@@ -196,6 +205,7 @@ def test_jobs_1_runs_in_process_without_ray(serial, base, tmp_path):
 
 # --- faults --------------------------------------------------------------------------------------------------
 
+
 def test_worker_killed_mid_block_is_retried_and_resumes_bitwise(serial, parallel):
     root, r, killed = parallel
     b = r["blocks"]["b00"]
@@ -211,9 +221,13 @@ def test_driver_killed_then_rerun_finishes_and_retrains_nothing_recorded(base, t
     set_params(root, {"blocks.b01.steps": 40})  # b01 still runs when b00 has been recorded
     run(["git", "commit", "-qam", "longer b01"], cwd=root)
     err = open(tmp_path / "err", "w+")
-    proc = subprocess.Popen([str(BIN / "zg"), "repro", "train@b00", "train@b01", "assemble", "--jobs", "2",
-                             "--address", ray_session], cwd=root, stdout=subprocess.DEVNULL, stderr=err,
-                            env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.3"})
+    proc = subprocess.Popen(
+        [str(BIN / "zg"), "repro", "train@b00", "train@b01", "assemble", "--jobs", "2", "--address", ray_session],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        env={**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.3"},
+    )
     try:
         _wait(lambda: "train@b00" in _recorded(root), "train@b00 recorded", proc)
         _wait(lambda: (_meta(root, "b01") or {}).get("step", 0) > 0, "b01 past a checkpoint", proc)
@@ -225,8 +239,10 @@ def test_driver_killed_then_rerun_finishes_and_retrains_nothing_recorded(base, t
             proc.kill()
     # Ray ends the dead driver's tasks; the block lock goes with the worker's process
     _wait(lambda: _lock_free(root, "b01"), "the killed driver's worker to end")
-    b00 = {p: tree_sha256(root / p) if (root / p).is_dir() else (root / p).read_bytes()
-           for p in ("models/blocks/b00", "metrics/blocks/b00.json", "plots/loss/b00.csv")}
+    b00 = {
+        p: tree_sha256(root / p) if (root / p).is_dir() else (root / p).read_bytes()
+        for p in ("models/blocks/b00", "metrics/blocks/b00.json", "plots/loss/b00.csv")
+    }
     recorded = _lock(root)["train@b00"]
     init = (root / "models/blocks/b01/init.safetensors").stat()
 
@@ -244,8 +260,12 @@ def test_block_failing_for_good_leaves_the_others_recorded(serial, base, tmp_pat
     set_params(root, {"blocks.b01.lr": 1.0e38})  # AdamW's step size overflows: b01 alone diverges
     before = tree_sha256(root / "data")
     res = _repro(root, "--jobs", "2", "--address", ray_session, check=False)
-    assert_user_error(res, "[blocks.b01.lr] train@b01 failed: block b01", "recorded in dvc.lock: train@b00",
-                      "not run: assemble, evaluate")
+    assert_user_error(
+        res,
+        "[blocks.b01.lr] train@b01 failed: block b01",
+        "recorded in dvc.lock: train@b00",
+        "not run: assemble, evaluate",
+    )
     assert res.returncode != 0 and res.stdout == ""
     assert _entry(root, "train@b00") == _entry(serial, "train@b00")
     assert "train@b01" not in _lock(root) and not (root / "models" / "student").exists()
@@ -264,6 +284,7 @@ def test_invalid_per_block_value_fails_before_anything_runs(base, tmp_path):
 
 # --- mixed precision (train.precision) ------------------------------------------------------------------------
 
+
 def test_bf16_run_and_its_resume_are_bitwise_equal(serial, base, tmp_path):
     straight, resumed = (copy_project(base, tmp_path / n) for n in ("straight", "resumed"))
     for root in (straight, resumed):
@@ -280,6 +301,7 @@ def test_bf16_run_and_its_resume_are_bitwise_equal(serial, base, tmp_path):
 
 # --- nodes without a shared file system: the DVC remote is the data plane ------------------------------------
 
+
 @pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # add_node forks this process to start a raylet
 def test_remote_data_plane_workers_clone_pull_train_and_push(serial, base, tmp_path, ray_cluster):
     root = copy_project(base, tmp_path / "proj")
@@ -290,8 +312,20 @@ def test_remote_data_plane_workers_clone_pull_train_and_push(serial, base, tmp_p
     scratch = tmp_path / "scratch"
     node = ray_cluster.add_node(num_cpus=1, object_store_memory=100 << 20)  # a second node, for this test
     try:
-        r = json.loads(_repro(root, "train@b00", "train@b01", "--jobs", "2", "--data", "remote", "--address",
-                              ray_cluster.address, env={"ZG_SCRATCH": str(scratch)}).stdout)
+        r = json.loads(
+            _repro(
+                root,
+                "train@b00",
+                "train@b01",
+                "--jobs",
+                "2",
+                "--data",
+                "remote",
+                "--address",
+                ray_cluster.address,
+                env={"ZG_SCRATCH": str(scratch)},
+            ).stdout
+        )
     finally:
         ray_cluster.remove_node(node)
     assert r["ran"] == ["train@b00", "train@b01"] or r["ran"] == ["train@b01", "train@b00"]

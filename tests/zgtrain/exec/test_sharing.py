@@ -18,15 +18,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import BIN, run, zg
 
 # What team B needs for block b01 of the tiny profile (boundaries [0, 2, 4]: b01 maps h02 -> h04).
 B01_INPUTS = ["data/boundaries/h02.lance", "data/boundaries/h04.lance", "models/teacher/blocks/b01.safetensors"]
 # What it must not need: the whole teacher, the token set, other boundaries and slices.
-NOT_NEEDED = ["models/teacher/hf", "models/teacher/teacher.json", "models/teacher/blocks/head.safetensors",
-              "models/teacher/blocks/b00.safetensors", "data/tokens.lance", "data/tokens.json",
-              "data/boundaries/h00.lance"]
+NOT_NEEDED = [
+    "models/teacher/hf",
+    "models/teacher/teacher.json",
+    "models/teacher/blocks/head.safetensors",
+    "models/teacher/blocks/b00.safetensors",
+    "data/tokens.lance",
+    "data/tokens.json",
+    "data/boundaries/h00.lance",
+]
 S3_ENV = {"AWS_ACCESS_KEY_ID": "zg-test", "AWS_SECRET_ACCESS_KEY": "zg-test", "AWS_DEFAULT_REGION": "us-east-1"}
 BUCKET = "zg-boundaries"
 
@@ -119,8 +124,11 @@ def moto_s3():
     import boto3
 
     port = free_port()
-    proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -130,11 +138,15 @@ def moto_s3():
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on port {port}")
+                    raise RuntimeError(f"moto_server did not start on port {port}") from None
                 time.sleep(0.2)
-        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
-                     aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
-                     region_name=S3_ENV["AWS_DEFAULT_REGION"]).create_bucket(Bucket=BUCKET)
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
+            region_name=S3_ENV["AWS_DEFAULT_REGION"],
+        ).create_bucket(Bucket=BUCKET)
         yield endpoint
     finally:
         proc.terminate()
@@ -171,7 +183,10 @@ def test_s3_remote_repro_pull_allow_missing_trains_one_block(team_a, moto_s3, tm
     # Unchanged stage: dvc.lock already records team A's result, so --allow-missing skips it and pulls nothing.
     out = dvc("repro", "--pull", "--allow-missing", "train@b01", cwd=b, env=S3_ENV)
     assert "Running stage" not in out.stdout, out.stdout
-    assert not list(b.glob("data/boundaries/*.lance")) and not (b / "models" / "teacher" / "blocks" / "b01.safetensors").exists()
+    assert (
+        not list(b.glob("data/boundaries/*.lance"))
+        and not (b / "models" / "teacher" / "blocks" / "b01.safetensors").exists()
+    )
 
     # Team B's own change to its block (checkpoint_every does not change the trained bits, so the
     # result must still equal team A's): the stage reruns, and DVC pulls exactly its missing deps.
@@ -208,8 +223,12 @@ def test_dvc_import_into_another_project_trains_block(team_a, tmp_path):
     info = json.loads(zg("data", "inspect", "data/boundaries/h02.lance", "--json", cwd=c).stdout)[0]
     rev = run(["git", "rev-parse", "HEAD"], cwd=a).stdout.strip()
     assert info["source"]["tracked_by"] == "data/boundaries/h02.lance.dvc"
-    assert info["source"]["import"] == {"url": str(a), "path": "data/boundaries/h02.lance", "rev": None,
-                                        "rev_lock": rev}
+    assert info["source"]["import"] == {
+        "url": str(a),
+        "path": "data/boundaries/h02.lance",
+        "rev": None,
+        "rev_lock": rev,
+    }
 
     zg("train", "block", "b01", cwd=c)
     assert state_of(c) == team_a["b01_state"]
@@ -223,8 +242,8 @@ def _relineage(src: Path, dst: Path, **changes) -> None:
     """A copy of boundary dataset ``src`` whose lineage (and so fingerprint) says it came from elsewhere."""
     import lance
 
-    from zgdata.lineage import boundary_fingerprint
     from zgdata.lance_io import encode_meta, schema_meta
+    from zgdata.lineage import boundary_fingerprint
 
     shutil.copytree(src, dst, copy_function=shutil.copyfile)  # plain, writable copies (the pull hardlinks)
     ds = lance.dataset(str(dst))

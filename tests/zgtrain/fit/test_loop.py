@@ -40,9 +40,15 @@ def _trainer(every: int):
         loop.update(loss, model.parameters(), opt, 0.0, lambda what: ZgError(what))
         return batch.shape[0]
 
-    steps = loop.Steps(name="test", batches=lambda a, b: ((s, x[s]) for s in range(a, b)), work=work,
-                       lrs=[(opt, lambda s: lr_at(cfg, s))], save=lambda s: events.append(("save", s)),
-                       checkpoint_every=every, on_step=lambda s: events.append(("step", s)))
+    steps = loop.Steps(
+        name="test",
+        batches=lambda a, b: ((s, x[s]) for s in range(a, b)),
+        work=work,
+        lrs=[(opt, lambda s: lr_at(cfg, s))],
+        save=lambda s: events.append(("save", s)),
+        checkpoint_every=every,
+        on_step=lambda s: events.append(("step", s)),
+    )
     return state, steps, events, model
 
 
@@ -117,6 +123,12 @@ class _Result(loop.Result):
 
 def test_result_metrics_keep_the_field_order_and_spread_nested_keys():
     done = _Result(key="b00", status="done", step=4, extra={"kv_a": 1, "kv_b": 2}, last=0.5)
-    assert list(done.metrics().items()) == [("key", "b00"), ("status", "done"), ("step", 4), ("kv_a", 1),
-                                            ("kv_b", 2), ("last", 0.5)]
+    assert list(done.metrics().items()) == [
+        ("key", "b00"),
+        ("status", "done"),
+        ("step", 4),
+        ("kv_a", 1),
+        ("kv_b", 2),
+        ("last", 0.5),
+    ]
     assert _Result(key="b00", status="stopped", step=2).metrics() == {"status": "stopped", "step": 2}

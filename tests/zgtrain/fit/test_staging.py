@@ -28,7 +28,7 @@ def _flip_rows(path, rows) -> None:
             at = data.find(want)
             if at >= 0:
                 start = at + (len(want) - 4096) // 2
-                data[start:start + 4096] = bytes(b ^ 0xFF for b in data[start:start + 4096])
+                data[start : start + 4096] = bytes(b ^ 0xFF for b in data[start : start + 4096])
                 f.write_bytes(bytes(data))
                 break
         else:

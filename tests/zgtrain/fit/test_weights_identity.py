@@ -55,16 +55,20 @@ def test_flipped_block_weights_are_refused_by_assemble_and_training(project):
     layout = Layout(project)
     _flip_tail(layout.block_dir("b01") / "model.safetensors")
     before = _outputs(project)
-    assert_user_error(zg_main("train", "assemble", cwd=project, check=False), "models/blocks/b01/model.safetensors",
-                      "dvc checkout models/blocks/b01")
+    assert_user_error(
+        zg_main("train", "assemble", cwd=project, check=False),
+        "models/blocks/b01/model.safetensors",
+        "dvc checkout models/blocks/b01",
+    )
     assert_user_error(zg_main("train", "block", "b01", cwd=project, check=False), "b01/model.safetensors")
     assert _outputs(project) == before  # metrics not rewritten, student not replaced
 
 
 def test_flipped_student_weights_are_refused_by_evaluate(project):
     _flip_tail(Layout(project).student / "model.safetensors")
-    assert_user_error(zg_main("train", "evaluate", cwd=project, check=False), "models/student/model.safetensors",
-                      CHECKSUMS)
+    assert_user_error(
+        zg_main("train", "evaluate", cwd=project, check=False), "models/student/model.safetensors", CHECKSUMS
+    )
     assert not Layout(project).eval_metrics.exists()
 
 

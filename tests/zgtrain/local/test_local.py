@@ -16,11 +16,18 @@ import shutil
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from conftest import run, zg, zg_main
-from zgt_helpers import (assert_user_error, kill_after_first_checkpoint, load_params_of, project_of, read_json,
-                         set_params, tree_sha256)
+from safetensors.torch import load_file
+from zgt_helpers import (
+    assert_user_error,
+    kill_after_first_checkpoint,
+    load_params_of,
+    project_of,
+    read_json,
+    set_params,
+    tree_sha256,
+)
+
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.local.simultaneous import train_local
@@ -105,7 +112,9 @@ def test_kill_9_then_resume_is_bitwise_identical(local_repro, tmp_path):
     assert resumed["status"] == "done"
     assert resumed["state_sha256"] == ref["state_sha256"]
     assert resumed["block_state_sha256"] == ref["block_state_sha256"]
-    assert (root / "plots" / "local" / "loss.csv").read_text() == (ref_root / "plots" / "local" / "loss.csv").read_text()
+    assert (root / "plots" / "local" / "loss.csv").read_text() == (
+        ref_root / "plots" / "local" / "loss.csv"
+    ).read_text()
     # every block's checkpoint of the same step, nothing half-written left
     assert sorted(p.name for p in (root / "models" / "local" / "run").iterdir()) == ["ckpt-000008", "meta.json"]
 
@@ -194,6 +203,7 @@ def test_resume_of_another_run_is_refused_unless_restart(local_repro, tmp_path):
 
 
 # --- sequential (dataset-centric) mode ------------------------------------------------------------------
+
 
 def test_sequential_mode_stages_lineage_and_downstream_only_reruns(local_repro, tmp_path):
     ref_root, ref = local_repro

@@ -11,20 +11,29 @@ from dataclasses import fields
 
 import pytest
 import yaml
-
 from conftest import zg
 from zgt_helpers import assert_user_error, set_params, tree_sha256
+
 from zgtrain.cli import main
 from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
 
 ALL_SECTIONS = {**SECTIONS, **OPTIONAL_SECTIONS}
 
 # The command that reads each section first.
-COMMAND = {"teacher": ["teacher", "prepare"], "corpus": ["data", "tokenize"], "partition": ["teacher", "prepare"],
-           "materialize": ["data", "materialize"], "verify": ["data", "verify"], "train": ["train", "block", "b00"],
-           "eval": ["train", "evaluate"], "gates": ["train", "evaluate"], "lm_eval": ["train", "lm-eval"],
-           "local": ["train", "local"], "search": ["search", "run"],
-           "repair": ["train", "repair"]}
+COMMAND = {
+    "teacher": ["teacher", "prepare"],
+    "corpus": ["data", "tokenize"],
+    "partition": ["teacher", "prepare"],
+    "materialize": ["data", "materialize"],
+    "verify": ["data", "verify"],
+    "train": ["train", "block", "b00"],
+    "eval": ["train", "evaluate"],
+    "gates": ["train", "evaluate"],
+    "lm_eval": ["train", "lm-eval"],
+    "local": ["train", "local"],
+    "search": ["search", "run"],
+    "repair": ["train", "repair"],
+}
 WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
 
 
@@ -56,13 +65,23 @@ def _cases():
             for v in _out_of_range(f):
                 yield pytest.param(sec, f.name, v, id=f"{sec}.{f.name}={v!r}")
     # registry-checked and cross-field values
-    for sec, name, v in (("train", "conversion", "bogus"), ("train", "objective", "bogus"),
-                         ("materialize", "storage_dtype", "float16"), ("partition", "boundaries", [4, 2]),
-                         ("corpus", "heldout", []), ("corpus", "source", {"a": 1}), ("eval", "window", 1000),
-                         ("train", "lr", float("nan")), ("train", "steps", True), ("corpus", "heldout", ["a", 1]),
-                         ("lm_eval", "tasks", ["hella swag"]), ("local", "blocks", "b01"),
-                         ("eval", "sets", [{"name": "x"}]), ("gates", "sets", ["nope"]),
-                         ("materialize", "virtual_first", "yes")):
+    for sec, name, v in (
+        ("train", "conversion", "bogus"),
+        ("train", "objective", "bogus"),
+        ("materialize", "storage_dtype", "float16"),
+        ("partition", "boundaries", [4, 2]),
+        ("corpus", "heldout", []),
+        ("corpus", "source", {"a": 1}),
+        ("eval", "window", 1000),
+        ("train", "lr", float("nan")),
+        ("train", "steps", True),
+        ("corpus", "heldout", ["a", 1]),
+        ("lm_eval", "tasks", ["hella swag"]),
+        ("local", "blocks", "b01"),
+        ("eval", "sets", [{"name": "x"}]),
+        ("gates", "sets", ["nope"]),
+        ("materialize", "virtual_first", "yes"),
+    ):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
 
@@ -94,12 +113,18 @@ def test_bad_value_is_one_line_and_writes_nothing(tiny_project, monkeypatch, cap
     assert tree_sha256(tiny_project) == before
 
 
-@pytest.mark.parametrize("updates,needle", [
-    ({"seed": -1}, "seed"), ({"seed": "zero"}, "seed"), ({"blocks.b00.lr": "fast"}, "blocks.b00.lr"),
-    ({"blocks.b00.grad_clip": -1}, "blocks.b00.grad_clip"), ({"blocks.b00.bogus": 1}, "blocks.b00.bogus"),
-    ({"blocks.b00.window": 0}, "blocks.b00.window"),
-    ({"trian.lr": 1e-3}, "trian"),
-])
+@pytest.mark.parametrize(
+    "updates,needle",
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": "zero"}, "seed"),
+        ({"blocks.b00.lr": "fast"}, "blocks.b00.lr"),
+        ({"blocks.b00.grad_clip": -1}, "blocks.b00.grad_clip"),
+        ({"blocks.b00.bogus": 1}, "blocks.b00.bogus"),
+        ({"blocks.b00.window": 0}, "blocks.b00.window"),
+        ({"trian.lr": 1e-3}, "trian"),
+    ],
+)
 def test_global_and_per_block_keys(tiny_project, monkeypatch, capsys, updates, needle):
     set_params(tiny_project, updates)
     before = tree_sha256(tiny_project)
@@ -112,8 +137,9 @@ def test_global_and_per_block_keys(tiny_project, monkeypatch, capsys, updates, n
 
 def test_yaml_ambiguous_numbers_are_coerced(tiny_project):
     """`lr: 1e-3` is a string to YAML 1.1; zg reads it as the float it means, and trains."""
-    (tiny_project / "params.yaml").write_text((tiny_project / "params.yaml").read_text()
-                                              .replace("lr: 0.001", "lr: 1e-3").replace("steps: 12", "steps: 2"))
+    (tiny_project / "params.yaml").write_text(
+        (tiny_project / "params.yaml").read_text().replace("lr: 0.001", "lr: 1e-3").replace("steps: 12", "steps: 2")
+    )
     assert yaml.safe_load((tiny_project / "params.yaml").read_text())["train"]["lr"] == "1e-3"
     res = zg("train", "block", "b00", "--json", cwd=tiny_project)
     assert '"status": "done"' in res.stdout
@@ -131,14 +157,17 @@ def test_duplicate_yaml_key_is_refused(tiny_project):
     assert tree_sha256(tiny_project) == before
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["bogus"], ["No such command 'bogus'", "zg --help"]),
-    (["train", "block"], ["Missing", "key", "zg train block --help"]),
-    (["train", "block", "b00", "--stop-after", "0"], ["--stop-after", "0"]),
-    (["train", "block", "b00", "--stop-after", "-1"], ["--stop-after", "-1"]),
-    (["data", "verify", "--sample", "0"], ["--sample"]),
-    (["train", "block", "b00", "--targets", "somewhere"], ["train.targets", "somewhere"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["bogus"], ["No such command 'bogus'", "zg --help"]),
+        (["train", "block"], ["Missing", "key", "zg train block --help"]),
+        (["train", "block", "b00", "--stop-after", "0"], ["--stop-after", "0"]),
+        (["train", "block", "b00", "--stop-after", "-1"], ["--stop-after", "-1"]),
+        (["data", "verify", "--sample", "0"], ["--sample"]),
+        (["train", "block", "b00", "--targets", "somewhere"], ["train.targets", "somewhere"]),
+    ],
+)
 def test_usage_errors_are_one_line(tiny_project, args, needles):
     before = tree_sha256(tiny_project)
     res = zg(*args, cwd=tiny_project, check=False)

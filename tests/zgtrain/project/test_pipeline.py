@@ -13,10 +13,10 @@ import shutil
 
 import lance
 import torch
+from conftest import PIPELINE_STAGES as STAGES
+from conftest import run, zg
+from zgt_helpers import assert_user_error, copy_project, load_params_of, project_of, read_json, set_params, tree_sha256
 
-from conftest import PIPELINE_STAGES as STAGES, run, zg
-from zgt_helpers import (assert_user_error, copy_project, load_params_of, project_of, read_json, set_params,
-                         tree_sha256)
 from zgdata.layout import Layout
 
 
@@ -35,8 +35,17 @@ def _repro(root) -> list[str]:
 
 def test_repro_writes_eval_metrics(reproduced):
     m = read_json(reproduced / "metrics" / "eval.json")
-    for k in ("teacher_ce", "student_ce", "ce_gap", "ce_recovered", "teacher_context_use", "student_context_use",
-              "context_retention", "shift", "gates_passed"):
+    for k in (
+        "teacher_ce",
+        "student_ce",
+        "ce_gap",
+        "ce_recovered",
+        "teacher_context_use",
+        "student_context_use",
+        "context_retention",
+        "shift",
+        "gates_passed",
+    ):
         assert k in m, k
     assert m["ce_gap"] == m["student_ce"] - m["teacher_ce"]
     assert set(m["shift"]) == {"b00", "b01"}
@@ -62,8 +71,13 @@ def test_dvc_metrics_and_plots_show(reproduced):
         assert path in text, path
     plots = json.loads(run(["dvc", "plots", "show", "--json"], cwd=reproduced).stdout)
     text = json.dumps(plots)
-    for path in ("plots/loss/b00.csv", "plots/loss/b01.csv", "plots/eval/ce.csv", "plots/eval/sets.csv",
-                 "plots/eval/shift.csv"):
+    for path in (
+        "plots/loss/b00.csv",
+        "plots/loss/b01.csv",
+        "plots/eval/ce.csv",
+        "plots/eval/sets.csv",
+        "plots/eval/shift.csv",
+    ):
         assert path in text, path
     assert "errors" not in plots or not plots["errors"], plots.get("errors")
 
@@ -119,16 +133,17 @@ def test_identity_assembly_reproduces_teacher_logits(tiny_project):
 
     from zgdata.teacher.prepare import load_teacher
     from zgdata.tokens import read_tokens
-    from zgtrain.student.assemble import assemble
     from zgtrain.block.train import train_block
+    from zgtrain.student.assemble import assemble
 
     params = set_params(tiny_project, {"train.conversion": "identity", "train.steps": 0})
     layout = Layout(tiny_project)
     for key in ("b00", "b01"):
         assert train_block(project_of(params), key, layout=layout).status == "done"
     assemble(project_of(params), layout=layout)
-    student = AutoModelForCausalLM.from_pretrained(tiny_project / "models" / "student", dtype=torch.float32,
-                                                   attn_implementation="sdpa").eval()
+    student = AutoModelForCausalLM.from_pretrained(
+        tiny_project / "models" / "student", dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
     heldout = [i for i, s in enumerate(splits) if s == "heldout"]
@@ -153,6 +168,7 @@ def test_init_refuses_an_existing_project(reproduced, tmp_path):
 
 
 # --- selective reruns (edit the shared project; keep these last) -----------------------------------------
+
 
 def test_editing_one_block_reruns_that_block_only(reproduced):
     """Guarantee 4."""

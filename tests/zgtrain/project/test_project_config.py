@@ -49,15 +49,18 @@ def test_blocks_inherit_train_and_override_it():
         project.block("b07")
 
 
-@pytest.mark.parametrize("mutate,key", [
-    (lambda p: p["blocks"]["b00"].update(lr=-1), "blocks.b00.lr"),
-    (lambda p: p["blocks"]["b00"].update(nope=1), "blocks.b00"),
-    (lambda p: p["blocks"]["b00"].update(out="h04"), "blocks.b00"),
-    (lambda p: p.update(extra={}), "extra"),
-    (lambda p: p.update(seed=1.5), "seed"),
-    (lambda p: p["train"].update(conversion="nope"), "train.conversion"),
-    (lambda p: p["train"].update(objective="nope"), "train.objective"),
-])
+@pytest.mark.parametrize(
+    "mutate,key",
+    [
+        (lambda p: p["blocks"]["b00"].update(lr=-1), "blocks.b00.lr"),
+        (lambda p: p["blocks"]["b00"].update(nope=1), "blocks.b00"),
+        (lambda p: p["blocks"]["b00"].update(out="h04"), "blocks.b00"),
+        (lambda p: p.update(extra={}), "extra"),
+        (lambda p: p.update(seed=1.5), "seed"),
+        (lambda p: p["train"].update(conversion="nope"), "train.conversion"),
+        (lambda p: p["train"].update(objective="nope"), "train.objective"),
+    ],
+)
 def test_bad_project_params_name_their_key(mutate, key):
     params = profile_params("tiny")
     mutate(params)

@@ -13,11 +13,18 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import zg, zg_main
-from zgt_helpers import (assert_user_error, copy_project, kill_after_first_checkpoint, project_of, read_json,
-                         set_params, tree_sha256)
+from safetensors.torch import load_file
+from zgt_helpers import (
+    assert_user_error,
+    copy_project,
+    kill_after_first_checkpoint,
+    project_of,
+    read_json,
+    set_params,
+    tree_sha256,
+)
+
 from zgdata.layout import Layout
 from zgtrain.project.config import ProjectConfig
 from zgtrain.project.pipeline import dvc_yaml, profile_params
@@ -70,15 +77,21 @@ def test_repair_lowers_the_training_kl_and_writes_a_loadable_model(straight):
     student, repaired = load_student(root / "models" / "student"), load_student(root / "models" / "repaired")
     a, b = student.state_dict(), repaired.state_dict()
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
-    assert (root / "models" / "repaired" / "modeling_zg_llama.py").read_bytes() == \
-        (root / "models" / "student" / "modeling_zg_llama.py").read_bytes()
-    assert read_json(root / "models" / "repaired" / "config.json")["auto_map"] == \
-        read_json(root / "models" / "student" / "config.json")["auto_map"]
+    assert (root / "models" / "repaired" / "modeling_zg_llama.py").read_bytes() == (
+        root / "models" / "student" / "modeling_zg_llama.py"
+    ).read_bytes()
+    assert (
+        read_json(root / "models" / "repaired" / "config.json")["auto_map"]
+        == read_json(root / "models" / "student" / "config.json")["auto_map"]
+    )
     summary = read_json(root / "models" / "repaired" / "zerograph.json")
     assert summary["repair"]["state_sha256"] == res["state_sha256"]
     assert summary["repair"]["student_sha256"] == res["student_sha256"]
-    assert sorted(p.name for p in (root / "models" / "repair").iterdir()) == \
-        ["ckpt-000012", "meta.json", "model.safetensors"]
+    assert sorted(p.name for p in (root / "models" / "repair").iterdir()) == [
+        "ckpt-000012",
+        "meta.json",
+        "model.safetensors",
+    ]
 
 
 def test_lora_trains_only_adapters_and_merges_them_into_a_plain_model(assembled, tmp_path):
@@ -91,8 +104,12 @@ def test_lora_trains_only_adapters_and_merges_them_into_a_plain_model(assembled,
     set_params(root, {"repair.trainable": "lora", "repair.lr": 1e-3})
     res = repair(project_of(root), layout=Layout(root))
     assert res.status == "done" and res.kl_train_after < res.kl_train_before, res
-    assert 0 < res.trainable_params < res.params == sum(v.numel() for v in load_file(
-        str(root / "models" / "student" / "model.safetensors")).values())
+    assert (
+        0
+        < res.trainable_params
+        < res.params
+        == sum(v.numel() for v in load_file(str(root / "models" / "student" / "model.safetensors")).values())
+    )
     a = load_file(str(root / "models" / "student" / "model.safetensors"))
     b = load_file(str(root / "models" / "repaired" / "model.safetensors"))
     assert a.keys() == b.keys()  # adapters merged: no lora_* tensors, a plain (pinned-code) student folder
@@ -106,8 +123,8 @@ def test_head_slice_on_the_last_boundary_is_the_teachers_logits(straight):
     """The repair targets need no teacher forward: final norm + LM head of the head slice on the stored last
     boundary give the teacher's own logits up to the boundary's bf16 rounding, far closer than the student."""
     from zgdata.teacher.prepare import load_slice, load_teacher
-    from zgtrain.repair.train import RepairData
     from zgtrain.repair.model import TeacherHead, token_kl
+    from zgtrain.repair.train import RepairData
     from zgtrain.student.load import load_student
 
     root, _ = straight
@@ -138,10 +155,13 @@ def test_kill_9_between_checkpoints_then_resume_is_bitwise_identical(straight, a
     assert resumed["status"] == "done" and resumed["state_sha256"] == ref["state_sha256"]
     assert resumed["kl_train_before"] == ref["kl_train_before"] and resumed["kl_train_after"] == ref["kl_train_after"]
     assert _curve(root) == _curve(ref_root)
-    assert load_file(str(root / "models" / "repaired" / "model.safetensors")).keys() == \
-        load_file(str(ref_root / "models" / "repaired" / "model.safetensors")).keys()
-    assert (root / "models" / "repaired" / "model.safetensors").read_bytes() == \
-        (ref_root / "models" / "repaired" / "model.safetensors").read_bytes()
+    assert (
+        load_file(str(root / "models" / "repaired" / "model.safetensors")).keys()
+        == load_file(str(ref_root / "models" / "repaired" / "model.safetensors")).keys()
+    )
+    assert (root / "models" / "repaired" / "model.safetensors").read_bytes() == (
+        ref_root / "models" / "repaired" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_resume_with_changed_config_is_refused_unless_restart(assembled, tmp_path):
@@ -176,7 +196,8 @@ def test_evaluate_scores_the_repaired_model_and_gates_it(straight, tmp_path):
     # the plots carry the repaired model: a column per set in sets.csv, a row in ce.csv (6 decimals)
     rows = {r["set"]: r for r in csv.DictReader(open(root / "plots" / "eval" / "sets.csv"))}
     assert {n: float(r["repaired_ce"]) for n, r in rows.items()} == pytest.approx(
-        {n: f["ce"] for n, f in rep["sets"].items()}, abs=5e-7)
+        {n: f["ce"] for n, f in rep["sets"].items()}, abs=5e-7
+    )
     ces = {r["model"]: float(r["ce"]) for r in csv.DictReader(open(root / "plots" / "eval" / "ce.csv"))}
     assert ces["repaired"] == pytest.approx(rep["ce"], abs=5e-7)
     # the generation check shows the repaired model's continuations beside the student's
@@ -205,8 +226,13 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
     params["repair"]["steps"] = 5
     stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=False)["stages"]
     assert list(stages)[-2:] == ["repair", "evaluate"]
-    assert stages["repair"]["deps"] == ["models/student", "models/teacher/blocks/head.safetensors",
-                                        "data/boundaries/h04.lance", "data/tokens.lance", "data/tokens.json"]
+    assert stages["repair"]["deps"] == [
+        "models/student",
+        "models/teacher/blocks/head.safetensors",
+        "data/boundaries/h04.lance",
+        "data/tokens.lance",
+        "data/tokens.json",
+    ]
     assert stages["repair"]["outs"] == ["models/repair", "models/repaired"]
     assert "models/repaired" in stages["evaluate"]["deps"] and "repair.steps" in stages["evaluate"]["params"]
 
@@ -214,8 +240,14 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
 def test_bad_repair_params_name_their_key(tiny_project):
     from zgdata.errors import ZgError
 
-    for key, value in [("repair.temperature", 0), ("repair.trainable", "bogus"), ("repair.lora_rank", 0), ("repair.ce_weight", -1),
-                       ("repair.lr", "fast"), ("repair.nope", 1)]:
+    for key, value in [
+        ("repair.temperature", 0),
+        ("repair.trainable", "bogus"),
+        ("repair.lora_rank", 0),
+        ("repair.ce_weight", -1),
+        ("repair.lr", "fast"),
+        ("repair.nope", 1),
+    ]:
         params = profile_params("tiny")
         params["repair"][key.split(".")[1]] = value
         with pytest.raises(ZgError) as e:

@@ -13,9 +13,9 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import run, zg_main
 from zgt_helpers import load_params_of, read_json, set_params, tree_sha256
+
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.config import ProjectConfig
@@ -26,6 +26,7 @@ BLOCKS, VARIANTS = ("b00", "b01"), ("p50", "drop")
 
 
 # --- the solver (pure) ---------------------------------------------------------------------------------
+
 
 def brute_force(choices, budget):
     """Every mix, by (delta, cost, indices): the definition solve() must meet."""
@@ -42,9 +43,7 @@ def brute_force(choices, budget):
 
 def test_solver_on_a_hand_checked_instance():
     # (cost, delta) per option; option 0 is the teacher block (full cost, delta 0)
-    choices = [[(10, 0.0), (6, 0.10), (3, 0.50)],
-               [(10, 0.0), (6, 0.30), (3, 0.35)],
-               [(10, 0.0), (6, 0.05), (3, 0.90)]]
+    choices = [[(10, 0.0), (6, 0.10), (3, 0.50)], [(10, 0.0), (6, 0.30), (3, 0.35)], [(10, 0.0), (6, 0.05), (3, 0.90)]]
     # budget 30: the teacher everywhere. 26: one block at 6, the cheapest delta there is block 2's (0.05).
     assert solve(choices, 30) == (0, 0, 0)
     assert solve(choices, 26) == (0, 0, 1)
@@ -66,23 +65,29 @@ def test_solver_is_optimal_against_brute_force():
     rng = random.Random(0)
     for _ in range(300):
         n_blocks, n_opts = rng.randint(1, 4), rng.randint(1, 4)
-        choices = [[(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25, 0.5])) for _ in range(n_opts)]
-                   for _ in range(n_blocks)]
+        choices = [
+            [(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25, 0.5])) for _ in range(n_opts)]
+            for _ in range(n_blocks)
+        ]
         budget = rng.uniform(0, 9 * n_blocks)
         assert solve(choices, budget) == brute_force(choices, budget), (choices, budget)
 
 
 # --- params -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variants,key", [
-    ({"p50": {"prune_ratio": 1.5}}, "variants.p50.prune_ratio"),
-    ({"p50": {"nope": 1}}, "variants.p50"),
-    ({"p50": {"conversion": "nope"}}, "variants.p50.conversion"),
-    ({"p50": 0.5}, "variants.p50"),
-    ({"P-50": {"steps": 1}}, "variants.P-50"),
-    ({"teacher": {"steps": 1}}, "variants.teacher"),
-    ([{"steps": 1}], "variants"),
-])
+
+@pytest.mark.parametrize(
+    "variants,key",
+    [
+        ({"p50": {"prune_ratio": 1.5}}, "variants.p50.prune_ratio"),
+        ({"p50": {"nope": 1}}, "variants.p50"),
+        ({"p50": {"conversion": "nope"}}, "variants.p50.conversion"),
+        ({"p50": 0.5}, "variants.p50"),
+        ({"P-50": {"steps": 1}}, "variants.P-50"),
+        ({"teacher": {"steps": 1}}, "variants.teacher"),
+        ([{"steps": 1}], "variants"),
+    ],
+)
 def test_bad_variants_name_their_key(variants, key):
     params = profile_params("tiny")
     params["variants"] = variants
@@ -113,6 +118,7 @@ def test_variants_are_off_by_default():
 
 
 # --- a reproduced tiny-search project -------------------------------------------------------------------
+
 
 def _zg_here(root, monkeypatch, capsys, *args) -> tuple[int, str, str]:
     """The `zg` CLI in this process (no interpreter start-up): exit code, stdout, stderr."""
@@ -161,7 +167,7 @@ def test_variant_stages_write_their_models_and_scores(searched, monkeypatch, cap
             assert meta["config"]["conversion"] == {"p50": "prune_mlp", "drop": "drop_layers"}[v]
             assert m["params"] < m["teacher_params"] and m["heldout_nmse"] == m["heldout_loss"] >= 0
             assert m["ce_delta"] == m["replace_ce"] - m["teacher_ce"] and math.isfinite(m["ce_delta"])
-            assert m["downstream_blocks"] == list(BLOCKS[BLOCKS.index(b) + 1:])
+            assert m["downstream_blocks"] == list(BLOCKS[BLOCKS.index(b) + 1 :])
     # the main pipeline's blocks were not touched
     assert not (searched / "models" / "blocks").exists()
     code, out, _ = _zg_here(searched, monkeypatch, capsys, "search", "show", "--json")
@@ -171,8 +177,10 @@ def test_variant_stages_write_their_models_and_scores(searched, monkeypatch, cap
 
 def test_search_choice_is_the_best_mix_within_budget(searched):
     choice = read_json(searched / "search" / "choice.json")
-    opts = {b: [("teacher", read_json(searched / "metrics" / "variants" / b / "p50.json")["teacher_params"], 0.0)]
-            for b in BLOCKS}
+    opts = {
+        b: [("teacher", read_json(searched / "metrics" / "variants" / b / "p50.json")["teacher_params"], 0.0)]
+        for b in BLOCKS
+    }
     assert sum(o[0][1] for o in opts.values()) == choice["teacher_params"]
     for b in BLOCKS:
         for v in VARIANTS:
@@ -184,8 +192,9 @@ def test_search_choice_is_the_best_mix_within_budget(searched):
     assert choice["params"] <= budget == choice["budget_cost"] and choice["cost"] == "params"
     assert choice["ranked"][0]["mix"] == {b: o["variant"] for b, o in choice["blocks"].items()}
     assert len(choice["ranked"]) == 5 and all(r["params"] <= budget for r in choice["ranked"])
-    assert read_json(searched / "metrics" / "search.json")["choice"] == {b: o["variant"]
-                                                                       for b, o in choice["blocks"].items()}
+    assert read_json(searched / "metrics" / "search.json")["choice"] == {
+        b: o["variant"] for b, o in choice["blocks"].items()
+    }
 
 
 def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_path, monkeypatch, capsys):
@@ -202,8 +211,10 @@ def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_p
     smallest = float(re.search(r"search\.budget >= ([0-9.]+)", lines[0]).group(1))
     set_params(root, {"search.budget": smallest})
     assert _zg_here(root, monkeypatch, capsys, "search", "run")[0] == 0
-    cheapest = {b: min(VARIANTS, key=lambda v: read_json(root / "metrics" / "variants" / b / f"{v}.json")["params"])
-                for b in BLOCKS}
+    cheapest = {
+        b: min(VARIANTS, key=lambda v: read_json(root / "metrics" / "variants" / b / f"{v}.json")["params"])
+        for b in BLOCKS
+    }
     assert read_json(root / "metrics" / "search.json")["choice"] == cheapest
     set_params(root, {"search.budget": 40000, "search.budget_unit": "absolute"})
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
@@ -219,8 +230,11 @@ def test_search_stages_read_only_declared_deps(searched, tmp_path):
     root = tmp_path / "proj"
     shutil.copytree(searched, root, symlinks=True)
     spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    stages = {"variant@b01-drop": _expand(spec["variant"]["do"], "b01-drop", spec["variant"]["foreach"]["b01-drop"]),
-              "search": spec["search"], "search_assemble": spec["search_assemble"]}
+    stages = {
+        "variant@b01-drop": _expand(spec["variant"]["do"], "b01-drop", spec["variant"]["foreach"]["b01-drop"]),
+        "search": spec["search"],
+        "search_assemble": spec["search_assemble"],
+    }
     found = {}
     for name, stage in stages.items():
         for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
@@ -238,8 +252,9 @@ def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsy
     drop = {b: read_json(searched / "metrics" / "variants" / b / "drop.json") for b in BLOCKS}
     p50 = {b: read_json(searched / "metrics" / "variants" / b / "p50.json") for b in BLOCKS}
     set_params(searched, {"variants.p50.lr": 2 * load_params_of(searched)["train"]["lr"]})
-    assert _status(searched) == {f"variant@{b}-p50": [{"changed deps": {"params.yaml": {"variants.p50": "modified"}}}]
-                                 for b in BLOCKS}
+    assert _status(searched) == {
+        f"variant@{b}-p50": [{"changed deps": {"params.yaml": {"variants.p50": "modified"}}}] for b in BLOCKS
+    }
     shown = json.loads(_zg_here(searched, monkeypatch, capsys, "search", "show", "--json")[1])
     assert {(r["block"], r["variant"]) for r in shown["variants"] if r["stale"]} == {(b, "p50") for b in BLOCKS}
     res = run(["dvc", "repro", "search"], cwd=searched)
@@ -251,6 +266,7 @@ def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsy
 
 
 # --- the replace-one-block score ------------------------------------------------------------------------
+
 
 def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_project):
     """An untrained identity variant of b00 is the teacher: its replace-one-block CE (stored boundary h00 ->
@@ -267,6 +283,7 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     assert m.params == m.training["teacher_params"]
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     import lance
+
     splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
     ids, _ = read_tokens(layout, [i for i, s in enumerate(splits) if s == "heldout"])
     with torch.no_grad():
@@ -297,17 +314,20 @@ def test_the_searched_mix_assembles_loads_and_generates(searched, monkeypatch, c
     assert out.shape == (1, 12) and torch.equal(out[:, :8], ids[:, :8])
 
 
-@pytest.mark.parametrize("updates,args,needle", [
-    ({"search.budget": 0}, ["search", "run"], "search.budget is 0"),
-    ({"search.budget": "half"}, ["search", "run"], "search.budget is 'half'"),
-    ({"search.budget_unit": "bytes"}, ["search", "run"], "search.budget_unit is 'bytes'"),
-    ({"search.cost": "kv"}, ["search", "show"], "search.cost is 'kv'"),
-    ({"search.max_tries": 9}, ["search", "run"], "search.max_tries is 9"),
-    ({"search.bogus": 1}, ["search", "run"], "search.bogus"),
-    ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
-    ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
-    ({}, ["search", "run"], "no variant library"),
-])
+@pytest.mark.parametrize(
+    "updates,args,needle",
+    [
+        ({"search.budget": 0}, ["search", "run"], "search.budget is 0"),
+        ({"search.budget": "half"}, ["search", "run"], "search.budget is 'half'"),
+        ({"search.budget_unit": "bytes"}, ["search", "run"], "search.budget_unit is 'bytes'"),
+        ({"search.cost": "kv"}, ["search", "show"], "search.cost is 'kv'"),
+        ({"search.max_tries": 9}, ["search", "run"], "search.max_tries is 9"),
+        ({"search.bogus": 1}, ["search", "run"], "search.bogus"),
+        ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
+        ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
+        ({}, ["search", "run"], "no variant library"),
+    ],
+)
 def test_bad_search_params_are_one_line_and_write_nothing(tiny_project, monkeypatch, capsys, updates, args, needle):
     set_params(tiny_project, updates)
     before = tree_sha256(tiny_project)
@@ -323,8 +343,10 @@ def test_ranked_mixes_are_the_k_best_by_brute_force():
 
     rng = random.Random(1)
     for _ in range(150):
-        choices = [[(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25])) for _ in range(rng.randint(1, 4))]
-                   for _ in range(rng.randint(1, 4))]
+        choices = [
+            [(rng.randint(0, 9), rng.choice([rng.uniform(-0.2, 1.0), 0.25])) for _ in range(rng.randint(1, 4))]
+            for _ in range(rng.randint(1, 4))
+        ]
         budget, k = rng.uniform(0, 30), rng.randint(1, 6)
         feasible = []
         for idx in itertools.product(*(range(len(o)) for o in choices)):
@@ -340,6 +362,7 @@ def test_ranked_mixes_are_the_k_best_by_brute_force():
 
 
 # --- the constraint-aware loop and the KV-bytes budget --------------------------------------------------
+
 
 def _retention(t: dict) -> float:
     return t["sets"]["heldout"]["context_retention"]
@@ -365,11 +388,16 @@ def test_search_assemble_tries_the_next_mixes_until_one_passes_the_gates(searche
         assert (t["params"], t["kv_bytes"]) == (r["params"], r["kv_bytes"]) and not t["gates_passed"]["all"]
         figs = t["sets"]["heldout"]
         assert figs["ce_gap"] == figs["student_ce"] - figs["teacher_ce"]
+
     # the closest miss, recomputed from each try's figures and the gate thresholds
     def miss(t):
         f = t["sets"]["heldout"]
-        return max(0.0, (f["ce_gap"] - gates.max_ce_gap) / abs(gates.max_ce_gap),
-                   (gates.min_context_retention - f["context_retention"]) / abs(gates.min_context_retention))
+        return max(
+            0.0,
+            (f["ce_gap"] - gates.max_ce_gap) / abs(gates.max_ce_gap),
+            (gates.min_context_retention - f["context_retention"]) / abs(gates.min_context_retention),
+        )
+
     closest = min(range(len(tries)), key=lambda i: miss(tries[i]))
     unmet = report["unmet"]
     assert unmet["closest_try"] == closest and abs(unmet["relative_miss"] - miss(tries[closest])) < 1e-12
@@ -401,7 +429,8 @@ def test_a_kv_bytes_budget_picks_the_best_mix_by_kv_cache_size(searched, tmp_pat
         assert m["p50"]["kv_bytes_per_token"] == m["p50"]["teacher_kv_bytes_per_token"]
         assert m["drop"]["kv_bytes_per_token"] == m["drop"]["teacher_kv_bytes_per_token"] / 2  # 2 layers -> 1
         opts[b] = [("teacher", m["p50"]["teacher_kv_bytes_per_token"], 0.0)] + [
-            (v, m[v]["kv_bytes_per_token"], m[v]["ce_delta"]) for v in VARIANTS]
+            (v, m[v]["kv_bytes_per_token"], m[v]["ce_delta"]) for v in VARIANTS
+        ]
     full = sum(o[0][1] for o in opts.values())
     set_params(root, {"search.cost": "kv_bytes", "search.budget": 0.75})
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
@@ -419,13 +448,17 @@ def test_a_kv_bytes_budget_picks_the_best_mix_by_kv_cache_size(searched, tmp_pat
 
 # --- repair of the searched mix (search_repair) ---------------------------------------------------------
 
+
 def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_path):
     """With repair.steps > 0, `zg pipeline` adds search_repair: the mix search_assemble kept is distilled on the
     teacher's logits into models/search/repaired and judged again on every set. Before search_assemble has run it
     is one clear error; editing repair: reruns it alone; the main pipeline's repair stays untouched."""
     from zgtrain.student.load import load_student, student_sha256
 
-    assert "search_repair" not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
+    assert (
+        "search_repair"
+        not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
+    )
     root = tmp_path / "proj"
     shutil.copytree(searched, root, symlinks=True)
     shutil.rmtree(root / "models" / "search", ignore_errors=True)  # what another test's `zg search assemble` left

@@ -45,7 +45,8 @@ def test_a_student_folder_with_only_a_pickle_is_refused_before_unpickling(reprod
     marker = tmp_path / "unpickled"
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Boom(marker)))
-    with pytest.raises(ZgError, match="holds no .safetensors weights \\(only pytorch_model.bin, a pickle zg never "
-                                      "loads\\)"):
+    with pytest.raises(
+        ZgError, match="holds no .safetensors weights \\(only pytorch_model.bin, a pickle zg never loads\\)"
+    ):
         load_student(folder)
     assert not marker.exists()

@@ -65,9 +65,9 @@ def test_search_and_repaired_cards(reproduced, tmp_path):
     search = write_card(tmp_path / "search", summary, layout=Layout(reproduced), kind="search")
     card = ModelCard.load(search)
     assert card.data.model_name == "search" and "dvc repro search_assemble" in card.text
-    assert card.text.split("## Lineage")[1] == \
-        ModelCard.load(reproduced / "models" / "student" / "README.md").text.split("## Lineage")[1] \
-        .replace("dvc repro assemble", "dvc repro search_assemble")
+    assert card.text.split("## Lineage")[1] == ModelCard.load(
+        reproduced / "models" / "student" / "README.md"
+    ).text.split("## Lineage")[1].replace("dvc repro assemble", "dvc repro search_assemble")
     folder = tmp_path / "repaired"
     folder.mkdir()
     (folder / "README.md").write_text((reproduced / "models" / "student" / "README.md").read_text())

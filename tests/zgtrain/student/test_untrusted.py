@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import zg, zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
+
 from zgdata.layout import Layout
 from zgtrain.student.load import MODELING_FILE, load_student
 
@@ -35,17 +35,20 @@ class _Payload:
 
 def test_no_pickle_loads_and_no_unconditional_remote_code_in_the_code():
     """Grep-level guard over zg's own code (zgdata, zgtrain, bench)."""
-    patterns = {r"weights_only\s*=\s*False": "torch.load(weights_only=False) unpickles",
-                r"\bpickle\.loads?\(": "pickle.load runs code", r"allow_pickle\s*=\s*True": "numpy pickles",
-                r"trust_remote_code\s*=\s*True": "unconditional trust_remote_code",
-                r"torch\.load\((?![^)]*weights_only\s*=\s*True)": "torch.load without weights_only=True"}
+    patterns = {
+        r"weights_only\s*=\s*False": "torch.load(weights_only=False) unpickles",
+        r"\bpickle\.loads?\(": "pickle.load runs code",
+        r"allow_pickle\s*=\s*True": "numpy pickles",
+        r"trust_remote_code\s*=\s*True": "unconditional trust_remote_code",
+        r"torch\.load\((?![^)]*weights_only\s*=\s*True)": "torch.load without weights_only=True",
+    }
     hits = []
     for folder in ("zgdata", "zgtrain", "bench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             text = path.read_text()
             for pat, why in patterns.items():
                 for m in re.finditer(pat, text):
-                    hits.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {why}")
+                    hits.append(f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}: {why}")
     assert hits == []
 
 
@@ -55,8 +58,14 @@ def test_pickled_payloads_in_a_checkpoint_never_run(tiny_project, tmp_path):
     stopped = shutil.copytree(d, tmp_path / "stopped")
     meta = read_json(d / "meta.json")
     ckpt = d / meta["checkpoint"]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["curve.json", "model.safetensors", "optimizer.json",
-                                                       "optimizer.safetensors", "rng.json", "rng.safetensors"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "curve.json",
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "rng.json",
+        "rng.safetensors",
+    ]
     marker = tmp_path / "pwned"
     for name in ("optimizer.pt", "rng.pt"):  # where zg 0.1 kept pickles: a stranger may still put them there
         (ckpt / name).write_bytes(pickle.dumps(_Payload(marker)))
@@ -117,8 +126,9 @@ def wide_student(tiny_built, tmp_path_factory):
 
 def test_zg_own_modeling_file_loads(wide_student):
     model = load_student(wide_student / "models" / "student")
-    assert [layer.mlp.up_proj.out_features for layer in model.model.layers] == \
-        read_json(wide_student / "models" / "student" / "zerograph.json")["intermediate_sizes"]
+    assert [layer.mlp.up_proj.out_features for layer in model.model.layers] == read_json(
+        wide_student / "models" / "student" / "zerograph.json"
+    )["intermediate_sizes"]
     out = model.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=2, min_new_tokens=2, do_sample=False)
     assert out.shape == (1, 6)
 
@@ -127,8 +137,9 @@ def _evil_module(marker: Path) -> str:
     return f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
 
 
-@pytest.mark.parametrize("attack", ["auto_map_to_stranger", "tampered_modeling_file", "extra_python_file",
-                                    "auto_map_on_uniform_student"])
+@pytest.mark.parametrize(
+    "attack", ["auto_map_to_stranger", "tampered_modeling_file", "extra_python_file", "auto_map_on_uniform_student"]
+)
 def test_remote_code_attacks_are_refused(wide_student, tmp_path, attack):
     root = copy_project(wide_student, tmp_path / "proj")
     student = root / "models" / "student"
