@@ -242,6 +242,11 @@ class Layout:
         return self.state_dir / "cache" / "teacher_files.json"
 
     @property
+    def trust_cache(self) -> Path:
+        """md5s of DVC-tracked files checked against dvc.lock, keyed by inode, size and mtime (zgdata/trust.py)."""
+        return self.state_dir / "trust.json"
+
+    @property
     def hf_datasets_cache(self) -> Path:
         """datasets' Arrow copy of the lm-eval task files (zgtrain/evaluate/lm_eval_task.py), not in ~/.cache."""
         return self.state_dir / "cache" / "hf_datasets"

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zgdata.errors import ZgError
+from zgdata.layout import Layout
 
 __all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
 
-STATE = Path(".zg") / "trust.json"
+STATE = Layout(Path(".")).trust_cache  # relative to a project root
 _CHUNK = 1 << 22
 _MEMO: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> md5, for this process
 
