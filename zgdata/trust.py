@@ -2,9 +2,9 @@
 
 Per-row checksums stored beside the data catch accidents (a torn write, a flipped bit on disk), but whoever can
 write the data can rewrite them too. ``dvc.lock`` lives in git: it records the md5 of every stage output, and a
-directory output's md5 is that of its ``.dir`` manifest (the md5 of each file in it), kept in the DVC cache. A DVC
-remote that serves other bytes, or another manifest, cannot change what git recorded, and DVC itself does not
-refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
+directory output's md5 is that of its ``.dir`` file list (each file's md5 and path, serialized as DVC does), which
+zg recomputes from the files themselves: no cache needed. A DVC remote that serves other bytes, or another file
+list, cannot change what git recorded, and DVC itself does not refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
 keyed by inode, size and modification time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
 
 A path that no ``dvc.lock`` records (a project run without DVC, a test fixture) is not checked: there is nothing to
@@ -112,45 +112,51 @@ def _fix(rel: str) -> str:
     )
 
 
-def _manifest(root: Path, rel: str, md5: str) -> list[dict]:
-    h = md5.removesuffix(".dir")
+def _cached_manifest(root: Path, h: str) -> list[dict] | None:
+    """The DVC cache's file list of a directory output with md5 ``h``, when the cache holds an intact one."""
     path = _cache_dir(root) / "files" / "md5" / h[:2] / (h[2:] + ".dir")
     try:
         raw = path.read_bytes()
-    except OSError as e:
-        raise ZgError(
-            f"{rel}: the DVC cache lacks its file list {path.name}, so it cannot be checked against dvc.lock",
-            fix=f"fetch it with `dvc pull {rel}` (or `dvc commit` if you built it here)",
-        ) from e
-    if hashlib.md5(raw).hexdigest() != h:
-        raise ZgError(
-            f"{rel}: the file list {path} in the DVC cache does not match dvc.lock (md5 {h})",
-            fix=f"delete that cache file and run `dvc pull {rel}` from a remote you trust",
-        )
-    try:
-        return json.loads(raw)
-    except ValueError as e:
-        raise ZgError(f"{rel}: the file list {path} is not JSON ({e})", fix=_fix(rel)) from e
+        return json.loads(raw) if hashlib.md5(raw).hexdigest() == h else None
+    except (OSError, ValueError):
+        return None
+
+
+def _listing_md5(files: dict[str, str]) -> str:
+    """The md5 DVC gives a directory: of its file list as DVC serializes it (dvc_data Tree.as_bytes)."""
+    entries = sorted(({"md5": m, "relpath": r} for r, m in files.items()), key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict) -> None:
-    entries = _manifest(root, rel, md5)
-    want = {os.path.normpath(e["relpath"]): e["md5"] for e in entries}
-    base = root / rel
-    have = {os.path.normpath(os.path.relpath(os.path.join(d, f), base)) for d, _, files in os.walk(base) for f in files}
-    if have != set(want):
-        extra, missing = sorted(have - set(want)), sorted(set(want) - have)
-        what = (
-            f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})"
-            if extra
-            else f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
+    """The directory's files, hashed, give the md5 dvc.lock records (no cache needed); on a mismatch, the cache's
+    file list (when it has one) names the file that differs."""
+    h, base = md5.removesuffix(".dir"), root / rel
+    have = {
+        Path(os.path.relpath(os.path.join(d, f), base)).as_posix(): _md5(Path(d) / f, state, counts)
+        for d, _, files in os.walk(base)
+        for f in files
+    }
+    if _listing_md5(have) == h:
+        return
+    listed = _cached_manifest(root, h)
+    if listed is None:
+        raise ZgError(
+            f"{rel} does not match dvc.lock (the md5 of its files differs from the one git records)", fix=_fix(rel)
         )
-        raise ZgError(f"{rel} does not match dvc.lock: {what}", fix=_fix(rel))
-    for f, m in sorted(want.items()):
-        if _md5(base / f, state, counts) != m:
-            raise ZgError(
-                f"{rel}/{f} does not match dvc.lock (its md5 differs from the one git records)", fix=_fix(rel)
-            )
+    want = {e["relpath"]: e["md5"] for e in listed}
+    extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+    changed = sorted(f for f in set(have) & set(want) if have[f] != want[f])
+    if changed:
+        raise ZgError(
+            f"{rel}/{changed[0]} does not match dvc.lock (its md5 differs from the one git records)", fix=_fix(rel)
+        )
+    what = (
+        f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
+        if missing
+        else f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})"
+    )
+    raise ZgError(f"{rel} does not match dvc.lock: {what}", fix=_fix(rel))
 
 
 def _load_state(root: Path) -> dict:

@@ -62,6 +62,8 @@ ALIASES = ("smollm2-135m", *TINY)
 # hf/ is one file up to this size, else shards + index, each file recorded and checked (teacher_identity).
 # transformers 5's default, spelled out so hf/'s layout (and its DVC hashes) do not move with a release.
 HF_SHARD_SIZE = "50GB"
+# teacher.json records the sha256 of its own content (every other key) under this key: an edit by hand is refused
+DIGEST = "content_sha256"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -198,12 +200,10 @@ def write_slices(
     partition: PartitionConfig,
     layout: Layout,
     sha: str,
-    teacher_json_sha256: str | None = None,
 ) -> None:
     """Block slices hold ``layers.{teacher index}.*`` in every family; the head slice holds everything else
     (keys relative to the decoder module, e.g. ``embed_tokens.weight`` or GPT-2's ``wte.weight``/``wpe.weight``,
-    plus ``lm_head.weight``, tied or not). The head slice also records the digest of teacher.json's content,
-    which ``read_teacher_json`` checks."""
+    plus ``lm_head.weight``, tied or not)."""
     layers, head = family_of(model.config).split_state(model.state_dict())
     config = model.config.to_dict()
     for b in blocks:
@@ -221,8 +221,7 @@ def write_slices(
                 "out": b.output,
             },
         )
-    extra = {"teacher_json_sha256": teacher_json_sha256} if teacher_json_sha256 else {}
-    _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha, **extra})
+    _save_file(head, layout.teacher_head, {"config": config, "teacher_sha256": sha})
 
 
 @locked("teacher")
@@ -262,35 +261,31 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
         **extra,
     }
     if partition is not None:
-        write_slices(model, partition.blocks(), partition, layout, sha, _json_sha256(meta))
-    write_json(layout.teacher_json, meta)
+        write_slices(model, partition.blocks(), partition, layout, sha)
+    write_json(layout.teacher_json, {**meta, DIGEST: _json_sha256(meta)})
     return PrepareResult(path=layout.teacher_dir, weights_sha256=sha, tokenizer_sha256=tok_sha, params=n_params)
 
 
 def _json_sha256(meta: dict) -> str:
-    return sha256_bytes(canonical_json(meta).encode())
+    """The digest of teacher.json's content (every key but the digest itself), recorded in it as ``DIGEST``."""
+    return sha256_bytes(canonical_json({k: v for k, v in meta.items() if k != DIGEST}).encode())
 
 
 def read_teacher_json(layout: Layout = Layout()) -> dict:
-    """teacher.json, checked against the digest of it that the teacher stage recorded in the head slice (a
-    teacher prepared before that digest, or without slices, is read unchecked)."""
-    from safetensors import safe_open
-
+    """teacher.json, checked against the digest of its content that the teacher stage recorded in it: an edit
+    by hand (say ``dtype``) is refused. A teacher.json written before that digest is read unchecked."""
     if not layout.teacher_json.exists():
         raise ZgError(f"{layout.teacher_json} not found", fix="run `dvc repro teacher` (or `zg teacher prepare`)")
     try:
         meta = json.loads(layout.teacher_json.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(f"{layout.teacher_json} is not valid JSON ({e})", fix=RESTORE) from e
-    if layout.teacher_head.exists():
-        with safe_open(str(layout.teacher_head), framework="pt") as f:
-            want = (f.metadata() or {}).get("teacher_json_sha256")
-        if want is not None and json.loads(want) != _json_sha256(meta):
-            raise ZgError(
-                f"{layout.teacher_json} is not the file the teacher stage wrote (its digest differs "
-                f"from the one recorded in {layout.teacher_head.name})",
-                fix=RESTORE,
-            )
+    if DIGEST in meta and meta[DIGEST] != _json_sha256(meta):
+        raise ZgError(
+            f"{layout.teacher_json} is not the file the teacher stage wrote (its content no longer matches the "
+            f"{DIGEST} recorded in it: edited by hand?)",
+            fix=RESTORE,
+        )
     return meta
 
 

@@ -20,6 +20,8 @@ import torch
 __all__ = ["SlidingWindow", "attention_of", "add_windows"]
 
 
+# fmt: off
+# (verbatim in each pinned modeling template: tests/zgtrain/block/test_window.py compares the source)
 class SlidingWindow:
     """Forward pre-hook (``with_kwargs=True``) of an attention module: attend to the last ``window`` positions only.
 
@@ -44,7 +46,7 @@ class SlidingWindow:
         kv_len = mask.shape[-1] if mask is not None else past + q_len
         q = torch.arange(past, past + q_len, device=hidden.device)[:, None]
         k = torch.arange(kv_len, device=hidden.device)[None, :]
-        band = (k <= q) & (k > q - self.window)  # (q_len, kv_len)
+        band = (k <= q) & (k > q - self.window)                            # (q_len, kv_len)
         if mask is None and impl == "sdpa":
             mask = band[None, None]
         elif mask is None:
@@ -55,6 +57,7 @@ class SlidingWindow:
         else:
             mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
         return args, {**kwargs, "attention_mask": mask}
+# fmt: on
 
 
 def attention_of(layer: torch.nn.Module) -> torch.nn.Module:

@@ -261,6 +261,12 @@ def test_pulled_boundary_with_other_lineage_is_refused(team_b, tmp_path):
     shutil.rmtree(h04)
     shutil.move(tmp_path / "other_h04.lance", h04)
 
+    # dvc.lock (git) records other bytes for h04: refused before anything reads them (zgdata/trust.py)
+    res = zg("train", "block", "b01", cwd=team_b, check=False)
+    assert res.returncode != 0, res.stderr
+    assert "error: data/boundaries/h04.lance" in res.stderr and "does not match dvc.lock" in res.stderr, res.stderr
+    # with no dvc.lock to check against (boundaries copied in by hand), the lineage check refuses them
+    (team_b / "dvc.lock").unlink()
     res = zg("train", "block", "b01", cwd=team_b, check=False)
     assert res.returncode != 0
     msg = res.stderr + res.stdout

@@ -1,8 +1,8 @@
 """Weights are checked against their recorded identity on every load, and a no-op rerun changes no file.
 
 Block weights against meta.json's ``weights_sha256`` (zgtrain/fit/checkpoint.py), the student folder against
-its checksums.json (zgtrain/student/load.py), teacher.json against the digest the teacher stage recorded in
-the head slice (zgdata/teacher/prepare.py). The damage is real bytes flipped or edited on disk.
+its checksums.json (zgtrain/student/load.py), teacher.json against the digest of its content the teacher stage
+recorded in it (``content_sha256``, zgdata/teacher/prepare.py). The damage is real bytes flipped or edited on disk.
 """
 
 from __future__ import annotations
