@@ -4,7 +4,7 @@
   schema metadata carries the same fingerprint, and ``open_tokens`` checks that they agree).
 - A boundary's lineage is the teacher's weights and tokenizer digests, the token set's
   fingerprint, the layer, the dtypes, the attention implementation and CAPTURE_VERSION; its
-  fingerprint hashes exactly that (DESIGN.md, "Lineage and identity").
+  fingerprint hashes exactly that (docs/concepts/stages.md).
 - ``check`` is the single comparison that reader, verify, targets, trainer and assemble call;
   every lineage error has its format: ``lineage mismatch on KEY: A has X but B has Y. FIX``.
 """

@@ -1,4 +1,4 @@
-"""The `zg` command: a thin dispatch layer (parse, build config, call, render)."""
+"""The `zg` command: parse arguments, build the typed config, call one stage function, render its typed result."""
 
 from __future__ import annotations
 
