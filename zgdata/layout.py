@@ -243,7 +243,7 @@ class Layout:
 
     @property
     def trust_cache(self) -> Path:
-        """md5s of DVC-tracked files checked against dvc.lock, keyed by inode, size and mtime (zgdata/trust.py)."""
+        """md5s of DVC-tracked files checked against dvc.lock, keyed by inode, size, mtime and ctime (zgdata/trust.py)."""
         return self.state_dir / "trust.json"
 
     @property

@@ -5,7 +5,7 @@ write the data can rewrite them too. ``dvc.lock`` lives in git: it records the m
 directory output's md5 is that of its ``.dir`` file list (each file's md5 and path, serialized as DVC does), which
 zg recomputes from the files themselves: no cache needed. A DVC remote that serves other bytes, or another file
 list, cannot change what git recorded, and DVC itself does not refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
-keyed by inode, size and modification time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
+keyed by inode, size, modification and change time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
 
 A path that no ``dvc.lock`` records (a project run without DVC, a test fixture) is not checked: there is nothing to
 check it against. A recorded path whose bytes differ is refused with one line naming the file and what to do.
@@ -85,22 +85,23 @@ def _cache_dir(root: Path) -> Path:
 
 def _md5(path: Path, state: dict, counts: dict) -> str:
     st = path.stat()
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    stat = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]  # ctime: an edit that restores mtime still shows
+    key = (str(path), *stat)
     if key in _MEMO:
         counts["cached"] += 1
         return _MEMO[key]
     hit = state.get(str(path))
-    if hit and hit[:3] == [st.st_ino, st.st_size, st.st_mtime_ns]:
+    if hit and hit[:4] == stat:
         counts["cached"] += 1
-        _MEMO[key] = hit[3]
-        return hit[3]
+        _MEMO[key] = hit[4]
+        return hit[4]
     h = hashlib.md5()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     counts["hashed"] += 1
     digest = h.hexdigest()
-    state[str(path)] = [st.st_ino, st.st_size, st.st_mtime_ns, digest]
+    state[str(path)] = [*stat, digest]
     _MEMO[key] = digest
     return digest
 
