@@ -5,8 +5,9 @@ CLI's ``main`` in this process (``zg_main``, for tests of a stage; ``zg`` runs t
 where the process boundary is the point); ``tiny_project`` hands each test its own copy, so tests
 never share state.
 ``reproduced`` is one tiny project after `zg init`, git and a whole `dvc repro`, built once per
-session for tests/zgtrain/project/test_pipeline.py and tests/test_stage_deps.py (tests that change it
-work on a copy, except test_pipeline's selective-rerun tests, which leave it reproduced and clean).
+test run (under pytest-xdist, by the first worker that needs it, under a file lock) and copied into each
+worker, so its users spread over the workers; tests that change it work on their own copy
+(test_pipeline's selective-rerun tests: a module-scoped one).
 """
 
 from __future__ import annotations
@@ -118,10 +119,10 @@ def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.Co
     return res
 
 
-# Expensive session fixtures are built once per pytest process. Under pytest-xdist (`make test` runs
-# `-n auto --dist loadgroup`) every test that uses one of them goes to the same worker, so the session
-# still starts one Ray cluster and reproduces one pipeline; the other tests spread over the workers.
-SHARED_FIXTURES = {"reproduced", "ray_cluster", "ray_session"}
+# The Ray cluster is a session fixture of one pytest process. Under pytest-xdist (`make test` runs
+# `-n auto --dist loadgroup`) every test that uses it goes to the same worker, so the run still starts one
+# Ray cluster; the other tests spread over the workers (``reproduced`` is built once per run and copied).
+SHARED_FIXTURES = {"ray_cluster", "ray_session"}
 
 
 def _module_fixture_group(item) -> str | None:
@@ -140,7 +141,7 @@ def _module_fixture_group(item) -> str | None:
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("shared"))
+            item.add_marker(pytest.mark.xdist_group("ray"))
         elif group := _module_fixture_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
 
@@ -180,10 +181,8 @@ def tiny_project(tiny_built, tmp_path) -> Path:
 PIPELINE_STAGES = ["teacher", "tokens", "materialize", "verify", "train@b00", "train@b01", "assemble", "evaluate"]
 
 
-@pytest.fixture(scope="session")
-def reproduced(tmp_path_factory) -> Path:
-    """A tiny project after `zg init`, a git commit, `dvc repro` of every stage and a second commit."""
-    base = tmp_path_factory.mktemp("pipeline")
+def _reproduce(base: Path) -> Path:
+    """``base``/proj: a tiny project after `zg init`, a git commit, `dvc repro` of every stage and a second commit."""
     root = base / "proj"
     zg("init", root, "--profile", "tiny", cwd=base)
     run(["git", "add", "-A"], cwd=root)
@@ -194,6 +193,28 @@ def reproduced(tmp_path_factory) -> Path:
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "dvc repro"], cwd=root)
     return root
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory, worker_id) -> Path:
+    """This worker's copy of the run's one reproduced tiny project (``_reproduce``).
+
+    Under pytest-xdist the first worker that needs it builds it in the run's shared temp folder while holding
+    a lock; the others wait for it and copy it, so each worker's dvc and git commands have a repo of their own."""
+    if worker_id == "master":  # not distributed: this process is the only user
+        return _reproduce(tmp_path_factory.mktemp("pipeline"))
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's own
+    done = shared / "reproduced.done"
+    with open(shared / "reproduced.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():  # a worker that failed to build it left no mark: build it again, from scratch
+            shutil.rmtree(shared / "reproduced", ignore_errors=True)
+            (shared / "reproduced").mkdir()
+            _reproduce(shared / "reproduced")
+            done.touch()
+    return shutil.copytree(shared / "reproduced" / "proj", tmp_path_factory.mktemp("pipeline") / "proj", symlinks=True)
 
 
 def read_json(path: Path) -> dict:

@@ -1,8 +1,9 @@
 """The DVC pipeline end to end: real `zg init`, git and `dvc repro` in temporary repos, tiny profile.
 
-One project is reproduced once per session (``reproduced``, tests/conftest.py, shared with
-tests/test_stage_deps.py); tests that change it work on a copy, except the two selective-rerun tests,
-which edit params of the shared project and reproduce it again (they leave it reproduced and clean).
+One project is reproduced once per run (``reproduced``, tests/conftest.py); this module works on its own copy
+(the module-scoped ``reproduced`` below): tests that change it work on a further copy, except the two
+selective-rerun tests, which edit params of the module's project and reproduce it again (they leave it
+reproduced and clean).
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ import re
 import shutil
 
 import lance
+import pytest
 import torch
 from conftest import PIPELINE_STAGES as STAGES
 from conftest import run, zg
 from zgt_helpers import assert_user_error, copy_project, load_params_of, project_of, read_json, set_params, tree_sha256
 
 from zgdata.layout import Layout
+
+
+@pytest.fixture(scope="module")
+def reproduced(reproduced, tmp_path_factory):
+    """This module's copy of the session's reproduced project: its selective-rerun tests edit it in place."""
+    return copy_project(reproduced, tmp_path_factory.mktemp("pipeline_module") / "proj")
 
 
 def _ran(output: str) -> list[str]:
