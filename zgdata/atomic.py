@@ -4,6 +4,10 @@
 directory there, and on a clean exit it replaces ``path`` (a rename on the same filesystem).
 On an exception the scratch path is removed and ``path`` is left as it was. A killed
 process leaves only a hidden ``.NAME.partial`` sibling, which the next write removes.
+
+Every write here is also where zg's outputs meet the disk, so each one first checks that ``path`` stays
+inside its project (zgdata/paths_guard.py ``output``): a symlinked output folder pointing elsewhere is
+refused with one line before anything is written.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from zgdata.paths_guard import output
 
 __all__ = ["atomic_path", "replace_path", "write_json", "write_text"]
 
@@ -32,7 +38,10 @@ def replace_path(src: Path, dst: Path) -> None:
     A file is replaced in one rename. A directory cannot be renamed over a non-empty one, so
     the old one is first renamed aside: at every moment ``dst`` is absent, old or new, never mixed.
     """
-    src, dst = Path(src), Path(dst)
+    _swap(Path(src), output(dst))
+
+
+def _swap(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir() and (dst.exists() or dst.is_symlink()):
         old = dst.with_name(f".{dst.name}.old")
@@ -48,14 +57,14 @@ def replace_path(src: Path, dst: Path) -> None:
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a scratch path for ``path``'s new content; publish it on success, drop it on failure."""
-    path = Path(path)
+    path = output(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
     if tmp.exists() or tmp.is_symlink():
         _remove(tmp)  # left by a killed run
     try:
         yield tmp
-        replace_path(tmp, path)
+        _swap(tmp, path)
     except BaseException as e:
         if isinstance(e, OSError) and e.filename is None:  # a failed write() does not say which file
             e.filename = str(tmp)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError, from_os_error
 from zgdata.layout import Layout
+from zgdata.paths_guard import inside, output
 
 __all__ = ["locked", "stage_lock", "project_lock", "lock_path", "remove_dead_staging", "BUSY_EXIT_CODE"]
 
@@ -132,6 +133,16 @@ def _os_errors_as_zg(path: Path) -> Iterator[None]:
         raise err from e
 
 
+def _guard(layout: Layout, name: str, lock: Path, writes: Path, errors_at: Path | None) -> None:
+    """Refuse, before the stage does anything, outputs that resolve outside the project (zgdata/paths_guard.py):
+    ``writes`` (replaced as a whole), the folder it writes in (``errors_at``) and the lock file, which is opened
+    for writing through any link (and .zg/.gitignore beside it)."""
+    output(writes, layout.root, what=f"{name}'s output")
+    for p in (errors_at, lock, lock.parent.parent / ".gitignore"):
+        if p is not None:
+            inside(p, layout.root, what=f"{name}'s output")
+
+
 @contextlib.contextmanager
 def project_lock(layout: Layout, name: str, *, writes: Path, errors_at: Path | None = None) -> Iterator[None]:
     """Hold ``.zg/locks/<name>.lock`` (exclusive, non-blocking) while the body writes ``writes``.
@@ -141,6 +152,7 @@ def project_lock(layout: Layout, name: str, *, writes: Path, errors_at: Path | N
     when they carry no path of their own.
     """
     path = lock_path(layout, name)
+    _guard(layout, name, path, writes, errors_at)
     with _os_errors_as_zg(errors_at or writes):
         key = _held_key(path)
         if key in _held:  # this thread already holds it
@@ -222,7 +234,8 @@ def remove_dead_staging(layout: Layout, keep: Path) -> list[Path]:
     Only safe under the materialize lock, which this checks."""
     if _held_key(lock_path(layout, "materialize")) not in _held:
         raise RuntimeError("remove_dead_staging needs the materialize lock (@locked('materialize'))")
-    staging = layout.staging
+    staging = inside(layout.staging, layout.root, what="output")
+    inside(keep, layout.root, what="output")  # reconcile removes and rewrites datasets in it
     dead = sorted(p for p in staging.iterdir() if p.name != keep.name) if staging.is_dir() else []
     for p in dead:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()

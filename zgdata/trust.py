@@ -21,6 +21,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.paths_guard import inside
 
 __all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
 
@@ -168,7 +169,7 @@ def _load_state(root: Path) -> dict:
 
 
 def _save_state(root: Path, state: dict) -> None:
-    path = root / STATE
+    path = inside(root / STATE, root, what="output")  # .zg/ linked elsewhere: refused, not written through
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.paths_guard import inside
 
 __all__ = ["FilesCheck", "record_files", "check_files", "cache_path", "RESTORE"]
 
@@ -79,7 +80,7 @@ def _load_cache(layout: Layout) -> dict:
 
 def _save_cache(layout: Layout, entries: dict) -> None:
     """Atomic replace with a per-process temp name (parallel stages may load the teacher at once)."""
-    path = cache_path(layout)
+    path = inside(cache_path(layout), layout.root, what="output")  # .zg/ linked elsewhere: refused
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

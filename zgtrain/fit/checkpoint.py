@@ -31,6 +31,7 @@ __all__ = [
     "FORMAT_VERSION",
     "read_meta",
     "save_weights",
+    "checkpoint_dir",
     "save",
     "restore",
     "state_sha256",
@@ -136,6 +137,11 @@ def save(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, ste
             shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_dir(d: Path, meta: dict, *, fix: str) -> Path:
+    """The checkpoint folder run folder ``d``'s meta.json names, refused unless it resolves inside ``d``."""
+    return inside(Path(d) / str(meta.get("checkpoint")), d, what="the checkpoint meta.json names,", fix=fix)
+
+
 def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
     """Load the checkpoint ``meta`` names into block, optimizer and generator; return the loss curve so far."""
     key = Path(d).name
@@ -145,12 +151,7 @@ def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
             f"optimizer/RNG state) that zg no longer loads",
             fix=f"rerun with `zg train block {key} --restart` to start it afresh",
         )
-    c = inside(
-        Path(d) / str(meta.get("checkpoint")),
-        d,
-        what="the checkpoint meta.json names,",
-        fix=f"rerun with `zg train block {key} --restart` to start it afresh",
-    )
+    c = checkpoint_dir(d, meta, fix=f"rerun with `zg train block {key} --restart` to start it afresh")
     weights = _load_tensors(c / "model.safetensors", key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):

@@ -24,6 +24,7 @@ import torch
 
 from zgdata import failpoints
 from zgdata.errors import ZgError
+from zgdata.paths_guard import inside
 from zgdata.progress import progress
 from zgdata.timing import span
 
@@ -123,8 +124,12 @@ def begin(d: Path, prior: dict | None) -> Path:
     replace what ``d`` holds (``--restart`` over a finished or stopped run). ``publish`` swaps it in only when
     the run got as far as its last checkpoint, so a refused, failed or killed restart leaves ``d`` as it was.
     A previous run's leftover staging folder is removed here.
+
+    ``d`` must resolve inside its project (zgdata/paths_guard.py): every trainer's run folder passes here
+    before anything in it is removed or written.
     """
-    d, staging, old = Path(d), _aside(d, "staging"), _aside(d, "old")
+    d = inside(d, what="run folder")
+    staging, old = _aside(d, "staging"), _aside(d, "old")
     if old.exists():  # killed between publish's two renames: the old folder is the one to keep
         shutil.rmtree(old) if d.exists() else old.rename(d)
     shutil.rmtree(staging, ignore_errors=True)

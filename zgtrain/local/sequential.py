@@ -335,7 +335,8 @@ def export(project: ProjectConfig, *, layout: Layout = Layout()) -> LocalExportR
                     fix=f"rerun `dvc repro local_{key}`",
                 )
             shas[key] = meta["state_sha256"]
-            curves[key] = json.loads((d / meta["checkpoint"] / "curve.json").read_text())
+            c = checkpoint.checkpoint_dir(d, meta, fix=f"rerun `dvc repro local_{key}`")
+            curves[key] = json.loads((c / "curve.json").read_text())
         with atomic_path(layout.local_hf) as tmp:
             run.model.save_pretrained(tmp)
             run.tokenizer.save_pretrained(tmp)

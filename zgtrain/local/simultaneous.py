@@ -261,7 +261,7 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
     if prior is None:
         _save(run)
     else:
-        c = d / str(prior.get("checkpoint"))
+        c = checkpoint.checkpoint_dir(d, prior, fix="rerun with `zg train local --restart`")
         for i, k in enumerate(run.keys):
             bmeta = checkpoint.read_meta(c / k)
             if bmeta is None:

@@ -202,6 +202,29 @@ def test_resume_of_another_run_is_refused_unless_restart(local_repro, tmp_path):
     assert _train(root, restart=True)["status"] == "done"
 
 
+def test_a_checkpoint_name_that_leaves_the_run_folder_is_refused(local_repro, tmp_path):
+    """run/meta.json's checkpoint is read back as a path: a '..' out of models/local/run is refused in one line."""
+    root = _copy(local_repro[0], tmp_path / "proj")
+    _train(root, stop_after=2)
+    meta_path = root / "models" / "local" / "run" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "checkpoint": "../../../.."}))
+    res = zg_main("train", "local", cwd=root, check=False)
+    assert_user_error(res, "the checkpoint meta.json names,", "outside", "zg train local --restart")
+
+
+def test_checkpoint_dir_keeps_a_recorded_name_inside_its_run_folder(tmp_path):
+    """The one reader of meta.json's checkpoint (block, variant, repair, local simultaneous and sequential)."""
+    from zgtrain.fit.checkpoint import checkpoint_dir
+
+    d = tmp_path / "models" / "local" / "blocks" / "b00"
+    d.mkdir(parents=True)
+    assert checkpoint_dir(d, {"checkpoint": "ckpt-000002"}, fix="x") == d / "ckpt-000002"
+    for bad in ("../b01/ckpt-000002", str(tmp_path), "../../../.."):
+        with pytest.raises(ZgError, match="outside"):
+            checkpoint_dir(d, {"checkpoint": bad}, fix="x")
+
+
 # --- sequential (dataset-centric) mode ------------------------------------------------------------------
 
 
