@@ -3,7 +3,8 @@
 `zg --help`, `zg params`, `zg pipeline`, `zg init` and `zg data inspect` each run in a fresh interpreter through
 `zgtrain.cli.main` (what the `zg` script calls); the modules loaded when the command returns are checked. torch and
 transformers load in none of them; lance and pyarrow only in `zg data inspect`, which opens datasets. Loading and
-validating params (ProjectConfig.load) imports none of the four either. bench/cli_latency.py measures what this buys.
+validating params (ProjectConfig.load) imports none of the four either. `zg --help` imports no typer, Rich or
+pydantic at all (tests/test_cli_help.py checks its page). bench/cli_latency.py measures what this buys.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 MODELS = ("torch", "transformers")
 DATASETS = ("lance", "pyarrow")
+CLI = ("typer", "rich", "pydantic")  # the command tree, its formatting, typer's value coercion
 
 # Runs `zg ARGS...` in this interpreter, then writes the imported top-level module names to OUT.
 PROBE = """
@@ -56,7 +58,7 @@ def _refuse(mods: set[str], heavy: tuple[str, ...], what: str) -> None:
 
 def test_help_init_pipeline_and_params_import_no_model_and_no_dataset_library(tmp_path):
     root = tmp_path / "proj"
-    _refuse(_imported(["--help"], tmp_path, tmp_path), MODELS + DATASETS, "zg --help")
+    _refuse(_imported(["--help"], tmp_path, tmp_path), MODELS + DATASETS + CLI, "zg --help")
     _refuse(_imported(["init", root, "--profile", "tiny"], tmp_path, tmp_path), MODELS + DATASETS, "zg init")
     assert (root / "dvc.yaml").is_file() and (root / "params.yaml").is_file()
     _refuse(_imported(["params"], root, tmp_path), MODELS + DATASETS, "zg params")

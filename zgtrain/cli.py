@@ -1,403 +1,51 @@
-"""The `zg` command: parse arguments, build the typed config, call one stage function, render its typed result."""
+"""The `zg` entry point: run the command tree (zgtrain.commands, typer) and turn its failures into one line.
+
+Help is answered without typer: `zg`, `zg --help`, `zg GROUP` and `zg COMMAND... --help` print the page
+zgtrain/cli_help.py holds, rendered from the command tree by `python -m zgtrain.docs_ref` (tests/test_cli_help.py
+fails when it is stale). Importing typer and building the tree alone took longer than the interpreter's own start.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-import typer
-from typer._click import exceptions as click_exc  # typer raises its own copy of click's exceptions
-
-from zgdata.cli import data_app, emit, params_option, teacher_app
-from zgdata.errors import ZgError, from_os_error
-from zgdata.progress import stderr
-
-__all__ = ["app", "main"]
-
-app = typer.Typer(
-    name="zg",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    help="ZeroGraph: convert or distil a language model block by block from materialized teacher "
-    "boundaries (Lance datasets, tracked by DVC). Run `dvc repro` in a project; see `zg init`.",
-)
-train_app = typer.Typer(
-    help="Train blocks, assemble the student, evaluate it.", no_args_is_help=True, pretty_exceptions_enable=False
-)
-app.add_typer(teacher_app, name="teacher")
-app.add_typer(data_app, name="data")
-app.add_typer(train_app, name="train")
-search_app = typer.Typer(
-    help="The variant library and the budgeted search over it (params variants:, search:).",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-app.add_typer(search_app, name="search")
+__all__ = ["app", "help_page", "main"]  # noqa: F822 - app comes from __getattr__ below
 
 
-@app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="show tracebacks (also ZG_DEBUG=1).")):
-    if debug:
-        os.environ["ZG_DEBUG"] = "1"
+def __getattr__(name: str):
+    if name == "app":  # the typer app, imported on first use: `from zgtrain.cli import app` still works
+        from zgtrain.commands import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@app.command("init")
-def init(
-    directory: Path = typer.Argument(..., help="new project directory."),
-    profile: str = typer.Option(
-        "smollm2",
-        help="smollm2 (the default conversion), tiny (seconds, for tries and tests), "
-        "local (greedy local pretraining from scratch) or local-tiny; "
-        "search / tiny-search (the same plus a variant library).",
-    ),
-):
-    """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
-    from zgtrain.project.pipeline import init_project
-
-    root = init_project(directory, profile)
-    stderr.print(f"project ready in {root} (profile {profile}); next: cd {root} && dvc repro")
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns, which click's help formatter reads, without importing shutil."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
-@app.command("pipeline")
-def pipeline(params: Path = params_option):
-    """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
-    from zgtrain.project.pipeline import regenerate
+def help_page(args: list[str]) -> tuple[str, int] | None:
+    """(page, exit code) when ``args`` only ask for a help page zgtrain/cli_help.py holds, as typer would print it:
+    ``COMMAND... --help`` (exit 0) or a group without a command (exit 2, as its no_args_is_help gives). None
+    otherwise (typer answers): anything else, or a terminal narrower than the 78 columns the pages are wrapped at."""
+    from zgtrain.cli_help import GROUPS, PAGES, WIDTH
 
-    path, project = regenerate(params)
-    stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in project.partition.blocks())}")
-
-
-@app.command("params")
-def params_doc():
-    """Explain every params.yaml key: its default (from the config dataclasses) and allowed values."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    from zgtrain.project.config import params_rows  # one source for this table and docs/reference/params.md
-
-    table = Table("key", "default", "meaning", show_lines=False)
-    for key, default, doc in params_rows():
-        table.add_row(key, escape(default), escape(doc))
-    Console().print(table)
-
-
-@app.command("repro")
-def repro(
-    targets: list[str] | None = typer.Argument(None, help="stages to bring up to date (default: all)."),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="blocks trained at once (1: in this process, no Ray)."),
-    address: str | None = typer.Option(
-        None, "--address", help="join this Ray cluster (default: start a local one sized by --jobs)."
-    ),
-    data: str = typer.Option(
-        "shared",
-        "--data",
-        help="shared: workers see the project's file system; remote: they clone it and use the DVC remote.",
-    ),
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Like `dvc repro`, with up to --jobs stale blocks trained at once (Ray); each is recorded in dvc.lock."""
-    from zgtrain.exec.repro import repro as run
-
-    r = run(Path.cwd(), list(targets or []), jobs=jobs, address=address, data=data)
-    restored = f"; restored from DVC's run cache: {', '.join(r.restored)}" if r.restored else ""
-    emit(r.metrics(), as_json=as_json, summary=f"ran: {', '.join(r.ran) or 'nothing'}{restored} in {r.seconds:.0f} s")
-
-
-@train_app.command("block")
-def train_block(
-    key: str = typer.Argument(..., help="block key, e.g. b00."),
-    targets: str | None = typer.Option(None, help="cached or online (default train.targets)."),
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."
-    ),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
-    from zgdata.config import check_int
-    from zgtrain.block.train import train_block as run
-    from zgtrain.project.config import ProjectConfig
-
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
-    r = run(ProjectConfig.load(params), key, targets=targets, stop_after=stop_after, restart=restart)
-    loss = "n/a (no steps)" if r.train_loss is None else f"{r.train_loss:.4g}"
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"{key}: {r.status} at step {r.step}/{r.steps}, train_loss {loss}, state {r.state_sha256[:12]}",
-    )
-
-
-@train_app.command("local")
-def train_local(
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."
-    ),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Greedy local pretraining (`local:`): train a Llama from scratch as K isolated blocks; writes models/local/hf."""
-    from zgdata.config import check_int
-    from zgtrain.local.simultaneous import train_local as run
-    from zgtrain.project.config import ProjectConfig
-
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
-    r = run(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
-    ce = f", held-out CE {r.heldout_ce:.4f}" if r.status == "done" else ""
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"local ({r.k} blocks): {r.status} at step {r.step}/{r.steps}{ce}, state {r.state_sha256[:12]}",
-    )
-
-
-@train_app.command("local-block")
-def train_local_block(
-    key: str = typer.Argument(..., help="block key, e.g. b01."),
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0."
-    ),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint of another run."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Sequential local pretraining (local.mode: sequential): train block KEY from its input dataset, write its outputs."""
-    from zgdata.config import check_int
-    from zgtrain.local.sequential import train_block as run
-    from zgtrain.project.config import ProjectConfig
-
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
-    r = run(ProjectConfig.load(params), key, stop_after=stop_after, restart=restart)
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"local {key}: {r.status} at step {r.step}/{r.steps}, state {r.state_sha256[:12]}",
-    )
-
-
-@train_app.command("local-export")
-def train_local_export(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
-    """Sequential local pretraining: every trained block into models/local/hf; held-out CE into metrics/local.json."""
-    from zgtrain.local.sequential import export
-    from zgtrain.project.config import ProjectConfig
-
-    r = export(ProjectConfig.load(params))
-    emit(r.metrics(), as_json=as_json, summary=f"local ({r.k} blocks, sequential): held-out CE {r.heldout_ce:.4f}")
-
-
-@train_app.command("variant")
-def train_variant(
-    key: str = typer.Argument(..., help="block key, e.g. b00."),
-    variant: str = typer.Argument(..., help="variant name (params.yaml variants:)."),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Train block KEY as VARIANT (train: + variants.VARIANT) into models/variants/KEY/VARIANT, then score it."""
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.search.variants import train_variant as run
-
-    r = run(ProjectConfig.load(params), key, variant, restart=restart)
-    delta = float("nan") if r.ce_delta is None else r.ce_delta
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"{key}/{variant}: {r.status}, {r.params or 0:,} params, replace-one-block CE delta {delta:+.4f}",
-    )
-
-
-@search_app.command("run")
-def search_run(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
-    """Pick one variant (or the teacher block) per block within search.budget; writes search/choice.json."""
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.search.solve import run_search
-
-    r = run_search(ProjectConfig.load(params))
-    mix = ", ".join(f"{b}={o['variant']}" for b, o in r.blocks.items())
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"mix {mix}: {r.params:,} params ({r.param_ratio:.3f} of the "
-        f"teacher's blocks), {r.kv_bytes:,.0f} KV bytes/token ({r.kv_ratio:.3f}); budget {r.budget_cost:,.0f} "
-        f"({r.cost}); predicted CE delta {r.predicted_ce_delta:+.4f}",
-    )
-
-
-@search_app.command("assemble")
-def search_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
-    """Build the searched student and judge it: the best mix of search/choice.json is assembled (each block's chosen
-    variant or the teacher block) and evaluated on every eval set; if it fails a gate, the next-best mixes within
-    the budget are tried, up to search.max_tries. The first that passes (else the closest miss) is written to
-    models/search/student/; every try's figures go to metrics/search_eval.json."""
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.search.assemble import assemble_choice
-
-    r = assemble_choice(ProjectConfig.load(params))
-    verdict = (
-        f"passes the gates (try {r.written_try + 1} of {len(r.tries)})"
-        if r.passed
-        else f"NO mix passes the gates in {len(r.tries)} tries: {r.unmet['message']}"
-    )
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"searched student: {r.student.params:,} params "
-        f"({r.student.param_ratio:.2f} of teacher), {verdict} -> {r.path}",
-    )
-
-
-@search_app.command("repair")
-def search_repair(
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0."
-    ),
-    restart: bool = typer.Option(False, "--restart", help="discard models/search/repair's checkpoint."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Repair the searched student (repair.steps > 0, the repair: settings): distil models/search/student on the
-    teacher's logits into models/search/repaired, then judge it on every eval set against the gates. Writes
-    metrics/search_repair.json (before and after); resumes from models/search/repair's checkpoint."""
-    from zgdata.config import check_int
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.search.repair import repair_search
-
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
-    r = repair_search(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
-    if r.status != "done":
-        emit(r.metrics(), as_json=as_json, summary=f"search repair: {r.status} at step {r.step}/{r.steps}")
-        return
-    first = next(iter(r.sets))
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"repaired searched student (try {r.tried}): {first} CE gap "
-        f"{r.before['sets'][first]['ce_gap']:.4f} -> {r.sets[first]['ce_gap']:.4f}, "
-        + ("passes the gates" if r.passed else f"FAILS the gates: {r.unmet}"),
-    )
-
-
-@search_app.command("show")
-def search_show(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
-    """List each (block, variant): trained and scored or not, stale or not (`dvc status`), its scores."""
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.search.variants import show
-
-    r = show(ProjectConfig.load(params), stale=(params.parent / "dvc.yaml").exists())
-    if as_json:
-        emit(r, as_json=True, summary="")
-        return
-    for v in r["variants"]:
-        ce = "-" if v["ce_delta"] is None else f"{v['ce_delta']:+.4f}"
-        n = "-" if v["params"] is None else f"{v['params']:,}"
-        print(
-            f"{v['block']}\t{v['variant']}\t{'exists' if v['exists'] else 'missing'}\t"
-            f"{'stale' if v['stale'] else 'up to date'}\tparams {n}\tce_delta {ce}"
-        )
-    stderr.print(f"{r['exist']}/{r['total']} variants trained, {r['stale']} stale")
-
-
-@train_app.command("assemble")
-def train_assemble(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
-    """Build models/student/: teacher embeddings + trained blocks + final norm + LM head (from_pretrained loads it)."""
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.student.assemble import assemble
-
-    r = assemble(ProjectConfig.load(params))
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"student: {r.params:,} params ({r.param_ratio:.2f} of teacher) -> {r.path}",
-    )
-
-
-@train_app.command("repair")
-def train_repair(
-    stop_after: int | None = typer.Option(
-        None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0."
-    ),
-    restart: bool = typer.Option(False, "--restart", help="discard models/repair's checkpoint."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """Repair (repair.steps > 0): distil models/student on the teacher's logits (head slice on the last boundary),
-    train split only. Writes models/repaired; resumes from models/repair's checkpoint."""
-    from zgdata.config import check_int
-    from zgtrain.project.config import ProjectConfig
-    from zgtrain.repair.train import repair
-
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
-    r = repair(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
-    kl = f", train KL {r.kl_train_before:.4g} -> {r.kl_train_after:.4g}" if r.status == "done" else ""
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"repair: {r.status} at step {r.step}/{r.steps}{kl}, state {r.state_sha256[:12]}",
-    )
-
-
-@train_app.command("evaluate")
-def train_evaluate(
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-    strict: bool = typer.Option(False, "--strict", help="exit 1 when a gate fails (CI use)."),
-):
-    """Held-out CE, context use and boundary shift of teacher vs student; gates from `gates:`. Writes metrics/eval.json."""
-    from zgtrain.evaluate.gates import failures
-    from zgtrain.evaluate.run import evaluate
-    from zgtrain.project.config import ProjectConfig
-
-    r = evaluate(ProjectConfig.load(params))
-    verdict = "PASS" if r.gates_passed["all"] else "FAIL"
-    others = "".join(
-        f"; {n}: gap {f['ce_gap']:.3f}, retention {f['context_retention']:.2f}"
-        for n, f in r.sets.items()
-        if n != "heldout"
-    )
-    emit(
-        r.metrics(),
-        as_json=as_json,
-        summary=f"gates {verdict}: teacher CE {r.teacher_ce:.3f}, student CE "
-        f"{r.student_ce:.3f} (gap {r.ce_gap:.3f}), context retention {r.context_retention:.2f}{others}",
-    )
-    for set_name, gate, g in failures(r.gates_passed):
-        print(
-            f"gate gates.{gate.key} failed on eval set '{set_name}': measured {g['value']:.4g}, needs {gate.op} "
-            f"{g['threshold']}",
-            file=sys.stderr,
-        )
-    if strict and not r.gates_passed["all"]:
-        raise typer.Exit(1)
-
-
-@train_app.command("lm-eval")
-def train_lm_eval(
-    tasks: list[str] | None = typer.Argument(
-        None, help="lm-eval tasks (default: lm_eval.tasks, else zg_nextline, built from the held-out split)."
-    ),
-    limit: int | None = typer.Option(None, "--limit", help="examples per task (default lm_eval.limit; 0: all)."),
-    params: Path = params_option,
-    as_json: bool = typer.Option(False, "--json"),
-):
-    """lm-evaluation-harness on teacher and student (HF model class, local folders). Writes metrics/lm_eval.json."""
-    from zgdata.config import check_int
-    from zgtrain.evaluate.lm_eval import run_lm_eval
-    from zgtrain.project.config import ProjectConfig
-
-    limit = None if limit is None else check_int("--limit", limit, ge=0)
-    r = run_lm_eval(ProjectConfig.load(params), tasks, limit=limit)
-    parts = [
-        f"{t} {v['metric']} teacher {v['teacher']:.3f} student {v['student']:.3f}"
-        + (f" ({v['student_pct_of_teacher']:.0f}% of teacher)" if v["student_pct_of_teacher"] is not None else "")
-        for t, v in r.tasks.items()
-        if v.get("metric") and v["teacher"] is not None and v["student"] is not None
-    ]
-    emit(r.metrics(), as_json=as_json, summary="; ".join(parts) or "lm-eval: no accuracy metric reported")
+    asks = args[-1:] == ["--help"]
+    path = " ".join(["zg", *(args[:-1] if asks else args)])
+    if path not in PAGES or not (asks or path in GROUPS) or max(min(_terminal_columns(), 80) - 2, 50) != WIDTH:
+        return None
+    return PAGES[path], 0 if asks else 2
 
 
 def _quiet_hf_progress() -> None:
@@ -419,6 +67,17 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _quiet_hf_progress()
+    if (page := help_page(args)) is not None:
+        sys.stdout.write(page[0])
+        sys.stdout.flush()
+        sys.exit(page[1])
+
+    import typer
+    from typer._click import exceptions as click_exc  # typer raises its own copy of click's exceptions
+
+    from zgdata.errors import ZgError, from_os_error
+    from zgtrain.commands import app
+
     debug = os.environ.get("ZG_DEBUG") == "1" or "--debug" in args
     try:
         rc = typer.main.get_command(app).main(args=args, prog_name="zg", standalone_mode=False)
@@ -427,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e.render()}", file=sys.stderr)
         sys.exit(e.code)
+    except click_exc.NoArgsIsHelpError as e:  # a group without a command: its help (on a narrow terminal)
+        print(e.format_message())
+        sys.exit(2)
     except click_exc.ClickException as e:  # usage errors: unknown command, missing argument, bad option value
         cmd = e.ctx.command_path if getattr(e, "ctx", None) is not None else "zg"
         print(f"error: {e.format_message().rstrip('.')}. Run `{cmd} --help` for usage.", file=sys.stderr)
