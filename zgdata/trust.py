@@ -3,7 +3,8 @@
 Per-row checksums stored beside the data catch accidents (a torn write, a flipped bit on disk), but whoever can
 write the data can rewrite them too. ``dvc.lock`` lives in git: it records the md5 of every stage output, and a
 directory output's md5 is that of its ``.dir`` file list (each file's md5 and path, serialized as DVC does), which
-zg recomputes from the files themselves: no cache needed. A DVC remote that serves other bytes, or another file
+zg recomputes from the files themselves (less what ``.dvcignore`` hides from DVC, such as a student folder's
+model card): no cache needed. A DVC remote that serves other bytes, or another file
 list, cannot change what git recorded, and DVC itself does not refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
 keyed by inode, size, modification and change time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
 
@@ -130,6 +131,20 @@ def _listing_md5(files: dict[str, str]) -> str:
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def _dvcignored(root: Path, base: Path, files) -> set[str]:
+    """The files (relative to ``base``) that ``root/.dvcignore`` hides from DVC, which leaves them out of a
+    directory's listing: a student folder's model card, rewritten by evaluate (zgtrain/student/card.py)."""
+    try:
+        lines = (root / ".dvcignore").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    import pathspec
+
+    spec = pathspec.GitIgnoreSpec.from_lines(lines)
+    prefix = Path(os.path.relpath(base, root)).as_posix()
+    return {f for f in files if spec.match_file(f"{prefix}/{f}")}
+
+
 def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict) -> None:
     """The directory's files, hashed, give the md5 dvc.lock records (no cache needed); on a mismatch, the cache's
     file list (when it has one) names the file that differs."""
@@ -141,6 +156,11 @@ def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict) -> Non
     }
     if _listing_md5(have) == h:
         return
+    hidden = _dvcignored(root, base, have)  # read only now: a listing that matches needs no .dvcignore
+    if hidden:
+        have = {f: m for f, m in have.items() if f not in hidden}
+        if _listing_md5(have) == h:
+            return
     listed = _cached_manifest(root, h)
     if listed is None:
         raise ZgError(

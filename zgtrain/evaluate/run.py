@@ -356,5 +356,5 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     write_text(layout.generation_report, text)
     out = EvalResult(**result)
     write_json(layout.eval_metrics, out.metrics())
-    write_eval_card(layout)  # reports/model_card.md: the student's card with these figures (its own output)
+    write_eval_card(layout)  # the cards with these figures: models/student (+ repaired), reports/model_card.md
     return out

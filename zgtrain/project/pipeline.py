@@ -21,7 +21,16 @@ from zgtrain.evaluate.sets import literal_paths
 from zgtrain.local.config import LocalConfig
 from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig, SearchConfig
 
-__all__ = ["PROFILES", "profile_params", "dvc_yaml", "write_pipeline", "dump_params", "init_project", "regenerate"]
+__all__ = [
+    "PROFILES",
+    "profile_params",
+    "dvc_yaml",
+    "write_pipeline",
+    "write_dvcignore",
+    "dump_params",
+    "init_project",
+    "regenerate",
+]
 
 # The out-of-domain set of the profiles: the only text besides the plays that the embedded packages ship.
 DOCS_SET = {
@@ -352,8 +361,10 @@ def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
             "params": ["eval", "gates"],
             "outs": [
                 {str(L.generation_report): {"cache": False}},
-                {str(L.model_card): {"cache": False}},
-            ],  # the student's card + its figures
+                # persist: no run-cache restore of evaluate without running it, which would leave the student
+                # folders' cards (not outputs: .dvcignore) with another run's figures (zgtrain/student/card.py)
+                {str(L.model_card): {"cache": False, "persist": True}},
+            ],  # the student's card + its figures, as evaluate also writes it into models/student/README.md
             "metrics": [{str(L.eval_metrics): {"cache": False}}],
             "plots": [
                 {str(L.eval_ce_plot): {"cache": False, "x": "model", "y": "ce"}},
@@ -612,6 +623,7 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
         params["search"] = defaults(SearchConfig)
     write_text(params_path, dump_params(params))
     code_deps = (params_path.parent / "zgtrain" / "block" / "train.py").exists()  # a checkout of ZeroGraph itself
+    write_dvcignore(params_path.parent)  # a project from before the cards' lines gets them
     return write_pipeline(params_path.parent, project, code_deps=code_deps), project
 
 
@@ -648,6 +660,21 @@ def init_project(root: Path, profile: str) -> Path:
     write_text(root / "params.yaml", dump_params(params))
     write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)
     (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/lock.py's lock files
-    with open(root / ".dvcignore", "a") as f:
-        f.write("\n/.zg/\n")
+    write_dvcignore(root)
     return root
+
+
+def write_dvcignore(root: Path) -> Path:
+    """Add what DVC must not hash to ``root/.dvcignore`` (lines already there are kept, none is added twice):
+    ``/.zg/`` (lock files, caches) and the student folders' model cards that evaluate rewrites
+    (zgtrain/student/card.py ``DVC_IGNORED``; docs/ARCHITECTURE.md, "Model cards and DVC")."""
+    from zgtrain.student.card import DVC_IGNORED
+
+    path = Path(root) / ".dvcignore"
+    text = path.read_text() if path.exists() else ""
+    have = {line.strip() for line in text.splitlines()}
+    new = [line for line in ("/.zg/", *DVC_IGNORED) if line not in have]
+    if new:
+        with open(path, "a") as f:
+            f.write(("\n" if text and not text.endswith("\n") else "") + "\n" + "\n".join(new) + "\n")
+    return path

@@ -1,15 +1,29 @@
 """Model cards (``README.md``, huggingface_hub's ``ModelCard``) for every student folder zg writes.
 
-A DVC stage must not modify another stage's output, so a card is written in two steps
-(docs/ARCHITECTURE.md, "Model cards and DVC"):
+A DVC stage must not modify another stage's output, yet ``evaluate`` (after ``assemble`` and ``repair``) puts the
+eval figures into the student folders' cards. The design (docs/ARCHITECTURE.md, "Model cards and DVC"):
 
-- the stage that writes a student folder (assemble, search assemble, repair) writes its card with
-  :func:`write_card`: the YAML header, what zg did per block, the lineage (the teacher's
-  ``weights_sha256``, the token set's fingerprint, each boundary's fingerprint: the values
-  `zg data inspect` shows) and the command that reproduces it;
-- ``evaluate`` reads the student's card and writes the full card, with the eval table (95%
-  intervals), the gate verdict and the header's ``model-index``, to its own output
-  ``reports/model_card.md`` (:func:`write_eval_card`).
+- ``zg init`` (and ``zg pipeline``) list the evaluated folders' cards, ``/models/student/README.md`` and
+  ``/models/repaired/README.md`` (:data:`DVC_IGNORED`), in the project's ``.dvcignore``: DVC leaves them out of
+  those directory outputs' listings, so their md5 in ``dvc.lock`` (and every downstream stage's dep) is that of the
+  model alone, and rewriting a card changes no hash: ``dvc status`` stays clean and ``dvc repro`` reruns nothing;
+- the stage that writes a student folder (assemble, search assemble, repair) writes its card without figures
+  (:func:`write_card`, :func:`repaired_card`): the YAML header, what zg did per block, the lineage (the teacher's
+  ``weights_sha256``, the token set's fingerprint, each boundary's fingerprint: the values `zg data inspect`
+  shows) and the command that reproduces it;
+- ``evaluate`` writes the full card (the eval table with 95% intervals, the gate verdict, the header's
+  ``model-index``) into ``models/student/README.md`` (and ``models/repaired/README.md`` with the repaired model's
+  figures) and the student's, byte for byte, to its own declared output ``reports/model_card.md`` (git, ``persist:
+  true`` so DVC never restores evaluate from its run cache without running it, which would leave a folder's card
+  with another run's figures). It builds the cards from tracked inputs (the folders' ``zerograph.json``,
+  ``teacher.json``, ``tokens.json``), never from the ignored card it replaces (:func:`write_eval_card`).
+
+The trade-off: DVC neither caches nor pushes an ignored file, so a folder that `dvc pull`, `dvc checkout` into an
+empty place or a run-cache restore of assemble brings has no card; ``reports/model_card.md`` (in git) is the
+student's card with its figures: ``cp reports/model_card.md models/student/README.md``. zg's own digests of a
+folder leave the card out too (``student_sha256``, ``checksums.json``: weights only; zgdata/trust.py skips what
+``.dvcignore`` names). The searched student (``models/search/student``) is judged inside ``search_assemble``, its
+own stage, and its figures are ``metrics/search_eval.json``'s.
 
 The text is a pure function of its inputs (no dates), so a rerun writes the same bytes.
 """
@@ -25,14 +39,38 @@ from zgdata.config import CorpusConfig, load_params, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
-__all__ = ["CARD", "EVAL_METRICS", "eval_card", "student_card", "write_card", "write_eval_card", "write_repaired_card"]
+__all__ = [
+    "CARD",
+    "DVC_IGNORED",
+    "EVAL_METRICS",
+    "eval_card",
+    "repaired_card",
+    "student_card",
+    "write_card",
+    "write_eval_card",
+    "write_repaired_card",
+]
 
 CARD = "README.md"
+# the cards evaluate rewrites, as .dvcignore lines (relative to the project root), and the scratch file of their
+# atomic write (zgdata/atomic.py, left by a killed run): DVC leaves them out of those folders' hashes
+DVC_IGNORED = tuple(
+    f"/{(f / name).as_posix()}"
+    for f in (Layout(Path("")).student, Layout(Path("")).repair.model)
+    for name in (CARD, f".{CARD}.partial")
+)
 # teacher.source -> (base_model, license) where zg knows them: the embedded GGUF's model and package license
 KNOWN_TEACHERS = {"smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0")}
 # metrics/eval.json keys per set that the card reports (the model-index entries), in table order
 EVAL_METRICS = ("teacher_ce", "student_ce", "ce_gap", "ce_recovered", "context_retention", "top1_agreement")
 _REPRO = {"student": "dvc repro assemble", "repaired": "dvc repro repair", "search": "dvc repro search_assemble"}
+# the Evaluation section of a card without figures
+_PENDING = {
+    "student": "`dvc repro evaluate` writes the eval table (95% bootstrap intervals) and the gate verdict into this\n"
+    "card (and into `reports/model_card.md`).",
+    "search": "`zg search assemble` judged this student on the eval sets: its figures and gate verdicts are\n"
+    "`metrics/search_eval.json`'s.",
+}
 
 
 def _json(path: Path) -> dict:
@@ -112,9 +150,7 @@ head. {summary.get("params", 0):,} parameters, {summary.get("param_ratio", 0):.3
         + f"""
 ## Evaluation
 
-`dvc repro evaluate` writes the eval table (95% bootstrap intervals) and the gate verdict into
-`reports/model_card.md`, this card with its figures: `evaluate` may not modify this folder, the output of
-another stage.
+{_PENDING.get(kind, _PENDING["student"])}
 
 ## Reproduce
 
@@ -133,27 +169,44 @@ def write_card(folder: Path, summary: dict, *, layout: Layout = Layout(), kind: 
     return path
 
 
-def write_repaired_card(folder: Path, repair: dict) -> Path | None:
-    """Turn the student's card, copied into a repaired folder, into the repaired model's card: its name, a
-    Repair section (``repair``: the run's summary in zerograph.json) and the command. None: no card to turn."""
+def repaired_card(card_text: str, repair: dict) -> str:
+    """The repaired model's card from its student's (``card_text``, with or without figures): its name, a Repair
+    section (``repair``: the run's summary in zerograph.json), the command, and no figures (the student's are not
+    the repaired model's: evaluate, or search repair's report, gives them)."""
     from huggingface_hub import ModelCard
 
-    path = Path(folder) / CARD
-    if not path.exists():  # a student assembled before cards existed
-        return None
-    card = ModelCard(path.read_text())
-    card.data.model_name = "repaired"
+    card = ModelCard(card_text)
+    card.data.model_name, card.data.eval_results = "repaired", None
+    search = "dvc repro search_assemble" in card.text
     facts = "\n".join(f"| {k} | `{v}` |" for k, v in sorted(repair.items()))
     head, _, rest = card.text.partition("## Evaluation")
     head = re.sub(r"^# \w+: a ZeroGraph student", "# repaired: a ZeroGraph student", head.lstrip("\n"), count=1)
+    pending = (
+        "`zg search repair` judged this model on the eval sets: its figures and gate verdicts are\n"
+        "`metrics/search_repair.json`'s."
+        if search
+        else "`dvc repro evaluate` writes the repaired model's eval table (95% bootstrap intervals) and gate verdict\n"
+        "into this card."
+    )
+    tail = rest[rest.index("## Reproduce") :] if "## Reproduce" in rest else ""
     text = (
         f"{head}## Repair\n\nThe student above, then globally distilled on the teacher's logits "
-        f"(`zg train repair`, params `repair:`).\n\n| what | value |\n|---|---|\n{facts}\n\n## Evaluation"
-        + rest.replace("dvc repro assemble", "dvc repro repair").replace(
+        f"(`zg train repair`, params `repair:`).\n\n| what | value |\n|---|---|\n{facts}\n\n## Evaluation\n\n"
+        f"{pending}\n\n"
+        + tail.replace("dvc repro assemble", "dvc repro repair").replace(
             "dvc repro search_assemble", "dvc repro search_repair"
         )
     )
-    write_text(path, f"---\n{card.data.to_yaml()}\n---\n{text}")
+    return f"---\n{card.data.to_yaml()}\n---\n{text}"
+
+
+def write_repaired_card(folder: Path, repair: dict) -> Path | None:
+    """Turn the student's card, copied into a repaired folder (repair's own output), into the repaired model's
+    card (:func:`repaired_card`). None: no card to turn (a student folder DVC restored: its card is not cached)."""
+    path = Path(folder) / CARD
+    if not path.exists():
+        return None
+    write_text(path, repaired_card(path.read_text(), repair))
     return path
 
 
@@ -162,14 +215,28 @@ def _interval(f: dict, key: str) -> str:
     return f" ({ci['lo']:.3f} to {ci['hi']:.3f})" if ci else ""
 
 
-def eval_card(card_text: str, metrics: dict):
-    """The student's card with the eval table, the gate verdict and a model-index entry per set and figure."""
+def _figures(metrics: dict, model: str) -> tuple[dict, dict]:
+    """(per set: the card's figures, EVAL_METRICS keys and their intervals; per set: the gate verdicts) of ``model``
+    in metrics/eval.json: the student, or the repaired model (``repaired.sets``: its CE is ``student_ce``'s column,
+    the teacher's is the set's)."""
+    student_gates = metrics.get("student_gates_passed", metrics.get("gates_passed", {}))
+    if model != "repaired":
+        return metrics["sets"], student_gates
+    figs = {}
+    for name, f in metrics["repaired"]["sets"].items():
+        figs[name] = {**f, "teacher_ce": metrics["sets"][name]["teacher_ce"], "student_ce": f["ce"]}
+    return figs, metrics.get("gates_passed", {})
+
+
+def eval_card(card_text: str, metrics: dict, *, model: str = "student"):
+    """A card with ``model``'s eval table (metrics/eval.json's figures), its gate verdict and a model-index entry
+    per set and figure. ``model``: student or repaired (``repaired`` in metrics/eval.json)."""
     from huggingface_hub import EvalResult, ModelCard
 
     card = ModelCard(card_text)
     results, rows = [], ["| set | " + " | ".join(EVAL_METRICS) + " | gates |", "|---" * (len(EVAL_METRICS) + 2) + "|"]
-    gates = metrics.get("gates_passed", {})
-    for name, f in metrics["sets"].items():
+    sets, gates = _figures(metrics, model)
+    for name, f in sets.items():
         g = gates.get(name, {})
         verdict = ("PASS" if all(v["passed"] for v in g.values() if isinstance(v, dict)) else "FAIL") + (
             "" if g.get("judged") else " (not judged)"
@@ -187,11 +254,11 @@ def eval_card(card_text: str, metrics: dict):
             )
             for k in EVAL_METRICS
         ]
-    card.data.eval_results, card.data.model_name = results, card.data.model_name or "student"
-    model = metrics.get("gated_model", "student")
+    card.data.eval_results, card.data.model_name = results, card.data.model_name or model
     verdict = "**PASS**" if gates.get("all") else "**FAIL**"
+    source = "`metrics/eval.json`" + (" (its `repaired` entry)" if model == "repaired" else "")
     section = (
-        "## Evaluation\n\nFrom `metrics/eval.json` (`zg train evaluate`; CE in nats per token, 95% bootstrap "
+        f"## Evaluation\n\nFrom {source} (`zg train evaluate`; CE in nats per token, 95% bootstrap "
         "intervals over whole sequences in parentheses).\n\n"
         + "\n".join(rows)
         + f"\n\nGate verdict ({model}, over the sets `gates.sets` judges): {verdict}.\n"
@@ -201,13 +268,20 @@ def eval_card(card_text: str, metrics: dict):
     return ModelCard(f"---\n{card.data.to_yaml()}\n---\n{head}{section}\n{tail}")
 
 
-def write_eval_card(layout: Layout = Layout()) -> Path:
-    """reports/model_card.md (evaluate's own output): the student's card plus metrics/eval.json's figures."""
-    path, card = layout.model_card, layout.student / CARD
-    text = (
-        card.read_text()
-        if card.exists()
-        else str(student_card(_json(layout.student / "zerograph.json"), layout=layout))
-    )  # assembled before cards existed
-    write_text(path, str(eval_card(text, _json(layout.eval_metrics))))
-    return path
+def write_eval_card(layout: Layout = Layout()) -> list[Path]:
+    """evaluate's cards, with metrics/eval.json's figures: ``models/student/README.md`` and, byte for byte, its own
+    output ``reports/model_card.md``; ``models/repaired/README.md`` where eval.json scores a repaired model.
+
+    Built from tracked inputs (each folder's zerograph.json, teacher.json, tokens.json), not from the card in the
+    folder: DVC does not track that file (.dvcignore, :data:`DVC_IGNORED`), so it is no input of the stage."""
+    metrics = _json(layout.eval_metrics)
+    student = str(eval_card(str(student_card(_json(layout.student / "zerograph.json"), layout=layout)), metrics))
+    cards = {layout.model_card: student, layout.student / CARD: student}
+    folder = layout.repair.model
+    if "repaired" in metrics and (folder / "zerograph.json").exists():
+        zg = _json(folder / "zerograph.json")  # the student's summary plus its repair run's
+        base = repaired_card(str(student_card(zg, layout=layout)), zg.get("repair") or {})
+        cards[folder / CARD] = str(eval_card(base, metrics, model="repaired"))
+    for path, text in cards.items():
+        write_text(path, text)
+    return list(cards)

