@@ -168,7 +168,7 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
         summary["choice"] = tries[i]["mix"]
         summary["search"] = {"try": i + 1, "tries": len(tries), "gates_passed": passed}
         result = SearchAssembleResult(
-            student=save_student(model, summary, path, layout=layout),
+            student=save_student(model, summary, path, layout=layout, judged=tries[i]),
             selected=i if passed else None,
             passed=passed,
             tries=tries,

@@ -160,9 +160,11 @@ def assemble(project: ProjectConfig, *, layout: Layout = Layout()) -> StudentRes
     return save_student(model, summary, layout.student, layout=layout)
 
 
-def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout()) -> StudentResult:
+def save_student(
+    model, summary: dict, path: Path, *, layout: Layout = Layout(), judged: dict | None = None
+) -> StudentResult:
     """Write an assembled model as a student folder (weights, shipped modeling code, tokenizer, zerograph.json,
-    the model card README.md: zgtrain/student/card.py)."""
+    the model card README.md: zgtrain/student/card.py; ``judged``: figures this stage judged it by, for the card)."""
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
     with atomic_path(path) as tmp:
         model.save_pretrained(tmp)
@@ -179,6 +181,7 @@ def save_student(model, summary: dict, path: Path, *, layout: Layout = Layout())
             {**summary, "teacher_sha256": teacher_sha},
             layout=layout,  # README.md: docs, not weights
             kind="student" if Path(path) == layout.student else "search",
+            judged=judged,
         )
         record_checksums(tmp)  # the weights' digests: load_student checks them on every load
     return StudentResult(path=str(path), **{k: v for k, v in summary.items() if k != "blocks"})

@@ -162,10 +162,18 @@ every stage). Loading: `AutoModelForCausalLM.from_pretrained(folder)`; a folder 
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
-def write_card(folder: Path, summary: dict, *, layout: Layout = Layout(), kind: str = "student") -> Path:
-    """Write ``folder/README.md`` (inside a stage's own output: assemble, search assemble or repair)."""
+def write_card(
+    folder: Path, summary: dict, *, layout: Layout = Layout(), kind: str = "student", judged: dict | None = None
+) -> Path:
+    """Write ``folder/README.md`` (inside a stage's own output: assemble, search assemble or repair).
+
+    ``judged``: the figures the writing stage itself judged the model by (search assemble's kept try:
+    ``{"sets": ..., "gates_passed": ...}``, metrics/search_eval.json's), put in the card's eval table."""
     path = Path(folder) / CARD
-    write_text(path, str(student_card(summary, layout=layout, kind=kind)))
+    card = student_card(summary, layout=layout, kind=kind)
+    if judged is not None:
+        card = eval_card(str(card), judged, source="`metrics/search_eval.json` (the kept try; `zg search assemble`)")
+    write_text(path, str(card))
     return path
 
 
@@ -228,9 +236,10 @@ def _figures(metrics: dict, model: str) -> tuple[dict, dict]:
     return figs, metrics.get("gates_passed", {})
 
 
-def eval_card(card_text: str, metrics: dict, *, model: str = "student"):
+def eval_card(card_text: str, metrics: dict, *, model: str = "student", source: str | None = None):
     """A card with ``model``'s eval table (metrics/eval.json's figures), its gate verdict and a model-index entry
-    per set and figure. ``model``: student or repaired (``repaired`` in metrics/eval.json)."""
+    per set and figure. ``model``: student or repaired (``repaired`` in metrics/eval.json). ``source``: where the
+    figures come from, as the card says it (default: metrics/eval.json, `zg train evaluate`)."""
     from huggingface_hub import EvalResult, ModelCard
 
     card = ModelCard(card_text)
@@ -256,10 +265,12 @@ def eval_card(card_text: str, metrics: dict, *, model: str = "student"):
         ]
     card.data.eval_results, card.data.model_name = results, card.data.model_name or model
     verdict = "**PASS**" if gates.get("all") else "**FAIL**"
-    source = "`metrics/eval.json`" + (" (its `repaired` entry)" if model == "repaired" else "")
+    source = source or (
+        "`metrics/eval.json`" + (" (its `repaired` entry)" if model == "repaired" else "") + " (`zg train evaluate`)"
+    )
     section = (
-        f"## Evaluation\n\nFrom {source} (`zg train evaluate`; CE in nats per token, 95% bootstrap "
-        "intervals over whole sequences in parentheses).\n\n"
+        f"## Evaluation\n\nFrom {source}. CE in nats per token; 95% bootstrap "
+        "intervals over whole sequences in parentheses.\n\n"
         + "\n".join(rows)
         + f"\n\nGate verdict ({model}, over the sets `gates.sets` judges): {verdict}.\n"
     )

@@ -312,6 +312,18 @@ def test_the_searched_mix_assembles_loads_and_generates(searched, monkeypatch, c
     ids, _ = read_tokens(Layout(searched), [0])
     out = model.generate(ids[:, :8], max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert out.shape == (1, 12) and torch.equal(out[:, :8], ids[:, :8])
+    # its model card carries the figures the search judged it by (the written try's), as model-index entries
+    from huggingface_hub import ModelCard
+
+    from zgtrain.student.card import EVAL_METRICS
+
+    card = ModelCard.load(searched / "models" / "search" / "student" / "README.md")
+    figures = report["tries"][written]["sets"]
+    got = {(r.dataset_name, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert got == {(n, k): f[k] for n, f in figures.items() for k in EVAL_METRICS}
+    verdict = "**PASS**" if report["tries"][written]["gates_passed"]["all"] else "**FAIL**"
+    assert f"Gate verdict (student, over the sets `gates.sets` judges): {verdict}." in card.text
+    assert "metrics/search_eval.json" in card.text
 
 
 @pytest.mark.parametrize(
