@@ -23,6 +23,10 @@ reused. Each size is tokenized in its own subprocess (`zgdata.tokens.tokenize`, 
                right before tokenize() (torch, transformers and the tokenizer already loaded)
 Flat growth across sizes is the claim: memory is bounded by the batch (zgdata.tokens.BATCH_CHARS),
 the packing buffer (zgdata.packing.FLUSH_TOKENS) and Lance's write buffers, not the corpus.
+``--single``: a document longer than zgdata.tokens.STREAM_BYTES is read, hashed, tokenized and packed in
+pieces, never whole; `--sizes 0.1 --single 50 500` (2026-12-01, shared 2-core machine): peak RSS +289 MB
+over the RSS before tokenize() for the 0.1 GB corpus, +426 MB for one 52 MB document, +416 MB for one
+518 MB document (+3,020 MB before it streamed); bench/out/tokenize_single_doc.txt.
 """
 
 from __future__ import annotations

@@ -19,16 +19,29 @@ Order (it decides the packed rows and ``corpus_digest``): sources sorted by stem
 path, each source's records in stored order. A corpus of text files is therefore read in
 sorted document-id order, as before streaming; for record sources the stored order is
 the order, and tokens.json records it as ``lineage.order: stored``.
+
+Long documents (asked for by tokens.py through ``stream_bytes``): a text file, or a JSONL
+line, longer than that is read twice in chunks, never whole. The first pass (in ``read``)
+checks it as the whole read would (UTF-8; for JSONL the line's object, parsed by ``json``'s
+own scanner value by value, a string of any length in bounded segments) and finds its id,
+held-out field and whether it is blank; the document then carries a ``Stream`` whose
+``chunks()`` reads the text again in chunks of about ``CHUNK`` characters. A JSONL line the
+first pass cannot follow exactly (not valid JSON, or an id or held-out field itself longer than
+``stream_bytes``) is read whole, as before, so every error and value is the one the whole
+read gives. Parquet, ``datasets`` and Lance records are read whole (Arrow hands over a
+value at once).
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import glob
 import gzip
 import json
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,14 +55,31 @@ RECORD_FORMATS = ("jsonl", "parquet", "hf_disk", "lance")
 TEXT_SUFFIXES = (".txt", ".md")
 BATCH_ROWS = 1024  # records per pyarrow/Lance batch: bounds memory for long texts
 KEY = "corpus.source"
+CHUNK = 1 << 20  # characters (text) or bytes (JSONL) per read of a long document
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The text of a long document: ``chunks()`` reads it again, in order, about ``CHUNK`` characters at a time."""
+
+    chunks: Callable[[], Iterator[str]]
+    blank: bool  # no character but whitespace (``not text.strip()``)
 
 
 @dataclass(frozen=True)
 class Doc:
     id: str
-    text: str
+    text: str  # "" when ``stream`` is set: read the text with chunks()
     where: str  # for messages: "FILE line N" / "DIR row N"
     field: str | None = None  # the value of corpus.heldout_field, when that splits the corpus
+    stream: Stream | None = None  # a long document, read in chunks (read(..., stream_bytes=...))
+
+    def blank(self) -> bool:
+        return self.stream.blank if self.stream is not None else not self.text.strip()
+
+    def chunks(self) -> Iterator[str]:
+        """The text in order: the whole text, or a long document's chunks."""
+        return self.stream.chunks() if self.stream is not None else iter((self.text,))
 
 
 @dataclass(frozen=True)
@@ -220,27 +250,69 @@ def known_ids(srcs: list[Source]) -> set[str] | None:
     return None
 
 
-def read(src: Source, cfg: CorpusConfig) -> Iterator[Doc]:
-    """The documents of one source, in stored order (empty ones included: the caller counts them)."""
+def read(src: Source, cfg: CorpusConfig, *, stream_bytes: int | None = None) -> Iterator[Doc]:
+    """The documents of one source, in stored order (empty ones included: the caller counts them). With
+    ``stream_bytes``, a text file or JSONL line longer than that comes as a ``Stream`` (module docstring)."""
     if src.format == "text":
-        yield _read_text(src.path, cfg)
+        yield _read_text(src.path, cfg, stream_bytes)
     elif src.format == "jsonl":
-        yield from _read_jsonl(src.path, cfg)
+        yield from _read_jsonl(src.path, cfg, stream_bytes)
     else:
         yield from _read_batches(src, cfg)
 
 
-def _read_text(path: Path, cfg: CorpusConfig) -> Doc:
+def _not_utf8(path: Path, e: UnicodeDecodeError, start: int = 0) -> ZgError:
+    return ZgError(
+        f"{path} is not UTF-8 text (byte {start + e.start})",
+        key=KEY,
+        fix="convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it from corpus.source",
+    )
+
+
+def _changed(where) -> ZgError:
+    return ZgError(
+        f"{where} changed while it was being read", key=KEY, fix="leave the corpus alone while it is tokenized"
+    )
+
+
+def _read_text(path: Path, cfg: CorpusConfig, stream_bytes: int | None = None) -> Doc:
+    if stream_bytes is not None and path.stat().st_size > stream_bytes:
+        return Doc(stem(path), "", str(path), stream=Stream(lambda: _text_chunks(path), _text_blank(path)))
     try:
         with open(path, encoding="utf-8") as f:  # text mode: \r\n -> \n, as before streaming
             text = f.read()
     except UnicodeDecodeError as e:
-        raise ZgError(
-            f"{path} is not UTF-8 text (byte {e.start})",
-            key=KEY,
-            fix="convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it from corpus.source",
-        ) from e
+        raise _not_utf8(path, e) from e
     return Doc(stem(path), text, str(path))
+
+
+def _text_blank(path: Path) -> bool:
+    """The first pass over a long text file: UTF-8 throughout (an error names the byte the whole read names), and
+    whether it holds anything but whitespace (newlines count as whitespace before and after translation)."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    blank, fed = True, 0
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(CHUNK)
+            pending = len(dec.getstate()[0])
+            try:
+                text = dec.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, e, fed - pending) from e
+            fed += len(raw)
+            blank = blank and not text.strip()
+            if not raw:
+                return blank
+
+
+def _text_chunks(path: Path) -> Iterator[str]:
+    """The text as ``f.read()`` gives it (UTF-8, universal newlines), ``CHUNK`` characters at a time."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+    except UnicodeDecodeError as e:
+        raise _changed(path) from e
 
 
 def _value(rec, name: str, where: str, key: str, *, required: bool):
@@ -256,8 +328,10 @@ def _value(rec, name: str, where: str, key: str, *, required: bool):
     return None
 
 
-def _doc(rec, where: str, fallback_id: str, cfg: CorpusConfig) -> Doc:
+def _doc(rec, where: str, fallback_id: str, cfg: CorpusConfig, stream: Stream | None = None) -> Doc:
     text = _value(rec, cfg.text_field, where, "corpus.text_field", required=True)
+    if stream is not None:
+        text = ""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -277,15 +351,25 @@ def _doc(rec, where: str, fallback_id: str, cfg: CorpusConfig) -> Doc:
     field = None
     if cfg.heldout_field:
         field = str(_value(rec, cfg.heldout_field, where, "corpus.heldout_field", required=True))
-    return Doc(fallback_id if ident is None else str(ident), text, where, field)
+    return Doc(fallback_id if ident is None else str(ident), text, where, field, stream)
 
 
-def _read_jsonl(path: Path, cfg: CorpusConfig) -> Iterator[Doc]:
+def _opener(path: Path):
+    return gzip.open if path.name.endswith(".gz") else open
+
+
+def _read_jsonl(path: Path, cfg: CorpusConfig, stream_bytes: int | None = None) -> Iterator[Doc]:
     name = stem(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        for n, raw in _lines(f, path):
+    with _opener(path)(path, "rb") as f:
+        for n, raw, at, long in _lines(f, path, stream_bytes):
             where = f"{path} line {n}"
+            if long:  # streamed, or (None) read whole as before
+                doc = _long_line(f, path, raw, at, n, cfg, stream_bytes)
+                if doc is not None:
+                    yield doc
+                    continue
+                f.seek(at)
+                raw = _read_line(f, path, n - 1, -1)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -311,22 +395,245 @@ def _read_jsonl(path: Path, cfg: CorpusConfig) -> Iterator[Doc]:
             yield _doc(rec, where, f"{name}#{n}", cfg)
 
 
-def _lines(f, path: Path):
-    """(line number, bytes) of a file; a damaged .gz is one clear line, not a traceback."""
-    n = 0
+def _read_line(f, path: Path, n: int, limit: int) -> bytes:
+    try:
+        return f.readline(limit)
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise ZgError(
+            f"{path} is not a readable gzip file after line {n} ({e})",
+            key=KEY,
+            fix="re-compress it (gzip) or store it uncompressed",
+        ) from e
+
+
+def _lines(f, path: Path, stream_bytes: int | None = None):
+    """(line number, bytes, offset, long) of a file's lines; a damaged .gz is one clear line, not a traceback. With
+    ``stream_bytes``, a longer line is ``long``: its bytes are its first ``stream_bytes + 1``, the file positioned
+    after them, and the caller reads the rest, leaving the file at the next line."""
+    n = at = 0
+    limit = -1 if stream_bytes is None else stream_bytes + 1
     while True:
-        try:
-            raw = f.readline()
-        except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-            raise ZgError(
-                f"{path} is not a readable gzip file after line {n} ({e})",
-                key=KEY,
-                fix="re-compress it (gzip) or store it uncompressed",
-            ) from e
+        raw = _read_line(f, path, n, limit)
         if not raw:
             return
         n += 1
-        yield n, raw
+        long = limit > 0 and len(raw) == limit and not raw.endswith(b"\n")
+        yield n, raw, at, long
+        at = f.tell() if long else at + len(raw)
+
+
+class _Fallback(Exception):
+    """The long-line reader cannot follow this line exactly: read it whole."""
+
+
+_WS = re.compile(r"[ \t\n\r]*")  # json's whitespace
+_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # a high surrogate escape
+_DECODER = json.JSONDecoder()
+
+
+def _unescaped(buf: str, q: int, start: int) -> bool:
+    """Whether ``buf[q]`` starts a token of a valid JSON string body begun at the token boundary ``start``: an even run
+    of backslashes before it (pairs, each an escaped backslash). So a backslash there starts an escape, a quote ends
+    the string."""
+    r = q
+    while r > start and buf[r - 1] == "\\":
+        r -= 1
+    return (q - r) % 2 == 0
+
+
+def _boundary(buf: str, start: int, p: int) -> int:
+    """The last position <= p, of a JSON string body from the token boundary ``start``, where decoding can be cut:
+    not inside an escape, nor after a high surrogate escape (json joins it to a low one that follows)."""
+    q = buf.rfind("\\", max(start, p - 5), p)
+    if q >= 0 and _unescaped(buf, q, start) and q + (6 if buf[q + 1 : q + 2] == "u" else 2) > p:
+        p = q
+    if p - 6 >= start and _HIGH.fullmatch(buf, p - 6, p) and _unescaped(buf, p - 6, start):
+        p -= 6
+    return p
+
+
+def _closing(buf: str, start: int) -> int:
+    """The closing quote of a JSON string body from the token boundary ``start``; -1 when not in ``buf``."""
+    i = buf.find('"', start)
+    while i >= 0 and not _unescaped(buf, i, start):  # a quote after an odd run of backslashes is escaped
+        i = buf.find('"', i + 1)
+    return i
+
+
+def _unescape(body: str) -> str:
+    try:
+        return json.decoder.scanstring(body + '"', 0, True)[0]
+    except ValueError as e:
+        raise _Fallback from e
+
+
+class _Scan:
+    """One JSONL line's decoded characters, arriving in chunks, taken apart as ``json.loads`` does."""
+
+    def __init__(self, chunks: Iterator[str]):
+        self._it, self.buf, self.pos, self.eof = chunks, "", 0, False
+
+    def _more(self) -> bool:
+        nxt = None if self.eof else next(self._it, None)
+        if nxt is None:
+            self.eof = True
+            return False
+        self.buf, self.pos = self.buf[self.pos :] + nxt, 0
+        return True
+
+    def char(self) -> str:
+        """The next character after whitespace, not consumed ("" at the end of the line)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._more():
+                return ""
+
+    def expect(self, c: str) -> None:
+        if self.char() != c:
+            raise _Fallback
+        self.pos += 1
+
+    def value(self, limit: int):
+        """The value here, of at most ``limit`` characters, parsed by json's own scanner (as json.loads does)."""
+        self.char()
+        while True:
+            try:
+                v, end = _DECODER.raw_decode(self.buf, self.pos)
+            except (ValueError, RecursionError):  # incomplete here, or not JSON
+                end = None
+            # a number cut by the chunk's end parses as a shorter one: decide with 3 more characters in sight
+            if end is not None and (end + 3 < len(self.buf) or self.eof):
+                if end - self.pos > limit:  # whatever the chunks: longer values are read whole
+                    raise _Fallback
+                self.pos = end
+                return v
+            if self.eof or len(self.buf) - self.pos > limit + 3:
+                raise _Fallback
+            self._more()
+
+    def string(self) -> Iterator[str]:
+        """The string here (its quote consumed), decoded in segments of about one chunk."""
+        start = self.pos
+        while True:
+            end = _closing(self.buf, start)
+            if end >= 0:
+                self.pos = end + 1
+                yield _unescape(self.buf[start:end])
+                return
+            p = _boundary(self.buf, start, len(self.buf))
+            if p > start:
+                yield _unescape(self.buf[start:p])
+            self.pos = p
+            if not self._more():
+                raise _Fallback  # unterminated
+            start = 0
+
+
+@dataclass
+class _Long:
+    """A string value longer than the limit: where it is, and whether it is blank."""
+
+    member: int
+    blank: bool
+
+
+def _members(scan: _Scan, limit: int, want: int = -1):
+    """Parse the line's object. Yields the decoded segments of member ``want``'s string value (and stops there);
+    returns the record, a string value longer than ``limit`` as a _Long."""
+    rec: dict = {}
+    scan.expect("{")
+    if scan.char() == "}":
+        scan.pos += 1
+    else:
+        i = 0
+        while True:
+            if scan.char() != '"':
+                raise _Fallback
+            key = scan.value(limit)
+            scan.expect(":")
+            if scan.char() == '"':
+                scan.pos += 1
+                if i == want:
+                    yield from scan.string()
+                    return rec
+                rec[key] = _string(scan.string(), limit, i)
+            else:
+                rec[key] = scan.value(limit)
+            i += 1
+            c = scan.char()
+            scan.pos += 1
+            if c == "}":
+                break
+            if c != "," or scan.char() == "}":
+                raise _Fallback
+    if scan.char() != "":
+        raise _Fallback
+    return rec
+
+
+def _string(segments: Iterator[str], limit: int, member: int):
+    parts, n, blank = [], 0, True
+    for seg in segments:
+        n += len(seg)
+        blank = blank and not seg.strip()
+        if n <= limit:
+            parts.append(seg)
+        else:
+            parts.clear()
+    return "".join(parts) if n <= limit else _Long(member, blank)
+
+
+def _line_chars(f, path: Path, n: int, first: bytes) -> Iterator[str]:
+    """The rest of a line, ``first`` its bytes read so far, decoded (strict UTF-8) ``CHUNK`` bytes at a time."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    raw = first
+    while True:
+        last = not raw or raw.endswith(b"\n")
+        try:
+            yield dec.decode(raw, final=last)
+        except UnicodeDecodeError as e:
+            raise _Fallback from e
+        if last:
+            return
+        raw = _read_line(f, path, n - 1, CHUNK)
+
+
+def _drain(gen):
+    """The return value of a generator, whatever it yields."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _long_line(f, path: Path, first: bytes, at: int, n: int, cfg: CorpusConfig, limit: int) -> Doc | None:
+    """A long JSONL line's document, its text a Stream (the file is left at the next line); None when the line is to
+    be read whole (the caller does it)."""
+    where = f"{path} line {n}"
+    try:
+        rec = _drain(_members(_Scan(_line_chars(f, path, n, first)), limit))
+    except _Fallback:
+        return None
+    text = rec.get(cfg.text_field)
+    names = (cfg.id_field, cfg.heldout_field) if cfg.heldout_field else (cfg.id_field,)
+    if any(isinstance(rec.get(k), _Long) for k in names):
+        return None
+    if not isinstance(text, _Long):
+        return _doc(rec, where, f"{stem(path)}#{n}", cfg)
+    member = text.member
+
+    def chunks() -> Iterator[str]:
+        with _opener(path)(path, "rb") as g:
+            g.seek(at)
+            try:
+                yield from _members(_Scan(_line_chars(g, path, n, _read_line(g, path, n - 1, CHUNK))), limit, member)
+            except _Fallback as e:
+                raise _changed(where) from e
+
+    return _doc(rec, where, f"{stem(path)}#{n}", cfg, Stream(chunks, text.blank))
 
 
 def _columns(names: list[str], where: Path, cfg: CorpusConfig) -> list[str]:
@@ -422,8 +729,9 @@ class Walk:
     values) were met, so that a name matching nothing is reported after one pass.
     """
 
-    def __init__(self, cfg: CorpusConfig, srcs: list[Source], *, advance=None):
+    def __init__(self, cfg: CorpusConfig, srcs: list[Source], *, advance=None, stream_bytes: int | None = None):
         self.cfg, self.srcs, self.advance = cfg, srcs, advance  # advance(bytes): a source was read
+        self.stream_bytes = stream_bytes  # longer documents come as Streams (read())
         self.wanted = set(cfg.documents)
         self.documents = 0
         self.empty_count = 0  # empty documents skipped
@@ -436,10 +744,10 @@ class Walk:
     def __iter__(self) -> Iterator[Doc]:
         values = set(self.cfg.heldout_values)
         for src in self.srcs:
-            for doc in read(src, self.cfg):
+            for doc in read(src, self.cfg, stream_bytes=self.stream_bytes):
                 if self.wanted and doc.id not in self.wanted:
                     continue
-                if not doc.text.strip():
+                if doc.blank():
                     self.empty_count += 1
                     if len(self.empty) < 1000:
                         self.empty.append(doc.id)

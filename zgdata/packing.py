@@ -12,6 +12,9 @@
 
 Rows go to an Arrow IPC stream file (``RowSpill``) in chunks, so memory holds at most
 one chunk whatever the corpus size; tokens.py then picks the kept rows from it.
+
+A long document may arrive in parts (``add(..., first=, last=)``: its ids in order, EOS after
+the last part): the rows are exactly those of the whole document added at once.
 """
 
 from __future__ import annotations
@@ -77,11 +80,14 @@ class EosPacker:
         self._n = 0
         self.dropped_tokens = 0
 
-    def add(self, name: str, ids: np.ndarray) -> None:
-        self._starts.append(self._n)
-        self._names.append(name)
-        self._parts.append(np.append(ids.astype(np.int32, copy=False), np.int32(self.eos)))
-        self._n += len(ids) + 1
+    def add(self, name: str, ids: np.ndarray, *, first: bool = True, last: bool = True) -> None:
+        """A document's ids, or a part of them (``first``: its first part; ``last``: its last, EOS follows)."""
+        if first or not self._starts:  # a continued document whose earlier rows were all written starts the buffer
+            self._starts.append(self._n)
+            self._names.append(name)
+        part = ids.astype(np.int32, copy=False)
+        self._parts.append(np.append(part, np.int32(self.eos)) if last else part)
+        self._n += len(self._parts[-1])
         if self._n >= self.flush_tokens:
             self._flush()
 
@@ -121,15 +127,33 @@ class PadPacker:
         self._lengths: list[np.ndarray] = []
         self._names: list[str] = []
         self._count = 0
+        self._carry = np.empty(0, np.int32)  # a document in parts: its ids after its last whole row
         self.dropped_rows = 0
         self.dropped_tokens = 0
 
-    def add(self, name: str, ids: np.ndarray) -> None:
-        t, n = self.seq_len, len(ids) + 1
+    def add(self, name: str, ids: np.ndarray, *, first: bool = True, last: bool = True) -> None:
+        """A document's ids, or a part of them (``first``: its first part; ``last``: its last, EOS follows). A part
+        before the last gives its whole rows now; the rest waits for the next part."""
+        ids = ids.astype(np.int32, copy=False)
+        if not first:
+            ids = np.concatenate([self._carry, ids])
+        if not last:
+            whole = len(ids) // self.seq_len * self.seq_len
+            self._carry = ids[whole:].copy()
+            if whole:
+                self._rows_of(name, ids[:whole], eos=False)
+            return
+        self._carry = np.empty(0, np.int32)
+        self._rows_of(name, ids, eos=True)
+
+    def _rows_of(self, name: str, ids: np.ndarray, *, eos: bool) -> None:
+        """Rows of ``ids`` (+ EOS), starting a row: all full but the last, padded (no EOS: a multiple of seq_len)."""
+        t, n = self.seq_len, len(ids) + eos
         r = -(-n // t)
         rows = np.full(r * t, self.pad, dtype=np.int32)
-        rows[: n - 1] = ids
-        rows[n - 1] = self.eos
+        rows[: len(ids)] = ids
+        if eos:
+            rows[n - 1] = self.eos
         lengths = np.full(r, t, dtype=np.int32)
         lengths[-1] = n - (r - 1) * t
         keep = lengths >= self.min_tokens

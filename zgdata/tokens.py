@@ -8,6 +8,14 @@ then pick rows from the spills into a Lance dataset written batch by batch into 
 staging path and renamed into place. Rows: train first, then heldout; ``seq_id`` is the
 row number, and every boundary dataset keeps exactly this row order.
 
+A document longer than ``stream_bytes`` on disk (a text file, a JSONL line) is never held
+whole: corpus.py reads it in chunks, it is cut into the pieces zgdata/encode.py would cut
+the whole text into (``_pieces``: same cuts, so the same ids), each piece is hashed into the
+document's sha256, encoded and handed to its packer as it comes, so memory holds a few
+pieces, not the document. A tokenizer that cannot be cut (``splittable``) gets the whole
+text, as before. Whatever ``stream_bytes``, ``piece_chars``, ``batch_chars`` and
+``flush_tokens``, the token set is the same.
+
 ``corpus_digest`` is sha256 over sha256(id) + sha256(text) of every document in reading
 order (corpus.py: sorted ids for text files, as before streaming; stored order for
 record sources), updated as documents stream past. Keys added since streaming enter the
@@ -18,8 +26,9 @@ default token set keeps its fingerprint and its bytes of tokens.json.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +39,7 @@ import torch
 from zgdata.atomic import atomic_path, write_json
 from zgdata.config import CorpusConfig
 from zgdata.corpus import Doc, Walk, size, sources
-from zgdata.encode import batch_encoder, pipelined
+from zgdata.encode import PIECE_CHARS, batch_encoder, pipelined, plain_backend, splittable
 from zgdata.errors import ZgError
 from zgdata.hashing import fingerprint, sha256_bytes
 from zgdata.lance_io import encode_meta, open_dataset, schema_meta
@@ -54,6 +63,7 @@ __all__ = [
 TOKENS_VERSION = 1
 BATCH_CHARS = 1 << 21  # characters per tokenizer call (~2 MB of text): bounds memory, keeps the batch API busy
 BATCH_DOCS = 512
+STREAM_BYTES = 1 << 23  # a document longer than this on disk (8 MB) is read and tokenized in pieces
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -107,8 +117,15 @@ def _heldout_rule(cfg: CorpusConfig):
 
 
 def _batches(walk: Walk, max_chars: int) -> Iterator[list[Doc]]:
+    """Documents in batches of about ``max_chars`` characters; a streamed document is a batch of its own."""
     batch, chars = [], 0
     for d in walk:
+        if d.stream is not None:
+            if batch:
+                yield batch
+                batch, chars = [], 0
+            yield [d]
+            continue
         batch.append(d)
         chars += len(d.text)
         if chars >= max_chars or len(batch) >= BATCH_DOCS:
@@ -126,9 +143,11 @@ def tokenize(
     progress=None,
     batch_chars: int = BATCH_CHARS,
     flush_tokens: int = FLUSH_TOKENS,
+    stream_bytes: int = STREAM_BYTES,
+    piece_chars: int = PIECE_CHARS,
 ) -> TokensResult:
-    """Tokenize the corpus into data/tokens.lance + data/tokens.json (``batch_chars`` and ``flush_tokens`` bound
-    memory; they never change the result)."""
+    """Tokenize the corpus into data/tokens.lance + data/tokens.json (``batch_chars``, ``flush_tokens``,
+    ``stream_bytes`` and ``piece_chars`` bound memory; they never change the result)."""
     from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
 
     teacher = read_teacher_json(layout)
@@ -140,7 +159,7 @@ def tokenize(
             fix=f"use seq_len <= {max_pos}",
         )
     srcs = sources(cfg)
-    walk = Walk(cfg, srcs)
+    walk = Walk(cfg, srcs, stream_bytes=stream_bytes)
     walk.precheck()
     tok = load_tokenizer(layout)  # checks hf/ against teacher.json, and the tokenizer's hash
     tok_sha = teacher["tokenizer_sha256"]
@@ -155,7 +174,9 @@ def tokenize(
     try:
         with (progress or _progress)("tokenize", sum(size(s) for s in srcs), unit="B") as advance:
             walk.advance = advance
-            return _tokenize(cfg, layout, teacher, tok, tok_sha, walk, spill_dir, batch_chars, flush_tokens)
+            return _tokenize(
+                cfg, layout, teacher, tok, tok_sha, walk, spill_dir, (batch_chars, piece_chars), flush_tokens
+            )
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 
@@ -181,20 +202,89 @@ def _packers(cfg, tok, spill_dir: Path, flush_tokens: int) -> dict:
     return packers
 
 
-def _pack(cfg, tok, walk: Walk, packers: dict, batch_chars: int) -> tuple[str, str, int]:
+_CUT = re.compile(r"[!-~][ \n]")  # encode.py's cut: before a space or newline that follows an ASCII non-space
+
+
+def _pieces(chunks: Iterable[str], limit: int) -> Iterator[str]:
+    """The pieces ``zgdata.encode.pieces(text, limit)`` gives, of the text the chunks make up, read as they come:
+    about ``limit`` characters buffered, more only while no cut is in sight."""
+    it, buf, done = iter(chunks), "", False
+    while True:
+        while not done and len(buf) <= limit:  # the rest fits, or a cut at or before the limit is in sight
+            nxt = next(it, None)
+            done = nxt is None
+            buf += nxt or ""
+        if len(buf) <= limit:
+            if buf:
+                yield buf
+            return
+        cut = next((i for i in range(limit, 0, -1) if buf[i] in " \n" and "!" <= buf[i - 1] <= "~"), 0)
+        scanned = limit
+        while not cut:  # none before the limit: the first after it, reading on as long as there is none
+            m = _CUT.search(buf, scanned)
+            if m is not None:
+                cut = m.start() + 1
+            elif done:
+                cut = len(buf)
+            else:
+                scanned = max(limit, len(buf) - 1)
+                nxt = next(it, None)
+                done = nxt is None
+                buf += nxt or ""
+        yield buf[:cut]
+        buf = buf[cut:]
+
+
+def _cuttable(tok) -> bool:
+    """Whether ``batch_encoder(tok)`` encodes a long text in pieces (so its pieces may be encoded one by one)."""
+    backend = plain_backend(tok)
+    return backend is not None and splittable(backend)
+
+
+def _add_streamed(d: Doc, encode, cuttable: bool, packer, piece_chars: int) -> str:
+    """A streamed document into ``packer``, piece by piece (the next piece encoded while this one is packed);
+    returns sha256(text) (hex)."""
+    h = hashlib.sha256()
+    if not cuttable:  # one call on the whole text, as before streaming
+        text = d.text or "".join(d.chunks())
+        for i in range(0, len(text), piece_chars):
+            h.update(text[i : i + piece_chars].encode())
+        packer.add(d.id, encode([text])[0])
+        return h.hexdigest()
+    first = True
+    for piece, (ids,) in pipelined(_pieces(d.chunks(), piece_chars), lambda p: encode([p])):
+        h.update(piece.encode())
+        packer.add(d.id, ids, first=first, last=False)
+        first = False
+    packer.add(d.id, np.empty(0, np.int32), first=first, last=True)
+    return h.hexdigest()
+
+
+def _pack(cfg, tok, walk: Walk, packers: dict, chars: tuple[int, int]) -> tuple[str, str, int]:
     """Tokenize every document into its split's packer: (corpus digest, held-out ids digest, held-out documents)."""
+    batch_chars, piece_chars = chars
     is_heldout = _heldout_rule(cfg)
     digest, held_ids = hashlib.sha256(), hashlib.sha256()
     held_docs = 0
-    encode = batch_encoder(tok)  # exactly tok(text, add_special_tokens=False)'s ids, via the Rust batch API
-    for batch, encoded in pipelined(_batches(walk, batch_chars), lambda b: encode([d.text for d in b])):
-        for d, ids in zip(batch, encoded):
-            digest.update(_pair(d.id, d.text))
+    # exactly tok(text, add_special_tokens=False)'s ids, via the Rust batch API
+    encode, cuttable = batch_encoder(tok), _cuttable(tok)  # piece_chars: the pieces of streamed documents
+
+    def encode_batch(b: list[Doc]):
+        return None if b[0].stream is not None else encode([d.text for d in b])  # a streamed one: in _add_streamed
+
+    for batch, encoded in pipelined(_batches(walk, batch_chars), encode_batch):
+        for i, d in enumerate(batch):
             held = is_heldout(d)
+            packer = packers["heldout" if held else "train"]
+            if encoded is None:
+                text_sha = _add_streamed(d, encode, cuttable, packer, piece_chars)
+            else:
+                text_sha = sha256_bytes(d.text.encode())
+                packer.add(d.id, encoded[i])
+            digest.update(sha256_bytes(d.id.encode()).encode() + text_sha.encode())
             if held:
                 held_docs += 1
                 held_ids.update(sha256_bytes(d.id.encode()).encode())
-            packers["heldout" if held else "train"].add(d.id, ids)
     walk.check()
     if walk.documents == 0:
         raise ZgError(
@@ -266,11 +356,11 @@ def _lineage(
 
 
 def _tokenize(
-    cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, batch_chars: int, flush_tokens: int
+    cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, chars: tuple[int, int], flush_tokens: int
 ) -> TokensResult:
     pad = cfg.packing == "pad"
     packers = _packers(cfg, tok, spill_dir, flush_tokens)
-    digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, batch_chars)
+    digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, chars)
     spills = _finish(cfg, packers)
     split_spec = _split_spec(cfg, held_ids_hex)
     inputs = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
