@@ -46,6 +46,7 @@ from zgdata.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.lock import locked
 from zgdata.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
+from zgdata.paths_guard import output
 from zgdata.progress import progress as _progress
 
 __all__ = [
@@ -168,7 +169,9 @@ def tokenize(
             "the teacher's tokenizer has no EOS token, which separates documents",
             fix="use a teacher whose tokenizer defines eos_token",
         )
-    spill_dir = layout.tokens.with_name(f".{layout.tokens.name}.spill")
+    spill_dir = output(layout.tokens.with_name(f".{layout.tokens.name}.spill"), layout.root, what="spill folder")
+    if spill_dir.is_symlink():  # never zg's (it makes a folder): removing the link leaves its target alone
+        spill_dir.unlink()
     shutil.rmtree(spill_dir, ignore_errors=True)  # left by a killed run
     spill_dir.mkdir(parents=True)
     try:

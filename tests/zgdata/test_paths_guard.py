@@ -158,3 +158,23 @@ def test_a_boundaries_folder_symlinked_inside_the_project_still_works(tiny_proje
     before = tree_sha256(real)
     zg_main("data", "materialize", cwd=tiny_project)  # up to date: read through the link, nothing rewritten
     assert tree_sha256(real) == before
+
+
+def test_a_spill_folder_symlinked_outside_is_refused_and_one_inside_is_replaced(tiny_project, tmp_path):
+    """data/.tokens.lance.spill, tokenize's scratch folder: a planted link outside is one line, and nothing is
+    written or removed there; a link inside the project is dropped (its target kept) and tokenize runs."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    spill = tiny_project / "data" / ".tokens.lance.spill"
+    spill.symlink_to(outside)
+    shutil.rmtree(tiny_project / "data" / "tokens.lance")  # so that tokenize runs
+    res = zg_main("data", "tokenize", cwd=tiny_project, check=False)
+    assert_user_error(res, "spill folder data/.tokens.lance.spill resolves to", "outside")
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    spill.unlink()
+    target = tiny_project / "elsewhere"
+    target.mkdir()
+    spill.symlink_to(target)
+    zg_main("data", "tokenize", cwd=tiny_project)
+    assert target.is_dir() and not spill.exists()
