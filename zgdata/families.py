@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 from typing import ClassVar
 
 import torch
 
 from zgdata.errors import ZgError
+from zgdata.family_traits import REFUSED, TRAITS, Traits
 
 __all__ = ["Family", "FAMILIES", "family", "family_of", "config_from_dict", "supported"]
 
@@ -68,8 +70,24 @@ class Family:
     def config_from_dict(self, d: dict):
         return self.transformers_class(self.config_class).from_dict(d)
 
+    template: ClassVar[str | None] = None  # per-layer-width modeling file: modeling_zg_<template or model_type>.py
+
+    def bind(self, config) -> Family:
+        """The adapter for one teacher config (families whose traits read config values return a bound copy)."""
+        return self
+
     def check(self, config) -> None:
         """Refuse variants whose layer-by-layer run would not be the model's own forward."""
+
+    def check_model(self, model) -> None:
+        """Refuse a loaded teacher whose modules are not the ones this adapter runs (``zg teacher prepare``)."""
+
+    def check_length(self, config, length: int) -> None:
+        """Refuse sequences the layer-by-layer run would not capture as the model's forward does."""
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the causal LM does to ``lm_head(norm(h))`` (soft-capping, scaling); nothing by default."""
+        return logits
 
     def width(self, config) -> int:
         return getattr(config, self.width_attr)
@@ -347,7 +365,131 @@ class GPT2(Family):
         )
 
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), GPT2())}
+class DenseFamily(RotaryFamily):
+    """A Llama-like dense decoder described by a ``Traits`` record (zgdata/family_traits.py): the classes are
+    ``<prefix>Config``, ``<prefix>ForCausalLM``, ``<prefix>DecoderLayer``, ``<prefix>RotaryEmbedding``; code
+    appears only where a trait needs it. ``family_of(config)`` binds the adapter to the teacher's config, which
+    the config-valued traits (embedding multiplier, logit scaling, window) read."""
+
+    template = "dense"  # per-layer widths: the one generic modeling file (zgtrain/student/templates/)
+
+    def __init__(self, traits: Traits, config=None):
+        self.traits = traits
+        self.model_type = traits.model_type
+        self.config_class = f"{traits.prefix}Config"
+        self.model_class = f"{traits.prefix}ForCausalLM"
+        self.layer_class = (traits.module, f"{traits.prefix}DecoderLayer")
+        self.rotary_class = (traits.module, f"{traits.prefix}RotaryEmbedding")
+        self.mlp_channels = traits.mlp_channels
+        self.layer_norms = traits.norms
+        self.dropout_keys = traits.dropout_keys
+        self.config = config
+
+    def bind(self, config):
+        return type(self)(self.traits, config)
+
+    def _field(self, name: str | None):
+        if name is None or self.config is None:
+            return None
+        return self.config.get(name) if isinstance(self.config, dict) else getattr(self.config, name, None)
+
+    def check(self, config):
+        types = set(getattr(config, "layer_types", None) or [])
+        if len(types) > 1:
+            raise ZgError(
+                f"this {self.model_type} teacher mixes attention layer types ({', '.join(sorted(types))})",
+                key="teacher.source",
+                fix=f"use a {self.model_type} model whose layers all attend alike, or teach DenseFamily in {WHERE} "
+                "per-layer inputs",
+            )
+
+    def check_model(self, model) -> None:
+        """Refuse a loaded teacher whose modules or layer call are not the ones this adapter runs."""
+        module, name = self.layer_class
+        want = getattr(importlib.import_module(module), name)
+        inner = self.inner(model) if hasattr(model, self.base) else None
+        have = [a for a in ("embed_tokens", "rotary_emb", self.layers_attr, self.norm_attr) if hasattr(inner, a)]
+        params = inspect.signature(want.forward).parameters
+        bad = (
+            len(have) < 4
+            or any(type(layer) is not want for layer in self.layers(model))
+            or not {"attention_mask", "position_embeddings", "position_ids"} <= set(params)
+        )
+        if bad:
+            raise ZgError(
+                f"this {self.model_type} teacher ({type(model).__name__}) is not the {self.model_class} layout zg "
+                f"captures ({self.base}.embed_tokens/rotary_emb/{self.layers_attr}/{self.norm_attr}, {name} layers "
+                "called with position_embeddings)",
+                key="teacher.source",
+                fix=f"use a stock {self.model_class} checkpoint, or extend the {self.model_type} adapter in {WHERE}",
+            )
+
+    def check_length(self, config, length: int) -> None:
+        window = getattr(config, self.traits.window_field, None) if self.traits.window_field else None
+        if window is not None and length > window:
+            raise ZgError(
+                f"sequences of {length} tokens exceed this {self.model_type} teacher's sliding window ({window}); "
+                "zg captures sliding-window layers only within the window",
+                key="corpus.seq_len",
+                fix=f"set corpus.seq_len <= {window}",
+            )
+
+    def student_config(self, config_dict, widths):
+        config = super().student_config(config_dict, widths)
+        types = getattr(config, "layer_types", None)
+        if types:  # check() refused mixed types: one entry per student layer
+            config.layer_types = [types[0]] * len(widths)
+        return config
+
+    def embed(self, inner, ids):
+        h = inner.embed_tokens(ids)
+        if self.traits.embed_multiplier:  # as the model's forward: inputs_embeds * multiplier (a float)
+            h = h * getattr(inner, self.traits.embed_multiplier)
+        return h
+
+    def embed_head(self, head, ids):
+        h = torch.nn.functional.embedding(ids, head["embed_tokens.weight"])
+        if self.traits.embed_multiplier:
+            h = h * self._field(self.traits.embed_multiplier)
+        return h
+
+    def finish_logits(self, logits):
+        divisor, cap = self._field(self.traits.logits_divisor), self._field(self.traits.logits_softcap)
+        if divisor is not None:
+            logits = logits / divisor
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def prune_mlp(self, layer, keep):
+        if not self.traits.fused_gate_up:
+            return super().prune_mlp(layer, keep)
+        out = dict(layer)
+        fused = layer["mlp.gate_up_proj.weight"]
+        half = fused.shape[0] // 2
+        out["mlp.gate_up_proj.weight"] = fused.index_select(0, torch.cat([keep, keep + half]))
+        out["mlp.down_proj.weight"] = layer["mlp.down_proj.weight"].index_select(1, keep)
+        return out
+
+    def tiny_config(self, tok):
+        fields = {
+            "vocab_size": len(tok),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": False,
+            "initializer_range": 0.1,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        }
+        return self.transformers_class(self.config_class)(**{**fields, **self.traits.tiny})
+
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), GPT2(), *(DenseFamily(t) for t in TRAITS))}
 
 
 def supported() -> str:
@@ -356,6 +498,13 @@ def supported() -> str:
 
 def family(model_type: str) -> Family:
     """The adapter of ``model_type``, or a one-line error naming the supported families and where to add one."""
+    if model_type in REFUSED:
+        what, where = REFUSED[model_type]
+        raise ZgError(
+            f"teacher architecture '{model_type}' is {what}; zg does not support it",
+            key="teacher.source",
+            fix=f"use a dense decoder-only model ({supported()}); support would go in {where}",
+        )
     if model_type not in FAMILIES:
         raise ZgError(
             f"teacher architecture '{model_type}' is not supported (zg supports {supported()})",
@@ -366,9 +515,9 @@ def family(model_type: str) -> Family:
 
 
 def family_of(config) -> Family:
-    """The adapter of a transformers config (or a config dict)."""
+    """The adapter of a transformers config (or a config dict), bound to it where the family reads config values."""
     model_type = config.get("model_type") if isinstance(config, dict) else config.model_type
-    return family(str(model_type).removeprefix("zg_"))  # zg's own per-layer-width students are zg_<family>
+    return family(str(model_type).removeprefix("zg_")).bind(config)  # zg's per-layer-width students are zg_<family>
 
 
 def config_from_dict(d: dict):

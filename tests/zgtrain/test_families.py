@@ -20,10 +20,14 @@ from conftest import zg_main
 from safetensors import safe_open
 from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
 
-from zgdata.families import FAMILIES, family
+from zgdata.families import FAMILIES, family, family_of
 from zgdata.layout import Layout
 
-SOURCES = {"llama": "random:tiny", "qwen2": "random:tiny-qwen2", "gpt2": "random:tiny-gpt2"}
+SOURCES = {
+    "llama": "random:tiny",
+    **{t: f"random:tiny-{t}" for t in ("qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3")},
+}
+TIED = {"llama", "gpt2"}  # the tiny teachers that tie their LM head to the embeddings
 
 
 @pytest.fixture(scope="module", params=sorted(SOURCES))
@@ -76,7 +80,7 @@ def test_teacher_slices_and_boundaries_follow_the_family(built):
     head, _ = load_slice(layout.teacher_head)
     assert sorted(head) == sorted(want_head)
     assert ("wpe.weight" in head) == (name == "gpt2")
-    assert arch["tie_word_embeddings"] == (name != "qwen2")
+    assert arch["tie_word_embeddings"] == (name in TIED)
 
     pre_norm = []
     hook = fam.final_norm(model).register_forward_pre_hook(lambda m, args: pre_norm.append(args[0].detach().clone()))
@@ -93,7 +97,7 @@ def test_teacher_slices_and_boundaries_follow_the_family(built):
         ref = pre_norm[0] if layer == 4 else hs[layer]
         assert torch.equal(stored.view(torch.int16), ref.to(torch.bfloat16).view(torch.int16)), layer
     assert not torch.equal(BoundaryDataset(layout.boundary("h04")).take(rows), hs[4].to(torch.bfloat16))
-    h0 = fam.embed_head({k: v.float() for k, v in head.items()}, ids)
+    h0 = family_of(model.config).embed_head({k: v.float() for k, v in head.items()}, ids)
     assert torch.equal(h0, hs[0])
 
 
@@ -263,7 +267,8 @@ def test_conversions_use_the_family_layout(name):
     assert all(torch.equal(v, tensors[f"layers.2.{k.split('.', 2)[2]}"]) for k, v in dropped.weights().items())
     fresh = convert("reinit", tensors, config, TrainConfig(), x, torch.Generator().manual_seed(1))
     norms = {n: p for n, p in fresh.named_parameters() if fam.is_layer_norm(n)}
-    assert len(norms) == (8 if name == "gpt2" else 4)  # 2 layers x 2 norms (GPT-2's LayerNorms have biases)
+    # 2 layers x the family's norms (GPT-2's LayerNorms have biases; OLMo 2 norms q and k too)
+    assert len(norms) == 2 * len(fam.layer_norms) * (2 if name == "gpt2" else 1) >= 4
     assert all(torch.equal(p, torch.full_like(p, 1.0 if n.endswith("weight") else 0.0)) for n, p in norms.items())
 
 
@@ -316,3 +321,67 @@ def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
     res = zg_main("teacher", "prepare", cwd=root, check=False)
     assert_user_error(res, "teacher.source", *needles)
     assert tree_sha256(root) == before and not (root / "models").exists()
+
+
+@pytest.mark.parametrize(
+    ("config_class", "needles"),
+    [
+        ("MixtralConfig", ("'mixtral' is a mixture-of-experts decoder", "expert-aware")),
+        ("Qwen2MoeConfig", ("'qwen2_moe' is a mixture-of-experts decoder",)),
+        ("OlmoeConfig", ("'olmoe' is a mixture-of-experts decoder",)),
+        ("JambaConfig", ("'jamba' is a hybrid attention + state-space decoder", "recurrent state")),
+        ("FalconH1Config", ("'falcon_h1' is a hybrid attention + state-space decoder",)),
+        ("T5Config", ("'t5' is an encoder-decoder", "zgdata/capture.py")),
+    ],
+)
+def test_unsupported_kinds_are_refused_with_what_and_where(tmp_path, config_class, needles):
+    """MoE, hybrid attention+SSM and encoder-decoder checkpoints stop at config.json, before any weight is read:
+    one line naming what the model is and where support would go."""
+    import transformers
+
+    from zgtrain.project.pipeline import dump_params, profile_params
+
+    teacher = tmp_path / "teacher"
+    getattr(transformers, config_class)().save_pretrained(teacher)  # config.json only: refused before weights
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "params.yaml").write_text(dump_params(profile_params("tiny")))
+    set_params(root, {"teacher.source": str(teacher)})
+    res = zg_main("teacher", "prepare", cwd=root, check=False)
+    assert_user_error(res, "teacher.source", "zg does not support it", "support would go in", *needles)
+    assert not (root / "models").exists()
+
+
+def test_a_sequence_beyond_the_sliding_window_is_refused_and_one_within_it_is_exact():
+    """Mistral windows every layer: capture runs a layer with no mask (full causal attention), which is the
+    model's own forward only while the sequence fits the window; a longer one is refused with one line."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from zgdata.capture import capture
+    from zgdata.errors import ZgError
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+        attn_implementation="sdpa",
+    )
+    model = MistralForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (2, 9))
+    with pytest.raises(ZgError, match=r"9 tokens exceed this mistral teacher's sliding window \(8\)") as e:
+        capture(model, ids, [1], storage_dtype=torch.float32)
+    assert e.value.key == "corpus.seq_len"
+    fam = family_of(config)
+    with torch.no_grad():
+        hs = model(ids, output_hidden_states=True).hidden_states
+        h0 = fam.embed(model.model, ids)
+        unmasked = fam.call_layer(model.model.layers[0], h0, fam.layer_inputs(model.model.rotary_emb, h0))
+        # the refusal is needed: with no mask, position 8 would also see position 0, which the window hides
+        assert torch.equal(unmasked[:, :8], hs[1][:, :8]) and not torch.allclose(unmasked[:, 8], hs[1][:, 8])
+        within = model(ids[:, :8], output_hidden_states=True).hidden_states
+    assert torch.equal(capture(model, ids[:, :8], [1], storage_dtype=torch.float32)[1], within[1])

@@ -232,6 +232,7 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
     model, tok, extra = _resolve(cfg.source, cfg.dtype)
     fam = family(model.config.model_type)
     fam.check(model.config)
+    fam.check_model(model)
     if partition is not None:
         partition.check_depth(model.config.num_hidden_layers)
     if cfg.dtype != "auto":  # a no-op for a model directory, which loaded in this dtype

@@ -130,6 +130,7 @@ class TeacherHead(nn.Module):
     def __init__(self, head: dict[str, torch.Tensor], student: nn.Module):
         super().__init__()
         fam = family_of(student.config)
+        self.family = fam
         # the student's final-norm module gives the family's norm class and eps; its weights come from the slice
         self.norm = copy.deepcopy(fam.final_norm(student)).float().eval()
         prefix = fam.norm_attr + "."
@@ -147,7 +148,7 @@ class TeacherHead(nn.Module):
 
     @torch.no_grad()
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(h.float()), self.weight)
+        return self.family.finish_logits(F.linear(self.norm(h.float()), self.weight))
 
 
 def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -37,7 +37,7 @@ def head_module(layout: Layout):
     norm, lm = fam.final_norm(model), model.get_output_embeddings()
     if any(p.is_meta for p in [*norm.parameters(), *lm.parameters()]):
         raise ZgError(f"{layout.teacher_head} lacks the final norm or LM head", fix="re-run `dvc repro teacher`")
-    return lambda h: lm(norm(h)), hmeta
+    return lambda h: fam.finish_logits(lm(norm(h))), hmeta
 
 
 def teacher_blocks(project, layout: Layout, keys: list[str]) -> list:

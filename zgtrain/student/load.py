@@ -45,7 +45,9 @@ _FIX = "rebuild the student with `dvc repro -f assemble` (zg never runs modeling
 
 
 def modeling_file(model_type: str) -> str:
-    return f"modeling_zg_{model_type}.py"
+    """Llama, Qwen2, GPT-2: one file each; the dense families share modeling_zg_dense.py (its classes are made
+    on first access from the family's stock classes, so adding a family never changes the pinned file)."""
+    return f"modeling_zg_{family(model_type).template or model_type}.py"
 
 
 def auto_map(model_type: str) -> dict:

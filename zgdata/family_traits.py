@@ -1,0 +1,148 @@
+"""Family knowledge as data: one ``Traits`` record per dense decoder family zg runs through ``DenseFamily``
+(zgdata/families.py), and the architectures zg refuses, each with the reason and where support would go.
+
+A record names the transformers classes and the few traits that change what zg computes outside a decoder
+layer (the layer itself always runs as transformers wrote it):
+- ``embed_multiplier``: a config field the model's forward multiplies the token embeddings by (Granite);
+- ``logits_divisor`` / ``logits_softcap``: config fields the causal LM applies to its logits (Granite's
+  ``logits_scaling``; Gemma 2/3's ``final_logit_softcapping``), so a head built from the head slice matches;
+- ``norms``: the norm modules inside a layer, after attention and MLP included (OLMo 2) and q/k norms;
+- ``fused_gate_up``: the MLP's gate and up projections are one tensor, gate rows first (Phi-3), so pruning
+  MLP channels selects the same rows in both halves;
+- ``window_field``: a config field giving every layer a sliding window (Mistral, Phi-3); boundaries are
+  captured only for sequences within it (a longer one is refused at capture with one line).
+``tiny`` holds the fields of the family's tiny random teacher (``teacher.source: random:tiny-<model_type>``)
+beyond the shared ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Traits", "TRAITS", "REFUSED"]
+
+GATED_MLP = {
+    "mlp.gate_proj.weight": 0,
+    "mlp.gate_proj.bias": 0,
+    "mlp.up_proj.weight": 0,
+    "mlp.up_proj.bias": 0,
+    "mlp.down_proj.weight": 1,
+}
+
+
+@dataclass(frozen=True)
+class Traits:
+    model_type: str
+    prefix: str  # transformers class prefix: <prefix>Config, <prefix>ForCausalLM, <prefix>DecoderLayer, ...
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    embed_multiplier: str | None = None
+    logits_divisor: str | None = None
+    logits_softcap: str | None = None
+    fused_gate_up: bool = False
+    window_field: str | None = None
+    dropout_keys: tuple[str, ...] = ("attention_dropout",)
+    tiny: dict = field(default_factory=dict)
+
+    @property
+    def module(self) -> str:
+        return f"transformers.models.{self.model_type}.modeling_{self.model_type}"
+
+    @property
+    def mlp_channels(self) -> dict[str, int]:
+        if self.fused_gate_up:  # (2I, C): rows [0, I) gate, [I, 2I) up; DenseFamily.prune_mlp selects both halves
+            return {"mlp.gate_up_proj.weight": 0, "mlp.down_proj.weight": 1}
+        return GATED_MLP
+
+
+TRAITS: tuple[Traits, ...] = (
+    Traits("mistral", "Mistral", window_field="sliding_window", tiny={"sliding_window": 4096}),
+    Traits(
+        "granite",
+        "Granite",
+        embed_multiplier="embedding_multiplier",
+        logits_divisor="logits_scaling",
+        tiny={
+            "embedding_multiplier": 3.0,
+            "logits_scaling": 2.5,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.2,
+        },
+    ),
+    Traits(
+        "olmo2",
+        "Olmo2",
+        norms=("post_attention_layernorm", "post_feedforward_layernorm", "q_norm", "k_norm"),
+    ),
+    Traits(
+        "phi3",
+        "Phi3",
+        fused_gate_up=True,
+        window_field="sliding_window",
+        dropout_keys=("attention_dropout", "resid_pdrop", "embd_pdrop"),
+        tiny={"sliding_window": None},
+    ),
+)
+
+# model_type -> (what it is, where support would go). family() refuses these with one line.
+_MOE = (
+    "a mixture-of-experts decoder (routed MLP experts: pruning, widths and the layer call need an expert-aware adapter)"
+)
+_HYBRID = "a hybrid attention + state-space decoder (its recurrent layers carry state that boundaries do not capture)"
+_ENC_DEC = "an encoder-decoder (zg distils decoder-only models: one residual stream, boundary by boundary)"
+_WHERE_MOE = "a Family subclass with expert-aware prune_mlp/mlp_channels in zgdata/families.py"
+_WHERE_HYBRID = "a Family whose layer_inputs carry the recurrent state, in zgdata/families.py"
+_WHERE_ENC_DEC = "a new capture for cross-attention inputs (zgdata/capture.py), not a family adapter"
+REFUSED: dict[str, tuple[str, str]] = {
+    **{
+        t: (_MOE, _WHERE_MOE)
+        for t in (
+            "mixtral",
+            "qwen2_moe",
+            "qwen3_moe",
+            "olmoe",
+            "deepseek_v2",
+            "deepseek_v3",
+            "dbrx",
+            "granitemoe",
+            "granitemoeshared",
+            "phimoe",
+            "jetmoe",
+            "gpt_oss",
+            "llama4",
+            "llama4_text",
+            "minimax",
+        )
+    },
+    **{
+        t: (_HYBRID, _WHERE_HYBRID)
+        for t in (
+            "jamba",
+            "falcon_h1",
+            "bamba",
+            "zamba",
+            "zamba2",
+            "granitemoehybrid",
+            "nemotron_h",
+            "lfm2",
+            "mamba",
+            "mamba2",
+            "recurrent_gemma",
+        )
+    },
+    **{
+        t: (_ENC_DEC, _WHERE_ENC_DEC)
+        for t in (
+            "t5",
+            "mt5",
+            "bart",
+            "mbart",
+            "pegasus",
+            "marian",
+            "encoder-decoder",
+            "whisper",
+            "umt5",
+            "longt5",
+            "switch_transformers",
+        )
+    },
+}

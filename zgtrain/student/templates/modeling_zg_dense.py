@@ -1,0 +1,109 @@
+"""Any dense decoder family with a per-layer MLP width and per-layer sliding-window attention, shipped inside
+ZeroGraph students whose blocks differ in shape or attention window (Mistral, Granite, OLMo 2, Phi-3, ...).
+
+zg loads it with ``zgtrain.student.load_student``, which first checks that this file is byte for byte
+the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_remote_code`` to
+``AutoModelForCausalLM.from_pretrained`` only after checking that hash yourself.
+
+The classes ``Zg<Config>`` and ``Zg<CausalLM>`` (e.g. ``ZgMistralConfig``, ``ZgMistralForCausalLM``) are made on
+first access from transformers' own classes of those names: each layer keeps the family's
+stock decoder layer, and its MLP is rebuilt as the family's own MLP class at that layer's width
+(``intermediate_sizes``). ``layer_windows`` (one entry per layer; null: full attention) restricts a layer's
+attention to its last W positions, itself included. Such layers need ``attn_implementation`` sdpa (the
+default) or eager.
+"""
+
+import copy
+
+import torch
+import transformers
+
+
+# A verbatim copy of zgtrain/window.py's SlidingWindow (tests/zgtrain/test_window.py checks it).
+class SlidingWindow:
+    """Forward pre-hook (``with_kwargs=True``) of an attention module: attend to the last ``window`` positions only.
+
+    Keys are indexed as the KV cache holds them (0 .. past + new - 1, past = tokens already cached
+    for this layer). Supports sdpa (boolean masks) and eager (additive float masks) attention.
+    """
+
+    def __init__(self, window: int):
+        self.window = int(window)
+
+    def __call__(self, module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        q_len = hidden.shape[-2]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = cache.get_seq_length(module.layer_idx) if cache is not None else 0
+        if past + q_len <= self.window:  # nobody sees beyond the window: full attention, untouched
+            return None
+        impl = getattr(module.config, "_attn_implementation", None) or "eager"
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"zg sliding-window layers need attn_implementation 'sdpa' or 'eager', not {impl!r}")
+        mask = kwargs.get("attention_mask")
+        kv_len = mask.shape[-1] if mask is not None else past + q_len
+        q = torch.arange(past, past + q_len, device=hidden.device)[:, None]
+        k = torch.arange(kv_len, device=hidden.device)[None, :]
+        band = (k <= q) & (k > q - self.window)                            # (q_len, kv_len)
+        if mask is None and impl == "sdpa":
+            mask = band[None, None]
+        elif mask is None:
+            mask = torch.zeros(band.shape, dtype=hidden.dtype, device=hidden.device)[None, None]
+            mask = mask.masked_fill(~band, torch.finfo(hidden.dtype).min)
+        elif mask.dtype == torch.bool:
+            mask = mask & band
+        else:
+            mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
+        return args, {**kwargs, "attention_mask": mask}
+
+
+_MADE = {}
+
+
+def _config_class(prefix):
+    base = getattr(transformers, prefix + "Config")
+
+    def __init__(self, intermediate_sizes=None, layer_windows=None, **kwargs):
+        base.__init__(self, **kwargs)
+        self.intermediate_sizes = list(intermediate_sizes or [self.intermediate_size] * self.num_hidden_layers)
+        self.layer_windows = list(layer_windows or [None] * self.num_hidden_layers)
+
+    attrs = {"model_type": "zg_" + base.model_type, "__init__": __init__, "__module__": __name__}
+    return type("Zg" + prefix + "Config", (base,), attrs)
+
+
+def _model_class(prefix):
+    base = getattr(transformers, prefix + "ForCausalLM")
+
+    def __init__(self, config):
+        base.__init__(self, config)
+        for layer, width in zip(self.model.layers, config.intermediate_sizes):
+            cfg = copy.copy(config)
+            cfg.intermediate_size = width
+            layer.mlp = type(layer.mlp)(cfg)
+        for layer, window in zip(self.model.layers, config.layer_windows):
+            if window is not None:
+                layer.self_attn.register_forward_pre_hook(SlidingWindow(window), with_kwargs=True)
+        self.post_init()
+
+    config_class = _made("Zg" + base.config_class.__name__)  # e.g. Gemma3ForCausalLM's is Gemma3TextConfig
+    attrs = {"config_class": config_class, "__init__": __init__, "__module__": __name__}
+    return type("Zg" + prefix + "ForCausalLM", (base,), attrs)
+
+
+def _made(name):
+    if name not in _MADE:
+        if name.startswith("Zg") and name.endswith("ForCausalLM"):
+            _MADE[name] = _model_class(name[2 : -len("ForCausalLM")])
+        elif name.startswith("Zg") and name.endswith("Config"):
+            _MADE[name] = _config_class(name[2 : -len("Config")])
+        else:
+            raise AttributeError(name)
+    return _MADE[name]
+
+
+def __getattr__(name):
+    try:
+        return _made(name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
