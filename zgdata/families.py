@@ -56,6 +56,7 @@ class Family:
     mlp_out: ClassVar[str]  # module in a layer whose input is the MLP's intermediate activation
     mlp_channels: ClassVar[dict[str, int]]  # layer tensor -> the dim that indexes MLP channels
     layer_norms: ClassVar[tuple[str, ...]]  # norm modules inside a layer
+    norm_identity: ClassVar[float] = 1.0  # the norm weight that scales by 1 (Gemma stores 1 + w: 0)
     dropout_keys: ClassVar[tuple[str, ...]]  # config fields a student block zeroes (it trains deterministically)
 
     # --- classes and configs -------------------------------------------------------------
@@ -102,12 +103,19 @@ class Family:
                 setattr(cfg, k, 0.0)
         return cfg
 
-    def make_layer(self, config, index: int) -> torch.nn.Module:
+    def make_layer(self, config, index: int, layer_type: str | None = None) -> torch.nn.Module:
+        """Decoder layer ``index`` of a block; ``layer_type``: the teacher layer's attention type (see layer_types)."""
         module, name = self.layer_class
         return getattr(importlib.import_module(module), name)(config, layer_idx=index)
 
-    def student_config(self, config_dict: dict, widths: list[int]):
-        """The assembled student's config: the teacher's, with ``len(widths)`` layers of MLP width max(widths)."""
+    def layer_types(self, config, indices: list[int]) -> list[str] | None:
+        """The attention types of teacher layers ``indices`` where the family's layers differ in them (Gemma 3);
+        None where every layer attends alike (student blocks then record none)."""
+        return None
+
+    def student_config(self, config_dict: dict, widths: list[int], layer_types: list[str] | None = None):
+        """The assembled student's config: the teacher's, with ``len(widths)`` layers of MLP width max(widths)
+        (``layer_types``: each student layer's attention type, where the family has several)."""
         config = self.config_from_dict(config_dict)
         config.num_hidden_layers = len(widths)
         setattr(config, self.width_attr, max(widths))
@@ -285,7 +293,7 @@ class Qwen2(RotaryFamily):
                 fix="use a Qwen2 model with use_sliding_window: false (all Qwen2.5 releases are)",
             )
 
-    def student_config(self, config_dict, widths):
+    def student_config(self, config_dict, widths, layer_types=None):
         config = super().student_config(config_dict, widths)
         config.layer_types = ["full_attention"] * len(widths)  # one entry per layer; check() refused the rest
         return config
@@ -376,13 +384,14 @@ class DenseFamily(RotaryFamily):
     def __init__(self, traits: Traits, config=None):
         self.traits = traits
         self.model_type = traits.model_type
-        self.config_class = f"{traits.prefix}Config"
+        self.config_class = traits.config_class or f"{traits.prefix}Config"
         self.model_class = f"{traits.prefix}ForCausalLM"
         self.layer_class = (traits.module, f"{traits.prefix}DecoderLayer")
         self.rotary_class = (traits.module, f"{traits.prefix}RotaryEmbedding")
         self.mlp_channels = traits.mlp_channels
         self.layer_norms = traits.norms
         self.dropout_keys = traits.dropout_keys
+        self.norm_identity = traits.norm_identity
         self.config = config
 
     def bind(self, config):
@@ -395,6 +404,17 @@ class DenseFamily(RotaryFamily):
 
     def check(self, config):
         types = set(getattr(config, "layer_types", None) or [])
+        if getattr(config, "attn_logit_softcapping", None) is not None or getattr(
+            config, "use_bidirectional_attention", False
+        ):
+            raise ZgError(
+                f"this {self.model_type} teacher soft-caps attention logits or attends bidirectionally, which zg's "
+                "sdpa capture does not run",
+                key="teacher.source",
+                fix=f"use a {self.model_type} model without attn_logit_softcapping / use_bidirectional_attention",
+            )
+        if self.traits.attention_types and types <= {"full_attention", "sliding_attention"}:
+            return
         if len(types) > 1:
             raise ZgError(
                 f"this {self.model_type} teacher mixes attention layer types ({', '.join(sorted(types))})",
@@ -434,12 +454,41 @@ class DenseFamily(RotaryFamily):
                 fix=f"set corpus.seq_len <= {window}",
             )
 
-    def student_config(self, config_dict, widths):
+    def student_config(self, config_dict, widths, layer_types=None):
         config = super().student_config(config_dict, widths)
         types = getattr(config, "layer_types", None)
-        if types:  # check() refused mixed types: one entry per student layer
+        if layer_types is not None:  # each student layer keeps its teacher layer's type (Gemma 3)
+            config.layer_types = list(layer_types)
+        elif types:  # check() refused mixed types: one entry per student layer
             config.layer_types = [types[0]] * len(widths)
         return config
+
+    def layer_types(self, config, indices):
+        return [config.layer_types[i] for i in indices] if self.traits.attention_types else None
+
+    def make_layer(self, config, index, layer_type=None):
+        if layer_type is not None:  # the layer reads its type from config.layer_types[index]
+            config = copy.copy(config)
+            config.layer_types = [*config.layer_types[:index], layer_type, *config.layer_types[index + 1 :]]
+        return super().make_layer(config, index)
+
+    def layer_inputs(self, rotary, h):
+        if not self.traits.attention_types:
+            return super().layer_inputs(rotary, h)
+        pos = _positions(h)  # one rotary per attention type, as the model's forward computes them
+        return {"position_ids": pos, "by_type": {t: rotary(h, pos, t) for t in rotary.layer_types}}
+
+    def call_layer(self, layer, h, inputs):
+        if "by_type" not in inputs:
+            return super().call_layer(layer, h, inputs)
+        emb = inputs["by_type"][layer.self_attn.layer_type]
+        return layer(h, attention_mask=None, position_embeddings=emb, position_ids=inputs["position_ids"])
+
+    def rebuild_buffers(self, model, config):
+        super().rebuild_buffers(model, config)
+        for m in self.inner(model).modules():  # Gemma's scaled embedding: a buffer not in the state dict
+            if hasattr(m, "scalar_embed_scale"):
+                m.embed_scale = torch.tensor(m.scalar_embed_scale)
 
     def embed(self, inner, ids):
         h = inner.embed_tokens(ids)
@@ -448,7 +497,10 @@ class DenseFamily(RotaryFamily):
         return h
 
     def embed_head(self, head, ids):
-        h = torch.nn.functional.embedding(ids, head["embed_tokens.weight"])
+        w = head["embed_tokens.weight"]
+        h = torch.nn.functional.embedding(ids, w)
+        if self.traits.embed_scaled:  # as the scaled embedding module: * tensor(sqrt(hidden)) in the weight's dtype
+            h = h * torch.tensor(self._field("hidden_size") ** 0.5).to(w.dtype)
         if self.traits.embed_multiplier:
             h = h * self._field(self.traits.embed_multiplier)
         return h

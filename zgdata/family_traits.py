@@ -9,8 +9,15 @@ layer (the layer itself always runs as transformers wrote it):
 - ``norms``: the norm modules inside a layer, after attention and MLP included (OLMo 2) and q/k norms;
 - ``fused_gate_up``: the MLP's gate and up projections are one tensor, gate rows first (Phi-3), so pruning
   MLP channels selects the same rows in both halves;
-- ``window_field``: a config field giving every layer a sliding window (Mistral, Phi-3); boundaries are
-  captured only for sequences within it (a longer one is refused at capture with one line).
+- ``window_field``: a config field giving layers a sliding window (Mistral, Phi-3: every layer; Gemma 3: its
+  sliding layers); boundaries are captured only for sequences within it (a longer one is refused at capture
+  with one line);
+- ``embed_scaled``: the embedding module multiplies by sqrt(hidden_size) itself (Gemma 3's scaled embedding),
+  which ``embed_head`` repeats from the head slice's tensor;
+- ``attention_types``: layers differ in attention type (``config.layer_types``: Gemma 3's sliding and full
+  layers, each with its own rotary); student blocks record each layer's teacher type and the assembled
+  config's ``layer_types`` follows them, so a dropped layer stays a stock config;
+- ``norm_identity``: the norm weight that scales by 1 (Gemma stores 1 + w: 0), where ``reinit`` starts norms.
 ``tiny`` holds the fields of the family's tiny random teacher (``teacher.source: random:tiny-<model_type>``)
 beyond the shared ones.
 """
@@ -40,12 +47,18 @@ class Traits:
     logits_softcap: str | None = None
     fused_gate_up: bool = False
     window_field: str | None = None
+    embed_scaled: bool = False
+    attention_types: bool = False
+    norm_identity: float = 1.0
+    config_class: str | None = None  # where the names do not follow the prefix (Gemma 3: Gemma3TextConfig)
+    module_name: str | None = None  # transformers.models.<module_name> (default: model_type)
     dropout_keys: tuple[str, ...] = ("attention_dropout",)
     tiny: dict = field(default_factory=dict)
 
     @property
     def module(self) -> str:
-        return f"transformers.models.{self.model_type}.modeling_{self.model_type}"
+        name = self.module_name or self.model_type
+        return f"transformers.models.{name}.modeling_{name}"
 
     @property
     def mlp_channels(self) -> dict[str, int]:
@@ -72,6 +85,32 @@ TRAITS: tuple[Traits, ...] = (
         "olmo2",
         "Olmo2",
         norms=("post_attention_layernorm", "post_feedforward_layernorm", "q_norm", "k_norm"),
+    ),
+    Traits(
+        "gemma3_text",
+        "Gemma3",
+        config_class="Gemma3TextConfig",
+        module_name="gemma3",
+        norms=(
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "q_norm",
+            "k_norm",
+        ),
+        embed_scaled=True,
+        logits_softcap="final_logit_softcapping",
+        window_field="sliding_window",
+        attention_types=True,
+        norm_identity=0.0,
+        tiny={
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            "final_logit_softcapping": 30.0,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+        },
     ),
     Traits(
         "phi3",

@@ -25,7 +25,7 @@ from zgdata.layout import Layout
 
 SOURCES = {
     "llama": "random:tiny",
-    **{t: f"random:tiny-{t}" for t in ("qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3")},
+    **{t: f"random:tiny-{t}" for t in ("qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3", "gemma3_text")},
 }
 TIED = {"llama", "gpt2"}  # the tiny teachers that tie their LM head to the embeddings
 
@@ -119,6 +119,8 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
     ).eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     assert type(student) is type(teacher) is family(name).causal_lm()
+    # Gemma 3's sliding and full layers stay where they were (block b01 starts with a full layer)
+    assert getattr(student.config, "layer_types", None) == getattr(teacher.config, "layer_types", None)
     ids = _heldout_ids(layout)
     with torch.no_grad():
         a, b = student(input_ids=ids).logits, teacher(input_ids=ids).logits
@@ -264,12 +266,14 @@ def test_conversions_use_the_family_layout(name):
 
     dropped = convert("drop_layers", tensors, config, TrainConfig(keep_layers=[1]), x, torch.Generator())
     assert dropped.weights().keys() == {f"layers.0.{k}" for k in layers[2]}
+    assert dropped.layer_types == fam.layer_types(config, [2])  # Gemma 3: the kept layer's own type (full)
     assert all(torch.equal(v, tensors[f"layers.2.{k.split('.', 2)[2]}"]) for k, v in dropped.weights().items())
     fresh = convert("reinit", tensors, config, TrainConfig(), x, torch.Generator().manual_seed(1))
     norms = {n: p for n, p in fresh.named_parameters() if fam.is_layer_norm(n)}
     # 2 layers x the family's norms (GPT-2's LayerNorms have biases; OLMo 2 norms q and k too)
     assert len(norms) == 2 * len(fam.layer_norms) * (2 if name == "gpt2" else 1) >= 4
-    assert all(torch.equal(p, torch.full_like(p, 1.0 if n.endswith("weight") else 0.0)) for n, p in norms.items())
+    one = fam.norm_identity  # Gemma's norms scale by 1 + w
+    assert all(torch.equal(p, torch.full_like(p, one if n.endswith("weight") else 0.0)) for n, p in norms.items())
 
 
 def _save_model_dir(path, config) -> None:

@@ -53,21 +53,28 @@ def _load(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> Stud
     return block
 
 
+def _types(config, tensors, keep=None) -> list[str] | None:
+    """The teacher layers' attention types, where the family has several (Gemma 3); None otherwise."""
+    idx = list(_teacher_layers(tensors))
+    return family_of(config).layer_types(config, idx if keep is None else [idx[i] for i in keep])
+
+
 @register("identity")
 def identity(tensors, config, cfg, sample, gen) -> StudentBlock:
     layers = list(_teacher_layers(tensors).values())
-    return _load(StudentBlock(config, [family_of(config).width(config)] * len(layers)), layers)
+    width = family_of(config).width(config)
+    return _load(StudentBlock(config, [width] * len(layers), layer_types=_types(config, tensors)), layers)
 
 
 @register("reinit")
 def reinit(tensors, config, cfg, sample, gen) -> StudentBlock:
     n = len(_teacher_layers(tensors))
     fam = family_of(config)
-    block = StudentBlock(config, [fam.width(config)] * n)
+    block = StudentBlock(config, [fam.width(config)] * n, layer_types=_types(config, tensors))
     with torch.no_grad():
         for name, p in block.named_parameters():
-            if fam.is_layer_norm(name):  # norms start as identity: weight 1, bias 0; no draw
-                p.fill_(1.0 if name.endswith(".weight") else 0.0)
+            if fam.is_layer_norm(name):  # norms start as identity: weight 1 (Gemma's 1 + w: 0), bias 0; no draw
+                p.fill_(fam.norm_identity if name.endswith(".weight") else 0.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * config.initializer_range)
     return block
@@ -83,7 +90,10 @@ def drop_layers(tensors, config, cfg, sample, gen) -> StudentBlock:
             key="train.keep_layers",
             fix=f"give sorted offsets within [0, {len(layers) - 1}], e.g. [0, {len(layers) - 1}]",
         )
-    return _load(StudentBlock(config, [family_of(config).width(config)] * len(keep)), [layers[i] for i in keep])
+    block = StudentBlock(
+        config, [family_of(config).width(config)] * len(keep), layer_types=_types(config, tensors, keep)
+    )
+    return _load(block, [layers[i] for i in keep])
 
 
 @register("prune_mlp")
@@ -102,7 +112,7 @@ def prune_mlp(tensors, config, cfg, sample, gen) -> StudentBlock:
         order = torch.sort(-score, stable=True).indices[:keep_n]
         idx = torch.sort(order).values
         pruned.append(fam.prune_mlp(layer, idx))  # Llama: gate/up rows, down columns; GPT-2: Conv1D + biases
-    return _load(StudentBlock(config, [keep_n] * len(layers)), pruned)
+    return _load(StudentBlock(config, [keep_n] * len(layers), layer_types=_types(config, tensors)), pruned)
 
 
 @register("window_attention")
@@ -110,7 +120,7 @@ def window_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
     """The teacher's layers copied whole; each layer's attention sees only its last ``train.window`` tokens."""
     layers = list(_teacher_layers(tensors).values())
     n, width = len(layers), family_of(config).width(config)
-    return _load(StudentBlock(config, [width] * n, [cfg.window] * n), layers)
+    return _load(StudentBlock(config, [width] * n, [cfg.window] * n, _types(config, tensors)), layers)
 
 
 _unbuilt = [name for name, fn in CONVERSIONS.items() if fn is None]

@@ -5,7 +5,9 @@ It runs the teacher family's own decoder-layer class exactly as the teacher's fo
 for GPT-2 whose positions are in boundary 0 already; sdpa causal attention, no mask), so an
 identity block reproduces the teacher's boundary bit for bit. Dropout is off in a block's
 layers: a block trains deterministically toward the teacher's function. A layer with a window
-(``windows``, None: full attention) attends to its last W positions only (zgtrain/block/window.py).
+(``windows``, None: full attention) attends to its last W positions only (zgtrain/block/window.py). Families
+whose layers differ in attention type (Gemma 3: sliding and full, each with its own rotary) build each layer
+as the teacher layer it came from (``layer_types``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ def layer_config(config, intermediate_size: int):
 
 
 class StudentBlock(nn.Module):
-    def __init__(self, config, intermediate_sizes: list[int], windows: list[int | None] | None = None):
+    def __init__(
+        self,
+        config,
+        intermediate_sizes: list[int],
+        windows: list[int | None] | None = None,
+        layer_types: list[str] | None = None,
+    ):
         super().__init__()
         fam = family_of(config)
         self.family = fam
@@ -32,8 +40,11 @@ class StudentBlock(nn.Module):
         self.windows = list(windows) if windows is not None else [None] * len(self.intermediate_sizes)
         if len(self.windows) != len(self.intermediate_sizes):
             raise ValueError(f"{len(self.windows)} windows for {len(self.intermediate_sizes)} layers")
+        # the teacher's attention type of each layer, where the family has several (Gemma 3); None: one type
+        self.layer_types = list(layer_types) if layer_types is not None else None
+        types = self.layer_types or [None] * len(self.intermediate_sizes)
         self.layers = nn.ModuleList(
-            fam.make_layer(fam.layer_config(config, m), i) for i, m in enumerate(intermediate_sizes)
+            fam.make_layer(fam.layer_config(config, m), i, t) for i, (m, t) in enumerate(zip(intermediate_sizes, types))
         )
         add_windows(self.layers, self.windows)
         rotary = fam.rotary(fam.layer_config(config, fam.width(config)))

@@ -224,6 +224,7 @@ def setup(
         "teacher_layers": smeta["layers"],
         "intermediate_sizes": block.intermediate_sizes,
         "windows": block.windows,
+        **({"layer_types": block.layer_types} if block.layer_types is not None else {}),
         "params": sum(p.numel() for p in block.parameters()),
         "teacher_params": sum(v.numel() for v in tensors.values()),
         "steps": cfg.steps,

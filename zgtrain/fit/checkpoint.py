@@ -221,7 +221,8 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
             fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`",
         )
     config = config_from_dict(meta["teacher_config"])
-    block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"))  # no "windows": full attention
+    # no "windows": full attention; "layer_types" only where the family has several (zgdata/families.py)
+    block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"), meta.get("layer_types"))
     if which == "final":
         check_weights(d, meta)
     weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)

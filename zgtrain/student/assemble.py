@@ -102,7 +102,8 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     fam = family_of(hmeta["config"])
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
     windows = [w for _, b, _ in blocks for w in b.windows]
-    config = fam.student_config(hmeta["config"], sizes)
+    types = [t for _, b, _ in blocks for t in (b.layer_types or [])] or None  # Gemma 3: each layer's teacher type
+    config = fam.student_config(hmeta["config"], sizes, types)
     uniform = len(set(sizes)) == 1 and not any(w is not None for w in windows)
     model_cls = fam.causal_lm()
     if not uniform:  # per-layer widths or windows: a config subclass plus modeling code shipped with the model

@@ -113,7 +113,8 @@ def test_shipped_modeling_file_runs_the_same_window_as_the_student_blocks(name, 
     with torch.no_grad():
         h = fam.embed(fam.inner(loaded), ids)
         for lo in (0, 2):
-            block = StudentBlock(teacher.config, [width] * 2, windows[lo : lo + 2]).eval()
+            types = fam.layer_types(teacher.config, [lo, lo + 1])  # Gemma 3: each layer's teacher type
+            block = StudentBlock(teacher.config, [width] * 2, windows[lo : lo + 2], types).eval()
             block.load_state_dict(
                 {f"layers.{j}.{k}": v for j in (0, 1) for k, v in layers[lo + j].items()}, strict=False
             )
