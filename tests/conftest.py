@@ -33,6 +33,10 @@ os.environ.setdefault("GIT_COMMITTER_EMAIL", "zg-tests@example.invalid")
 os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"  # `zg` and `dvc` of this venv
 os.environ["ZG_QUIET"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+# every dvc command otherwise starts a detached `dvc daemon analytics` process (a Python start and a DVC import
+# each, competing with the tests for the CPUs, and sending nothing from a machine without internet)
+os.environ["DVC_NO_ANALYTICS"] = "1"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # likewise Ray's usage report at each cluster start
 
 
 def zg(*args, cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
