@@ -27,12 +27,13 @@ def capture(
     model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype
 ) -> dict[int, torch.Tensor]:
     """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed."""
-    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+    fam = family_of(model.config)
+    want_attn = fam.attn_implementation  # ATTN_IMPLEMENTATION but for families transformers runs only eager (Gemma 2)
+    if model.config._attn_implementation != want_attn:
         raise ZgError(
-            f"teacher attention is '{model.config._attn_implementation}', capture needs '{ATTN_IMPLEMENTATION}'",
+            f"teacher attention is '{model.config._attn_implementation}', capture needs '{want_attn}'",
             fix="load the teacher with zgdata.teacher.prepare.load_teacher",
         )
-    fam = family_of(model.config)
     inner, blocks = fam.inner(model), fam.layers(model)
     depth = len(blocks)
     if max(layers) > depth or min(layers) < 0:

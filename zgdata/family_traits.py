@@ -17,6 +17,10 @@ layer (the layer itself always runs as transformers wrote it):
 - ``attention_types``: layers differ in attention type (``config.layer_types``: Gemma 3's sliding and full
   layers, each with its own rotary); student blocks record each layer's teacher type and the assembled
   config's ``layer_types`` follows them, so a dropped layer stays a stock config;
+- ``rotary_per_type``: one rotary per attention type (Gemma 3's local and global bases);
+- ``attention``: the attention implementation capture, blocks and students run (``eager`` for Gemma 2, whose
+  attention soft-capping transformers runs only there); with eager, every layer gets the mask the model's
+  own forward builds (transformers' masking_utils), since eager attention has no implicit causal mask;
 - ``norm_identity``: the norm weight that scales by 1 (Gemma stores 1 + w: 0), where ``reinit`` starts norms.
 ``tiny`` holds the fields of the family's tiny random teacher (``teacher.source: random:tiny-<model_type>``)
 beyond the shared ones.
@@ -49,6 +53,8 @@ class Traits:
     window_field: str | None = None
     embed_scaled: bool = False
     attention_types: bool = False
+    rotary_per_type: bool = False
+    attention: str = "sdpa"
     norm_identity: float = 1.0
     config_class: str | None = None  # where the names do not follow the prefix (Gemma 3: Gemma3TextConfig)
     module_name: str | None = None  # transformers.models.<module_name> (default: model_type)
@@ -103,11 +109,34 @@ TRAITS: tuple[Traits, ...] = (
         logits_softcap="final_logit_softcapping",
         window_field="sliding_window",
         attention_types=True,
+        rotary_per_type=True,
         norm_identity=0.0,
         tiny={
             "sliding_window": 64,
             "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
             "final_logit_softcapping": 30.0,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+        },
+    ),
+    Traits(
+        "gemma2",
+        "Gemma2",
+        norms=(
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ),
+        embed_scaled=True,
+        logits_softcap="final_logit_softcapping",
+        window_field="sliding_window",
+        attention_types=True,
+        attention="eager",
+        norm_identity=0.0,
+        tiny={
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
             "head_dim": 16,
             "query_pre_attn_scalar": 16,
         },

@@ -25,7 +25,9 @@ from zgdata.layout import Layout
 
 SOURCES = {
     "llama": "random:tiny",
-    **{t: f"random:tiny-{t}" for t in ("qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3", "gemma3_text")},
+    **{
+        t: f"random:tiny-{t}" for t in ("qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3", "gemma2", "gemma3_text")
+    },
 }
 TIED = {"llama", "gpt2"}  # the tiny teachers that tie their LM head to the embeddings
 
@@ -115,7 +117,7 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
     summary = assemble(project_of(root), layout=layout)
     assert summary.family == name and summary.remote_code is False
     student = AutoModelForCausalLM.from_pretrained(
-        layout.student, dtype=torch.float32, attn_implementation="sdpa"
+        layout.student, dtype=torch.float32, attn_implementation=family(name).attn_implementation
     ).eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     assert type(student) is type(teacher) is family(name).causal_lm()

@@ -343,7 +343,9 @@ def load_teacher_checked(
     if per_layer and getattr(torch, teacher["dtype"]).itemsize < getattr(torch, dtype).itemsize:
         load = teacher["dtype"]
     model = AutoModelForCausalLM.from_pretrained(
-        layout.teacher_hf, dtype=getattr(torch, load), attn_implementation="sdpa"
+        layout.teacher_hf,
+        dtype=getattr(torch, load),
+        attn_implementation=family(teacher["architecture"]["model_type"]).attn_implementation,  # sdpa; Gemma 2 eager
     ).eval()
     if load != dtype:
         setattr(model, COMPUTE_ATTR, getattr(torch, dtype))

@@ -242,6 +242,9 @@ _CODE = {
         "zgtrain/student/card.py",
     ],
 }
+for _deps in _CODE.values():  # zgdata/families.py's parts: the adapter interface, the dense families, their traits
+    if "zgdata/families.py" in _deps:
+        _deps += ["zgdata/family_base.py", "zgdata/family_dense.py", "zgdata/family_traits.py"]
 _CODE["virtual"] = ["zgdata/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 _CODE["variant"] = _CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
 _CODE["search"] = ["zgtrain/search/solve.py", "zgtrain/search/variants.py"]

@@ -110,7 +110,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
         config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows, **fields)
         model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = fam.attn_implementation
     state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
     for _, block, _ in blocks:

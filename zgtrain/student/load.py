@@ -166,7 +166,7 @@ def _check_weight_files(folder: Path) -> None:
 
 
 def load_student(folder: Path, *, dtype=None):
-    """The student as a transformers model in eval mode, with sdpa attention."""
+    """The student as a transformers model in eval mode, with sdpa attention (the family's: Gemma 2 eager)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -176,8 +176,9 @@ def load_student(folder: Path, *, dtype=None):
     remote = _remote_code_allowed(folder)
     _check_weight_files(folder)
     check_checksums(folder)
+    fam = family(json.loads((folder / "zerograph.json").read_text()).get("family", "llama"))  # read above
     return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype or torch.float32, trust_remote_code=remote, attn_implementation="sdpa"
+        folder, dtype=dtype or torch.float32, trust_remote_code=remote, attn_implementation=fam.attn_implementation
     ).eval()
 
 

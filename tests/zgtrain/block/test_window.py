@@ -77,7 +77,9 @@ def test_a_windowed_layer_sees_exactly_its_last_w_tokens(name):
     teacher = convert("identity", _slice(model, name, (1,)), model.config, TrainConfig(), x, torch.Generator()).eval()
     with torch.no_grad():
         got = _block(name, model, (1,), w, x)(x)
-        assert torch.equal(got[:, :w], teacher(x[:, :w]))
+        # eager attention (Gemma 2) is not bitwise length-invariant: there the unwindowed run over the same tokens
+        prefix = teacher(x)[:, :w] if family(name).attn_implementation == "eager" else teacher(x[:, :w])
+        assert torch.equal(got[:, :w], prefix)
         for t in range(w, x.shape[1]):
             alone = teacher(x[:, t - w + 1 : t + 1])[:, -1]
             torch.testing.assert_close(got[:, t], alone, rtol=1e-4, atol=1e-5)
