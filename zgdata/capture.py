@@ -42,7 +42,6 @@ def capture(
             key="partition.boundaries",
             fix=f"keep every boundary within [0, {depth}]",
         )
-    fam.check_length(model.config, input_ids.shape[-1])
     want = set(layers)
     wide = compute_dtype(model)  # a teacher loaded per_layer: widen what runs, while it runs (zgdata.widen)
     with widened([m for m in inner.children() if m is not blocks], wide):

@@ -60,9 +60,6 @@ class Family:
     def check_model(self, model) -> None:
         """Refuse a loaded teacher whose modules are not the ones this adapter runs (``zg teacher prepare``)."""
 
-    def check_length(self, config, length: int) -> None:
-        """Refuse sequences the layer-by-layer run would not capture as the model's forward does."""
-
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What the causal LM does to ``lm_head(norm(h))`` (soft-capping, scaling); nothing by default."""
         return logits

@@ -87,16 +87,6 @@ class DenseFamily(RotaryFamily):
                 fix=f"use a stock {self.model_class} checkpoint, or extend the {self.model_type} adapter in {WHERE}",
             )
 
-    def check_length(self, config, length: int) -> None:
-        window = getattr(config, self.traits.window_field, None) if self.traits.window_field else None
-        if window is not None and length > window:
-            raise ZgError(
-                f"sequences of {length} tokens exceed this {self.model_type} teacher's sliding window ({window}); "
-                "zg captures sliding-window layers only within the window",
-                key="corpus.seq_len",
-                fix=f"set corpus.seq_len <= {window}",
-            )
-
     def student_config(self, config_dict, widths, layer_types=None):
         config = super().student_config(config_dict, widths)
         types = getattr(config, "layer_types", None)
@@ -116,37 +106,40 @@ class DenseFamily(RotaryFamily):
         return super().make_layer(config, index)
 
     def layer_inputs(self, rotary, h):
-        if not self.traits.attention_types:
-            return super().layer_inputs(rotary, h)
+        config = rotary.config  # the teacher's (capture) or the block's layer config: same attention, same window
+        windowed = self.traits.window_field is not None and getattr(config, self.traits.window_field, None) is not None
+        if not (self.traits.attention_types or windowed):
+            return super().layer_inputs(rotary, h)  # Llama's: no mask, sdpa runs causal
         pos = positions(h)
         if self.traits.rotary_per_type:  # one rotary per attention type, as the model's forward computes them
             emb = {t: rotary(h, pos, t) for t in rotary.layer_types}
         else:
-            emb = rotary(h, pos)
-        inputs = {"position_ids": pos, "by_type": emb}
-        if self.attn_implementation != "sdpa":  # eager has no implicit causal mask: the model's own masks
-            from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+            emb = rotary(h, position_ids=pos)
+        return {"position_ids": pos, "position_embeddings": emb, "masks": self.masks(config, h, pos)}
 
-            kw = {
-                "config": rotary.config,
-                "inputs_embeds": h,
-                "attention_mask": None,
-                "cache": None,
-                "position_ids": pos,
-            }
-            inputs["masks"] = {
-                "full_attention": create_causal_mask(**kw),
-                "sliding_attention": create_sliding_window_causal_mask(**kw),
-            }
-        return inputs
+    def masks(self, config, h, pos) -> dict:
+        """{attention type (None: the only one): mask} as the model's own forward builds them with masking_utils:
+        sdpa gets None while the sequence fits the window (then it runs causal), a band beyond it; eager (Gemma 2)
+        always a mask, having no implicit causal one."""
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        kw = {"config": config, "inputs_embeds": h, "attention_mask": None, "cache": None, "position_ids": pos}
+        if not self.traits.attention_types:
+            return {None: create_sliding_window_causal_mask(**kw)}
+        return {
+            "full_attention": create_causal_mask(**kw),
+            "sliding_attention": create_sliding_window_causal_mask(**kw),
+        }
 
     def call_layer(self, layer, h, inputs):
-        if "by_type" not in inputs:
+        if "masks" not in inputs:
             return super().call_layer(layer, h, inputs)
-        kind = layer.self_attn.layer_type
-        emb = inputs["by_type"][kind] if isinstance(inputs["by_type"], dict) else inputs["by_type"]
-        mask = inputs["masks"][kind] if "masks" in inputs else None
-        return layer(h, attention_mask=mask, position_embeddings=emb, position_ids=inputs["position_ids"])
+        kind = layer.self_attn.layer_type if self.traits.attention_types else None
+        emb = inputs["position_embeddings"]
+        emb = emb[kind] if isinstance(emb, dict) else emb
+        return layer(
+            h, attention_mask=inputs["masks"][kind], position_embeddings=emb, position_ids=inputs["position_ids"]
+        )
 
     def rebuild_buffers(self, model, config):
         super().rebuild_buffers(model, config)

@@ -9,9 +9,10 @@ layer (the layer itself always runs as transformers wrote it):
 - ``norms``: the norm modules inside a layer, after attention and MLP included (OLMo 2) and q/k norms;
 - ``fused_gate_up``: the MLP's gate and up projections are one tensor, gate rows first (Phi-3), so pruning
   MLP channels selects the same rows in both halves;
-- ``window_field``: a config field giving layers a sliding window (Mistral, Phi-3: every layer; Gemma 3: its
-  sliding layers); boundaries are captured only for sequences within it (a longer one is refused at capture
-  with one line);
+- ``window_field``: a config field giving layers a sliding window (Mistral, Phi-3: every layer; Gemma 2/3:
+  their sliding layers); each layer then gets the mask the model's own forward builds (transformers'
+  masking_utils: none while the sequence fits the window, a band beyond it), in capture and in student
+  blocks alike, and the student's stock config keeps the window;
 - ``embed_scaled``: the embedding module multiplies by sqrt(hidden_size) itself (Gemma 3's scaled embedding),
   which ``embed_head`` repeats from the head slice's tensor;
 - ``attention_types``: layers differ in attention type (``config.layer_types``: Gemma 3's sliding and full
@@ -19,8 +20,8 @@ layer (the layer itself always runs as transformers wrote it):
   config's ``layer_types`` follows them, so a dropped layer stays a stock config;
 - ``rotary_per_type``: one rotary per attention type (Gemma 3's local and global bases);
 - ``attention``: the attention implementation capture, blocks and students run (``eager`` for Gemma 2, whose
-  attention soft-capping transformers runs only there); with eager, every layer gets the mask the model's
-  own forward builds (transformers' masking_utils), since eager attention has no implicit causal mask;
+  attention soft-capping transformers runs only there; eager attention has no implicit causal mask: every
+  layer gets the model's own masks);
 - ``norm_identity``: the norm weight that scales by 1 (Gemma stores 1 + w: 0), where ``reinit`` starts norms.
 ``tiny`` holds the fields of the family's tiny random teacher (``teacher.source: random:tiny-<model_type>``)
 beyond the shared ones.
@@ -74,7 +75,7 @@ class Traits:
 
 
 TRAITS: tuple[Traits, ...] = (
-    Traits("mistral", "Mistral", window_field="sliding_window", tiny={"sliding_window": 4096}),
+    Traits("mistral", "Mistral", window_field="sliding_window", tiny={"sliding_window": 16}),  # < corpus.seq_len 64
     Traits(
         "granite",
         "Granite",
@@ -112,7 +113,7 @@ TRAITS: tuple[Traits, ...] = (
         rotary_per_type=True,
         norm_identity=0.0,
         tiny={
-            "sliding_window": 64,
+            "sliding_window": 16,
             "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
             "final_logit_softcapping": 30.0,
             "head_dim": 16,
@@ -135,7 +136,7 @@ TRAITS: tuple[Traits, ...] = (
         attention="eager",
         norm_identity=0.0,
         tiny={
-            "sliding_window": 64,
+            "sliding_window": 16,
             "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
             "head_dim": 16,
             "query_pre_attn_scalar": 16,

@@ -358,36 +358,34 @@ def test_unsupported_kinds_are_refused_with_what_and_where(tmp_path, config_clas
     assert not (root / "models").exists()
 
 
-def test_a_sequence_beyond_the_sliding_window_is_refused_and_one_within_it_is_exact():
-    """Mistral windows every layer: capture runs a layer with no mask (full causal attention), which is the
-    model's own forward only while the sequence fits the window; a longer one is refused with one line."""
-    from transformers import MistralConfig, MistralForCausalLM
-
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3_text"])
+def test_a_sequence_beyond_the_sliding_window_gets_the_models_own_mask(name):
+    """The tiny teachers' windows (16) are shorter than the matrix's sequences (64), so the matrix runs the window
+    path; here it is pinned down on 24 tokens: capture and an identity student block give the model's own
+    hidden states bit for bit, and a layer run without the window's mask would not (position 16 would see
+    position 0)."""
     from zgdata.capture import capture
-    from zgdata.errors import ZgError
+    from zgdata.teacher.prepare import _tiny_teacher
+    from zgtrain.block.conversions import convert
+    from zgtrain.project.config import TrainConfig
 
-    torch.manual_seed(0)
-    config = MistralConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=8,
-        attn_implementation="sdpa",
-    )
-    model = MistralForCausalLM(config).eval()
-    ids = torch.randint(0, 64, (2, 9))
-    with pytest.raises(ZgError, match=r"9 tokens exceed this mistral teacher's sliding window \(8\)") as e:
-        capture(model, ids, [1], storage_dtype=torch.float32)
-    assert e.value.key == "corpus.seq_len"
-    fam = family_of(config)
+    model, _ = _tiny_teacher(name)
+    model = model.eval()
+    model.config._attn_implementation = family(name).attn_implementation
+    fam = family_of(model.config)
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         hs = model(ids, output_hidden_states=True).hidden_states
-        h0 = fam.embed(model.model, ids)
-        unmasked = fam.call_layer(model.model.layers[0], h0, fam.layer_inputs(model.model.rotary_emb, h0))
-        # the refusal is needed: with no mask, position 8 would also see position 0, which the window hides
-        assert torch.equal(unmasked[:, :8], hs[1][:, :8]) and not torch.allclose(unmasked[:, 8], hs[1][:, 8])
-        within = model(ids[:, :8], output_hidden_states=True).hidden_states
-    assert torch.equal(capture(model, ids[:, :8], [1], storage_dtype=torch.float32)[1], within[1])
+        got = capture(model, ids, [0, 1, 2], storage_dtype=torch.float32)
+        assert all(torch.equal(got[k], hs[k]) for k in (0, 1, 2))
+        layers, _ = fam.split_state(model.state_dict())
+        tensors = {f"layers.{i}.{k}": v for i in (0, 1) for k, v in layers[i].items()}
+        block = convert("identity", tensors, model.config, TrainConfig(), hs[0], torch.Generator()).eval()
+        assert torch.equal(block(hs[0]), hs[2])
+        inputs = fam.layer_inputs(model.model.rotary_emb, hs[0])
+        first = model.model.layers[0]  # a sliding layer in every one of these tiny teachers
+        assert inputs["masks"][getattr(first.self_attn, "layer_type", None)] is not None
+        causal = inputs["masks"].get("full_attention")  # sdpa: None (causal); Gemma 2's eager: the causal mask
+        unmasked = fam.call_layer(first, hs[0], {**inputs, "masks": dict.fromkeys(inputs["masks"], causal)})
+        assert torch.equal(unmasked[:, :16], hs[1][:, :16])
+        assert not torch.allclose(unmasked[:, 16:], hs[1][:, 16:], rtol=1e-4, atol=1e-5)
