@@ -389,3 +389,44 @@ def test_a_sequence_beyond_the_sliding_window_gets_the_models_own_mask(name):
         unmasked = fam.call_layer(first, hs[0], {**inputs, "masks": dict.fromkeys(inputs["masks"], causal)})
         assert torch.equal(unmasked[:, :16], hs[1][:, :16])
         assert not torch.allclose(unmasked[:, 16:], hs[1][:, 16:], rtol=1e-4, atol=1e-5)
+
+
+def test_an_unknown_variant_of_a_known_family_is_refused(tmp_path):
+    """What zg derives from the loaded model is checked at `zg teacher prepare`: a layer class that is not the
+    family's own (here a subclass of it, as remote code might bring) is one line; so is a Gemma 3 config asking for attention
+    soft-capping, which sdpa capture would silently drop."""
+    from transformers import Gemma3TextConfig
+    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
+
+    from zgdata.errors import ZgError
+    from zgdata.teacher.prepare import _tiny_teacher
+    from zgtrain.project.pipeline import dump_params, profile_params
+
+    model, _ = _tiny_teacher("mistral")
+    family_of(model.config).check_model(model)  # the stock model passes
+    model.model.layers[1] = type("VariantLayer", (MistralDecoderLayer,), {})(model.config, layer_idx=1)
+    with pytest.raises(ZgError, match="not the MistralForCausalLM layout zg captures") as e:
+        family_of(model.config).check_model(model)
+    assert e.value.key == "teacher.source" and "\n" not in str(e.value)
+
+    teacher = tmp_path / "teacher"
+    _save_model_dir(
+        teacher,
+        Gemma3TextConfig(
+            vocab_size=257,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            attn_logit_softcapping=50.0,
+        ),
+    )
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "params.yaml").write_text(dump_params(profile_params("tiny")))
+    set_params(root, {"teacher.source": str(teacher), "partition.boundaries": [0, 1, 2]})
+    res = zg_main("teacher", "prepare", cwd=root, check=False)
+    assert_user_error(res, "teacher.source", "soft-caps attention logits", "attn_logit_softcapping")
+    assert not (root / "models").exists()
