@@ -430,3 +430,32 @@ def test_an_unknown_variant_of_a_known_family_is_refused(tmp_path):
     res = zg_main("teacher", "prepare", cwd=root, check=False)
     assert_user_error(res, "teacher.source", "soft-caps attention logits", "attn_logit_softcapping")
     assert not (root / "models").exists()
+
+
+def test_a_student_with_a_dropped_layer_round_trips(pruned, tmp_path):
+    """b00 keeps only teacher layer 1 (drop_layers, no steps) beside b01's pruned pair: three layers of two widths,
+    through zg's modeling file; each layer keeps its teacher layer's attention type (Gemma) and weights."""
+    from zgdata.teacher.prepare import load_teacher
+    from zgtrain.student.assemble import assemble
+    from zgtrain.student.load import load_student
+
+    name, src = pruned
+    root = copy_project(src, tmp_path / "proj")
+    layout = Layout(root)
+    _train_all(
+        root,
+        {"blocks.b00.conversion": "drop_layers", "blocks.b00.keep_layers": [1], "blocks.b00.steps": 0},
+        keys=("b00",),
+    )
+    assemble(project_of(root), layout=layout)
+    width = read_json(layout.teacher_json)["architecture"]["intermediate_size"]
+    assert read_json(layout.student / "zerograph.json")["intermediate_sizes"] == [width, width // 2, width // 2]
+    model = load_student(layout.student)
+    teacher, _ = load_teacher(layout, with_tokenizer=False)
+    fam = family(name)
+    types = getattr(teacher.config, "layer_types", None)
+    assert getattr(model.config, "layer_types", None) == (types and [types[i] for i in (1, 2, 3)])
+    got, want = fam.split_state(model.state_dict())[0][0], fam.split_state(teacher.state_dict())[0][1]
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    out = model.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    assert out.shape == (1, 6)
