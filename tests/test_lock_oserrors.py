@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 import torch
 from conftest import BIN, assert_user_error, read_json, run, tree_sha256, zg
+from zgd_helpers import journal_rows
 
 from zgdata.errors import from_os_error
 from zgdata.layout import Layout
@@ -76,14 +77,6 @@ def _finish(proc: subprocess.Popen, log: Path) -> str:
             proc.wait()
     assert proc.returncode == 0, f"the first run failed ({proc.returncode}): {log.read_text()}"
     return out
-
-
-def _journal_rows(root: Path) -> int:
-    best = 0
-    for j in (root / "data" / ".staging").glob("*/journal.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            best = max(best, json.loads(j.read_text())["rows_done"])
-    return best
 
 
 def _expected_rows(root: Path) -> int:
@@ -153,7 +146,7 @@ def test_second_materialize_is_refused_and_the_first_publishes_exact_rows(tiny_b
     log = root.parent / "first.stderr"
     first = _start(root, "data", "materialize", env={"ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "0.5"}, log=log)
     try:
-        _wait_for(first, lambda: _journal_rows(root) > 0, log, "a journaled commit")
+        _wait_for(first, lambda: journal_rows(root) > 0, log, "a journaled commit")
         with _stopped(first, root, "materialize"):
             staged = tree_sha256(root / "data" / ".staging")
             second = zg("data", "materialize", cwd=root, check=False)
@@ -248,9 +241,9 @@ def test_full_disk_during_materialize_is_one_line_and_a_rerun_resumes(tiny_built
         log = root.parent / "full.stderr"
         first = _start(root, "data", "materialize", env={"ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "0.5"}, log=log)
         try:
-            _wait_for(first, lambda: _journal_rows(root) > 0, log, "a journaled commit")
+            _wait_for(first, lambda: journal_rows(root) > 0, log, "a journaled commit")
             with _stopped(first, root, "materialize"):
-                done = _journal_rows(root)
+                done = journal_rows(root)
                 filler = _fill(data)  # the next commit finds the disk full
             first.communicate(timeout=600)
         finally:

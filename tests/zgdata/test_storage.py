@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 import torch
 import yaml
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import boundary_bits, edit_params, kill_9_when, overwrite_table
 
 from zgdata.boundaries import open_boundary
@@ -128,22 +128,22 @@ def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
 
 
 def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
-    from test_materialize import _journal_rows
+    from zgd_helpers import journal_rows
 
     root = tiny_project
     edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
     proc = kill_9_when(
-        lambda: _journal_rows(root) > 0,
+        lambda: journal_rows(root) > 0,
         ["data", "materialize"],
         root,
         {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"},
         root.parent / "killed.stderr",
         "the first journaled commit",
     )
-    done = _journal_rows(root)
+    done = journal_rows(root)
     assert proc.returncode == -signal.SIGKILL and 0 < done < 56
-    res = zg("data", "materialize", "--json", cwd=root)
+    res = zg_main("data", "materialize", "--json", cwd=root)
     assert json.loads(res.stdout)["resumed_from"] == done
     _assert_same_values(root, tiny_built)
     assert all(

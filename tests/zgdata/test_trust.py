@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lance
 import pytest
-from conftest import assert_user_error, run, zg
+from conftest import assert_user_error, run, zg_main
 
 from zgdata import trust
 from zgdata.errors import ZgError
@@ -63,7 +63,7 @@ def test_a_remote_that_rewrites_a_row_and_its_checksum_is_refused_before_trainin
     # the per-row checksums, stored beside the data, agree with the poisoned bytes: they cannot catch this
     assert mismatched_rows(lance.dataset(str(pulled)).to_table(columns=["hidden", CHECKSUM_COLUMN])) == []
 
-    res = zg("train", "block", "b01", cwd=b, check=False)
+    res = zg_main("train", "block", "b01", cwd=b, check=False)
     assert_user_error(res, f"data/boundaries/h02.lance/data/{name} does not match dvc.lock", "dvc checkout")
     assert not (b / "models/blocks/b01").exists()
 
@@ -104,19 +104,19 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
     root = tmp_path / "p"
     shutil.copytree(reproduced, root, symlinks=True)
     (root / trust.STATE).unlink(missing_ok=True)
-    res = zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root)
+    res = zg_main("data", "verify", "--full", "--lineage-only", "--json", cwd=root)
     counts = json.loads(res.stdout)["trust"]
     in_git = trust._in_git(root)
     want = sum((root / p).exists() and p not in in_git for p in trust.recorded(root))
     assert counts["outputs"] == want > 5 and counts["hashed"] > 0
-    again = json.loads(zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root).stdout)["trust"]
+    again = json.loads(zg_main("data", "verify", "--full", "--lineage-only", "--json", cwd=root).stdout)["trust"]
     assert again == {"outputs": want, "hashed": 0, "cached": counts["hashed"] + counts["cached"]}
 
     shard = sorted((root / "data/tokens.lance/data").iterdir())[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 1  # one bit, same size: only the md5 can tell
     shard.write_bytes(bytes(data))
-    res = zg("data", "verify", "--full", "--lineage-only", "--json", cwd=root, check=False)
+    res = zg_main("data", "verify", "--full", "--lineage-only", "--json", cwd=root, check=False)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     (failure,) = json.loads(res.stdout)["failures"]
     assert (
@@ -124,5 +124,7 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
         "the one git records)"
     )
     assert "dvc checkout data/tokens.lance" in failure["fix"]
-    plain = zg("data", "verify", "--lineage-only", cwd=root, check=False)  # without --full: the tokens are not read
+    plain = zg_main(
+        "data", "verify", "--lineage-only", cwd=root, check=False
+    )  # without --full: the tokens are not read
     assert plain.returncode == 0, plain.stderr

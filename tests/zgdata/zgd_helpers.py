@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -93,3 +94,14 @@ def kill_9_when(ready, args: list[str], cwd: Path, env: dict, stderr_path: Path,
                 proc.kill()
                 proc.wait()
     return proc
+
+
+def journal_rows(root: Path) -> int:
+    """Rows a running materialize has committed so far (its staging journal; 0 before the first commit)."""
+    best = 0
+    for j in (root / "data" / ".staging").glob("*/journal.json"):
+        try:
+            best = max(best, json.loads(j.read_text())["rows_done"])
+        except (OSError, ValueError, KeyError):
+            pass  # not written yet
+    return best

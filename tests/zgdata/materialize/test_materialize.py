@@ -16,6 +16,7 @@ from zgd_helpers import (
     assert_user_error,
     boundary_bits,
     edit_params,
+    journal_rows,
     kill_9_when,
     read_json,
     set_schema_meta,
@@ -111,16 +112,6 @@ def _ahead_of_journal(root) -> list[str]:
     return out
 
 
-def _journal_rows(root) -> int:
-    best = 0
-    for j in (root / "data" / ".staging").glob("*/journal.json"):
-        try:
-            best = max(best, json.loads(j.read_text())["rows_done"])
-        except (OSError, ValueError, KeyError):
-            pass  # not written yet
-    return best
-
-
 @pytest.mark.parametrize("failpoint", ["ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "ZG_FAILPOINT_SLEEP_MID_COMMIT"])
 def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failpoint):
     """Killed after a journaled commit, or half-way through one (some boundaries appended, the journal
@@ -132,7 +123,7 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
     shutil.rmtree(root / "data" / "boundaries")
     mid = failpoint.endswith("MID_COMMIT")
     proc = kill_9_when(
-        lambda: _journal_rows(root) > 0 and (not mid or bool(_ahead_of_journal(root))),
+        lambda: journal_rows(root) > 0 and (not mid or bool(_ahead_of_journal(root))),
         ["data", "materialize"],
         root,
         {**os.environ, failpoint: "1.0"},
@@ -140,7 +131,7 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
         "the first journaled commit",
     )
     assert proc.returncode == -signal.SIGKILL, "materialize finished before it was killed"
-    done = _journal_rows(root)
+    done = journal_rows(root)
     assert 0 < done < n_rows
     if failpoint.endswith("MID_COMMIT"):
         assert _ahead_of_journal(root), "the kill did not land inside a commit"

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import zg
+from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 
 from zgdata.config import PartitionConfig, TeacherConfig
@@ -51,7 +51,7 @@ def test_bad_teacher_source(tiny_project, tmp_path, case):
         source, needle = case, "unknown teacher alias"
     edit_params(tiny_project, teacher={"source": source})
     before = tree_sha256(tiny_project / "models" / "teacher")
-    res = zg("teacher", "prepare", cwd=tiny_project, check=False)
+    res = zg_main("teacher", "prepare", cwd=tiny_project, check=False)
     assert_user_error(res, "teacher.source", needle)
     assert tree_sha256(tiny_project / "models" / "teacher") == before  # the prepared teacher is untouched
 

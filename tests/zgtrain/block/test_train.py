@@ -17,7 +17,7 @@ import shutil
 import lance
 import pytest
 import torch
-from conftest import zg, zg_main
+from conftest import zg_main
 from safetensors.torch import load_file
 from zgt_helpers import (
     assert_user_error,
@@ -41,7 +41,7 @@ from zgtrain.fit.schedule import block_seed
 
 
 def _train_json(root, *args, env=None) -> dict:
-    return json.loads(zg("train", "block", "b00", "--json", *args, cwd=root, env=env).stdout)
+    return json.loads(zg_main("train", "block", "b00", "--json", *args, cwd=root, env=env).stdout)
 
 
 def _block_files(root) -> set[str]:
@@ -248,7 +248,7 @@ def test_block_pair_outside_the_partition_is_refused(tiny_project):
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_project):
     set_params(tiny_project, {"train.lr": 1.0e6, "train.checkpoint_every": 1, "train.grad_clip": 0})
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     line = assert_user_error(res, "blocks.b00", "loss became", "--restart")
     assert "nan" in line or "inf" in line
     d = tiny_project / "models" / "blocks" / "b00"
@@ -267,7 +267,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_project):
 def test_absurd_learning_rate_is_a_clear_error_not_a_traceback(tiny_project):
     # At lr 1e38 AdamW's Python-float step size overflows before any tensor turns non-finite.
     set_params(tiny_project, {"train.lr": 1.0e38, "train.checkpoint_every": 1, "train.grad_clip": 0})
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     line = assert_user_error(res, "blocks.b00", "lower train.lr", "--restart")
     d = tiny_project / "models" / "blocks" / "b00"
     meta = read_json(d / "meta.json")

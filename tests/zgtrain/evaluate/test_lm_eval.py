@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 import yaml
-from conftest import run, zg
+from conftest import run, zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
 pytest.importorskip("lm_eval")
@@ -60,7 +60,7 @@ def test_lm_eval_stage_runs_offline_on_teacher_student_and_repaired(reproduced, 
     set_params(
         root, {"blocks.b01.prune_ratio": 0.75, "lm_eval.tasks": [NEXTLINE], "lm_eval.limit": LIMIT, "repair.steps": 3}
     )
-    zg("pipeline", cwd=root)
+    zg_main("pipeline", cwd=root)
     stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["lm_eval"]
     assert "models/repaired" in stage["deps"] and "repair.steps" in stage["params"]
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # nothing cached
@@ -139,7 +139,7 @@ def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
     It is refused before any model is loaded: this project has no student yet."""
     before = tree_sha256(tiny_project)
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
-    res = zg("train", "lm-eval", "hellaswag", cwd=tiny_project, check=False, env=env)
+    res = zg_main("train", "lm-eval", "hellaswag", cwd=tiny_project, check=False, env=env)
     assert_user_error(
         res,
         "hellaswag",
@@ -152,6 +152,6 @@ def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
     assert tree_sha256(tiny_project) == before
     assert not (tiny_project / "metrics" / "lm_eval.json").exists()
     # no student yet: refused before the task files are written
-    res = zg("train", "lm-eval", cwd=tiny_project, check=False, env=env)
+    res = zg_main("train", "lm-eval", cwd=tiny_project, check=False, env=env)
     assert_user_error(res, "models/student not found", "dvc repro assemble")
     assert tree_sha256(tiny_project) == before

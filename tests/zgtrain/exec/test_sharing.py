@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, run, zg
+from conftest import BIN, run, zg_main
 
 # What team B needs for block b01 of the tiny profile (boundaries [0, 2, 4]: b01 maps h02 -> h04).
 B01_INPUTS = ["data/boundaries/h02.lance", "data/boundaries/h04.lance", "models/teacher/blocks/b01.safetensors"]
@@ -77,7 +77,7 @@ def team_a(tmp_path_factory) -> dict:
     """Team A's repository after `dvc repro train@b01`, dvc.lock and metrics committed (no remote yet)."""
     base = tmp_path_factory.mktemp("team_a")
     root = base / "A"
-    zg("init", root, "--profile", "tiny", cwd=base)
+    zg_main("init", root, "--profile", "tiny", cwd=base)
     git_commit(root, "scaffold")
     dvc("repro", "train@b01", cwd=root, timeout=600)
     git_commit(root, "materialize boundaries, train b01")
@@ -162,13 +162,13 @@ def moto_s3():
 
 def test_local_remote_clone_pulls_one_block_and_trains_it_without_teacher(team_a, team_b):
     """`dvc pull <b01 inputs>` + `zg train block b01` in a fresh clone: same bits as team A, no teacher."""
-    verify = json.loads(zg("data", "verify", "--lineage-only", "--json", cwd=team_b).stdout)
+    verify = json.loads(zg_main("data", "verify", "--lineage-only", "--json", cwd=team_b).stdout)
     assert verify["status"] == "ok" and sorted(verify["boundaries"]) == ["h02", "h04"]
-    src = json.loads(zg("data", "inspect", "data/boundaries/h02.lance", "--json", cwd=team_b).stdout)[0]["source"]
+    src = json.loads(zg_main("data", "inspect", "data/boundaries/h02.lance", "--json", cwd=team_b).stdout)[0]["source"]
     assert src == {"tracked_by": "dvc.lock", "stage": "materialize", "path": "data/boundaries/h02.lance"}
 
     (team_b / "metrics" / "blocks" / "b01.json").unlink()  # team A's committed copy: prove B writes its own
-    zg("train", "block", "b01", cwd=team_b)
+    zg_main("train", "block", "b01", cwd=team_b)
     assert state_of(team_b) == team_a["b01_state"]
     assert_only_block_inputs(team_b)  # training fetched nothing else (it cannot: no teacher, no materialize)
     assert not (team_b / "models" / "blocks" / "b00").exists()
@@ -219,8 +219,8 @@ def test_dvc_import_into_another_project_trains_block(team_a, tmp_path):
     shutil.copy(a / "params.yaml", c / "params.yaml")
     git_commit(c, "import b01 inputs from team A")
 
-    assert json.loads(zg("data", "verify", "--lineage-only", "--json", cwd=c).stdout)["status"] == "ok"
-    info = json.loads(zg("data", "inspect", "data/boundaries/h02.lance", "--json", cwd=c).stdout)[0]
+    assert json.loads(zg_main("data", "verify", "--lineage-only", "--json", cwd=c).stdout)["status"] == "ok"
+    info = json.loads(zg_main("data", "inspect", "data/boundaries/h02.lance", "--json", cwd=c).stdout)[0]
     rev = run(["git", "rev-parse", "HEAD"], cwd=a).stdout.strip()
     assert info["source"]["tracked_by"] == "data/boundaries/h02.lance.dvc"
     assert info["source"]["import"] == {
@@ -230,7 +230,7 @@ def test_dvc_import_into_another_project_trains_block(team_a, tmp_path):
         "rev_lock": rev,
     }
 
-    zg("train", "block", "b01", cwd=c)
+    zg_main("train", "block", "b01", cwd=c)
     assert state_of(c) == team_a["b01_state"]
     assert_only_block_inputs(c)
 
@@ -262,12 +262,12 @@ def test_pulled_boundary_with_other_lineage_is_refused(team_b, tmp_path):
     shutil.move(tmp_path / "other_h04.lance", h04)
 
     # dvc.lock (git) records other bytes for h04: refused before anything reads them (zgdata/trust.py)
-    res = zg("train", "block", "b01", cwd=team_b, check=False)
+    res = zg_main("train", "block", "b01", cwd=team_b, check=False)
     assert res.returncode != 0, res.stderr
     assert "error: data/boundaries/h04.lance" in res.stderr and "does not match dvc.lock" in res.stderr, res.stderr
     # with no dvc.lock to check against (boundaries copied in by hand), the lineage check refuses them
     (team_b / "dvc.lock").unlink()
-    res = zg("train", "block", "b01", cwd=team_b, check=False)
+    res = zg_main("train", "block", "b01", cwd=team_b, check=False)
     assert res.returncode != 0
     msg = res.stderr + res.stdout
     assert "lineage mismatch on tokens_fingerprint" in msg, msg
@@ -275,7 +275,7 @@ def test_pulled_boundary_with_other_lineage_is_refused(team_b, tmp_path):
     assert "Traceback" not in msg
     assert not (team_b / "models" / "blocks" / "b01").exists()
 
-    res = zg("data", "verify", "--lineage-only", cwd=team_b, check=False)
+    res = zg_main("data", "verify", "--lineage-only", cwd=team_b, check=False)
     assert res.returncode == 1
     assert "tokens_fingerprint" in res.stderr and ours[:16] in res.stderr and theirs[:16] in res.stderr
 
@@ -287,7 +287,7 @@ def test_partially_pulled_dataset_says_rerun_dvc_pull_or_checkout(team_b):
     # 1. A data file of the pulled dataset is missing (the cache still has it): `dvc checkout` repairs it.
     victim = sorted((h04 / "data").iterdir())[0]
     victim.unlink()
-    res = zg("train", "block", "b01", cwd=team_b, check=False)
+    res = zg_main("train", "block", "b01", cwd=team_b, check=False)
     assert res.returncode != 0
     assert f"dvc checkout {rel}" in res.stderr and "dvc pull" in res.stderr, res.stderr
     assert "missing" in res.stderr and "Traceback" not in res.stderr
@@ -297,11 +297,11 @@ def test_partially_pulled_dataset_says_rerun_dvc_pull_or_checkout(team_b):
     # 2. An interrupted pull: no version manifests, and the local cache is gone too. `dvc pull` repairs it.
     shutil.rmtree(h04 / "_versions")
     shutil.rmtree(team_b / ".dvc" / "cache")
-    res = zg("data", "verify", "--lineage-only", cwd=team_b, check=False)
+    res = zg_main("data", "verify", "--lineage-only", cwd=team_b, check=False)
     assert res.returncode != 0
     assert f"dvc checkout {rel}" in res.stderr and "dvc pull" in res.stderr, res.stderr
     dvc("pull", rel, cwd=team_b)
-    assert json.loads(zg("data", "verify", "--lineage-only", "--json", cwd=team_b).stdout)["status"] == "ok"
+    assert json.loads(zg_main("data", "verify", "--lineage-only", "--json", cwd=team_b).stdout)["status"] == "ok"
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])

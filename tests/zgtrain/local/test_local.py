@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from conftest import run, zg, zg_main
+from conftest import run, zg_main
 from safetensors.torch import load_file
 from zgt_helpers import (
     assert_user_error,
@@ -108,7 +108,7 @@ def test_kill_9_then_resume_is_bitwise_identical(local_repro, tmp_path):
     assert sorted(p.name for p in (meta_path.parent / meta["checkpoint"]).iterdir()) == KEYS
     assert not (root / "models" / "local" / "hf").exists()
 
-    resumed = json.loads(zg("train", "local", "--json", cwd=root).stdout)
+    resumed = json.loads(zg_main("train", "local", "--json", cwd=root).stdout)
     assert resumed["status"] == "done"
     assert resumed["state_sha256"] == ref["state_sha256"]
     assert resumed["block_state_sha256"] == ref["block_state_sha256"]

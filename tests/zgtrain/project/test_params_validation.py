@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import pytest
 import yaml
-from conftest import zg
+from conftest import zg, zg_main
 from zgt_helpers import assert_user_error, set_params, tree_sha256
 
 from zgtrain.cli import main
@@ -141,7 +141,7 @@ def test_yaml_ambiguous_numbers_are_coerced(tiny_project):
         (tiny_project / "params.yaml").read_text().replace("lr: 0.001", "lr: 1e-3").replace("steps: 12", "steps: 2")
     )
     assert yaml.safe_load((tiny_project / "params.yaml").read_text())["train"]["lr"] == "1e-3"
-    res = zg("train", "block", "b00", "--json", cwd=tiny_project)
+    res = zg_main("train", "block", "b00", "--json", cwd=tiny_project)
     assert '"status": "done"' in res.stdout
     meta = yaml.safe_load((tiny_project / "models" / "blocks" / "b00" / "meta.json").read_text())
     assert meta["config"]["lr"] == 0.001 and isinstance(meta["config"]["lr"], float)
@@ -151,7 +151,7 @@ def test_duplicate_yaml_key_is_refused(tiny_project):
     path = tiny_project / "params.yaml"
     path.write_text(path.read_text().replace("train:\n", "train:\n  lr: 0.5\n", 1))
     before = tree_sha256(tiny_project)
-    res = zg("train", "block", "b00", cwd=tiny_project, check=False)
+    res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     line = assert_user_error(res, "duplicate key 'lr'", "params.yaml")
     assert "line" in line
     assert tree_sha256(tiny_project) == before

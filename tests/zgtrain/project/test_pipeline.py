@@ -16,7 +16,7 @@ import lance
 import pytest
 import torch
 from conftest import PIPELINE_STAGES as STAGES
-from conftest import run, zg
+from conftest import run, zg_main
 from zgt_helpers import assert_user_error, copy_project, load_params_of, project_of, read_json, set_params, tree_sha256
 
 from zgdata.layout import Layout
@@ -107,14 +107,14 @@ def test_assembled_student_loads_and_generates(reproduced):
 def test_gates_come_from_params(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
     set_params(root, {"gates.max_ce_gap": -1, "gates.min_context_retention": -1.0e9})
-    lenient = zg("train", "evaluate", cwd=root)  # no --strict: a failed gate is reported, exit 0
+    lenient = zg_main("train", "evaluate", cwd=root)  # no --strict: a failed gate is reported, exit 0
     m = read_json(root / "metrics" / "eval.json")
     g = m["gates_passed"]["heldout"]
     assert m["gates_passed"]["all"] is False and g["max_ce_gap"]["passed"] is False
     assert g["max_ce_gap"]["threshold"] == -1 and g["min_context_retention"]["passed"] is True
     assert "gates.max_ce_gap" in lenient.stderr
 
-    strict = zg("train", "evaluate", "--strict", cwd=root, check=False)
+    strict = zg_main("train", "evaluate", "--strict", cwd=root, check=False)
     assert strict.returncode != 0 and "Traceback" not in strict.stderr
     assert "gates.max_ce_gap" in strict.stderr and f"{m['ce_gap']:.4g}" in strict.stderr
     assert "gates.min_context_retention" not in strict.stderr
@@ -124,13 +124,13 @@ def test_assemble_refuses_stale_and_missing_blocks(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
     student = tree_sha256(root / "models" / "student")
     set_params(root, {"materialize.storage_dtype": "float32"})  # expected boundary fingerprints change
-    res = zg("train", "assemble", cwd=root, check=False)
+    res = zg_main("train", "assemble", cwd=root, check=False)
     assert_user_error(res, "block b00", "stale", "dvc repro train@b00")
     assert tree_sha256(root / "models" / "student") == student
 
     set_params(root, {"materialize.storage_dtype": "bfloat16"})
     shutil.rmtree(root / "models" / "blocks" / "b01")
-    res = zg("train", "assemble", cwd=root, check=False)
+    res = zg_main("train", "assemble", cwd=root, check=False)
     assert_user_error(res, "b01", "missing", "dvc repro train@b01")
     assert tree_sha256(root / "models" / "student") == student
 
@@ -163,14 +163,14 @@ def test_identity_assembly_reproduces_teacher_logits(tiny_project):
 
 def test_init_refuses_an_existing_project(reproduced, tmp_path):
     before = (reproduced / "params.yaml").read_text()
-    res = zg("init", reproduced, "--profile", "tiny", cwd=tmp_path, check=False)
+    res = zg_main("init", reproduced, "--profile", "tiny", cwd=tmp_path, check=False)
     assert_user_error(res, str(reproduced), "already holds")
     assert (reproduced / "params.yaml").read_text() == before
     for name in ("params.yaml", "dvc.yaml"):
         d = tmp_path / f"only-{name}"
         d.mkdir()
         (d / name).write_text("# mine\n")
-        res = zg("init", d, "--profile", "tiny", cwd=tmp_path, check=False)
+        res = zg_main("init", d, "--profile", "tiny", cwd=tmp_path, check=False)
         assert_user_error(res, "already holds")
         assert (d / name).read_text() == "# mine\n" and sorted(p.name for p in d.iterdir()) == [name]
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from conftest import zg, zg_main
+from conftest import zg_main
 from safetensors.torch import load_file
 from zgt_helpers import (
     assert_user_error,
@@ -33,7 +33,7 @@ STEPS = 12
 
 
 def _repair_json(root, *args, env=None) -> dict:
-    return json.loads(zg("train", "repair", "--json", *args, cwd=root, env=env).stdout)
+    return json.loads(zg_main("train", "repair", "--json", *args, cwd=root, env=env).stdout)
 
 
 def _curve(root) -> str:
@@ -172,7 +172,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(assembled, tmp_pat
     assert stopped.status == "stopped" and stopped.step == 2
     set_params(root, {"repair.temperature": 1.0})
     before = tree_sha256(root / "models")
-    res = zg("train", "repair", cwd=root, check=False)
+    res = zg_main("train", "repair", cwd=root, check=False)
     assert_user_error(res, "models/repair", "config", "--restart")
     assert tree_sha256(root / "models") == before
     # checkpoint_every does not change the trained bits: a resume may change it
@@ -182,7 +182,7 @@ def test_resume_with_changed_config_is_refused_unless_restart(assembled, tmp_pat
 
 def test_evaluate_scores_the_repaired_model_and_gates_it(straight, tmp_path):
     root = copy_project(straight[0], tmp_path / "proj")
-    zg("train", "evaluate", cwd=root)
+    zg_main("train", "evaluate", cwd=root)
     ev = read_json(root / "metrics" / "eval.json")
     rep = ev["repaired"]
     assert ev["gated_model"] == "repaired"
@@ -208,7 +208,7 @@ def test_evaluate_scores_the_repaired_model_and_gates_it(straight, tmp_path):
     # a repaired model of another student is refused, nothing published is touched
     (root / "models" / "student" / "zerograph.json").write_text("{}\n")
     before = tree_sha256(root / "metrics")
-    assert_user_error(zg("train", "evaluate", cwd=root, check=False), "models/repaired", "another student")
+    assert_user_error(zg_main("train", "evaluate", cwd=root, check=False), "models/repaired", "another student")
     assert tree_sha256(root / "metrics") == before
 
 
@@ -219,7 +219,7 @@ def test_repair_is_off_by_default_and_its_stage_appears_only_when_on(tiny_projec
         stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"]
         assert "repair" not in stages and "models/repaired" not in stages["evaluate"]["deps"]
         assert stages["evaluate"]["params"] == ["eval", "gates"]
-    res = zg("train", "repair", cwd=tiny_project, check=False)
+    res = zg_main("train", "repair", cwd=tiny_project, check=False)
     assert_user_error(res, "repair.steps")
 
     params = profile_params("tiny")
@@ -256,7 +256,7 @@ def test_bad_repair_params_name_their_key(tiny_project):
     # and through the CLI: one line, before anything is written
     set_params(tiny_project, {"repair.steps": -3})
     before = tree_sha256(tiny_project)
-    assert_user_error(zg("train", "repair", cwd=tiny_project, check=False), "repair.steps", alone=True)
+    assert_user_error(zg_main("train", "repair", cwd=tiny_project, check=False), "repair.steps", alone=True)
     assert tree_sha256(tiny_project) == before
 
 

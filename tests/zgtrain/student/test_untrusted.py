@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import zg, zg_main
+from conftest import zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
 from zgdata.layout import Layout
@@ -164,7 +164,7 @@ def test_remote_code_attacks_are_refused(wide_student, tmp_path, attack):
         (student / "config.json").write_text(json.dumps(cfg))
         needle = "auto_map"
     before = tree_sha256(root / "metrics") if (root / "metrics").exists() else None
-    res = zg("train", "evaluate", cwd=root, check=False)
+    res = zg_main("train", "evaluate", cwd=root, check=False)
     assert_user_error(res, needle, "dvc repro -f assemble")
     assert not marker.exists()
     assert not (root / "metrics" / "eval.json").exists()
