@@ -18,6 +18,7 @@ from typing import Any
 from zgdata.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
+from zgdata.family_traits import attention_of
 from zgdata.hashing import fingerprint
 from zgdata.layout import Layout
 
@@ -77,7 +78,7 @@ def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: Materia
         "layer": layer,
         "storage_dtype": cfg.storage_dtype,
         "compute_dtype": cfg.compute_dtype,
-        "attn_implementation": ATTN_IMPLEMENTATION,
+        "attn_implementation": attention_of(teacher.get("architecture", {}).get("model_type", ""), ATTN_IMPLEMENTATION),
         "capture_version": CAPTURE_VERSION,
     }
 

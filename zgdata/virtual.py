@@ -88,7 +88,7 @@ class VirtualBoundary:
         self.splits = np.asarray(cols.column("split").to_pylist())
         self.seq_len, self.hidden = int(tlin["seq_len"]), int(hmeta["config"]["hidden_size"])
         self.dtype = mcfg.storage_dtype
-        from zgdata.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
+        from zgdata.capture import CAPTURE_VERSION
 
         lineage = {
             "teacher_sha256": hmeta.get("teacher_sha256"),
@@ -97,7 +97,7 @@ class VirtualBoundary:
             "layer": 0,
             "storage_dtype": mcfg.storage_dtype,
             "compute_dtype": mcfg.compute_dtype,
-            "attn_implementation": ATTN_IMPLEMENTATION,
+            "attn_implementation": self._fam.attn_implementation,  # as boundary_lineage records it
             "capture_version": CAPTURE_VERSION,
             "virtual": True,
             "computed_from": [str(Layout(Path("")).tokens), str(Layout(Path("")).teacher_head)],

@@ -99,6 +99,10 @@ def test_teacher_slices_and_boundaries_follow_the_family(built):
         ref = pre_norm[0] if layer == 4 else hs[layer]
         assert torch.equal(stored.view(torch.int16), ref.to(torch.bfloat16).view(torch.int16)), layer
     assert not torch.equal(BoundaryDataset(layout.boundary("h04")).take(rows), hs[4].to(torch.bfloat16))
+    # the lineage records the attention the boundaries were captured with (eager for Gemma 2, else sdpa)
+    assert {BoundaryDataset(layout.boundary(f"h{i:02d}")).meta["lineage"]["attn_implementation"] for i in (2, 4)} == {
+        family_of(model.config).attn_implementation
+    }
     h0 = family_of(model.config).embed_head({k: v.float() for k, v in head.items()}, ids)
     assert torch.equal(h0, hs[0])
 

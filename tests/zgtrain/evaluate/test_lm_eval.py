@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 import yaml
-from conftest import run, zg_main
+from conftest import run, zg, zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
 pytest.importorskip("lm_eval")
@@ -139,7 +139,8 @@ def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
     It is refused before any model is loaded: this project has no student yet."""
     before = tree_sha256(tiny_project)
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
-    res = zg_main("train", "lm-eval", "hellaswag", cwd=tiny_project, check=False, env=env)
+    # a real process: `datasets` reads HF_DATASETS_CACHE once, when it is first imported
+    res = zg("train", "lm-eval", "hellaswag", cwd=tiny_project, check=False, env=env)
     assert_user_error(
         res,
         "hellaswag",

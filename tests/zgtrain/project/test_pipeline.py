@@ -203,20 +203,16 @@ def test_editing_eval_reruns_evaluate_only(reproduced):
 
 
 def test_objective_study_arms_as_dvc_experiments(reproduced, tmp_path):
-    """`dvc exp run -S ...` arms: the online-targets arm reproduces the cached blocks bit for bit, the
-    denoise arm changes them, and `dvc exp show` compares them (noisy_regress's own effect on a block is
-    tested in test_trainer.py)."""
+    """`dvc exp run -S ...`, as the objective study runs its arms: the online-targets arm reruns the blocks and
+    reproduces the cached ones bit for bit, and `dvc exp show` lists it with its metrics (what another objective
+    does to a block's bits is tested in block/test_train.py; online == cached per family in test_families.py)."""
     root = copy_project(reproduced, tmp_path / "proj")
     base = {k: read_json(root / "metrics" / "blocks" / f"{k}.json")["state_sha256"] for k in ("b00", "b01")}
     run(["dvc", "exp", "run", "-n", "online", "-S", "train.targets=online"], cwd=root)
     online = {k: read_json(root / "metrics" / "blocks" / f"{k}.json") for k in ("b00", "b01")}
     assert {k: v["state_sha256"] for k, v in online.items()} == base
     assert all(v["targets"] == "online" for v in online.values())
-    run(["dvc", "exp", "run", "-n", "denoise", "-S", "train.objective=denoise", "-S", "train.targets=cached"], cwd=root)
-    denoise = {k: read_json(root / "metrics" / "blocks" / f"{k}.json") for k in ("b00", "b01")}
-    assert all(v["objective"] == "denoise" for v in denoise.values())
-    assert {k: v["state_sha256"] for k, v in denoise.items()} != base
     shown = json.loads(run(["dvc", "exp", "show", "--json"], cwd=root).stdout)
     names = {e.get("name") for rev in shown for e in (rev.get("experiments") or []) for e in (e.get("revs") or [e])}
-    assert {"online", "denoise"} <= names, names
+    assert "online" in names, names
     assert "student_ce" in json.dumps(shown)
