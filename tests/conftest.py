@@ -124,9 +124,8 @@ def run(cmd: list[str], cwd, check=True, env=None, timeout=600) -> subprocess.Co
 
 
 # The Ray cluster is a session fixture of one pytest process. Under pytest-xdist (`make test` runs
-# `--dist loadgroup`) the tests of a module that uses it go to one worker, so each of the two Ray modules
-# (materialize sharding, `zg repro`) starts one cluster, on its own worker, and runs first: they are the
-# longest groups. The other tests spread over the workers (``reproduced`` is built once per run and copied).
+# `-n auto --dist loadgroup`) every test that uses it goes to the same worker, so the run still starts one
+# Ray cluster; the other tests spread over the workers (``reproduced`` is built once per run and copied).
 SHARED_FIXTURES = {"ray_cluster", "ray_session"}
 
 
@@ -144,17 +143,11 @@ def _module_fixture_group(item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the "@group" node-id suffix
 def pytest_collection_modifyitems(config, items):
-    ray_modules = set()
     for item in items:
         if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
-            ray_modules.add(item.nodeid.split("::")[0])
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        if module in ray_modules:  # the whole module: its own module fixtures are built once too
-            item.add_marker(pytest.mark.xdist_group(module))
+            item.add_marker(pytest.mark.xdist_group("ray"))
         elif group := _module_fixture_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda i: i.nodeid.split("::")[0] not in ray_modules)  # stable: the longest groups first
 
 
 def pytest_collection_finish(session):
