@@ -24,7 +24,7 @@ demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" ZG_TEST_PREBUILD=1 $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 tests
 
 # Lint and format check with ruff (settings in pyproject.toml); `make format` rewrites in place.
 lint: setup

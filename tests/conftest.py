@@ -199,47 +199,26 @@ def _reproduce(base: Path) -> Path:
     return root
 
 
-def build_shared_reproduced(shared: Path) -> Path:
-    """``shared``/reproduced/proj, built once: whoever takes the lock first builds it (a worker, or the
-    background build ``make test`` starts), the others wait for it. A build that failed left no mark: the
-    next one starts again from scratch."""
-    import fcntl
-
-    done = shared / "reproduced.done"
-    with open(shared / "reproduced.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            shutil.rmtree(shared / "reproduced", ignore_errors=True)
-            (shared / "reproduced").mkdir()
-            _reproduce(shared / "reproduced")
-            done.touch()
-    return shared / "reproduced" / "proj"
-
-
-def pytest_sessionstart(session):
-    """With ZG_TEST_PREBUILD=1 (`make test`), the xdist controller starts building ``reproduced`` in the
-    background, so no worker sits idle waiting for it when its first user comes up."""
-    if os.environ.get("ZG_TEST_PREBUILD") != "1" or os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    if not session.config.getoption("numprocesses", default=None):
-        return
-    shared = session.config._tmp_path_factory.getbasetemp()  # the workers' basetemps are inside it
-    code = f"import sys; sys.path[:0] = {[str(ROOT / 'tests')]!r}; import conftest; conftest.build_shared_reproduced("
-    code += f"__import__('pathlib').Path({str(shared)!r}))"
-    log = open(shared / "reproduced.log", "w")  # noqa: SIM115 - the background build writes it until it ends
-    subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=log, cwd=shared, start_new_session=True)
-
-
 @pytest.fixture(scope="session")
 def reproduced(tmp_path_factory, worker_id) -> Path:
     """This worker's copy of the run's one reproduced tiny project (``_reproduce``).
 
-    Under pytest-xdist it is built once in the run's shared temp folder (``build_shared_reproduced``) and
-    copied, so each worker's dvc and git commands have a repo of their own."""
+    Under pytest-xdist the first worker that needs it builds it in the run's shared temp folder while holding
+    a lock; the others wait for it and copy it, so each worker's dvc and git commands have a repo of their own."""
     if worker_id == "master":  # not distributed: this process is the only user
         return _reproduce(tmp_path_factory.mktemp("pipeline"))
-    src = build_shared_reproduced(tmp_path_factory.getbasetemp().parent)  # the run's folder, above the worker's
-    return shutil.copytree(src, tmp_path_factory.mktemp("pipeline") / "proj", symlinks=True)
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's own
+    done = shared / "reproduced.done"
+    with open(shared / "reproduced.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():  # a worker that failed to build it left no mark: build it again, from scratch
+            shutil.rmtree(shared / "reproduced", ignore_errors=True)
+            (shared / "reproduced").mkdir()
+            _reproduce(shared / "reproduced")
+            done.touch()
+    return shutil.copytree(shared / "reproduced" / "proj", tmp_path_factory.mktemp("pipeline") / "proj", symlinks=True)
 
 
 def read_json(path: Path) -> dict:
