@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Traits", "TRAITS", "REFUSED", "attention_of"]
+__all__ = ["Traits", "TRAITS", "REFUSED"]
 
 GATED_MLP = {
     "mlp.gate_proj.weight": 0,
@@ -215,9 +215,3 @@ REFUSED: dict[str, tuple[str, str]] = {
         )
     },
 }
-
-
-def attention_of(model_type: str, default: str = "sdpa") -> str:
-    """The attention implementation zg runs a ``model_type`` with (``Traits.attention``; ``default``, capture's
-    sdpa, for the families written as code): what boundary lineage records. Torch-free, like this module."""
-    return next((t.attention for t in TRAITS if t.model_type == model_type), default)

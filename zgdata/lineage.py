@@ -18,7 +18,7 @@ from typing import Any
 from zgdata.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.errors import ZgError
-from zgdata.family_traits import attention_of
+from zgdata.families import family
 from zgdata.hashing import fingerprint
 from zgdata.layout import Layout
 
@@ -69,6 +69,12 @@ def read_tokens_json(layout: Layout = Layout()) -> dict:
     return rec
 
 
+def _attention(teacher: Mapping) -> str:
+    """The attention capture runs this teacher with (its family's: eager for Gemma 2, sdpa for the others)."""
+    model_type = teacher.get("architecture", {}).get("model_type")
+    return family(model_type).attn_implementation if model_type else ATTN_IMPLEMENTATION
+
+
 def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: MaterializeConfig) -> dict:
     """What boundary ``layer`` of this teacher over this token set, captured with ``cfg``, derives from."""
     return {
@@ -78,7 +84,7 @@ def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: Materia
         "layer": layer,
         "storage_dtype": cfg.storage_dtype,
         "compute_dtype": cfg.compute_dtype,
-        "attn_implementation": attention_of(teacher.get("architecture", {}).get("model_type", ""), ATTN_IMPLEMENTATION),
+        "attn_implementation": _attention(teacher),
         "capture_version": CAPTURE_VERSION,
     }
 
