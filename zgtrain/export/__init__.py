@@ -1,0 +1,1 @@
+"""Exporting a zg student to deployable formats (stock transformers folders, GGUF)."""
