@@ -44,6 +44,7 @@ __all__ = [
     "DVC_IGNORED",
     "EVAL_METRICS",
     "eval_card",
+    "export_card",
     "repaired_card",
     "student_card",
     "write_card",
@@ -216,6 +217,66 @@ def write_repaired_card(folder: Path, repair: dict) -> Path | None:
         return None
     write_text(path, repaired_card(path.read_text(), repair))
     return path
+
+
+_LOADING = {
+    "hf": "`AutoModelForCausalLM.from_pretrained(folder)`: the family's own transformers classes, no\n"
+    "`trust_remote_code`.",
+    "gguf": "llama.cpp and the tools built on it (`llama-cli -m {file}`, `llama-server -m {file}`).",
+}
+
+
+def export_card(record: dict) -> str:
+    """The card of an exported model (`zg export`, zgtrain/export/run.py) from its export.json ``record``: what
+    was exported from which student, in which format and dtype, with which lineage, and how to load it. A pure
+    function of the record (itself of tracked inputs), so a rerun writes the same bytes."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    fmt = record["format"]
+    base, license_ = KNOWN_TEACHERS.get(record.get("teacher_source"), (None, None))
+    data = ModelCardData(
+        base_model=base,
+        library_name="transformers" if fmt == "hf" else None,
+        license=license_,
+        tags=["zerograph", "blockwise-distillation", record.get("family", ""), fmt],
+        model_name=f"{record.get('name', 'student')}-{record['dtype']}",
+    )
+    gguf = next((n for n in record.get("files", {}) if n.endswith(".gguf")), "model.gguf")
+    rows = [
+        ("format", fmt),
+        ("dtype", record["dtype"]),
+        ("source student", record.get("student")),
+        ("source student sha256", record.get("student_sha256")),
+        ("family", record.get("family")),
+        ("teacher source", record.get("teacher_source")),
+        ("teacher weights_sha256", record.get("teacher_sha256")),
+        ("tokenizer_sha256", record.get("tokenizer_sha256")),
+        ("zg version", record.get("zg_version")),
+    ]
+    rows += [(f"file {n}", sha) for n, sha in sorted(record.get("files", {}).items())]
+    table = "\n".join(f"| {k} | `{v}` |" for k, v in rows)
+    body = f"""# {data.model_name}: an exported ZeroGraph student
+
+The ZeroGraph (`zg`) student `{record.get("student")}`, exported by `zg export --format {fmt} --dtype
+{record["dtype"]}`. Its blocks, their training and its evaluation are in the source student's own card;
+`export.json` beside this card holds the record below.
+
+## Export
+
+| what | value |
+|---|---|
+{table}
+
+## Loading
+
+{_LOADING[fmt].format(file=gguf)}
+
+## Reproduce
+
+In the project the student came from: `zg export {record.get("name", "student")} --format {fmt} --dtype \
+{record["dtype"]}` (or `dvc repro export` with an `export:` section in params.yaml).
+"""
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
 
 
 def _interval(f: dict, key: str) -> str:
