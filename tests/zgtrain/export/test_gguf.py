@@ -1,0 +1,231 @@
+"""GGUF export (zgtrain/export/gguf.py) checked in llama.cpp itself (llama-cpp-python) and in transformers' GGUF loader.
+
+Each family's tiny random teacher (``random:tiny-<family>``, the one tests/zgtrain/test_families.py runs through
+the CLI) becomes a real student folder in-process, exactly as ``build_from_blocks`` + ``save_student`` write one
+(config from ``Family.student_config``, renumbered layers, zg's pinned modeling file for per-layer widths,
+tokenizer, zerograph.json, checksums.json), minus the teacher lineage and model card that need a project; the
+export reads it only through ``load_student``. Layer 2 of 4 is dropped (fewer layers; Gemma's per-layer sliding
+pattern must follow the kept layers) and the MLPs pruned with ``Family.prune_mlp``: uniformly, or to mixed widths.
+
+Tolerances. The student runs in transformers at f32; llama.cpp runs the f32 GGUF with an f32 KV cache. The
+computations are the same up to summation order (ggml's blocked dot products, its own softmax and RMSNorm), so
+the f32 logits agree to float32 round-off amplified through 3 layers: max |diff| <= 1e-3 x (1 + max |logit|)
+(measured well under it). f16 rounds every weight to 11 significant bits (relative 2^-12 ~ 2.4e-4 each) and q8_0
+to 8-bit blocks of 32 (relative ~ 1/254 of the block's max): for random weights the logits then move by a small
+fraction of their spread, bounded by max |diff| <= 0.05 (f16) / 0.25 (q8_0) x std(logits) with the same argmax
+on >= 90% of positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from zgdata.errors import ZgError
+from zgdata.families import family
+
+FAMILIES = ["gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral", "olmo2", "phi3", "qwen2"]
+PER_LAYER = {"llama", "mistral", "qwen2"}  # mixed MLP widths export as llama.cpp's deci
+HF_GGUF = {"llama", "mistral", "qwen2", "gpt2", "phi3"}  # archs transformers' GGUF loader reads (uniform students)
+KEEP = [0, 1, 3]  # teacher layer 2 dropped
+TEXT = "Is this a dagger which I see before me, the handle toward my hand? Come, let me clutch thee."
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("llama_cpp (llama-cpp-python) is not importable in CI: run `make setup`")
+        pytest.importorskip("llama_cpp")
+    return llama_cpp
+
+
+def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie=False):
+    """A student folder of family ``name``: teacher layers ``keep`` with MLP widths ``widths`` (first channels);
+    ``tie``: the LM head tied to the embeddings (as released Gemma 2 models are; the tiny teacher's is its own)."""
+    from zgdata.teacher.prepare import _tiny_teacher
+    from zgtrain.student.load import record_checksums, ship_modeling_code, template_class
+
+    teacher, tok = _tiny_teacher(name)
+    fam = family(name)
+    layers, head = fam.split_state(teacher.state_dict())
+    width = fam.width(teacher.config)
+    widths = widths or [width // 2] * len(keep)
+    windows = windows or [None] * len(keep)
+    config = fam.student_config(teacher.config.to_dict(), widths, fam.layer_types(teacher.config, keep))
+    uniform = len(set(widths)) == 1 and all(w is None for w in windows)
+    model_cls = fam.causal_lm()
+    if not uniform:
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        config = template_class(name, "AutoConfig")(intermediate_sizes=widths, layer_windows=windows, **fields)
+        model_cls = template_class(name, "AutoModelForCausalLM")
+    config._attn_implementation = fam.attn_implementation
+    if tie:
+        config.tie_word_embeddings = True
+        head.pop("lm_head.weight")
+    state = {fam.head_key(k): v for k, v in head.items()}
+    for i, (src, w) in enumerate(zip(keep, widths)):
+        for k, v in fam.prune_mlp(layers[src], torch.arange(w)).items():
+            state[fam.layer_key(i, k)] = v
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True, strict=False)
+    model.tie_weights()
+    fam.rebuild_buffers(model, config)
+    model.save_pretrained(folder)
+    modeling = ship_modeling_code(folder, name) if not uniform else None
+    tok.save_pretrained(folder)
+    summary = {
+        "family": name,
+        "intermediate_sizes": widths,
+        "layer_windows": windows,
+        "remote_code": not uniform,
+        "modeling_sha256": modeling,
+        "layers": len(widths),
+    }
+    (folder / "zerograph.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    record_checksums(folder)
+    return folder
+
+
+def _hf_logits(folder, ids) -> np.ndarray:
+    from zgtrain.student.load import load_student
+
+    with torch.no_grad():
+        return load_student(folder)(torch.tensor([ids])).logits[0].double().numpy()
+
+
+def _cpp(llama_cpp, path, n_ctx=64):
+    # f32 KV cache (type 0 = GGML_TYPE_F32): the default f16 cache would round keys and values
+    return llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, logits_all=True, verbose=False, type_k=0, type_v=0, n_threads=1
+    )
+
+
+def _cpp_logits(llm, ids) -> np.ndarray:
+    llm.reset()
+    llm.eval(ids)
+    return np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+
+
+def _ids(folder, n: int) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder).encode(TEXT)[:n]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_uniform_student_with_a_dropped_layer_runs_in_llama_cpp(name, tmp_path, llama_cpp):
+    from zgtrain.export.gguf import export_gguf
+
+    student = make_student(tmp_path / "student", name, tie=name == "gemma2")
+    out = tmp_path / "student.gguf"
+    info = export_gguf(student, out, dtype="f32")
+    assert info["n_layers"] == 3 and len(set(info["n_ff"])) == 1 and info["arch"] != "deci"
+    n = info.get("context_length_capped_to_window", 32)  # Mistral: window 16 is the context; Gemma: 32 > window 16
+    ids = _ids(student, n)
+    want = _hf_logits(student, ids)
+    got = _cpp_logits(_cpp(llama_cpp, out), ids)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-3 * (1 + np.abs(want).max()), np.abs(got - want).max()
+    if name in HF_GGUF:  # a second, independent reader of the same file
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+        with torch.no_grad():
+            again = hf(torch.tensor([ids])).logits[0].double().numpy()
+        assert np.abs(again - want).max() <= 1e-3 * (1 + np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_mixed_widths_export_as_deci_or_are_refused(name, tmp_path, llama_cpp):
+    from zgtrain.export.gguf import check_gguf, export_gguf
+
+    fam = family(name)
+    from zgdata.teacher.prepare import _tiny_teacher
+
+    width = fam.width(_tiny_teacher(name)[0].config)
+    widths = [width, width // 2, width // 4]
+    student = make_student(tmp_path / "student", name, widths=widths)
+    out = tmp_path / "student.gguf"
+    if name not in PER_LAYER:
+        with pytest.raises(ZgError) as e:
+            export_gguf(student, out)
+        msg = str(e.value)
+        assert "layer 1 has MLP width" in msg and "--format hf" in msg and "\n" not in msg
+        assert not out.exists()
+        return
+    check_gguf(student)
+    info = export_gguf(student, out, dtype="f32")
+    assert info["arch"] == "deci" and info["n_ff"] == widths
+    n = info.get("context_length_capped_to_window", 32)
+    ids = _ids(student, n)
+    want = _hf_logits(student, ids)
+    got = _cpp_logits(_cpp(llama_cpp, out), ids)
+    assert np.abs(got - want).max() <= 1e-3 * (1 + np.abs(want).max()), np.abs(got - want).max()
+
+
+def test_f16_and_q8_0_load_and_stay_close(tmp_path, llama_cpp):
+    from zgtrain.export.gguf import export_gguf
+
+    student = make_student(tmp_path / "student", "llama", widths=[128, 64, 96])
+    ids = _ids(student, 32)
+    want = _hf_logits(student, ids)
+    for dtype, bound in (("f16", 0.05), ("q8_0", 0.25)):
+        out = tmp_path / f"{dtype}.gguf"
+        info = export_gguf(student, out, dtype=dtype)
+        assert info["dtype"] == dtype and info["tensor_dtypes"].get(dtype, 0) > 0
+        got = _cpp_logits(_cpp(llama_cpp, out), ids)
+        err = np.abs(got - want).max() / want.std()
+        agree = (got.argmax(-1) == want.argmax(-1)).mean()
+        assert err <= bound and agree >= 0.9, (dtype, err, agree)
+
+
+def test_tokenization_matches_transformers(tmp_path, llama_cpp):
+    from transformers import AutoTokenizer
+
+    from zgtrain.export.gguf import export_gguf
+
+    student = make_student(tmp_path / "student", "llama")
+    out = tmp_path / "student.gguf"
+    info = export_gguf(student, out, dtype="f16")
+    assert info["tokenizer_pre"] == "default" and info["add_bos"] is False
+    tok = AutoTokenizer.from_pretrained(student)
+    llm = _cpp(llama_cpp, out)
+    for text in (TEXT, "  two  spaces\tand\ttabs\n\nnewlines", "naïve café — 東京 🦙", "a<|endoftext|>b", "<|endoftext|>"):
+        want = tok(text)["input_ids"]
+        assert llm.tokenize(text.encode(), add_bos=True, special=True) == want, text
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(text, add_special_tokens=False)
+    assert llm.token_eos() == tok.eos_token_id and llm.token_bos() == tok.bos_token_id
+
+
+def test_zg_windows_and_unknown_dtypes_are_refused_before_writing(tmp_path):
+    from zgtrain.export.gguf import export_gguf
+
+    student = make_student(tmp_path / "student", "llama", windows=[None, 8, None])
+    out = tmp_path / "student.gguf"
+    with pytest.raises(ZgError) as e:
+        export_gguf(student, out)
+    assert "layer 1 has a zg sliding window of 8 tokens" in str(e.value) and "--format hf" in str(e.value)
+    assert not out.exists()
+    with pytest.raises(ZgError, match="q4_k"):
+        export_gguf(make_student(tmp_path / "uniform", "llama"), out, dtype="q4_k")
+    assert not out.exists()
+
+
+def test_an_unknown_pre_tokenizer_is_refused(tmp_path):
+    """A byte-level BPE whose check-text hash is not known (here: lower-casing first) is refused, not guessed."""
+    from zgtrain.export.gguf import check_gguf
+
+    student = make_student(tmp_path / "student", "llama")
+    spec = json.loads((student / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "Lowercase"}
+    (student / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ZgError, match="pre-tokenizer is not one zg knows"):
+        check_gguf(student)

@@ -1,0 +1,193 @@
+"""How each zg family maps onto a llama.cpp architecture: which arch, which hyperparameter keys, which tensor edits.
+
+Read from llama.cpp's own source (src/models/<arch>.cpp, src/llama-model.cpp load_hparams) and
+convert_hf_to_gguf.py (conversion/*.py):
+- Llama, Mistral and Granite use llama.cpp's NORM (interleaved) rotary: q/k rows are permuted as
+  ``LlamaModel.permute`` does so it equals transformers' rotate_half. Qwen2, OLMo 2, Phi-3 and Gemma use NEOX
+  rotary (no permutation). GPT-2's Conv1D weights are (in, out): transposed. Gemma stores norms as 1 + w.
+- Per-layer MLP widths: only ``deci`` (src/models/deci.cpp) reads ``feed_forward_length`` per layer
+  (``hparams.n_ff(i)``); it is Llama's layer with optional q/k/v biases, so Llama, Mistral and Qwen2 students
+  with mixed widths export as ``deci`` (Qwen2's q/k weights and biases permuted for NORM rotary). Every other
+  arch builds its tensors from one ``n_ff``: mixed widths are refused.
+- Windows: Gemma 2/3 read a per-layer ``sliding_window_pattern`` array, written from the student's
+  ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window and llama.cpp
+  switches Phi-3's off: a Mistral / Phi-3 window shorter than the context is written as the model's
+  ``context_length`` (= the window: within it sliding and full attention are the same computation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zgdata.errors import ZgError
+
+__all__ = ["ArchSpec", "ARCHS", "spec_of", "write_hparams", "edit_tensor", "permute_qk"]
+
+HF_FIX = "use `zg export --format hf` (transformers loads it), or rebuild the student with uniform MLP widths"
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    family: str
+    arch: str  # llama.cpp arch of a uniform student
+    per_layer_arch: str | None = None  # arch reading per-layer widths (deci), or None: mixed widths refused
+    norm_rotary: bool = False  # llama.cpp NORM rotary: permute q/k (in ``arch``; deci always)
+    norm_shift: float = 0.0  # Gemma: stored norm weight is w, llama.cpp multiplies by 1 + w
+    conv1d: bool = False  # GPT-2: Conv1D (in, out) weights
+    window: str | None = None  # "pattern": per-layer swa array (Gemma); "context": window capped as context
+    needs_output: bool = False  # arch has no tied-embedding fallback (OLMo 2): write output.weight
+
+
+ARCHS = {
+    s.family: s
+    for s in (
+        ArchSpec("llama", "llama", "deci", norm_rotary=True),
+        ArchSpec("mistral", "llama", "deci", norm_rotary=True, window="context"),
+        ArchSpec("qwen2", "qwen2", "deci"),
+        ArchSpec("gpt2", "gpt2", conv1d=True),
+        ArchSpec("granite", "granite", norm_rotary=True),
+        ArchSpec("olmo2", "olmo2", needs_output=True),
+        ArchSpec("phi3", "phi3", window="context"),
+        ArchSpec("gemma2", "gemma2", norm_shift=1.0, window="pattern"),
+        ArchSpec("gemma3_text", "gemma3", norm_shift=1.0, window="pattern"),
+    )
+}
+
+
+def spec_of(family: str) -> ArchSpec:
+    if family not in ARCHS:
+        raise ZgError(
+            f"no llama.cpp architecture mapping for family '{family}'",
+            fix=f"use `zg export --format hf` (GGUF export covers {', '.join(ARCHS)})",
+        )
+    return ARCHS[family]
+
+
+def _rope(cfg: dict, kind: str | None = None) -> dict:
+    """The rope parameters of a config (transformers 5: rope_parameters, per attention type for Gemma 3)."""
+    rp = cfg.get("rope_parameters") or {}
+    if kind and kind in rp:
+        rp = rp[kind]
+    if not rp and cfg.get("rope_theta") is not None:
+        rp = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
+    return rp
+
+
+def check_rope(cfg: dict, family: str) -> None:
+    kinds = ("full_attention", "sliding_attention") if family == "gemma3_text" else (None,)
+    for kind in kinds:
+        rp = _rope(cfg, kind)
+        rope_type = rp.get("rope_type", "default")
+        if rope_type not in ("default", "linear"):
+            raise ZgError(
+                f"the student's rotary scaling '{rope_type}'{f' ({kind})' if kind else ''} is not written to GGUF by zg "
+                "(only default and linear)",
+                fix="use `zg export --format hf`, or llama.cpp's convert_hf_to_gguf.py on the exported folder",
+            )
+
+
+def head_dim(cfg: dict) -> int:
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def gemma_scale_check(cfg: dict, spec: ArchSpec, n_layer: int) -> None:
+    """llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) when the layer count is the
+    27B's (46 Gemma 2, 62 Gemma 3: a property derived from the count); transformers by query_pre_attn_scalar^-0.5."""
+    big = {"gemma2": 46, "gemma3": 62}[spec.arch]
+    cpp = cfg["hidden_size"] // cfg["num_attention_heads"] if n_layer == big else head_dim(cfg)
+    want = cfg.get("query_pre_attn_scalar") or head_dim(cfg)
+    if cpp != want:
+        raise ZgError(
+            f"llama.cpp's {spec.arch} with {n_layer} layers scales attention by 1/sqrt({cpp}); this student by "
+            f"1/sqrt(query_pre_attn_scalar={want})",
+            fix="use `zg export --format hf`" + (f" (or keep a layer count other than {big})" if n_layer == big else ""),
+        )
+
+
+def write_hparams(w, cfg: dict, spec: ArchSpec, arch: str, sizes: list[int], layer_types: list | None) -> dict:
+    """The ``<arch>.*`` keys llama.cpp's load_hparams reads; returns notes for lineage."""
+    fam, n_layer, notes = spec.family, len(sizes), {}
+    if fam == "gpt2":
+        w.add_context_length(cfg["n_positions"])
+        w.add_embedding_length(cfg["n_embd"])
+        w.add_feed_forward_length(sizes[0])
+        w.add_block_count(n_layer)
+        w.add_head_count(cfg["n_head"])
+        w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+        return notes
+    ctx = cfg["max_position_embeddings"]
+    window = cfg.get("sliding_window")
+    if spec.window == "context" and window and window < ctx:
+        notes["context_length_capped_to_window"] = window
+        ctx = window
+    w.add_context_length(ctx)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(list(sizes) if arch == "deci" else sizes[0])
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    w.add_head_count([heads] * n_layer if arch == "deci" else heads)
+    w.add_head_count_kv([kv] * n_layer if arch == "deci" else kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    hd = head_dim(cfg)
+    if hd != cfg["hidden_size"] // heads or spec.window == "pattern":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    rp = _rope(cfg, "full_attention" if fam == "gemma3_text" else None)
+    w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
+    if rp.get("rope_type") == "linear":
+        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(rp["factor"]))
+    if fam == "phi3":
+        w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", 1.0) * hd))
+    else:
+        w.add_rope_dimension_count(hd)
+    if fam == "granite":
+        for key, add in (
+            ("attention_multiplier", w.add_attention_scale),
+            ("embedding_multiplier", w.add_embedding_scale),
+            ("residual_multiplier", w.add_residual_scale),
+            ("logits_scaling", w.add_logit_scale),
+        ):
+            if cfg.get(key) is not None:
+                add(float(cfg[key]))
+    if spec.window == "pattern":
+        gemma_scale_check(cfg, spec, n_layer)
+        if cfg.get("attn_logit_softcapping") is not None:
+            w.add_attn_logit_softcapping(float(cfg["attn_logit_softcapping"]))
+        if cfg.get("final_logit_softcapping") is not None:
+            w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
+        pattern = [t == "sliding_attention" for t in (layer_types or [])]
+        if window and any(pattern):
+            w.add_sliding_window(int(window))
+            w.add_sliding_window_pattern(pattern)  # per layer: dropped layers keep their own type
+            notes["sliding_window_pattern"] = pattern
+        elif fam == "gemma2":  # gemma2 always has a window (default 4096): every layer full = pattern of no swa
+            w.add_sliding_window(int(window or 4096))
+            w.add_sliding_window_pattern([False] * n_layer)
+        if fam == "gemma3_text":
+            local = _rope(cfg, "sliding_attention")
+            if local:
+                w.add_rope_freq_base_swa(float(local.get("rope_theta", 10000.0)))
+    return notes
+
+
+def permute_qk(x: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.permute: rotate_half's halves -> llama.cpp's interleaved pairs (rows)."""
+    return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def edit_tensor(name: str, x: np.ndarray, cfg: dict, spec: ArchSpec, arch: str) -> np.ndarray:
+    """One HF tensor as the GGUF arch stores it (``name``: the HF state-dict key)."""
+    if spec.conv1d and name.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")):
+        x = x.T
+    if spec.norm_shift and name.endswith("norm.weight"):
+        x = x + spec.norm_shift
+    if spec.norm_rotary or arch == "deci":
+        heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+        if ".self_attn.q_proj." in name:
+            x = permute_qk(x, heads)
+        elif ".self_attn.k_proj." in name:
+            x = permute_qk(x, kv)
+    return np.ascontiguousarray(x)
