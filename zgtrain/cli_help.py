@@ -25,6 +25,11 @@ Commands:
             dataclasses) and allowed values.
   repro     Like `dvc repro`, with up to --jobs stale blocks trained at once
             (Ray); each is recorded in dvc.lock.
+  export    Export STUDENT as a deployable model: a stock transformers folder
+            (loads without trust_remote_code) or a GGUF file, with export.json
+            (lineage) and a model card beside it. Refuses with one line,
+            writing nothing, what the format cannot express (e.g. per-layer
+            MLP widths in a stock config).
   teacher   Prepare the frozen teacher (weights, tokenizer, hashes, per-block
             slices).
   data      Token and boundary datasets: tokenize, materialize, verify,
@@ -87,6 +92,27 @@ Options:
                           [default: shared]
   --json
   --help                  Show this message and exit.
+""",
+    "zg export": """\
+Usage: zg export [OPTIONS] [student]
+
+  Export STUDENT as a deployable model: a stock transformers folder (loads
+  without trust_remote_code) or a GGUF file, with export.json (lineage) and a
+  model card beside it. Refuses with one line, writing nothing, what the
+  format cannot express (e.g. per-layer MLP widths in a stock config).
+
+Arguments:
+  student <str>  student, repaired, search (the project's folders) or a
+                 student folder's path.  [default: student]
+
+Options:
+  --format <str>  hf (a stock transformers folder) or gguf (llama.cpp).
+                  [default: hf]
+  --out <path>    output folder (default: models/export/NAME-DTYPE).
+  --dtype <str>   f32, f16, bf16, or q8_0 (gguf only); default: f32 for hf,
+                  f16 for gguf.
+  --json
+  --help          Show this message and exit.
 """,
     "zg teacher": """\
 Usage: zg teacher [OPTIONS] COMMAND [ARGS]...

@@ -394,3 +394,24 @@ def train_lm_eval(
         if v.get("metric") and v["teacher"] is not None and v["student"] is not None
     ]
     emit(r.metrics(), as_json=as_json, summary="; ".join(parts) or "lm-eval: no accuracy metric reported")
+
+
+@app.command("export")
+def export_student(
+    student: str = typer.Argument(
+        "student", help="student, repaired, search (the project's folders) or a student folder's path."
+    ),
+    fmt: str = typer.Option("hf", "--format", help="hf (a stock transformers folder) or gguf (llama.cpp)."),
+    out: Path | None = typer.Option(None, "--out", help="output folder (default: models/export/NAME-DTYPE)."),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="f32, f16, bf16, or q8_0 (gguf only); default: f32 for hf, f16 for gguf."
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Export STUDENT as a deployable model: a stock transformers folder (loads without trust_remote_code) or a
+    GGUF file, with export.json (lineage) and a model card beside it. Refuses with one line, writing nothing,
+    what the format cannot express (e.g. per-layer MLP widths in a stock config)."""
+    from zgtrain.export.run import export
+
+    r = export(student, fmt, out, dtype)
+    emit(r.metrics(), as_json=as_json, summary=f"exported {r.student} as {r.format} ({r.dtype}) -> {r.path}")

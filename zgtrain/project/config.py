@@ -37,6 +37,7 @@ __all__ = [
     "GatesConfig",
     "LmEvalConfig",
     "RepairConfig",
+    "ExportConfig",
     "SearchConfig",
     "BlockRun",
     "ProjectConfig",
@@ -327,6 +328,63 @@ class RepairConfig(Section):
         return self.steps > 0
 
 
+@dataclass(kw_only=True, frozen=True)
+class ExportConfig(Section):
+    """Optional `export` stage: the student as a deployable model with its lineage (zgtrain/export/run.py)."""
+
+    SECTION: ClassVar[str] = "export"
+    enabled: bool = param(
+        False,
+        "Export: add an `export` stage to dvc.yaml (`zg pipeline`) that runs `zg export` after the student's stage "
+        "(false: no export stage, the pipeline is unchanged).",
+    )
+    student: str = param(
+        "student",
+        "Export: which student: student (models/student), repaired (models/repaired, with repair.steps > 0) or "
+        "search (models/search/student).",
+        choices=("student", "repaired", "search"),
+    )
+    format: str = param(
+        "hf",
+        "Export: hf (a stock transformers folder, loads without trust_remote_code; refused where the family's own "
+        "config cannot say the student) or gguf (llama.cpp).",
+        choices=("hf", "gguf"),
+    )
+    dtype: str = param(
+        "auto",
+        "Export: weights type: f32, f16, bf16 or q8_0 (gguf only); auto: f32 for hf, f16 for gguf.",
+        choices=("auto", "f32", "f16", "bf16", "q8_0"),
+    )
+    out: str = param(
+        "",
+        "Export: output folder, relative to the project (empty: models/export/<student>-<dtype>).",
+    )
+
+    def validate(self):
+        if self.dtype == "q8_0" and self.format == "hf":
+            raise ZgError(
+                "export.dtype is q8_0, a GGUF type, but export.format is hf",
+                key="export.dtype",
+                fix="use export.format: gguf, or export.dtype f32, f16 or bf16",
+            )
+        p = Path(self.out)
+        if self.out and (p.is_absolute() or ".." in p.parts):
+            raise ZgError(
+                f"export.out is {self.out!r}",
+                key="export.out",
+                fix="use a folder relative to the project, without '..' (e.g. models/export/student-f16)",
+            )
+
+    @property
+    def resolved_dtype(self) -> str:
+        return {"hf": "f32", "gguf": "f16"}[self.format] if self.dtype == "auto" else self.dtype
+
+    @property
+    def out_dir(self) -> str:
+        """The stage's output folder, relative to the project."""
+        return self.out or f"models/export/{self.student}-{self.resolved_dtype}"
+
+
 # Every section of params.yaml, in file order, with the class that parses it.
 SECTIONS = {
     "teacher": TeacherConfig,
@@ -343,7 +401,7 @@ SECTIONS = {
 # Sections a params.yaml may leave out (then: defaults); profiles write them only when they set them, so the
 # default params.yaml does not change: search (with a variants: library), local (`zg init --profile local`).
 # ``variants:`` (a mapping of named train overrides) is parsed below.
-OPTIONAL_SECTIONS = {"search": SearchConfig, "local": LocalConfig}
+OPTIONAL_SECTIONS = {"search": SearchConfig, "local": LocalConfig, "export": ExportConfig}
 _TOP = ("seed", *SECTIONS, "variants", *OPTIONAL_SECTIONS, "blocks")
 # The search's name for "keep the teacher block": never a trained variant, so no variant may take it.
 IDENTITY_VARIANT = "teacher"
@@ -435,6 +493,7 @@ class ProjectConfig:
     variants: dict = field(default_factory=dict)
     """{name: TrainConfig} of the variant library (``variants:``; empty: no variant stages)."""
     search: SearchConfig = field(default_factory=SearchConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> ProjectConfig:

@@ -260,6 +260,22 @@ _CODE["search_assemble"] = list(
     )
 )
 _CODE["search_repair"] = list(dict.fromkeys(_CODE["repair"] + ["zgtrain/search/repair.py"]))
+# the export stage (export.enabled): the driver, the format's writer (gguf: every zgtrain/export/gguf*.py), the
+# checked loader, the card and the family adapters
+for _fmt, _writer in (
+    ("hf", ["zgtrain/export/hf.py"]),
+    ("gguf", [f"zgtrain/export/{p.name}" for p in sorted((Path(__file__).parents[1] / "export").glob("gguf*.py"))]),
+):
+    _CODE[f"export_{_fmt}"] = [
+        "zgtrain/export/run.py",
+        *_writer,
+        "zgtrain/student/load.py",
+        "zgtrain/student/card.py",
+        "zgdata/families.py",
+        "zgdata/family_base.py",
+        "zgdata/family_dense.py",
+        "zgdata/family_traits.py",
+    ]
 
 
 def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] = ()) -> dict:
@@ -283,6 +299,7 @@ def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] 
         if project.variants:
             stages.update(_search_stages(project, blocks, code))
         _virtual_first(stages, project, L, code)
+        _add_export(stages, project, L, code)
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):
@@ -568,6 +585,30 @@ def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
             st["deps"] = st["deps"][:1] + [str(rp.model)] + st["deps"][1:] + code("repair_eval")
             st["params"] = st["params"] + ["repair.steps"]
             stages[name] = st  # after repair in dvc.yaml's order
+
+
+def _add_export(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
+    """The optional `export` stage, only when export.enabled: the default pipeline is unchanged.
+
+    It reads the chosen student folder (and the project's teacher.json, for the tokenizer's identity) and writes
+    the exported model with export.json and its card into export.out (zgtrain/export/run.py)."""
+    ex = project.export
+    if not ex.enabled:
+        return
+    owner = {"student": "assemble", "repaired": "repair", "search": "search_assemble"}[ex.student]
+    if owner not in stages:
+        raise ZgError(
+            f"export.student is {ex.student}, but this pipeline has no {owner} stage",
+            key="export.student",
+            fix="set repair.steps > 0 for repaired, a variants: library for search, or export.student: student",
+        )
+    src = {"student": L.student, "repaired": L.repair.model, "search": L.search_student}[ex.student]
+    stages["export"] = {
+        "cmd": f"zg export {ex.student} --format {ex.format} --dtype {ex.resolved_dtype} --out {ex.out_dir}",
+        "deps": [str(src), str(L.teacher_json)] + code(f"export_{ex.format}"),
+        "params": ["export"],
+        "outs": [ex.out_dir],
+    }
 
 
 class _Dumper(yaml.SafeDumper):
