@@ -19,15 +19,22 @@ from pathlib import Path
 import numpy as np
 
 from zgdata.errors import ZgError
-from zgtrain.export.gguf_arch import HF_FIX, ArchSpec, check_rope, edit_tensor, gemma_scale_check, spec_of
-from zgtrain.export.gguf_arch import write_hparams
+from zgtrain.export.gguf_arch import (
+    HF_FIX,
+    ArchSpec,
+    check_rope,
+    edit_tensor,
+    gemma_scale_check,
+    spec_of,
+    write_hparams,
+)
 from zgtrain.export.gguf_vocab import VocabInfo, read_vocab, write_vocab
 
 __all__ = ["DTYPES", "check_gguf", "export_gguf"]
 
 DTYPES = ("f32", "f16", "bf16", "q8_0")
 _FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
-_SKIP = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")  # buffers, not weights
+_SKIP = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")  # buffers, not weights (GPT-2's c_attn.bias is one)
 
 
 @dataclass
@@ -70,7 +77,9 @@ def _plan(student: Path, dtype: str) -> _Plan:
             )
     for i, width in enumerate(sizes):
         if width <= 0:
-            raise ZgError(f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=HF_FIX)
+            raise ZgError(
+                f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=HF_FIX
+            )
     arch = spec.arch
     if len(set(sizes)) > 1:
         first = next(i for i, s in enumerate(sizes) if s != sizes[0])
@@ -139,7 +148,9 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
     written = 0
     writer = gguf.GGUFWriter(out_file, arch)
     try:
-        writer.add_name(f"zg {plan.family} student")
+        # a fixed name: llama.cpp's vocab loader keys tokenizer quirks on general.name (a name containing "phi3"
+        # gets Phi-3's right-stripping of special tokens), which transformers' tokenizer does not do
+        writer.add_name("zg student")
         writer.add_file_type(_FILE_TYPE[dtype])
         if dtype == "q8_0":
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import RopeScalingType
 
 from zgdata.errors import ZgError
 
@@ -102,7 +103,8 @@ def gemma_scale_check(cfg: dict, spec: ArchSpec, n_layer: int) -> None:
         raise ZgError(
             f"llama.cpp's {spec.arch} with {n_layer} layers scales attention by 1/sqrt({cpp}); this student by "
             f"1/sqrt(query_pre_attn_scalar={want})",
-            fix="use `zg export --format hf`" + (f" (or keep a layer count other than {big})" if n_layer == big else ""),
+            fix="use `zg export --format hf`"
+            + (f" (or keep a layer count other than {big})" if n_layer == big else ""),
         )
 
 
@@ -137,7 +139,7 @@ def write_hparams(w, cfg: dict, spec: ArchSpec, arch: str, sizes: list[int], lay
     rp = _rope(cfg, "full_attention" if fam == "gemma3_text" else None)
     w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
     if rp.get("rope_type") == "linear":
-        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rp["factor"]))
     if fam == "phi3":
         w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", 1.0) * hd))
@@ -153,24 +155,30 @@ def write_hparams(w, cfg: dict, spec: ArchSpec, arch: str, sizes: list[int], lay
             if cfg.get(key) is not None:
                 add(float(cfg[key]))
     if spec.window == "pattern":
-        gemma_scale_check(cfg, spec, n_layer)
-        if cfg.get("attn_logit_softcapping") is not None:
-            w.add_attn_logit_softcapping(float(cfg["attn_logit_softcapping"]))
-        if cfg.get("final_logit_softcapping") is not None:
-            w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
-        pattern = [t == "sliding_attention" for t in (layer_types or [])]
-        if window and any(pattern):
-            w.add_sliding_window(int(window))
-            w.add_sliding_window_pattern(pattern)  # per layer: dropped layers keep their own type
-            notes["sliding_window_pattern"] = pattern
-        elif fam == "gemma2":  # gemma2 always has a window (default 4096): every layer full = pattern of no swa
-            w.add_sliding_window(int(window or 4096))
-            w.add_sliding_window_pattern([False] * n_layer)
-        if fam == "gemma3_text":
-            local = _rope(cfg, "sliding_attention")
-            if local:
-                w.add_rope_freq_base_swa(float(local.get("rope_theta", 10000.0)))
+        _gemma_hparams(w, cfg, spec, n_layer, layer_types, notes)
     return notes
+
+
+def _gemma_hparams(w, cfg: dict, spec: ArchSpec, n_layer: int, layer_types: list | None, notes: dict) -> None:
+    """Gemma 2/3: soft-capping, the window and its per-layer pattern (each kept layer's own type), local rotary."""
+    fam, window = spec.family, cfg.get("sliding_window")
+    gemma_scale_check(cfg, spec, n_layer)
+    if cfg.get("attn_logit_softcapping") is not None:
+        w.add_attn_logit_softcapping(float(cfg["attn_logit_softcapping"]))
+    if cfg.get("final_logit_softcapping") is not None:
+        w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
+    pattern = [t == "sliding_attention" for t in (layer_types or [])]
+    if window and any(pattern):
+        w.add_sliding_window(int(window))
+        w.add_sliding_window_pattern(pattern)  # per layer: dropped layers keep their own type
+        notes["sliding_window_pattern"] = pattern
+    elif fam == "gemma2":  # gemma2 always has a window (default 4096): every layer full = pattern of no swa
+        w.add_sliding_window(int(window or 4096))
+        w.add_sliding_window_pattern([False] * n_layer)
+    if fam == "gemma3_text":
+        local = _rope(cfg, "sliding_attention")
+        if local:
+            w.add_rope_freq_base_swa(float(local.get("rope_theta", 10000.0)))
 
 
 def permute_qk(x: np.ndarray, n_head: int) -> np.ndarray:
@@ -180,7 +188,9 @@ def permute_qk(x: np.ndarray, n_head: int) -> np.ndarray:
 
 def edit_tensor(name: str, x: np.ndarray, cfg: dict, spec: ArchSpec, arch: str) -> np.ndarray:
     """One HF tensor as the GGUF arch stores it (``name``: the HF state-dict key)."""
-    if spec.conv1d and name.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")):
+    if spec.conv1d and name.endswith(
+        ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    ):
         x = x.T
     if spec.norm_shift and name.endswith("norm.weight"):
         x = x + spec.norm_shift

@@ -30,7 +30,9 @@ from zgdata.families import family
 
 FAMILIES = ["gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral", "olmo2", "phi3", "qwen2"]
 PER_LAYER = {"llama", "mistral", "qwen2"}  # mixed MLP widths export as llama.cpp's deci
-HF_GGUF = {"llama", "mistral", "qwen2", "gpt2", "phi3"}  # archs transformers' GGUF loader reads (uniform students)
+# archs transformers' GGUF loader reads (uniform students); its gpt2 mapping turns feed_forward_length into an unused
+# config field (transformers 5.24 integrations/ggml.py), so a GPT-2 student of pruned width does not load there
+HF_GGUF = {"llama", "mistral", "qwen2", "phi3"}
 KEEP = [0, 1, 3]  # teacher layer 2 dropped
 TEXT = "Is this a dagger which I see before me, the handle toward my hand? Come, let me clutch thee."
 
@@ -198,14 +200,20 @@ def test_tokenization_matches_transformers(tmp_path, llama_cpp):
     assert info["tokenizer_pre"] == "default" and info["add_bos"] is False
     tok = AutoTokenizer.from_pretrained(student)
     llm = _cpp(llama_cpp, out)
-    for text in (TEXT, "  two  spaces\tand\ttabs\n\nnewlines", "naïve café — 東京 🦙", "a<|endoftext|>b", "<|endoftext|>"):
+    for text in (
+        TEXT,
+        "  two  spaces\tand\ttabs\n\nnewlines",
+        "naïve café — 東京 🦙",
+        "a<|endoftext|>b",
+        "<|endoftext|>",
+    ):
         want = tok(text)["input_ids"]
         assert llm.tokenize(text.encode(), add_bos=True, special=True) == want, text
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(text, add_special_tokens=False)
     assert llm.token_eos() == tok.eos_token_id and llm.token_bos() == tok.bos_token_id
 
 
-def test_zg_windows_and_unknown_dtypes_are_refused_before_writing(tmp_path):
+def test_zg_windows_untied_gemma2_and_unknown_dtypes_are_refused_before_writing(tmp_path):
     from zgtrain.export.gguf import export_gguf
 
     student = make_student(tmp_path / "student", "llama", windows=[None, 8, None])
@@ -216,6 +224,9 @@ def test_zg_windows_and_unknown_dtypes_are_refused_before_writing(tmp_path):
     assert not out.exists()
     with pytest.raises(ZgError, match="q4_k"):
         export_gguf(make_student(tmp_path / "uniform", "llama"), out, dtype="q4_k")
+    assert not out.exists()
+    with pytest.raises(ZgError, match="always uses the token embeddings as its head"):
+        export_gguf(make_student(tmp_path / "gemma2", "gemma2"), out)  # the tiny Gemma 2 has its own LM head
     assert not out.exists()
 
 
