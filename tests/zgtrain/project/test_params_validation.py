@@ -33,6 +33,7 @@ COMMAND = {
     "local": ["train", "local"],
     "search": ["search", "run"],
     "repair": ["train", "repair"],
+    "export": ["pipeline"],  # the export stage's fields: dvc.yaml is written from them
 }
 WRONG_TYPE = {"int": ["ten", 2.5], "float": ["fast", True], "str": [5], "list": ["x"]}
 
@@ -81,6 +82,9 @@ def _cases():
         ("eval", "sets", [{"name": "x"}]),
         ("gates", "sets", ["nope"]),
         ("materialize", "virtual_first", "yes"),
+        ("export", "enabled", "yes"),
+        ("export", "dtype", "q8_0"),  # a GGUF type with export.format hf
+        ("export", "out", "../elsewhere"),
     ):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
