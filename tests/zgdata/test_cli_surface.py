@@ -17,6 +17,7 @@ EXPECTED = {
     "zg data materialize": ["--json", "--params"],
     "zg data tokenize": ["--json", "--params"],
     "zg data verify": ["--boundaries", "--full", "--json", "--lineage-only", "--params", "--sample"],
+    "zg export": ["--dtype", "--format", "--json", "--out", "ARG:student"],
     "zg init": ["--profile", "ARG:directory"],
     "zg params": [],
     "zg pipeline": ["--params"],
