@@ -29,7 +29,16 @@ from zgtrain.project.config import ProjectConfig
 from zgtrain.student.card import write_card
 from zgtrain.student.load import record_checksums, ship_modeling_code, template_class
 
-__all__ = ["assemble", "build_student", "build_from_blocks", "save_student", "StudentResult"]
+__all__ = [
+    "assemble",
+    "build_student",
+    "build_from_blocks",
+    "save_student",
+    "student_model",
+    "write_student_files",
+    "needs_modeling_code",
+    "StudentResult",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +105,40 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     return build_from_blocks(_blocks(project, layout, which), layout=layout)
 
 
+def needs_modeling_code(sizes: list, windows: list) -> bool:
+    """Whether a student of these layer widths and windows ships zg's modeling file (``remote_code``): per-layer
+    MLP widths or any sliding window, which the family's stock config cannot say."""
+    return len(set(sizes)) != 1 or any(w is not None for w in windows)
+
+
+def student_model(teacher_config: dict, state: dict, sizes: list, windows: list, types: list | None, *, dtype):
+    """The student causal LM in eval mode, with the weights of ``state`` (the model's own keys: the family's
+    ``head_key`` / ``layer_key`` names, layers renumbered 0..n-1), each ``.to(dtype).clone()``d and assigned.
+
+    ``teacher_config``: the teacher's config dict; ``sizes``, ``windows``, ``types``: each student layer's MLP width,
+    sliding window (None: full attention) and teacher attention type (Gemma 3; None where the family has one).
+    The family's ``student_config`` where every width is equal and no window is set, else zg's pinned template
+    config and class (``intermediate_sizes``, ``layer_windows``; the folder then ships the modeling file). Built
+    on the meta device; weights tied, a parameter ``state`` lacks is an error, derived buffers (rotary) rebuilt."""
+    fam = family_of(teacher_config)
+    config = fam.student_config(teacher_config, sizes, types)
+    model_cls = fam.causal_lm()
+    if needs_modeling_code(sizes, windows):  # a config subclass plus modeling code shipped with the model
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows, **fields)
+        model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
+    config._attn_implementation = fam.attn_implementation
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.load_state_dict({k: v.to(dtype).clone() for k, v in state.items()}, assign=True, strict=False)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ZgError(f"assembled model lacks {missing[:3]}", fix="re-run `dvc repro teacher` and the train stages")
+    fam.rebuild_buffers(model, config)  # derived buffers (rotary) off the meta device
+    return model.eval()
+
+
 def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     """The causal LM of ``blocks`` ([(BlockSpec, StudentBlock, meta)] in order) between the teacher's head slice."""
     head, hmeta = load_slice(layout.teacher_head)
@@ -103,14 +146,6 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
     windows = [w for _, b, _ in blocks for w in b.windows]
     types = [t for _, b, _ in blocks for t in (b.layer_types or [])] or None  # Gemma 3: each layer's teacher type
-    config = fam.student_config(hmeta["config"], sizes, types)
-    uniform = len(set(sizes)) == 1 and not any(w is not None for w in windows)
-    model_cls = fam.causal_lm()
-    if not uniform:  # per-layer widths or windows: a config subclass plus modeling code shipped with the model
-        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows, **fields)
-        model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
-    config._attn_implementation = fam.attn_implementation
     state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
     for _, block, _ in blocks:
@@ -119,18 +154,8 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
                 if k.startswith(f"layers.{j}."):
                     state[fam.layer_key(i, k.split(".", 2)[2])] = v
             i += 1
-    with torch.device("meta"):
-        model = model_cls(config)
-    model.load_state_dict(
-        {k: v.to(getattr(torch, hmeta["config"].get("dtype") or "float32")).clone() for k, v in state.items()},
-        assign=True,
-        strict=False,
-    )
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise ZgError(f"assembled model lacks {missing[:3]}", fix="re-run `dvc repro teacher` and the train stages")
-    fam.rebuild_buffers(model, config)  # derived buffers (rotary) off the meta device
+    dtype = getattr(torch, hmeta["config"].get("dtype") or "float32")
+    model = student_model(hmeta["config"], state, sizes, windows, types, dtype=dtype)
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
     summary = {
@@ -140,7 +165,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         "layers": len(sizes),
         "intermediate_sizes": sizes,
         "layer_windows": windows,
-        "remote_code": not uniform,
+        "remote_code": needs_modeling_code(sizes, windows),
         "family": fam.model_type,
         **kv_summary(hmeta["config"], windows),
         "blocks": {
@@ -152,7 +177,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
             for spec, _, meta in blocks
         },
     }
-    return model.eval(), summary
+    return model, summary
 
 
 @locked("assemble")
@@ -168,15 +193,8 @@ def save_student(
     the model card README.md: zgtrain/student/card.py; ``judged``: figures this stage judged it by, for the card)."""
     teacher_sha = read_teacher_json(layout)["weights_sha256"]
     with atomic_path(path) as tmp:
-        model.save_pretrained(tmp)
-        modeling = ship_modeling_code(tmp, summary["family"]) if summary["remote_code"] else None
-        load_tokenizer(layout).save_pretrained(tmp)  # checked against teacher.json first
-        (tmp / "zerograph.json").write_text(
-            json.dumps(
-                {**summary, "teacher_sha256": teacher_sha, "modeling_sha256": modeling}, indent=2, sort_keys=True
-            )
-            + "\n"
-        )
+        tokenizer = load_tokenizer(layout)  # checked against teacher.json first
+        write_student_files(tmp, model, summary, tokenizer, teacher_sha256=teacher_sha)
         write_card(
             tmp,
             {**summary, "teacher_sha256": teacher_sha},
@@ -186,3 +204,19 @@ def save_student(
         )
         record_checksums(tmp)  # the weights' digests: load_student checks them on every load
     return StudentResult(path=str(path), **{k: v for k, v in summary.items() if k != "blocks"})
+
+
+def write_student_files(folder: Path, model, summary: dict, tokenizer, *, teacher_sha256: str) -> str | None:
+    """Write a student's loadable files into ``folder``, in this order: the weights and config (save_pretrained),
+    zg's modeling file where ``summary["remote_code"]``, the tokenizer, then zerograph.json (``summary`` plus
+    ``teacher_sha256`` and ``modeling_sha256``), the JSON save_student has always written. Returns the modeling
+    file's sha256 (None: none shipped). The model card and checksums.json are the caller's (save_student)."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    modeling = ship_modeling_code(folder, summary["family"]) if summary["remote_code"] else None
+    tokenizer.save_pretrained(folder)
+    (folder / "zerograph.json").write_text(
+        json.dumps({**summary, "teacher_sha256": teacher_sha256, "modeling_sha256": modeling}, indent=2, sort_keys=True)
+        + "\n"
+    )
+    return modeling

@@ -1,11 +1,12 @@
 """GGUF export (zgtrain/export/gguf.py) checked in llama.cpp itself (llama-cpp-python) and in transformers' GGUF loader.
 
 Each family's tiny random teacher (``random:tiny-<family>``, the one tests/zgtrain/test_families.py runs through
-the CLI) becomes a real student folder in-process, exactly as ``build_from_blocks`` + ``save_student`` write one
-(config from ``Family.student_config``, renumbered layers, zg's pinned modeling file for per-layer widths,
-tokenizer, zerograph.json, checksums.json), minus the teacher lineage and model card that need a project; the
-export reads it only through ``load_student``. Layer 2 of 4 is dropped (fewer layers; Gemma's per-layer sliding
-pattern must follow the kept layers) and the MLPs pruned with ``Family.prune_mlp``: uniformly, or to mixed widths.
+the CLI) becomes a real student folder in-process, through the functions ``build_from_blocks`` + ``save_student``
+use (``student_model``, ``write_student_files``: export_students.py), so the same config, renumbered layers, zg's
+pinned modeling file for per-layer widths, tokenizer, zerograph.json and checksums.json, minus the teacher lineage
+and model card that need a project; the export reads it only through ``load_student``. Layer 2 of 4 is dropped
+(fewer layers; Gemma's per-layer sliding pattern must follow the kept layers) and the MLPs pruned with
+``Family.prune_mlp``: uniformly, or to mixed widths.
 
 Tolerances. The student runs in transformers at f32; llama.cpp runs the f32 GGUF with an f32 KV cache. The
 computations are the same up to summation order (ggml's blocked dot products, its own softmax and RMSNorm), so
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 
+import export_students  # sibling helper: the student folder, written by zgtrain/student/assemble.py
 import numpy as np
 import pytest
 import torch
@@ -49,51 +51,13 @@ def llama_cpp():
 
 
 def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie=False):
-    """A student folder of family ``name``: teacher layers ``keep`` with MLP widths ``widths`` (first channels);
-    ``tie``: the LM head tied to the embeddings (as released Gemma 2 models are; the tiny teacher's is its own)."""
+    """A student folder of family ``name``: teacher layers ``keep`` with MLP widths ``widths`` (first channels,
+    default half the teacher's); ``tie``: the LM head tied to the embeddings (as released Gemma 2 models are; the
+    tiny teacher's is its own). Written by the production code (export_students.py)."""
     from zgdata.teacher.prepare import _tiny_teacher
-    from zgtrain.student.load import record_checksums, ship_modeling_code, template_class
 
-    teacher, tok = _tiny_teacher(name)
-    fam = family(name)
-    layers, head = fam.split_state(teacher.state_dict())
-    width = fam.width(teacher.config)
-    widths = widths or [width // 2] * len(keep)
-    windows = windows or [None] * len(keep)
-    config = fam.student_config(teacher.config.to_dict(), widths, fam.layer_types(teacher.config, keep))
-    uniform = len(set(widths)) == 1 and all(w is None for w in windows)
-    model_cls = fam.causal_lm()
-    if not uniform:
-        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-        config = template_class(name, "AutoConfig")(intermediate_sizes=widths, layer_windows=windows, **fields)
-        model_cls = template_class(name, "AutoModelForCausalLM")
-    config._attn_implementation = fam.attn_implementation
-    if tie:
-        config.tie_word_embeddings = True
-        head.pop("lm_head.weight")
-    state = {fam.head_key(k): v for k, v in head.items()}
-    for i, (src, w) in enumerate(zip(keep, widths)):
-        for k, v in fam.prune_mlp(layers[src], torch.arange(w)).items():
-            state[fam.layer_key(i, k)] = v
-    with torch.device("meta"):
-        model = model_cls(config)
-    model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True, strict=False)
-    model.tie_weights()
-    fam.rebuild_buffers(model, config)
-    model.save_pretrained(folder)
-    modeling = ship_modeling_code(folder, name) if not uniform else None
-    tok.save_pretrained(folder)
-    summary = {
-        "family": name,
-        "intermediate_sizes": widths,
-        "layer_windows": windows,
-        "remote_code": not uniform,
-        "modeling_sha256": modeling,
-        "layers": len(widths),
-    }
-    (folder / "zerograph.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    record_checksums(folder)
-    return folder
+    widths = widths or [family(name).width(_tiny_teacher(name)[0].config) // 2] * len(keep)
+    return export_students.make_student(folder, name, widths, windows, keep, tie=tie)
 
 
 def _hf_logits(folder, ids) -> np.ndarray:

@@ -1,18 +1,21 @@
 """`zg export --format hf`: a student as a stock transformers folder, per family (zgtrain/export/hf.py).
 
-Each family's students are written here the way ``save_student`` (zgtrain/student/assemble.py) writes them, from
-the family's tiny config (``teacher.source: random:tiny-<family>``): the config ``student_config`` gives a
-uniform student, else zg's pinned template config and class with ``intermediate_sizes`` / ``layer_windows``; the
-shipped modeling file, the tokenizer, zerograph.json and checksums.json. That skips the teacher, tokens and
-boundaries, which export never reads (tests/zgtrain/export/test_export_cli.py exports a student the pipeline
-assembled). Every export is loaded with ``trust_remote_code=False`` and its logits ``torch.equal`` the student's
-(``load_student``, the same dtype), over sequences longer than every window.
+Each family's students are written here by the functions ``build_from_blocks`` and ``save_student`` use
+(``student_model``, ``write_student_files``: zgtrain/student/assemble.py, via export_students.py), from the
+family's tiny random teacher (``teacher.source: random:tiny-<family>``) cut to some layers and pruned: the config
+``student_config`` gives a uniform student, else zg's pinned template config and class with
+``intermediate_sizes`` / ``layer_windows``; the shipped modeling file, the tokenizer, zerograph.json and
+checksums.json. That skips the tokens and boundaries, which export never reads
+(tests/zgtrain/export/test_export_cli.py exports a student the pipeline assembled). Every export is loaded with
+``trust_remote_code=False`` and its logits ``torch.equal`` the student's (``load_student``, the same dtype), over
+sequences longer than every window.
 """
 
 from __future__ import annotations
 
 import json
 
+import export_students  # sibling helper: the student folder, written by zgtrain/student/assemble.py
 import pytest
 import torch
 
@@ -27,41 +30,7 @@ SEQ = 24  # longer than the tiny teachers' sliding_window (16) and every window 
 def make_student(path, model_type: str, widths: list, windows: list | None = None, keep: list | None = None):
     """A student folder as save_student writes it: ``widths`` per layer, ``windows`` (zg's layer_windows),
     ``keep``: the teacher layers kept (their attention types, Gemma), default the first len(widths)."""
-    from zgdata.teacher.tokenizer import byte_level_tokenizer
-    from zgtrain.student.load import record_checksums, ship_modeling_code, template_class
-
-    fam = family(model_type)
-    tok = byte_level_tokenizer()
-    teacher = fam.tiny_config(tok)
-    keep = keep or list(range(len(widths)))
-    types = fam.layer_types(teacher, keep) if hasattr(teacher, "layer_types") else None
-    config = fam.student_config(teacher.to_dict(), widths, types)
-    windows = windows or [None] * len(widths)
-    uniform = len(set(widths)) == 1 and all(w is None for w in windows)
-    cls = fam.causal_lm()
-    if not uniform:
-        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-        config = template_class(model_type, "AutoConfig")(intermediate_sizes=widths, layer_windows=windows, **fields)
-        cls = template_class(model_type, "AutoModelForCausalLM")
-    config._attn_implementation = fam.attn_implementation
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(len(widths) * 7 + sum(widths))
-        model = cls(config).eval()
-    model.save_pretrained(path)
-    modeling = ship_modeling_code(path, model_type) if not uniform else None
-    tok.save_pretrained(path)
-    summary = {
-        "family": model_type,
-        "intermediate_sizes": widths,
-        "layer_windows": windows,
-        "remote_code": not uniform,
-        "layers": len(widths),
-        "teacher_sha256": "0" * 64,
-        "modeling_sha256": modeling,
-    }
-    (path / "zerograph.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    record_checksums(path)
-    return path
+    return export_students.make_student(path, model_type, widths, windows, keep)
 
 
 def _ids(vocab: int) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""Student folders for the export tests (test_gguf.py, test_hf.py), written by the production code.
+
+A family's tiny random teacher (``_tiny_teacher``: ``random:tiny-<family>``) is cut to some of its layers, their
+MLPs pruned to their first channels (``Family.prune_mlp``), and the renumbered state goes through
+``student_model`` and ``write_student_files`` (zgtrain/student/assemble.py), the functions ``build_from_blocks``
+and ``save_student`` use; then ``record_checksums``. That skips the project (tokens, boundaries, trained blocks)
+and the model card, which export never needs. Imported as a sibling module (pytest's default import mode puts
+this folder on sys.path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from zgdata.families import family
+
+
+def make_student(
+    folder: Path, name: str, widths: list, windows: list | None = None, keep: list | None = None, *, tie=False
+):
+    """A student folder of family ``name`` at ``folder``: teacher layers ``keep`` (default the first len(widths))
+    with MLP widths ``widths`` and zg windows ``windows`` (default none); ``tie``: the LM head tied to the
+    embeddings (set on the teacher config, its own head weight dropped), as released Gemma 2 models are."""
+    from zgdata.teacher.prepare import _tiny_teacher
+    from zgtrain.student.assemble import needs_modeling_code, student_model, write_student_files
+    from zgtrain.student.load import record_checksums
+
+    teacher, tok = _tiny_teacher(name)
+    fam = family(name)
+    layers, head = fam.split_state(teacher.state_dict())
+    keep = keep or list(range(len(widths)))
+    windows = windows or [None] * len(widths)
+    config = teacher.config.to_dict()
+    if tie:
+        config["tie_word_embeddings"] = True
+        head.pop("lm_head.weight")
+    state = {fam.head_key(k): v for k, v in head.items()}
+    for i, (src, w) in enumerate(zip(keep, widths, strict=True)):
+        for k, v in fam.prune_mlp(layers[src], torch.arange(w)).items():
+            state[fam.layer_key(i, k)] = v
+    types = fam.layer_types(teacher.config, keep)
+    model = student_model(config, state, widths, windows, types, dtype=torch.float32)
+    summary = {
+        "family": name,
+        "intermediate_sizes": widths,
+        "layer_windows": windows,
+        "remote_code": needs_modeling_code(widths, windows),
+        "layers": len(widths),
+    }
+    write_student_files(folder, model, summary, tok, teacher_sha256="0" * 64)
+    record_checksums(folder)
+    return folder
