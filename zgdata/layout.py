@@ -226,6 +226,10 @@ class Layout:
         """The searched student: the first mix that passed the gates, else the closest miss."""
         return self.root / "models" / "search" / "student"
 
+    def export_dir(self, name: str, dtype: str) -> Path:
+        """`zg export`'s default output for a student (name: student, repaired, search) at a dtype."""
+        return self.root / "models" / "export" / f"{name}-{dtype}"
+
     # zg's own files in a project: locks and caches (gitignored, never a DVC output)
     @property
     def state_dir(self) -> Path:

@@ -82,7 +82,7 @@ def _name(student: str | Path, path: Path, layout: Layout) -> str:
 def default_out(student: str | Path, dtype: str, layout: Layout = Layout()) -> Path:
     """``models/export/<name>-<dtype>`` in the project (name: student, repaired, search, or the folder's)."""
     path = resolve_student(student, layout)
-    return layout.root / "models" / "export" / f"{_name(student, path, layout)}-{dtype}"
+    return layout.export_dir(_name(student, path, layout), dtype)
 
 
 def _shown(path: Path, layout: Layout) -> str:

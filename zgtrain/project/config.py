@@ -29,6 +29,7 @@ from zgdata.config import (
     section,
 )
 from zgdata.errors import ZgError
+from zgdata.layout import Layout
 from zgtrain.local.config import LocalConfig
 
 __all__ = [
@@ -382,7 +383,7 @@ class ExportConfig(Section):
     @property
     def out_dir(self) -> str:
         """The stage's output folder, relative to the project."""
-        return self.out or f"models/export/{self.student}-{self.resolved_dtype}"
+        return self.out or Layout().export_dir(self.student, self.resolved_dtype).as_posix()
 
 
 # Every section of params.yaml, in file order, with the class that parses it.
