@@ -26,10 +26,11 @@ demo: setup
 
 # One pytest-xdist worker more than the CPUs (at most 4): many tests wait on processes they started (dvc, Ray,
 # a kill at a failpoint), and the extra worker fills those waits (2 cores: 584 s with 3 workers, 609 s with 2).
+# --no-loadscope-reorder: the Ray group, which tests/conftest.py puts first, starts at once on its worker.
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) + 1))')
 
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
 
 # Lint and format check with ruff (settings in pyproject.toml); `make format` rewrites in place.
 lint: setup

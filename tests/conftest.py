@@ -148,6 +148,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif group := _module_fixture_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
+    # Longest work first. The Ray group runs serially on one worker and is the run's longest unit of work (its
+    # tests start real `zg` drivers, Ray workers and kills): it goes first, so that worker starts it at once.
+    # Next the groups that use ``reproduced`` (another worker builds it while the Ray group's first module, which
+    # does not need it, runs), then the other groups (a module's tests around its expensive fixture), then single
+    # tests, which fill the gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would
+    # otherwise sort groups by their number of tests, and start the Ray group after groups of more, shorter tests).
+    items.sort(key=_schedule_rank)
+
+
+def _schedule_rank(item) -> int:
+    groups = [m.args[0] for m in item.iter_markers("xdist_group")]
+    if not groups:
+        return 3
+    return 0 if "ray" in groups else 1 if "reproduced" in getattr(item, "fixturenames", ()) else 2
 
 
 def pytest_collection_finish(session):
