@@ -676,7 +676,13 @@ def dump_params(params: dict) -> str:
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    try:
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except FileNotFoundError as e:  # the program itself is not on PATH
+        raise ZgError(
+            f"`{cmd[0]}` is not on PATH (zg init runs `{' '.join(cmd)}`)",
+            fix="install git and dvc (make setup), or activate the environment that has them (.venv/bin)",
+        ) from e
     if res.returncode:
         raise ZgError(
             f"`{' '.join(cmd)}` failed in {cwd}: {(res.stderr or res.stdout).strip()[:300]}",

@@ -110,3 +110,26 @@ def test_regenerate_refits_blocks_to_the_partition_and_writes_nothing_from_inval
     with pytest.raises(ZgError) as e:
         regenerate(path)
     assert e.value.key == "train.lr" and (path.read_text(), dvc.read_text()) == before
+
+
+def test_init_without_dvc_on_path_is_one_line_and_a_rerun_works(tmp_path, monkeypatch):
+    """`zg init` where `dvc` is not on PATH: one error line naming it (no traceback), exit 2; once PATH has it,
+    the same command in the same folder succeeds."""
+    import os
+    import shutil
+
+    from conftest import assert_user_error, zg_main
+
+    git = shutil.which("git")
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "git").symlink_to(git)  # git but no dvc
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(bare))
+    res = zg_main("init", tmp_path / "proj", "--profile", "tiny", cwd=tmp_path, check=False)
+    assert res.returncode == 2
+    assert_user_error(res, "`dvc` is not on PATH", "make setup", alone=True)
+    assert not (tmp_path / "proj" / "params.yaml").exists()
+    monkeypatch.setenv("PATH", path)
+    zg_main("init", tmp_path / "proj", "--profile", "tiny", cwd=tmp_path)
+    assert (tmp_path / "proj" / "dvc.yaml").is_file() and (tmp_path / "proj" / ".dvc").is_dir()
