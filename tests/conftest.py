@@ -148,20 +148,37 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif group := _module_fixture_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
-    # Longest work first. The Ray group runs serially on one worker and is the run's longest unit of work (its
-    # tests start real `zg` drivers, Ray workers and kills): it goes first, so that worker starts it at once.
-    # Next the groups that use ``reproduced`` (another worker builds it while the Ray group's first module, which
-    # does not need it, runs), then the other groups (a module's tests around its expensive fixture), then single
-    # tests, which fill the gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would
-    # otherwise sort groups by their number of tests, and start the Ray group after groups of more, shorter tests).
+    # Critical path first. The Ray group runs serially on one worker and is the run's longest unit of work (its
+    # tests start real `zg` drivers, Ray workers and kills): it goes first, so that worker starts it at once, and
+    # its tests that use ``reproduced`` go first within it, so that worker builds it (the other workers' users wait
+    # for it). Then the other groups (a module's tests around its expensive fixture), then single tests, which
+    # fill the gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would otherwise sort
+    # groups by their number of tests, and start the Ray group after groups of more, but shorter, tests).
     items.sort(key=_schedule_rank)
 
 
 def _schedule_rank(item) -> int:
     groups = [m.args[0] for m in item.iter_markers("xdist_group")]
-    if not groups:
-        return 3
-    return 0 if "ray" in groups else 1 if "reproduced" in getattr(item, "fixturenames", ()) else 2
+    if "ray" in groups:
+        return 0 if "reproduced" in getattr(item, "fixturenames", ()) else 1
+    return 2 if groups else 3
+
+
+_LOW_PRIORITY = False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under pytest-xdist, a worker lowers its CPU priority (nice +10, once) before its first test outside the Ray
+    group, so the Ray group's worker, its `zg` processes and the Ray cluster (started by that worker, at normal
+    priority) get the CPUs when they want them: that group is the run's critical path, and the other workers'
+    tests fill the time it spends waiting. Priority changes scheduling only, never what a test computes."""
+    global _LOW_PRIORITY
+    if _LOW_PRIORITY or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if _schedule_rank(item) > 1:
+        os.nice(10)
+        _LOW_PRIORITY = True
 
 
 def pytest_collection_finish(session):
