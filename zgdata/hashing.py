@@ -5,21 +5,31 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from zgdata.errors import ZgError
 
-__all__ = ["sha256_bytes", "tensors_sha256", "fingerprint", "canonical_json"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["sha256_bytes", "file_sha256", "tensors_sha256", "fingerprint", "canonical_json"]
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks (weights files, modeling code, tokenizer files, exports)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     """sha256 over (name, dtype, shape, raw bytes) of each tensor, names sorted."""
+    import torch
+
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()

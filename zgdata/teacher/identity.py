@@ -14,13 +14,13 @@ copy a file keep its mtime (cp -p, rsync -a) but can not keep its ctime or inode
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from zgdata.errors import ZgError
+from zgdata.hashing import file_sha256
 from zgdata.layout import Layout
 from zgdata.paths_guard import inside
 
@@ -57,11 +57,6 @@ def _on_disk(hf: Path) -> dict[str, Path]:
     return {p.relative_to(hf).as_posix(): p for p in sorted(hf.rglob("*")) if not p.is_dir()}
 
 
-def _sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _stat_key(path: Path) -> tuple[str, list[int]]:
     st = os.stat(path)  # follows symlinks: DVC's symlink cache type links each file
     return str(Path(path).resolve()), [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
@@ -95,7 +90,7 @@ def record_files(layout: Layout) -> dict[str, str]:
     entries, out = {}, {}
     for name, path in _on_disk(layout.teacher_hf).items():
         key, sig = _stat_key(path)
-        out[name] = _sha256_file(path)
+        out[name] = file_sha256(path)
         entries[key] = {"stat": sig, "sha256": out[name]}
     _save_cache(layout, entries)
     return out
@@ -130,7 +125,7 @@ def check_files(layout: Layout, teacher: dict, *, rehash: bool = False) -> Files
         if isinstance(hit, dict) and hit.get("stat") == sig and isinstance(hit.get("sha256"), str):
             digest = hit["sha256"]
         else:
-            digest, hashed = _sha256_file(disk[name]), hashed + 1
+            digest, hashed = file_sha256(disk[name]), hashed + 1
         entries[key] = {"stat": sig, "sha256": digest}
         if digest != files[name]:
             raise ZgError(

@@ -11,12 +11,12 @@ output file's sha256, zg's version) and a model card that records the export (zg
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from zgdata.errors import ZgError
+from zgdata.hashing import file_sha256
 from zgdata.layout import Layout
 
 __all__ = ["FORMATS", "DTYPES", "DEFAULT_DTYPE", "NAMES", "ExportResult", "resolve_student", "default_out", "export"]
@@ -93,14 +93,6 @@ def _shown(path: Path, layout: Layout) -> str:
         return str(path)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check_choice(fmt: str, dtype: str | None) -> str:
     if fmt not in FORMATS:
         raise ZgError(f"--format {fmt} is not an export format", fix=f"use one of {', '.join(FORMATS)}")
@@ -134,7 +126,7 @@ def _lineage(path: Path, layout: Layout) -> dict:
     is this student's teacher), and the sha256 of the tokenizer files the student carries."""
     summary = json.loads((path / "zerograph.json").read_text())
     out = {"family": summary.get("family", "llama"), "teacher_sha256": summary.get("teacher_sha256")}
-    out["tokenizer_files"] = {n: _sha256(path / n) for n in _TOKENIZER_FILES if (path / n).is_file()}
+    out["tokenizer_files"] = {n: file_sha256(path / n) for n in _TOKENIZER_FILES if (path / n).is_file()}
     try:
         teacher = json.loads(layout.teacher_json.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
@@ -187,7 +179,7 @@ def export(
                 info = write(src, tmp, dtype=dtype)
             else:
                 info = write(src, tmp / f"{name}.gguf", dtype=dtype)
-            files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
             record = {
                 "format": fmt,
                 "dtype": dtype,

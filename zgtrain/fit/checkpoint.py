@@ -22,7 +22,7 @@ import torch
 
 from zgdata.atomic import atomic_path, write_json
 from zgdata.errors import ZgError
-from zgdata.hashing import tensors_sha256
+from zgdata.hashing import file_sha256, tensors_sha256
 from zgdata.layout import Layout
 from zgdata.paths_guard import inside
 from zgdata.runtime import rng_state, set_rng_state
@@ -37,7 +37,6 @@ __all__ = [
     "state_sha256",
     "load_block",
     "finish",
-    "file_sha256",
     "check_weights",
 ]
 
@@ -179,16 +178,6 @@ def finish(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, s
     save_weights(block.weights(), Path(d) / "model.safetensors")
     meta["weights_sha256"] = file_sha256(Path(d) / "model.safetensors")
     save(d, meta, block, opt, gen, curve, step)
-
-
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_weights(d: Path, meta: dict) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family
+from zgdata.hashing import file_sha256
 from zgdata.safetensors_check import check_header
 
 __all__ = [
@@ -65,12 +66,8 @@ def template_class(model_type: str, which: str):
     return getattr(importlib.import_module(f"zgtrain.student.templates.{module}"), name)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def template_sha256(model_type: str = "llama") -> str:
-    return _sha256(_TEMPLATES / modeling_file(model_type))
+    return file_sha256(_TEMPLATES / modeling_file(model_type))
 
 
 def ship_modeling_code(folder: Path, model_type: str = "llama") -> str:
@@ -111,7 +108,7 @@ def _remote_code_allowed(folder: Path) -> bool:
         )
     code = folder / name
     pinned, ours = summary.get("modeling_sha256"), template_sha256(model_type)
-    got = _sha256(code) if code.exists() else None
+    got = file_sha256(code) if code.exists() else None
     if got is None or got != pinned or got != ours:
         raise ZgError(
             f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned "
@@ -127,7 +124,7 @@ def _weight_files(folder: Path) -> list[Path]:
 
 def record_checksums(folder: Path) -> None:
     """Write checksums.json: the sha256 of each weights file in ``folder``."""
-    sums = {p.name: _sha256(p) for p in _weight_files(folder)}
+    sums = {p.name: file_sha256(p) for p in _weight_files(folder)}
     (Path(folder) / CHECKSUMS).write_text(json.dumps(sums, indent=2, sort_keys=True) + "\n")
 
 
@@ -140,7 +137,7 @@ def check_checksums(folder: Path) -> None:
         want = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(f"{path} is not valid JSON ({e})", fix=_FIX) from e
-    got = {p.name: _sha256(p) for p in _weight_files(folder)}
+    got = {p.name: file_sha256(p) for p in _weight_files(folder)}
     bad = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
     if bad:
         raise ZgError(
