@@ -20,12 +20,12 @@ on >= 90% of positions.
 from __future__ import annotations
 
 import json
-import os
 
 import export_students  # sibling helper: the student folder, written by zgtrain/student/assemble.py
 import numpy as np
 import pytest
 import torch
+from zgt_helpers import assert_close_to_f32, import_llama_cpp, llama_cpp_logits, llama_cpp_model, student_logits
 
 from zgdata.errors import ZgError
 from zgdata.families import family
@@ -41,13 +41,7 @@ TEXT = "Is this a dagger which I see before me, the handle toward my hand? Come,
 
 @pytest.fixture(scope="module")
 def llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("llama_cpp (llama-cpp-python) is not importable in CI: run `make setup`")
-        pytest.importorskip("llama_cpp")
-    return llama_cpp
+    return import_llama_cpp()
 
 
 def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie=False):
@@ -58,26 +52,6 @@ def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie
 
     widths = widths or [family(name).width(_tiny_teacher(name)[0].config) // 2] * len(keep)
     return export_students.make_student(folder, name, widths, windows, keep, tie=tie)
-
-
-def _hf_logits(folder, ids) -> np.ndarray:
-    from zgtrain.student.load import load_student
-
-    with torch.no_grad():
-        return load_student(folder)(torch.tensor([ids])).logits[0].double().numpy()
-
-
-def _cpp(llama_cpp, path, n_ctx=64):
-    # f32 KV cache (type 0 = GGML_TYPE_F32): the default f16 cache would round keys and values
-    return llama_cpp.Llama(
-        model_path=str(path), n_ctx=n_ctx, logits_all=True, verbose=False, type_k=0, type_v=0, n_threads=1
-    )
-
-
-def _cpp_logits(llm, ids) -> np.ndarray:
-    llm.reset()
-    llm.eval(ids)
-    return np.asarray(llm.scores[: len(ids)], dtype=np.float64)
 
 
 def _ids(folder, n: int) -> list[int]:
@@ -96,17 +70,15 @@ def test_uniform_student_with_a_dropped_layer_runs_in_llama_cpp(name, tmp_path, 
     assert info["n_layers"] == 3 and len(set(info["n_ff"])) == 1 and info["arch"] != "deci"
     n = info.get("context_length_capped_to_window", 32)  # Mistral: window 16 is the context; Gemma: 32 > window 16
     ids = _ids(student, n)
-    want = _hf_logits(student, ids)
-    got = _cpp_logits(_cpp(llama_cpp, out), ids)
-    assert got.shape == want.shape
-    assert np.abs(got - want).max() <= 1e-3 * (1 + np.abs(want).max()), np.abs(got - want).max()
+    want = student_logits(student, ids)
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), want)
     if name in HF_GGUF:  # a second, independent reader of the same file
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
         with torch.no_grad():
             again = hf(torch.tensor([ids])).logits[0].double().numpy()
-        assert np.abs(again - want).max() <= 1e-3 * (1 + np.abs(want).max())
+        assert_close_to_f32(again, want)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -132,9 +104,8 @@ def test_mixed_widths_export_as_deci_or_are_refused(name, tmp_path, llama_cpp):
     assert info["arch"] == "deci" and info["n_ff"] == widths
     n = info.get("context_length_capped_to_window", 32)
     ids = _ids(student, n)
-    want = _hf_logits(student, ids)
-    got = _cpp_logits(_cpp(llama_cpp, out), ids)
-    assert np.abs(got - want).max() <= 1e-3 * (1 + np.abs(want).max()), np.abs(got - want).max()
+    want = student_logits(student, ids)
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), want)
 
 
 def test_f16_and_q8_0_load_and_stay_close(tmp_path, llama_cpp):
@@ -142,12 +113,12 @@ def test_f16_and_q8_0_load_and_stay_close(tmp_path, llama_cpp):
 
     student = make_student(tmp_path / "student", "llama", widths=[128, 64, 96])
     ids = _ids(student, 32)
-    want = _hf_logits(student, ids)
+    want = student_logits(student, ids)
     for dtype, bound in (("f16", 0.05), ("q8_0", 0.25)):
         out = tmp_path / f"{dtype}.gguf"
         info = export_gguf(student, out, dtype=dtype)
         assert info["dtype"] == dtype and info["tensor_dtypes"].get(dtype, 0) > 0
-        got = _cpp_logits(_cpp(llama_cpp, out), ids)
+        got = llama_cpp_logits(llama_cpp_model(out), ids)
         err = np.abs(got - want).max() / want.std()
         agree = (got.argmax(-1) == want.argmax(-1)).mean()
         assert err <= bound and agree >= 0.9, (dtype, err, agree)
@@ -163,7 +134,7 @@ def test_tokenization_matches_transformers(tmp_path, llama_cpp):
     info = export_gguf(student, out, dtype="f16")
     assert info["tokenizer_pre"] == "default" and info["add_bos"] is False
     tok = AutoTokenizer.from_pretrained(student)
-    llm = _cpp(llama_cpp, out)
+    llm = llama_cpp_model(out)
     for text in (
         TEXT,
         "  two  spaces\tand\ttabs\n\nnewlines",

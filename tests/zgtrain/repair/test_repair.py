@@ -16,12 +16,16 @@ import torch
 from conftest import zg_main
 from safetensors.torch import load_file
 from zgt_helpers import (
+    assert_close_to_f32,
     assert_user_error,
     copy_project,
     kill_after_first_checkpoint,
+    llama_cpp_logits,
+    llama_cpp_model,
     project_of,
     read_json,
     set_params,
+    student_logits,
     tree_sha256,
 )
 
@@ -271,3 +275,25 @@ def test_divergence_is_one_error_and_keeps_the_last_good_checkpoint(assembled, t
     assert e.value.key == "repair.lr"
     assert read_json(root / "models" / "repair" / "meta.json")["step"] == 0
     assert not (root / "models" / "repaired").exists() and not (root / "metrics" / "repair.json").exists()
+
+
+def test_the_repaired_student_leaves_zg_as_gguf_and_runs_in_llama_cpp(straight, tmp_path):
+    """`zg export repaired`: its per-layer MLP widths (b00 keeps more channels) are refused by the stock hf format in
+    one line with nothing written, and go to llama.cpp's deci architecture as GGUF, whose logits in llama.cpp match
+    the repaired student's; export.json names models/repaired and its sha256."""
+    from zgdata.tokens import read_tokens
+    from zgtrain.student.load import student_sha256
+
+    root = copy_project(straight[0], tmp_path / "proj")
+    res = zg_main("export", "repaired", "--format", "hf", cwd=root, check=False)
+    assert_user_error(res, "MLP width", "--format gguf")
+    assert not (root / "models" / "export").exists()
+    zg_main("export", "repaired", "--format", "gguf", "--dtype", "f32", cwd=root)
+    out = root / "models" / "export" / "repaired-f32"
+    record = read_json(out / "export.json")
+    repaired = root / "models" / "repaired"
+    assert record["student"] == "models/repaired" and record["student_sha256"] == student_sha256(repaired)
+    sizes = read_json(repaired / "zerograph.json")["intermediate_sizes"]
+    assert len(set(sizes)) > 1 and record["info"]["arch"] == "deci" and record["info"]["n_ff"] == sizes
+    ids = read_tokens(Layout(root), [0])[0][0, :32].tolist()
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out / "repaired.gguf"), ids), student_logits(repaired, ids))

@@ -14,7 +14,16 @@ import shutil
 import pytest
 import torch
 from conftest import run, zg_main
-from zgt_helpers import load_params_of, read_json, set_params, tree_sha256
+from zgt_helpers import (
+    assert_close_to_f32,
+    llama_cpp_logits,
+    llama_cpp_model,
+    load_params_of,
+    read_json,
+    set_params,
+    student_logits,
+    tree_sha256,
+)
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -427,6 +436,19 @@ def test_search_assemble_tries_the_next_mixes_until_one_passes_the_gates(searche
     assert report["passed"] and report["selected"] == want and len(report["tries"]) == want + 1
     assert [t["gates_passed"]["all"] for t in report["tries"]] == [False] * want + [True]
     assert read_json(root / "models" / "search" / "student" / "zerograph.json")["choice"] == tries[want]["mix"]
+
+    # the searched student leaves zg: GGUF for llama.cpp (per-layer widths: its deci architecture), same logits
+    from zgdata.tokens import read_tokens
+    from zgtrain.student.load import student_sha256
+
+    zg_main("export", "search", "--format", "gguf", "--dtype", "f32", cwd=root)
+    out, student = root / "models" / "export" / "search-f32", root / "models" / "search" / "student"
+    record = read_json(out / "export.json")
+    assert record["student"] == "models/search/student" and record["student_sha256"] == student_sha256(student)
+    sizes = read_json(student / "zerograph.json")["intermediate_sizes"]
+    assert record["info"]["n_ff"] == sizes and record["info"]["arch"] == ("deci" if len(set(sizes)) > 1 else "llama")
+    ids = read_tokens(Layout(root), [0])[0][0, :32].tolist()
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out / "search.gguf"), ids), student_logits(student, ids))
 
 
 def test_a_kv_bytes_budget_picks_the_best_mix_by_kv_cache_size(searched, tmp_path, monkeypatch, capsys):
