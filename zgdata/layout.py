@@ -226,6 +226,12 @@ class Layout:
         """The searched student: the first mix that passed the gates, else the closest miss."""
         return self.root / "models" / "search" / "student"
 
+    @property
+    def students(self) -> dict[str, Path]:
+        """The project's student folders by the name `zg export` and the `export` stage take: student (assemble),
+        repaired (repair), search (search_assemble)."""
+        return {"student": self.student, "repaired": self.repair.model, "search": self.search_student}
+
     def export_dir(self, name: str, dtype: str) -> Path:
         """`zg export`'s default output for a student (name: student, repaired, search) at a dtype."""
         return self.root / "models" / "export" / f"{name}-{dtype}"

@@ -52,13 +52,9 @@ class ExportResult:
         return asdict(self)
 
 
-def _paths(layout: Layout) -> dict:
-    return {"student": layout.student, "repaired": layout.repair.model, "search": layout.search_student}
-
-
 def resolve_student(student: str | Path, layout: Layout = Layout()) -> Path:
     """A student folder from a name (student, repaired, search) or a path; a one-line error where it is none."""
-    named = _paths(layout).get(str(student))
+    named = layout.students.get(str(student))
     path = named if named is not None else Path(student)
     if not path.is_dir():
         fix = {
@@ -73,7 +69,7 @@ def resolve_student(student: str | Path, layout: Layout = Layout()) -> Path:
 def _name(student: str | Path, path: Path, layout: Layout) -> str:
     if str(student) in NAMES:
         return str(student)
-    for name, p in _paths(layout).items():
+    for name, p in layout.students.items():
         if p.resolve() == path.resolve():
             return name
     return path.resolve().name

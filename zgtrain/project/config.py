@@ -378,7 +378,9 @@ class ExportConfig(Section):
 
     @property
     def resolved_dtype(self) -> str:
-        return {"hf": "f32", "gguf": "f16"}[self.format] if self.dtype == "auto" else self.dtype
+        from zgtrain.export.run import DEFAULT_DTYPE
+
+        return DEFAULT_DTYPE[self.format] if self.dtype == "auto" else self.dtype
 
     @property
     def out_dir(self) -> str:

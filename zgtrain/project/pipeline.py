@@ -602,7 +602,7 @@ def _add_export(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
             key="export.student",
             fix="set repair.steps > 0 for repaired, a variants: library for search, or export.student: student",
         )
-    src = {"student": L.student, "repaired": L.repair.model, "search": L.search_student}[ex.student]
+    src = L.students[ex.student]
     stages["export"] = {
         "cmd": f"zg export {ex.student} --format {ex.format} --dtype {ex.resolved_dtype} --out {ex.out_dir}",
         "deps": [str(src), str(L.teacher_json)] + code(f"export_{ex.format}"),
