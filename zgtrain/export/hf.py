@@ -173,15 +173,19 @@ def stock_config(student: Path) -> dict:
     return d
 
 
-def check_hf(student: Path, *, dtype: str = "f32") -> None:
-    """Raise a one-line ZgError where ``student`` cannot become a stock folder of ``dtype``; writes nothing."""
-    from zgtrain.student.load import check_checksums
-
+def _check_dtype(dtype: str) -> None:
     if dtype not in TORCH_DTYPES:
         raise ZgError(
             f"--dtype {dtype} is not a transformers weights type (hf: {', '.join(DTYPES)})",
             fix="use --dtype f32, f16 or bf16, or --format gguf for q8_0",
         )
+
+
+def check_hf(student: Path, *, dtype: str = "f32") -> None:
+    """Raise a one-line ZgError where ``student`` cannot become a stock folder of ``dtype``; writes nothing."""
+    from zgtrain.student.load import check_checksums
+
+    _check_dtype(dtype)
     stock_config(student)
     check_checksums(Path(student))  # tampered weights: refused before anything is written
 
@@ -195,12 +199,12 @@ def export_hf(student: Path, out_dir: Path, *, dtype: str = "f32") -> dict:
     from zgtrain.student.load import load_student
 
     student, out_dir = Path(student), Path(out_dir)
-    check_hf(student, dtype=dtype)
-    d = stock_config(student)
+    _check_dtype(dtype)
+    d = stock_config(student)  # the refusals; the weights' checksums are load_student's, before out_dir is made
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
     d.pop("torch_dtype", None)
     d["dtype"] = TORCH_DTYPES[dtype]
-    model = load_student(student, dtype=torch_dtype)  # checks the pinned code and the weights' checksums again
+    model = load_student(student, dtype=torch_dtype)  # checks the pinned code and the weights' checksums
     fam = family_of(d)
     config = fam.config_from_dict(d)
     with torch.device("meta"):
