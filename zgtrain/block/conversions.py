@@ -15,6 +15,7 @@ import torch
 
 from zgdata.errors import ZgError
 from zgdata.families import family_of
+from zgtrain.block.attention import group_kv_heads, resolve_kv_heads
 from zgtrain.block.model import StudentBlock
 from zgtrain.block.names import CONVERSIONS  # the registry; params validation reads its names without torch
 
@@ -121,6 +122,17 @@ def window_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
     layers = list(_teacher_layers(tensors).values())
     n, width = len(layers), family_of(config).width(config)
     return _load(StudentBlock(config, [width] * n, [cfg.window] * n, _types(config, tensors)), layers)
+
+
+@register("kv_heads")
+def kv_heads(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """The teacher's layers with ``train.kv_heads`` key/value heads each (0: half the teacher's), each new head
+    the mean of a contiguous group of the teacher's (zgtrain/block/attention.py)."""
+    n = resolve_kv_heads(config, cfg.kv_heads)
+    layers = [group_kv_heads(layer, config, n) for layer in _teacher_layers(tensors).values()]
+    width = family_of(config).width(config)
+    block = StudentBlock(config, [width] * len(layers), layer_types=_types(config, tensors), kv_heads=[n] * len(layers))
+    return _load(block, layers)
 
 
 _unbuilt = [name for name, fn in CONVERSIONS.items() if fn is None]

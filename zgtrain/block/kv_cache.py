@@ -1,8 +1,9 @@
 """KV-cache size per token of a stack of attention layers at a long context: the cost that windows cut.
 
 At context L a full-attention layer caches L positions and a layer with window W caches min(W, L),
-each position holding one key and one value of ``kv_heads * head_dim`` elements. Bytes per token
-is the whole cache at L divided by L: constant for full attention, falling with L for windows.
+each position holding one key and one value of ``kv_heads * head_dim`` elements; ``kv_heads`` may differ by
+layer (the ``kv_heads`` conversion). Bytes per token is the whole cache at L divided by L: constant for full
+attention, falling with L for windows.
 zg reports it at the teacher's longest context (``max_position_embeddings``), in the teacher's
 dtype, next to parameter counts (block metrics, zerograph.json, metrics/eval.json), so a budget
 can be stated in either.
@@ -16,13 +17,18 @@ __all__ = ["kv_bytes_per_token", "kv_geometry", "kv_summary"]
 
 
 def kv_bytes_per_token(
-    windows: list[int | None], *, context: int, kv_heads: int, head_dim: int, dtype_bytes: int
+    windows: list[int | None], *, context: int, kv_heads: int | list[int], head_dim: int, dtype_bytes: int
 ) -> float:
-    """KV-cache bytes per token at ``context`` for layers with these windows (None: full attention)."""
+    """KV-cache bytes per token at ``context`` for layers with these windows (None: full attention) and KV heads
+    (one count for every layer, or one per layer)."""
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
-    positions = sum(context if w is None else min(w, context) for w in windows)
-    return 2 * kv_heads * head_dim * dtype_bytes * positions / context  # 2: a key and a value
+    heads = [kv_heads] * len(windows) if isinstance(kv_heads, int) else list(kv_heads)
+    if len(heads) != len(windows):
+        raise ValueError(f"{len(heads)} KV head counts for {len(windows)} layers")
+    # per layer: cached positions x heads (an integer, so the sum is exact in any order)
+    cached = sum((context if w is None else min(w, context)) * h for w, h in zip(windows, heads))
+    return 2 * head_dim * dtype_bytes * cached / context  # 2: a key and a value
 
 
 def _config(config):
@@ -47,14 +53,17 @@ def kv_geometry(config) -> dict:
     }
 
 
-def kv_summary(config, windows: list[int | None], teacher_layers: int | None = None) -> dict:
+def kv_summary(
+    config, windows: list[int | None], teacher_layers: int | None = None, kv_heads: list[int | None] | None = None
+) -> dict:
     """KV-cache figures of a student stack against ``teacher_layers`` full-attention teacher layers
-    (default: all of the teacher's)."""
+    (default: all of the teacher's); ``kv_heads``: each student layer's KV heads (None: the teacher's)."""
     config = _config(config)
     if teacher_layers is None:
         teacher_layers = config.num_hidden_layers
     g = kv_geometry(config)
-    student = kv_bytes_per_token(windows, **g)
+    heads = [g["kv_heads"] if h is None else int(h) for h in (kv_heads or [None] * len(windows))]
+    student = kv_bytes_per_token(windows, **{**g, "kv_heads": heads})
     teacher = kv_bytes_per_token([None] * teacher_layers, **g)
     return {
         "kv_context": g["context"],

@@ -7,7 +7,8 @@ identity block reproduces the teacher's boundary bit for bit. Dropout is off in 
 layers: a block trains deterministically toward the teacher's function. A layer with a window
 (``windows``, None: full attention) attends to its last W positions only (zgtrain/block/window.py). Families
 whose layers differ in attention type (Gemma 3: sliding and full, each with its own rotary) build each layer
-as the teacher layer it came from (``layer_types``).
+as the teacher layer it came from (``layer_types``). A layer may have fewer key/value heads than the teacher's
+(``kv_heads``, None: the teacher's; zgtrain/block/attention.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from zgdata.families import family_of
+from zgtrain.block.attention import kv_layer_config
 from zgtrain.block.window import add_windows
 
 __all__ = ["StudentBlock", "layer_config"]
@@ -32,6 +34,7 @@ class StudentBlock(nn.Module):
         intermediate_sizes: list[int],
         windows: list[int | None] | None = None,
         layer_types: list[str] | None = None,
+        kv_heads: list[int | None] | None = None,
     ):
         super().__init__()
         fam = family_of(config)
@@ -43,8 +46,13 @@ class StudentBlock(nn.Module):
         # the teacher's attention type of each layer, where the family has several (Gemma 3); None: one type
         self.layer_types = list(layer_types) if layer_types is not None else None
         types = self.layer_types or [None] * len(self.intermediate_sizes)
+        # each layer's KV heads where the kv_heads conversion set them; None: the teacher's
+        self.kv_heads = list(kv_heads) if kv_heads is not None else [None] * len(self.intermediate_sizes)
+        if len(self.kv_heads) != len(self.intermediate_sizes):
+            raise ValueError(f"{len(self.kv_heads)} kv_heads for {len(self.intermediate_sizes)} layers")
         self.layers = nn.ModuleList(
-            fam.make_layer(fam.layer_config(config, m), i, t) for i, (m, t) in enumerate(zip(intermediate_sizes, types))
+            fam.make_layer(kv_layer_config(fam.layer_config(config, m), kv), i, t)
+            for i, (m, t, kv) in enumerate(zip(intermediate_sizes, types, self.kv_heads))
         )
         add_windows(self.layers, self.windows)
         rotary = fam.rotary(fam.layer_config(config, fam.width(config)))

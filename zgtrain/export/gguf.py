@@ -75,6 +75,14 @@ def _plan(student: Path, dtype: str) -> _Plan:
                 fix="use `zg export --format hf` (zg's modeling file runs it), or rebuild that block without "
                 "window_attention",
             )
+    kv = summary.get("layer_kv_heads") or []
+    odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
+    if odd is not None:  # the kv_heads conversion with different counts per block
+        raise ZgError(
+            f"layer {odd} has {kv[odd]} KV heads where layer 0 has {kv[0]} (conversion kv_heads); zg writes one "
+            f"head_count_kv for all layers to GGUF",
+            fix="give every block the same train.kv_heads, or keep the student folder (zg's modeling file runs it)",
+        )
     for i, width in enumerate(sizes):
         if width <= 0:
             raise ZgError(

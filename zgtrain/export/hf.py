@@ -7,6 +7,8 @@ model, and refuses with one line where it cannot:
 
 - per-layer MLP widths: no stock config has them (the first layer whose width differs is named);
 - layers dropped: nothing to say, a stock config of fewer layers;
+- fewer KV heads (the ``kv_heads`` conversion): one count for every layer is the stock ``num_key_value_heads``
+  (assemble already wrote it so); per-layer counts (``layer_kv_heads``) are refused, naming the first that differs;
 - zg's sliding windows (``layer_windows``, the ``window_attention`` conversion), combined with the windows the
   family's own config already gives its layers (each layer attends within the smaller of the two):
   Mistral and Phi-3 have one ``sliding_window`` for every layer (so every layer must end with the same window);
@@ -165,7 +167,17 @@ def stock_config(student: Path) -> dict:
             f"has one {fam.width_attr}",
             _gguf_alternative(student),
         )
-    d = {k: v for k, v in cfg.items() if k not in ("auto_map", "intermediate_sizes", "layer_windows")}
+    kv = list(summary.get("layer_kv_heads") or cfg.get("layer_kv_heads") or [])
+    odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
+    if odd is not None:
+        raise _refuse(
+            f"layer {odd} has {kv[odd]} KV heads where layer 0 has {kv[0]}, and a stock {name} config has one "
+            "num_key_value_heads",
+            _FIX_KEEP,
+        )
+    d = {k: v for k, v in cfg.items() if k not in ("auto_map", "intermediate_sizes", "layer_windows", "layer_kv_heads")}
+    if kv:
+        d["num_key_value_heads"] = kv[0]
     d.update(model_type=fam.model_type, architectures=[fam.model_class])
     d[fam.width_attr] = widths[0]
     if any(w is not None for w in windows):

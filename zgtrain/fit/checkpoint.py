@@ -210,8 +210,11 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
             fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`",
         )
     config = config_from_dict(meta["teacher_config"])
-    # no "windows": full attention; "layer_types" only where the family has several (zgdata/families.py)
-    block = StudentBlock(config, meta["intermediate_sizes"], meta.get("windows"), meta.get("layer_types"))
+    # no "windows": full attention; "layer_types" only where the family has several (zgdata/families.py);
+    # no "kv_heads": the teacher's KV heads
+    block = StudentBlock(
+        config, meta["intermediate_sizes"], meta.get("windows"), meta.get("layer_types"), meta.get("kv_heads")
+    )
     if which == "final":
         check_weights(d, meta)
     weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)

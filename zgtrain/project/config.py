@@ -55,7 +55,7 @@ class TrainConfig(Section):
     conversion: str = param(
         "prune_mlp",
         "How the student block starts: a conversion of zgtrain/block/conversions.py "
-        "(identity, prune_mlp, drop_layers, reinit, window_attention).",
+        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads).",
     )
     prune_ratio: float = param(
         0.5,
@@ -73,6 +73,12 @@ class TrainConfig(Section):
         "window_attention: each attention layer of the block sees only its last `window` tokens "
         "(itself included); a window >= the sequence length is the teacher's attention.",
         ge=1,
+    )
+    kv_heads: int = param(
+        0,
+        "kv_heads: key/value heads of each attention layer of the block, a divisor of the teacher's (each new head "
+        "starts as the mean of its group of teacher heads); 0: half the teacher's, rounded down to a divisor.",
+        ge=0,
     )
     importance_rows: int = param(16, "prune_mlp: train sequences used to score channel importance.", ge=1)
     objective: str = param(

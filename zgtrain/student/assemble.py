@@ -1,10 +1,10 @@
 """Assemble the trained blocks into a standard transformers model (``models/student/``).
 
 Teacher embeddings + block layers renumbered in order + final norm + LM head, in the teacher
-family's own causal-LM class (zgdata/families.py). Uniform MLP widths give a plain config of
-that family that ``AutoModelForCausalLM.from_pretrained`` loads; per-layer widths or any
-sliding-window layer (``layer_windows`` in config.json) ship zg's modeling file for the family
-(zgtrain/student/load.py pins it). zerograph.json records the windows and the KV-cache bytes per token
+family's own causal-LM class (zgdata/families.py). Uniform MLP widths and KV heads give a plain config of
+that family that ``AutoModelForCausalLM.from_pretrained`` loads (``num_key_value_heads``: the kv_heads
+conversion's count); per-layer widths, per-layer KV heads (``layer_kv_heads``) or any sliding-window layer
+(``layer_windows`` in config.json) ship zg's modeling file for the family (zgtrain/student/load.py pins it). zerograph.json records the windows and the KV-cache bytes per token
 (zgtrain/block/kv_cache.py) next to the parameter counts.
 """
 
@@ -23,6 +23,7 @@ from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
 from zgdata.lock import locked
 from zgdata.teacher.prepare import load_slice, load_tokenizer, read_teacher_json
+from zgtrain.block.attention import teacher_kv_heads
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.fit.checkpoint import load_block, read_meta
 from zgtrain.project.config import ProjectConfig
@@ -64,6 +65,8 @@ class StudentResult:
     kv_bytes_per_token: float
     teacher_kv_bytes_per_token: float
     kv_ratio: float | None
+    layer_kv_heads: list | None = None
+    """Each layer's KV heads, where one differs from the teacher's (the kv_heads conversion); None otherwise."""
     choice: dict | None = None
     """The searched student only: its mix ({block: variant or 'teacher'})."""
     search: dict | None = None
@@ -74,7 +77,7 @@ class StudentResult:
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("choice", "search") or getattr(self, f.name) is not None
+            if f.name not in ("choice", "search", "layer_kv_heads") or getattr(self, f.name) is not None
         }
 
 
@@ -105,27 +108,43 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     return build_from_blocks(_blocks(project, layout, which), layout=layout)
 
 
-def needs_modeling_code(sizes: list, windows: list) -> bool:
-    """Whether a student of these layer widths and windows ships zg's modeling file (``remote_code``): per-layer
-    MLP widths or any sliding window, which the family's stock config cannot say."""
-    return len(set(sizes)) != 1 or any(w is not None for w in windows)
+def needs_modeling_code(sizes: list, windows: list, kv_heads: list | None = None) -> bool:
+    """Whether a student of these layer widths, windows and KV heads ships zg's modeling file (``remote_code``):
+    per-layer MLP widths or KV heads, or any sliding window, which the family's stock config cannot say."""
+    return len(set(sizes)) != 1 or any(w is not None for w in windows) or len(set(kv_heads or [])) > 1
 
 
-def student_model(teacher_config: dict, state: dict, sizes: list, windows: list, types: list | None, *, dtype):
+def student_model(
+    teacher_config: dict,
+    state: dict,
+    sizes: list,
+    windows: list,
+    types: list | None,
+    kv_heads: list | None = None,
+    *,
+    dtype,
+):
     """The student causal LM in eval mode, with the weights of ``state`` (the model's own keys: the family's
     ``head_key`` / ``layer_key`` names, layers renumbered 0..n-1), each ``.to(dtype).clone()``d and assigned.
 
     ``teacher_config``: the teacher's config dict; ``sizes``, ``windows``, ``types``: each student layer's MLP width,
-    sliding window (None: full attention) and teacher attention type (Gemma 3; None where the family has one).
-    The family's ``student_config`` where every width is equal and no window is set, else zg's pinned template
-    config and class (``intermediate_sizes``, ``layer_windows``; the folder then ships the modeling file). Built
+    sliding window (None: full attention) and teacher attention type (Gemma 3; None where the family has one);
+    ``kv_heads``: each layer's KV heads (None: the teacher's). The family's ``student_config`` (with
+    ``num_key_value_heads``: the layers' one count) where every width and KV head count is equal and no window is
+    set, else zg's pinned template config and class (``intermediate_sizes``, ``layer_windows``, ``layer_kv_heads``;
+    the folder then ships the modeling file). Built
     on the meta device; weights tied, a parameter ``state`` lacks is an error, derived buffers (rotary) rebuilt."""
     fam = family_of(teacher_config)
     config = fam.student_config(teacher_config, sizes, types)
     model_cls = fam.causal_lm()
-    if needs_modeling_code(sizes, windows):  # a config subclass plus modeling code shipped with the model
+    if kv_heads is not None and len(set(kv_heads)) == 1:  # one count: the stock config says it
+        config.num_key_value_heads = int(kv_heads[0])
+    if needs_modeling_code(sizes, windows, kv_heads):  # a config subclass plus modeling code shipped with the model
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-        config = template_class(fam.model_type, "AutoConfig")(intermediate_sizes=sizes, layer_windows=windows, **fields)
+        per_layer = {"layer_kv_heads": list(kv_heads)} if kv_heads is not None else {}
+        config = template_class(fam.model_type, "AutoConfig")(
+            intermediate_sizes=sizes, layer_windows=windows, **per_layer, **fields
+        )
         model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
     config._attn_implementation = fam.attn_implementation
     with torch.device("meta"):
@@ -146,6 +165,10 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
     windows = [w for _, b, _ in blocks for w in b.windows]
     types = [t for _, b, _ in blocks for t in (b.layer_types or [])] or None  # Gemma 3: each layer's teacher type
+    kv_per_layer = [h for _, b, _ in blocks for h in b.kv_heads]  # None: the teacher's
+    teacher_kv = teacher_kv_heads(family_of(hmeta["config"]).config_from_dict(hmeta["config"]))
+    kv_heads = [teacher_kv if h is None else int(h) for h in kv_per_layer]
+    changed = kv_heads != [teacher_kv] * len(kv_heads)  # only then recorded: other students' files stay as they were
     state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
     for _, block, _ in blocks:
@@ -155,7 +178,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
                     state[fam.layer_key(i, k.split(".", 2)[2])] = v
             i += 1
     dtype = getattr(torch, hmeta["config"].get("dtype") or "float32")
-    model = student_model(hmeta["config"], state, sizes, windows, types, dtype=dtype)
+    model = student_model(hmeta["config"], state, sizes, windows, types, kv_heads if changed else None, dtype=dtype)
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
     summary = {
@@ -165,9 +188,10 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         "layers": len(sizes),
         "intermediate_sizes": sizes,
         "layer_windows": windows,
-        "remote_code": needs_modeling_code(sizes, windows),
+        "remote_code": needs_modeling_code(sizes, windows, kv_heads),
         "family": fam.model_type,
-        **kv_summary(hmeta["config"], windows),
+        **kv_summary(hmeta["config"], windows, kv_heads=kv_heads),
+        **({"layer_kv_heads": kv_heads} if changed else {}),
         "blocks": {
             spec.key: {
                 "state_sha256": meta.get("state_sha256"),

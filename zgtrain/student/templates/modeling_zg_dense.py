@@ -10,7 +10,8 @@ first access from transformers' own classes of those names: each layer keeps the
 stock decoder layer, and its MLP is rebuilt as the family's own MLP class at that layer's width
 (``intermediate_sizes``). ``layer_windows`` (one entry per layer; null: full attention) restricts a layer's
 attention to its last W positions, itself included. Such layers need ``attn_implementation`` sdpa (the
-default) or eager.
+default) or eager. ``layer_kv_heads`` (one entry per layer) is each layer's number of key/value heads: a layer
+whose count differs from ``num_key_value_heads`` gets the family's own attention class built with its count.
 """
 
 import copy
@@ -63,10 +64,11 @@ _MADE = {}
 def _config_class(prefix):
     base = getattr(transformers, prefix + "Config")
 
-    def __init__(self, intermediate_sizes=None, layer_windows=None, **kwargs):
+    def __init__(self, intermediate_sizes=None, layer_windows=None, layer_kv_heads=None, **kwargs):
         base.__init__(self, **kwargs)
         self.intermediate_sizes = list(intermediate_sizes or [self.intermediate_size] * self.num_hidden_layers)
         self.layer_windows = list(layer_windows or [None] * self.num_hidden_layers)
+        self.layer_kv_heads = list(layer_kv_heads or [self.num_key_value_heads] * self.num_hidden_layers)
 
     attrs = {"model_type": "zg_" + base.model_type, "__init__": __init__, "__module__": __name__}
     return type("Zg" + prefix + "Config", (base,), attrs)
@@ -81,6 +83,11 @@ def _model_class(prefix):
             cfg = copy.copy(config)
             cfg.intermediate_size = width
             layer.mlp = type(layer.mlp)(cfg)
+        for i, (layer, heads) in enumerate(zip(self.model.layers, config.layer_kv_heads)):
+            if heads != config.num_key_value_heads:  # this layer's own KV head count
+                cfg = copy.copy(config)
+                cfg.num_key_value_heads = heads
+                layer.self_attn = type(layer.self_attn)(cfg, layer_idx=i)
         for layer, window in zip(self.model.layers, config.layer_windows):
             if window is not None:
                 layer.self_attn.register_forward_pre_hook(SlidingWindow(window), with_kwargs=True)

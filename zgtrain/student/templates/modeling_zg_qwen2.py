@@ -7,6 +7,8 @@ the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_rem
 
 ``layer_windows`` (one entry per layer; null: full attention) restricts a layer's attention to its last
 W positions, itself included. Such layers need ``attn_implementation`` sdpa (the default) or eager.
+``layer_kv_heads`` (one entry per layer) is each layer's number of key/value heads: a layer whose count
+differs from ``num_key_value_heads`` gets its own attention module built with its count.
 """
 
 import copy
@@ -57,10 +59,11 @@ class SlidingWindow:
 class ZgQwen2Config(Qwen2Config):
     model_type = "zg_qwen2"
 
-    def __init__(self, intermediate_sizes=None, layer_windows=None, **kwargs):
+    def __init__(self, intermediate_sizes=None, layer_windows=None, layer_kv_heads=None, **kwargs):
         super().__init__(**kwargs)
         self.intermediate_sizes = list(intermediate_sizes or [self.intermediate_size] * self.num_hidden_layers)
         self.layer_windows = list(layer_windows or [None] * self.num_hidden_layers)
+        self.layer_kv_heads = list(layer_kv_heads or [self.num_key_value_heads] * self.num_hidden_layers)
 
 
 class ZgQwen2ForCausalLM(Qwen2ForCausalLM):
@@ -72,6 +75,11 @@ class ZgQwen2ForCausalLM(Qwen2ForCausalLM):
             cfg = copy.copy(config)
             cfg.intermediate_size = width
             layer.mlp = Qwen2MLP(cfg)
+        for i, (layer, heads) in enumerate(zip(self.model.layers, config.layer_kv_heads)):
+            if heads != config.num_key_value_heads:  # this layer's own KV head count
+                cfg = copy.copy(config)
+                cfg.num_key_value_heads = heads
+                layer.self_attn = type(layer.self_attn)(cfg, layer_idx=i)
         for layer, window in zip(self.model.layers, config.layer_windows):
             if window is not None:
                 layer.self_attn.register_forward_pre_hook(SlidingWindow(window), with_kwargs=True)

@@ -1,0 +1,134 @@
+"""The ``kv_heads`` conversion in a real tiny Llama project (4 heads, 2 KV heads): a block trained from its boundary
+pair with only ``conversion: kv_heads`` in its params, bit for bit the same twice and with online targets; its
+metrics' KV bytes; the assembled student with mixed KV heads (zg's pinned modeling file) and with one count
+(the stock config, no remote code); what export does with each. In-process (``train_block``, ``zg_main``).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from conftest import zg_main
+from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params
+
+from zgdata.layout import Layout
+from zgtrain.block.train import train_block
+from zgtrain.fit.checkpoint import load_block
+
+# one cached position of one tiny-Llama layer with 1 KV head: key + value, 16 dims, float32 = 2 * 16 * 4 bytes
+PER_HEAD = 2 * 16 * 4
+
+
+@pytest.fixture(scope="module")
+def kv_project(tiny_built, tmp_path_factory):
+    """The tiny project with b00 converted to kv_heads (3 steps) and b01 the identity (untrained)."""
+    root = copy_project(tiny_built, tmp_path_factory.mktemp("kv") / "proj")
+    set_params(
+        root,
+        {
+            "train.steps": 3,
+            "blocks.b00.conversion": "kv_heads",  # nothing else: kv_heads defaults to half the teacher's 2
+            "blocks.b01.conversion": "identity",
+            "blocks.b01.steps": 0,
+        },
+    )
+    return root
+
+
+def _weights(root) -> dict:
+    block, _ = load_block(Layout(root), "b00")
+    return block.weights()
+
+
+def test_kv_heads_block_trains_deterministically_cached_and_online(kv_project, tmp_path):
+    layout = Layout(kv_project)
+    first = train_block(project_of(kv_project), "b00", restart=True, layout=layout).metrics()
+    assert first["status"] == "done" and first["conversion"] == "kv_heads"
+    meta = read_json(layout.block_dir("b00") / "meta.json")
+    assert meta["kv_heads"] == [1, 1] and meta["config"]["kv_heads"] == 0
+    w1 = _weights(kv_project)
+    assert w1["layers.0.self_attn.k_proj.weight"].shape == (16, 64)  # 1 head of 16 dims
+    # two grouped layers: 1 head each where the teacher's layers cache 2
+    assert first["kv_bytes_per_token"] == 2 * PER_HEAD and first["teacher_kv_bytes_per_token"] == 2 * 2 * PER_HEAD
+    assert first["kv_ratio"] == 0.5 and first["param_ratio"] < 1
+    assert first["params"] == first["teacher_params"] - 2 * 2 * 16 * 64  # k and v lose one head of 16 x 64
+
+    again = train_block(project_of(kv_project), "b00", restart=True, layout=layout).metrics()
+    assert again["state_sha256"] == first["state_sha256"]
+    assert all(torch.equal(v, w1[k]) for k, v in _weights(kv_project).items())
+
+    online = copy_project(kv_project, tmp_path / "online")
+    shutil.rmtree(online / "data" / "boundaries")  # the online run can only get its pairs from the teacher
+    res = train_block(project_of(online), "b00", targets="online", restart=True, layout=Layout(online)).metrics()
+    assert res["targets"] == "online" and res["state_sha256"] == first["state_sha256"]
+    assert res["heldout_loss"] == first["heldout_loss"]
+    assert all(torch.equal(v, w1[k]) for k, v in _weights(online).items())
+
+
+def _generates(model, vocab: int):
+    ids = torch.randint(0, vocab, (1, 10), generator=torch.Generator().manual_seed(5))
+    greedy = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    out = model.generate(ids, **greedy, output_logits=True, return_dict_in_generate=True)
+    assert torch.equal(model.generate(ids, **greedy, use_cache=False), out.sequences)
+    with torch.no_grad():
+        full = model(input_ids=out.sequences).logits[0]
+    for step, logits in enumerate(out.logits):
+        torch.testing.assert_close(logits[0], full[9 + step], rtol=1e-4, atol=1e-4)
+
+
+def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
+    """Mixed (b00 at 1 KV head, b01 the teacher's 2): zg's modeling file, export refused in one line with nothing
+    written. Uniform (both blocks at 1): the stock LlamaConfig, loaded without remote code, HF and GGUF export."""
+    from transformers import AutoModelForCausalLM
+
+    from zgtrain.export.gguf import export_gguf
+    from zgtrain.student.assemble import assemble, build_student
+    from zgtrain.student.load import load_student
+
+    root = copy_project(kv_project, tmp_path / "proj")
+    layout = Layout(root)
+    project = project_of(root)
+    if not (layout.block_dir("b00") / "model.safetensors").exists():
+        train_block(project, "b00", restart=True, layout=layout)
+    train_block(project, "b01", restart=True, layout=layout)
+    assemble(project, layout=layout)
+    summary = read_json(layout.student / "zerograph.json")
+    assert summary["layer_kv_heads"] == [1, 1, 2, 2] and summary["remote_code"] is True
+    assert summary["kv_bytes_per_token"] == (1 + 1 + 2 + 2) * PER_HEAD  # full attention: heads x per-head bytes
+    assert summary["teacher_kv_bytes_per_token"] == 4 * 2 * PER_HEAD
+    assert read_json(layout.student / "config.json")["layer_kv_heads"] == [1, 1, 2, 2]
+    model = load_student(layout.student)
+    assert type(model).__name__ == "ZgLlamaForCausalLM"
+    built, _ = build_student(project, layout=layout)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, built(input_ids=ids).logits)
+    _generates(model, model.config.vocab_size)
+    for fmt, needle in (("hf", "num_key_value_heads"), ("gguf", "head_count_kv")):
+        out = root / "models" / f"out-{fmt}"
+        res = zg_main("export", "student", "--format", fmt, "--out", str(out), cwd=root, check=False)
+        assert_user_error(res, "layer 2 has 2 KV heads", needle)
+        assert not out.exists()
+
+    set_params(root, {"blocks.b01.conversion": "kv_heads", "blocks.b01.kv_heads": 1})
+    train_block(project_of(root), "b01", restart=True, layout=layout)
+    assemble(project_of(root), layout=layout)
+    summary = read_json(layout.student / "zerograph.json")
+    assert summary["layer_kv_heads"] == [1] * 4 and summary["remote_code"] is False
+    assert summary["kv_bytes_per_token"] == 4 * PER_HEAD and summary["kv_ratio"] == 0.5
+    cfg = read_json(layout.student / "config.json")
+    assert cfg["num_key_value_heads"] == 1 and "auto_map" not in cfg and "layer_kv_heads" not in cfg
+    assert not list(layout.student.glob("*.py"))
+    stock = AutoModelForCausalLM.from_pretrained(layout.student, trust_remote_code=False, dtype=torch.float32).eval()
+    assert type(stock).__name__ == "LlamaForCausalLM"
+    _generates(stock, stock.config.vocab_size)
+    zg_main("export", "student", "--format", "hf", "--out", "models/hf", cwd=root)
+    assert read_json(root / "models" / "hf" / "config.json")["num_key_value_heads"] == 1
+    info = export_gguf(layout.student, tmp_path / "s.gguf", dtype="f32")
+    from gguf import GGUFReader
+
+    reader = GGUFReader(tmp_path / "s.gguf")
+    kv = reader.fields["llama.attention.head_count_kv"]
+    assert info["arch"] == "llama" and int(kv.parts[kv.data[0]][0]) == 1
