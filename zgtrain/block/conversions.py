@@ -15,7 +15,7 @@ import torch
 
 from zgdata.errors import ZgError
 from zgdata.families import family_of
-from zgtrain.block.attention import group_kv_heads, resolve_kv_heads
+from zgtrain.block.attention import attention_io, check_attn_linear, fit_linear, group_kv_heads, resolve_kv_heads
 from zgtrain.block.model import StudentBlock
 from zgtrain.block.names import CONVERSIONS  # the registry; params validation reads its names without torch
 
@@ -133,6 +133,29 @@ def kv_heads(tensors, config, cfg, sample, gen) -> StudentBlock:
     width = family_of(config).width(config)
     block = StudentBlock(config, [width] * len(layers), layer_types=_types(config, tensors), kv_heads=[n] * len(layers))
     return _load(block, layers)
+
+
+@register("attn_linear")
+def attn_linear(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """Each layer's attention replaced by one linear map of its normed input (no token mixing, no KV cache), fitted
+    by least squares to the teacher attention's output on the block's input sample, layer after layer on the
+    student's own running input (zgtrain/block/attention.py says when this helps). The rest is the teacher's."""
+    check_attn_linear(config)
+    teacher = identity(tensors, config, cfg, sample, gen).eval()
+    layers = list(_teacher_layers(tensors).values())
+    n, fam = len(layers), family_of(config)
+    block = StudentBlock(config, [fam.width(config)] * n, layer_types=_types(config, tensors), attention=["linear"] * n)
+    kept = [{k: v for k, v in layer.items() if not k.startswith("self_attn.")} for layer in layers]
+    with torch.no_grad():
+        h = sample.float()
+        inputs = fam.layer_inputs(getattr(teacher, "rotary_emb", None), h)
+        for j in range(n):
+            x, y, _ = attention_io(fam, teacher.layers[j], h, inputs)
+            w, b = fit_linear(x, y)
+            kept[j] = {**kept[j], "self_attn.linear.weight": w, "self_attn.linear.bias": b}
+            block.layers[j].load_state_dict({k: v.clone() for k, v in kept[j].items()})
+            h = fam.call_layer(block.layers[j], h, inputs)  # the next layer is fitted on the student's own input
+    return _load(block, kept)
 
 
 _unbuilt = [name for name, fn in CONVERSIONS.items() if fn is None]

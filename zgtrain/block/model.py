@@ -8,7 +8,8 @@ layers: a block trains deterministically toward the teacher's function. A layer 
 (``windows``, None: full attention) attends to its last W positions only (zgtrain/block/window.py). Families
 whose layers differ in attention type (Gemma 3: sliding and full, each with its own rotary) build each layer
 as the teacher layer it came from (``layer_types``). A layer may have fewer key/value heads than the teacher's
-(``kv_heads``, None: the teacher's; zgtrain/block/attention.py).
+(``kv_heads``, None: the teacher's; zgtrain/block/attention.py), or a linear map in place of its attention
+(``attention``: "linear"; None: the teacher's attention).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from zgdata.families import family_of
-from zgtrain.block.attention import kv_layer_config
+from zgtrain.block.attention import AttentionLinear, kv_layer_config
 from zgtrain.block.window import add_windows
 
 __all__ = ["StudentBlock", "layer_config"]
@@ -35,6 +36,7 @@ class StudentBlock(nn.Module):
         windows: list[int | None] | None = None,
         layer_types: list[str] | None = None,
         kv_heads: list[int | None] | None = None,
+        attention: list[str | None] | None = None,
     ):
         super().__init__()
         fam = family_of(config)
@@ -54,10 +56,23 @@ class StudentBlock(nn.Module):
             fam.make_layer(kv_layer_config(fam.layer_config(config, m), kv), i, t)
             for i, (m, t, kv) in enumerate(zip(intermediate_sizes, types, self.kv_heads))
         )
+        # "linear": the attn_linear conversion's AttentionLinear in place of the layer's attention; None: attention
+        self.attention = list(attention) if attention is not None else [None] * len(self.intermediate_sizes)
+        if len(self.attention) != len(self.intermediate_sizes):
+            raise ValueError(f"{len(self.attention)} attention kinds for {len(self.intermediate_sizes)} layers")
+        for i, (layer, kind) in enumerate(zip(self.layers, self.attention)):
+            if kind == "linear":
+                layer.self_attn = AttentionLinear(config.hidden_size, i, getattr(layer.self_attn, "layer_type", None))
+            elif kind is not None:
+                raise ValueError(f"unknown attention kind {kind!r}")
         add_windows(self.layers, self.windows)
         rotary = fam.rotary(fam.layer_config(config, fam.width(config)))
         if rotary is not None:  # buffers derived from the config, never saved (see weights())
             self.rotary_emb = rotary
+
+    def cache_heads(self) -> list[int | None]:
+        """Each layer's KV heads for the KV-cache figures: 0 for a linear layer (no cache), None for the teacher's."""
+        return [0 if a == "linear" else h for a, h in zip(self.attention, self.kv_heads)]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) boundary k -> (B, T, C) boundary k+1."""

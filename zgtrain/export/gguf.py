@@ -75,6 +75,13 @@ def _plan(student: Path, dtype: str) -> _Plan:
                 fix="use `zg export --format hf` (zg's modeling file runs it), or rebuild that block without "
                 "window_attention",
             )
+    linear = next((i for i, a in enumerate(summary.get("layer_attention") or []) if a == "linear"), None)
+    if linear is not None:
+        raise ZgError(
+            f"layer {linear} has a linear map in place of attention (conversion attn_linear), which llama.cpp's "
+            f"'{spec.arch}' architecture cannot express",
+            fix="keep the student folder (zg's modeling file runs it), or rebuild that block without attn_linear",
+        )
     kv = summary.get("layer_kv_heads") or []
     odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
     if odd is not None:  # the kv_heads conversion with different counts per block

@@ -7,6 +7,7 @@ model, and refuses with one line where it cannot:
 
 - per-layer MLP widths: no stock config has them (the first layer whose width differs is named);
 - layers dropped: nothing to say, a stock config of fewer layers;
+- a linear map in place of a layer's attention (``layer_attention``, the ``attn_linear`` conversion): refused;
 - fewer KV heads (the ``kv_heads`` conversion): one count for every layer is the stock ``num_key_value_heads``
   (assemble already wrote it so); per-layer counts (``layer_kv_heads``) are refused, naming the first that differs;
 - zg's sliding windows (``layer_windows``, the ``window_attention`` conversion), combined with the windows the
@@ -167,6 +168,13 @@ def stock_config(student: Path) -> dict:
             f"has one {fam.width_attr}",
             _gguf_alternative(student),
         )
+    linear = next((i for i, a in enumerate(summary.get("layer_attention") or []) if a == "linear"), None)
+    if linear is not None:
+        raise _refuse(
+            f"layer {linear} has a linear map in place of attention (conversion attn_linear), which a stock {name} "
+            "config cannot express",
+            _FIX_KEEP,
+        )
     kv = list(summary.get("layer_kv_heads") or cfg.get("layer_kv_heads") or [])
     odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
     if odd is not None:
@@ -175,7 +183,11 @@ def stock_config(student: Path) -> dict:
             "num_key_value_heads",
             _FIX_KEEP,
         )
-    d = {k: v for k, v in cfg.items() if k not in ("auto_map", "intermediate_sizes", "layer_windows", "layer_kv_heads")}
+    d = {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("auto_map", "intermediate_sizes", "layer_windows", "layer_kv_heads", "layer_attention")
+    }
     if kv:
         d["num_key_value_heads"] = kv[0]
     d.update(model_type=fam.model_type, architectures=[fam.model_class])

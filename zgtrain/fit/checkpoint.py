@@ -211,9 +211,14 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
         )
     config = config_from_dict(meta["teacher_config"])
     # no "windows": full attention; "layer_types" only where the family has several (zgdata/families.py);
-    # no "kv_heads": the teacher's KV heads
+    # no "kv_heads": the teacher's KV heads; no "attention": every layer attends (attn_linear: "linear")
     block = StudentBlock(
-        config, meta["intermediate_sizes"], meta.get("windows"), meta.get("layer_types"), meta.get("kv_heads")
+        config,
+        meta["intermediate_sizes"],
+        meta.get("windows"),
+        meta.get("layer_types"),
+        meta.get("kv_heads"),
+        meta.get("attention"),
     )
     if which == "final":
         check_weights(d, meta)

@@ -55,7 +55,7 @@ class TrainConfig(Section):
     conversion: str = param(
         "prune_mlp",
         "How the student block starts: a conversion of zgtrain/block/conversions.py "
-        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads).",
+        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads, attn_linear).",
     )
     prune_ratio: float = param(
         0.5,
@@ -80,7 +80,11 @@ class TrainConfig(Section):
         "starts as the mean of its group of teacher heads); 0: half the teacher's, rounded down to a divisor.",
         ge=0,
     )
-    importance_rows: int = param(16, "prune_mlp: train sequences used to score channel importance.", ge=1)
+    importance_rows: int = param(
+        16,
+        "prune_mlp: train sequences used to score channel importance; attn_linear: the sample its maps are fitted on.",
+        ge=1,
+    )
     objective: str = param(
         "regress",
         "regress (clean MSE to the target boundary), noisy_regress (input + "

@@ -3,8 +3,9 @@
 Teacher embeddings + block layers renumbered in order + final norm + LM head, in the teacher
 family's own causal-LM class (zgdata/families.py). Uniform MLP widths and KV heads give a plain config of
 that family that ``AutoModelForCausalLM.from_pretrained`` loads (``num_key_value_heads``: the kv_heads
-conversion's count); per-layer widths, per-layer KV heads (``layer_kv_heads``) or any sliding-window layer
-(``layer_windows`` in config.json) ship zg's modeling file for the family (zgtrain/student/load.py pins it). zerograph.json records the windows and the KV-cache bytes per token
+conversion's count); per-layer widths, per-layer KV heads (``layer_kv_heads``), any sliding-window layer
+(``layer_windows`` in config.json) or any linear layer in place of attention (``layer_attention``, the attn_linear
+conversion) ship zg's modeling file for the family (zgtrain/student/load.py pins it). zerograph.json records the windows and the KV-cache bytes per token
 (zgtrain/block/kv_cache.py) next to the parameter counts.
 """
 
@@ -67,6 +68,8 @@ class StudentResult:
     kv_ratio: float | None
     layer_kv_heads: list | None = None
     """Each layer's KV heads, where one differs from the teacher's (the kv_heads conversion); None otherwise."""
+    layer_attention: list | None = None
+    """Each layer's attention ("full", or "linear": the attn_linear conversion), where one is linear; None otherwise."""
     choice: dict | None = None
     """The searched student only: its mix ({block: variant or 'teacher'})."""
     search: dict | None = None
@@ -77,7 +80,8 @@ class StudentResult:
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("choice", "search", "layer_kv_heads") or getattr(self, f.name) is not None
+            if f.name not in ("choice", "search", "layer_kv_heads", "layer_attention")
+            or getattr(self, f.name) is not None
         }
 
 
@@ -108,10 +112,18 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
     return build_from_blocks(_blocks(project, layout, which), layout=layout)
 
 
-def needs_modeling_code(sizes: list, windows: list, kv_heads: list | None = None) -> bool:
-    """Whether a student of these layer widths, windows and KV heads ships zg's modeling file (``remote_code``):
-    per-layer MLP widths or KV heads, or any sliding window, which the family's stock config cannot say."""
-    return len(set(sizes)) != 1 or any(w is not None for w in windows) or len(set(kv_heads or [])) > 1
+def needs_modeling_code(
+    sizes: list, windows: list, kv_heads: list | None = None, attention: list | None = None
+) -> bool:
+    """Whether a student of these layer widths, windows, KV heads and attention kinds ships zg's modeling file
+    (``remote_code``): per-layer MLP widths or KV heads, any sliding window or any linear layer in place of
+    attention, which the family's stock config cannot say."""
+    return (
+        len(set(sizes)) != 1
+        or any(w is not None for w in windows)
+        or len(set(kv_heads or [])) > 1
+        or "linear" in (attention or [])
+    )
 
 
 def student_model(
@@ -121,6 +133,7 @@ def student_model(
     windows: list,
     types: list | None,
     kv_heads: list | None = None,
+    attention: list | None = None,
     *,
     dtype,
 ):
@@ -129,7 +142,8 @@ def student_model(
 
     ``teacher_config``: the teacher's config dict; ``sizes``, ``windows``, ``types``: each student layer's MLP width,
     sliding window (None: full attention) and teacher attention type (Gemma 3; None where the family has one);
-    ``kv_heads``: each layer's KV heads (None: the teacher's). The family's ``student_config`` (with
+    ``kv_heads``: each layer's KV heads (None: the teacher's); ``attention``: each layer's "full" or "linear" (None:
+    all full). The family's ``student_config`` (with
     ``num_key_value_heads``: the layers' one count) where every width and KV head count is equal and no window is
     set, else zg's pinned template config and class (``intermediate_sizes``, ``layer_windows``, ``layer_kv_heads``;
     the folder then ships the modeling file). Built
@@ -139,9 +153,11 @@ def student_model(
     model_cls = fam.causal_lm()
     if kv_heads is not None and len(set(kv_heads)) == 1:  # one count: the stock config says it
         config.num_key_value_heads = int(kv_heads[0])
-    if needs_modeling_code(sizes, windows, kv_heads):  # a config subclass plus modeling code shipped with the model
+    if needs_modeling_code(sizes, windows, kv_heads, attention):  # a config subclass plus modeling code shipped
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
         per_layer = {"layer_kv_heads": list(kv_heads)} if kv_heads is not None else {}
+        if attention is not None:
+            per_layer["layer_attention"] = list(attention)
         config = template_class(fam.model_type, "AutoConfig")(
             intermediate_sizes=sizes, layer_windows=windows, **per_layer, **fields
         )
@@ -169,6 +185,9 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     teacher_kv = teacher_kv_heads(family_of(hmeta["config"]).config_from_dict(hmeta["config"]))
     kv_heads = [teacher_kv if h is None else int(h) for h in kv_per_layer]
     changed = kv_heads != [teacher_kv] * len(kv_heads)  # only then recorded: other students' files stay as they were
+    attention = ["linear" if a == "linear" else "full" for _, b, _ in blocks for a in b.attention]
+    linear = "linear" in attention
+    cache_heads = [0 if a == "linear" else h for a, h in zip(attention, kv_heads)]  # a linear layer caches nothing
     state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
     for _, block, _ in blocks:
@@ -178,7 +197,16 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
                     state[fam.layer_key(i, k.split(".", 2)[2])] = v
             i += 1
     dtype = getattr(torch, hmeta["config"].get("dtype") or "float32")
-    model = student_model(hmeta["config"], state, sizes, windows, types, kv_heads if changed else None, dtype=dtype)
+    model = student_model(
+        hmeta["config"],
+        state,
+        sizes,
+        windows,
+        types,
+        kv_heads if changed else None,
+        attention if linear else None,
+        dtype=dtype,
+    )
     teacher_params = read_teacher_json(layout)["params"]
     n = sum(p.numel() for p in model.parameters())
     summary = {
@@ -188,10 +216,11 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         "layers": len(sizes),
         "intermediate_sizes": sizes,
         "layer_windows": windows,
-        "remote_code": needs_modeling_code(sizes, windows, kv_heads),
+        "remote_code": needs_modeling_code(sizes, windows, kv_heads, attention),
         "family": fam.model_type,
-        **kv_summary(hmeta["config"], windows, kv_heads=kv_heads),
+        **kv_summary(hmeta["config"], windows, kv_heads=cache_heads),
         **({"layer_kv_heads": kv_heads} if changed else {}),
+        **({"layer_attention": attention} if linear else {}),
         "blocks": {
             spec.key: {
                 "state_sha256": meta.get("state_sha256"),

@@ -1,7 +1,8 @@
 """The ``kv_heads`` conversion in a real tiny Llama project (4 heads, 2 KV heads): a block trained from its boundary
 pair with only ``conversion: kv_heads`` in its params, bit for bit the same twice and with online targets; its
 metrics' KV bytes; the assembled student with mixed KV heads (zg's pinned modeling file) and with one count
-(the stock config, no remote code); what export does with each. In-process (``train_block``, ``zg_main``).
+(the stock config, no remote code); what export does with each. The same for ``attn_linear``. In-process
+(``train_block``, ``zg_main``).
 """
 
 from __future__ import annotations
@@ -132,3 +133,54 @@ def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
     reader = GGUFReader(tmp_path / "s.gguf")
     kv = reader.fields["llama.attention.head_count_kv"]
     assert info["arch"] == "llama" and int(kv.parts[kv.data[0]][0]) == 1
+
+
+def test_attn_linear_block_trains_assembles_and_export_refuses(tiny_built, tmp_path):
+    """b00 (2 layers) with only ``conversion: attn_linear``: the same bits twice and with online targets; no KV cache
+    for its layers; the student ships zg's modeling file, loads, generates with its cache; export refuses it."""
+    from zgtrain.student.assemble import assemble, build_student
+    from zgtrain.student.load import load_student
+
+    root = copy_project(tiny_built, tmp_path / "proj")
+    set_params(
+        root,
+        {
+            "train.steps": 3,
+            "blocks.b00.conversion": "attn_linear",
+            "blocks.b01.conversion": "identity",
+            "blocks.b01.steps": 0,
+        },
+    )
+    layout = Layout(root)
+    first = train_block(project_of(root), "b00", restart=True, layout=layout).metrics()
+    assert first["conversion"] == "attn_linear" and first["kv_bytes_per_token"] == 0 and first["kv_ratio"] == 0
+    assert read_json(layout.block_dir("b00") / "meta.json")["attention"] == ["linear", "linear"]
+    w1 = _weights(root)
+    assert w1["layers.0.self_attn.linear.weight"].shape == (64, 64)
+    assert not any("q_proj" in k for k in w1)
+    again = train_block(project_of(root), "b00", restart=True, layout=layout).metrics()
+    assert again["state_sha256"] == first["state_sha256"]
+    assert all(torch.equal(v, w1[k]) for k, v in _weights(root).items())
+    online = copy_project(root, tmp_path / "online")
+    shutil.rmtree(online / "data" / "boundaries")
+    res = train_block(project_of(online), "b00", targets="online", restart=True, layout=Layout(online)).metrics()
+    assert res["state_sha256"] == first["state_sha256"] and res["heldout_loss"] == first["heldout_loss"]
+
+    train_block(project_of(root), "b01", restart=True, layout=layout)
+    assemble(project_of(root), layout=layout)
+    summary = read_json(layout.student / "zerograph.json")
+    assert summary["layer_attention"] == ["linear", "linear", "full", "full"] and summary["remote_code"] is True
+    assert summary["kv_bytes_per_token"] == 2 * 2 * PER_HEAD and summary["kv_ratio"] == 0.5
+    assert "layer_kv_heads" not in summary
+    model = load_student(layout.student)
+    assert type(model).__name__ == "ZgLlamaForCausalLM"
+    built, _ = build_student(project_of(root), layout=layout)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, built(input_ids=ids).logits)
+    _generates(model, model.config.vocab_size)
+    for fmt in ("hf", "gguf"):
+        out = root / "models" / f"out-{fmt}"
+        res = zg_main("export", "student", "--format", fmt, "--out", str(out), cwd=root, check=False)
+        assert_user_error(res, "layer 0 has a linear map in place of attention (conversion attn_linear)")
+        assert not out.exists()

@@ -40,7 +40,15 @@ def _sample(n=2, t=8):
 
 
 def test_registry_holds_the_documented_conversions():
-    assert set(CONVERSIONS) == {"identity", "prune_mlp", "drop_layers", "reinit", "window_attention", "kv_heads"}
+    assert set(CONVERSIONS) == {
+        "identity",
+        "prune_mlp",
+        "drop_layers",
+        "reinit",
+        "window_attention",
+        "kv_heads",
+        "attn_linear",
+    }
     with pytest.raises(ZgError, match="unknown conversion 'nope'"):
         convert("nope", {}, CONFIG, TrainConfig(), _sample(), torch.Generator())
 

@@ -9,6 +9,8 @@ the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_rem
 W positions, itself included. Such layers need ``attn_implementation`` sdpa (the default) or eager.
 ``layer_kv_heads`` (one entry per layer) is each layer's number of key/value heads: a layer whose count
 differs from ``num_key_value_heads`` gets its own attention module built with its count.
+``layer_attention`` (one entry per layer: "full", or "linear": one linear map of the normed input in place of
+the attention, no KV cache) is zg's attn_linear conversion.
 """
 
 import copy
@@ -56,14 +58,40 @@ class SlidingWindow:
         return args, {**kwargs, "attention_mask": mask}
 
 
+# A verbatim copy of zgtrain/block/attention.py's AttentionLinear (tests/zgtrain/block/test_attn_linear.py checks it).
+class AttentionLinear(torch.nn.Module):
+    """A decoder layer's attention replaced by one linear map of its normed input: no token mixing.
+
+    Called as the attention module it replaces (hidden_states, mask, rotary and cache keywords; only the cache is
+    read), it returns ``(linear(hidden_states), None)``. Under a KV cache it caches zero heads per position, so the
+    cache still counts the sequence (transformers reads past lengths from it) and holds 0 bytes for this layer.
+    """
+
+    def __init__(self, hidden_size, layer_idx, layer_type=None):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, hidden_size)
+        self.layer_idx = layer_idx
+        self.layer_type = layer_type  # the replaced attention's type (Gemma 3 picks its layer inputs by it)
+
+    def forward(self, hidden_states, *args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None:
+            empty = hidden_states.new_zeros(hidden_states.shape[0], 0, hidden_states.shape[1], 1)
+            cache.update(empty, empty, self.layer_idx)
+        return self.linear(hidden_states), None
+
+
 class ZgQwen2Config(Qwen2Config):
     model_type = "zg_qwen2"
 
-    def __init__(self, intermediate_sizes=None, layer_windows=None, layer_kv_heads=None, **kwargs):
+    def __init__(
+        self, intermediate_sizes=None, layer_windows=None, layer_kv_heads=None, layer_attention=None, **kwargs
+    ):
         super().__init__(**kwargs)
         self.intermediate_sizes = list(intermediate_sizes or [self.intermediate_size] * self.num_hidden_layers)
         self.layer_windows = list(layer_windows or [None] * self.num_hidden_layers)
         self.layer_kv_heads = list(layer_kv_heads or [self.num_key_value_heads] * self.num_hidden_layers)
+        self.layer_attention = list(layer_attention or ["full"] * self.num_hidden_layers)
 
 
 class ZgQwen2ForCausalLM(Qwen2ForCausalLM):
@@ -80,6 +108,9 @@ class ZgQwen2ForCausalLM(Qwen2ForCausalLM):
                 cfg = copy.copy(config)
                 cfg.num_key_value_heads = heads
                 layer.self_attn = type(layer.self_attn)(cfg, layer_idx=i)
+        for i, (layer, kind) in enumerate(zip(self.model.layers, config.layer_attention)):
+            if kind == "linear":  # no attention: one linear map of the normed input
+                layer.self_attn = AttentionLinear(config.hidden_size, i, getattr(layer.self_attn, "layer_type", None))
         for layer, window in zip(self.model.layers, config.layer_windows):
             if window is not None:
                 layer.self_attn.register_forward_pre_hook(SlidingWindow(window), with_kwargs=True)
