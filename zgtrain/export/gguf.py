@@ -2,7 +2,7 @@
 
 ``check_gguf`` decides everything from the student's config.json, zerograph.json and tokenizer before a byte
 is written: the llama.cpp architecture of its family (zgtrain/export/gguf_arch.py: the family's own arch for a
-uniform student, ``deci`` for Llama-like students with per-layer MLP widths), its windows, its rotary and its
+uniform student, ``deci`` for Llama-like students with per-layer MLP widths or KV heads), its windows, its rotary and its
 tokenizer (zgtrain/export/gguf_vocab.py). Anything llama.cpp cannot express is one ``ZgError`` line naming
 the layer or feature and the supported alternative. ``export_gguf`` then loads the student through
 ``load_student`` (hash-checked safetensors, never a pickle) and writes keys and tensors with the ``gguf``
@@ -46,6 +46,7 @@ class _Plan:
     sizes: list
     layer_types: list | None
     vocab: VocabInfo
+    kv_heads: list | None = None  # each layer's KV heads where zerograph.json records them (the kv_heads conversion)
 
 
 def _read(path: Path) -> dict:
@@ -82,12 +83,12 @@ def _plan(student: Path, dtype: str) -> _Plan:
             f"'{spec.arch}' architecture cannot express",
             fix="keep the student folder (zg's modeling file runs it), or rebuild that block without attn_linear",
         )
-    kv = summary.get("layer_kv_heads") or []
+    kv = [int(h) for h in summary.get("layer_kv_heads") or []]
     odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
-    if odd is not None:  # the kv_heads conversion with different counts per block
+    if odd is not None and spec.per_layer_arch is None:  # the kv_heads conversion with different counts per block
         raise ZgError(
-            f"layer {odd} has {kv[odd]} KV heads where layer 0 has {kv[0]} (conversion kv_heads); zg writes one "
-            f"head_count_kv for all layers to GGUF",
+            f"layer {odd} has {kv[odd]} KV heads where layer 0 has {kv[0]} (conversion kv_heads): llama.cpp's "
+            f"'{spec.arch}' architecture ({family}) reads one head_count_kv for all layers",
             fix="give every block the same train.kv_heads, or keep the student folder (zg's modeling file runs it)",
         )
     for i, width in enumerate(sizes):
@@ -96,6 +97,8 @@ def _plan(student: Path, dtype: str) -> _Plan:
                 f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=HF_FIX
             )
     arch = spec.arch
+    if odd is not None:  # per-layer KV heads: deci reads head_count_kv per layer
+        arch = spec.per_layer_arch
     if len(set(sizes)) > 1:
         first = next(i for i, s in enumerate(sizes) if s != sizes[0])
         if spec.per_layer_arch is None:
@@ -121,7 +124,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
             fix="rebuild the student with `dvc repro assemble`",
         )
     vocab = read_vocab(student, int(cfg["vocab_size"]))
-    return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab)
+    return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab, kv or None)
 
 
 def check_gguf(student: Path, *, dtype: str = "f16") -> None:
@@ -169,7 +172,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         writer.add_file_type(_FILE_TYPE[dtype])
         if dtype == "q8_0":
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        notes = write_hparams(writer, cfg, spec, arch, plan.sizes, plan.layer_types)
+        notes = write_hparams(writer, cfg, spec, arch, plan.sizes, plan.layer_types, plan.kv_heads)
         vocab = write_vocab(writer, plan.vocab)
         head_keys = [k for k in state if k.endswith("lm_head.weight")]
         for key in head_keys:

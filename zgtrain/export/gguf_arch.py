@@ -8,7 +8,8 @@ convert_hf_to_gguf.py (conversion/*.py):
 - Per-layer MLP widths: only ``deci`` (src/models/deci.cpp) reads ``feed_forward_length`` per layer
   (``hparams.n_ff(i)``); it is Llama's layer with optional q/k/v biases, so Llama, Mistral and Qwen2 students
   with mixed widths export as ``deci`` (Qwen2's q/k weights and biases permuted for NORM rotary). Every other
-  arch builds its tensors from one ``n_ff``: mixed widths are refused.
+  arch builds its tensors from one ``n_ff``: mixed widths are refused. Per-layer KV heads (the kv_heads
+  conversion) likewise: ``deci`` reads ``head_count_kv`` per layer, every other arch one count.
 - Windows: Gemma 2/3 read a per-layer ``sliding_window_pattern`` array, written from the student's
   ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window and llama.cpp
   switches Phi-3's off: a Mistral / Phi-3 window shorter than the context is written as the model's
@@ -108,8 +109,11 @@ def gemma_scale_check(cfg: dict, spec: ArchSpec, n_layer: int) -> None:
         )
 
 
-def write_hparams(w, cfg: dict, spec: ArchSpec, arch: str, sizes: list[int], layer_types: list | None) -> dict:
-    """The ``<arch>.*`` keys llama.cpp's load_hparams reads; returns notes for lineage."""
+def write_hparams(
+    w, cfg: dict, spec: ArchSpec, arch: str, sizes: list[int], layer_types: list | None, kv_heads: list | None = None
+) -> dict:
+    """The ``<arch>.*`` keys llama.cpp's load_hparams reads (``kv_heads``: each layer's, where they differ, which
+    only ``deci`` can say); returns notes for lineage."""
     fam, n_layer, notes = spec.family, len(sizes), {}
     if fam == "gpt2":
         w.add_context_length(cfg["n_positions"])
@@ -130,7 +134,9 @@ def write_hparams(w, cfg: dict, spec: ArchSpec, arch: str, sizes: list[int], lay
     w.add_feed_forward_length(list(sizes) if arch == "deci" else sizes[0])
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     w.add_head_count([heads] * n_layer if arch == "deci" else heads)
-    w.add_head_count_kv([kv] * n_layer if arch == "deci" else kv)
+    if kv_heads is not None and len(set(kv_heads)) > 1 and arch != "deci":
+        raise ValueError(f"per-layer KV heads {kv_heads} need the deci architecture, not {arch}")
+    w.add_head_count_kv(list(kv_heads or [kv] * n_layer) if arch == "deci" else (kv_heads or [kv])[0])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     hd = head_dim(cfg)
     if hd != cfg["hidden_size"] // heads or spec.window == "pattern":
@@ -195,9 +201,8 @@ def edit_tensor(name: str, x: np.ndarray, cfg: dict, spec: ArchSpec, arch: str) 
     if spec.norm_shift and name.endswith("norm.weight"):
         x = x + spec.norm_shift
     if spec.norm_rotary or arch == "deci":
-        heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         if ".self_attn.q_proj." in name:
-            x = permute_qk(x, heads)
-        elif ".self_attn.k_proj." in name:
-            x = permute_qk(x, kv)
+            x = permute_qk(x, cfg["num_attention_heads"])
+        elif ".self_attn.k_proj." in name:  # this layer's KV heads (the kv_heads conversion may vary them)
+            x = permute_qk(x, x.shape[0] // head_dim(cfg))
     return np.ascontiguousarray(x)

@@ -181,7 +181,7 @@ def stock_config(student: Path) -> dict:
         raise _refuse(
             f"layer {odd} has {kv[odd]} KV heads where layer 0 has {kv[0]}, and a stock {name} config has one "
             "num_key_value_heads",
-            _FIX_KEEP,
+            _gguf_alternative(student),
         )
     d = {
         k: v

@@ -7,13 +7,15 @@ metrics' KV bytes; the assembled student with mixed KV heads (zg's pinned modeli
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
 from conftest import zg_main
-from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params
+from zgt_helpers import assert_user_error, copy_project, import_llama_cpp, project_of, read_json, set_params
 
+from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
 from zgtrain.fit.checkpoint import load_block
@@ -68,6 +70,13 @@ def test_kv_heads_block_trains_deterministically_cached_and_online(kv_project, t
     assert all(torch.equal(v, w1[k]) for k, v in _weights(online).items())
 
 
+def _gguf_ints(path, key: str) -> list[int]:
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields[key]
+    return [int(field.parts[i][0]) for i in field.data]
+
+
 def _generates(model, vocab: int):
     ids = torch.randint(0, vocab, (1, 10), generator=torch.Generator().manual_seed(5))
     greedy = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
@@ -80,11 +89,12 @@ def _generates(model, vocab: int):
 
 
 def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
-    """Mixed (b00 at 1 KV head, b01 the teacher's 2): zg's modeling file, export refused in one line with nothing
-    written. Uniform (both blocks at 1): the stock LlamaConfig, loaded without remote code, HF and GGUF export."""
+    """Mixed (b00 at 1 KV head, b01 the teacher's 2): zg's modeling file; HF export refused in one line with nothing
+    written, GGUF as llama.cpp's deci (per-layer head_count_kv). Uniform (both blocks at 1): the stock LlamaConfig,
+    loaded without remote code, HF and GGUF (llama) export. Both GGUF files run in llama.cpp like the student."""
     from transformers import AutoModelForCausalLM
 
-    from zgtrain.export.gguf import export_gguf
+    from zgtrain.export.gguf import check_gguf, export_gguf
     from zgtrain.student.assemble import assemble, build_student
     from zgtrain.student.load import load_student
 
@@ -107,11 +117,14 @@ def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, built(input_ids=ids).logits)
     _generates(model, model.config.vocab_size)
-    for fmt, needle in (("hf", "num_key_value_heads"), ("gguf", "head_count_kv")):
-        out = root / "models" / f"out-{fmt}"
-        res = zg_main("export", "student", "--format", fmt, "--out", str(out), cwd=root, check=False)
-        assert_user_error(res, "layer 2 has 2 KV heads", needle)
-        assert not out.exists()
+    out = root / "models" / "out-hf"
+    res = zg_main("export", "student", "--format", "hf", "--out", str(out), cwd=root, check=False)
+    assert_user_error(res, "layer 2 has 2 KV heads where layer 0 has 1", "num_key_value_heads")
+    assert not out.exists()
+    mixed = tmp_path / "mixed.gguf"
+    info = export_gguf(layout.student, mixed, dtype="f32")
+    assert info["arch"] == "deci" and _gguf_ints(mixed, "deci.attention.head_count_kv") == [1, 1, 2, 2]
+    mixed_student = copy_project(layout.student, tmp_path / "mixed-student")
 
     set_params(root, {"blocks.b01.conversion": "kv_heads", "blocks.b01.kv_heads": 1})
     train_block(project_of(root), "b01", restart=True, layout=layout)
@@ -128,11 +141,24 @@ def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
     zg_main("export", "student", "--format", "hf", "--out", "models/hf", cwd=root)
     assert read_json(root / "models" / "hf" / "config.json")["num_key_value_heads"] == 1
     info = export_gguf(layout.student, tmp_path / "s.gguf", dtype="f32")
-    from gguf import GGUFReader
+    assert info["arch"] == "llama" and _gguf_ints(tmp_path / "s.gguf", "llama.attention.head_count_kv") == [1]
+    for name in ("gemma2", "olmo2"):  # families whose llama.cpp arch has no per-layer counts: refused, nothing written
+        summary = {"family": name, "intermediate_sizes": [8, 8], "layer_kv_heads": [1, 2]}
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "zerograph.json").write_text(json.dumps(summary))
+        (folder / "config.json").write_text("{}")
+        with pytest.raises(ZgError, match="layer 1 has 2 KV heads where layer 0 has 1") as e:
+            check_gguf(folder)
+        assert "\n" not in str(e.value) and "head_count_kv" in str(e.value)
 
-    reader = GGUFReader(tmp_path / "s.gguf")
-    kv = reader.fields["llama.attention.head_count_kv"]
-    assert info["arch"] == "llama" and int(kv.parts[kv.data[0]][0]) == 1
+    import_llama_cpp()  # the rest needs llama.cpp (skipped where it is not installed; `make setup` installs it)
+    from zgt_helpers import assert_close_to_f32, llama_cpp_logits, llama_cpp_model, student_logits
+
+    ids = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(2)).tolist()
+    for gguf_file, folder in ((mixed, mixed_student), (tmp_path / "s.gguf", layout.student)):
+        want = student_logits(folder, ids)
+        assert_close_to_f32(llama_cpp_logits(llama_cpp_model(gguf_file), ids), want)
 
 
 def test_attn_linear_block_trains_assembles_and_export_refuses(tiny_built, tmp_path):
