@@ -121,6 +121,10 @@ PROFILES["search"] = {
         "p75": {"conversion": "prune_mlp", "prune_ratio": 0.75},
         "drop3": {"conversion": "drop_layers", "keep_layers": [0, 2, 4]},  # 5 teacher layers -> 3
         "drop2": {"conversion": "drop_layers", "keep_layers": [0, 4]},  # 5 teacher layers -> 2
+        # attention (issue 32): the KV cache per token of the block's layers, for `search.cost: kv_bytes`
+        "kv1": {"conversion": "kv_heads", "kv_heads": 1},  # SmolLM2's 3 KV heads -> 1: a third of the KV bytes
+        "win128": {"conversion": "window_attention", "window": 128},  # a 128-token window: 128 of 8192 positions
+        "lin": {"conversion": "attn_linear"},  # attention -> one linear map: no token mixing, 0 KV bytes
     },
     "search": {"budget": 0.625},
 }
