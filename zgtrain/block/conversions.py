@@ -15,7 +15,15 @@ import torch
 
 from zgdata.errors import ZgError
 from zgdata.families import family_of
-from zgtrain.block.attention import attention_io, check_attn_linear, fit_linear, group_kv_heads, resolve_kv_heads
+from zgtrain.block.attention import (
+    attention_io,
+    check_attn_linear,
+    check_linear_attention,
+    fit_linear,
+    group_kv_heads,
+    linear_kind,
+    resolve_kv_heads,
+)
 from zgtrain.block.model import StudentBlock
 from zgtrain.block.names import CONVERSIONS  # the registry; params validation reads its names without torch
 
@@ -156,6 +164,33 @@ def attn_linear(tensors, config, cfg, sample, gen) -> StudentBlock:
             block.layers[j].load_state_dict({k: v.clone() for k, v in kept[j].items()})
             h = fam.call_layer(block.layers[j], h, inputs)  # the next layer is fitted on the student's own input
     return _load(block, kept)
+
+
+@register("linear_attention")
+def linear_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """Each layer's attention linearized with learned feature maps over the teacher's own q/k/v/o (Hedgehog, as
+    in LoLCATs), plus exact softmax over the last ``train.linear_window`` positions (0: none). The feature maps
+    start as the identity map (no draw); train.py first fits them alone to each layer's teacher attention output
+    (``train.transfer_steps``), then trains the whole block on its boundary pair (zgtrain/block/attention.py)."""
+    layers = list(_teacher_layers(tensors).values())
+    n, fam = len(layers), family_of(config)
+    teacher = identity(tensors, config, cfg, sample, gen)
+    check_linear_attention(config, teacher.layers[0])
+    kinds = [linear_kind(cfg.linear_window)] * n
+    block = StudentBlock(config, [fam.width(config)] * n, layer_types=_types(config, tensors), attention=kinds)
+    _load_partial(block, layers)
+    return block
+
+
+def _load_partial(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> None:
+    """The teacher's tensors into ``block``, whose only other parameters are new ones (feature maps) kept as built."""
+    state = {f"layers.{j}.{k}": v.float().clone() for j, layer in enumerate(per_layer) for k, v in layer.items()}
+    _, unexpected = block.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ZgError(
+            f"teacher slice does not fit the student block (unexpected {unexpected[:3]})",
+            fix="re-run `dvc repro teacher` to rewrite the slices",
+        )
 
 
 _unbuilt = [name for name, fn in CONVERSIONS.items() if fn is None]

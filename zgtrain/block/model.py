@@ -9,7 +9,9 @@ layers: a block trains deterministically toward the teacher's function. A layer 
 whose layers differ in attention type (Gemma 3: sliding and full, each with its own rotary) build each layer
 as the teacher layer it came from (``layer_types``). A layer may have fewer key/value heads than the teacher's
 (``kv_heads``, None: the teacher's; zgtrain/block/attention.py), or a linear map in place of its attention
-(``attention``: "linear"; None: the teacher's attention).
+(``attention``: "linear"; None: the teacher's attention), or its attention linearized with learned feature maps
+(``attention``: "linear_attention" or "linear_attention:W", W the exact-softmax window; the linear_attention
+conversion).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 from zgdata.families import family_of
-from zgtrain.block.attention import AttentionLinear, kv_layer_config
+from zgtrain.block.attention import AttentionLinear, LinearAttention, kv_layer_config
 from zgtrain.block.window import add_windows
 
 __all__ = ["StudentBlock", "layer_config"]
@@ -63,6 +65,11 @@ class StudentBlock(nn.Module):
         for i, (layer, kind) in enumerate(zip(self.layers, self.attention)):
             if kind == "linear":
                 layer.self_attn = AttentionLinear(config.hidden_size, i, getattr(layer.self_attn, "layer_type", None))
+            elif kind is not None and kind.startswith("linear_attention"):
+                window = LinearAttention.window_of(kind)
+                layer.self_attn = LinearAttention(
+                    layer.self_attn, window, i, getattr(layer.self_attn, "layer_type", None)
+                )
             elif kind is not None:
                 raise ValueError(f"unknown attention kind {kind!r}")
         add_windows(self.layers, self.windows)
@@ -73,6 +80,14 @@ class StudentBlock(nn.Module):
     def cache_heads(self) -> list[int | None]:
         """Each layer's KV heads for the KV-cache figures: 0 for a linear layer (no cache), None for the teacher's."""
         return [0 if a == "linear" else h for a, h in zip(self.attention, self.kv_heads)]
+
+    def cache_windows(self) -> list[int | None]:
+        """Each layer's cached positions for the KV-cache figures: a linear_attention layer's window (its constant
+        state is counted apart: zgtrain/block/kv_cache.py), else its sliding window (None: full attention)."""
+        return [
+            LinearAttention.window_of(a) if a and a.startswith("linear_attention") else w
+            for a, w in zip(self.attention, self.windows)
+        ]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) boundary k -> (B, T, C) boundary k+1."""

@@ -21,7 +21,16 @@ __all__ = ["CONVERSIONS", "OBJECTIVES", "ObjectiveSpec"]
 
 # name -> the conversion's function (None until zgtrain.block.conversions is imported)
 CONVERSIONS: dict[str, Callable | None] = dict.fromkeys(
-    ("identity", "reinit", "drop_layers", "prune_mlp", "window_attention", "kv_heads", "attn_linear")
+    (
+        "identity",
+        "reinit",
+        "drop_layers",
+        "prune_mlp",
+        "window_attention",
+        "kv_heads",
+        "attn_linear",
+        "linear_attention",
+    )
 )
 
 

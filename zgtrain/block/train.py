@@ -6,6 +6,14 @@ it or restores it from its checkpoint; ``fit`` runs optimizer steps in the share
 both plus the final ``BlockResult``. zgtrain/fit/checkpoint.py owns the files under models/blocks/KEY/,
 zgtrain/fit/identity.py decides whether a checkpoint there resumes, zgtrain/fit/schedule.py the seed
 and learning rates.
+
+A block with linear_attention layers (zgtrain/block/attention.py) trains in two phases on one step counter: the
+first ``train.transfer_steps`` steps (0: a quarter of train.steps) are attention transfer, which trains only the
+feature maps, to each layer's teacher attention output on the teacher's own stream from the block's input
+(``transfer_loss``; the teacher block is rebuilt from the slice, frozen); the rest are the usual boundary
+regression of all the block's parameters. The phase is a function of the step, so a checkpoint's step says where a
+resumed run stands, and one optimizer (whose state the checkpoints hold) serves both: parameters that get no
+gradient in phase 1 get no AdamW update either.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from zgdata.lock import locked
 from zgdata.paths_guard import inside
 from zgdata.runtime import autocast, device, seed_all, set_threads
 from zgdata.teacher.prepare import load_slice
+from zgtrain.block.attention import LinearAttention, transfer_loss, transfer_parameters
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.objectives import Objective, nmse
@@ -87,6 +96,10 @@ class Run(loop.RunState):
     """Resumed from a finished run: train_block rewrites nothing (its weights are checked against meta.json)."""
     on_step: object = None
     """Optional ``on_step(step, loss)`` after each optimizer step (zg repro's progress); never changes the run."""
+    teacher: torch.nn.Module | None = None
+    """The frozen teacher block of attention transfer (linear_attention blocks only)."""
+    transfer_steps: int = 0
+    """Steps [0, transfer_steps) are attention transfer (linear_attention blocks only)."""
 
 
 @dataclass(kw_only=True)
@@ -126,6 +139,13 @@ def _steps(run: Run) -> loop.Steps:
 
     def work(step: int, batch) -> int:
         x, y = batch
+        if step < run.transfer_steps:  # attention transfer: only the feature maps get gradients
+            with _only(block, transfer_parameters(block)):
+                with autocast(dev, cfg.precision):
+                    loss = transfer_loss(run.teacher, block, x.to(dev).float())
+                loop.update(loss, block.parameters(), opt, cfg.grad_clip, lambda what: fail(step, what))
+            run.curve.append(float(loss.detach()))
+            return x.shape[0] * x.shape[1]
         inp, tgt = run.objective.batch(x.to(dev).float(), y.to(dev).float(), run.gen)
         with autocast(dev, cfg.precision):
             loss = run.objective.loss(block(inp), tgt)
@@ -146,6 +166,29 @@ def _steps(run: Run) -> loop.Steps:
         checkpoint_every=cfg.checkpoint_every,
         on_step=on_step,
     )
+
+
+class _only:
+    """Within: only the parameters named in ``names`` require gradients (the others get none, so no update)."""
+
+    def __init__(self, block: torch.nn.Module, names: set[str]):
+        self.params = [(p, p.requires_grad) for n, p in block.named_parameters() if n not in names]
+
+    def __enter__(self):
+        for p, _ in self.params:
+            p.requires_grad_(False)
+
+    def __exit__(self, *exc):
+        for p, was in self.params:
+            p.requires_grad_(was)
+
+
+def transfer_steps(cfg: TrainConfig, block: torch.nn.Module) -> int:
+    """Attention-transfer steps of a block: none without linear_attention layers; else train.transfer_steps
+    (0: a quarter of train.steps), at most train.steps."""
+    if not any(isinstance(m, LinearAttention) for m in block.modules()):
+        return 0
+    return min(cfg.steps, cfg.transfer_steps or cfg.steps // 4)
 
 
 def fit(run: Run, end: int) -> None:
@@ -236,6 +279,11 @@ def setup(
     run = Run(
         key=key, cfg=cfg, dir=d, meta=meta, block=block, opt=opt, gen=gen, objective=objective, src=src, seed=seed
     )
+    run.transfer_steps = transfer_steps(cfg, block)
+    if run.transfer_steps:  # the frozen teacher of attention transfer, from the same slice (no draw)
+        meta["transfer_steps"] = run.transfer_steps
+        run.teacher = convert("identity", tensors, config_from_dict(smeta["config"]), cfg, xs, None).to(device())
+        run.teacher.eval().requires_grad_(False)
     if prior is None:
         checkpoint.save_weights(block.weights(), d / "init.safetensors")
         checkpoint.save(d, meta, block, opt, gen, run.curve, 0)
@@ -290,7 +338,13 @@ def train_block(
         params=meta["params"],
         teacher_params=meta["teacher_params"],
         param_ratio=meta["params"] / meta["teacher_params"],
-        kv=kv_summary(meta["teacher_config"], run.block.windows, len(meta["teacher_layers"]), run.block.cache_heads()),
+        kv=kv_summary(
+            meta["teacher_config"],
+            run.block.cache_windows(),
+            len(meta["teacher_layers"]),
+            run.block.cache_heads(),
+            run.block.attention,
+        ),
         objective=cfg.objective,
         conversion=cfg.conversion,
         targets=cfg.targets,

@@ -83,6 +83,13 @@ def _plan(student: Path, dtype: str) -> _Plan:
             f"'{spec.arch}' architecture cannot express",
             fix="keep the student folder (zg's modeling file runs it), or rebuild that block without attn_linear",
         )
+    la = next((i for i, a in enumerate(summary.get("layer_attention") or []) if a.startswith("linear_attention")), None)
+    if la is not None:
+        raise ZgError(
+            f"layer {la} has linearized attention with learned feature maps (conversion linear_attention), which "
+            f"llama.cpp's '{spec.arch}' architecture cannot express",
+            fix="keep the student folder (zg's modeling file runs it), or rebuild that block without linear_attention",
+        )
     kv = [int(h) for h in summary.get("layer_kv_heads") or []]
     odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
     if odd is not None and spec.per_layer_arch is None:  # the kv_heads conversion with different counts per block

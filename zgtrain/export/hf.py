@@ -8,6 +8,7 @@ model, and refuses with one line where it cannot:
 - per-layer MLP widths: no stock config has them (the first layer whose width differs is named);
 - layers dropped: nothing to say, a stock config of fewer layers;
 - a linear map in place of a layer's attention (``layer_attention``, the ``attn_linear`` conversion): refused;
+- linearized attention (``layer_attention`` ``linear_attention``, the ``linear_attention`` conversion): refused;
 - fewer KV heads (the ``kv_heads`` conversion): one count for every layer is the stock ``num_key_value_heads``
   (assemble already wrote it so); per-layer counts (``layer_kv_heads``) are refused, naming the first that differs;
 - zg's sliding windows (``layer_windows``, the ``window_attention`` conversion), combined with the windows the
@@ -173,6 +174,13 @@ def stock_config(student: Path) -> dict:
         raise _refuse(
             f"layer {linear} has a linear map in place of attention (conversion attn_linear), which a stock {name} "
             "config cannot express",
+            _FIX_KEEP,
+        )
+    la = next((i for i, a in enumerate(summary.get("layer_attention") or []) if a.startswith("linear_attention")), None)
+    if la is not None:
+        raise _refuse(
+            f"layer {la} has linearized attention with learned feature maps (conversion linear_attention), which a "
+            f"stock {name} config cannot express",
             _FIX_KEEP,
         )
     kv = list(summary.get("layer_kv_heads") or cfg.get("layer_kv_heads") or [])

@@ -55,7 +55,7 @@ class TrainConfig(Section):
     conversion: str = param(
         "prune_mlp",
         "How the student block starts: a conversion of zgtrain/block/conversions.py "
-        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads, attn_linear).",
+        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads, attn_linear, linear_attention).",
     )
     prune_ratio: float = param(
         0.5,
@@ -78,6 +78,18 @@ class TrainConfig(Section):
         0,
         "kv_heads: key/value heads of each attention layer of the block, a divisor of the teacher's (each new head "
         "starts as the mean of its group of teacher heads); 0: half the teacher's, rounded down to a divisor.",
+        ge=0,
+    )
+    linear_window: int = param(
+        0,
+        "linear_attention: exact softmax attention over each layer's last `linear_window` positions (itself "
+        "included) beside the linear attention over the rest (LoLCATs' hybrid); 0: purely linear.",
+        ge=0,
+    )
+    transfer_steps: int = param(
+        0,
+        "linear_attention: the first steps of train.steps train only the feature maps, to each layer's teacher "
+        "attention output (attention transfer); 0: a quarter of train.steps.",
         ge=0,
     )
     importance_rows: int = param(

@@ -69,7 +69,11 @@ class StudentResult:
     layer_kv_heads: list | None = None
     """Each layer's KV heads, where one differs from the teacher's (the kv_heads conversion); None otherwise."""
     layer_attention: list | None = None
-    """Each layer's attention ("full", or "linear": the attn_linear conversion), where one is linear; None otherwise."""
+    """Each layer's attention ("full", "linear": the attn_linear conversion, or "linear_attention[:W]": the
+    linear_attention conversion), where one is not full; None otherwise."""
+    linear_state_bytes: int | None = None
+    """The linear_attention layers' constant generation state, bytes per sequence (zgtrain/block/kv_cache.py); None
+    without such layers."""
     choice: dict | None = None
     """The searched student only: its mix ({block: variant or 'teacher'})."""
     search: dict | None = None
@@ -80,7 +84,7 @@ class StudentResult:
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("choice", "search", "layer_kv_heads", "layer_attention")
+            if f.name not in ("choice", "search", "layer_kv_heads", "layer_attention", "linear_state_bytes")
             or getattr(self, f.name) is not None
         }
 
@@ -122,7 +126,7 @@ def needs_modeling_code(
         len(set(sizes)) != 1
         or any(w is not None for w in windows)
         or len(set(kv_heads or [])) > 1
-        or "linear" in (attention or [])
+        or any(a != "full" for a in (attention or []))
     )
 
 
@@ -180,13 +184,14 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     fam = family_of(hmeta["config"])
     sizes = [m for _, b, _ in blocks for m in b.intermediate_sizes]
     windows = [w for _, b, _ in blocks for w in b.windows]
+    cache_windows = [w for _, b, _ in blocks for w in b.cache_windows()]  # a linear_attention layer's window
     types = [t for _, b, _ in blocks for t in (b.layer_types or [])] or None  # Gemma 3: each layer's teacher type
     kv_per_layer = [h for _, b, _ in blocks for h in b.kv_heads]  # None: the teacher's
     teacher_kv = teacher_kv_heads(family_of(hmeta["config"]).config_from_dict(hmeta["config"]))
     kv_heads = [teacher_kv if h is None else int(h) for h in kv_per_layer]
     changed = kv_heads != [teacher_kv] * len(kv_heads)  # only then recorded: other students' files stay as they were
-    attention = ["linear" if a == "linear" else "full" for _, b, _ in blocks for a in b.attention]
-    linear = "linear" in attention
+    attention = [a or "full" for _, b, _ in blocks for a in b.attention]
+    linear = any(a != "full" for a in attention)
     cache_heads = [0 if a == "linear" else h for a, h in zip(attention, kv_heads)]  # a linear layer caches nothing
     state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
@@ -218,7 +223,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         "layer_windows": windows,
         "remote_code": needs_modeling_code(sizes, windows, kv_heads, attention),
         "family": fam.model_type,
-        **kv_summary(hmeta["config"], windows, kv_heads=cache_heads),
+        **kv_summary(hmeta["config"], cache_windows, kv_heads=cache_heads, attention=attention),
         **({"layer_kv_heads": kv_heads} if changed else {}),
         **({"layer_attention": attention} if linear else {}),
         "blocks": {

@@ -48,6 +48,7 @@ def test_registry_holds_the_documented_conversions():
         "window_attention",
         "kv_heads",
         "attn_linear",
+        "linear_attention",
     }
     with pytest.raises(ZgError, match="unknown conversion 'nope'"):
         convert("nope", {}, CONFIG, TrainConfig(), _sample(), torch.Generator())
