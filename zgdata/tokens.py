@@ -53,6 +53,7 @@ __all__ = [
     "tokenize",
     "TokensResult",
     "documents",
+    "heldout_documents",
     "corpus_digest",
     "tokens_meta",
     "open_tokens",
@@ -83,6 +84,18 @@ def documents(cfg: CorpusConfig) -> Iterator[tuple[str, str]]:
     walk.precheck()
     for d in walk:
         yield d.id, d.text
+    walk.check()
+
+
+def heldout_documents(cfg: CorpusConfig) -> Iterator[Doc]:
+    """The held-out documents of the corpus, whole and in reading order: the ones ``tokenize`` puts in the heldout
+    split (the same rule), whatever ``corpus.max_heldout_seqs`` keeps of their rows. No train document."""
+    walk = Walk(cfg, sources(cfg))
+    walk.precheck()
+    is_heldout = _heldout_rule(cfg)
+    for d in walk:
+        if is_heldout(d):
+            yield d
     walk.check()
 
 

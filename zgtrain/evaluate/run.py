@@ -235,19 +235,33 @@ def eval_sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
     specs = project.eval.set_specs()
     if not specs:
         return [held]
-    tok_sha = read_teacher_json(layout)["tokenizer_sha256"]
+    teacher = read_teacher_json(layout)
+    tok_sha, max_pos = teacher["tokenizer_sha256"], teacher["architecture"]["max_positions"]
+    base = held.ids.shape[1]  # corpus.seq_len
+    for i, spec in enumerate(specs):  # before any set is read: a long-context set the teacher cannot take
+        if spec.seq_len > max_pos:
+            raise ZgError(
+                f"eval.sets[{i}].seq_len {spec.seq_len} (set '{spec.name}') exceeds the teacher's maximum "
+                f"positions ({max_pos})",
+                key=f"eval.sets[{i}].seq_len",
+                fix=f"use seq_len <= {max_pos}",
+            )
     extra = []
     for i, spec in enumerate(specs):
-        stderr.print(f"evaluate: tokenizing eval set '{spec.name}' ({spec.source})")
+        seq_len = spec.seq_len or base
+        stderr.print(f"evaluate: tokenizing eval set '{spec.name}' ({spec.source}, rows of {seq_len} tokens)")
         extra.append(
             tokenize_set(
                 spec,
                 i,
                 tok=tok,
                 tokenizer_sha256=tok_sha,
-                seq_len=held.ids.shape[1],
+                seq_len=seq_len,
                 seed=project.eval.seed,
                 layout=layout,
+                corpus=project.corpus,
+                # about eval.batch_size rows of corpus.seq_len per forward pass, whatever the set's row length
+                batch_size=0 if seq_len <= base else max(1, project.eval.batch_size * base // seq_len),
             )
         )
     return [held, *extra]

@@ -36,7 +36,7 @@ def score(model, label: str, evalset, targets: torch.Tensor, cfg) -> dict:
     ids = evalset.ids
     total = int(ids.numel()) + len(targets) * cfg.window
     with progress(f"evaluate {label} on {evalset.name}", total, unit="tok") as advance:
-        nll, top1 = token_nll_top1(model, ids, cfg.batch_size, advance=advance)
+        nll, top1 = token_nll_top1(model, ids, evalset.batch_size or cfg.batch_size, advance=advance)
         win = window_nll(model, ids, targets, window=cfg.window, batch_size=cfg.batch_size, advance=advance)
     return {"nll": nll, "top1": top1, "window": win}
 

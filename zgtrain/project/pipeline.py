@@ -42,6 +42,17 @@ DOCS_SET = {
     "max_seqs": 0,
     "context_targets": 128,
 }
+# The long-context set of the search profile (issue 32): the corpus's held-out documents (never a train token) in
+# rows of 2048 tokens, 4x the default corpus.seq_len (SmolLM2 takes 8192 positions). 4 rows: the 8,192 tokens of the
+# smollm2 held-out split (16 x 512); rows go through the models 2 at a time (eval.batch_size 8 x 512 tokens).
+LONG_SET = {
+    **DOCS_SET,
+    "name": "long",
+    "source": "corpus:heldout",
+    "max_seqs": 4,
+    "context_targets": 128,
+    "seq_len": 2048,
+}
 
 # A profile is a set of overrides on the config dataclasses' defaults (the one place defaults live).
 PROFILES = {
@@ -128,6 +139,7 @@ PROFILES["search"] = {
     },
     "search": {"budget": 0.625},
 }
+PROFILES["search"]["eval"] = {"sets": [DOCS_SET, LONG_SET]}  # windows and fewer KV heads judged past 512 tokens
 PROFILES["tiny-search"] = {
     **copy.deepcopy(PROFILES["tiny"]),
     "variants": {
