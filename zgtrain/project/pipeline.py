@@ -136,6 +136,7 @@ PROFILES["search"] = {
         "kv1": {"conversion": "kv_heads", "kv_heads": 1},  # SmolLM2's 3 KV heads -> 1: a third of the KV bytes
         "win128": {"conversion": "window_attention", "window": 128},  # a 128-token window: 128 of 8192 positions
         "lin": {"conversion": "attn_linear"},  # attention -> one linear map: no token mixing, 0 KV bytes
+        "linattn": {"conversion": "linear_attention"},  # Hedgehog linear attention: a constant-size state, no KV cache
     },
     "search": {"budget": 0.625},
 }

@@ -123,7 +123,7 @@ def test_variants_are_off_by_default():
         assert not ProjectConfig.from_params(params).variants
         assert {"variant", "search"}.isdisjoint(dvc_yaml(ProjectConfig.from_params(params), code_deps=True)["stages"])
     stages = dvc_yaml(ProjectConfig.from_params(profile_params("search")), code_deps=True)["stages"]
-    assert len(stages["variant"]["foreach"]) == 6 * 8 and "search" in stages
+    assert len(stages["variant"]["foreach"]) == 6 * 9 and "search" in stages
 
 
 # --- a reproduced tiny-search project -------------------------------------------------------------------
