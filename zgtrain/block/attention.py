@@ -12,13 +12,15 @@ Phi-3's fused ``qkv_proj`` (rows: queries, keys, values) is split, its key and v
 again. GPT-2 has no grouped-query attention in transformers: refused.
 
 ``attn_linear`` replaces a layer's attention by ``AttentionLinear``: one linear map (with bias) of the layer's
-normed input, so no token mixing and no KV cache. It is fitted by least squares on the block's input sample
-(``fit_linear``), layer after layer on the student's own running input, to the teacher attention's output there.
+normed input, so no token mixing and no KV cache (under a cache it stores zero KV heads per position, in an
+``AttentionLinearState`` that reads the sequence length from their shape). It is fitted by least squares on the
+block's input sample (``fit_linear``), layer after layer on the student's own running input, to the teacher
+attention's output there.
 Why: some layers' attention output is mostly a function of the current token (attending to itself, or to a
 near-constant average of the context); the best linear map of the token's own state keeps that part exactly in
 the least-squares sense, where dropping the attention (zero) or a random map starts from far worse, and training
 then recovers what it can. The assembled student runs the same class: each pinned modeling template carries a
-verbatim copy (tests/zgtrain/block/test_attn_linear.py compares the source).
+verbatim copy of both classes (tests/zgtrain/block/test_attn_linear.py compares the source).
 
 ``linear_attention`` replaces a layer's attention by ``LinearAttention``: the teacher's own q/k/v/o projections and
 rotary, with softmax attention linearized by learned Hedgehog feature maps (LoLCATs), optionally beside exact softmax
@@ -45,6 +47,7 @@ __all__ = [
     "kv_layer_config",
     "group_kv_heads",
     "AttentionLinear",
+    "AttentionLinearState",
     "check_attn_linear",
     "fit_linear",
     "attention_io",
@@ -127,12 +130,26 @@ def group_kv_heads(layer: dict[str, torch.Tensor], config, n: int) -> dict[str, 
 
 # fmt: off
 # (verbatim in each pinned modeling template: tests/zgtrain/block/test_attn_linear.py compares the source)
+class AttentionLinearState(DynamicLayer):
+    """The cache layer of one ``attn_linear`` layer in place of a full-attention one: zero KV heads per position.
+
+    Its keys and values are empty tensors (B, 0, T, 1), 0 bytes, whose positions dimension counts the T positions
+    seen; ``DynamicLayer`` reads 0 from any empty tensor, and transformers reads past lengths and mask sizes from the
+    first full-attention layer, so this layer reads T from the shape. Crop, beam reorder and batch expansion act on
+    the empty tensors as on any others, so the count follows them.
+    """
+
+    def get_seq_length(self):
+        return self.keys.shape[-2] if self.is_initialized and self.keys.dim() == 4 else 0
+
+
 class AttentionLinear(torch.nn.Module):
     """A decoder layer's attention replaced by one linear map of its normed input: no token mixing.
 
     Called as the attention module it replaces (hidden_states, mask, rotary and cache keywords; only the cache is
     read), it returns ``(linear(hidden_states), None)``. Under a KV cache it caches zero heads per position, so the
-    cache still counts the sequence (transformers reads past lengths from it) and holds 0 bytes for this layer.
+    cache still counts the sequence (transformers reads past lengths from it) and holds 0 bytes for this layer; a
+    full-attention cache layer is first replaced by an ``AttentionLinearState`` (sliding ones already count).
     """
 
     def __init__(self, hidden_size, layer_idx, layer_type=None):
@@ -144,6 +161,11 @@ class AttentionLinear(torch.nn.Module):
     def forward(self, hidden_states, *args, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None:
+            layers = cache.layers
+            while len(layers) <= self.layer_idx:
+                layers.append(AttentionLinearState())
+            if type(layers[self.layer_idx]) is DynamicLayer:
+                layers[self.layer_idx] = AttentionLinearState()
             empty = hidden_states.new_zeros(hidden_states.shape[0], 0, hidden_states.shape[1], 1)
             cache.update(empty, empty, self.layer_idx)
         return self.linear(hidden_states), None

@@ -13,7 +13,7 @@ import torch
 
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family, family_of
-from zgtrain.block.attention import AttentionLinear, attention_io, fit_linear
+from zgtrain.block.attention import AttentionLinear, AttentionLinearState, attention_io, fit_linear
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.model import StudentBlock
@@ -111,10 +111,11 @@ def test_attn_linear_refusals_and_kv_bytes():
 def test_attention_linear_copies_in_the_modeling_files_are_verbatim():
     from zgtrain.student.load import template_class
 
-    ours = inspect.getsource(AttentionLinear)
-    for name in SELF_ATTN:
-        module = inspect.getmodule(template_class(name, "AutoConfig"))
-        assert inspect.getsource(module.AttentionLinear) == ours, name
+    for cls in (AttentionLinearState, AttentionLinear):
+        ours = inspect.getsource(cls)
+        for name in SELF_ATTN:
+            module = inspect.getmodule(template_class(name, "AutoConfig"))
+            assert inspect.getsource(getattr(module, cls.__name__)) == ours, (name, cls.__name__)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "olmo2", "gemma3_text"])  # the 3 templates; per-type inputs
@@ -178,3 +179,48 @@ def test_modeling_file_with_linear_layers_equals_the_blocks_and_caches_nothing_t
         full = loaded(input_ids=seq).logits[0]
     for step, step_logits in enumerate(out.logits):
         torch.testing.assert_close(step_logits[0], full[5 + step], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name,kinds",
+    [
+        ("llama", ["linear", "full", "linear", "full"]),  # layer 0 linear: transformers reads lengths from it
+        ("llama", ["full", "linear", "full", "linear"]),
+        ("qwen2", ["linear", "linear", "full", "full"]),
+        ("gemma3_text", ["linear", "full", "linear", "full"]),  # the dense template; sliding and full layer types
+    ],
+)
+def test_a_cache_driven_by_hand_counts_the_positions_of_linear_layers_in_float64(name, kinds):
+    """zg's modeling file with linear layers (layer 0 among them or not) in float64, fed one token at a time through
+    a cache with no cache_position or position_ids passed: the cache's sequence length is the number of tokens fed
+    (read from the first layer, linear or not), so each position's logits equal the full forward's within 1e-10,
+    and the linear layers still hold 0 bytes."""
+    from transformers import DynamicCache
+
+    from zgtrain.student.load import template_class
+
+    teacher = _teacher(name)
+    fam = family(name)
+    fields = {k: v for k, v in teacher.config.to_dict().items() if k not in ("model_type", "architectures")}
+    config = template_class(name, "AutoConfig")(
+        intermediate_sizes=[fam.width(teacher.config)] * 4, layer_attention=kinds, **fields
+    )
+    torch.manual_seed(0)
+    model = template_class(name, "AutoModelForCausalLM")(config)
+    model = model.double().eval()
+    ids = torch.randint(0, teacher.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        cache = DynamicCache(config=model.config)
+        worst, lengths = 0.0, []
+        for i in range(ids.shape[1]):
+            logits = model(input_ids=ids[:, i : i + 1], cache=cache, use_cache=True).logits[:, 0]
+            worst = max(worst, float((logits - full[:, i]).abs().max()))
+            lengths.append([cache.get_seq_length()] + [cache.get_seq_length(j) for j in range(4)])
+        chunked = DynamicCache(config=model.config)  # a prompt of 5, then 4 tokens at once
+        step = [model(input_ids=ids[:, a:b], cache=chunked, use_cache=True).logits for a, b in ((0, 5), (5, 9))]
+        worst_chunked = float((torch.cat(step, 1) - full).abs().max())
+    assert worst < 1e-10 and worst_chunked < 1e-10, (worst, worst_chunked)
+    assert lengths == [[i + 1] * 5 for i in range(ids.shape[1])]
+    assert chunked.get_seq_length() == ids.shape[1]
+    assert [cache.layers[j].keys.numel() == 0 for j in range(4)] == [k == "linear" for k in kinds]

@@ -63,13 +63,28 @@ class SlidingWindow:
         return args, {**kwargs, "attention_mask": mask}
 
 
-# A verbatim copy of zgtrain/block/attention.py's AttentionLinear (tests/zgtrain/block/test_attn_linear.py checks it).
+# Verbatim copies of zgtrain/block/attention.py's AttentionLinearState and AttentionLinear
+# (tests/zgtrain/block/test_attn_linear.py checks them).
+class AttentionLinearState(DynamicLayer):
+    """The cache layer of one ``attn_linear`` layer in place of a full-attention one: zero KV heads per position.
+
+    Its keys and values are empty tensors (B, 0, T, 1), 0 bytes, whose positions dimension counts the T positions
+    seen; ``DynamicLayer`` reads 0 from any empty tensor, and transformers reads past lengths and mask sizes from the
+    first full-attention layer, so this layer reads T from the shape. Crop, beam reorder and batch expansion act on
+    the empty tensors as on any others, so the count follows them.
+    """
+
+    def get_seq_length(self):
+        return self.keys.shape[-2] if self.is_initialized and self.keys.dim() == 4 else 0
+
+
 class AttentionLinear(torch.nn.Module):
     """A decoder layer's attention replaced by one linear map of its normed input: no token mixing.
 
     Called as the attention module it replaces (hidden_states, mask, rotary and cache keywords; only the cache is
     read), it returns ``(linear(hidden_states), None)``. Under a KV cache it caches zero heads per position, so the
-    cache still counts the sequence (transformers reads past lengths from it) and holds 0 bytes for this layer.
+    cache still counts the sequence (transformers reads past lengths from it) and holds 0 bytes for this layer; a
+    full-attention cache layer is first replaced by an ``AttentionLinearState`` (sliding ones already count).
     """
 
     def __init__(self, hidden_size, layer_idx, layer_type=None):
@@ -81,6 +96,11 @@ class AttentionLinear(torch.nn.Module):
     def forward(self, hidden_states, *args, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None:
+            layers = cache.layers
+            while len(layers) <= self.layer_idx:
+                layers.append(AttentionLinearState())
+            if type(layers[self.layer_idx]) is DynamicLayer:
+                layers[self.layer_idx] = AttentionLinearState()
             empty = hidden_states.new_zeros(hidden_states.shape[0], 0, hidden_states.shape[1], 1)
             cache.update(empty, empty, self.layer_idx)
         return self.linear(hidden_states), None
