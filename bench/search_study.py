@@ -32,6 +32,23 @@ same variant trainings (ONLINE_RATES, below).
     python /path/to/zerograph/bench/search_study.py --project . --budgets 0.5 --repair-steps 32 --out search_study
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --cost-only   # redo "cost"
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --plot-only   # redraw the PNG
+
+With --cost kv_bytes (issue 32) the budgets are fractions of the teacher's KV-cache bytes per token at its longest
+context (search.cost: kv_bytes, zgtrain/block/kv_cache.py) and the uniform arms are the attention conversions of the
+main pipeline that fit the same budget, each an `evaluate` run (metrics/eval.json; its size record gives the
+student's KV bytes): window@B (window_attention everywhere, the widest window W with W / max_position_embeddings
+<= B) and kvheads@B (kv_heads everywhere, the most KV heads n, a divisor of the teacher's, with n / teacher's <= B;
+none when even one head is over the budget); and, once, linear@B (linear_attention everywhere, when the
+conversion exists) at the headline budget. study.json's "long_context" lists the long-context eval set's
+(--long-set, the search profile's `long`) CE and context retention of the teacher and of every arm.
+
+--seeds N repeats every arm of the headline budget (--headline, default the first budget) with train.seed 1 .. N-1
+(the blocks' and variants' seed offset: every block and variant stage trains again), as ARM#seedS; study.json's
+"seeds" gives each arm's held-out CE and gap per seed, their mean, min and max (the 95% intervals of each run are
+the bootstrap ones in its "sets", as before).
+
+    python /path/to/zerograph/bench/search_study.py --project . --cost kv_bytes --budgets 0.25 0.5 \
+        --headline 0.5 --seeds 3 --out kv_study
 """
 
 from __future__ import annotations
@@ -138,21 +155,107 @@ def prune_ratio_for(root: Path, params: int) -> float:
     return min(0.95, max(0.0, round(ratio + 0.005, 2)))  # round up: the channel count rounds down
 
 
-def candidates(root: Path) -> list[dict]:
+COST_KEYS = {"params": ("params", "teacher_params"), "kv_bytes": ("kv_bytes_per_token", "teacher_kv_bytes_per_token")}
+COST_LABELS = {"params": "block parameters", "kv_bytes": "KV-cache bytes per token (teacher's longest context)"}
+
+
+def candidates(root: Path, cost: str = "params") -> list[dict]:
+    """The teacher with one block replaced by one variant: its total COST and its replace-one-block CE."""
+    own, teacher = COST_KEYS[cost]
     out = variant_scores(root)
-    total = sum({x["block"]: x["teacher_params"] for x in out}.values())
+    total = sum({x["block"]: x[teacher] for x in out}.values())
     return [
-        {
-            "name": f"{x['block']}/{x['variant']}",
-            "params": total - x["teacher_params"] + x["params"],
-            "ce": x["replace_ce"],
-        }
-        for x in out
+        {"name": f"{x['block']}/{x['variant']}", cost: total - x[teacher] + x[own], "ce": x["replace_ce"]} for x in out
     ]
 
 
-def plot(rows: list[tuple], path: Path) -> None:
-    """Block parameters vs held-out CE. The y axis ends 0.5 nats above the worst mix: candidates beyond it (layer
+def teacher_shape(root: Path) -> dict | None:
+    """The teacher's longest context and KV heads (teacher.json's architecture), None before the teacher stage."""
+    path = root / "models" / "teacher" / "teacher.json"
+    if not path.exists():
+        return None
+    arch = json.loads(path.read_text())["architecture"]
+    return {"max_positions": int(arch["max_positions"]), "kv_heads": int(arch["num_kv_heads"])}
+
+
+def kv_uniform(shape: dict | None, budget: float) -> dict[str, dict]:
+    """The uniform attention conversions whose KV bytes fit BUDGET (a fraction of the teacher's): {arm: -S sets}."""
+    if shape is None:  # a dry run before the teacher stage: the rule, not the numbers
+        return {
+            "window": {"train.conversion": "window_attention", "train.window": f"floor({budget}*max_positions)"},
+            "kvheads": {"train.conversion": "kv_heads", "train.kv_heads": f"<largest divisor n, n/kv_heads<={budget}>"},
+        }
+    out = {}
+    window = int(budget * shape["max_positions"])  # a window-W layer caches min(W, L) of L positions
+    if window >= 1:
+        out["window"] = {"train.conversion": "window_attention", "train.window": window}
+    fits = [
+        n for n in range(1, shape["kv_heads"] + 1) if shape["kv_heads"] % n == 0 and n <= budget * shape["kv_heads"]
+    ]
+    if fits:
+        out["kvheads"] = {"train.conversion": "kv_heads", "train.kv_heads": max(fits)}
+    return out
+
+
+def has_linear_attention() -> bool:
+    from zgtrain.block.names import CONVERSIONS
+
+    return "linear_attention" in CONVERSIONS
+
+
+def uniform_arm(root: Path, sets: dict, secs: float) -> dict:
+    """A main-pipeline arm's figures after its `evaluate`: metrics/eval.json's sets and size."""
+    e = json.loads((root / "metrics" / "eval.json").read_text())
+    size = e.get("size") or {}
+    student_gates = e.get("student_gates_passed", e["gates_passed"])
+    return {
+        "train": {k.removeprefix("train."): v for k, v in sets.items() if k.startswith("train.")},
+        "params": size.get("params"),
+        "kv_bytes": size.get("kv_bytes_per_token"),
+        "kv_ratio": size.get("kv_ratio"),
+        "heldout": e["sets"]["heldout"],
+        "sets": e["sets"],
+        "gates_passed": student_gates["all"],
+        "seconds": secs,
+    }
+
+
+def long_context(arms: dict, name: str) -> dict:
+    """The long-context set's teacher figures and each arm's CE, gap and context retention (with intervals)."""
+    out: dict = {}
+    for arm, r in arms.items():
+        f = (r.get("sets") or {}).get(name)
+        if not f:
+            continue
+        teacher = out.setdefault("teacher", {})  # the same teacher in every arm; some reports lack its context use
+        teacher.update({k: f[k] for k in ("teacher_ce", "teacher_context_use") if k in f and k not in teacher})
+        out[arm] = {
+            k: f.get(k) for k in ("student_ce", "ce_gap", "ce_gap_ci95", "context_retention", "context_retention_ci95")
+        }
+        out[arm]["kv_ratio"] = r.get("kv_ratio")
+    return out
+
+
+def seed_summary(arms: dict, budget: float) -> dict:
+    """Each arm of BUDGET over its seeds (ARM@B and ARM@B#seedS): held-out CE and gap per seed, mean, min, max."""
+    out: dict = {}
+    for arm, r in arms.items():
+        base, _, seed = arm.partition("#seed")
+        if not base.endswith(f"@{budget}") or "heldout" not in r:
+            continue
+        row = out.setdefault(base, {"seeds": [], "student_ce": [], "ce_gap": []})
+        row["seeds"].append(int(seed or 0))
+        row["student_ce"].append(r["heldout"]["student_ce"])
+        row["ce_gap"].append(r["heldout"]["ce_gap"])
+    for row in out.values():
+        for k in ("student_ce", "ce_gap"):
+            v = row[k]
+            row[f"{k}_mean"], row[f"{k}_min"], row[f"{k}_max"] = sum(v) / len(v), min(v), max(v)
+    return out
+
+
+def plot(rows: list[tuple], path: Path, cost: str = "params") -> None:
+    """Block parameters (or KV bytes per token) vs held-out CE. The y axis ends 0.5 nats above the worst mix: candidates beyond it (layer
     drops that break the model) are drawn on the top edge as triangles, labelled with their CE."""
     import matplotlib
 
@@ -169,6 +272,9 @@ def plot(rows: list[tuple], path: Path) -> None:
         ("uniform", "s"),
         ("search+repair", "P"),
         ("uniform+repair", "D"),
+        ("window", "v"),
+        ("kvheads", "<"),
+        ("linear", "X"),
     ):
         pts = [(p, c, n) for n, k, p, c in rows if k == kind and c <= top]
         if pts:
@@ -182,11 +288,98 @@ def plot(rows: list[tuple], path: Path) -> None:
         for i, (p, c, n) in enumerate(off):
             ax.annotate(f"{n} {c:.1f}", (p, top), fontsize=6, xytext=(0, -8 - 7 * i), textcoords="offset points")
     ax.set_ylim(top=top + 0.05)
-    ax.set_xlabel("block parameters")
+    ax.set_xlabel(COST_LABELS[cost])
     ax.set_ylabel("held-out CE (nats/token)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def search_arm(root: Path, b: float, extra: dict, a) -> dict:
+    """The search arm of budget B (and, with --repair-steps, its repair): figures of the kept try."""
+    sets = (
+        {**extra, "search.budget": b}
+        if a.cost == "params"
+        else {**extra, "search.cost": "kv_bytes", "search.budget": b}
+    )
+    secs = exp_run(root, sets, "search_assemble", a.dry_run)
+    out: dict = {}
+    if not a.dry_run:
+        ev = json.loads((root / "metrics" / "search_eval.json").read_text())
+        pick = ev["selected"] if ev["passed"] else ev["unmet"]["closest_try"]
+        t = ev["tries"][pick]
+        out["search"] = {
+            "mix": t["mix"],
+            "params": t["params"],
+            "kv_bytes": t.get("kv_bytes"),
+            "kv_ratio": t.get("model_kv_ratio"),
+            "heldout": t["sets"]["heldout"],
+            "sets": t["sets"],
+            "gates_passed": t["gates_passed"]["all"],
+            "tries": len(ev["tries"]),
+            "seconds": secs,
+        }
+    if a.repair_steps:
+        secs = exp_run(root, sets, "search_repair", a.dry_run)
+        if not a.dry_run:
+            r = json.loads((root / "metrics" / "search_repair.json").read_text())
+            out["search+repair"] = {
+                "mix": r["mix"],
+                "params": r["params"],
+                "kv_bytes": out["search"]["kv_bytes"],
+                "kv_ratio": out["search"]["kv_ratio"],
+                "heldout": r["sets"]["heldout"],
+                "sets": r["sets"],
+                "gates_passed": r["passed"],
+                "repair_steps": r["steps"],
+                "ce_gap_closed": r["ce_gap_closed"],
+                "seconds": secs,
+            }
+    return out
+
+
+def prune_arm(root: Path, params: int, extra: dict, a) -> dict:
+    """The uniform MLP prune of (at most) PARAMS block parameters (and, with --repair-steps, its repair)."""
+    ratio = prune_ratio_for(root, params)
+    sets = {**extra, "train.conversion": "prune_mlp", "train.prune_ratio": ratio}
+    secs = exp_run(root, sets, "evaluate", a.dry_run)
+    e = json.loads((root / "metrics" / "eval.json").read_text())
+    summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
+    block_params = sum(
+        json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"] for k in summary["blocks"]
+    )
+    out = {"uniform": {**uniform_arm(root, sets, secs), "prune_ratio": ratio, "params": block_params}}
+    if a.repair_steps:
+        rsets = {n: {"student_ce": f["ce"], **f} for n, f in e["repaired"]["sets"].items()}
+        out["uniform+repair"] = {
+            "prune_ratio": ratio,
+            "params": block_params,
+            "heldout": rsets["heldout"],
+            "sets": rsets,
+            "gates_passed": e["gates_passed"]["all"],
+            "repair_steps": a.repair_steps,
+            "seconds": None,
+        }  # inside uniform's
+    return out
+
+
+def attention_arms(root: Path, b: float, extra: dict, a, headline: bool) -> dict:
+    """--cost kv_bytes: the uniform attention conversions that fit budget B (window, kvheads; linear once)."""
+    arms = kv_uniform(teacher_shape(root), b)
+    if headline and has_linear_attention():
+        arms["linear"] = {"train.conversion": "linear_attention"}
+    out = {}
+    for name, sets in arms.items():
+        sets = {**extra, **sets}
+        try:
+            secs = exp_run(root, sets, "evaluate", a.dry_run)
+        except subprocess.CalledProcessError as e:  # a conversion this teacher refuses: the other arms still run
+            print(f"# {name}@{b}: failed ({e}); see its dvc output above", file=sys.stderr, flush=True)
+            out[name] = {"train": sets, "error": str(e)}
+            continue
+        if not a.dry_run:
+            out[name] = uniform_arm(root, sets, secs)
+    return out
 
 
 def main() -> None:
@@ -194,6 +387,18 @@ def main() -> None:
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.625, 0.75])
     ap.add_argument("--out", type=Path, default=Path("search_study"))
+    ap.add_argument(
+        "--cost",
+        choices=("params", "kv_bytes"),
+        default="params",
+        help="what the budgets count (search.cost): block params (uniform arm: MLP prune) or KV bytes per token "
+        "(uniform arms: windows, fewer KV heads, linear attention)",
+    )
+    ap.add_argument(
+        "--seeds", type=int, default=1, help="run every arm of the headline budget with train.seed 0 .. N-1"
+    )
+    ap.add_argument("--headline", type=float, default=None, help="the budget --seeds repeats (default: the first)")
+    ap.add_argument("--long-set", default="long", help="the long-context eval set reported in study.json")
     ap.add_argument(
         "--repair-steps",
         type=int,
@@ -204,9 +409,12 @@ def main() -> None:
     ap.add_argument("--cost-only", action="store_true", help="recompute study.json's cost from OUT and the project")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT/pareto.png from OUT/pareto.csv")
     a = ap.parse_args()
+    if a.seeds < 1:
+        ap.error("--seeds must be >= 1")
     if a.plot_only:
-        lines = (a.out / "pareto.csv").read_text().splitlines()[1:]
-        plot([(n, k, int(p), float(c)) for n, k, p, c in (ln.split(",") for ln in lines)], a.out / "pareto.png")
+        head, *lines = (a.out / "pareto.csv").read_text().splitlines()
+        unit = head.split(",")[2]
+        plot([(n, k, float(p), float(c)) for n, k, p, c in (ln.split(",") for ln in lines)], a.out / "pareto.png", unit)
         return
     root = a.project.resolve()
     if a.cost_only:
@@ -217,80 +425,55 @@ def main() -> None:
         return
     if a.repair_steps:
         enable_repair(root, a.repair_steps, a.dry_run)
+    headline = a.budgets[0] if a.headline is None else a.headline
+    if headline not in a.budgets:
+        ap.error(f"--headline {headline} is not one of --budgets")
     old = a.out / "study.json"
     arms = json.loads(old.read_text())["arms"] if old.exists() and not a.dry_run else {}
     for b in a.budgets:
-        secs = exp_run(root, {"search.budget": b}, "search_assemble", a.dry_run)
-        if a.dry_run:
-            if a.repair_steps:
-                exp_run(root, {"search.budget": b}, "search_repair", a.dry_run)
-            continue
-        ev = json.loads((root / "metrics" / "search_eval.json").read_text())
-        pick = ev["selected"] if ev["passed"] else ev["unmet"]["closest_try"]
-        t = ev["tries"][pick]
-        arms[f"search@{b}"] = {
-            "mix": t["mix"],
-            "params": t["params"],
-            "heldout": t["sets"]["heldout"],
-            "sets": t["sets"],
-            "gates_passed": t["gates_passed"]["all"],
-            "tries": len(ev["tries"]),
-            "seconds": secs,
-        }
-        if a.repair_steps:
-            secs = exp_run(root, {"search.budget": b}, "search_repair", a.dry_run)
-            r = json.loads((root / "metrics" / "search_repair.json").read_text())
-            arms[f"search+repair@{b}"] = {
-                "mix": r["mix"],
-                "params": r["params"],
-                "heldout": r["sets"]["heldout"],
-                "sets": r["sets"],
-                "gates_passed": r["passed"],
-                "repair_steps": r["steps"],
-                "ce_gap_closed": r["ce_gap_closed"],
-                "seconds": secs,
-            }
-        ratio = prune_ratio_for(root, t["params"])
-        secs = exp_run(root, {"train.conversion": "prune_mlp", "train.prune_ratio": ratio}, "evaluate", a.dry_run)
-        e = json.loads((root / "metrics" / "eval.json").read_text())
-        summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
-        block_params = sum(
-            json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"] for k in summary["blocks"]
-        )
-        student_gates = e.get("student_gates_passed", e["gates_passed"])  # with repair, gates_passed judges it
-        arms[f"uniform@{b}"] = {
-            "prune_ratio": ratio,
-            "params": block_params,
-            "heldout": e["sets"]["heldout"],
-            "sets": e["sets"],
-            "gates_passed": student_gates["all"],
-            "seconds": secs,
-        }
-        if a.repair_steps:
-            sets = {n: {"student_ce": f["ce"], **f} for n, f in e["repaired"]["sets"].items()}
-            arms[f"uniform+repair@{b}"] = {
-                "prune_ratio": ratio,
-                "params": block_params,
-                "heldout": sets["heldout"],
-                "sets": sets,
-                "gates_passed": e["gates_passed"]["all"],
-                "repair_steps": a.repair_steps,
-                "seconds": None,
-            }  # inside uniform's
-        print(json.dumps({k: v for k, v in arms.items() if k.endswith(f"@{b}")}, indent=1, default=str))
+        for seed in range(a.seeds if b == headline else 1):
+            extra, tag = ({}, "") if seed == 0 else ({"train.seed": seed}, f"#seed{seed}")
+            try:
+                got = search_arm(root, b, extra, a)
+            except subprocess.CalledProcessError as e:  # e.g. a budget below the cheapest mix: one line from zg
+                print(f"# search@{b}{tag}: failed ({e}); see its dvc output above", file=sys.stderr, flush=True)
+                arms[f"search@{b}{tag}"] = {"error": str(e)}
+                continue
+            if a.cost == "params":
+                params = got["search"]["params"] if not a.dry_run else None
+                if a.dry_run:
+                    exp_run(
+                        root, {**extra, "train.conversion": "prune_mlp", "train.prune_ratio": "R"}, "evaluate", True
+                    )
+                else:
+                    got.update(prune_arm(root, params, extra, a))
+            else:
+                got.update(attention_arms(root, b, extra, a, headline=b == headline))
+            new = {f"{k}@{b}{tag}": v for k, v in got.items()}
+            arms.update(new)
+            print(json.dumps(new, indent=1, default=str))
     if a.dry_run:
         return
     a.out.mkdir(parents=True, exist_ok=True)
-    cands = candidates(root)
-    (a.out / "study.json").write_text(
-        json.dumps({"arms": arms, "candidates": cands, "cost": cost(root, arms)}, indent=2) + "\n"
-    )
-    rows = [(c["name"], "candidate", c["params"], c["ce"]) for c in cands]
-    rows += [(n, n.split("@")[0], r["params"], r["heldout"]["student_ce"]) for n, r in arms.items()]
+    cands = candidates(root, a.cost)
+    study = {
+        "cost_unit": a.cost,
+        "arms": arms,
+        "candidates": cands,
+        "cost": cost(root, arms),
+        "long_context": long_context(arms, a.long_set),
+        "seeds": seed_summary(arms, headline) if a.seeds > 1 else None,
+    }
+    (a.out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+    key = "params" if a.cost == "params" else "kv_bytes"
+    rows = [(c["name"], "candidate", c[key], c["ce"]) for c in cands]
+    rows += [
+        (n, n.split("@")[0], r[key], r["heldout"]["student_ce"]) for n, r in arms.items() if r.get(key) is not None
+    ]
     (a.out / "pareto.csv").write_text(
-        "name,kind,params,ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows)
+        f"name,kind,{key},ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows)
     )
-    plot(rows, a.out / "pareto.png")
+    plot(rows, a.out / "pareto.png", a.cost)
 
 
 if __name__ == "__main__":
