@@ -23,8 +23,10 @@ the training length::
       - {name: long, source: "corpus:heldout", seq_len: 2048, max_seqs: 4, context_targets: 128}
 
 Its rows go through the models ``eval.batch_size * corpus.seq_len`` tokens at a time (fewer rows per
-batch); a ``seq_len`` past the teacher's ``max_position_embeddings`` is refused before any set is read. Its lineage (source digest over (id, text) of every document, token counts,
-tokenizer) goes into metrics/eval.json, so a figure always says which text it came from.
+batch); a ``seq_len`` past the teacher's ``max_position_embeddings`` is refused before any set is read.
+
+A set's lineage (source digest over (id, text) of every document, token counts, tokenizer) goes into
+metrics/eval.json, so a figure always says which text it came from.
 """
 
 from __future__ import annotations
