@@ -160,7 +160,7 @@ def pytest_collection_modifyitems(config, items):
 def _schedule_rank(item) -> int:
     groups = [m.args[0] for m in item.iter_markers("xdist_group")]
     if "ray" in groups:
-        return 0 if "reproduced" in getattr(item, "fixturenames", ()) else 1
+        return 0 if {"reproduced", "reproduced_base"} & set(getattr(item, "fixturenames", ())) else 1
     return 2 if groups else 3
 
 
@@ -217,12 +217,22 @@ PIPELINE_STAGES = ["teacher", "tokens", "materialize", "verify", "train@b00", "t
 
 
 def _reproduce(base: Path) -> Path:
-    """``base``/proj: a tiny project after `zg init`, a git commit, `dvc repro` of every stage and a second commit."""
+    """``base``/proj: a tiny project after `zg init`, a git commit, `dvc repro` of every stage and a second commit.
+
+    Where strace is installed the `dvc repro` runs under it, one log per process in ``base``/trace
+    (tests/stage_trace.py): tests/test_stage_deps.py reads what each stage opened from it, instead of running
+    every stage again."""
+    from stage_trace import STRACE, traced_run
+
     root = base / "proj"
     zg("init", root, "--profile", "tiny", cwd=base)
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "zg init"], cwd=root)
-    res = run(["dvc", "repro"], cwd=root)
+    if STRACE:
+        res = traced_run(["dvc", "repro"], root, base / "trace")
+        assert res.returncode == 0, f"dvc repro failed under strace ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    else:
+        res = run(["dvc", "repro"], cwd=root)
     ran = re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr)
     assert ran == PIPELINE_STAGES, ran
     run(["git", "add", "-A"], cwd=root)
@@ -231,13 +241,16 @@ def _reproduce(base: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reproduced(tmp_path_factory, worker_id) -> Path:
-    """This worker's copy of the run's one reproduced tiny project (``_reproduce``).
+def reproduced_base(tmp_path_factory, worker_id) -> Path:
+    """The run's one reproduced tiny project (``_reproduce``): the folder holding ``proj`` and, with strace,
+    ``trace``. Read it, never change it: tests that need the project take ``reproduced``, a copy.
 
     Under pytest-xdist the first worker that needs it builds it in the run's shared temp folder while holding
-    a lock; the others wait for it and copy it, so each worker's dvc and git commands have a repo of their own."""
+    a lock; the others wait for it."""
     if worker_id == "master":  # not distributed: this process is the only user
-        return _reproduce(tmp_path_factory.mktemp("pipeline"))
+        base = tmp_path_factory.mktemp("pipeline-base")
+        _reproduce(base)
+        return base
     import fcntl
 
     shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's own
@@ -249,7 +262,14 @@ def reproduced(tmp_path_factory, worker_id) -> Path:
             (shared / "reproduced").mkdir()
             _reproduce(shared / "reproduced")
             done.touch()
-    return shutil.copytree(shared / "reproduced" / "proj", tmp_path_factory.mktemp("pipeline") / "proj", symlinks=True)
+    return shared / "reproduced"
+
+
+@pytest.fixture(scope="session")
+def reproduced(reproduced_base, tmp_path_factory) -> Path:
+    """This worker's copy of the run's one reproduced tiny project (``reproduced_base``), so each worker's dvc
+    and git commands have a repo of their own."""
+    return shutil.copytree(reproduced_base / "proj", tmp_path_factory.mktemp("pipeline") / "proj", symlinks=True)
 
 
 def read_json(path: Path) -> dict:

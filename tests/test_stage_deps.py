@@ -2,15 +2,17 @@
 
 `dvc repro --pull --allow-missing` fetches exactly a stage's declared deps before running it, and DVC
 reruns a stage only when a declared dep changes; a file the command reads without declaring it is
-neither pulled nor watched. This test runs each stage's real `cmd` under strace, in a copy of a
-reproduced tiny project, and compares the files it opened with what dvc.yaml declares.
+neither pulled nor watched. These tests compare the files each stage's real `cmd` opened (strace) with
+what dvc.yaml declares.
 
-Each stage's outputs (outs, metrics, plots) are deleted just before its command runs, so it does its
-whole work; every other stage's outputs are in place, as after `dvc repro`. The stages run in
-dvc.yaml order in one copy, so upstream outputs are regenerated before they are read.
+The main pipeline's stages are read from the trace of the session's one `dvc repro` of a fresh tiny project
+(conftest.py ``_reproduce`` runs it under strace; tests/stage_trace.py attributes each open to its stage):
+each stage did its whole work there, in dvc.yaml order. The optional stages (repair, and evaluate reading
+its output) run here under strace, one by one in a copy of that project, each with its outputs deleted
+just before its command runs.
 
 A path the command opened counts as a read of the project when it is inside the project, existed
-before the command started (files the command creates itself, such as `*.tmp` and `*.partial`
+before the command opened it (files the command creates itself, such as `*.tmp` and `*.partial`
 siblings of its outputs, are its own) and is not under `.git/`, `.dvc/`, `.zg/`, `data/.staging/` or
 a `__pycache__` folder. It must then be under a declared dep, under the stage's own outputs, or be
 params.yaml for a stage with `params:`. Opening a folder that holds a declared dep (listing it) is
@@ -28,8 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import PIPELINE_STAGES, run, zg
+from stage_trace import STRACE, reads, stage_opens
 
-STRACE = shutil.which("strace") or ("/usr/bin/strace" if os.access("/usr/bin/strace", os.X_OK) else None)
 pytestmark = pytest.mark.skipif(
     STRACE is None,
     reason="strace is not installed (apt-get install strace): this test traces the files each stage's command opens",
@@ -165,13 +167,24 @@ def _group(paths: list[str], outputs: dict[str, str]) -> str:
     return "; ".join(shown)
 
 
-def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_path: Path) -> dict[str, list[str]]:
-    """Run each named stage's cmd under strace (its outputs deleted first); {stage: undeclared paths}."""
-    outputs = {
+def _outputs(stages: dict[str, dict]) -> dict[str, str]:
+    """{output path: the stage that writes it}."""
+    return {
         o: name
         for name, s in stages.items()
         for o in _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots"))
     }
+
+
+def _saw_reads(name: str, stage: dict, opened) -> None:
+    """The trace saw the command's reads: every stage reads params.yaml and at least one declared dep."""
+    assert "params.yaml" in opened, (name, sorted(opened))
+    assert not stage.get("deps") or any(_under(p, _paths(stage["deps"])) for p in opened), (name, sorted(opened))
+
+
+def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_path: Path) -> dict[str, list[str]]:
+    """Run each named stage's cmd under strace (its outputs deleted first); {stage: undeclared paths}."""
+    outputs = _outputs(stages)
     found = {}
     for name in names:
         stage = stages[name]
@@ -182,9 +195,7 @@ def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_pat
         opened = trace_stage(root, stage, tmp_path / f"{name}.strace")
         for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
             assert (root / out).exists(), f"{name} did not write {out}"
-        # the trace saw the command's reads: every stage reads params.yaml and at least one declared dep
-        assert "params.yaml" in opened, (name, sorted(opened))
-        assert not stage.get("deps") or any(_under(p, _paths(stage["deps"])) for p in opened), (name, sorted(opened))
+        _saw_reads(name, stage, opened)
         bad = undeclared(stage, opened, before)
         if bad:
             found[name] = _group(bad, outputs)
@@ -203,12 +214,22 @@ def _fail(found: dict[str, str]) -> None:
         )
 
 
-def test_every_stage_reads_only_declared_deps(reproduced, tmp_path):
-    root = tmp_path / "proj"
-    shutil.copytree(reproduced, root, symlinks=True)
+def test_every_stage_reads_only_declared_deps(reproduced_base):
+    """Every stage of the session's one `dvc repro` (conftest.py ``_reproduce``, traced with strace there)."""
+    root = reproduced_base / "proj"
     stages = pipeline_stages(root)
     assert list(stages) == PIPELINE_STAGES
-    _fail(_trace_stages(root, stages, list(stages), tmp_path))
+    opens = stage_opens(reproduced_base / "trace", root, {name: s["cmd"] for name, s in stages.items()})
+    found = {}
+    for name, stage in stages.items():
+        _saw_reads(name, stage, opens[name])
+        read = reads(opens[name])
+        if bad := undeclared(stage, set(read), read):
+            found[name] = _group(bad, _outputs(stages))
+    _fail(found)
+    # the check can fail: without its deps, a block's training reads what it does not declare
+    read = reads(opens["train@b00"])
+    assert undeclared({**stages["train@b00"], "deps": []}, set(read), read), sorted(read)
 
 
 def test_repair_stage_and_its_evaluate_read_only_declared_deps(reproduced, tmp_path):

@@ -14,6 +14,7 @@ import shutil
 import pytest
 import torch
 from conftest import run, zg_main
+from stage_trace import STRACE, traced_run
 from zgt_helpers import (
     assert_close_to_f32,
     llama_cpp_logits,
@@ -159,7 +160,11 @@ def searched(tiny_built, tmp_path_factory):
     (root / "params.yaml").write_text(dump_params(profile_params("tiny-search")))
     zg_main("pipeline", cwd=root)
     run(["dvc", "commit", "-f", "teacher", "tokens", "materialize"], cwd=root)
-    res = run(["dvc", "repro", "search"], cwd=root)
+    if STRACE:  # test_search_stages_read_only_declared_deps reads what each stage opened from root/../trace
+        res = traced_run(["dvc", "repro", "search"], root, root.parent / "trace")
+        assert res.returncode == 0, f"dvc repro search failed under strace:\n{res.stdout}\n{res.stderr}"
+    else:
+        res = run(["dvc", "repro", "search"], cwd=root)
     assert _ran(res) == [f"variant@{b}-{v}" for b in BLOCKS for v in VARIANTS] + ["search"], res.stdout
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "search"], cwd=root)
@@ -230,30 +235,35 @@ def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_p
     assert code not in (0, None) and "search.budget 40000" in err and "budget_unit: absolute" in err, err
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace)")
 def test_search_stages_read_only_declared_deps(searched, tmp_path):
-    """tests/test_stage_deps.py's check (strace) on one variant stage, the search and search_assemble."""
+    """tests/test_stage_deps.py's check (strace) on every variant stage and the search, as the fixture's
+    `dvc repro search` ran them, and on search_assemble, run here."""
     import yaml
-    from test_stage_deps import _expand, _paths, _tree, trace_stage, undeclared
+    from stage_trace import reads, stage_opens
+    from test_stage_deps import _expand, _paths, _saw_reads, _tree, trace_stage, undeclared
+
+    spec = yaml.safe_load((searched / "dvc.yaml").read_text())["stages"]
+    stages = {f"variant@{k}": _expand(spec["variant"]["do"], k, item) for k, item in spec["variant"]["foreach"].items()}
+    stages["search"] = spec["search"]
+    opens = stage_opens(searched.parent / "trace", searched, {name: s["cmd"] for name, s in stages.items()})
+    found = {}
+    for name, stage in stages.items():
+        _saw_reads(name, stage, opens[name])
+        read = reads(opens[name])
+        found[name] = undeclared(stage, set(read), read)
 
     root = tmp_path / "proj"
     shutil.copytree(searched, root, symlinks=True)
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    stages = {
-        "variant@b01-drop": _expand(spec["variant"]["do"], "b01-drop", spec["variant"]["foreach"]["b01-drop"]),
-        "search": spec["search"],
-        "search_assemble": spec["search_assemble"],
-    }
-    found = {}
-    for name, stage in stages.items():
-        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
-            p = root / out
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        before = _tree(root)
-        opened = trace_stage(root, stage, tmp_path / f"{name}.strace")
-        assert "params.yaml" in opened and any(p.startswith("metrics/") or p.startswith("data/") for p in opened)
-        found[name] = undeclared(stage, opened, before)
-    assert found == {name: [] for name in stages}
+    stage = spec["search_assemble"]
+    for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+        p = root / out
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    before = _tree(root)
+    opened = trace_stage(root, stage, tmp_path / "search_assemble.strace")
+    _saw_reads("search_assemble", stage, opened)
+    found["search_assemble"] = undeclared(stage, opened, before)
+    assert found == {name: [] for name in [*stages, "search_assemble"]}
 
 
 def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsys):
