@@ -37,6 +37,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # each, competing with the tests for the CPUs, and sending nothing from a machine without internet)
 os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # likewise Ray's usage report at each cluster start
+# One torch (OpenMP) thread per process, set before torch loads here and inherited by every `zg`, `dvc` stage and
+# Ray process the tests start. The suite runs 3 xdist workers and their subprocesses on 2 cores: a process whose
+# torch ops split over 2 threads waits at every op for a thread that another process has descheduled (measured on
+# this 2-core machine with the suite running: one forward of the tiny teacher, 3 x 32 tokens, 2.5 ms on 1 thread,
+# 288 ms on 2). Bits hold per thread count (docs/concepts/guarantees.md); every run a test compares runs with this
+# count, and train.threads / materialize.worker_threads still set their own where a test's params say so.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def zg(*args, cwd, check=True, env=None, timeout=600) -> subprocess.CompletedProcess:
