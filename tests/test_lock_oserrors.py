@@ -1,8 +1,9 @@
 """Project locks and OS errors (issue "trust nothing", parts 4 and 6).
 
-Two `zg` processes writing the same outputs: the second fails at once with one line naming the
-first one's pid, and the first one's outputs come out exactly right. The first process is held
-inside its run with SIGSTOP (it holds its lock while stopped), so nothing here depends on timing.
+Two `zg` runs writing the same outputs: while a `zg` process holds the lock, a second run (in the test's
+own process, through the CLI's ``main``) fails at once with one line naming the first one's pid, and the
+first one's outputs come out exactly right. The first process is held inside its run with SIGSTOP (it
+holds its lock while stopped), so nothing here depends on timing.
 A full disk (a small tmpfs) and a read-only bind mount give one-line errors, publish nothing and
 leave a state that a rerun completes. Mounting needs root (CI runs as root); elsewhere those
 tests skip and say so.
@@ -25,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import BIN, assert_user_error, read_json, run, tree_sha256, zg
+from conftest import BIN, assert_user_error, read_json, run, tree_sha256, zg_main
 from zgd_helpers import journal_rows
 
 from zgdata.errors import from_os_error
@@ -149,7 +150,7 @@ def test_second_materialize_is_refused_and_the_first_publishes_exact_rows(tiny_b
         _wait_for(first, lambda: journal_rows(root) > 0, log, "a journaled commit")
         with _stopped(first, root, "materialize"):
             staged = tree_sha256(root / "data" / ".staging")
-            second = zg("data", "materialize", cwd=root, check=False)
+            second = zg_main("data", "materialize", cwd=root, check=False)
             assert second.returncode == BUSY_EXIT_CODE
             assert_user_error(
                 second,
@@ -185,12 +186,12 @@ def test_same_block_twice_is_refused_while_another_block_trains(tiny_project):
         )
         with _stopped(first, root, "block-b00"):
             before = tree_sha256(blocks / "b00")
-            second = zg("train", "block", "b00", cwd=root, check=False)
+            second = zg_main("train", "block", "b00", cwd=root, check=False)
             assert second.returncode == BUSY_EXIT_CODE
             assert_user_error(second, f"pid {first.pid}: `zg train block b00 --json`", "is writing models/blocks/b00")
             assert tree_sha256(blocks / "b00") == before, "the refused run touched models/blocks/b00"
             # one lock per block key: b01 trains to the end while b00's lock is held
-            other = json.loads(zg("train", "block", "b01", "--json", cwd=root).stdout)
+            other = json.loads(zg_main("train", "block", "b01", "--json", cwd=root).stdout)
             assert other["status"] == "done" and other["step"] == other["steps"]
     finally:
         out = _finish(first, log)
@@ -259,7 +260,7 @@ def test_full_disk_during_materialize_is_one_line_and_a_rerun_resumes(tiny_built
         dead = data / ".staging" / "0123456789abcdef"  # staging of an earlier run with other inputs
         dead.mkdir()
         (dead / "journal.json").write_text('{"rows_done": 8, "versions": {}, "stats": {}}')
-        again = zg("data", "materialize", "--json", cwd=root)
+        again = zg_main("data", "materialize", "--json", cwd=root)
         assert json.loads(again.stdout)["resumed_from"] == done
         assert "removed 1 staging dir(s) of earlier runs" in again.stderr and "0123456789abcdef" in again.stderr
         assert not dead.exists()
@@ -274,7 +275,7 @@ def test_read_only_output_dir_is_one_line_and_changes_nothing(tiny_project):
     data = tiny_project / "data"
     before = tree_sha256(data)
     with _read_only(data):
-        res = zg("data", "tokenize", cwd=tiny_project, check=False)
+        res = zg_main("data", "tokenize", cwd=tiny_project, check=False)
     # the first write tokenize attempts is its spill folder beside data/tokens.lance
     assert_user_error(
         res, "Read-only file system (EROFS) at data/.tokens.lance.spill", "choose a writable directory", alone=True
