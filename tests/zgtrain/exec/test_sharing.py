@@ -1,7 +1,7 @@
 """Sharing boundary datasets through DVC remotes: team B trains one block without the teacher.
 
-Real git and dvc in temporary directories, tiny profile. Team A's repository is built once
-per module (`dvc repro train@b01`: teacher, tokens, materialize and one block) and each test
+Real git and dvc in temporary directories, tiny profile. Team A's repository is the session's reproduced
+tiny project (conftest.py: `zg init` and a whole `dvc repro`, committed) and each test
 publishes its own copy to a remote (a local directory, or S3 on a moto server on 127.0.0.1),
 then clones it the way another team would. docs/SHARING.md documents these commands.
 """
@@ -73,14 +73,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def team_a(tmp_path_factory) -> dict:
-    """Team A's repository after `dvc repro train@b01`, dvc.lock and metrics committed (no remote yet)."""
-    base = tmp_path_factory.mktemp("team_a")
-    root = base / "A"
-    zg_main("init", root, "--profile", "tiny", cwd=base)
-    git_commit(root, "scaffold")
-    dvc("repro", "train@b01", cwd=root, timeout=600)
-    git_commit(root, "materialize boundaries, train b01")
+def team_a(reproduced_base, tmp_path_factory) -> dict:
+    """Team A's repository: the session's reproduced tiny project (`zg init`, then `dvc repro` of every stage,
+    dvc.lock and metrics committed; no remote yet)."""
+    root = tmp_path_factory.mktemp("team_a") / "A"
+    shutil.copytree(reproduced_base / "proj", root, symlinks=True)
     assert run(["git", "status", "--porcelain"], cwd=root).stdout == ""
     return {"root": root, "b01_state": state_of(root)}
 
