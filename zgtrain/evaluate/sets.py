@@ -172,6 +172,12 @@ def parse_sets(raw: list) -> list[EvalSetSpec]:
     return specs
 
 
+def reads_corpus(raw_sets) -> bool:
+    """Does a set of ``eval.sets`` read the project's corpus (source corpus:heldout)? Then the corpus files are
+    deps of every stage that scores the sets (zgtrain/project/pipeline.py)."""
+    return any(isinstance(s, dict) and s.get("source") == CORPUS_HELDOUT for s in raw_sets or [])
+
+
 def literal_paths(raw_sets) -> list[str]:
     """Sources of ``eval.sets`` that DVC can watch: literal relative paths (not globs, not embedded: or corpus:)."""
     out = []

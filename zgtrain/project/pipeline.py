@@ -17,7 +17,7 @@ from zgdata.atomic import write_text
 from zgdata.config import PartitionConfig, ProjectKind, defaults, load_params, project_kind, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgtrain.evaluate.sets import literal_paths
+from zgtrain.evaluate.sets import literal_paths, reads_corpus
 from zgtrain.local.config import LocalConfig
 from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS, ProjectConfig, SearchConfig
 
@@ -317,6 +317,10 @@ def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] 
             stages.update(_search_stages(project, blocks, code))
         _virtual_first(stages, project, L, code)
         _add_export(stages, project, L, code)
+        if reads_corpus(project.eval.sets):  # a corpus:heldout set reads the corpus files: deps of who scores sets
+            for name in ("evaluate", "search_assemble", "search_repair"):
+                if name in stages:
+                    stages[name]["deps"] = list(dict.fromkeys(stages[name]["deps"] + list(corpus_deps)))
     for s in stages.values():
         body = s.get("do", s)
         if not body.get("deps"):

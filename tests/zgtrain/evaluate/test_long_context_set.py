@@ -20,7 +20,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.evaluate.sets import literal_paths
 from zgtrain.project.config import ProjectConfig
-from zgtrain.project.pipeline import profile_params
+from zgtrain.project.pipeline import dvc_yaml, profile_params
 
 LONG = {"name": "long", "source": "corpus:heldout", "seq_len": 256, "max_seqs": 4, "context_targets": 16}
 
@@ -102,3 +102,21 @@ def test_search_profile_has_the_long_set_and_dvc_watches_no_path_for_it():
     (long,) = [s for s in ProjectConfig.from_params(params).eval.sets if s["source"] == "corpus:heldout"]
     assert long["seq_len"] >= 4 * params["corpus"]["seq_len"]
     assert literal_paths(params["eval"]["sets"]) == [] and literal_paths([LONG]) == []
+
+
+def test_a_corpus_heldout_set_makes_the_corpus_files_deps_of_the_stages_that_score_sets():
+    """Files of a project's own corpus: deps of tokens always; of evaluate, search_assemble and search_repair
+    only when a set reads them (corpus:heldout), so an edit of one reruns what it changes and `dvc repro --pull`
+    fetches what the set reads."""
+    files = ["corpus/hamlet.md", "corpus/macbeth.md"]
+    params = profile_params("search")
+    params["repair"]["steps"] = 3
+    for sets, scorers in (
+        (params["eval"]["sets"], files),
+        ([s for s in params["eval"]["sets"] if s["source"] != "corpus:heldout"], []),
+    ):
+        params["eval"]["sets"] = sets
+        stages = dvc_yaml(ProjectConfig.from_params(params), code_deps=False, corpus_deps=files)["stages"]
+        assert [d for d in stages["tokens"]["deps"] if d in files] == files
+        for name in ("evaluate", "search_assemble", "search_repair"):
+            assert [d for d in stages[name]["deps"] if d in files] == scorers, name
