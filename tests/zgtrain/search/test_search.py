@@ -171,6 +171,21 @@ def searched(tiny_built, tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def assembled(searched, tmp_path_factory):
+    """A copy of ``searched`` after a real `dvc repro search_assemble` (under strace where it is installed, for
+    test_search_stages_read_only_declared_deps): (root, that run's result). Tests copy root before changing it."""
+    root = tmp_path_factory.mktemp("assembled") / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    if STRACE:
+        res = traced_run(["dvc", "repro", "search_assemble"], root, root.parent / "trace")
+        assert res.returncode == 0, f"dvc repro search_assemble failed under strace:\n{res.stdout}\n{res.stderr}"
+    else:
+        res = run(["dvc", "repro", "search_assemble"], cwd=root)
+    assert _ran(res) == ["search_assemble"], res.stdout
+    return root, res
+
+
 def test_variant_stages_write_their_models_and_scores(searched, monkeypatch, capsys):
     assert _status(searched) == {}
     for b in BLOCKS:
@@ -236,34 +251,26 @@ def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_p
 
 
 @pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace)")
-def test_search_stages_read_only_declared_deps(searched, tmp_path):
-    """tests/test_stage_deps.py's check (strace) on every variant stage and the search, as the fixture's
-    `dvc repro search` ran them, and on search_assemble, run here."""
+def test_search_stages_read_only_declared_deps(searched, assembled):
+    """tests/test_stage_deps.py's check (strace) on every variant stage and the search, as the ``searched``
+    fixture's `dvc repro search` ran them, and on search_assemble, as the ``assembled`` fixture's ran it."""
     import yaml
     from stage_trace import reads, stage_opens
-    from test_stage_deps import _expand, _paths, _saw_reads, _tree, trace_stage, undeclared
+    from test_stage_deps import _expand, _saw_reads, undeclared
 
     spec = yaml.safe_load((searched / "dvc.yaml").read_text())["stages"]
     stages = {f"variant@{k}": _expand(spec["variant"]["do"], k, item) for k, item in spec["variant"]["foreach"].items()}
     stages["search"] = spec["search"]
     opens = stage_opens(searched.parent / "trace", searched, {name: s["cmd"] for name, s in stages.items()})
+    root = assembled[0]
+    opens |= stage_opens(root.parent / "trace", root, {"search_assemble": spec["search_assemble"]["cmd"]})
+    stages["search_assemble"] = spec["search_assemble"]
     found = {}
     for name, stage in stages.items():
         _saw_reads(name, stage, opens[name])
         read = reads(opens[name])
         found[name] = undeclared(stage, set(read), read)
-
-    root = tmp_path / "proj"
-    shutil.copytree(searched, root, symlinks=True)
-    stage = spec["search_assemble"]
-    for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
-        p = root / out
-        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-    before = _tree(root)
-    opened = trace_stage(root, stage, tmp_path / "search_assemble.strace")
-    _saw_reads("search_assemble", stage, opened)
-    found["search_assemble"] = undeclared(stage, opened, before)
-    assert found == {name: [] for name in [*stages, "search_assemble"]}
+    assert found == {name: [] for name in stages}
 
 
 def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsys):
@@ -313,13 +320,14 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     assert abs(m.ce_delta) < 0.02
 
 
-def test_the_searched_mix_assembles_loads_and_generates(searched, monkeypatch, capsys):
-    """`zg search assemble`: the chosen variants (or teacher blocks) in one student, which zg's loader opens
-    (per-layer widths: zg's own modeling code) and which generates."""
+def test_the_searched_mix_assembles_loads_and_generates(assembled):
+    """`zg search assemble` (the ``assembled`` fixture's `dvc repro search_assemble`): the chosen variants (or
+    teacher blocks) in one student, which zg's loader opens (per-layer widths: zg's own modeling code) and which
+    generates."""
     from zgdata.tokens import read_tokens
     from zgtrain.student.load import load_student
 
-    assert _zg_here(searched, monkeypatch, capsys, "search", "assemble")[0] == 0
+    searched = assembled[0]  # read only
     report = read_json(searched / "metrics" / "search_eval.json")
     written = report["selected"] if report["passed"] else report["unmet"]["closest_try"]
     summary = read_json(searched / "models" / "search" / "student" / "zerograph.json")
@@ -399,17 +407,17 @@ def _retention(t: dict) -> float:
     return t["sets"]["heldout"]["context_retention"]
 
 
-def test_search_assemble_tries_the_next_mixes_until_one_passes_the_gates(searched, tmp_path):
-    """With the tiny teacher's gates no mix passes: every try is judged, the closest miss is written and named.
-    Then min_context_retention is set to the best try's retention, and `dvc repro` reruns search_assemble only:
-    the earlier tries fail, the first that meets it is the student."""
+def test_search_assemble_tries_the_next_mixes_until_one_passes_the_gates(assembled, tmp_path):
+    """With the tiny teacher's gates no mix passes (the ``assembled`` fixture's `dvc repro search_assemble`):
+    every try is judged, the closest miss is written and named. Then min_context_retention is set to the best
+    try's retention, and `dvc repro` reruns search_assemble only: the earlier tries fail, the first that meets it
+    is the student."""
     from zgtrain.project.config import ProjectConfig
 
     root = tmp_path / "proj"
-    shutil.copytree(searched, root, symlinks=True)
+    shutil.copytree(assembled[0], root, symlinks=True)
     gates = ProjectConfig.load(root / "params.yaml").gates
-    res = run(["dvc", "repro", "search_assemble"], cwd=root)
-    assert _ran(res) == ["search_assemble"], res.stdout
+    res = assembled[1]
     report = read_json(root / "metrics" / "search_eval.json")
     choice = read_json(root / "search" / "choice.json")
     tries = report["tries"]
@@ -493,7 +501,7 @@ def test_a_kv_bytes_budget_picks_the_best_mix_by_kv_cache_size(searched, tmp_pat
 # --- repair of the searched mix (search_repair) ---------------------------------------------------------
 
 
-def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_path):
+def test_search_repair_repairs_the_kept_mix_and_judges_it_again(assembled, tmp_path):
     """With repair.steps > 0, `zg pipeline` adds search_repair: the mix search_assemble kept is distilled on the
     teacher's logits into models/search/repaired and judged again on every set. Before search_assemble has run it
     is one clear error; editing repair: reruns it alone; the main pipeline's repair stays untouched."""
@@ -504,18 +512,23 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(searched, tmp_pa
         not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
     )
     root = tmp_path / "proj"
-    shutil.copytree(searched, root, symlinks=True)
-    shutil.rmtree(root / "models" / "search", ignore_errors=True)  # what another test's `zg search assemble` left
-    (root / "metrics" / "search_eval.json").unlink(missing_ok=True)
+    shutil.copytree(assembled[0], root, symlinks=True)
     set_params(root, {"repair.steps": 6, "repair.warmup": 1, "repair.lr": 3e-4, "repair.checkpoint_every": 0})
     zg_main("pipeline", cwd=root)
+    # before search_assemble has run (its outputs moved aside): one clear error, nothing written
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    (root / "models" / "search").rename(aside / "search")
+    (root / "metrics" / "search_eval.json").rename(aside / "search_eval.json")
     before = tree_sha256(root / "models")
     res = zg_main("search", "repair", cwd=root, check=False)
     assert res.returncode not in (0, None) and "metrics/search_eval.json" in res.stderr, res.stderr
     assert "dvc repro search_assemble" in res.stderr and tree_sha256(root / "models") == before
+    (aside / "search").rename(root / "models" / "search")
+    (aside / "search_eval.json").rename(root / "metrics" / "search_eval.json")
 
     res = run(["dvc", "repro", "search_repair"], cwd=root)
-    assert _ran(res) == ["search_assemble", "search_repair"], res.stdout
+    assert _ran(res) == ["search_repair"], res.stdout  # search_assemble is up to date: repair: is not its params
     report = read_json(root / "metrics" / "search_eval.json")
     kept = report["selected"] if report["passed"] else report["unmet"]["closest_try"]
     t = report["tries"][kept]
