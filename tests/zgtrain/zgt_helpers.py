@@ -31,6 +31,22 @@ __all__ = [
 ]
 
 
+def tiny_family_teacher(name: str):
+    """Family ``name``'s tiny random teacher (zgdata/teacher/prepare.py), in eval mode."""
+    from zgdata.teacher.prepare import _tiny_teacher
+
+    model, _ = _tiny_teacher(name)
+    return model.eval()
+
+
+def teacher_layers(model, name: str, layers) -> dict:
+    """What a conversion starts from: the teacher tensors of ``layers``, keyed ``layers.{i}.*`` as the slices are."""
+    from zgdata.families import family
+
+    per_layer, _ = family(name).split_state(model.state_dict())
+    return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
+
+
 def load_params_of(root: Path) -> dict:
     return yaml.safe_load((Path(root) / "params.yaml").read_text())
 

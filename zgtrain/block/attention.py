@@ -195,24 +195,8 @@ def fit_linear(x: torch.Tensor, y: torch.Tensor, ridge: float = 1e-6) -> tuple[t
 
 def attention_io(family, layer, h: torch.Tensor, inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the attention's input, its output, the layer's output) of one decoder layer run on ``h``."""
-    seen = {}
-
-    def pre(module, args, kwargs):
-        seen["x"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-
-    def post(module, args, out):
-        seen["y"] = out[0]
-
-    hooks = [
-        layer.self_attn.register_forward_pre_hook(pre, with_kwargs=True),
-        layer.self_attn.register_forward_hook(post),
-    ]
-    try:
-        out = family.call_layer(layer, h, inputs)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen["x"], seen["y"], out
+    a_in, _, a_out, out = attention_call(family, layer, h, inputs)
+    return a_in, a_out, out
 
 
 # fmt: off

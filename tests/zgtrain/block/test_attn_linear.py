@@ -10,6 +10,8 @@ import json
 
 import pytest
 import torch
+from zgt_helpers import teacher_layers as _slice
+from zgt_helpers import tiny_family_teacher as _teacher
 
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family, family_of
@@ -20,18 +22,6 @@ from zgtrain.block.model import StudentBlock
 from zgtrain.project.config import TrainConfig
 
 SELF_ATTN = sorted(n for n in FAMILIES if n != "gpt2")
-
-
-def _teacher(name: str):
-    from zgdata.teacher.prepare import _tiny_teacher
-
-    model, _ = _tiny_teacher(name)
-    return model.eval()
-
-
-def _slice(model, name: str, layers) -> dict[str, torch.Tensor]:
-    per_layer, _ = family(name).split_state(model.state_dict())
-    return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
 
 
 def _x(model, b: int = 4, t: int = 32, seed: int = 0) -> torch.Tensor:

@@ -14,9 +14,10 @@ import pytest
 import torch
 from conftest import zg_main
 from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params
+from zgt_helpers import teacher_layers as _slice
+from zgt_helpers import tiny_family_teacher as _teacher
 
 from zgdata.errors import ZgError
-from zgdata.families import family
 from zgdata.layout import Layout
 from zgtrain.block.attention import (
     LinearAttention,
@@ -29,18 +30,6 @@ from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.train import train_block
 from zgtrain.fit.checkpoint import load_block
 from zgtrain.project.config import TrainConfig
-
-
-def _teacher(name: str):
-    from zgdata.teacher.prepare import _tiny_teacher
-
-    model, _ = _tiny_teacher(name)
-    return model.eval()
-
-
-def _slice(model, name: str, layers) -> dict[str, torch.Tensor]:
-    per_layer, _ = family(name).split_state(model.state_dict())
-    return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
 
 
 def _x(model, b: int = 2, t: int = 24, seed: int = 0) -> torch.Tensor:

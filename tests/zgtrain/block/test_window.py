@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 from zgt_helpers import copy_project, project_of, read_json
+from zgt_helpers import teacher_layers as _slice
+from zgt_helpers import tiny_family_teacher as _teacher
 
 from zgdata.errors import ZgError
 from zgdata.families import FAMILIES, family, family_of
@@ -24,18 +26,6 @@ from zgtrain.block.window import SlidingWindow
 from zgtrain.project.config import TrainConfig
 
 NAMES = sorted(FAMILIES)
-
-
-def _teacher(name: str):
-    from zgdata.teacher.prepare import _tiny_teacher
-
-    model, _ = _tiny_teacher(name)
-    return model.eval()
-
-
-def _slice(model, name: str, layers) -> dict[str, torch.Tensor]:
-    per_layer, _ = family(name).split_state(model.state_dict())
-    return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
 
 
 def _x(model, t: int = 12) -> torch.Tensor:
