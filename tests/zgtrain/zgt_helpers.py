@@ -47,6 +47,31 @@ def teacher_layers(model, name: str, layers) -> dict:
     return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
 
 
+def b00_converted(tiny_built: Path, dst: Path, conversion: str, steps: int) -> Path:
+    """A copy of the tiny project at ``dst`` whose block b00 says only ``conversion`` (its keys: defaults), trained
+    ``steps`` steps, and whose b01 is the identity, untrained."""
+    root = copy_project(tiny_built, dst)
+    set_params(
+        root,
+        {
+            "train.steps": steps,
+            "blocks.b00.conversion": conversion,
+            "blocks.b01.conversion": "identity",
+            "blocks.b01.steps": 0,
+        },
+    )
+    return root
+
+
+def b00_weights(root: Path) -> dict:
+    """Block b00's trainable tensors as its last checkpoint holds them."""
+    from zgdata.layout import Layout
+    from zgtrain.fit.checkpoint import load_block
+
+    block, _ = load_block(Layout(root), "b00")
+    return block.weights()
+
+
 def load_params_of(root: Path) -> dict:
     return yaml.safe_load((Path(root) / "params.yaml").read_text())
 

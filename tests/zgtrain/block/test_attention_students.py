@@ -13,12 +13,20 @@ import shutil
 import pytest
 import torch
 from conftest import zg_main
-from zgt_helpers import assert_user_error, copy_project, import_llama_cpp, project_of, read_json, set_params
+from zgt_helpers import (
+    assert_user_error,
+    b00_converted,
+    b00_weights,
+    copy_project,
+    import_llama_cpp,
+    project_of,
+    read_json,
+    set_params,
+)
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
-from zgtrain.fit.checkpoint import load_block
 
 # one cached position of one tiny-Llama layer with 1 KV head: key + value, 16 dims, float32 = 2 * 16 * 4 bytes
 PER_HEAD = 2 * 16 * 4
@@ -27,22 +35,8 @@ PER_HEAD = 2 * 16 * 4
 @pytest.fixture(scope="module")
 def kv_project(tiny_built, tmp_path_factory):
     """The tiny project with b00 converted to kv_heads (3 steps) and b01 the identity (untrained)."""
-    root = copy_project(tiny_built, tmp_path_factory.mktemp("kv") / "proj")
-    set_params(
-        root,
-        {
-            "train.steps": 3,
-            "blocks.b00.conversion": "kv_heads",  # nothing else: kv_heads defaults to half the teacher's 2
-            "blocks.b01.conversion": "identity",
-            "blocks.b01.steps": 0,
-        },
-    )
-    return root
-
-
-def _weights(root) -> dict:
-    block, _ = load_block(Layout(root), "b00")
-    return block.weights()
+    # nothing else: kv_heads defaults to half the teacher's 2
+    return b00_converted(tiny_built, tmp_path_factory.mktemp("kv") / "proj", "kv_heads", steps=3)
 
 
 def test_kv_heads_block_trains_deterministically_cached_and_online(kv_project, tmp_path):
@@ -51,7 +45,7 @@ def test_kv_heads_block_trains_deterministically_cached_and_online(kv_project, t
     assert first["status"] == "done" and first["conversion"] == "kv_heads"
     meta = read_json(layout.block_dir("b00") / "meta.json")
     assert meta["kv_heads"] == [1, 1] and meta["config"]["kv_heads"] == 0
-    w1 = _weights(kv_project)
+    w1 = b00_weights(kv_project)
     assert w1["layers.0.self_attn.k_proj.weight"].shape == (16, 64)  # 1 head of 16 dims
     # two grouped layers: 1 head each where the teacher's layers cache 2
     assert first["kv_bytes_per_token"] == 2 * PER_HEAD and first["teacher_kv_bytes_per_token"] == 2 * 2 * PER_HEAD
@@ -60,14 +54,14 @@ def test_kv_heads_block_trains_deterministically_cached_and_online(kv_project, t
 
     again = train_block(project_of(kv_project), "b00", restart=True, layout=layout).metrics()
     assert again["state_sha256"] == first["state_sha256"]
-    assert all(torch.equal(v, w1[k]) for k, v in _weights(kv_project).items())
+    assert all(torch.equal(v, w1[k]) for k, v in b00_weights(kv_project).items())
 
     online = copy_project(kv_project, tmp_path / "online")
     shutil.rmtree(online / "data" / "boundaries")  # the online run can only get its pairs from the teacher
     res = train_block(project_of(online), "b00", targets="online", restart=True, layout=Layout(online)).metrics()
     assert res["targets"] == "online" and res["state_sha256"] == first["state_sha256"]
     assert res["heldout_loss"] == first["heldout_loss"]
-    assert all(torch.equal(v, w1[k]) for k, v in _weights(online).items())
+    assert all(torch.equal(v, w1[k]) for k, v in b00_weights(online).items())
 
 
 def _gguf_ints(path, key: str) -> list[int]:
@@ -167,26 +161,17 @@ def test_attn_linear_block_trains_assembles_and_export_refuses(tiny_built, tmp_p
     from zgtrain.student.assemble import assemble, build_student
     from zgtrain.student.load import load_student
 
-    root = copy_project(tiny_built, tmp_path / "proj")
-    set_params(
-        root,
-        {
-            "train.steps": 3,
-            "blocks.b00.conversion": "attn_linear",
-            "blocks.b01.conversion": "identity",
-            "blocks.b01.steps": 0,
-        },
-    )
+    root = b00_converted(tiny_built, tmp_path / "proj", "attn_linear", steps=3)
     layout = Layout(root)
     first = train_block(project_of(root), "b00", restart=True, layout=layout).metrics()
     assert first["conversion"] == "attn_linear" and first["kv_bytes_per_token"] == 0 and first["kv_ratio"] == 0
     assert read_json(layout.block_dir("b00") / "meta.json")["attention"] == ["linear", "linear"]
-    w1 = _weights(root)
+    w1 = b00_weights(root)
     assert w1["layers.0.self_attn.linear.weight"].shape == (64, 64)
     assert not any("q_proj" in k for k in w1)
     again = train_block(project_of(root), "b00", restart=True, layout=layout).metrics()
     assert again["state_sha256"] == first["state_sha256"]
-    assert all(torch.equal(v, w1[k]) for k, v in _weights(root).items())
+    assert all(torch.equal(v, w1[k]) for k, v in b00_weights(root).items())
     online = copy_project(root, tmp_path / "online")
     shutil.rmtree(online / "data" / "boundaries")
     res = train_block(project_of(online), "b00", targets="online", restart=True, layout=Layout(online)).metrics()

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from conftest import zg_main
-from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params
+from zgt_helpers import assert_user_error, b00_converted, b00_weights, copy_project, project_of, read_json
 from zgt_helpers import teacher_layers as _slice
 from zgt_helpers import tiny_family_teacher as _teacher
 
@@ -184,22 +184,7 @@ def test_modeling_file_generates_with_its_constant_state_in_float64():
 def la_project(tiny_built, tmp_path_factory):
     """The tiny project with b00 converted to linear_attention (nothing else said: defaults) for 8 steps, the first
     2 (a quarter) attention transfer, and b01 the identity (untrained)."""
-    root = copy_project(tiny_built, tmp_path_factory.mktemp("la") / "proj")
-    set_params(
-        root,
-        {
-            "train.steps": 8,
-            "blocks.b00.conversion": "linear_attention",
-            "blocks.b01.conversion": "identity",
-            "blocks.b01.steps": 0,
-        },
-    )
-    return root
-
-
-def _weights(root) -> dict:
-    block, _ = load_block(Layout(root), "b00")
-    return block.weights()
+    return b00_converted(tiny_built, tmp_path_factory.mktemp("la") / "proj", "linear_attention", steps=8)
 
 
 def test_linear_attention_block_trains_in_two_phases_bitwise(la_project, tmp_path):
@@ -211,7 +196,7 @@ def test_linear_attention_block_trains_in_two_phases_bitwise(la_project, tmp_pat
     meta = read_json(layout.block_dir("b00") / "meta.json")
     assert meta["attention"] == ["linear_attention", "linear_attention"] and meta["transfer_steps"] == 2
     init, _ = load_block(layout, "b00", which="init")
-    w1 = _weights(la_project)
+    w1 = b00_weights(la_project)
     changed = {k for k, v in init.weights().items() if not torch.equal(v, w1[k])}
     assert "layers.0.self_attn.feature_q" in changed and "layers.0.self_attn.q_proj.weight" in changed
     assert first["kv_bytes_per_token"] == first["linear_state_bytes"] / first["kv_context"] > 0
@@ -220,7 +205,7 @@ def test_linear_attention_block_trains_in_two_phases_bitwise(la_project, tmp_pat
 
     again = train_block(project_of(la_project), "b00", restart=True, layout=layout).metrics()
     assert again["state_sha256"] == first["state_sha256"]
-    assert all(torch.equal(v, w1[k]) for k, v in _weights(la_project).items())
+    assert all(torch.equal(v, w1[k]) for k, v in b00_weights(la_project).items())
 
     online = copy_project(la_project, tmp_path / "online")
     shutil.rmtree(online / "data" / "boundaries")
