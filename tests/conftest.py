@@ -229,17 +229,13 @@ def _reproduce(base: Path) -> Path:
     Where strace is installed the `dvc repro` runs under it, one log per process in ``base``/trace
     (tests/stage_trace.py): tests/test_stage_deps.py reads what each stage opened from it, instead of running
     every stage again."""
-    from stage_trace import STRACE, traced_run
+    from stage_trace import repro
 
     root = base / "proj"
     zg("init", root, "--profile", "tiny", cwd=base)
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "zg init"], cwd=root)
-    if STRACE:
-        res = traced_run(["dvc", "repro"], root, base / "trace")
-        assert res.returncode == 0, f"dvc repro failed under strace ({res.returncode}):\n{res.stdout}\n{res.stderr}"
-    else:
-        res = run(["dvc", "repro"], cwd=root)
+    res = repro(["dvc", "repro"], root, base / "trace")
     ran = re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr)
     assert ran == PIPELINE_STAGES, ran
     run(["git", "add", "-A"], cwd=root)

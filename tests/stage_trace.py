@@ -46,6 +46,17 @@ def traced_run(cmd: list[str], cwd: Path, log_dir: Path, timeout: int = 1800) ->
     )
 
 
+def repro(cmd: list[str], cwd: Path, log_dir: Path) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (a `dvc repro`) in ``cwd``, under strace into ``log_dir`` where strace is installed; it must
+    succeed."""
+    if STRACE:
+        res = traced_run(cmd, cwd, log_dir)
+    else:
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    return res
+
+
 def _logs(log_dir: Path) -> dict[int, list[str]]:
     return {int(p.name.split(".")[-1]): p.read_text(errors="replace").splitlines() for p in log_dir.glob("p.*")}
 

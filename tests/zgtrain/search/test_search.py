@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 from conftest import run, zg_main
-from stage_trace import STRACE, traced_run
+from stage_trace import STRACE, repro
 from zgt_helpers import (
     assert_close_to_f32,
     llama_cpp_logits,
@@ -160,11 +160,8 @@ def searched(tiny_built, tmp_path_factory):
     (root / "params.yaml").write_text(dump_params(profile_params("tiny-search")))
     zg_main("pipeline", cwd=root)
     run(["dvc", "commit", "-f", "teacher", "tokens", "materialize"], cwd=root)
-    if STRACE:  # test_search_stages_read_only_declared_deps reads what each stage opened from root/../trace
-        res = traced_run(["dvc", "repro", "search"], root, root.parent / "trace")
-        assert res.returncode == 0, f"dvc repro search failed under strace:\n{res.stdout}\n{res.stderr}"
-    else:
-        res = run(["dvc", "repro", "search"], cwd=root)
+    # test_search_stages_read_only_declared_deps reads what each stage opened from root/../trace
+    res = repro(["dvc", "repro", "search"], root, root.parent / "trace")
     assert _ran(res) == [f"variant@{b}-{v}" for b in BLOCKS for v in VARIANTS] + ["search"], res.stdout
     run(["git", "add", "-A"], cwd=root)
     run(["git", "commit", "-qm", "search"], cwd=root)
@@ -177,11 +174,7 @@ def assembled(searched, tmp_path_factory):
     test_search_stages_read_only_declared_deps): (root, that run's result). Tests copy root before changing it."""
     root = tmp_path_factory.mktemp("assembled") / "proj"
     shutil.copytree(searched, root, symlinks=True)
-    if STRACE:
-        res = traced_run(["dvc", "repro", "search_assemble"], root, root.parent / "trace")
-        assert res.returncode == 0, f"dvc repro search_assemble failed under strace:\n{res.stdout}\n{res.stderr}"
-    else:
-        res = run(["dvc", "repro", "search_assemble"], cwd=root)
+    res = repro(["dvc", "repro", "search_assemble"], root, root.parent / "trace")
     assert _ran(res) == ["search_assemble"], res.stdout
     return root, res
 
