@@ -25,12 +25,14 @@ SYSCALLS = "trace=open,openat,openat2,mkdir,mkdirat,rename,renameat,renameat2,ex
 
 # `T openat(AT_FDCWD</cwd>, "name", O_RDONLY|O_CLOEXEC) = 3</abs/path>`: the flags and the opened path
 # (failed opens return -1 and name no path)
-_OPEN = re.compile(r"^([0-9.]+) open(?:at2?)?\(.*?, (O_[A-Z_|]+|\{flags=O_[A-Z_|]+)[,)}].*= \d+<(.*)>$")
+_OPEN = re.compile(r"^([0-9.]+) open(?:at2?)?\(.*?, (O_[A-Z_|]+|\{flags=O_[A-Z_|]+)[,)}].*\s= \d+<(.*)>$")
 # `T mkdirat(AT_FDCWD</cwd>, "name", 0777) = 0`, `T mkdir("name", 0777) = 0`: a folder the stage made
-_MKDIR = re.compile(r'^([0-9.]+) mkdir(?:at)?\((?:[^"]*<(.*?)>, )?"(.*?)", .*\) = 0$')
+_MKDIR = re.compile(r'^([0-9.]+) mkdir(?:at)?\((?:[^"]*<(.*?)>, )?"(.*?)", .*\)\s+= 0$')
 # `T renameat2(AT_FDCWD</cwd>, "old", AT_FDCWD</cwd>, "new", 0) = 0`, `T rename("old", "new") = 0`: the new name
-_RENAME = re.compile(r'^([0-9.]+) rename(?:at2?)?\(.*"(?:, [^"]*<(.*?)>)?, "(.*?)"(?:, [A-Z_|0-9]+)?\) = 0$')
-_CHILD = re.compile(r"^[0-9.]+ (?:clone3?|v?fork)\(.*\) = (\d+)$")
+_RENAME = re.compile(r'^([0-9.]+) rename(?:at2?)?\(.*"(?:, [^"]*<(.*?)>)?, "(.*?)"(?:, [A-Z_|0-9]+)?\)\s+= 0$')
+# strace pads a short call to column 40 before its " = ": `T vfork()               = 10085` (dash, DVC's stage
+# shell where SHELL is unset, as in CI, forks its command; bash execs it)
+_CHILD = re.compile(r"^[0-9.]+ (?:clone3?|v?fork)\(.*\)\s+= (\d+)$")
 WRITE_FLAGS = ("O_CREAT", "O_WRONLY", "O_TRUNC")
 
 

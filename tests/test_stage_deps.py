@@ -21,16 +21,13 @@ allowed; any file opened inside it is checked on its own.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import PIPELINE_STAGES, run, zg
-from stage_trace import STRACE, reads, stage_opens
+from stage_trace import STRACE, reads, stage_opens, traced_run
 
 pytestmark = pytest.mark.skipif(
     STRACE is None,
@@ -39,9 +36,6 @@ pytestmark = pytest.mark.skipif(
 
 IGNORED_TOP = (".git", ".dvc", ".zg", "dvc.lock")  # dvc.lock: read to check inputs against it (zgdata/trust.py)
 IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
-# With -y strace prints the path of the descriptor a successful open returns: `= 3</abs/path>`
-# (also on `<... openat resumed>` lines). Failed opens return -1 and carry no path.
-_OPENED = re.compile(r"= \d+<(.*)>$")
 
 
 def _paths(entries) -> list[str]:
@@ -80,56 +74,16 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
     return stages
 
 
-def _tree(root: Path) -> dict[str, bool]:
-    """Every path under root (relative, posix) -> is it a folder; .git and .dvc left out."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = Path(dirpath).relative_to(root)
-        if rel == Path("."):
-            dirnames[:] = [d for d in dirnames if d not in (".git", ".dvc")]
-        for d in dirnames:
-            out[(rel / d).as_posix()] = True
-        for f in filenames:
-            out[(rel / f).as_posix()] = False
-    return out
-
-
 def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def trace_stage(root: Path, stage: dict, log: Path) -> set[str]:
-    """Run the stage's cmd in root under strace; the project paths (relative) it opened successfully."""
-    res = subprocess.run(
-        [
-            STRACE,
-            "-f",
-            "--seccomp-bpf",
-            "-qq",
-            "-y",
-            "-e",
-            "trace=open,openat,openat2",
-            "-o",
-            str(log),
-            "sh",
-            "-c",
-            stage["cmd"],
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def trace_stage(root: Path, stage: dict, log_dir: Path) -> dict[str, bool]:
+    """Run the stage's cmd in root as DVC does (``sh -c CMD``: dash forks the command, bash execs it) under
+    strace; the project paths it read (``stage_trace.reads``: relative path -> is it a folder)."""
+    res = traced_run(["sh", "-c", stage["cmd"]], root, log_dir, timeout=900)
     assert res.returncode == 0, f"`{stage['cmd']}` failed under strace ({res.returncode}):\n{res.stdout}\n{res.stderr}"
-    real = os.path.realpath(root)
-    opened = set()
-    for line in log.read_text(errors="replace").splitlines():
-        m = _OPENED.search(line)
-        if m:
-            path = m.group(1).removesuffix(" (deleted)")
-            if path.startswith(real + os.sep):
-                opened.add(Path(os.path.relpath(path, real)).as_posix())
-    return opened
+    return reads(stage_opens(log_dir, root, {"stage": stage["cmd"]})["stage"])
 
 
 def undeclared(stage: dict, opened: set[str], before: dict[str, bool]) -> list[str]:
@@ -191,13 +145,11 @@ def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_pat
         for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
             p = root / out
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        before = _tree(root)
-        opened = trace_stage(root, stage, tmp_path / f"{name}.strace")
+        read = trace_stage(root, stage, tmp_path / f"{name}.strace")
         for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
             assert (root / out).exists(), f"{name} did not write {out}"
-        _saw_reads(name, stage, opened)
-        bad = undeclared(stage, opened, before)
-        if bad:
+        _saw_reads(name, stage, read)
+        if bad := undeclared(stage, set(read), read):
             found[name] = _group(bad, outputs)
         # record the outputs as `dvc repro` does after each stage: downstream stages check their inputs against
         # dvc.lock (zgdata/trust.py), and these outputs are new bytes (Lance names its files afresh)
