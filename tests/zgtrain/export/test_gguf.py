@@ -124,6 +124,52 @@ def test_f16_and_q8_0_load_and_stay_close(tmp_path, llama_cpp):
         assert err <= bound and agree >= 0.9, (dtype, err, agree)
 
 
+def test_teacher_from_gguf_parses_once_and_reads_the_same_bits(tmp_path):
+    """`zg teacher prepare` of a .gguf loads it through transformers inside ``_gguf_parsed_once``
+    (zgdata/teacher/prepare.py): one parse of the file where transformers makes one for the config and one for the
+    weights (and one for the tokenizer), and one tensor-name map instead of one per module. The model's tensors
+    (q8_0, so dequantized) and config are the same as transformers' own parses give; gguf is left as it was. (The
+    tiny byte-level tokenizer does not load from a GGUF; the tokenizer reads the same reader's fields.)"""
+    from contextlib import nullcontext
+
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    from zgdata.teacher.prepare import _gguf_parsed_once
+    from zgtrain.export.gguf import export_gguf
+
+    student = make_student(tmp_path / "student", "llama")
+    out = tmp_path / "teacher.gguf"
+    export_gguf(student, out, dtype="q8_0")
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    calls = {"parse": 0, "map": 0}
+
+    def counted_reader(*args, **kwargs):
+        calls["parse"] += 1
+        return reader(*args, **kwargs)
+
+    def counted_map(*args):
+        calls["map"] += 1
+        return name_map(*args)
+
+    loaded = {}
+    try:
+        gguf.GGUFReader, gguf.get_tensor_name_map = counted_reader, counted_map
+        for once in (False, True):
+            calls.update(parse=0, map=0)
+            with _gguf_parsed_once() if once else nullcontext():
+                model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32)
+            assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (counted_reader, counted_map)  # restored
+            loaded[once] = (model.state_dict(), model.config.to_dict(), dict(calls))
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    (plain, cfg, plain_calls), (once, cfg_once, once_calls) = loaded[False], loaded[True]
+    assert plain_calls["parse"] >= 2 and plain_calls["map"] > 1, plain_calls
+    assert once_calls == {"parse": 1, "map": 1}, once_calls
+    assert plain.keys() == once.keys() and all(torch.equal(plain[k], once[k]) for k in plain)
+    assert cfg == cfg_once
+
+
 def test_tokenization_matches_transformers(tmp_path, llama_cpp):
     from transformers import AutoTokenizer
 
