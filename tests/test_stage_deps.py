@@ -86,21 +86,22 @@ def trace_stage(root: Path, stage: dict, log_dir: Path) -> dict[str, bool]:
     return reads(stage_opens(log_dir, root, {"stage": stage["cmd"]})["stage"])
 
 
-def undeclared(stage: dict, opened: set[str], before: dict[str, bool]) -> list[str]:
+def undeclared(stage: dict, read: dict[str, bool]) -> list[str]:
+    """The paths a stage read (``stage_trace.reads``: path -> is it a folder) that are not its declared deps."""
     deps, own = (
         _paths(stage.get("deps")),
         _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")),
     )
     bad = []
-    for p in sorted(opened):
+    for p in sorted(read):
         parts = p.split("/")
         if parts[0] in IGNORED_TOP or (p + "/").startswith(IGNORED_PREFIX) or "__pycache__" in parts:
             continue
-        if p not in before or _under(p, own) or _under(p, deps):
-            continue  # created by the command itself, its own output, or declared
+        if _under(p, own) or _under(p, deps):
+            continue  # its own output, or declared (what the command created itself is not in ``read``)
         if p == "params.yaml" and stage.get("params"):
             continue
-        if before[p] and any(d.startswith(p + "/") for d in deps):
+        if read[p] and any(d.startswith(p + "/") for d in deps):
             continue  # listing the folder that holds a declared dep
         bad.append(p)
     return bad
@@ -149,7 +150,7 @@ def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_pat
         for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
             assert (root / out).exists(), f"{name} did not write {out}"
         _saw_reads(name, stage, read)
-        if bad := undeclared(stage, set(read), read):
+        if bad := undeclared(stage, read):
             found[name] = _group(bad, outputs)
         # record the outputs as `dvc repro` does after each stage: downstream stages check their inputs against
         # dvc.lock (zgdata/trust.py), and these outputs are new bytes (Lance names its files afresh)
@@ -176,12 +177,12 @@ def test_every_stage_reads_only_declared_deps(reproduced_base):
     for name, stage in stages.items():
         _saw_reads(name, stage, opens[name])
         read = reads(opens[name])
-        if bad := undeclared(stage, set(read), read):
+        if bad := undeclared(stage, read):
             found[name] = _group(bad, _outputs(stages))
     _fail(found)
     # the check can fail: without its deps, a block's training reads what it does not declare
     read = reads(opens["train@b00"])
-    assert undeclared({**stages["train@b00"], "deps": []}, set(read), read), sorted(read)
+    assert undeclared({**stages["train@b00"], "deps": []}, read), sorted(read)
 
 
 def test_repair_stage_and_its_evaluate_read_only_declared_deps(reproduced, tmp_path):

@@ -262,7 +262,7 @@ def test_search_stages_read_only_declared_deps(searched, assembled):
     for name, stage in stages.items():
         _saw_reads(name, stage, opens[name])
         read = reads(opens[name])
-        found[name] = undeclared(stage, set(read), read)
+        found[name] = undeclared(stage, read)
     assert found == {name: [] for name in stages}
 
 
