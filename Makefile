@@ -25,13 +25,16 @@ demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 # One pytest-xdist worker more than the CPUs (at most 4): many tests wait on processes they started (dvc, Ray,
-# a kill at a failpoint), and the extra worker fills those waits (2 cores, same tree, 2026-12-02: 631 s with 3
-# workers, 638 s with 4; an earlier tree: 584 s with 3, 609 s with 2).
+# a kill at a failpoint), and the extra worker fills those waits (2 cores, same tree, 2026-12-02: 601 s with 3
+# workers, 613 s with 4, run after it; an earlier tree: 584 s with 3, 609 s with 2).
 # --no-loadscope-reorder: the Ray group, which tests/conftest.py puts first, starts at once on its worker.
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) + 1))')
 
+# PYTHONDONTWRITEBYTECODE= : where the environment sets it (some CI images do), every `zg` and `dvc` process the
+# tests start would compile zg's modules again, and every xdist worker would rewrite and compile the test modules
+# again (about 4 CPU-s of its 12-s collection); the bytecode goes to the gitignored __pycache__ folders.
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
 
 # Lint and format check with ruff (settings in pyproject.toml); `make format` rewrites in place.
 lint: setup

@@ -157,18 +157,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     # Critical path first. The Ray group runs serially on one worker and is the run's longest unit of work (its
     # tests start real `zg` drivers, Ray workers and kills): it goes first, so that worker starts it at once, and
-    # its tests that use ``reproduced`` go first within it, so that worker builds it (the other workers' users wait
-    # for it). Then the other groups (a module's tests around its expensive fixture), then single tests, which
-    # fill the gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would otherwise sort
-    # groups by their number of tests, and start the Ray group after groups of more, but shorter, tests).
-    items.sort(key=_schedule_rank)
+    # its tests that use ``reproduced`` go first within it, so that worker builds it. Then the other groups (a
+    # module's tests around its expensive fixture): first those that do not wait for ``reproduced`` (its build, a
+    # traced one-stage-at-a-time `dvc repro`, keeps one core busy for about two minutes; a worker that took a
+    # group needing it would sleep on its lock meanwhile), then those that do. Then single tests, which fill the
+    # gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would otherwise sort groups by
+    # their number of tests, and start the Ray group after groups of more, but shorter, tests).
+    waits = {_group(i) for i in items if _group(i) and _REPRODUCED & set(getattr(i, "fixturenames", ()))}
+    items.sort(key=lambda item: _schedule_rank(item, waits))
 
 
-def _schedule_rank(item) -> int:
+_REPRODUCED = {"reproduced", "reproduced_base"}
+
+
+def _group(item) -> str | None:
     groups = [m.args[0] for m in item.iter_markers("xdist_group")]
-    if "ray" in groups:
-        return 0 if {"reproduced", "reproduced_base"} & set(getattr(item, "fixturenames", ())) else 1
-    return 2 if groups else 3
+    return groups[0] if groups else None
+
+
+def _schedule_rank(item, waits=frozenset()) -> int:
+    """0: the Ray group's tests that build ``reproduced``; 1: the rest of the Ray group; 2: groups that never
+    wait for ``reproduced``; 3: groups that do; 4: single tests."""
+    group = _group(item)
+    if group == "ray":
+        return 0 if _REPRODUCED & set(getattr(item, "fixturenames", ())) else 1
+    if group:
+        return 3 if group in waits else 2
+    return 4
 
 
 _LOW_PRIORITY = False
