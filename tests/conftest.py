@@ -65,7 +65,7 @@ _FRESH_THREADS = None  # torch's CPU thread count in a fresh process of this mac
 
 
 def zg_main(*args, cwd, check=True, env=None) -> subprocess.CompletedProcess:
-    """Run the `zg` CLI in this process, through ``zgtrain.cli.main`` (what the `zg` script calls): the same
+    """Run the `zg` CLI in this process, through ``zgtrain.cli.main`` (what the `zg` script, ``zgtrain.cli.run``, calls): the same
     result as ``zg`` (exit code, stdout, stderr; a bug's traceback in stderr with code 1) without starting an
     interpreter and importing torch again.
 
