@@ -65,9 +65,9 @@ _FRESH_THREADS = None  # torch's CPU thread count in a fresh process of this mac
 
 
 def zg_main(*args, cwd, check=True, env=None) -> subprocess.CompletedProcess:
-    """Run the `zg` CLI in this process, through ``zgtrain.cli.main`` (what the `zg` script, ``zgtrain.cli.run``, calls): the same
-    result as ``zg`` (exit code, stdout, stderr; a bug's traceback in stderr with code 1) without starting an
-    interpreter and importing torch again.
+    """Run the `zg` CLI in this process, through ``zgtrain.cli.main`` (what the `zg` script, ``zgtrain.cli.run``,
+    calls): the same result as ``zg`` (exit code, stdout, stderr; a bug's traceback in stderr with code 1) without
+    starting an interpreter and importing torch again.
 
     For tests of a stage, not of the process boundary: kills, locks held by another process, DVC, Ray and
     environment-variable failpoints read at import keep ``zg``. What a run changes in this process is put

@@ -108,10 +108,10 @@ def run() -> None:
     """The `zg` script (pyproject.toml): ``main`` on ``sys.argv``, then an exit that does not walk the heap.
 
     A process that imported torch and transformers holds about 390,000 objects that the cyclic garbage collector
-    tracks, and the interpreter's shutdown collects several times while it tears the modules down: about 1.4
-    CPU-seconds of a 6.5-s `python -c "from transformers.models.llama import modeling_llama"` here, paid by every
-    `zg` process at its end. ``gc.freeze()`` moves them out of the collector's sight first (about 1 s saved per
-    process). Only the shutdown changes: every file zg writes is closed (and renamed into place) before ``main``
+    tracks, and the interpreter's shutdown collects several times while it tears the modules down, a cost every
+    `zg` process paid at its end. ``gc.freeze()`` moves them out of the collector's sight first: importing the
+    Llama modeling code and exiting took 7.09 CPU-seconds plain and 5.47 with the freeze (bench/cli_latency.py,
+    part 3). Only the shutdown changes: every file zg writes is closed (and renamed into place) before ``main``
     returns, atexit handlers (Ray's disconnect, logging's flush) still run, and so does the flush of stdout and
     stderr; objects kept alive by a reference cycle are not finalized, which Python never promised at exit
     anyway. Not in ``main``: a process that calls ``main`` itself (the tests) goes on running and collecting."""
