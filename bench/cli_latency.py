@@ -87,10 +87,16 @@ def _wall(cmd: list[str], cwd: Path, code: int = 0) -> float:
     return wall
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + sys) of this process's finished children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _stage(args: list[str], cwd: Path, scratch: Path) -> tuple[float, float, float]:
     """(import CPU seconds, CPU seconds, wall seconds) of one `zg ARGS` process."""
     out = scratch / "imports.txt"
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     res = subprocess.run(
         [sys.executable, "-c", _PROBE, str(out), str(BIN / "zg"), *args],
@@ -101,10 +107,10 @@ def _stage(args: list[str], cwd: Path, scratch: Path) -> tuple[float, float, flo
         check=False,
     )
     wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _children_cpu() - cpu0
     if res.returncode:
         raise SystemExit(f"zg {' '.join(args)} failed:\n{res.stderr[-2000:]}")
-    return float(out.read_text()), (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), wall
+    return float(out.read_text()), cpu, wall
 
 
 def stage_imports(project: Path, scratch: Path) -> None:
@@ -155,21 +161,19 @@ def latency(project: Path, repeats: int, scratch: Path) -> None:
 
 def _cpu(cmd: list[str]) -> float:
     """CPU seconds (user + sys) of one run of ``cmd``, which must succeed."""
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = _children_cpu()
     subprocess.run(cmd, env=_env(), check=True, capture_output=True)
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return _children_cpu() - cpu0
 
 
 def exit_cost(repeats: int) -> None:
     load = "from transformers.models.llama import modeling_llama"
-    arms = {"plain exit": f"{load}", "gc.freeze() then exit": f"{load}; import gc; gc.freeze()"}
-    cpu: dict[str, list[float]] = {name: [] for name in arms}
+    arms = (load, f"{load}; import gc; gc.freeze()")  # plain exit; gc.freeze() then exit
+    cpu: list[list[float]] = [[] for _ in arms]
     for _ in range(repeats):  # the arms take turns
-        for name, code in arms.items():
-            cpu[name].append(_cpu([sys.executable, "-c", code]))
-    m = {name: statistics.median(v) for name, v in cpu.items()}
-    plain, frozen = m["plain exit"], m["gc.freeze() then exit"]
+        for runs, code in zip(cpu, arms, strict=True):
+            runs.append(_cpu([sys.executable, "-c", code]))
+    plain, frozen = (statistics.median(runs) for runs in cpu)
     print(f"\nimport transformers' Llama modeling code, then exit: median CPU s of {repeats} runs each")
     print(f"plain exit {plain:.2f} s, gc.freeze() then exit {frozen:.2f} s: {plain - frozen:.2f} s less per process")
 

@@ -163,7 +163,7 @@ def pytest_collection_modifyitems(config, items):
     # group needing it would sleep on its lock meanwhile), then those that do. Then single tests, which fill the
     # gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would otherwise sort groups by
     # their number of tests, and start the Ray group after groups of more, but shorter, tests).
-    waits = {_group(i) for i in items if _group(i) and _REPRODUCED & set(getattr(i, "fixturenames", ()))}
+    waits = {g for i in items if (g := _group(i)) and _REPRODUCED & set(getattr(i, "fixturenames", ()))}
     items.sort(key=lambda item: _schedule_rank(item, waits))
 
 

@@ -2,8 +2,8 @@
 
 `zg --help`, `zg params`, `zg pipeline`, `zg init` and `zg data inspect` each run in a fresh interpreter through
 `zgtrain.cli.main` (what the `zg` script, `zgtrain.cli.run`, calls); the modules loaded when the command returns are
-checked. torch and transformers load in none of them; lance and pyarrow only in `zg data inspect`, which opens datasets. Loading and
-validating params (ProjectConfig.load) imports none of the four either. `zg --help` imports no typer, Rich or
+checked. torch and transformers load in none of them; lance and pyarrow only in `zg data inspect`, which opens
+datasets. Loading and validating params (ProjectConfig.load) imports none of the four either. `zg --help` imports no typer, Rich or
 pydantic at all (tests/test_cli_help.py checks its page). bench/cli_latency.py measures what this buys.
 """
 
