@@ -176,7 +176,7 @@ def data_verify(
     full: bool = typer.Option(
         False,
         "--full",
-        help="also check every output dvc.lock (git) records against its md5 (hashes cached in .zg/trust.json).",
+        help="also check every output dvc.lock or a .dvc file (git) records against its md5 (hashes cached in .zg/trust.json).",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ):

