@@ -7,8 +7,8 @@ zg recomputes from the files themselves (less what ``.dvcignore`` hides from DVC
 model card): no cache needed. A DVC remote that serves other bytes, or another file
 list, cannot change what git recorded, and DVC itself does not refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
 keyed by inode, size, modification and change time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
-Files added with ``dvc add`` (a corpus, an eval set) are checked the same way against the ``.dvc`` file that git
-keeps beside them (``corpus.dvc`` for ``corpus/``), in the DVC 3 format (``hash: md5``).
+Files added with ``dvc add`` (a corpus, an eval set) are checked the same way against the ``.dvc`` file beside them
+(``corpus.dvc`` for ``corpus/``) as git's HEAD has it (``zgdata/dvc_added.py``).
 
 A path that neither ``dvc.lock`` nor a ``.dvc`` file records (a project run without DVC, a file git tracks itself, a
 test fixture) is not checked: there is nothing to check it against. A recorded path whose bytes differ is refused with one line naming the file and what to do.
@@ -22,11 +22,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from zgdata import dvc_added
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.paths_guard import inside
 
-__all__ = ["verify", "verify_all", "recorded", "added", "Checked", "STATE"]
+__all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
 
 STATE = Layout(Path(".")).trust_cache  # relative to a project root
 _CHUNK = 1 << 22
@@ -68,38 +69,6 @@ def recorded(root: Path) -> dict[str, str]:
             if isinstance(o, dict) and o.get("path") and o.get("md5"):
                 out[os.path.normpath(o["path"])] = str(o["md5"])
     return out
-
-
-def added(dvcfile: Path) -> dict[Path, str]:
-    """The outputs a ``.dvc`` file (``dvc add``, ``dvc import``) records: absolute path -> md5. Only DVC 3 entries
-    (``hash: md5``, the md5 of the bytes); a DVC 2 entry hashed text with its line endings changed."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(dvcfile.read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ZgError(
-            f"{dvcfile} is not a readable .dvc file ({str(e).splitlines()[0]})",
-            fix=f"restore it from git (`git checkout {dvcfile.name}`)",
-        ) from e
-    outs = (doc or {}).get("outs") if isinstance(doc, dict) else None
-    return {
-        Path(os.path.normpath(dvcfile.parent / o["path"])): str(o["md5"])
-        for o in outs or []
-        if isinstance(o, dict) and o.get("path") and o.get("md5") and o.get("hash") == "md5"
-    }
-
-
-def _added_holding(root: Path, p: Path) -> tuple[Path, str, Path] | None:
-    """The ``.dvc`` file output that is ``p`` or a folder holding it, below ``root``: (output, md5, .dvc file).
-    `dvc add X` writes ``X.dvc`` beside X, so the candidates are ``p.dvc`` and each parent folder's."""
-    for out in [p, *p.parents]:
-        if root not in out.parents:
-            return None
-        dvcfile = out.with_name(out.name + ".dvc")
-        if dvcfile.is_file() and (md5 := added(dvcfile).get(out)):
-            return out, md5, dvcfile
-    return None
 
 
 def _cache_dir(root: Path) -> Path:
@@ -179,7 +148,7 @@ def _dvcignored(root: Path, base: Path, files) -> set[str]:
     return {f for f in files if spec.match_file(f"{prefix}/{f}")}
 
 
-def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict, by: str) -> None:
+def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict, by: str, fix: str) -> None:
     """The directory's files, hashed, give the md5 dvc.lock records (no cache needed); on a mismatch, the cache's
     file list (when it has one) names the file that differs."""
     h, base = md5.removesuffix(".dir"), root / rel
@@ -197,22 +166,18 @@ def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict, by: st
             return
     listed = _cached_manifest(root, h)
     if listed is None:
-        raise ZgError(
-            f"{rel} does not match {by} (the md5 of its files differs from the one git records)", fix=_fix(rel)
-        )
+        raise ZgError(f"{rel} does not match {by} (the md5 of its files differs from the one git records)", fix=fix)
     want = {e["relpath"]: e["md5"] for e in listed}
     extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
     changed = sorted(f for f in set(have) & set(want) if have[f] != want[f])
     if changed:
-        raise ZgError(
-            f"{rel}/{changed[0]} does not match {by} (its md5 differs from the one git records)", fix=_fix(rel)
-        )
+        raise ZgError(f"{rel}/{changed[0]} does not match {by} (its md5 differs from the one git records)", fix=fix)
     what = (
         f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
         if missing
         else f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})"
     )
-    raise ZgError(f"{rel} does not match {by}: {what}", fix=_fix(rel))
+    raise ZgError(f"{rel} does not match {by}: {what}", fix=fix)
 
 
 def _load_state(root: Path) -> dict:
@@ -245,26 +210,26 @@ def verify(*paths: Path | str) -> Checked:
             by_root.setdefault(root, []).append(p)
     for root, ps in by_root.items():
         rec = recorded(root)
-        todo: dict[Path, tuple[str, str]] = {}  # output -> (md5, the record that gives it)
+        todo: dict[Path, tuple[str, str, str]] = {}  # output -> (md5, the record that gives it, the fix)
+        read: dict = {}
         for p in ps:
             rel = os.path.normpath(os.path.relpath(p, root))
             if rel in rec:
-                todo.setdefault(p, (rec[rel], "dvc.lock"))
-            elif hit := _added_holding(root, p):
-                out, md5, dvcfile = hit
-                todo.setdefault(out, (md5, os.path.relpath(dvcfile, root)))
+                todo.setdefault(p, (rec[rel], "dvc.lock", _fix(rel)))
+            elif r := dvc_added.holding(root, p, read):
+                todo.setdefault(r.out, (r.md5, r.by, r.fix))
         if not todo:
             continue
         state = _load_state(root)
         before = counts["hashed"]
-        for out, (md5, by) in todo.items():
-            _check(root, out, md5, by, state, counts)
+        for out, (md5, by, fix) in todo.items():
+            _check(root, out, md5, by, fix, state, counts)
         if counts["hashed"] != before:
             _save_state(root, state)
     return Checked(**counts)
 
 
-def _check(root: Path, p: Path, md5: str, by: str, state: dict, counts: dict) -> None:
+def _check(root: Path, p: Path, md5: str, by: str, fix: str, state: dict, counts: dict) -> None:
     rel = os.path.normpath(os.path.relpath(p, root))
     if not p.exists():
         raise ZgError(
@@ -272,9 +237,9 @@ def _check(root: Path, p: Path, md5: str, by: str, state: dict, counts: dict) ->
         )
     counts["outputs"] += 1
     if md5.endswith(".dir"):
-        _check_dir(root, rel, md5, state, counts, by)
+        _check_dir(root, rel, md5, state, counts, by, fix)
     elif _md5(p, state, counts) != md5:
-        raise ZgError(f"{rel} does not match {by} (its md5 differs from the one git records)", fix=_fix(rel))
+        raise ZgError(f"{rel} does not match {by} (its md5 differs from the one git records)", fix=fix)
 
 
 def _in_git(root: Path) -> set[str]:
@@ -298,5 +263,5 @@ def verify_all(root: Path | str = ".") -> Checked:
     present = [root / rel for rel in recorded(root) if (root / rel).exists() and rel not in tracked]
     for f in sorted(tracked):
         if f.endswith(".dvc") and (root / f).is_file():
-            present += [out for out in added(root / f) if root in out.parents and out.exists()]
+            present += [r.out for r in dvc_added.outputs(root / f, root) if root in r.out.parents and r.out.exists()]
     return verify(*present)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -130,9 +132,10 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
     assert plain.returncode == 0, plain.stderr
 
 
-def test_a_corpus_added_with_dvc_is_checked_against_its_dvc_file_before_tokenize(tiny_project, tmp_path):
+def test_a_corpus_added_with_dvc_is_checked_against_gits_dvc_file_before_tokenize(tiny_project, tmp_path):
     """The same attack on the text: `dvc add corpus` puts corpus.dvc (the folder's md5) in git, the remote serves
-    one play changed, DVC pulls it without a word, and tokenize refuses it before writing a token."""
+    one play changed, DVC pulls it without a word, and tokenize refuses it before writing a token, also under
+    `dvc repro`, which re-records the pulled bytes in the workspace's corpus.dvc before the stage runs."""
     import yaml
 
     from zgdata.teacher.prepare import package_dir
@@ -145,11 +148,12 @@ def test_a_corpus_added_with_dvc_is_checked_against_its_dvc_file_before_tokenize
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["corpus"]["source"] = "corpus/*.md"
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    zg_main("pipeline", cwd=root)  # the plays become the tokens stage's deps
     run(["dvc", "add", "-q", "corpus"], cwd=root)
     run(["dvc", "remote", "add", "-d", "team", str(remote)], cwd=root)
-    run(["git", "add", "-A"], cwd=root)
+    run(["git", "add", "params.yaml", "dvc.yaml", "corpus.dvc", ".gitignore", ".dvc/config"], cwd=root)
     run(["git", "commit", "-qm", "corpus added with dvc"], cwd=root)
-    run(["dvc", "push", "-q"], cwd=root)
+    run(["dvc", "push", "-q", "corpus.dvc"], cwd=root)
     zg_main("data", "tokenize", cwd=root)  # the recorded bytes pass
     tokens = tree_sha256(root / "data")
 
@@ -163,12 +167,18 @@ def test_a_corpus_added_with_dvc_is_checked_against_its_dvc_file_before_tokenize
     run(["dvc", "pull", "-q", "corpus.dvc"], cwd=root)
     assert play.read_bytes() != text  # DVC took the swapped object
 
+    wrong = "corpus/hamlet.md does not match corpus.dvc (git HEAD)"
     res = zg_main("data", "tokenize", cwd=root, check=False)
-    assert_user_error(res, "corpus/hamlet.md does not match corpus.dvc", "dvc checkout corpus")
+    assert_user_error(res, wrong, "git checkout corpus.dvc && dvc checkout corpus")
     assert tree_sha256(root / "data") == tokens  # the token set written from the recorded text is untouched
-    with pytest.raises(ZgError, match="corpus/hamlet.md does not match corpus.dvc"):
+    with pytest.raises(ZgError, match=re.escape(wrong)):
         trust.verify_all(root)  # `zg data verify --full` checks what .dvc files record too
+    os.utime(play)  # as a copy of the workspace would: DVC hashes the file again and re-records what it finds
+    res = run(["dvc", "repro", "tokens"], cwd=root, check=False)
+    assert res.returncode != 0 and wrong in res.stderr, res.stderr
+    assert run(["git", "diff", "--quiet", "corpus.dvc"], cwd=root, check=False).returncode == 1  # DVC re-recorded it
 
-    (root / "corpus.dvc").write_text("outs: [")
-    res = zg_main("data", "tokenize", cwd=root, check=False)
-    assert_user_error(res, "corpus.dvc is not a readable .dvc file", "git checkout corpus.dvc")
+    run(["dvc", "add", "-q", "corpus"], cwd=root)  # a change made on purpose: recorded and committed
+    run(["git", "commit", "-qm", "Norway", "corpus.dvc"], cwd=root)
+    zg_main("data", "tokenize", cwd=root)
+    assert tree_sha256(root / "data") != tokens
