@@ -11,7 +11,8 @@ Files added with ``dvc add`` (a corpus, an eval set) are checked the same way ag
 (``corpus.dvc`` for ``corpus/``) as git's HEAD has it (``zgdata/dvc_added.py``).
 
 A path that neither ``dvc.lock`` nor a ``.dvc`` file records (a project run without DVC, a file git tracks itself, a
-test fixture) is not checked: there is nothing to check it against. A recorded path whose bytes differ is refused with one line naming the file and what to do.
+test fixture) is not checked: there is nothing to check it against. A recorded path whose bytes differ is refused
+with one line naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def _dvcignored(root: Path, base: Path, files) -> set[str]:
 
 
 def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict, by: str, fix: str) -> None:
-    """The directory's files, hashed, give the md5 dvc.lock records (no cache needed); on a mismatch, the cache's
-    file list (when it has one) names the file that differs."""
+    """The directory's files, hashed, give the md5 its record (``by``) holds (no cache needed); on a mismatch, the
+    cache's file list (when it has one) names the file that differs."""
     h, base = md5.removesuffix(".dir"), root / rel
     have = {
         Path(os.path.relpath(os.path.join(d, f), base)).as_posix(): _md5(Path(d) / f, state, counts)
@@ -175,7 +176,7 @@ def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict, by: st
     what = (
         f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
         if missing
-        else f"{len(extra)} file(s) dvc.lock does not record (e.g. {extra[0]})"
+        else f"{len(extra)} file(s) {by} does not record (e.g. {extra[0]})"
     )
     raise ZgError(f"{rel} does not match {by}: {what}", fix=fix)
 
@@ -201,6 +202,11 @@ def _save_state(root: Path, state: dict) -> None:
 def verify(*paths: Path | str) -> Checked:
     """Check each path that ``dvc.lock`` records against it, and each path that a ``.dvc`` file records (the path
     itself or a folder holding it: the whole folder is checked once) against that file."""
+    return _verify(paths, {})
+
+
+def _verify(paths, read: dict) -> Checked:
+    """``verify``, given the ``.dvc`` files already read (path -> dvc_added.outputs), which it adds to."""
     counts = {"outputs": 0, "hashed": 0, "cached": 0}
     by_root: dict[Path, list[Path]] = {}
     for p in paths:
@@ -211,7 +217,6 @@ def verify(*paths: Path | str) -> Checked:
     for root, ps in by_root.items():
         rec = recorded(root)
         todo: dict[Path, tuple[str, str, str]] = {}  # output -> (md5, the record that gives it, the fix)
-        read: dict = {}
         for p in ps:
             rel = os.path.normpath(os.path.relpath(p, root))
             if rel in rec:
@@ -261,7 +266,9 @@ def verify_all(root: Path | str = ".") -> Checked:
     root = Path(root).absolute()
     tracked = _in_git(root)
     present = [root / rel for rel in recorded(root) if (root / rel).exists() and rel not in tracked]
+    read: dict = {}  # each .dvc file read once (one `git show`), here and by the check
     for f in sorted(tracked):
         if f.endswith(".dvc") and (root / f).is_file():
-            present += [r.out for r in dvc_added.outputs(root / f, root) if root in r.out.parents and r.out.exists()]
-    return verify(*present)
+            read[root / f] = dvc_added.outputs(root / f, root)
+            present += [r.out for r in read[root / f] if root in r.out.parents and r.out.exists()]
+    return _verify(present, read)
