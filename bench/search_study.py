@@ -49,6 +49,16 @@ the bootstrap ones in its "sets", as before).
 
     python /path/to/zerograph/bench/search_study.py --project . --cost kv_bytes --budgets 0.25 0.5 \
         --headline 0.5 --seeds 3 --out kv_study
+
+To add seeds to a study already run, or to run two seeds at once on two cores: copy the project after its
+materialize (`cp -a`), run `--seed S` in each copy with `--set train.threads=1` (the copies share the cores;
+evaluation threads follow OMP_NUM_THREADS) and their own --out, then `--merge` their OUT folders into the study's.
+`--arms` runs only the named arms (e.g. `search kvheads`: the window arm at 0.5 is the teacher's attention at
+these lengths, the linear arm fails by far).
+
+    OMP_NUM_THREADS=1 python .../search_study.py --project /tmp/kv1 --cost kv_bytes --budgets 0.5 --seed 1 \
+        --arms search kvheads --set train.threads=1 --out /tmp/kv1_out
+    python .../search_study.py --project /tmp/kv1 --headline 0.5 --out kv_study --merge /tmp/kv1_out /tmp/kv2_out
 """
 
 from __future__ import annotations
@@ -368,6 +378,8 @@ def attention_arms(root: Path, b: float, extra: dict, a, headline: bool) -> dict
     arms = kv_uniform(teacher_shape(root), b)
     if headline and has_linear_attention():
         arms["linear"] = {"train.conversion": "linear_attention"}
+    if a.arms is not None:
+        arms = {k: v for k, v in arms.items() if k in a.arms}
     out = {}
     for name, sets in arms.items():
         sets = {**extra, **sets}
@@ -398,6 +410,34 @@ def main() -> None:
         "--seeds", type=int, default=1, help="run every arm of the headline budget with train.seed 0 .. N-1"
     )
     ap.add_argument("--headline", type=float, default=None, help="the budget --seeds repeats (default: the first)")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        dest="seed_list",
+        help="run exactly these train.seed values at the headline budget instead of 0 .. --seeds-1 (to add seeds "
+        "to a study: each seed in its own copy of the project, then --merge)",
+    )
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        choices=("search", "window", "kvheads", "linear"),
+        help="run only these arms (default: all that fit); with --cost params the uniform arm always runs",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more -S for every arm, e.g. train.threads=1 when two copies of the project share the cores",
+    )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="add the arms of these OUT folders' study.json to OUT's (each copy's run), recompute long_context, "
+        "seeds (--headline), pareto.csv and pareto.png; runs nothing",
+    )
     ap.add_argument("--long-set", default="long", help="the long-context eval set reported in study.json")
     ap.add_argument(
         "--repair-steps",
@@ -416,6 +456,9 @@ def main() -> None:
         unit = head.split(",")[2]
         plot([(n, k, float(p), float(c)) for n, k, p, c in (ln.split(",") for ln in lines)], a.out / "pareto.png", unit)
         return
+    if a.merge:
+        merge(a.out, a.merge, a.headline, a.long_set)
+        return
     root = a.project.resolve()
     if a.cost_only:
         study = json.loads((a.out / "study.json").read_text())
@@ -430,11 +473,14 @@ def main() -> None:
         ap.error(f"--headline {headline} is not one of --budgets")
     old = a.out / "study.json"
     arms = json.loads(old.read_text())["arms"] if old.exists() and not a.dry_run else {}
+    sets = dict(kv.split("=", 1) for kv in a.set)
     for b in a.budgets:
-        for seed in range(a.seeds if b == headline else 1):
-            extra, tag = ({}, "") if seed == 0 else ({"train.seed": seed}, f"#seed{seed}")
+        for seed in (a.seed_list or range(a.seeds)) if b == headline else [0]:
+            extra, tag = ({**sets}, "") if seed == 0 else ({**sets, "train.seed": seed}, f"#seed{seed}")
+            got = {}
             try:
-                got = search_arm(root, b, extra, a)
+                if a.arms is None or "search" in a.arms:
+                    got = search_arm(root, b, extra, a)
             except subprocess.CalledProcessError as e:  # e.g. a budget below the cheapest mix: one line from zg
                 print(f"# search@{b}{tag}: failed ({e}); see its dvc output above", file=sys.stderr, flush=True)
                 arms[f"search@{b}{tag}"] = {"error": str(e)}
@@ -448,7 +494,9 @@ def main() -> None:
                 else:
                     got.update(prune_arm(root, params, extra, a))
             else:
-                got.update(attention_arms(root, b, extra, a, headline=b == headline))
+                # linear attention has no budget knob: one arm per seed, whichever invocation ran it first
+                ran = any(n.startswith("linear@") and n.partition("#")[1:] == tag.partition("#")[1:] for n in arms)
+                got.update(attention_arms(root, b, extra, a, headline=b == headline and not ran))
             new = {f"{k}@{b}{tag}": v for k, v in got.items()}
             arms.update(new)
             print(json.dumps(new, indent=1, default=str))
@@ -462,18 +510,38 @@ def main() -> None:
         "candidates": cands,
         "cost": cost(root, arms),
         "long_context": long_context(arms, a.long_set),
-        "seeds": seed_summary(arms, headline) if a.seeds > 1 else None,
+        "seeds": seed_summary(arms, headline) if any("#seed" in n for n in arms) else None,
     }
-    (a.out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
-    key = "params" if a.cost == "params" else "kv_bytes"
+    write(a.out, study)
+
+
+def write(out: Path, study: dict) -> None:
+    """OUT/study.json, pareto.csv (every candidate and arm: cost vs held-out CE) and pareto.png."""
+    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+    cost_unit, cands, arms = study["cost_unit"], study["candidates"], study["arms"]
+    key = "params" if cost_unit == "params" else "kv_bytes"
     rows = [(c["name"], "candidate", c[key], c["ce"]) for c in cands]
     rows += [
         (n, n.split("@")[0], r[key], r["heldout"]["student_ce"]) for n, r in arms.items() if r.get(key) is not None
     ]
-    (a.out / "pareto.csv").write_text(
-        f"name,kind,{key},ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows)
-    )
-    plot(rows, a.out / "pareto.png", a.cost)
+    (out / "pareto.csv").write_text(f"name,kind,{key},ce\n" + "".join(f"{n},{k},{p},{c:.6f}\n" for n, k, p, c in rows))
+    plot(rows, out / "pareto.png", cost_unit)
+
+
+def merge(out: Path, others: list[Path], headline: float | None, long_set: str) -> None:
+    """OUT's study with the arms of OTHERS' study.json added (runs of the same study in copies of the project)."""
+    study = json.loads((out / "study.json").read_text())
+    for o in others:
+        other = json.loads((o / "study.json").read_text())
+        if other["cost_unit"] != study["cost_unit"]:
+            raise SystemExit(f"{o}/study.json counts {other['cost_unit']}, {out}/study.json {study['cost_unit']}")
+        study["arms"].update({n: r for n, r in other["arms"].items() if "#seed" in n or n not in study["arms"]})
+    study["long_context"] = long_context(study["arms"], long_set)
+    if headline is None:
+        headline = float(next(n for n in study["arms"] if n.startswith("search@")).split("@")[1].split("#")[0])
+    study["seeds"] = seed_summary(study["arms"], headline)
+    write(out, study)
+    print(json.dumps(study["seeds"], indent=1))
 
 
 if __name__ == "__main__":
