@@ -451,6 +451,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.seeds < 1:
         ap.error("--seeds must be >= 1")
+    if bad := [kv for kv in a.set if "=" not in kv.strip("=")]:
+        ap.error(f"--set takes KEY=VALUE (a params.yaml key and its value), got {bad[0]!r}")
     if a.plot_only:
         head, *lines = (a.out / "pareto.csv").read_text().splitlines()
         unit = head.split(",")[2]
