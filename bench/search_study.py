@@ -422,7 +422,8 @@ def main() -> None:
         "--arms",
         nargs="+",
         choices=("search", "window", "kvheads", "linear"),
-        help="run only these arms (default: all that fit); with --cost params the uniform arm always runs",
+        help="run only these arms (default: all that fit); with --cost params, search (the uniform prune arm, "
+        "sized from its mix, always runs)",
     )
     ap.add_argument(
         "--set",
@@ -451,6 +452,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.seeds < 1:
         ap.error("--seeds must be >= 1")
+    if a.seed_list and a.seeds != 1:
+        ap.error("--seed names the seeds to run; --seeds N runs 0 .. N-1: give one of them")
+    if a.cost == "params" and a.arms is not None and "search" not in a.arms:
+        ap.error("with --cost params the uniform arm is sized from the search arm's mix: --arms must include search")
     if bad := [kv for kv in a.set if "=" not in kv.strip("=")]:
         ap.error(f"--set takes KEY=VALUE (a params.yaml key and its value), got {bad[0]!r}")
     if a.plot_only:
