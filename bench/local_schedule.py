@@ -71,7 +71,7 @@ def _timed(root: Path, schedule: str, steps: int) -> tuple[float, str]:
 def _saved_bytes(root: Path, boundaries: list[int] | None) -> list[int]:
     """Per block, bytes of distinct storages saved for backward by one forward on the first training batch."""
     from zgdata.layout import Layout
-    from zgdata.reader import step_rows
+    from zgdata.store.reader import step_rows
     from zgtrain.local.simultaneous import setup
 
     over = {"checkpoint_every": 0, "steps": 1}
@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-only", action="store_true", help="skip the timed runs (the memory count is exact)")
     args = ap.parse_args()
-    from zgdata.runtime import device
+    from zgdata.core.runtime import device
 
     with tempfile.TemporaryDirectory(prefix="zg-local-bench-") as tmp:
         root = _scratch(args.project.resolve(), Path(tmp))

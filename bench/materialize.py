@@ -9,7 +9,7 @@ noisy, so compare the ratios, not the absolute figures):
   2. ``materialize(...)`` end to end (tokens/s); data/boundaries and data/.staging
      are deleted before each run. (1) and (2) alternate ``--repeats`` times each
      (order F M, M F, ...); best, median and per-pair ratios are printed, with a
-     section breakdown of materialize from its ``zgdata.timing`` spans.
+     section breakdown of materialize from its ``zgdata.core.timing`` spans.
   3. bytes on disk per token per boundary / (hidden x 2).
   4. ``BoundaryPair.batches`` over the train batches (batch 4, at least --loader-steps
      of them, whole seeded epochs), bytes/s, against reading the same rows of the same
@@ -50,16 +50,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from zgdata.capture import capture  # noqa: E402
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section  # noqa: E402
-from zgdata.lance_io import dir_bytes, open_dataset  # noqa: E402
+from zgdata.core.timing import collect  # noqa: E402
+from zgdata.families.capture import capture  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
 from zgdata.materialize.driver import materialize  # noqa: E402
-from zgdata.reader import BoundaryDataset, BoundaryPair  # noqa: E402
+from zgdata.store.lance_io import dir_bytes, open_dataset  # noqa: E402
+from zgdata.store.reader import BoundaryDataset, BoundaryPair  # noqa: E402
 from zgdata.teacher.prepare import load_teacher, prepare, read_teacher_json  # noqa: E402
-from zgdata.timing import collect  # noqa: E402
-from zgdata.tokens import read_tokens, tokenize, tokens_meta  # noqa: E402
-from zgtrain.project.pipeline import profile_params  # noqa: E402
+from zgdata.tokens.tokenset import read_tokens, tokenize, tokens_meta  # noqa: E402
+from zgtrain.pipeline.profiles import profile_params  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -216,7 +216,7 @@ def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig)
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. materialize end to end (with a section breakdown from zgdata.timing spans)
+# 2. materialize end to end (with a section breakdown from zgdata.core.timing spans)
 
 # printed section label -> the span materialize marks it with (zgdata/materialize/driver.py)
 SECTIONS = {

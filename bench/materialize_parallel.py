@@ -54,11 +54,11 @@ for p in (REPO, REPO / "bench"):
 from materialize import _busy_cpu_s, clear_outputs, setup_project  # noqa: E402  (bench/materialize.py)
 
 from zgdata.config import MaterializeConfig, PartitionConfig, section  # noqa: E402
-from zgdata.lance_io import open_dataset, schema_meta  # noqa: E402
 from zgdata.layout import Layout  # noqa: E402
 from zgdata.materialize.driver import materialize  # noqa: E402
-from zgdata.tokens import tokens_meta  # noqa: E402
-from zgtrain.project.pipeline import profile_params  # noqa: E402
+from zgdata.store.lance_io import open_dataset, schema_meta  # noqa: E402
+from zgdata.tokens.tokenset import tokens_meta  # noqa: E402
+from zgtrain.pipeline.profiles import profile_params  # noqa: E402
 
 
 def log(msg: str) -> None:

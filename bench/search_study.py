@@ -33,7 +33,7 @@ same variant trainings (ONLINE_RATES, below).
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --cost-only   # redo "cost"
     python /path/to/zerograph/bench/search_study.py --project . --out search_study --plot-only   # redraw the PNG
 
-With --cost kv_bytes (issue 32) the budgets are fractions of the teacher's KV-cache bytes per token at its longest
+With --cost kv_bytes the budgets are fractions of the teacher's KV-cache bytes per token at its longest
 context (search.cost: kv_bytes, zgtrain/block/kv_cache.py) and the uniform arms are the attention conversions of the
 main pipeline that fit the same budget, each an `evaluate` run (metrics/eval.json; its size record gives the
 student's KV bytes): window@B (window_attention everywhere, the widest window W with W / max_position_embeddings
@@ -134,7 +134,7 @@ def enable_repair(root: Path, steps: int, dry: bool) -> None:
     """Commit repair.steps STEPS and the dvc.yaml it generates (search_repair, repair) to the project."""
     import yaml
 
-    from zgtrain.project.pipeline import dump_params
+    from zgtrain.pipeline.stages import dump_params
 
     print(f"# params.yaml repair.steps: {steps}; zg pipeline; git commit", file=sys.stderr, flush=True)
     if dry:
@@ -208,7 +208,7 @@ def kv_uniform(shape: dict | None, budget: float) -> dict[str, dict]:
 
 
 def has_linear_attention() -> bool:
-    from zgtrain.block.names import CONVERSIONS
+    from zgtrain.project.names import CONVERSIONS
 
     return "linear_attention" in CONVERSIONS
 

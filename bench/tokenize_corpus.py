@@ -5,7 +5,7 @@
     python bench/tokenize_corpus.py --sizes 1 4 --corpora /big/disk/zg-tokbench --drop-corpora
     python bench/tokenize_corpus.py --sizes 0.1 --single 50 500   # also one document of 50 MB, of 500 MB
 
-Throughput is the tokenizer's Rust BPE (~90% of the time; zgdata/encode.py calls it as directly as stays
+Throughput is the tokenizer's Rust BPE (~90% of the time; zgdata/tokens/encode.py calls it as directly as stays
 bit-identical): with the SmolLM2 tokenizer, ~0.31 tokens per corpus byte. On the 2-core machine with nothing
 else running (2026-11-30): 0.1 GB 883 k tok/s, peak RSS 632 MB; 1 GB 994 k tok/s, 647 MB; 4 GB (1.23 B tokens)
 952 k tok/s, 704 MB; 29 minutes for the three, corpus generation included. Under load the rate falls with the cores left (349 k tok/s at
@@ -16,14 +16,14 @@ The script checks free space under --corpora before it starts and says how much 
 
 Each size is a synthetic JSONL corpus (random slices of the embedded Shakespeare plays, 0.5-50 KB
 per document, a fixed seed), generated once under ``--corpora`` (default /tmp/zg-tokbench) and
-reused. Each size is tokenized in its own subprocess (`zgdata.tokens.tokenize`, seq_len 512,
+reused. Each size is tokenized in its own subprocess (`zgdata.tokens.tokenset.tokenize`, seq_len 512,
 1% of documents held out by fraction, no row caps: every row is written), which reports:
   tok/s        tokens written / wall seconds of tokenize() (reading, tokenizing, packing, writing)
   peak RSS     the process's own maximum resident memory (VmHWM), and its growth over the RSS
                right before tokenize() (torch, transformers and the tokenizer already loaded)
-Flat growth across sizes is the claim: memory is bounded by the batch (zgdata.tokens.BATCH_CHARS),
-the packing buffer (zgdata.packing.FLUSH_TOKENS) and Lance's write buffers, not the corpus.
-``--single``: a document longer than zgdata.tokens.STREAM_BYTES is read, hashed, tokenized and packed in
+Flat growth across sizes is the claim: memory is bounded by the batch (zgdata.tokens.tokenset.BATCH_CHARS),
+the packing buffer (zgdata.tokens.packing.FLUSH_TOKENS) and Lance's write buffers, not the corpus.
+``--single``: a document longer than zgdata.tokens.tokenset.STREAM_BYTES is read, hashed, tokenized and packed in
 pieces, never whole; `--sizes 0.1 --single 50 500` (2026-12-01, shared 2-core machine): peak RSS +289 MB
 over the RSS before tokenize() for the 0.1 GB corpus, +426 MB for one 52 MB document, +416 MB for one
 518 MB document (+3,020 MB before it streamed); bench/out/tokenize_single_doc.txt.
@@ -134,7 +134,7 @@ def child(work: Path, corpus: Path) -> dict:
 
     from zgdata.config import CorpusConfig
     from zgdata.layout import Layout
-    from zgdata.tokens import tokenize
+    from zgdata.tokens.tokenset import tokenize
 
     single = corpus.name.startswith("single-")
     cfg = CorpusConfig(

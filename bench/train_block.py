@@ -31,8 +31,8 @@ def _throughput(project: Path, key: str, steps: int, targets: str) -> tuple[floa
     and of its step loop alone (the trainer's ``train.steps`` span: no setup, model load or evaluation)."""
     import yaml
 
+    from zgdata.core.timing import collect
     from zgdata.layout import Layout
-    from zgdata.timing import collect
     from zgtrain.block.train import train_block
     from zgtrain.project.config import ProjectConfig
 
@@ -85,11 +85,11 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
     import yaml
 
     from zgdata.config import PartitionConfig, section
-    from zgdata.families import config_from_dict
+    from zgdata.families.registry import config_from_dict
     from zgdata.layout import Layout
-    from zgdata.reader import BoundaryPair
+    from zgdata.store.reader import BoundaryPair
     from zgdata.teacher.prepare import load_slice, load_teacher
-    from zgdata.tokens import read_tokens
+    from zgdata.tokens.tokenset import read_tokens
     from zgtrain.block.conversions import convert
     from zgtrain.project.config import ProjectConfig
 

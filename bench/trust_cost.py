@@ -1,4 +1,4 @@
-"""Benchmark the cost of checking DVC-tracked inputs against dvc.lock (zgdata/trust.py). Not a test; prints ratios
+"""Benchmark the cost of checking DVC-tracked inputs against dvc.lock (zgdata/trust/dvc_lock.py). Not a test; prints ratios
 measured side by side in one run.
 
     python bench/trust_cost.py                          # builds a tiny project under --work (zg init, dvc repro)
@@ -35,7 +35,7 @@ ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "
 _CHILD = """
 import sys, time
 from pathlib import Path
-from zgdata import trust
+from zgdata.trust import dvc_lock as trust
 paths = [Path(p) for p in sys.argv[2:]]
 t0 = time.perf_counter()
 c = trust.verify_all(Path(".")) if sys.argv[1] == "all" else trust.verify(*paths)

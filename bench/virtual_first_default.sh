@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 on the default profile: materialize.virtual_first against the stored h00 of the serial arm that
+# On the default profile: materialize.virtual_first against the stored h00 of the serial arm that
 # `python bench/repro_default.py` leaves in WORKDIR (default /tmp/zgbench-repro). Usage: bench/virtual_first_default.sh [WORKDIR]
 # It copies the serial arm, turns virtual_first the other way (on, or off if the arm had it on), reruns materialize + train@b00, then assemble and evaluate,
 # and compares b00's state_sha256 and metrics/eval.json (wall-clock fields left out).

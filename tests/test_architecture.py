@@ -1,5 +1,5 @@
 """The import structure of zg: no import cycles, zgdata never imports zgtrain, no private name crosses a
-module, and Ray stays in the three modules at the edge (zgdata/ray_cluster.py and its two users).
+module, and Ray stays in the three modules at the edge (zgdata/core/ray_cluster.py and its two users).
 
 Every module of zgdata and zgtrain is parsed with ``ast`` and every import counts, wherever it is: at the top,
 inside a function (a lazy import hides a cycle from Python, not from a reader), under ``if TYPE_CHECKING``.
@@ -199,7 +199,7 @@ def test_zgdata_never_imports_zgtrain():
 
 def test_ray_stays_in_its_three_modules_at_the_edge():
     assert importers(REPO, PACKAGES, "ray") == {
-        "zgdata.ray_cluster",
+        "zgdata.core.ray_cluster",
         "zgdata.materialize.ray_shards",
         "zgtrain.exec.ray_tasks",
     }
@@ -212,3 +212,135 @@ def test_no_private_name_crosses_a_module():
             "a private name imported across modules (give it a public name in the module it belongs to):\n"
             + "\n".join(bad)
         )
+
+
+# The room order: declared once, in docs/ARCHITECTURE.md's "Room order" block, one line per package, rooms
+# from the bottom up. A room is a package's sub-package or flat module (``zgdata.store.reader`` is in ``store``).
+ORDER_DOC = REPO / "docs" / "ARCHITECTURE.md"
+
+
+def declared_order(text: str) -> dict[str, list[str]]:
+    """``{package: [room, ...]}`` (bottom first) from the ```text block under the '## Room order' heading."""
+    _, found, rest = text.partition("## Room order")
+    assert found, f"{ORDER_DOC.name} has no '## Room order' section"
+    block = rest.split("```text", 1)[1].split("```", 1)[0]
+    out = {}
+    for line in block.strip().splitlines():
+        pkg, _, rooms = line.partition(":")
+        out[pkg.strip()] = [r.strip() for r in rooms.split("<")]
+    return out
+
+
+def room(mod: str) -> str:
+    """The room of a dotted module name: its package's first component below the top package."""
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def rooms_of(root: Path, pkg: str) -> set[str]:
+    return {room(m) for m in modules(root, (pkg,))} - {"__init__"}
+
+
+def upward(es: list[Edge], order: dict[str, list[str]]) -> list[str]:
+    """Every import from a room to a room at or above it (by the declared order) inside one package."""
+    bad = []
+    for e in es:
+        pkg = e.src.split(".")[0]
+        if pkg != e.dst.split(".")[0] or pkg not in order:
+            continue
+        a, b = room(e.src), room(e.dst)
+        if a == b or "__init__" in (a, b):
+            continue
+        rank = {r: i for i, r in enumerate(order[pkg])}
+        if rank[b] >= rank[a]:
+            bad.append(f"{e.where}: {e.src} (room {a}) imports {e.dst} (room {b}, above it)")
+    return bad
+
+
+def test_the_room_check_finds_an_import_upward(tmp_path):
+    pkg = tmp_path / "pk"
+    for d in ("low", "high"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high" / "a.py").write_text("from pk.low import b\n")
+    (pkg / "low" / "b.py").write_text("def f():\n    from pk.top import c\n")
+    (pkg / "top.py").write_text("import pk.high.a\n")
+    es = edges(tmp_path, ("pk",))
+    order = declared_order("## Room order\n\n```text\npk: low < high < top\n```\n")
+    assert order == {"pk": ["low", "high", "top"]}
+    assert rooms_of(tmp_path, "pk") == {"low", "high", "top"}
+    assert upward(es, order) == ["pk/low/b.py:2: pk.low.b (room low) imports pk.top (room top, above it)"]
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    order = declared_order(ORDER_DOC.read_text())
+    assert set(order) == set(PACKAGES), f"{ORDER_DOC.name}'s room order names {sorted(order)}"
+    for pkg in PACKAGES:
+        have, listed = rooms_of(REPO, pkg), order[pkg]
+        assert len(listed) == len(set(listed)), f"a room is listed twice in {pkg}'s order"
+        assert have == set(listed), (
+            f"{pkg}'s rooms and {ORDER_DOC.name}'s room order differ: not listed {sorted(have - set(listed))}, "
+            f"listed but absent {sorted(set(listed) - have)}"
+        )
+    bad = upward(edges(REPO, PACKAGES), order)
+    if bad:
+        pytest.fail("a room imports a room above it (move the shared piece down, or pass it in):\n" + "\n".join(bad))
+
+
+# The stages' entry modules: the function each stage's `zg` command calls lives there.
+STAGE_ENTRY = {
+    "teacher": ["zgdata.teacher.prepare"],
+    "tokens": ["zgdata.tokens.tokenset"],
+    "materialize": ["zgdata.materialize.driver"],
+    "verify": ["zgdata.verify"],
+    "virtual": ["zgdata.materialize.virtual"],
+    "train": ["zgtrain.block.train"],
+    "assemble": ["zgtrain.student.assemble"],
+    "evaluate": ["zgtrain.evaluate.run"],
+    "local": ["zgtrain.local.simultaneous", "zgtrain.local.sequential"],
+    "lm_eval": ["zgtrain.evaluate.lm_eval"],
+    "repair_eval": ["zgtrain.evaluate.run"],
+    "repair": ["zgtrain.repair.train"],
+    "variant": ["zgtrain.search.variants"],
+    "search": ["zgtrain.search.solve"],
+    "search_assemble": ["zgtrain.search.assemble"],
+    "search_repair": ["zgtrain.search.repair"],
+    "export_hf": ["zgtrain.export.run", "zgtrain.export.hf"],
+    "export_gguf": ["zgtrain.export.run", "zgtrain.export.gguf"],
+}
+
+
+def reachable(es: list[Edge], start: list[str]) -> set[str]:
+    """The modules START imports, at any depth (function-level imports included), START among them."""
+    graph: dict[str, set[str]] = {}
+    for e in es:
+        graph.setdefault(e.src, set()).add(e.dst)
+    seen, todo = set(), list(start)
+    while todo:
+        v = todo.pop()
+        if v not in seen:
+            seen.add(v)
+            todo += graph.get(v, ())
+    return seen
+
+
+def test_the_code_table_names_only_code_each_stage_can_run():
+    """zgtrain/pipeline/code.py lists, per stage, the files whose edit reruns it (a checkout of zg itself). Each
+    listed module must exist and be reachable in the import graph from the stage's entry module: a module that
+    moved, or that the stage no longer runs, is named here instead of silently watching nothing."""
+    from zgtrain.pipeline.code import CODE
+
+    assert set(CODE) == set(STAGE_ENTRY), f"stages without an entry here: {sorted(set(CODE) ^ set(STAGE_ENTRY))}"
+    es = edges(REPO, PACKAGES)
+    by_file = {str(f.relative_to(REPO)): m for m, f in modules(REPO, PACKAGES).items()}
+    bad = []
+    for stage, paths in CODE.items():
+        runs = reachable(es, STAGE_ENTRY[stage])
+        for p in paths:
+            if not (REPO / p).exists():
+                bad.append(f"{stage}: {p} does not exist")
+            elif p.endswith(".py") and by_file.get(p) not in runs:
+                bad.append(f"{stage}: {p} is not imported by {', '.join(STAGE_ENTRY[stage])} at any depth")
+    if bad:
+        pytest.fail("zgtrain/pipeline/code.py names code its stages do not run:\n" + "\n".join(bad))

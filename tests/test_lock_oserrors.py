@@ -1,4 +1,4 @@
-"""Project locks and OS errors (issue "trust nothing", parts 4 and 6).
+"""Project locks and OS errors.
 
 Two `zg` runs writing the same outputs: while a `zg` process holds the lock, a second run (in the test's
 own process, through the CLI's ``main``) fails at once with one line naming the first one's pid, and the
@@ -29,9 +29,9 @@ import torch
 from conftest import BIN, assert_user_error, read_json, run, tree_sha256, zg_main
 from zgd_helpers import journal_rows
 
+from zgdata.core.lock import BUSY_EXIT_CODE, lock_path, stage_lock
 from zgdata.errors import from_os_error
 from zgdata.layout import Layout
-from zgdata.lock import BUSY_EXIT_CODE, lock_path, stage_lock
 
 # ---------------------------------------------------------------- helpers
 

@@ -1,4 +1,4 @@
-"""Every file a DVC stage reads inside the project is a declared dep of that stage (issue "complete stage deps").
+"""Every file a DVC stage reads inside the project is a declared dep of that stage.
 
 `dvc repro --pull --allow-missing` fetches exactly a stage's declared deps before running it, and DVC
 reruns a stage only when a declared dep changes; a file the command reads without declaring it is
@@ -34,7 +34,12 @@ pytestmark = pytest.mark.skipif(
     reason="strace is not installed (apt-get install strace): this test traces the files each stage's command opens",
 )
 
-IGNORED_TOP = (".git", ".dvc", ".zg", "dvc.lock")  # dvc.lock: read to check inputs against it (zgdata/trust.py)
+IGNORED_TOP = (
+    ".git",
+    ".dvc",
+    ".zg",
+    "dvc.lock",
+)  # dvc.lock: read to check inputs against it (zgdata/trust/dvc_lock.py)
 IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
 
 
@@ -64,7 +69,7 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
     for name, body in spec["stages"].items():
         if (
             "foreach" in body
-        ):  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/project/pipeline.py)
+        ):  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/pipeline/stages.py)
             assert body["foreach"] == "${blocks}" or isinstance(body["foreach"], dict), body["foreach"]
             items = params["blocks"] if body["foreach"] == "${blocks}" else body["foreach"]
             for key, item in items.items():
@@ -153,7 +158,7 @@ def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_pat
         if bad := undeclared(stage, read):
             found[name] = _group(bad, outputs)
         # record the outputs as `dvc repro` does after each stage: downstream stages check their inputs against
-        # dvc.lock (zgdata/trust.py), and these outputs are new bytes (Lance names its files afresh)
+        # dvc.lock (zgdata/trust/dvc_lock.py), and these outputs are new bytes (Lance names its files afresh)
         run(["dvc", "commit", "-f", "-q", name], cwd=root)
     return found
 
@@ -163,7 +168,7 @@ def _fail(found: dict[str, str]) -> None:
         pytest.fail(
             "stages read project files that are not their declared deps (stage -> undeclared paths):\n"
             + "\n".join(f"  {name} -> {paths}" for name, paths in found.items())
-            + "\nadd them to the stage's deps in zgtrain/project/pipeline.py dvc_yaml() and run `zg pipeline`"
+            + "\nadd them to the stage's deps in zgtrain/pipeline/stages.py dvc_yaml() (code: zgtrain/pipeline/code.py) and run `zg pipeline`"
         )
 
 

@@ -8,7 +8,7 @@
 
 A project's h00 under ``materialize.virtual_first: true`` is not stored: ``open_boundary`` of its
 path (absent) computes it from data/tokens.lance and the head slice's embedding, bit-identical to a
-stored one (``b.codec == "virtual"``; zgdata/virtual.py).
+stored one (``b.codec == "virtual"``; zgdata/materialize/virtual.py).
 
 Every read of a stored boundary checks each row's checksum (a ZgError names a damaged row). Values are the stored
 bits: bf16 boundaries come back as bf16 (``.float()`` for fp32 math). The datasets reopen the
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from zgdata.reader import BoundaryDataset
+from zgdata.store.reader import BoundaryDataset
 
 __all__ = ["open_boundary", "Boundary", "RowDataset", "TokenDataset"]
 
@@ -33,7 +33,7 @@ class Boundary:
     """One complete boundary dataset: metadata, row numbers per split, and rows as tensors."""
 
     def __init__(self, path, *, version: int | None = None):
-        from zgdata.virtual import virtual_from_params
+        from zgdata.materialize.virtual import virtual_from_params
 
         # a project's h00 under materialize.virtual_first is not on disk: it is computed from tokens + embedding
         vb = virtual_from_params(Path(path)) if not Path(path).exists() and version is None else None

@@ -59,7 +59,7 @@ def emit(result: dict, *, as_json: bool, summary: str) -> None:
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        from zgdata.progress import stderr  # Rich: imported by the commands that print with it
+        from zgdata.core.progress import stderr  # Rich: imported by the commands that print with it
 
         stderr.print(summary)
 
@@ -102,7 +102,7 @@ def data_tokenize(params: Path = params_option, as_json: bool = typer.Option(Fal
     max_heldout_seqs: seeded caps (0 = all). Streams: memory stays bounded whatever the corpus size.
     """
     from zgdata.config import CorpusConfig, load_params, section
-    from zgdata.tokens import tokenize
+    from zgdata.tokens.tokenset import tokenize
 
     r = tokenize(section(load_params(params), CorpusConfig, "corpus"))
     empty = f" ({r.empty_documents} empty documents skipped)" if r.empty_documents else ""

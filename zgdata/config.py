@@ -163,7 +163,7 @@ class TeacherConfig(Section):
         "smollm2-135m",
         "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
         "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
-        "(families: zgdata/families.py).",
+        "(families: zgdata/families/registry.py).",
     )
     dtype: str = param(
         "float32",
@@ -420,7 +420,7 @@ class MaterializeConfig(Section):
         False,
         "true: a boundary at layer 0 (h00, the embedding) is not stored; every reader "
         "recomputes it, bit-identical, from data/tokens.lance and the embedding in "
-        "models/teacher/blocks/head.safetensors (zgdata/virtual.py), and train@b00 "
+        "models/teacher/blocks/head.safetensors (zgdata/materialize/virtual.py), and train@b00 "
         "depends on those instead of data/boundaries/h00.lance.",
     )
 
@@ -485,7 +485,7 @@ def load_params(path: Path) -> dict:
 
 
 class ProjectKind(enum.Enum):
-    """What a project trains: the two kinds of params.yaml (and of dvc.yaml, see zgtrain/project/pipeline.py)."""
+    """What a project trains: the two kinds of params.yaml (and of dvc.yaml, see zgtrain/pipeline/stages.py)."""
 
     CONVERT = "convert"
     """Convert or distil a teacher block by block from its materialized boundaries (``blocks:``, ``variants:``)."""

@@ -10,9 +10,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from zgdata.codec import codec_of, value_info
 from zgdata.errors import ZgError
-from zgdata.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
+from zgdata.store.codec import codec_of, value_info
+from zgdata.store.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
 
 __all__ = ["collect", "describe_dataset", "provenance", "render"]
 
@@ -107,7 +107,7 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
 
 
 def describe_virtual(vb) -> dict:
-    """A virtual boundary (materialize.virtual_first, zgdata/virtual.py): nothing stored, computed on read."""
+    """A virtual boundary (materialize.virtual_first, zgdata/materialize/virtual.py): nothing stored, computed on read."""
     return {
         "codec": "virtual",
         "path": str(vb.path),
@@ -137,7 +137,7 @@ def describe_virtual(vb) -> dict:
 
 
 def collect(paths: list[Path], *, version: int | None = None) -> list[dict]:
-    from zgdata.virtual import virtual_from_params
+    from zgdata.materialize.virtual import virtual_from_params
 
     out = []
     for p in paths:

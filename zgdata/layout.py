@@ -243,7 +243,7 @@ class Layout:
 
     @property
     def locks_dir(self) -> Path:
-        """One advisory lock file per writer (zgdata/lock.py)."""
+        """One advisory lock file per writer (zgdata/core/lock.py)."""
         return self.state_dir / "locks"
 
     @property
@@ -253,7 +253,7 @@ class Layout:
 
     @property
     def trust_cache(self) -> Path:
-        """md5s of DVC-tracked files checked against dvc.lock, keyed by inode, size, mtime and ctime (zgdata/trust.py)."""
+        """md5s of DVC-tracked files checked against dvc.lock, keyed by inode, size, mtime and ctime (zgdata/trust/dvc_lock.py)."""
         return self.state_dir / "trust.json"
 
     @property

@@ -15,11 +15,11 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from zgdata.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
 from zgdata.config import MaterializeConfig, PartitionConfig
+from zgdata.core.hashing import fingerprint
 from zgdata.errors import ZgError
-from zgdata.families import family
-from zgdata.hashing import fingerprint
+from zgdata.families.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
+from zgdata.families.registry import family
 from zgdata.layout import Layout
 
 __all__ = [

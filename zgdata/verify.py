@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.atomic import write_json
-from zgdata.capture import capture
 from zgdata.config import PartitionConfig, VerifyConfig
+from zgdata.core.atomic import write_json
 from zgdata.errors import ZgError
-from zgdata.integrity import recover_fix, scan_checksums
+from zgdata.families.capture import capture
 from zgdata.layout import Layout
 from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
-from zgdata.reader import BoundaryDataset
+from zgdata.store.integrity import recover_fix, scan_checksums
+from zgdata.store.reader import BoundaryDataset
 
 __all__ = ["verify"]
 
@@ -106,7 +106,7 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
 def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int], dict]:
     from zgdata.lineage import read_tokens_json
     from zgdata.teacher.prepare import load_teacher_checked, read_teacher_json
-    from zgdata.tokens import open_tokens, read_tokens
+    from zgdata.tokens.tokenset import open_tokens, read_tokens
 
     lin = sets[0].meta["lineage"]
     teacher, tokens = read_teacher_json(layout), read_tokens_json(layout)
@@ -167,7 +167,7 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
 
 def _virtual(layout: Layout, partition, mcfg, lineage_only: bool) -> tuple[list, list[str]]:
     """(virtual boundaries, the names of those that cannot be computed here) under materialize.virtual_first."""
-    from zgdata.virtual import VirtualBoundary, is_virtual
+    from zgdata.materialize.virtual import VirtualBoundary, is_virtual
 
     names = [n for n in partition.names if is_virtual(n, partition, mcfg)] if partition and mcfg else []
     if lineage_only and not (layout.tokens.exists() and layout.teacher_head.exists()):
@@ -176,10 +176,10 @@ def _virtual(layout: Layout, partition, mcfg, lineage_only: bool) -> tuple[list,
 
 
 def _trust_failures(full: bool) -> tuple[list[dict], dict | None]:
-    """With ``full``: every output dvc.lock (git) records, present here, against its md5 (zgdata/trust.py)."""
+    """With ``full``: every output dvc.lock (git) records, present here, against its md5 (zgdata/trust/dvc_lock.py)."""
     if not full:
         return [], None
-    from zgdata import trust
+    from zgdata.trust import dvc_lock as trust
 
     try:
         c = trust.verify_all(Path("."))
@@ -202,7 +202,7 @@ def verify(
     """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
     depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
     block's pair runs that mode on a subset. ``mcfg`` (materialize): with virtual_first, h00 is computed from
-    the tokens and the head slice (zgdata/virtual.py); its lineage and alignment are checked and the sample is
+    the tokens and the head slice (zgdata/materialize/virtual.py); its lineage and alignment are checked and the sample is
     recomputed with the teacher like a stored boundary's (it has no checksums: nothing is stored). ``full``: first
     check every output dvc.lock records against its md5 (the counts go to the report's ``trust``)."""
     trust_failures, trusted = _trust_failures(full)

@@ -47,8 +47,8 @@ def init(
     ),
 ):
     """Scaffold a conversion project in DIRECTORY (git, dvc init, params.yaml, dvc.yaml). Then: cd DIRECTORY && dvc repro."""
-    from zgdata.progress import stderr
-    from zgtrain.project.pipeline import init_project
+    from zgdata.core.progress import stderr
+    from zgtrain.pipeline.scaffold import init_project
 
     root = init_project(directory, profile)
     stderr.print(f"project ready in {root} (profile {profile}); next: cd {root} && dvc repro")
@@ -57,8 +57,8 @@ def init(
 @app.command("pipeline")
 def pipeline(params: Path = params_option):
     """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
-    from zgdata.progress import stderr
-    from zgtrain.project.pipeline import regenerate
+    from zgdata.core.progress import stderr
+    from zgtrain.pipeline.scaffold import regenerate
 
     path, project = regenerate(params)
     stderr.print(f"wrote {path} with blocks {', '.join(b.key for b in project.partition.blocks())}")
@@ -280,7 +280,7 @@ def search_repair(
 @search_app.command("show")
 def search_show(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
     """List each (block, variant): trained and scored or not, stale or not (`dvc status`), its scores."""
-    from zgdata.progress import stderr
+    from zgdata.core.progress import stderr
     from zgtrain.project.config import ProjectConfig
     from zgtrain.search.variants import show
 

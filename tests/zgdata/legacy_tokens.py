@@ -1,4 +1,4 @@
-"""The in-memory tokenization from before streaming (zgdata/tokens.py at 60c348e), kept as a test oracle.
+"""The in-memory tokenization from before streaming (zgdata/tokens/tokenset.py at 60c348e), kept as a test oracle.
 
 Streaming must give exactly what this gave for text corpora: the same documents in the
 same order, corpus_digest, fingerprint, rows, row names and token ids. Copied, trimmed to
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.hashing import fingerprint, sha256_bytes
+from zgdata.core.hashing import fingerprint, sha256_bytes
 
 SUFFIXES = (".txt", ".md")
 

@@ -1,4 +1,4 @@
-"""Corpus sources, held-out splits, streaming packing and bad input (zgdata/corpus.py, packing.py, tokens.py).
+"""Corpus sources, held-out splits, streaming packing and bad input (zgdata/tokens/corpus.py, packing.py, tokens.py).
 
 Tiny corpora written by the tests, tokenized with the tiny byte-level teacher of the shared
 session project (its models/ is linked, never written). The same documents stored as text
@@ -28,8 +28,8 @@ from zgd_helpers import read_json, tree_sha256
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.packing import EosPacker, RowSpill
-from zgdata.tokens import corpus_digest, documents, tokenize
+from zgdata.tokens.packing import EosPacker, RowSpill
+from zgdata.tokens.tokenset import corpus_digest, documents, tokenize
 from zgtrain.cli import main
 
 WORDS = "river mill budget library station rain lantern bread music square café naïve über".split()

@@ -1,4 +1,4 @@
-"""zgdata/decoded_cache.py: each row decoded once, rows back in the caller's order, bounded by its budget (pure, fast)."""
+"""zgdata/store/decoded_cache.py: each row decoded once, rows back in the caller's order, bounded by its budget (pure, fast)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from zgdata import decoded_cache as module
-from zgdata.decoded_cache import decoded_cache
+from zgdata.store import decoded_cache as module
+from zgdata.store.decoded_cache import decoded_cache
 
 ROWS = np.arange(40 * 6, dtype=np.uint16).reshape(40, 6)
 

@@ -1,4 +1,4 @@
-"""The fast batch encoder (zgdata/encode.py) gives exactly ``tok(text, add_special_tokens=False)``'s ids.
+"""The fast batch encoder (zgdata/tokens/encode.py) gives exactly ``tok(text, add_special_tokens=False)``'s ids.
 
 Real BPE tokenizers with merges are trained here in a fraction of a second (no hub): a
 GPT-2 style byte-level one and a SentencePiece style one with a normalizer, both with
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from zgdata.config import CorpusConfig
-from zgdata.encode import batch_encoder, pipelined, plain_backend, reference_encoder
 from zgdata.teacher.tokenizer import byte_level_tokenizer
+from zgdata.tokens.encode import batch_encoder, pipelined, plain_backend, reference_encoder
 
 SPECIALS = ["<|endoftext|>", "<|im_end|>", "<pad>"]
 TRAIN = [
@@ -157,7 +157,7 @@ def test_tokenize_fast_path_equals_the_reference_path(tiny_built, tmp_path, monk
     the pipeline give the bits the plain transformers call gives, tokens.json byte for byte."""
     import lance
 
-    import zgdata.tokens as tokens
+    import zgdata.tokens.tokenset as tokens
     from zgdata.layout import Layout
 
     rng = np.random.default_rng(0)
@@ -197,7 +197,7 @@ def _plays(n: int = 8) -> str:
 
 @pytest.mark.parametrize("make", [_byte_level, _project_byte_level])
 def test_a_long_document_encoded_in_pieces_gives_the_whole_documents_ids(tmp_path, make):
-    from zgdata.encode import pieces, splittable
+    from zgdata.tokens.encode import pieces, splittable
 
     tok = make(tmp_path / "tok")
     assert splittable(plain_backend(tok))
@@ -217,6 +217,6 @@ def test_a_long_document_encoded_in_pieces_gives_the_whole_documents_ids(tmp_pat
 
 
 def test_a_tokenizer_whose_pre_tokens_could_span_a_cut_is_not_split(tmp_path):
-    from zgdata.encode import splittable
+    from zgdata.tokens.encode import splittable
 
     assert not splittable(plain_backend(_metaspace(tmp_path / "m")))  # a normalizer, and '▁' joins a word's space

@@ -15,11 +15,11 @@ from conftest import zg_main
 from zgd_helpers import overwrite_table, read_json, set_schema_meta
 
 from zgdata.errors import ZgError
-from zgdata.integrity import checksum_array
-from zgdata.lance_io import dir_bytes
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint
-from zgdata.reader import BoundaryDataset, BoundaryPair
+from zgdata.store.integrity import checksum_array
+from zgdata.store.lance_io import dir_bytes
+from zgdata.store.reader import BoundaryDataset, BoundaryPair
 
 
 def test_inspect_boundaries_json(tiny_project):

@@ -21,7 +21,7 @@ from zgd_helpers import assert_user_error, boundary_bits, read_json, tree_sha256
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.reader import BoundaryDataset, BoundaryPair
+from zgdata.store.reader import BoundaryDataset, BoundaryPair
 
 # A train row among the first 16 (train.importance_rows: the trainer reads them before its first step)
 # that verify's seeded sample of 4 does not include (each test asserts the latter from the report).

@@ -1,4 +1,4 @@
-"""Long documents are read, tokenized and packed in pieces (zgdata/corpus.py Stream, tokens.py _pieces,
+"""Long documents are read, tokenized and packed in pieces (zgdata/tokens/corpus.py Stream, tokens.py _pieces,
 packing.py add(first=, last=)), and the token set is exactly the one the whole-text path gives.
 
 Memory claims live in bench/tokenize_corpus.py (bench/out/tokenize_single_doc.txt); here only equality.
@@ -18,13 +18,13 @@ import pytest
 from test_corpus import _project, _table
 from zgd_helpers import read_json
 
-import zgdata.corpus as corpus
+import zgdata.tokens.corpus as corpus
 from zgdata.config import CorpusConfig
-from zgdata.corpus import Source, read
-from zgdata.encode import pieces
 from zgdata.errors import ZgError
-from zgdata.packing import EosPacker, PadPacker, RowSpill
-from zgdata.tokens import _pieces, tokenize
+from zgdata.tokens.corpus import Source, read
+from zgdata.tokens.encode import pieces
+from zgdata.tokens.packing import EosPacker, PadPacker, RowSpill
+from zgdata.tokens.tokenset import _pieces, tokenize
 
 PLAYS = (
     "ROMEO. But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\r\n"

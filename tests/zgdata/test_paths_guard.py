@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_user_error, tree_sha256, zg_main
 
-from zgdata.atomic import atomic_path, replace_path, write_json, write_text
+from zgdata.core.atomic import atomic_path, replace_path, write_json, write_text
+from zgdata.core.paths_guard import inside, output, project_root
 from zgdata.errors import ZgError
-from zgdata.paths_guard import inside, output, project_root
 
 
 def test_inside_resolves_symlinks_and_dotdot(tmp_path):
@@ -50,13 +50,13 @@ def test_a_checkpoint_name_that_leaves_the_block_folder_is_refused_before_any_we
     from zgtrain.fit import checkpoint
 
     loaded = []
-    monkeypatch.setattr(checkpoint, "_load_tensors", lambda path, key: loaded.append(path))
+    monkeypatch.setattr(checkpoint, "load_tensors", lambda path, key: loaded.append(path))
     res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, "the checkpoint meta.json names,", "outside", "--restart")
     assert loaded == []
 
 
-# --- every output: zgdata/atomic.py and the stage locks check where a write lands --------------------------
+# --- every output: zgdata/core/atomic.py and the stage locks check where a write lands --------------------------
 
 
 def _project(tmp_path):
@@ -135,7 +135,7 @@ def test_a_reports_folder_symlinked_outside_is_refused_and_nothing_is_written_th
     outside.mkdir()
     shutil.rmtree(tiny_project / "reports", ignore_errors=True)
     (tiny_project / "reports").symlink_to(outside)
-    res = zg_main("data", "verify", cwd=tiny_project, check=False)  # no lock: zgdata/atomic.py's check
+    res = zg_main("data", "verify", cwd=tiny_project, check=False)  # no lock: zgdata/core/atomic.py's check
     assert_user_error(res, "output reports/verify.json resolves to", "outside")
     assert list(outside.iterdir()) == []
 

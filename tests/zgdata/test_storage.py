@@ -18,14 +18,14 @@ from conftest import zg_main
 from zgd_helpers import boundary_bits, edit_params, kill_9_when, overwrite_table
 
 from zgdata.boundaries import open_boundary
-from zgdata.codec import FORMAT_OF
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
 from zgdata.errors import ZgError
 from zgdata.inspect import collect
-from zgdata.lance_io import dir_bytes, schema_meta
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
-from zgdata.reader import BoundaryDataset, BoundaryPair
+from zgdata.store.codec import FORMAT_OF
+from zgdata.store.lance_io import dir_bytes, schema_meta
+from zgdata.store.reader import BoundaryDataset, BoundaryPair
 from zgdata.verify import verify
 
 NAMES = ["h00", "h02", "h04"]

@@ -1,4 +1,4 @@
-"""zgdata.timing: spans record into active collectors only, across threads; the product code's spans count right."""
+"""zgdata.core.timing: spans record into active collectors only, across threads; the product code's spans count right."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import lance
 import pytest
 import yaml
 
-from zgdata import timing
 from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.core import timing
+from zgdata.core.timing import collect, span
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
-from zgdata.reader import BoundaryDataset, BoundaryPair
-from zgdata.timing import collect, span
+from zgdata.store.reader import BoundaryDataset, BoundaryPair
 
 
 def test_span_without_collector_records_nothing():

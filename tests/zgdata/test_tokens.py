@@ -14,7 +14,7 @@ from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig, section
 from zgdata.layout import Layout
 from zgdata.teacher.prepare import prepare
-from zgdata.tokens import corpus_digest, documents, read_tokens, tokenize, tokens_meta
+from zgdata.tokens.tokenset import corpus_digest, documents, read_tokens, tokenize, tokens_meta
 
 TEXTS = {
     "alpha": "The river ran quietly past the old mill, where nobody had worked for many years. " * 6,

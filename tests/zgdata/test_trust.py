@@ -18,9 +18,9 @@ import lance
 import pytest
 from conftest import assert_user_error, run, tree_sha256, zg_main
 
-from zgdata import trust
 from zgdata.errors import ZgError
-from zgdata.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
+from zgdata.store.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
+from zgdata.trust import dvc_lock as trust
 
 
 def _md5(path: Path) -> str:

@@ -19,10 +19,10 @@ from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.inspect import collect
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
-from zgdata.reader import BoundaryDataset
-from zgdata.virtual import VirtualBoundary
+from zgdata.materialize.virtual import VirtualBoundary
+from zgdata.store.reader import BoundaryDataset
+from zgtrain.pipeline.stages import write_pipeline
 from zgtrain.project.config import ProjectConfig
-from zgtrain.project.pipeline import write_pipeline
 
 
 def _virtual(root) -> VirtualBoundary:
@@ -96,7 +96,8 @@ def test_virtual_h00_without_the_head_slice_is_a_user_error(tiny_project):
 @pytest.mark.parametrize("profile", ["tiny", "smollm2"])
 def test_virtual_first_changes_only_h00_stages(profile):
     """Off in the tiny profile (and the key's default); on in the default conversion (smollm2)."""
-    from zgtrain.project.pipeline import dvc_yaml, profile_params
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dvc_yaml
 
     params = profile_params(profile)
     assert params["materialize"]["virtual_first"] is (profile == "smollm2")
@@ -113,14 +114,18 @@ def test_virtual_first_changes_only_h00_stages(profile):
     items = on["train"]["foreach"]
     assert (items["b00"]["src"], items["b00"]["aux"]) == ("data/tokens.lance", "models/teacher/blocks/head.safetensors")
     assert items["b01"]["src"] == items["b01"]["aux"] == f"data/boundaries/{items['b01']['in']}.lance"
-    assert "zgdata/virtual.py" in on["train"]["do"]["deps"] and "zgdata/virtual.py" not in off["train"]["do"]["deps"]
+    assert (
+        "zgdata/materialize/virtual.py" in on["train"]["do"]["deps"]
+        and "zgdata/materialize/virtual.py" not in off["train"]["do"]["deps"]
+    )
 
 
 def test_remote_workers_pull_what_train_at_b00_declares():
     """zg repro --data remote: a worker pulls exactly the stage's data deps (zgtrain/exec/scratch.py)."""
     from zgtrain.exec.scratch import _inputs
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dvc_yaml
     from zgtrain.project.config import ProjectConfig
-    from zgtrain.project.pipeline import dvc_yaml, profile_params
 
     params = profile_params("tiny")
     params["materialize"]["virtual_first"] = True

@@ -17,7 +17,7 @@ import yaml
 from conftest import BIN, read_json, tree_sha256  # noqa: F401 (re-exported)
 from conftest import assert_user_error as _assert_user_error
 
-from zgdata.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
+from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
 __all__ = [
     "edit_params",

@@ -20,7 +20,7 @@ from conftest import zg_main
 from safetensors import safe_open
 from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
 
-from zgdata.families import FAMILIES, family, family_of
+from zgdata.families.registry import FAMILIES, family, family_of
 from zgdata.layout import Layout
 
 SOURCES = {
@@ -47,7 +47,7 @@ def built(request, tmp_path_factory):
 
 
 def _heldout_ids(layout: Layout, n: int = 4) -> torch.Tensor:
-    from zgdata.tokens import read_tokens
+    from zgdata.tokens.tokenset import read_tokens
 
     splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
     ids, _ = read_tokens(layout, [i for i, s in enumerate(splits) if s == "heldout"][:n])
@@ -64,9 +64,9 @@ def _train_all(root, updates: dict, keys=("b00", "b01")) -> dict:
 def test_teacher_slices_and_boundaries_follow_the_family(built):
     """Slices hold `layers.{i}.*` and the family's head parts; boundary k is hidden_states[k], the last one
     the final norm's input (bit for bit); the head slice embeds to boundary 0 as evaluate's shift does."""
-    from zgdata.reader import BoundaryDataset
+    from zgdata.store.reader import BoundaryDataset
     from zgdata.teacher.prepare import load_slice, load_teacher
-    from zgdata.tokens import read_tokens
+    from zgdata.tokens.tokenset import read_tokens
 
     name, root = built
     layout = Layout(root)
@@ -150,7 +150,7 @@ def pruned(built, tmp_path_factory):
 def test_prune_mlp_trains_assembles_loads_and_generates(pruned):
     from transformers import AutoModelForCausalLM
 
-    from zgtrain.fit.checkpoint import load_block
+    from zgtrain.block.load import load_block
 
     name, root = pruned
     layout = Layout(root)
@@ -188,7 +188,7 @@ def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_pat
 
 
 def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):
-    from zgtrain.fit.checkpoint import load_block
+    from zgtrain.block.load import load_block
     from zgtrain.student.assemble import assemble
     from zgtrain.student.load import load_student, modeling_file, template_sha256
 
@@ -296,7 +296,8 @@ def _save_model_dir(path, config) -> None:
 def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
     from transformers import GPTNeoXConfig, Qwen2Config
 
-    from zgtrain.project.pipeline import dump_params, profile_params
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dump_params
 
     teacher = tmp_path / "teacher"
     if case == "gpt_neox":  # a decoder-only family transformers has and zg does not
@@ -306,7 +307,7 @@ def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
                 vocab_size=257, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64
             ),
         )
-        needles = ("'gpt_neox' is not supported", ", ".join(sorted(FAMILIES)), "zgdata/families.py")
+        needles = ("'gpt_neox' is not supported", ", ".join(sorted(FAMILIES)), "zgdata/families/registry.py")
     else:
         _save_model_dir(
             teacher,
@@ -341,7 +342,7 @@ def test_unsupported_family_is_refused_at_teacher_prepare(tmp_path, case):
         ("OlmoeConfig", ("'olmoe' is a mixture-of-experts decoder",)),
         ("JambaConfig", ("'jamba' is a hybrid attention + state-space decoder", "recurrent state")),
         ("FalconH1Config", ("'falcon_h1' is a hybrid attention + state-space decoder",)),
-        ("T5Config", ("'t5' is an encoder-decoder", "zgdata/capture.py")),
+        ("T5Config", ("'t5' is an encoder-decoder", "zgdata/families/capture.py")),
     ],
 )
 def test_unsupported_kinds_are_refused_with_what_and_where(tmp_path, config_class, needles):
@@ -349,7 +350,8 @@ def test_unsupported_kinds_are_refused_with_what_and_where(tmp_path, config_clas
     one line naming what the model is and where support would go."""
     import transformers
 
-    from zgtrain.project.pipeline import dump_params, profile_params
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dump_params
 
     teacher = tmp_path / "teacher"
     getattr(transformers, config_class)().save_pretrained(teacher)  # config.json only: refused before weights
@@ -368,7 +370,7 @@ def test_a_sequence_beyond_the_sliding_window_gets_the_models_own_mask(name):
     path; here it is pinned down on 24 tokens: capture and an identity student block give the model's own
     hidden states bit for bit, and a layer run without the window's mask would not (position 16 would see
     position 0)."""
-    from zgdata.capture import capture
+    from zgdata.families.capture import capture
     from zgdata.teacher.prepare import _tiny_teacher
     from zgtrain.block.conversions import convert
     from zgtrain.project.config import TrainConfig
@@ -404,7 +406,8 @@ def test_an_unknown_variant_of_a_known_family_is_refused(tmp_path):
 
     from zgdata.errors import ZgError
     from zgdata.teacher.prepare import _tiny_teacher
-    from zgtrain.project.pipeline import dump_params, profile_params
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dump_params
 
     model, _ = _tiny_teacher("mistral")
     family_of(model.config).check_model(model)  # the stock model passes

@@ -41,7 +41,7 @@ def tiny_family_teacher(name: str):
 
 def teacher_layers(model, name: str, layers) -> dict:
     """What a conversion starts from: the teacher tensors of ``layers``, keyed ``layers.{i}.*`` as the slices are."""
-    from zgdata.families import family
+    from zgdata.families.registry import family
 
     per_layer, _ = family(name).split_state(model.state_dict())
     return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
@@ -66,7 +66,7 @@ def b00_converted(tiny_built: Path, dst: Path, conversion: str, steps: int) -> P
 def b00_weights(root: Path) -> dict:
     """Block b00's trainable tensors as its last checkpoint holds them."""
     from zgdata.layout import Layout
-    from zgtrain.fit.checkpoint import load_block
+    from zgtrain.block.load import load_block
 
     block, _ = load_block(Layout(root), "b00")
     return block.weights()

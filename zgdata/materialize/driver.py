@@ -20,20 +20,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zgdata.codec import FORMAT_OF, codec_meta, codec_of
 from zgdata.config import MaterializeConfig, PartitionConfig
+from zgdata.core.hashing import sha256_bytes
+from zgdata.core.lock import locked, remove_dead_staging
+from zgdata.core.progress import progress
+from zgdata.core.timing import span
 from zgdata.errors import ZgError
-from zgdata.hashing import sha256_bytes
-from zgdata.lance_io import open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_tokens_json, software_versions
-from zgdata.lock import locked, remove_dead_staging
 from zgdata.materialize.staging import Journal, boundary_schema, finalize, reconcile, remove_orphans
+from zgdata.materialize.virtual import stored
 from zgdata.materialize.writer import run_local
-from zgdata.progress import progress
+from zgdata.store.codec import FORMAT_OF, codec_meta, codec_of
+from zgdata.store.lance_io import open_dataset, schema_meta
 from zgdata.teacher.prepare import read_teacher_json
-from zgdata.timing import span
-from zgdata.virtual import stored
 
 __all__ = ["materialize", "MaterializeResult", "estimate_bytes", "JOURNAL_VERSION"]
 
@@ -117,7 +117,7 @@ def materialize(
     partition.check_depth(arch["num_layers"])
     names, layers = stored(
         partition, cfg
-    )  # materialize.virtual_first: h00 is recomputed by its readers (zgdata/virtual.py)
+    )  # materialize.virtual_first: h00 is recomputed by its readers (zgdata/materialize/virtual.py)
     lineages = {n: boundary_lineage(teacher, tmeta, layer, cfg) for n, layer in zip(names, layers)}
     fps = {n: boundary_fingerprint(lin) for n, lin in lineages.items()}
     rows_by_split = tmeta["rows"]

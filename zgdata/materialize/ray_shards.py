@@ -1,6 +1,6 @@
 """Ray at the edge of materialize: run shard tasks, hand their results back in row order.
 
-With zgdata/ray_cluster.py (the cluster: connect, retries, object store) and zgtrain/exec/ray_tasks.py, one of
+With zgdata/core/ray_cluster.py (the cluster: connect, retries, object store) and zgtrain/exec/ray_tasks.py, one of
 the three modules of zg that import ``ray``; imported only when ``materialize.workers`` > 1 needs it.
 The task itself is the plain function ``zgdata.materialize.shard_task.run_shard`` (JSON text in and out).
 
@@ -19,10 +19,10 @@ import contextlib
 import json
 from collections.abc import Iterator
 
-from zgdata import ray_cluster
+from zgdata.core import ray_cluster
+from zgdata.core.ray_cluster import MAX_RETRIES, first_line
 from zgdata.errors import ZgError
 from zgdata.materialize.shard_task import run_shard
-from zgdata.ray_cluster import MAX_RETRIES, first_line
 
 __all__ = ["cluster", "run_ordered", "MAX_RETRIES"]
 

@@ -25,14 +25,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.capture import capture
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
-from zgdata.codec import CODECS, hidden_arrays
 from zgdata.errors import ZgError, from_os_error
-from zgdata.integrity import checksum_array
+from zgdata.families.capture import capture
 from zgdata.layout import Layout
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.staging import Streams, boundary_schema
+from zgdata.store.codec import CODECS, hidden_arrays
+from zgdata.store.integrity import checksum_array
 
 __all__ = ["run_shard", "VERSIONS"]
 
@@ -62,7 +62,7 @@ def run_shard(spec_json: str) -> str:
 
 
 def _teacher(layout: Layout, dtype: str, sha: str):
-    from zgdata.runtime import device
+    from zgdata.core.runtime import device
     from zgdata.teacher.prepare import load_teacher
 
     key = (str(layout.teacher_hf.resolve()), dtype, sha, str(device()))
@@ -101,8 +101,8 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
 
 
 def _run(spec: dict) -> dict:
-    from zgdata.runtime import set_threads
-    from zgdata.tokens import open_tokens, read_tokens
+    from zgdata.core.runtime import set_threads
+    from zgdata.tokens.tokenset import open_tokens, read_tokens
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     set_threads(spec["threads"])
@@ -154,7 +154,7 @@ def _run(spec: dict) -> dict:
 
 
 def _test_hooks(spec: dict) -> None:
-    """Test hooks from the spec: the driver reads ZG_TEST_SHARD_LOG / ZG_FAILPOINT_SLEEP_IN_SHARD (zgdata/failpoints.py).
+    """Test hooks from the spec: the driver reads ZG_TEST_SHARD_LOG / ZG_FAILPOINT_SLEEP_IN_SHARD (zgdata/core/failpoints.py).
 
     They travel in the spec because a joined cluster's workers do not inherit the driver's environment.
 

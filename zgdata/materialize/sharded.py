@@ -20,12 +20,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from zgdata import failpoints
+from zgdata.core import failpoints
+from zgdata.core.runtime import device
+from zgdata.core.timing import span
 from zgdata.materialize import ray_shards as shards
 from zgdata.materialize.shard_task import VERSIONS
 from zgdata.materialize.staging import commit
-from zgdata.runtime import device
-from zgdata.timing import span
 
 __all__ = ["run_sharded", "plan"]
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from zgdata import failpoints
-from zgdata.atomic import replace_path, write_text
-from zgdata.codec import hidden_fields
-from zgdata.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN
-from zgdata.lance_io import encode_meta
+from zgdata.core import failpoints
+from zgdata.core.atomic import replace_path, write_text
+from zgdata.core.timing import span
 from zgdata.materialize import stats as boundary_stats
-from zgdata.timing import span
+from zgdata.store.codec import hidden_fields
+from zgdata.store.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN
+from zgdata.store.lance_io import encode_meta
 
 __all__ = ["boundary_schema", "Journal", "reconcile", "Streams", "commit", "remove_orphans", "finalize"]
 

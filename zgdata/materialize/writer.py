@@ -15,14 +15,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.capture import capture
-from zgdata.codec import hidden_arrays
-from zgdata.integrity import checksum_array
+from zgdata.core.timing import span
+from zgdata.families.capture import capture
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.staging import Streams, boundary_schema, commit
+from zgdata.store.codec import hidden_arrays
+from zgdata.store.integrity import checksum_array
 from zgdata.teacher.prepare import load_teacher
-from zgdata.timing import span
-from zgdata.tokens import open_tokens, read_tokens
+from zgdata.tokens.tokenset import open_tokens, read_tokens
 
 __all__ = ["Writer", "run_local"]
 

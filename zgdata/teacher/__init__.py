@@ -1,0 +1,1 @@
+"""The teacher: prepared from a GGUF, a model directory or ``random:tiny*``, its digests, slices and tokenizer."""

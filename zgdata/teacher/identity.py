@@ -19,10 +19,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from zgdata.core.hashing import file_sha256
+from zgdata.core.paths_guard import inside
 from zgdata.errors import ZgError
-from zgdata.hashing import file_sha256
 from zgdata.layout import Layout
-from zgdata.paths_guard import inside
 
 __all__ = ["FilesCheck", "record_files", "check_files", "cache_path", "RESTORE"]
 

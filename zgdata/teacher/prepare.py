@@ -11,10 +11,10 @@
 The teacher is loaded once: a model directory (sharded or not) straight in ``teacher.dtype``
 (``auto``: its stored dtype), and the slices are cut from that one model in memory. Every
 teacher forward later computes in ``materialize.compute_dtype``; capture's users load with
-``per_layer=True``, so a narrower teacher stays narrow and is widened a layer at a time (zgdata.widen).
+``per_layer=True``, so a narrower teacher stays narrow and is widened a layer at a time (zgdata.families.widen).
 
 Which modules are layers, head parts and MLP channels is the family adapter's business
-(zgdata/families.py); an unsupported family stops here, before anything is written.
+(zgdata/families/registry.py); an unsupported family stops here, before anything is written.
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ from pathlib import Path
 
 import torch
 
-from zgdata import trust
-from zgdata.atomic import atomic_path, write_json
 from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
+from zgdata.core.atomic import atomic_path, write_json
+from zgdata.core.hashing import canonical_json, sha256_bytes, tensors_sha256
+from zgdata.core.lock import locked
 from zgdata.errors import ZgError
-from zgdata.families import FAMILIES, family, family_of
-from zgdata.hashing import canonical_json, sha256_bytes, tensors_sha256
+from zgdata.families.registry import FAMILIES, family, family_of
+from zgdata.families.widen import COMPUTE_ATTR
 from zgdata.layout import Layout
-from zgdata.lock import locked
-from zgdata.safetensors_check import check_header
 from zgdata.teacher.identity import RESTORE, FilesCheck, check_files, record_files
 from zgdata.teacher.source import load_dir
 from zgdata.teacher.tokenizer import byte_level_tokenizer, tokenizer_sha256
-from zgdata.widen import COMPUTE_ATTR
+from zgdata.trust import dvc_lock as trust
+from zgdata.trust.safetensors_check import check_header
 
 __all__ = [
     "prepare",
@@ -364,12 +364,12 @@ def load_teacher_checked(
 ):
     """(model, tokenizer or None, what the identity check did). ``rehash``: ignore the digest cache and also check the
     loaded tensors against weights_sha256 (when loaded in the prepared dtype) - for `zg data verify`.
-    ``per_layer``: a teacher stored narrower than ``dtype`` stays in its stored dtype, and zgdata.capture (or, for a
-    whole forward, ``zgdata.widen.running_widened``) widens one layer at a time; same bits, no whole-model copy in
+    ``per_layer``: a teacher stored narrower than ``dtype`` stays in its stored dtype, and zgdata.families.capture (or, for a
+    whole forward, ``zgdata.families.widen.running_widened``) widens one layer at a time; same bits, no whole-model copy in
     ``dtype``. Run such a model only through one of those two."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from zgdata.runtime import device
+    from zgdata.core.runtime import device
 
     teacher, check = _checked_dir(layout, rehash=rehash)
     load = dtype
@@ -401,7 +401,7 @@ def load_teacher(
     layout: Layout = Layout(), *, dtype: str = "float32", with_tokenizer: bool = True, per_layer: bool = False
 ):
     """The prepared teacher as a transformers model in eval mode (sdpa attention), and its tokenizer.
-    ``per_layer``: see load_teacher_checked (then run it only through zgdata.capture or running_widened).
+    ``per_layer``: see load_teacher_checked (then run it only through zgdata.families.capture or running_widened).
 
     Refuses (ZgError) unless models/teacher/hf holds exactly the files teacher.json records."""
     model, tok, _ = load_teacher_checked(layout, dtype=dtype, with_tokenizer=with_tokenizer, per_layer=per_layer)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from zgdata.errors import ZgError
-from zgdata.families import family
+from zgdata.families.registry import family
 
 __all__ = ["INDEX", "SINGLE", "weight_files", "source_files", "load_dir"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from zgdata.hashing import canonical_json, sha256_bytes
+from zgdata.core.hashing import canonical_json, sha256_bytes
 
 __all__ = ["tokenizer_sha256", "byte_level_tokenizer"]
 

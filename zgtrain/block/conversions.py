@@ -4,7 +4,7 @@ Each conversion takes the block's teacher tensors (keys ``layers.{teacher_idx}.*
 the teacher config, the train config, a deterministic sample of the block's input
 boundary (for data-driven choices) and the block's generator, and returns a StudentBlock.
 Family differences (MLP width, where the channels are, which tensors are norms) come
-from the teacher's adapter in zgdata/families.py.
+from the teacher's adapter in zgdata/families/registry.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from zgdata.errors import ZgError
-from zgdata.families import family_of
+from zgdata.families.registry import family_of
 from zgtrain.block.attention import (
     attention_io,
     check_attn_linear,
@@ -25,7 +25,7 @@ from zgtrain.block.attention import (
     resolve_kv_heads,
 )
 from zgtrain.block.model import StudentBlock
-from zgtrain.block.names import CONVERSIONS  # the registry; params validation reads its names without torch
+from zgtrain.project.names import CONVERSIONS  # the registry; params validation reads its names without torch
 
 __all__ = ["CONVERSIONS", "register", "convert"]
 
@@ -33,7 +33,7 @@ Conversion = Callable[..., StudentBlock]
 
 
 def register(name: str):
-    """Make ``fn`` the conversion ``name`` (a built-in declared in zgtrain/block/names.py, or a new one)."""
+    """Make ``fn`` the conversion ``name`` (a built-in declared in zgtrain/project/names.py, or a new one)."""
 
     def deco(fn: Conversion) -> Conversion:
         CONVERSIONS[name] = fn
@@ -194,7 +194,7 @@ def _load_partial(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]])
 
 
 _unbuilt = [name for name, fn in CONVERSIONS.items() if fn is None]
-if _unbuilt:  # a name declared in zgtrain/block/names.py needs its function here
+if _unbuilt:  # a name declared in zgtrain/project/names.py needs its function here
     raise ImportError(f"conversions declared without a registered function: {', '.join(_unbuilt)}")
 
 

@@ -45,7 +45,7 @@ def kv_bytes_per_token(
 
 def _config(config):
     if isinstance(config, dict):
-        from zgdata.families import config_from_dict
+        from zgdata.families.registry import config_from_dict
 
         return config_from_dict(config)
     return config

@@ -1,7 +1,7 @@
 """A student block: a stack of decoder layers mapping boundary k to boundary k+1.
 
 It runs the teacher family's own decoder-layer class exactly as the teacher's forward does
-(the family adapter in zgdata/families.py: rotary positions from 0 for Llama/Qwen2, nothing
+(the family adapter in zgdata/families/registry.py: rotary positions from 0 for Llama/Qwen2, nothing
 for GPT-2 whose positions are in boundary 0 already; sdpa causal attention, no mask), so an
 identity block reproduces the teacher's boundary bit for bit. Dropout is off in a block's
 layers: a block trains deterministically toward the teacher's function. A layer with a window
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zgdata.families import family_of
+from zgdata.families.registry import family_of
 from zgtrain.block.attention import AttentionLinear, LinearAttention, kv_layer_config
 from zgtrain.block.window import add_windows
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from zgtrain.block.names import OBJECTIVES, ObjectiveSpec  # the names and specs, torch-free for params validation
+from zgtrain.project.names import OBJECTIVES, ObjectiveSpec  # the names and specs, torch-free for params validation
 
 __all__ = ["Objective", "ObjectiveSpec", "OBJECTIVES", "nmse"]
 

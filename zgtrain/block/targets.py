@@ -12,7 +12,7 @@ import torch
 from zgdata.config import BlockSpec, MaterializeConfig, PartitionConfig
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, expected_lineages
-from zgdata.reader import BoundaryPair, step_rows
+from zgdata.store.reader import BoundaryPair, step_rows
 
 __all__ = ["CachedTargets", "OnlineTargets", "open_targets"]
 
@@ -21,7 +21,7 @@ class CachedTargets:
     kind = "cached"
 
     def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
-        from zgdata.virtual import open_pair_in
+        from zgdata.materialize.virtual import open_pair_in
 
         # h00 may be virtual (materialize.virtual_first)
         self.pair = BoundaryPair(*open_pair_in(layout, spec, partition, mcfg))
@@ -48,7 +48,7 @@ class OnlineTargets:
 
     def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
         from zgdata.teacher.prepare import load_teacher
-        from zgdata.tokens import open_tokens
+        from zgdata.tokens.tokenset import open_tokens
 
         self.layout = layout
         self.tokens = open_tokens(layout)
@@ -67,8 +67,8 @@ class OnlineTargets:
         return step_rows(self.rows(split), step, batch_size, seed)
 
     def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        from zgdata.capture import capture
-        from zgdata.tokens import read_tokens
+        from zgdata.families.capture import capture
+        from zgdata.tokens.tokenset import read_tokens
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
         caps = capture(self.model, ids, list(self.layers), storage_dtype=self.storage)

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-from zgdata.atomic import write_json, write_text
+from zgdata.core.atomic import write_json, write_text
+from zgdata.core.lock import locked
+from zgdata.core.paths_guard import inside
+from zgdata.core.runtime import autocast, device, seed_all, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import check
-from zgdata.lock import locked
-from zgdata.paths_guard import inside
-from zgdata.runtime import autocast, device, seed_all, set_threads
 from zgdata.teacher.prepare import load_slice
 from zgtrain.block.attention import LinearAttention, transfer_loss, transfer_parameters
 from zgtrain.block.conversions import convert
@@ -210,7 +210,7 @@ def setup(
     ``restart="auto"`` (zg repro) resumes only an unfinished checkpoint of this very run and otherwise starts
     afresh, as `dvc repro` does when it deletes a stale stage's outputs.
     """
-    from zgdata.families import config_from_dict
+    from zgdata.families.registry import config_from_dict
 
     blk = project.block(key)
     spec, cfg = blk.spec, blk.train

@@ -25,12 +25,12 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from zgdata.atomic import write_json
+from zgdata.core.atomic import write_json
+from zgdata.core.lock import project_lock
+from zgdata.core.progress import stderr
+from zgdata.core.runtime import device
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.lock import project_lock
-from zgdata.progress import stderr
-from zgdata.runtime import device
 from zgtrain.evaluate.lm_eval_task import NEXTLINE, task_config, task_files, write_nextline_task
 
 __all__ = ["STANDARD", "PRIMARY", "metrics_path", "lm_eval_tasks", "run_lm_eval", "LmEvalResult"]
@@ -201,9 +201,9 @@ def run_lm_eval(
 
 
 def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path: Path) -> LmEvalResult:
+    from zgdata.families.widen import running_widened
     from zgdata.teacher.prepare import load_teacher, read_teacher_json
-    from zgdata.widen import running_widened
-    from zgtrain.repair.judge import repaired_loader
+    from zgtrain.evaluate.repaired import repaired_loader
     from zgtrain.student.load import load_student
 
     t0 = time.perf_counter()
@@ -232,7 +232,7 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
         stderr.print(f"lm-eval: {who} on {', '.join(tasks)}" + (f" (at most {limit} examples each)" if limit else ""))
         if who == "teacher":
             # the student is scored with the same (checked) tokenizer; a teacher stored narrower than fp32 stays so
-            # and is widened one piece at a time while it runs (zgdata.widen)
+            # and is widened one piece at a time while it runs (zgdata.families.widen)
             model, tok = load_teacher(layout, per_layer=True)
             models[who] = {
                 "path": str(layout.teacher_hf),

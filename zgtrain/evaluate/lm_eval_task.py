@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zgdata.atomic import write_json, write_text
+from zgdata.core.atomic import write_json, write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
@@ -83,7 +83,7 @@ def segments(layout: Layout) -> tuple[list[tuple[str, list[str]]], dict]:
     mid-line, so the last is dropped."""
     from zgdata.lineage import read_tokens_json
     from zgdata.teacher.prepare import load_tokenizer
-    from zgdata.tokens import open_tokens
+    from zgdata.tokens.tokenset import open_tokens
 
     ds = open_tokens(layout)
     cols = ["seq_id", "split", "doc", "input_ids"] + (["length"] if "length" in ds.schema.names else [])

@@ -3,7 +3,7 @@
 The sets are the in-domain held-out split plus ``eval.sets`` (zgtrain/evaluate/sets.py). Each
 model is loaded once and scored on every set (zgtrain/evaluate/set_metrics.py); the teacher and the
 student also continue a few held-out prompts (zgtrain/evaluate/generation.py). metrics/eval.json keeps
-the in-domain figures at the top level (as before sets existed) and every set's figures,
+the in-domain figures at the top level and every set's figures,
 intervals and lineage under ``sets``; ``gates_passed`` holds each set's verdict and ``all``,
 the verdict over the sets ``gates.sets`` names.
 """
@@ -19,26 +19,27 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from zgdata.atomic import atomic_path, write_json, write_text
 from zgdata.config import PartitionConfig
+from zgdata.core.atomic import atomic_path, write_json, write_text
+from zgdata.core.lock import locked
+from zgdata.core.progress import stderr
+from zgdata.core.runtime import device
 from zgdata.errors import ZgError
-from zgdata.families import family_of
+from zgdata.families.registry import family_of
+from zgdata.families.widen import running_widened
 from zgdata.layout import Layout
-from zgdata.lock import locked
-from zgdata.progress import stderr
-from zgdata.runtime import device
+from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice, load_teacher
-from zgdata.tokens import read_tokens
-from zgdata.virtual import open_pair_in
-from zgdata.widen import running_widened
+from zgdata.tokens.tokenset import read_tokens
+from zgtrain.block.load import load_block
 from zgtrain.block.objectives import nmse
 from zgtrain.evaluate.gates import judge_sets
 from zgtrain.evaluate.generation import greedy, matching_prefix, prompts, report
+from zgtrain.evaluate.repaired import add_repaired, repaired_loader
 from zgtrain.evaluate.set_metrics import figures, score, targets_for
-from zgtrain.evaluate.sets import HELDOUT, heldout_set, tokenize_set
-from zgtrain.fit.checkpoint import load_block
+from zgtrain.evaluate.sets import heldout_set, tokenize_set
 from zgtrain.project.config import ProjectConfig
-from zgtrain.repair.judge import add_repaired, repaired_loader
+from zgtrain.project.eval_sets import HELDOUT
 from zgtrain.student.assemble import build_student
 from zgtrain.student.card import write_eval_card
 from zgtrain.student.load import load_student
@@ -79,7 +80,7 @@ class EvalResult:
     generation: dict | None = None
     """Greedy continuations of held-out prompts: how many tokens the student matches the teacher (None: none asked)."""
     repaired: dict | None = None
-    """With repair on: the repaired model's figures (zgtrain/repair/judge.py); ``gates_passed`` then judges it."""
+    """With repair on: the repaired model's figures (zgtrain/evaluate/repaired.py); ``gates_passed`` then judges it."""
     student_gates_passed: dict | None = None
     """With repair on: the student's own verdicts."""
     gated_model: str | None = None
@@ -108,7 +109,7 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dic
         for spec in part.blocks():
             block, _ = load_block(layout, spec.key)
             block = block.to(dev)
-            # h00 may be virtual (materialize.virtual_first: zgdata/virtual.py)
+            # h00 may be virtual (materialize.virtual_first: zgdata/materialize/virtual.py)
             x, y = (ds.take(rows).float().to(dev) for ds in open_pair_in(layout, spec, part, mcfg))
             e_t, d = nmse(block(x), y)
             h = block(h)
@@ -289,13 +290,13 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     tok = load_tokenizer(layout)  # checks the teacher's files and tokenizer hash
     sets = eval_sets(project, layout, held, tok)
     targets = {s.name: targets_for(s, cfg) for s in sets}
-    # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.widen)
+    # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.families.widen)
     models = {
         "teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
         "untrained": lambda: build_student(project, layout=layout, which="init")[0],
         "student": lambda: load_student(layout.student),
     }
-    if project.repair.enabled:  # also score models/repaired; the gates judge it (zgtrain/repair/judge.py)
+    if project.repair.enabled:  # also score models/repaired; the gates judge it (zgtrain/evaluate/repaired.py)
         models["repaired"] = repaired_loader(layout)
     scores: dict = {s.name: {} for s in sets}
     continuations = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from zgdata.progress import progress
+from zgdata.core.progress import progress
 from zgtrain.evaluate.bootstrap import per_sequence, ratio_interval
 from zgtrain.evaluate.metrics import context_targets, token_nll_top1, window_nll
 
@@ -42,7 +42,7 @@ def score(model, label: str, evalset, targets: torch.Tensor, cfg) -> dict:
 
 
 def _ce(nll: torch.Tensor, mask) -> float:
-    return float(nll.mean()) if mask is None else float(nll[mask].mean())  # unmasked: the figure as before sets
+    return float(nll.mean()) if mask is None else float(nll[mask].mean())  # unmasked: every position is scored
 
 
 def _context_use(sc: dict, targets: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from zgdata.progress import stderr
+from zgdata.core.progress import stderr
 
 __all__ = ["Monitor", "summary_lines", "where"]
 

@@ -1,6 +1,6 @@
 """Ray at the edge of `zg repro`: blocks as Ray tasks (`zg repro --jobs N`, N > 1, or --address).
 
-With zgdata/ray_cluster.py (the cluster: connect, retries, object store, worker environment) and
+With zgdata/core/ray_cluster.py (the cluster: connect, retries, object store, worker environment) and
 zgdata/materialize/ray_shards.py, one of the three modules of zg that import Ray; zgtrain/exec/repro.py
 imports this one only when Ray is asked for. Each stale block becomes one Ray task that calls the plain stage
 function ``zgtrain.exec.stage.train_one`` (or, for nodes without the project's file system,
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import ray
 
-from zgdata import ray_cluster
+from zgdata.core import ray_cluster
+from zgdata.core.ray_cluster import MAX_RETRIES, last_line
 from zgdata.errors import ZgError
-from zgdata.ray_cluster import MAX_RETRIES, last_line
 from zgtrain.exec.scratch import train_in_scratch
 from zgtrain.exec.stage import train_one
 

@@ -6,7 +6,7 @@ DVC has no parallel repro (two `dvc repro` in one repo fail on its lock), so the
 2. It runs the stages upstream of the blocks (teacher, tokens, materialize, verify) with plain `dvc repro`.
 3. It trains every stale `train@KEY` with ``train_one`` (zgtrain/exec/stage.py), the stage function `zg train
    block KEY` runs: in this process with ``--jobs 1``, otherwise as Ray tasks (zgtrain/exec/ray_tasks.py, on a
-   cluster joined or started by zgdata/ray_cluster.py; Ray is imported only then).
+   cluster joined or started by zgdata/core/ray_cluster.py; Ray is imported only then).
 4. It records each finished block in dvc.lock with `dvc commit -f train@KEY`, one at a time, here in the
    driver. A killed driver therefore loses no recorded block, and a rerun trains only what is not recorded.
 5. It runs what is left (assemble, evaluate, or the targets) with plain `dvc repro`.
@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from zgdata import ray_cluster
+from zgdata.core import ray_cluster
+from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.lock import project_lock
 from zgtrain.exec import scratch
 from zgtrain.exec.progress_view import Monitor, summary_lines
 from zgtrain.exec.stage import dvc, train_one
@@ -160,7 +160,7 @@ def repro(
     root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None, data: str = "shared"
 ) -> ReproResult:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
-    from zgdata.runtime import device
+    from zgdata.core.runtime import device
 
     root = Path(root).resolve()
     layout = Layout(root)

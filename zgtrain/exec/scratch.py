@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from zgdata.atomic import write_text
+from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.exec.stage import dvc, train_one
@@ -49,14 +49,14 @@ def _git(root: Path, *args: str) -> str:
 
 
 def _inputs(project: ProjectConfig, key: str) -> list[str]:
-    from zgdata.virtual import is_virtual
+    from zgdata.materialize.virtual import is_virtual
 
     spec, layout = project.block(key).spec, Layout(Path(""))
     first = (
         [str(layout.tokens), str(layout.teacher_head)]
         if is_virtual(spec.input, project.partition, project.materialize)
         else [str(layout.boundary(spec.input))]
-    )  # a virtual h00 is computed from these (zgdata/virtual.py)
+    )  # a virtual h00 is computed from these (zgdata/materialize/virtual.py)
     return first + [str(layout.boundary(spec.output)), str(layout.teacher_slice(key))]
 
 

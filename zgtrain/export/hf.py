@@ -153,7 +153,7 @@ def _with_windows(student: Path, model_type: str, name: str, d: dict, windows: l
 
 def stock_config(student: Path) -> dict:
     """The family's own config.json (a dict) that says the same model as the student, or a one-line refusal."""
-    from zgdata.families import family
+    from zgdata.families.registry import family
 
     cfg, summary = read_student(student)
     fam = family(str(summary.get("family", "llama")))
@@ -227,7 +227,7 @@ def export_hf(student: Path, out_dir: Path, *, dtype: str = "f32") -> dict:
     the weights in ``dtype`` (safetensors), the tokenizer and generation config. Returns what it wrote."""
     import torch
 
-    from zgdata.families import family_of
+    from zgdata.families.registry import family_of
     from zgtrain.student.load import load_student
 
     student, out_dir = Path(student), Path(out_dir)

@@ -15,15 +15,15 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
-from zgdata.hashing import file_sha256
 from zgdata.layout import Layout
+from zgtrain.project.config import DEFAULT_DTYPE
 
 __all__ = ["FORMATS", "DTYPES", "DEFAULT_DTYPE", "NAMES", "ExportResult", "resolve_student", "default_out", "export"]
 
 FORMATS = ("hf", "gguf")
 DTYPES = {"hf": ("f32", "f16", "bf16"), "gguf": ("f32", "f16", "bf16", "q8_0")}
-DEFAULT_DTYPE = {"hf": "f32", "gguf": "f16"}
 RECORD = "export.json"
 NAMES = ("student", "repaired", "search")
 """The project's student folders by name: models/student, models/repaired, models/search/student."""
@@ -152,8 +152,8 @@ def export(
 ) -> ExportResult:
     """Export ``student`` (a folder, or student / repaired / search) as ``fmt`` in ``dtype`` to ``out`` (default
     ``models/export/<name>-<dtype>``): check first (nothing written on refusal), then write atomically."""
-    from zgdata.atomic import atomic_path, write_json, write_text
-    from zgdata.lock import project_lock
+    from zgdata.core.atomic import atomic_path, write_json, write_text
+    from zgdata.core.lock import project_lock
     from zgtrain.student.card import export_card
     from zgtrain.student.load import student_sha256
 

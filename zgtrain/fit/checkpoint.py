@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-from zgdata.atomic import atomic_path, write_json
+from zgdata.core.atomic import atomic_path, write_json
+from zgdata.core.hashing import file_sha256, tensors_sha256
+from zgdata.core.paths_guard import inside
+from zgdata.core.runtime import rng_state, set_rng_state
 from zgdata.errors import ZgError
-from zgdata.hashing import file_sha256, tensors_sha256
-from zgdata.layout import Layout
-from zgdata.paths_guard import inside
-from zgdata.runtime import rng_state, set_rng_state
 
 __all__ = [
     "FORMAT_VERSION",
@@ -35,7 +34,8 @@ __all__ = [
     "save",
     "restore",
     "state_sha256",
-    "load_block",
+    "load_tensors",
+    "reload_fix",
     "finish",
     "check_weights",
 ]
@@ -43,7 +43,8 @@ __all__ = [
 FORMAT_VERSION = 2  # 1: optimizer.pt / rng.pt pickles (no longer loaded)
 
 
-def _fix(key: str) -> str:
+def reload_fix(key: str) -> str:
+    """The fix of every refusal of a block's files: restore them from DVC, or retrain the block."""
     return (
         f"restore it with `dvc checkout models/blocks/{key}` (or `dvc pull`), or retrain with "
         f"`zg train block {key} --restart`"
@@ -58,7 +59,7 @@ def read_meta(d: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{path} is not valid JSON ({e})", fix=_fix(Path(d).name)) from e
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=reload_fix(Path(d).name)) from e
 
 
 def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -68,24 +69,24 @@ def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
 
 
-def _load_tensors(path: Path, key: str) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path, key: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if not path.exists():
-        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=_fix(key))
+        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=reload_fix(key))
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for a damaged header or body
-        raise ZgError(f"{path} is not a readable safetensors file ({str(e)[:120]})", fix=_fix(key)) from e
+        raise ZgError(f"{path} is not a readable safetensors file ({str(e)[:120]})", fix=reload_fix(key)) from e
 
 
 def _load_json(path: Path, key: str):
     if not path.exists():
-        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=_fix(key))
+        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=reload_fix(key))
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{path} is not valid JSON ({e})", fix=_fix(key)) from e
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=reload_fix(key)) from e
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -151,12 +152,12 @@ def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
             fix=f"rerun with `zg train block {key} --restart` to start it afresh",
         )
     c = checkpoint_dir(d, meta, fix=f"rerun with `zg train block {key} --restart` to start it afresh")
-    weights = _load_tensors(c / "model.safetensors", key)
+    weights = load_tensors(c / "model.safetensors", key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
-        raise ZgError(f"{c / 'model.safetensors'} does not fit block {key}", fix=_fix(key))
-    _set_optimizer_state(opt, _load_tensors(c / "optimizer.safetensors", key), _load_json(c / "optimizer.json", key))
-    set_rng_state(gen, _load_tensors(c / "rng.safetensors", key), _load_json(c / "rng.json", key))
+        raise ZgError(f"{c / 'model.safetensors'} does not fit block {key}", fix=reload_fix(key))
+    _set_optimizer_state(opt, load_tensors(c / "optimizer.safetensors", key), _load_json(c / "optimizer.json", key))
+    set_rng_state(gen, load_tensors(c / "rng.safetensors", key), _load_json(c / "rng.json", key))
     return _load_json(c / "curve.json", key)
 
 
@@ -189,41 +190,5 @@ def check_weights(d: Path, meta: dict) -> None:
     if got != want:
         raise ZgError(
             f"{path} is not the file its training wrote (sha256 {str(got)[:12]}, meta.json records {want[:12]})",
-            fix=_fix(Path(d).name),
+            fix=reload_fix(Path(d).name),
         )
-
-
-def load_block(layout: Layout, key: str, *, which: str = "final"):
-    """(StudentBlock, meta) of a trained block: ``final`` weights or the untrained ``init`` weights."""
-    from zgdata.families import config_from_dict
-    from zgtrain.block.model import StudentBlock
-
-    d = layout.block_dir(key)
-    meta = read_meta(d)
-    if meta is None:
-        raise ZgError(
-            f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro train@{key}`"
-        )
-    if which == "final" and not meta.get("done"):
-        raise ZgError(
-            f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
-            fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`",
-        )
-    config = config_from_dict(meta["teacher_config"])
-    # no "windows": full attention; "layer_types" only where the family has several (zgdata/families.py);
-    # no "kv_heads": the teacher's KV heads; no "attention": every layer attends (attn_linear: "linear")
-    block = StudentBlock(
-        config,
-        meta["intermediate_sizes"],
-        meta.get("windows"),
-        meta.get("layer_types"),
-        meta.get("kv_heads"),
-        meta.get("attention"),
-    )
-    if which == "final":
-        check_weights(d, meta)
-    weights = _load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
-    missing, unexpected = block.load_state_dict(weights, strict=False)
-    if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
-        raise ZgError(f"the weights in {d} do not fit block {key}'s shape", fix=_fix(key))
-    return block.eval(), meta

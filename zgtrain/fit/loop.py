@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from zgdata import failpoints
+from zgdata.core import failpoints
+from zgdata.core.paths_guard import inside
+from zgdata.core.progress import progress
+from zgdata.core.timing import span
 from zgdata.errors import ZgError
-from zgdata.paths_guard import inside
-from zgdata.progress import progress
-from zgdata.timing import span
 
 __all__ = [
     "Steps",
@@ -102,7 +102,7 @@ def end_step(steps: int, start: int, stop_after: int | None) -> int:
 
 
 def clear_partials(d: Path) -> None:
-    """Remove what a killed run's atomic writes left in run folder ``d`` (zgdata/atomic.py's .NAME.partial)."""
+    """Remove what a killed run's atomic writes left in run folder ``d`` (zgdata/core/atomic.py's .NAME.partial)."""
     for dead in sorted(Path(d).glob(".*.partial")) if Path(d).is_dir() else []:
         shutil.rmtree(dead) if dead.is_dir() else dead.unlink()
 
@@ -125,7 +125,7 @@ def begin(d: Path, prior: dict | None) -> Path:
     the run got as far as its last checkpoint, so a refused, failed or killed restart leaves ``d`` as it was.
     A previous run's leftover staging folder is removed here.
 
-    ``d`` must resolve inside its project (zgdata/paths_guard.py): every trainer's run folder passes here
+    ``d`` must resolve inside its project (zgdata/core/paths_guard.py): every trainer's run folder passes here
     before anything in it is removed or written.
     """
     d = inside(d, what="run folder")

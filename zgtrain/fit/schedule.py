@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from zgdata.hashing import sha256_bytes
+from zgdata.core.hashing import sha256_bytes
 
 __all__ = ["block_seed", "lr_at", "SHAPES"]
 

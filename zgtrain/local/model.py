@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zgdata.families import family
-from zgdata.runtime import autocast, compute_dtype
-from zgtrain.local.config import LocalConfig
+from zgdata.core.runtime import autocast, compute_dtype
+from zgdata.families.registry import family
 from zgtrain.local.linear_ce import linear_ce
+from zgtrain.project.local import LocalConfig
 
 __all__ = ["llama_config", "build_model", "LocalBlock", "make_blocks"]
 

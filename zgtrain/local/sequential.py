@@ -24,10 +24,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.atomic import atomic_path, write_json
+from zgdata.core.atomic import atomic_path, write_json
+from zgdata.core.hashing import canonical_json, sha256_bytes
+from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
-from zgdata.hashing import canonical_json, sha256_bytes
-from zgdata.lance_io import (
+from zgdata.layout import Layout
+from zgdata.store.lance_io import (
     encode_meta,
     hidden_field,
     open_dataset,
@@ -35,14 +37,12 @@ from zgdata.lance_io import (
     tensor_column,
     to_arrow_hidden,
 )
-from zgdata.layout import Layout
-from zgdata.lock import project_lock
-from zgdata.reader import step_rows
+from zgdata.store.reader import step_rows
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
-from zgtrain.local.config import LocalConfig
 from zgtrain.local.simultaneous import NOT_IDENTITY, LocalRun, adamw, build, heldout_scores, local_lr
 from zgtrain.project.config import ProjectConfig
+from zgtrain.project.local import LocalConfig
 
 __all__ = ["train_block", "export", "LocalBlockResult", "LocalExportResult", "SEQ_VERSION"]
 

@@ -22,23 +22,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.atomic import atomic_path, write_json, write_text
+from zgdata.core.atomic import atomic_path, write_json, write_text
+from zgdata.core.hashing import sha256_bytes
+from zgdata.core.lock import project_lock
+from zgdata.core.runtime import device, set_threads
 from zgdata.errors import ZgError
-from zgdata.hashing import sha256_bytes
 from zgdata.layout import Layout
 from zgdata.lineage import read_tokens_json
-from zgdata.lock import project_lock
-from zgdata.reader import step_rows
-from zgdata.runtime import device, set_threads
+from zgdata.store.reader import step_rows
 from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
-from zgdata.tokens import open_tokens, read_tokens
+from zgdata.tokens.tokenset import open_tokens, read_tokens
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
 from zgtrain.fit.schedule import block_seed, lr_at
-from zgtrain.local.config import LocalConfig
 from zgtrain.local.model import build_model, llama_config, make_blocks
 from zgtrain.local.schedule import SCHEDULES
 from zgtrain.project.config import ProjectConfig
+from zgtrain.project.local import LocalConfig
 
 __all__ = [
     "train_local",

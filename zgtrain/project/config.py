@@ -30,7 +30,7 @@ from zgdata.config import (
 )
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgtrain.local.config import LocalConfig
+from zgtrain.project.local import LocalConfig
 
 __all__ = [
     "TrainConfig",
@@ -45,6 +45,7 @@ __all__ = [
     "SECTIONS",
     "OPTIONAL_SECTIONS",
     "IDENTITY_VARIANT",
+    "DEFAULT_DTYPE",
     "params_rows",
 ]
 
@@ -150,7 +151,7 @@ class TrainConfig(Section):
     )
 
     def validate(self):
-        from zgtrain.block.names import CONVERSIONS, OBJECTIVES  # names only: validating params needs no torch
+        from zgtrain.project.names import CONVERSIONS, OBJECTIVES  # names only: validating params needs no torch
 
         for key, registry in (("conversion", CONVERSIONS), ("objective", OBJECTIVES)):
             if getattr(self, key) not in registry:
@@ -198,13 +199,13 @@ class EvalConfig(Section):
                 key="eval.window",
                 fix="need 1 <= window <= context_min_pos",
             )
-        from zgtrain.evaluate.sets import parse_sets, spec_dicts
+        from zgtrain.project.eval_sets import parse_sets, spec_dicts
 
         object.__setattr__(self, "sets", spec_dicts(parse_sets(self.sets)))  # every key filled in
 
     def set_specs(self):
-        """``sets`` as typed specs (zgtrain.evaluate.sets.EvalSetSpec)."""
-        from zgtrain.evaluate.sets import parse_sets
+        """``sets`` as typed specs (zgtrain.project.eval_sets.EvalSetSpec)."""
+        from zgtrain.project.eval_sets import parse_sets
 
         return parse_sets(self.sets)
 
@@ -352,6 +353,10 @@ class RepairConfig(Section):
         return self.steps > 0
 
 
+DEFAULT_DTYPE = {"hf": "f32", "gguf": "f16"}
+"""The weights type of an export by format, where ``export.dtype`` (or ``zg export --dtype``) is ``auto``."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class ExportConfig(Section):
     """Optional `export` stage: the student as a deployable model with its lineage (zgtrain/export/run.py)."""
@@ -401,8 +406,6 @@ class ExportConfig(Section):
 
     @property
     def resolved_dtype(self) -> str:
-        from zgtrain.export.run import DEFAULT_DTYPE
-
         return DEFAULT_DTYPE[self.format] if self.dtype == "auto" else self.dtype
 
     @property

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zgdata.errors import ZgError
-from zgdata.families import family_of
+from zgdata.families.registry import family_of
 
 __all__ = ["RepairModel", "LoRALinear", "TeacherHead", "distill_loss", "token_kl"]
 

@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.atomic import atomic_path, write_json, write_text
+from zgdata.core.atomic import atomic_path, write_json, write_text
+from zgdata.core.lock import project_lock
+from zgdata.core.runtime import device, seed_all, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout, RepairPaths
 from zgdata.lineage import check, read_tokens_json
-from zgdata.lock import project_lock
-from zgdata.reader import BoundaryDataset, step_rows
-from zgdata.runtime import device, seed_all, set_threads
+from zgdata.store.reader import BoundaryDataset, step_rows
 from zgdata.teacher.prepare import load_slice
-from zgdata.tokens import open_tokens
+from zgdata.tokens.tokenset import open_tokens
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
 from zgtrain.fit.schedule import block_seed, lr_at

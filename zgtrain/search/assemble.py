@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zgdata.atomic import write_json
+from zgdata.core.atomic import write_json
+from zgdata.core.lock import project_lock
+from zgdata.core.progress import stderr
 from zgdata.errors import ZgError
-from zgdata.families import config_from_dict
+from zgdata.families.registry import config_from_dict
 from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
-from zgdata.lock import project_lock
-from zgdata.progress import stderr
 from zgdata.teacher.prepare import load_slice
 from zgtrain.block.conversions import identity
-from zgtrain.fit.checkpoint import load_block
+from zgtrain.block.load import load_block
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
 from zgtrain.search.variants import VariantLayout, search_choice, search_eval_metrics, search_student, stage_name
 from zgtrain.student.assemble import StudentResult, build_from_blocks, save_student

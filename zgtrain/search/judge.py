@@ -10,10 +10,10 @@ smallest relative margin.
 
 from __future__ import annotations
 
+from zgdata.core.progress import stderr
+from zgdata.core.runtime import device
+from zgdata.families.widen import running_widened
 from zgdata.layout import Layout
-from zgdata.progress import stderr
-from zgdata.runtime import device
-from zgdata.widen import running_widened
 from zgtrain.evaluate.gates import describe, judge_sets, shortfall
 from zgtrain.evaluate.set_metrics import figures, score, targets_for
 from zgtrain.project.config import ProjectConfig

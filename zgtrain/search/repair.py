@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zgdata.atomic import write_json
+from zgdata.core.atomic import write_json
+from zgdata.core.progress import stderr
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.progress import stderr
 from zgtrain.evaluate.gates import shortfall
+from zgtrain.evaluate.repaired import gap_closed
 from zgtrain.project.config import ProjectConfig
-from zgtrain.repair.judge import gap_closed
 from zgtrain.search.variants import search_eval_metrics, search_student
 
 __all__ = ["repair_search", "kept_try", "SearchRepairResult"]

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from zgdata.core.runtime import device
 from zgdata.errors import ZgError
-from zgdata.families import config_from_dict, family_of
+from zgdata.families.registry import config_from_dict, family_of
 from zgdata.layout import Layout
-from zgdata.runtime import device
+from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice
-from zgdata.tokens import read_tokens
-from zgdata.virtual import open_pair_in
+from zgdata.tokens.tokenset import read_tokens
 from zgtrain.block.conversions import identity
-from zgtrain.fit.checkpoint import load_block
+from zgtrain.block.load import load_block
 
 __all__ = ["score_variant", "head_module", "teacher_blocks"]
 

@@ -17,10 +17,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from zgdata.atomic import write_json
+from zgdata.core.atomic import write_json
+from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.lock import project_lock
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
 from zgtrain.search.variants import search_choice, search_metrics, stage_name, variant_metrics
 

@@ -8,7 +8,8 @@ never touches the main pipeline's block; then zgtrain/search/scores.py adds the 
     metrics/variants/BLOCK/NAME.json     train metrics + scores
     plots/variants/BLOCK/NAME.csv        loss curve
 
-This module is imported by zgtrain/project/pipeline.py to name those paths, so torch loads only inside functions.
+Its path helpers import no torch (the search stages and `zg train variant` name their files with them), so torch
+loads only inside the functions that train and score.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def train_variant(
     project, block: str, variant: str, *, restart: bool | str = False, layout: Layout = Layout()
 ) -> VariantResult:
     """Train BLOCK as VARIANT (resuming its own checkpoint), then score it; writes its metrics file."""
-    from zgdata.atomic import write_json
+    from zgdata.core.atomic import write_json
     from zgtrain.block.train import train_block
     from zgtrain.search.scores import score_variant
 

@@ -1,7 +1,7 @@
 """Assemble the trained blocks into a standard transformers model (``models/student/``).
 
 Teacher embeddings + block layers renumbered in order + final norm + LM head, in the teacher
-family's own causal-LM class (zgdata/families.py). Uniform MLP widths and KV heads give a plain config of
+family's own causal-LM class (zgdata/families/registry.py). Uniform MLP widths and KV heads give a plain config of
 that family that ``AutoModelForCausalLM.from_pretrained`` loads (``num_key_value_heads``: the kv_heads
 conversion's count); per-layer widths, per-layer KV heads (``layer_kv_heads``), any sliding-window layer
 (``layer_windows`` in config.json) or any linear layer in place of attention (``layer_attention``, the attn_linear
@@ -17,16 +17,17 @@ from pathlib import Path
 
 import torch
 
-from zgdata.atomic import atomic_path
+from zgdata.core.atomic import atomic_path
+from zgdata.core.lock import locked
 from zgdata.errors import ZgError
-from zgdata.families import family_of
+from zgdata.families.registry import family_of
 from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
-from zgdata.lock import locked
 from zgdata.teacher.prepare import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.block.attention import teacher_kv_heads
 from zgtrain.block.kv_cache import kv_summary
-from zgtrain.fit.checkpoint import load_block, read_meta
+from zgtrain.block.load import load_block
+from zgtrain.fit.checkpoint import read_meta
 from zgtrain.project.config import ProjectConfig
 from zgtrain.student.card import write_card
 from zgtrain.student.load import record_checksums, ship_modeling_code, template_class

@@ -21,7 +21,7 @@ eval figures into the student folders' cards. The design (docs/ARCHITECTURE.md, 
 The trade-off: DVC neither caches nor pushes an ignored file, so a folder that `dvc pull`, `dvc checkout` into an
 empty place or a run-cache restore of assemble brings has no card; ``reports/model_card.md`` (in git) is the
 student's card with its figures: ``cp reports/model_card.md models/student/README.md``. zg's own digests of a
-folder leave the card out too (``student_sha256``, ``checksums.json``: weights only; zgdata/trust.py skips what
+folder leave the card out too (``student_sha256``, ``checksums.json``: weights only; zgdata/trust/dvc_lock.py skips what
 ``.dvcignore`` names). The searched student (``models/search/student``) is judged inside ``search_assemble``, its
 own stage, and its figures are ``metrics/search_eval.json``'s.
 
@@ -34,8 +34,8 @@ import json
 import re
 from pathlib import Path
 
-from zgdata.atomic import write_text
 from zgdata.config import CorpusConfig, load_params, section
+from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
@@ -54,7 +54,7 @@ __all__ = [
 
 CARD = "README.md"
 # the cards evaluate rewrites, as .dvcignore lines (relative to the project root), and the scratch file of their
-# atomic write (zgdata/atomic.py, left by a killed run): DVC leaves them out of those folders' hashes
+# atomic write (zgdata/core/atomic.py, left by a killed run): DVC leaves them out of those folders' hashes
 DVC_IGNORED = tuple(
     f"/{(f / name).as_posix()}"
     for f in (Layout(Path("")).student, Layout(Path("")).repair.model)

@@ -19,10 +19,10 @@ import importlib
 import json
 from pathlib import Path
 
+from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
-from zgdata.families import FAMILIES, family
-from zgdata.hashing import file_sha256
-from zgdata.safetensors_check import check_header
+from zgdata.families.registry import FAMILIES, family
+from zgdata.trust.safetensors_check import check_header
 
 __all__ = [
     "MODELING_FILE",

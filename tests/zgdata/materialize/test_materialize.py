@@ -26,12 +26,12 @@ from zgd_helpers import (
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section
 from zgdata.errors import ZgError
 from zgdata.inspect import collect
-from zgdata.lance_io import open_dataset
 from zgdata.layout import Layout
 from zgdata.materialize.driver import estimate_bytes, materialize
-from zgdata.reader import BoundaryDataset, BoundaryPair
+from zgdata.store.lance_io import open_dataset
+from zgdata.store.reader import BoundaryDataset, BoundaryPair
 from zgdata.teacher.prepare import _tiny_teacher, load_teacher, prepare
-from zgdata.tokens import read_tokens, tokenize
+from zgdata.tokens.tokenset import read_tokens, tokenize
 
 
 def _configs(root):

@@ -25,11 +25,11 @@ from zgd_helpers import assert_user_error, boundary_bits, edit_params, kill_9_wh
 
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
-from zgdata.lance_io import open_dataset, schema_meta
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
 from zgdata.materialize.shard_task import VERSIONS, run_shard
 from zgdata.materialize.sharded import plan
+from zgdata.store.lance_io import open_dataset, schema_meta
 
 HANG_GUARD_S = 600  # loops below wait for events, never for a duration: this only stops a hung test
 

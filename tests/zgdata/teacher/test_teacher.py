@@ -11,7 +11,7 @@ from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 
 from zgdata.config import PartitionConfig, TeacherConfig
-from zgdata.hashing import tensors_sha256
+from zgdata.core.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.teacher.prepare import load_teacher, prepare
 

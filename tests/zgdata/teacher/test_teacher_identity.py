@@ -17,7 +17,7 @@ import torch
 from conftest import zg_main
 from zgd_helpers import assert_user_error, read_json, tree_sha256
 
-from zgdata.hashing import tensors_sha256
+from zgdata.core.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.teacher.identity import cache_path, check_files
 from zgdata.teacher.prepare import load_teacher, read_teacher_json

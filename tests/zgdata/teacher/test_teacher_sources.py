@@ -15,8 +15,8 @@ from conftest import zg_main
 from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 
 from zgdata.config import PartitionConfig, TeacherConfig
+from zgdata.core.hashing import tensors_sha256
 from zgdata.errors import ZgError
-from zgdata.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.teacher.prepare import _tiny_teacher, load_slice, load_teacher, load_teacher_checked, prepare
 from zgdata.teacher.source import INDEX
@@ -148,8 +148,8 @@ def test_large_teacher_is_prepared_in_shards_and_each_is_checked(tmp_path, monke
 def test_bf16_teacher_computes_in_fp32_one_layer_at_a_time(tmp_path, model_type):
     """Loaded for capture, a bf16 teacher stays bf16 and capture widens one layer at a time: the boundaries equal
     those of a whole fp32 load, bit for bit, and no tensor stays widened."""
-    from zgdata.capture import capture
-    from zgdata.widen import compute_dtype
+    from zgdata.families.capture import capture
+    from zgdata.families.widen import compute_dtype
 
     layout = Layout(tmp_path / "proj")
     prepare(TeacherConfig(source=f"random:tiny-{model_type}", dtype="bfloat16"), TINY_PARTITION, layout=layout)
@@ -176,8 +176,8 @@ def test_bf16_teacher_runs_whole_in_fp32_one_piece_at_a_time(tmp_path, model_typ
     """What evaluate and lm-eval do with a bf16 teacher: loaded per_layer and run whole under running_widened, its
     logits and greedy continuations equal a whole fp32 load's bit for bit; while a decoder layer runs it is the
     only wide one, and afterwards every tensor is its stored bf16 self again."""
-    from zgdata.families import family_of
-    from zgdata.widen import running_widened
+    from zgdata.families.registry import family_of
+    from zgdata.families.widen import running_widened
     from zgtrain.evaluate.generation import greedy
 
     layout = Layout(tmp_path / "proj")
@@ -217,8 +217,8 @@ def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
     import numpy as np
     from zgd_helpers import boundary_bits
 
-    from zgdata.capture import capture
-    from zgdata.tokens import read_tokens
+    from zgdata.families.capture import capture
+    from zgdata.tokens.tokenset import read_tokens
 
     edit_params(tiny_project, teacher={"dtype": "bfloat16"})
     zg_main("teacher", "prepare", cwd=tiny_project)

@@ -14,7 +14,7 @@ from zgt_helpers import teacher_layers as _slice
 from zgt_helpers import tiny_family_teacher as _teacher
 
 from zgdata.errors import ZgError
-from zgdata.families import FAMILIES, family, family_of
+from zgdata.families.registry import FAMILIES, family, family_of
 from zgtrain.block.attention import AttentionLinear, AttentionLinearState, attention_io, fit_linear
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_summary

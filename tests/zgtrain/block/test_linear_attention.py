@@ -27,8 +27,8 @@ from zgtrain.block.attention import (
 )
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_summary
+from zgtrain.block.load import load_block
 from zgtrain.block.train import train_block
-from zgtrain.fit.checkpoint import load_block
 from zgtrain.project.config import TrainConfig
 
 

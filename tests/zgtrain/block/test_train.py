@@ -32,11 +32,12 @@ from zgt_helpers import (
 )
 
 from zgdata.errors import ZgError
-from zgdata.lance_io import schema_meta
 from zgdata.layout import Layout
+from zgdata.store.lance_io import schema_meta
+from zgtrain.block.load import load_block
 from zgtrain.block.train import train_block
 from zgtrain.fit import checkpoint
-from zgtrain.fit.checkpoint import load_block, state_sha256
+from zgtrain.fit.checkpoint import state_sha256
 from zgtrain.fit.schedule import block_seed
 
 

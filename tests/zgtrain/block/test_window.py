@@ -18,7 +18,7 @@ from zgt_helpers import teacher_layers as _slice
 from zgt_helpers import tiny_family_teacher as _teacher
 
 from zgdata.errors import ZgError
-from zgdata.families import FAMILIES, family, family_of
+from zgdata.families.registry import FAMILIES, family, family_of
 from zgdata.layout import Layout
 from zgtrain.block.conversions import convert
 from zgtrain.block.kv_cache import kv_bytes_per_token, kv_geometry, kv_summary
@@ -193,10 +193,10 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
 
     from zgdata.materialize.driver import materialize
     from zgdata.teacher.prepare import prepare
-    from zgdata.tokens import read_tokens
+    from zgdata.tokens.tokenset import read_tokens
+    from zgtrain.block.load import load_block
     from zgtrain.block.train import train_block
     from zgtrain.evaluate.run import evaluate
-    from zgtrain.fit.checkpoint import load_block
     from zgtrain.student.assemble import assemble
     from zgtrain.student.load import load_student, modeling_file, template_sha256
 

@@ -15,9 +15,10 @@ from conftest import zg_main
 from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
 from zgdata.errors import ZgError
-from zgdata.tokens import corpus_digest
+from zgdata.tokens.tokenset import corpus_digest
+from zgtrain.pipeline.profiles import profile_params
+from zgtrain.pipeline.stages import dvc_yaml
 from zgtrain.project.config import ProjectConfig
-from zgtrain.project.pipeline import dvc_yaml, profile_params
 
 PER_SET = (
     "teacher_ce",

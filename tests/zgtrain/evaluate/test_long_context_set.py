@@ -1,4 +1,4 @@
-"""A long-context eval set (issue 32): the corpus's held-out documents in rows longer than corpus.seq_len.
+"""A long-context eval set: the corpus's held-out documents in rows longer than corpus.seq_len.
 
 One real `zg train evaluate` in a copy of the session's reproduced tiny project with only the long set (4x the
 tiny corpus.seq_len of 64): its rows are slices of the held-out play's own token stream (no train token), the
@@ -18,9 +18,10 @@ from zgt_helpers import copy_project, read_json, set_params, tree_sha256
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgtrain.evaluate.sets import literal_paths
+from zgtrain.pipeline.profiles import profile_params
+from zgtrain.pipeline.stages import dvc_yaml
 from zgtrain.project.config import ProjectConfig
-from zgtrain.project.pipeline import dvc_yaml, profile_params
+from zgtrain.project.eval_sets import literal_paths
 
 LONG = {"name": "long", "source": "corpus:heldout", "seq_len": 256, "max_seqs": 4, "context_targets": 16}
 

@@ -1,4 +1,4 @@
-"""A `zg repro --jobs 2` driver killed with SIGKILL leaves no Ray process behind (zgdata/ray_reaper.py).
+"""A `zg repro --jobs 2` driver killed with SIGKILL leaves no Ray process behind (zgdata/core/ray_reaper.py).
 
 The driver starts its own local Ray instance (no --address) in a session of its own, so every process Ray
 starts for it shares that session id: after the kill, none may remain. Real `zg`, `dvc` and Ray on the tiny

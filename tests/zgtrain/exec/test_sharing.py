@@ -239,8 +239,8 @@ def _relineage(src: Path, dst: Path, **changes) -> None:
     """A copy of boundary dataset ``src`` whose lineage (and so fingerprint) says it came from elsewhere."""
     import lance
 
-    from zgdata.lance_io import encode_meta, schema_meta
     from zgdata.lineage import boundary_fingerprint
+    from zgdata.store.lance_io import encode_meta, schema_meta
 
     shutil.copytree(src, dst, copy_function=shutil.copyfile)  # plain, writable copies (the pull hardlinks)
     ds = lance.dataset(str(dst))
@@ -250,7 +250,7 @@ def _relineage(src: Path, dst: Path, **changes) -> None:
 
 def test_pulled_boundary_with_other_lineage_is_refused(team_b, tmp_path):
     h02, h04 = team_b / B01_INPUTS[0], team_b / B01_INPUTS[1]
-    from zgdata.lance_io import open_dataset, schema_meta
+    from zgdata.store.lance_io import open_dataset, schema_meta
 
     ours = schema_meta(open_dataset(h02).schema)["lineage"]["tokens_fingerprint"]
     theirs = "f00d" * 16  # e.g. h04 pulled from a commit that materialized another token set
@@ -258,7 +258,7 @@ def test_pulled_boundary_with_other_lineage_is_refused(team_b, tmp_path):
     shutil.rmtree(h04)
     shutil.move(tmp_path / "other_h04.lance", h04)
 
-    # dvc.lock (git) records other bytes for h04: refused before anything reads them (zgdata/trust.py)
+    # dvc.lock (git) records other bytes for h04: refused before anything reads them (zgdata/trust/dvc_lock.py)
     res = zg_main("train", "block", "b01", cwd=team_b, check=False)
     assert res.returncode != 0, res.stderr
     assert "error: data/boundaries/h04.lance" in res.stderr and "does not match dvc.lock" in res.stderr, res.stderr

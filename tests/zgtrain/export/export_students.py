@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from zgdata.families import family
+from zgdata.families.registry import family
 
 
 def make_student(

@@ -28,7 +28,7 @@ import torch
 from zgt_helpers import assert_close_to_f32, import_llama_cpp, llama_cpp_logits, llama_cpp_model, student_logits
 
 from zgdata.errors import ZgError
-from zgdata.families import family
+from zgdata.families.registry import family
 
 FAMILIES = ["gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral", "olmo2", "phi3", "qwen2"]
 PER_LAYER = {"llama", "mistral", "qwen2"}  # mixed MLP widths export as llama.cpp's deci

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from zgdata.errors import ZgError
-from zgdata.families import family
+from zgdata.families.registry import family
 from zgdata.layout import Layout
 
 FAMILIES = ("llama", "qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3", "gemma2", "gemma3_text")

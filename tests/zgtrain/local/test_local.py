@@ -31,7 +31,7 @@ from zgt_helpers import (
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.local.simultaneous import train_local
-from zgtrain.project.pipeline import profile_params
+from zgtrain.pipeline.profiles import profile_params
 
 KEYS = ["b00", "b01"]
 
@@ -246,7 +246,7 @@ def test_sequential_mode_stages_lineage_and_downstream_only_reruns(local_repro, 
     # block 1 trained from block 0's outputs, whose lineage is block 0's state
     import lance
 
-    from zgdata.lance_io import schema_meta
+    from zgdata.store.lance_io import schema_meta
 
     h02 = schema_meta(lance.dataset(str(root / "data" / "local" / "h02.lance")).schema)
     assert h02["block"] == "b00" and h02["state_sha256"] == m["block_state_sha256"]["b00"] and h02["layer"] == 2

@@ -11,8 +11,10 @@ import yaml
 from zgdata.config import ProjectKind
 from zgdata.errors import ZgError
 from zgtrain.block import conversions
+from zgtrain.pipeline.profiles import PROFILES, profile_params
+from zgtrain.pipeline.scaffold import regenerate
+from zgtrain.pipeline.stages import dump_params
 from zgtrain.project.config import ProjectConfig, TrainConfig
-from zgtrain.project.pipeline import PROFILES, dump_params, profile_params, regenerate
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -30,8 +30,9 @@ from zgt_helpers import (
 )
 
 from zgdata.layout import Layout
+from zgtrain.pipeline.profiles import profile_params
+from zgtrain.pipeline.stages import dvc_yaml
 from zgtrain.project.config import ProjectConfig
-from zgtrain.project.pipeline import dvc_yaml, profile_params
 
 STEPS = 12
 
@@ -281,7 +282,7 @@ def test_the_repaired_student_leaves_zg_as_gguf_and_runs_in_llama_cpp(straight, 
     """`zg export repaired`: its per-layer MLP widths (b00 keeps more channels) are refused by the stock hf format in
     one line with nothing written, and go to llama.cpp's deci architecture as GGUF, whose logits in llama.cpp match
     the repaired student's; export.json names models/repaired and its sha256."""
-    from zgdata.tokens import read_tokens
+    from zgdata.tokens.tokenset import read_tokens
     from zgtrain.student.load import student_sha256
 
     root = copy_project(straight[0], tmp_path / "proj")

@@ -73,8 +73,8 @@ def test_student_folder_card_has_the_eval_figures_and_dvc_status_is_clean(reprod
 
 
 def test_zg_checks_of_the_folder_leave_the_card_out(reproduced):
-    """The dvc.lock check (zgdata/trust.py) skips what .dvcignore names; the weights digests ignore the card."""
-    from zgdata import trust
+    """The dvc.lock check (zgdata/trust/dvc_lock.py) skips what .dvcignore names; the weights digests ignore the card."""
+    from zgdata.trust import dvc_lock as trust
     from zgtrain.student.load import check_checksums
 
     folder = reproduced / "models" / "student"

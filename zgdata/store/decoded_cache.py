@@ -1,0 +1,79 @@
+"""Decode a compressed boundary's rows once per process: an in-memory cache of decoded rows.
+
+A ``zstd`` boundary (zgdata/store/codec.py) decodes each row's high bytes with one zstd frame; on a
+few cores that runs at a fraction of a raw memmap's speed (bench/materialize.py). Training reads
+every row once per epoch, many epochs over, so the reader decodes a row the first time it is
+asked for and later reads copy it out of this cache, at memory speed, like a raw boundary's
+mapped pages sitting in the OS page cache.
+
+Only the first read of a row decodes it; the bits are the decoded bits (the checksums check
+them on that read, zgdata/store/reader.py), and the order of rows is the caller's: no bit and no
+sample order changes. The cache is one array sized for the whole boundary, reserved lazily by
+the OS (``np.empty`` touches no page until a row lands in it). All caches of one process share one
+budget, ``ZG_DECODED_CACHE_MB`` (default: a sixteenth of the machine's memory, so that N blocks
+trained at once by `zg repro --jobs N` stay bounded too); a boundary that does not fit in what is
+left is not cached and decodes on every read.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import numpy as np
+
+__all__ = ["decoded_cache", "budget_bytes"]
+
+
+_reserved = 0  # bytes held by this process's live caches
+_reserved_lock = threading.Lock()
+
+
+def budget_bytes() -> int:
+    """Bytes all decoded caches of this process may hold: ``ZG_DECODED_CACHE_MB``, default 1/16 of memory."""
+    env = os.environ.get("ZG_DECODED_CACHE_MB")
+    if env is not None and env.strip():
+        try:
+            return max(0, int(float(env))) * 2**20
+        except ValueError:
+            return 0  # a malformed value turns the cache off rather than failing every read
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 16
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def decoded_cache(n_rows: int, row_values: int, dtype, fetch):
+    """rows (int64, any order) -> (N, row_values) array, each row decoded by ``fetch`` once; None if over budget.
+
+    ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows)."""
+    global _reserved
+    dtype = np.dtype(dtype)
+    size = n_rows * row_values * dtype.itemsize
+    with _reserved_lock:
+        if n_rows == 0 or _reserved + size > budget_bytes():
+            return None
+        _reserved += size
+    cache = np.empty((n_rows, row_values), dtype)
+    weakref.finalize(cache, _release, size)  # the reservation lives as long as the array
+    have = np.zeros(n_rows, dtype=bool)
+    lock = threading.Lock()  # two threads asking for the same missing row decode it once
+
+    def read(rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if not have[rows].all():
+            with lock:
+                miss = np.unique(rows[~have[rows]])
+                if len(miss):
+                    cache[miss] = fetch(miss)
+                    have[miss] = True  # only after the values are in place
+        return cache[rows]
+
+    return read
+
+
+def _release(size: int) -> None:
+    global _reserved
+    with _reserved_lock:
+        _reserved -= size

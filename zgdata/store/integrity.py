@@ -1,0 +1,212 @@
+"""End-to-end integrity of boundary data: a checksum per row, and read errors that say what to do.
+
+Lance stores a bf16 boundary's values uncompressed and keeps no checksum of its pages, so
+a flipped byte in a data file reads back as silently different activations. Materialize
+therefore writes, next to each row's hidden states, a blake2b digest of exactly the bytes
+it stored; every read (training, verify, evaluate) recomputes it. The digest covers the
+values only: it says "these are the bytes materialize wrote", while the fingerprint says
+what those bytes mean (lineage). The column is part of ``BOUNDARY_FORMAT_VERSION``, never
+of the fingerprint.
+
+hashlib releases the GIL on buffers this large, so the check overlaps with training when
+batches are loaded ahead in a thread (``BoundaryPair.batches``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
+from zgdata.errors import ZgError
+
+__all__ = [
+    "CHECKSUM_COLUMN",
+    "CHECKSUM_BYTES",
+    "row_checksum",
+    "hidden_checksums",
+    "checksum_array",
+    "mismatched_rows",
+    "check_rows",
+    "check_format",
+    "recover_fix",
+    "read_error",
+    "guarded",
+    "scan_checksums",
+]
+
+CHECKSUM_COLUMN = "checksum"
+CHECKSUM_BYTES = 16  # 128 bits: collisions are irrelevant next to 1e-20-level random corruption odds
+
+
+def row_checksum(buf) -> bytes:
+    """The checksum of one row: blake2b-128 of its stored hidden bytes (any C-contiguous buffer)."""
+    return hashlib.blake2b(buf, digest_size=CHECKSUM_BYTES).digest()
+
+
+def _row_views(col) -> list[np.ndarray]:
+    """Each row of a fixed-size-list hidden column (array or chunked) as a zero-copy 1-D numpy view."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    out = []
+    for ch in chunks:
+        if not len(ch):
+            continue
+        size = ch.type.list_size
+        vals = ch.values.slice(ch.offset * size, len(ch) * size).to_numpy(zero_copy_only=True)
+        out.extend(vals.reshape(len(ch), size))
+    return out
+
+
+def hidden_checksums(col) -> list[bytes]:
+    """Checksums of every row of a hidden column, in order."""
+    return [row_checksum(r) for r in _row_views(col)]
+
+
+def checksum_array(col) -> pa.Array:
+    """The ``checksum`` column materialize writes: of a raw hidden column, or of (N, T*C) numpy rows of bits."""
+    sums = [row_checksum(r) for r in col] if isinstance(col, np.ndarray) else hidden_checksums(col)
+    return pa.array(sums, type=pa.binary(CHECKSUM_BYTES))
+
+
+def mismatched_rows(table, values: np.ndarray | None = None) -> list[int]:
+    """Positions (0-based, within ``table``) whose hidden bits do not match their stored checksum.
+
+    ``values``: the rows' decoded bits, (N, T*C) (zgdata/store/codec.py); default the raw ``hidden`` column."""
+    stored = table.column(CHECKSUM_COLUMN).to_pylist()
+    got = [row_checksum(r) for r in values] if values is not None else hidden_checksums(table.column("hidden"))
+    return [i for i, (want, have) in enumerate(zip(stored, got)) if want != have]
+
+
+def recover_fix(path: Path, kind: str | None = None) -> str:
+    """What to do about a damaged dataset: restore the tracked copy, or re-create it."""
+    return (
+        f"restore it with `dvc checkout {path}` (or `dvc pull {path}`), or re-create it with "
+        f"`dvc repro -f {'tokens' if kind == 'tokens' else 'materialize'}`"
+    )
+
+
+def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = None) -> None:
+    """Raise if any row of ``table`` (read from ``path``; dataset row numbers ``rows``) fails its checksum."""
+    bad = mismatched_rows(table, values)
+    if not bad:
+        return
+    r = int(rows[bad[0]])
+    more = f" (and {len(bad) - 1} more of the {len(table)} rows read)" if len(bad) > 1 else ""
+    raise ZgError(
+        f"{path} row {r} (seq_id {int(seq_ids[r])}) does not match its checksum: its hidden states "
+        f"changed after materialize wrote them{more}",
+        fix=recover_fix(path),
+    )
+
+
+def check_format(path: Path, schema: pa.Schema, meta: dict) -> None:
+    """Refuse a boundary dataset written in another format (e.g. before per-row checksums)."""
+    from zgdata.store.codec import FORMAT_OF, codec_of
+
+    have = meta.get("format_version")
+    field = schema.field(CHECKSUM_COLUMN) if CHECKSUM_COLUMN in schema.names else None
+    codec = codec_of(meta)
+    if have == FORMAT_OF[codec] and field is not None and field.type == pa.binary(CHECKSUM_BYTES):
+        return
+    if have is None:
+        what = (
+            f"was written before boundary format {BOUNDARY_FORMAT_VERSION} (no zg.format_version, no per-row checksums)"
+        )
+    elif have not in FORMAT_OF.values():
+        what = (
+            f"has boundary format {have}, but this zg reads formats {', '.join(map(str, sorted(FORMAT_OF.values())))}"
+        )
+    elif have != FORMAT_OF[codec]:
+        what = f"has boundary format {have}, which does not match its codec {codec!r}"
+    else:
+        what = f"claims boundary format {have} but has no valid `{CHECKSUM_COLUMN}` column"
+    raise ZgError(
+        f"{path} {what}",
+        fix="rematerialize it with `dvc repro -f materialize` (or pull boundaries written by a current zg)",
+    )
+
+
+def _is_read_error(e: BaseException) -> bool:
+    # Lance raises OSError / ValueError (ArrowInvalid) for damaged or missing files, and pyo3
+    # turns a Rust panic into PanicException, which derives from BaseException only.
+    return isinstance(e, (OSError, ValueError, RuntimeError, pa.ArrowException)) or type(e).__name__ == "PanicException"
+
+
+def read_error(path: Path, kind: str | None, e: BaseException) -> ZgError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = re.sub(r",?\s*/rustc/\S*", "", first)[:160]  # the Rust source location helps no user
+    return ZgError(
+        f"cannot read {path}: a data file is truncated, corrupt or missing ({first})", fix=recover_fix(path, kind)
+    )
+
+
+class _Guarded:
+    """A Lance dataset whose reads turn Arrow/Lance errors into one-line ZgErrors naming the dataset.
+
+    Everything else (schema, version, versions(), get_fragments(), ...) is the dataset's own;
+    ``scanner()`` is not wrapped, so stream with ``to_batches``.
+    """
+
+    _READS = ("take", "to_table", "count_rows", "head", "sample")
+
+    def __init__(self, ds, path: Path, kind: str | None):
+        self.lance_dataset, self._path, self._kind = ds, Path(path), kind
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "lance_dataset":  # copy/pickle probes, half-built instance
+            raise AttributeError(name)
+        attr = getattr(self.lance_dataset, name)
+        if name in self._READS:
+            return self._wrap(attr)
+        if name == "to_batches":
+            return self._wrap_iter(attr)
+        return attr
+
+    def _wrap(self, fn):
+        def call(*a, **k):
+            try:
+                return fn(*a, **k)
+            except BaseException as e:
+                if isinstance(e, ZgError) or not _is_read_error(e):
+                    raise
+                raise read_error(self._path, self._kind, e) from e
+
+        return call
+
+    def _wrap_iter(self, fn):
+        def gen(*a, **k):
+            try:
+                yield from fn(*a, **k)
+            except BaseException as e:
+                if isinstance(e, (ZgError, GeneratorExit)) or not _is_read_error(e):
+                    raise
+                raise read_error(self._path, self._kind, e) from e
+
+        return gen
+
+    def __repr__(self) -> str:
+        return f"<zg dataset {self._path} v{self.lance_dataset.version}>"
+
+
+def guarded(ds, path: Path, kind: str | None):
+    return _Guarded(ds, path, kind)
+
+
+def scan_checksums(
+    ds, row_bytes: int, *, batch_bytes: int = 64 << 20, columns=("hidden",), decode=None
+) -> tuple[int, list[tuple[int, int]]]:
+    """Check every row's checksum, streaming about ``batch_bytes`` at a time (never the whole dataset).
+
+    ``columns``/``decode``: the value columns and a batch -> (N, T*C) bits decoder (zgdata/store/codec.py);
+    default the raw ``hidden`` column. Returns (rows checked, [(row, seq_id) of each row that fails]).
+    """
+    n, bad = 0, []
+    for rb in ds.to_batches(columns=["seq_id", *columns, CHECKSUM_COLUMN], batch_size=max(1, batch_bytes // row_bytes)):
+        seq = rb.column("seq_id")
+        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb, decode(rb) if decode else None)]
+        n += rb.num_rows
+    return n, bad

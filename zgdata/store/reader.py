@@ -1,0 +1,245 @@
+"""Reading API for training: a block's boundary pair, aligned by row, whole sequences.
+
+Rows pair up by position in every boundary dataset (the token set's order); opening a
+pair checks that by ``seq_id`` and checks that both sides share one lineage.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from zgdata.core.timing import span
+from zgdata.errors import ZgError
+from zgdata.lineage import check
+from zgdata.store.codec import codec_of, decode_rows, hidden_columns, value_info
+from zgdata.store.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
+from zgdata.store.lance_io import open_dataset, rows_tensor, schema_meta
+from zgdata.trust import dvc_lock as trust
+
+__all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows"]
+
+
+class BoundaryDataset:
+    """One complete boundary dataset, opened read-only."""
+
+    def __init__(self, path: Path, *, version: int | None = None, recheck: bool = False):
+        self.path, self.recheck = Path(path), recheck
+        if version is None:  # the workspace's bytes: the ones dvc.lock (git) records, whatever a remote served
+            trust.verify(self.path)
+        self.ds = open_dataset(self.path, kind="boundary", version=version)
+        self.meta = schema_meta(self.ds.schema)
+        self.codec = codec_of(self.meta)
+        self.columns = hidden_columns(self.codec)
+        self.field = self.ds.schema.field(self.columns[0])  # carries zg.dtype and zg.shape
+        self.dtype, self.seq_len, self.hidden = value_info(self.ds.schema, self.meta)
+        cols = self.ds.to_table(columns=["seq_id", "split"])
+        self.seq_ids = cols.column("seq_id").to_numpy()
+        self.splits = np.asarray(cols.column("split").to_pylist())
+        expected = sum(self.meta.get("rows", {}).values())
+        if len(self.seq_ids) != expected:
+            raise ZgError(
+                f"{self.path} has {len(self.seq_ids)} rows but its metadata promises {expected}",
+                fix=f"restore it with `dvc checkout {self.path}` or re-run `dvc repro -f materialize`",
+            )
+        self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
+        self._verified = np.zeros(len(self.seq_ids), dtype=bool)  # rows whose checksum this object has checked
+        self._pages, self._sums = False, None
+        self._np_dtype = np.uint16 if self.dtype == "bfloat16" else np.float32
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["fingerprint"]
+
+    def rows(self, split: str) -> np.ndarray:
+        return np.flatnonzero(self.splits == split)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row's decoded values."""
+        return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
+
+    def decode(self, table, rows=None, *, strict: bool = True) -> np.ndarray:
+        """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error."""
+        try:
+            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict)
+        except ValueError as e:
+            where = f" (rows {int(np.min(rows))}-{int(np.max(rows))})" if rows is not None and len(rows) else ""
+            raise ZgError(f"{self.path}{where}: {e}", fix=recover_fix(self.path)) from e
+
+    def take(self, rows, *, check: bool = True) -> torch.Tensor:
+        """(N, T, C) hidden states of the given row numbers, in the storage dtype (bf16 is a zero-copy view).
+
+        Each row is checked against the checksum materialize wrote the first time this dataset object
+        reads it (a ZgError names the first bad row; ``recheck=True`` at open checks on every read);
+        ``check=False`` is for verify, which has already checked every row and reports instead.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self.seq_ids)):
+            raise IndexError(f"row numbers must be in [0, {len(self.seq_ids)}) for {self.path}")
+        order = np.argsort(rows, kind="stable")
+        srt = rows[order]  # Lance (and the page maps) read sorted rows fastest; the caller's order is restored below
+        need = check and (self.recheck or not self._verified[srt].all())
+        with span("reader.take", rows=len(rows)) as sp:
+            pages = self._page_reader()
+            if pages is not None:  # mapped pages: read straight into the caller's order, one copy
+                values = pages(rows)
+                if need:
+                    check_rows(self.path, self._checksums(rows), rows, self.seq_ids, values)
+            else:
+                table = self.ds.take(srt, columns=self.columns + ([CHECKSUM_COLUMN] if need else []))
+                values = self.decode(table, rows)
+                if need:
+                    check_rows(self.path, table, srt, self.seq_ids, values)
+                if not np.array_equal(order, np.arange(len(rows))):
+                    values = values[np.argsort(order)]
+            if need:
+                self._verified[srt] = True
+            out = rows_tensor(values, self.dtype, self.seq_len, self.hidden)
+            sp.nbytes = out.numel() * out.element_size()
+        return out
+
+    def _page_reader(self):
+        """Mapped pages of a raw dataset (zgdata/store/pagemap.py), or the decoded-row cache of a compressed one
+        (zgdata/store/decoded_cache.py), built on first use; None: read with Lance take (and decode) every time."""
+        if self._pages is False:
+            self._pages = None
+            fetch = lambda r: self.decode(self.ds.take(r, columns=self.columns), r)  # noqa: E731
+            if self.codec == "raw":
+                from zgdata.store.pagemap import page_reader
+
+                self._pages = page_reader(
+                    self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype, fetch
+                )
+            else:
+                from zgdata.store.decoded_cache import decoded_cache
+
+                self._pages = decoded_cache(len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch)
+        if self.recheck and self.codec != "raw":
+            return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
+        return self._pages
+
+    def _checksums(self, rows: np.ndarray):
+        """A one-column table of the stored checksums of ``rows`` (the column is read once, 16 bytes a row)."""
+        if self._sums is None:
+            self._sums = self.ds.to_table(columns=[CHECKSUM_COLUMN]).column(CHECKSUM_COLUMN).combine_chunks()
+        return pa.table({CHECKSUM_COLUMN: self._sums.take(pa.array(rows))})
+
+    def by_seq_id(self, seq_ids) -> torch.Tensor:
+        return self.take(rows_of_seq_ids(self._row_of, seq_ids, self.path))
+
+
+def rows_of_seq_ids(row_of: dict, seq_ids, where) -> list[int]:
+    """Row numbers of ``seq_ids`` in a boundary whose ``row_of`` maps seq_id -> row; ``where`` names it in errors."""
+    try:
+        return [row_of[int(s)] for s in seq_ids]
+    except KeyError as e:
+        raise ZgError(f"seq_id {e.args[0]} is not in {where}", fix="use seq_ids from data/tokens.lance") from e
+
+
+def epoch_order(n: int, epoch: int, seed: int) -> torch.Tensor:
+    """The permutation of ``n`` rows for ``epoch``: a pure function of (seed, epoch), so resume is exact."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
+    return torch.randperm(n, generator=g)
+
+
+def step_rows(rows: np.ndarray, step: int, batch_size: int, seed: int) -> np.ndarray:
+    """Row numbers of training step ``step``: epochs of seeded permutations of ``rows``, concatenated."""
+    n = len(rows)
+    start = step * batch_size
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), n)
+        order = epoch_order(n, epoch, seed)
+        take = min(batch_size - len(out), n - offset)
+        out.extend(rows[order[offset : offset + take].numpy()])
+    return np.asarray(out)
+
+
+class BoundaryPair:
+    """The (input, target) boundaries of one block (paths, or boundaries already open: a virtual h00)."""
+
+    def __init__(self, input_path, output_path):
+        self.input = input_path if hasattr(input_path, "take") else BoundaryDataset(input_path)
+        self.output = output_path if hasattr(output_path, "take") else BoundaryDataset(output_path)
+        self._pool = None
+        check(
+            self.input.name, self.input.meta.get("lineage", {}), self.output.name, self.output.meta.get("lineage", {})
+        )
+        if not np.array_equal(self.input.seq_ids, self.output.seq_ids):
+            bad = (
+                int(np.flatnonzero(self.input.seq_ids != self.output.seq_ids)[0])
+                if len(self.input.seq_ids) == len(self.output.seq_ids)
+                else min(len(self.input.seq_ids), len(self.output.seq_ids))
+            )
+            raise ZgError(
+                f"{self.input.path} and {self.output.path} are not row-aligned (first difference at row {bad})",
+                fix="re-run `dvc repro -f materialize` so both come from one pass",
+            )
+        if self.input.meta["lineage"]["layer"] >= self.output.meta["lineage"]["layer"]:
+            raise ZgError(
+                f"{self.input.name} (layer {self.input.meta['lineage']['layer']}) does not precede "
+                f"{self.output.name} (layer {self.output.meta['lineage']['layer']})",
+                fix="set blocks.KEY.in to the earlier boundary and out to the later one",
+            )
+
+    def rows(self, split: str) -> np.ndarray:
+        return self.input.rows(split)
+
+    def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both sides' rows; the target side is read in a second thread (copies and hashing release the GIL)."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zg-pair")
+        y = self._pool.submit(self.output.take, rows)
+        return self.input.take(rows), y.result()
+
+    def batch_rows(self, split: str, step: int, batch_size: int, seed: int) -> np.ndarray:
+        rows = self.rows(split)
+        if len(rows) == 0:
+            raise ZgError(f"{self.input.path} has no '{split}' rows", fix="check corpus.heldout and the caps")
+        return step_rows(rows, step, batch_size, seed)
+
+    def batches(
+        self, split: str, *, start_step: int, steps: int, batch_size: int, seed: int, prefetch: int = 2
+    ) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+        """Yield (step, rows, x, y) for steps [start_step, steps), loading ahead in a thread."""
+        q: queue.Queue = queue.Queue(maxsize=max(prefetch, 1))
+        stop = threading.Event()
+
+        def work():
+            try:
+                for step in range(start_step, steps):
+                    if stop.is_set():
+                        return
+                    rows = self.batch_rows(split, step, batch_size, seed)
+                    q.put((step, rows, *self.take(rows)))
+                q.put(None)
+            except BaseException as e:  # re-raised in the consumer
+                q.put(e)
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        try:
+            while (item := q.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while t.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    t.join(0.05)

@@ -1,0 +1,274 @@
+"""The git lineage is the root of trust: check DVC-tracked inputs against ``dvc.lock`` before a stage reads them.
+
+Per-row checksums stored beside the data catch accidents (a torn write, a flipped bit on disk), but whoever can
+write the data can rewrite them too. ``dvc.lock`` lives in git: it records the md5 of every stage output, and a
+directory output's md5 is that of its ``.dir`` file list (each file's md5 and path, serialized as DVC does), which
+zg recomputes from the files themselves (less what ``.dvcignore`` hides from DVC, such as a student folder's
+model card): no cache needed. A DVC remote that serves other bytes, or another file
+list, cannot change what git recorded, and DVC itself does not refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
+keyed by inode, size, modification and change time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
+Files added with ``dvc add`` (a corpus, an eval set) are checked the same way against the ``.dvc`` file beside them
+(``corpus.dvc`` for ``corpus/``) as git's HEAD has it (``zgdata/trust/dvc_added.py``).
+
+A path that neither ``dvc.lock`` nor a ``.dvc`` file records (a project run without DVC, a file git tracks itself, a
+test fixture) is not checked: there is nothing to check it against. A recorded path whose bytes differ is refused
+with one line naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from zgdata.core.paths_guard import inside
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.trust import dvc_added
+
+__all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
+
+STATE = Layout(Path(".")).trust_cache  # relative to a project root
+_CHUNK = 1 << 22
+_MEMO: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> md5, for this process
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checked:
+    """What ``verify_all`` looked at: files hashed now, files whose hash came from the stat-keyed cache."""
+
+    outputs: int
+    hashed: int
+    cached: int
+
+
+def _project_root(path: Path) -> Path | None:
+    for d in [path, *path.parents]:
+        if (d / "dvc.yaml").is_file() or (d / "dvc.lock").is_file():
+            return d
+    return None
+
+
+def recorded(root: Path) -> dict[str, str]:
+    """Every output ``root/dvc.lock`` records: its path (relative to root) -> md5 (``....dir`` for a directory)."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {}
+    try:
+        doc = yaml.safe_load(lock.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ZgError(
+            f"{lock} is not valid YAML ({str(e).splitlines()[0]})", fix="restore it from git (`git checkout dvc.lock`)"
+        ) from e
+    out = {}
+    for stage in (doc.get("stages") or {}).values():
+        for o in (stage or {}).get("outs") or []:
+            if isinstance(o, dict) and o.get("path") and o.get("md5"):
+                out[os.path.normpath(o["path"])] = str(o["md5"])
+    return out
+
+
+def _cache_dir(root: Path) -> Path:
+    """The DVC cache (``cache.dir`` of .dvc/config.local or .dvc/config, else .dvc/cache)."""
+    import configparser
+
+    for name in ("config.local", "config"):
+        cfg = configparser.ConfigParser()
+        try:
+            cfg.read(root / ".dvc" / name)
+        except configparser.Error:
+            continue
+        d = cfg.get("cache", "dir", fallback=None)
+        if d:
+            d = d.strip().strip("'\"")
+            return (root / ".dvc" / d).resolve() if not os.path.isabs(d) else Path(d)
+    return root / ".dvc" / "cache"
+
+
+def _md5(path: Path, state: dict, counts: dict) -> str:
+    st = path.stat()
+    stat = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]  # ctime: an edit that restores mtime still shows
+    key = (str(path), *stat)
+    if key in _MEMO:
+        counts["cached"] += 1
+        return _MEMO[key]
+    hit = state.get(str(path))
+    if hit and hit[:4] == stat:
+        counts["cached"] += 1
+        _MEMO[key] = hit[4]
+        return hit[4]
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    counts["hashed"] += 1
+    digest = h.hexdigest()
+    state[str(path)] = [*stat, digest]
+    _MEMO[key] = digest
+    return digest
+
+
+def _fix(rel: str) -> str:
+    return (
+        f"restore it from git's record with `dvc checkout {rel}` (or `dvc pull {rel}` from a remote you trust); "
+        f"if you rebuilt it yourself on purpose, record it with `dvc commit`"
+    )
+
+
+def _cached_manifest(root: Path, h: str) -> list[dict] | None:
+    """The DVC cache's file list of a directory output with md5 ``h``, when the cache holds an intact one."""
+    path = _cache_dir(root) / "files" / "md5" / h[:2] / (h[2:] + ".dir")
+    try:
+        raw = path.read_bytes()
+        return json.loads(raw) if hashlib.md5(raw).hexdigest() == h else None
+    except (OSError, ValueError):
+        return None
+
+
+def _listing_md5(files: dict[str, str]) -> str:
+    """The md5 DVC gives a directory: of its file list as DVC serializes it (dvc_data Tree.as_bytes)."""
+    entries = sorted(({"md5": m, "relpath": r} for r, m in files.items()), key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _dvcignored(root: Path, base: Path, files) -> set[str]:
+    """The files (relative to ``base``) that ``root/.dvcignore`` hides from DVC, which leaves them out of a
+    directory's listing: a student folder's model card, rewritten by evaluate (zgtrain/student/card.py)."""
+    try:
+        lines = (root / ".dvcignore").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    import pathspec
+
+    spec = pathspec.GitIgnoreSpec.from_lines(lines)
+    prefix = Path(os.path.relpath(base, root)).as_posix()
+    return {f for f in files if spec.match_file(f"{prefix}/{f}")}
+
+
+def _check_dir(root: Path, rel: str, md5: str, state: dict, counts: dict, by: str, fix: str) -> None:
+    """The directory's files, hashed, give the md5 its record (``by``) holds (no cache needed); on a mismatch, the
+    cache's file list (when it has one) names the file that differs."""
+    h, base = md5.removesuffix(".dir"), root / rel
+    have = {
+        Path(os.path.relpath(os.path.join(d, f), base)).as_posix(): _md5(Path(d) / f, state, counts)
+        for d, _, files in os.walk(base)
+        for f in files
+    }
+    if _listing_md5(have) == h:
+        return
+    hidden = _dvcignored(root, base, have)  # read only now: a listing that matches needs no .dvcignore
+    if hidden:
+        have = {f: m for f, m in have.items() if f not in hidden}
+        if _listing_md5(have) == h:
+            return
+    listed = _cached_manifest(root, h)
+    if listed is None:
+        raise ZgError(f"{rel} does not match {by} (the md5 of its files differs from the one git records)", fix=fix)
+    want = {e["relpath"]: e["md5"] for e in listed}
+    extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+    changed = sorted(f for f in set(have) & set(want) if have[f] != want[f])
+    if changed:
+        raise ZgError(f"{rel}/{changed[0]} does not match {by} (its md5 differs from the one git records)", fix=fix)
+    what = (
+        f"{len(missing)} recorded file(s) missing (e.g. {missing[0]})"
+        if missing
+        else f"{len(extra)} file(s) {by} does not record (e.g. {extra[0]})"
+    )
+    raise ZgError(f"{rel} does not match {by}: {what}", fix=fix)
+
+
+def _load_state(root: Path) -> dict:
+    try:
+        return json.loads((root / STATE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(root: Path, state: dict) -> None:
+    path = inside(root / STATE, root, what="output")  # .zg/ linked elsewhere: refused, not written through
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache only: a read-only project is checked again next time
+
+
+def verify(*paths: Path | str) -> Checked:
+    """Check each path that ``dvc.lock`` records against it, and each path that a ``.dvc`` file records (the path
+    itself or a folder holding it: the whole folder is checked once) against that file."""
+    return _verify(paths, {})
+
+
+def _verify(paths, read: dict) -> Checked:
+    """``verify``, given the ``.dvc`` files already read (path -> dvc_added.outputs), which it adds to."""
+    counts = {"outputs": 0, "hashed": 0, "cached": 0}
+    by_root: dict[Path, list[Path]] = {}
+    for p in paths:
+        p = Path(p).absolute()
+        root = _project_root(p.parent)
+        if root is not None:
+            by_root.setdefault(root, []).append(p)
+    for root, ps in by_root.items():
+        rec = recorded(root)
+        todo: dict[Path, tuple[str, str, str]] = {}  # output -> (md5, the record that gives it, the fix)
+        for p in ps:
+            rel = os.path.normpath(os.path.relpath(p, root))
+            if rel in rec:
+                todo.setdefault(p, (rec[rel], "dvc.lock", _fix(rel)))
+            elif r := dvc_added.holding(root, p, read):
+                todo.setdefault(r.out, (r.md5, r.by, r.fix))
+        if not todo:
+            continue
+        state = _load_state(root)
+        before = counts["hashed"]
+        for out, (md5, by, fix) in todo.items():
+            _check(root, out, md5, by, fix, state, counts)
+        if counts["hashed"] != before:
+            _save_state(root, state)
+    return Checked(**counts)
+
+
+def _check(root: Path, p: Path, md5: str, by: str, fix: str, state: dict, counts: dict) -> None:
+    rel = os.path.normpath(os.path.relpath(p, root))
+    if not p.exists():
+        raise ZgError(
+            f"{rel} is missing ({by} records it)", fix=f"restore it with `dvc checkout {rel}` or `dvc pull {rel}`"
+        )
+    counts["outputs"] += 1
+    if md5.endswith(".dir"):
+        _check_dir(root, rel, md5, state, counts, by, fix)
+    elif _md5(p, state, counts) != md5:
+        raise ZgError(f"{rel} does not match {by} (its md5 differs from the one git records)", fix=fix)
+
+
+def _in_git(root: Path) -> set[str]:
+    """Files git itself tracks under ``root`` (outputs declared ``cache: false``, such as reports and metrics)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return set()
+    return {os.path.normpath(p) for p in out.decode(errors="replace").split("\0") if p}
+
+
+def verify_all(root: Path | str = ".") -> Checked:
+    """``zg data verify --full``: every output dvc.lock records that is present in the workspace, except files git
+    tracks itself (``cache: false`` reports and metrics: no remote serves them, and `git status` shows an edit;
+    zg rewrites some of them, such as reports/verify.json, outside ``dvc repro``), and every output of the
+    ``.dvc`` files git tracks (``dvc add``)."""
+    root = Path(root).absolute()
+    tracked = _in_git(root)
+    present = [root / rel for rel in recorded(root) if (root / rel).exists() and rel not in tracked]
+    read: dict = {}  # each .dvc file read once (one `git show`), here and by the check
+    for f in sorted(tracked):
+        if f.endswith(".dvc") and (root / f).is_file():
+            read[root / f] = dvc_added.outputs(root / f, root)
+            present += [r.out for r in read[root / f] if root in r.out.parents and r.out.exists()]
+    return _verify(present, read)

@@ -1,0 +1,49 @@
+"""A trained block back from its folder: the student block its meta.json describes, with its checked weights.
+
+The folder's format (meta.json, the checkpoints, the weights digest) is zgtrain/fit/checkpoint.py's; this module
+builds the block's module from it, so the generic loop's room needs no model.
+"""
+
+from __future__ import annotations
+
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgtrain.fit.checkpoint import check_weights, load_tensors, read_meta, reload_fix
+
+__all__ = ["load_block"]
+
+
+def load_block(layout: Layout, key: str, *, which: str = "final"):
+    """(StudentBlock, meta) of a trained block: ``final`` weights or the untrained ``init`` weights."""
+    from zgdata.families.registry import config_from_dict
+    from zgtrain.block.model import StudentBlock
+
+    d = layout.block_dir(key)
+    meta = read_meta(d)
+    if meta is None:
+        raise ZgError(
+            f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro train@{key}`"
+        )
+    if which == "final" and not meta.get("done"):
+        raise ZgError(
+            f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
+            fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`",
+        )
+    config = config_from_dict(meta["teacher_config"])
+    # no "windows": full attention; "layer_types" only where the family has several (zgdata/families/registry.py);
+    # no "kv_heads": the teacher's KV heads; no "attention": every layer attends (attn_linear: "linear")
+    block = StudentBlock(
+        config,
+        meta["intermediate_sizes"],
+        meta.get("windows"),
+        meta.get("layer_types"),
+        meta.get("kv_heads"),
+        meta.get("attention"),
+    )
+    if which == "final":
+        check_weights(d, meta)
+    weights = load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
+    missing, unexpected = block.load_state_dict(weights, strict=False)
+    if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
+        raise ZgError(f"the weights in {d} do not fit block {key}'s shape", fix=reload_fix(key))
+    return block.eval(), meta

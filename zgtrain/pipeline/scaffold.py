@@ -1,0 +1,109 @@
+"""A project's scaffold: `zg init` (git, dvc, params.yaml from a profile, dvc.yaml, the ignore files) and
+`zg pipeline` (the generated parts of params.yaml and dvc.yaml rewritten after an edit)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from zgdata.config import PartitionConfig, ProjectKind, defaults, load_params, project_kind, section
+from zgdata.core.atomic import write_text
+from zgdata.errors import ZgError
+from zgtrain.pipeline.profiles import profile_params
+from zgtrain.pipeline.stages import dump_params, write_pipeline
+from zgtrain.project.config import ProjectConfig, SearchConfig
+from zgtrain.project.local import LocalConfig
+
+__all__ = ["init_project", "regenerate", "write_dvcignore"]
+
+
+def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
+    """`zg pipeline`: rewrite the generated parts of params.yaml after an edit, then dvc.yaml from the result.
+
+    Generated parts: ``blocks:`` (a conversion: one entry per block of partition.boundaries, each keeping its own
+    train overrides; local pretraining: none), ``local.blocks`` (local.mode: sequential: one entry per block, the
+    params key of its stage) and ``search:`` (its defaults, where a variant library needs one). Everything else is
+    written back as read. Nothing is written unless the result parses as a project.
+    """
+    params_path = Path(params_path)
+    params = load_params(params_path)  # the document itself: its sections are rewritten, not only read
+    kind = project_kind(params)
+    blocks = section(params, PartitionConfig).blocks()
+    if kind is ProjectKind.LOCAL and section(params, LocalConfig).mode == "sequential":
+        over = params["local"].get("blocks") or {}  # one params key per block stage
+        params["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in blocks}
+    old = params.get("blocks") or {}
+    params["blocks"] = (
+        {}
+        if kind is ProjectKind.LOCAL
+        else {  # a local project's blocks are its partition's
+            b.key: {
+                **{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
+                "in": b.input,
+                "out": b.output,
+            }
+            for b in blocks
+        }
+    )
+    project = ProjectConfig.from_params(params)
+    if project.variants and "search" not in params:  # the search stage depends on search:, so it must exist
+        params["search"] = defaults(SearchConfig)
+    write_text(params_path, dump_params(params))
+    code_deps = (params_path.parent / "zgtrain" / "block" / "train.py").exists()  # a checkout of ZeroGraph itself
+    write_dvcignore(params_path.parent)  # adds the model cards' lines where the project lacks them
+    return write_pipeline(params_path.parent, project, code_deps=code_deps), project
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    try:
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except FileNotFoundError as e:  # the program itself is not on PATH
+        raise ZgError(
+            f"`{cmd[0]}` is not on PATH (zg init runs `{' '.join(cmd)}`)",
+            fix="install git and dvc (make setup), or activate the environment that has them (.venv/bin)",
+        ) from e
+    if res.returncode:
+        raise ZgError(
+            f"`{' '.join(cmd)}` failed in {cwd}: {(res.stderr or res.stdout).strip()[:300]}",
+            fix="install git and dvc (make setup) and retry",
+        )
+
+
+def init_project(root: Path, profile: str) -> Path:
+    """Scaffold a conversion project: git + dvc init, params.yaml, dvc.yaml, .gitignore."""
+    root = Path(root)
+    params = profile_params(profile)
+    if (root / "dvc.yaml").exists() or (root / "params.yaml").exists():
+        raise ZgError(
+            f"{root} already holds a ZeroGraph project (dvc.yaml or params.yaml exists)",
+            fix="choose an empty directory, or run `zg pipeline` inside it to regenerate dvc.yaml",
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / ".git").exists():
+        _run(["git", "init", "-q"], root)
+    if not (root / ".dvc").exists():
+        _run(["dvc", "init", "-q"], root)
+    # never hardlink/symlink: an in-place edit of a linked workspace file would change the cache object
+    # itself, and `dvc status` would call it clean (docs/SHARING.md, bench/out/dvc_cache_type.txt)
+    _run(["dvc", "config", "cache.type", "reflink,copy"], root)
+    write_text(root / "params.yaml", dump_params(params))
+    write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)
+    (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/core/lock.py's lock files
+    write_dvcignore(root)
+    return root
+
+
+def write_dvcignore(root: Path) -> Path:
+    """Add what DVC must not hash to ``root/.dvcignore`` (lines already there are kept, none is added twice):
+    ``/.zg/`` (lock files, caches) and the student folders' model cards that evaluate rewrites
+    (zgtrain/student/card.py ``DVC_IGNORED``; docs/ARCHITECTURE.md, "Model cards and DVC")."""
+    from zgtrain.student.card import DVC_IGNORED
+
+    path = Path(root) / ".dvcignore"
+    text = path.read_text() if path.exists() else ""
+    have = {line.strip() for line in text.splitlines()}
+    new = [line for line in ("/.zg/", *DVC_IGNORED) if line not in have]
+    if new:
+        with open(path, "a") as f:
+            f.write(("\n" if text and not text.endswith("\n") else "") + "\n" + "\n".join(new) + "\n")
+    return path
