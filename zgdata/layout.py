@@ -232,6 +232,14 @@ class Layout:
         repaired (repair), search (search_assemble)."""
         return {"student": self.student, "repaired": self.repair.model, "search": self.search_student}
 
+    @property
+    def stage_folders(self) -> tuple[Path, ...]:
+        """The folders that hold the stages' outputs (besides exports): nothing else may be written there, and an
+        export is never one of them, inside one, or above one."""
+        m = self.root / "models"
+        dirs = ("teacher", "blocks", "student", "repaired", "search", "local", "variants")
+        return (self.root / "data", *(m / d for d in dirs), *(self.root / d for d in ("metrics", "reports", "plots")))
+
     def export_dir(self, name: str, dtype: str) -> Path:
         """`zg export`'s default output for a student (name: student, repaired, search) at a dtype."""
         return self.root / "models" / "export" / f"{name}-{dtype}"

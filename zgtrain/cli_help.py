@@ -108,7 +108,10 @@ Arguments:
 Options:
   --format <str>  hf (a stock transformers folder) or gguf (llama.cpp).
                   [default: hf]
-  --out <path>    output folder (default: models/export/NAME-DTYPE).
+  --out <path>    output folder, inside the project or anywhere else (default:
+                  models/export/NAME-DTYPE); with --format gguf a path ending
+                  in .gguf is the file itself. Replaces only a previous export
+                  of zg.
   --dtype <str>   f32, f16, bf16, or q8_0 (gguf only); default: f32 for hf,
                   f16 for gguf.
   --json

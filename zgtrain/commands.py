@@ -402,7 +402,12 @@ def export_student(
         "student", help="student, repaired, search (the project's folders) or a student folder's path."
     ),
     fmt: str = typer.Option("hf", "--format", help="hf (a stock transformers folder) or gguf (llama.cpp)."),
-    out: Path | None = typer.Option(None, "--out", help="output folder (default: models/export/NAME-DTYPE)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="output folder, inside the project or anywhere else (default: models/export/NAME-DTYPE); with "
+        "--format gguf a path ending in .gguf is the file itself. Replaces only a previous export of zg.",
+    ),
     dtype: str | None = typer.Option(
         None, "--dtype", help="f32, f16, bf16, or q8_0 (gguf only); default: f32 for hf, f16 for gguf."
     ),

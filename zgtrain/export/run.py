@@ -18,13 +18,13 @@ from pathlib import Path
 from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgtrain.export.target import RECORD, check_target, record_path
 from zgtrain.project.config import DEFAULT_DTYPE
 
 __all__ = ["FORMATS", "DTYPES", "DEFAULT_DTYPE", "NAMES", "ExportResult", "resolve_student", "default_out", "export"]
 
 FORMATS = ("hf", "gguf")
 DTYPES = {"hf": ("f32", "f16", "bf16"), "gguf": ("f32", "f16", "bf16", "q8_0")}
-RECORD = "export.json"
 NAMES = ("student", "repaired", "search")
 """The project's student folders by name: models/student, models/repaired, models/search/student."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -133,6 +133,21 @@ def _lineage(path: Path, layout: Layout) -> dict:
     return out
 
 
+def _record(fmt, dtype, name, src, sha, lineage, files, info, layout) -> dict:
+    """export.json: what was exported, from which student (its sha256), with which teacher and tokenizer."""
+    return {
+        "format": fmt,
+        "dtype": dtype,
+        "name": name,
+        "student": _shown(src, layout),
+        "student_sha256": sha,
+        **lineage,
+        "files": files,
+        "info": info,
+        "zg_version": _version(),
+    }
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -153,42 +168,44 @@ def export(
     """Export ``student`` (a folder, or student / repaired / search) as ``fmt`` in ``dtype`` to ``out`` (default
     ``models/export/<name>-<dtype>``): check first (nothing written on refusal), then write atomically."""
     from zgdata.core.atomic import atomic_path, write_json, write_text
-    from zgdata.core.lock import project_lock
+    from zgdata.core.lock import lock_path, project_lock
     from zgtrain.student.card import export_card
     from zgtrain.student.load import student_sha256
 
     dtype = _check_choice(fmt, dtype)
     src = resolve_student(student, layout)
     name = _name(student, src, layout)
-    out = Path(out) if out is not None else default_out(student, dtype, layout)
+    out = Path(out).expanduser() if out is not None else default_out(student, dtype, layout)
     a, b = src.resolve(), out.resolve()
-    if a == b or a in b.parents or b in a.parents:
+    if a == b or a in b.parents:
         raise ZgError(f"--out {out} overlaps the student folder {src}", fix="export to a folder of its own")
+    check_target(out, layout.root)  # a folder that holds the student is refused here: it is none of zg's exports
+    single = fmt == "gguf" and out.suffix == ".gguf"  # --out x.gguf: the file itself, its record beside it
+    if single and out.is_dir():
+        raise ZgError(f"--out {out} is a folder (a previous export of zg)", fix="name a .gguf file or that folder")
     check, write = _backend(fmt)
     check(src, dtype=dtype)  # a refusal here has written nothing
-    with project_lock(layout, "export", writes=out, errors_at=out.parent):
+    root = layout.root.resolve()
+    inside = b == root or root in b.parents
+    # the lock guards the output's folder where it is the project's; a path outside it is the user's to name
+    guard = {"writes": out, "errors_at": out.parent} if inside else {"writes": lock_path(layout, "export")}
+    with project_lock(layout, "export", **guard):
         sha = student_sha256(src)
         lineage = _lineage(src, layout)
-        with atomic_path(out) as tmp:
-            tmp.mkdir()
-            if fmt == "hf":
+        if single:
+            with atomic_path(out) as tmp:
                 info = write(src, tmp, dtype=dtype)
-            else:
-                info = write(src, tmp / f"{name}.gguf", dtype=dtype)
-            files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-            record = {
-                "format": fmt,
-                "dtype": dtype,
-                "name": name,
-                "student": _shown(src, layout),
-                "student_sha256": sha,
-                **lineage,
-                "files": files,
-                "info": info,
-                "zg_version": _version(),
-            }
-            write_json(tmp / RECORD, record)
-            write_text(tmp / "README.md", export_card(record))
+            files = {out.name: file_sha256(out)}
+        else:
+            with atomic_path(out) as tmp:
+                tmp.mkdir()
+                info = write(src, tmp if fmt == "hf" else tmp / f"{name}.gguf", dtype=dtype)
+                files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+                record = _record(fmt, dtype, name, src, sha, lineage, files, info, layout)
+                write_json(tmp / RECORD, record)
+                write_text(tmp / "README.md", export_card(record))
+        if single:  # after the file: a kill between the two leaves a file no record claims, which is never replaced
+            write_json(record_path(out), _record(fmt, dtype, name, src, sha, lineage, files, info, layout))
     return ExportResult(
         path=str(out),
         format=fmt,
@@ -196,6 +213,6 @@ def export(
         student=_shown(src, layout),
         student_sha256=sha,
         files=files,
-        record=str(out / RECORD),
+        record=str(record_path(out)),
         info=info,
     )

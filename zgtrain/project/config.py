@@ -386,7 +386,8 @@ class ExportConfig(Section):
     )
     out: str = param(
         "",
-        "Export: output folder, relative to the project (empty: models/export/<student>-<dtype>).",
+        "Export: output folder, relative to the project and outside the stages' folders (data/, models/teacher/, "
+        "the blocks and students, metrics/, reports/, plots/; empty: models/export/<student>-<dtype>).",
     )
 
     def validate(self):
@@ -397,12 +398,19 @@ class ExportConfig(Section):
                 fix="use export.format: gguf, or export.dtype f32, f16 or bf16",
             )
         p = Path(self.out)
+        fix = "use a folder of its own, relative to the project, without '..' (e.g. models/export/student-f16)"
         if self.out and (p.is_absolute() or ".." in p.parts):
+            raise ZgError(f"export.out is {self.out!r}", key="export.out", fix=fix)
+        if self.out and (not p.parts or p.parts[0] in (".git", ".dvc", ".zg")):
             raise ZgError(
-                f"export.out is {self.out!r}",
-                key="export.out",
-                fix="use a folder relative to the project, without '..' (e.g. models/export/student-f16)",
+                f"export.out is {self.out!r}: the project folder or git's and DVC's own", key="export.out", fix=fix
             )
+        for q in Layout(Path("")).stage_folders if self.out else ():
+            if p == q or q in p.parents or p in q.parents:
+                how = "is" if p == q else "is inside" if q in p.parents else "holds"
+                raise ZgError(
+                    f"export.out is {self.out!r}, which {how} {q}/, a stage's output", key="export.out", fix=fix
+                )
 
     @property
     def resolved_dtype(self) -> str:
