@@ -38,6 +38,7 @@ import codecs
 import contextlib
 import glob
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -46,9 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zgdata.config import CorpusConfig
+from zgdata.core.hashing import sha256_bytes
 from zgdata.errors import ZgError
 
-__all__ = ["Doc", "Source", "Walk", "FORMATS", "sources", "read", "known_ids", "stem", "size"]
+__all__ = ["Doc", "Source", "Walk", "CorpusDigest", "FORMATS", "sources", "read", "known_ids", "stem", "size"]
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf_disk", "lance")
 RECORD_FORMATS = ("jsonl", "parquet", "hf_disk", "lance")
@@ -56,6 +58,23 @@ TEXT_SUFFIXES = (".txt", ".md")
 BATCH_ROWS = 1024  # records per pyarrow/Lance batch: bounds memory for long texts
 KEY = "corpus.source"
 CHUNK = 1 << 20  # characters (text) or bytes (JSONL) per read of a long document
+
+
+class CorpusDigest:
+    """The identity of a set of documents: sha256 over sha256(id) + sha256(text) of every document, in reading
+    order (the token set's ``corpus_digest``, and each eval set's). A streamed document gives its text's sha256."""
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+
+    def add(self, doc_id: str, text_sha256: str) -> None:
+        self._h.update(sha256_bytes(doc_id.encode()).encode() + text_sha256.encode())
+
+    def add_text(self, doc_id: str, text: str) -> None:
+        self.add(doc_id, sha256_bytes(text.encode()))
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 - ``eos``: documents are joined, each followed by EOS, and the stream is cut into
   ``seq_len`` windows; a long document runs across windows, and a row is named by the
-  document its first token belongs to. The tail shorter than one row is dropped.
+  document its first token belongs to. The tail shorter than one row is dropped, or, for an
+  evaluation set (``pad_tail``), kept as a last row padded on the right when it holds a next-token
+  target (at least 2 tokens), its ``length`` counting the real ones.
 - ``pad``: each document (followed by EOS) starts a new row; a document longer than a
   row continues in the next rows; the last row is padded with the pad token and the
   ``length`` column says how many tokens are real. Padding is on the right, so with
@@ -25,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["RowSpill", "EosPacker", "PadPacker", "FLUSH_TOKENS"]
+__all__ = ["RowSpill", "EosPacker", "PadPacker", "FLUSH_TOKENS", "pack_eos_padded"]
 
 FLUSH_TOKENS = 1 << 20  # tokens buffered before full rows are written out (~4 MB of int32)
 
@@ -71,8 +73,10 @@ class RowSpill:
 class EosPacker:
     """Documents joined with EOS, cut into ``seq_len`` rows (the whole-list packing, chunk by chunk)."""
 
-    def __init__(self, spill: RowSpill, eos: int, *, flush_tokens: int = FLUSH_TOKENS):
-        self.spill, self.eos, self.flush_tokens = spill, eos, flush_tokens
+    def __init__(self, spill: RowSpill, eos: int, *, flush_tokens: int = FLUSH_TOKENS, pad_tail: int | None = None):
+        """``pad_tail``: the pad id of a kept, padded tail row (the spill then has a ``length`` column); None drops
+        the tail."""
+        self.spill, self.eos, self.flush_tokens, self.pad_tail = spill, eos, flush_tokens, pad_tail
         self.seq_len = spill.seq_len
         self._parts: list[np.ndarray] = []
         self._starts: list[int] = []  # offset of each buffered document's first token
@@ -98,7 +102,8 @@ class EosPacker:
         if r:
             starts = np.asarray(self._starts)
             owner = np.searchsorted(starts, np.arange(r) * t, side="right") - 1  # doc holding each row's first token
-            self.spill.write(flat[: r * t].reshape(r, t), [self._names[i] for i in owner])
+            lengths = None if self.pad_tail is None else np.full(r, t, dtype=np.int32)
+            self.spill.write(flat[: r * t].reshape(r, t), [self._names[i] for i in owner], lengths)
         rest = flat[r * t :]
         if len(rest):
             j = int(np.searchsorted(self._starts, r * t, side="right") - 1)
@@ -111,6 +116,11 @@ class EosPacker:
     def finish(self) -> RowSpill:
         if self._parts:
             self._flush()
+        if self.pad_tail is not None and self._n >= 2:  # the tail holds a next-token target: a padded last row
+            row = np.full((1, self.seq_len), self.pad_tail, dtype=np.int32)
+            row[0, : self._n] = self._parts[0]
+            self.spill.write(row, self._names[:1], np.array([self._n], dtype=np.int32))
+            self._n = 0
         self.dropped_tokens = self._n  # the tail shorter than one row
         self._parts, self._starts, self._names, self._n = [], [], [], 0
         self.spill.close()
@@ -176,3 +186,17 @@ class PadPacker:
         self._flush()
         self.spill.close()
         return self.spill
+
+
+def pack_eos_padded(docs: Iterator[tuple[str, np.ndarray]], seq_len: int, eos: int, pad: int, folder: Path):
+    """(rows, lengths) as int64 arrays: ``eos`` packing of (name, ids) documents with the tail kept padded
+    (``EosPacker(pad_tail=pad)``), spilled under FOLDER and read back whole (an evaluation set: small)."""
+    packer = EosPacker(RowSpill(Path(folder) / "rows.arrow", seq_len, with_length=True), eos, pad_tail=pad)
+    for name, ids in docs:
+        packer.add(name, ids)
+    batches = list(packer.finish().batches())
+    rows = [b.column("input_ids").values.to_numpy().reshape(-1, seq_len) for b in batches]
+    lengths = [b.column("length").to_numpy() for b in batches]
+    if not rows:
+        return np.zeros((0, seq_len), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(rows).astype(np.int64), np.concatenate(lengths).astype(np.int64)

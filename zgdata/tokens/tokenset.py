@@ -45,7 +45,7 @@ from zgdata.core.progress import progress as _progress
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta
-from zgdata.tokens.corpus import Doc, Walk, size, sources
+from zgdata.tokens.corpus import CorpusDigest, Doc, Walk, size, sources
 from zgdata.tokens.encode import PIECE_CHARS, batch_encoder, pipelined, plain_backend, splittable
 from zgdata.tokens.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
 
@@ -99,14 +99,11 @@ def heldout_documents(cfg: CorpusConfig) -> Iterator[Doc]:
     walk.check()
 
 
-def _pair(name: str, text: str) -> bytes:
-    return sha256_bytes(name.encode()).encode() + sha256_bytes(text.encode()).encode()
-
-
 def corpus_digest(docs) -> str:
-    h = hashlib.sha256()
+    """``CorpusDigest`` of (id, text) pairs."""
+    h = CorpusDigest()
     for n, t in docs:
-        h.update(_pair(n, t))
+        h.add_text(n, t)
     return h.hexdigest()
 
 
@@ -280,7 +277,7 @@ def _pack(cfg, tok, walk: Walk, packers: dict, chars: tuple[int, int]) -> tuple[
     """Tokenize every document into its split's packer: (corpus digest, held-out ids digest, held-out documents)."""
     batch_chars, piece_chars = chars
     is_heldout = _heldout_rule(cfg)
-    digest, held_ids = hashlib.sha256(), hashlib.sha256()
+    digest, held_ids = CorpusDigest(), hashlib.sha256()
     held_docs = 0
     # exactly tok(text, add_special_tokens=False)'s ids, via the Rust batch API
     encode, cuttable = batch_encoder(tok), _cuttable(tok)  # piece_chars: the pieces of streamed documents
@@ -297,7 +294,7 @@ def _pack(cfg, tok, walk: Walk, packers: dict, chars: tuple[int, int]) -> tuple[
             else:
                 text_sha = sha256_bytes(d.text.encode())
                 packer.add(d.id, encoded[i])
-            digest.update(sha256_bytes(d.id.encode()).encode() + text_sha.encode())
+            digest.add(d.id, text_sha)
             if held:
                 held_docs += 1
                 held_ids.update(sha256_bytes(d.id.encode()).encode())

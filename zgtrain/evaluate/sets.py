@@ -31,8 +31,8 @@ metrics/eval.json, so a figure always says which text it came from.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,8 @@ import numpy as np
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.tokens.corpus import Doc, read, sources
+from zgdata.tokens.corpus import CorpusDigest, Doc, read, sources
+from zgdata.tokens.packing import pack_eos_padded
 from zgtrain.project.eval_sets import CORPUS_HELDOUT, EMBEDDED, HELDOUT, EvalSetSpec
 
 __all__ = ["EvalSet", "heldout_set", "tokenize_set"]
@@ -165,21 +166,6 @@ def _renamed(e: ZgError, i: int, spec: EvalSetSpec) -> ZgError:
     )
 
 
-def _pack(parts: list[np.ndarray], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, lengths): documents (each already ending in EOS) joined and cut into ``seq_len`` rows, as
-    ``corpus.packing: eos`` does; the tail is kept as a last row padded on the right (its ``length`` counts
-    its real tokens), unless it has fewer than 2 tokens (no next-token target)."""
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    n = len(flat) if len(flat) % seq_len != 1 else len(flat) - 1
-    r = -(-n // seq_len)
-    rows = np.full(r * seq_len, pad, dtype=np.int64)
-    rows[:n] = flat[:n]
-    lengths = np.full(r, seq_len, dtype=np.int64)
-    if r:
-        lengths[-1] = n - (r - 1) * seq_len
-    return rows.reshape(r, seq_len), lengths
-
-
 def tokenize_set(
     spec: EvalSetSpec,
     i: int,
@@ -199,15 +185,15 @@ def tokenize_set(
     per forward pass (0: eval.batch_size)."""
     import torch
 
-    from zgdata.core.hashing import fingerprint, sha256_bytes
+    from zgdata.core.hashing import fingerprint
 
-    parts: list[np.ndarray] = []
-    digest, docs, empty = hashlib.sha256(), 0, 0
+    parts: list[tuple[str, np.ndarray]] = []
+    digest, docs, empty = CorpusDigest(), 0, 0
     batch: list[Doc] = []
 
     def flush():
         out = tok([d.text for d in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        parts.extend(np.append(np.asarray(ids, dtype=np.int64), tok.eos_token_id) for ids in out)
+        parts.extend((d.id, np.asarray(ids, dtype=np.int32)) for d, ids in zip(batch, out, strict=True))
         batch.clear()
 
     try:
@@ -216,8 +202,7 @@ def tokenize_set(
             if not d.text.strip():
                 empty += 1
                 continue
-            # as zgdata.tokens.tokenset' corpus_digest: sha256(id) + sha256(text) of each document, in reading order
-            digest.update(sha256_bytes(d.id.encode()).encode() + sha256_bytes(d.text.encode()).encode())
+            digest.add_text(d.id, d.text)
             docs += 1
             batch.append(d)
             chars += len(d.text)
@@ -230,9 +215,10 @@ def tokenize_set(
         if spec.source == CORPUS_HELDOUT:  # the corpus's own keys: the tokens stage read the same documents
             raise
         raise _renamed(e, i, spec) from e
-    total = int(sum(len(p) for p in parts))
+    total = int(sum(len(p) + 1 for _, p in parts))  # each document's ids and its EOS
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    ids, lengths = _pack(parts, seq_len, pad)
+    with tempfile.TemporaryDirectory(prefix="zg-evalset-") as scratch:
+        ids, lengths = pack_eos_padded(iter(parts), seq_len, tok.eos_token_id, pad, Path(scratch))
     if len(ids) == 0:
         raise ZgError(
             f"eval set '{spec.name}' has {total} tokens ({docs} documents, {empty} empty), not one next-token target",
