@@ -344,3 +344,39 @@ def test_the_code_table_names_only_code_each_stage_can_run():
                 bad.append(f"{stage}: {p} is not imported by {', '.join(STAGE_ENTRY[stage])} at any depth")
     if bad:
         pytest.fail("zgtrain/pipeline/code.py names code its stages do not run:\n" + "\n".join(bad))
+
+
+LONG_FUNCTION = 60  # lines, docstring included
+MOST_LONG = 5
+
+
+def long_functions(root: Path, packages: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(lines, path:line name) of every function over LONG_FUNCTION lines in the packages' modules (the shipped
+    student modeling templates, copied into each student folder, excepted)."""
+    out = []
+    for f in modules(root, packages).values():
+        if "templates" in f.parts:
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > LONG_FUNCTION:
+                    out.append((n, f"{f.relative_to(root)}:{node.lineno} {node.name}"))
+    return sorted(out, reverse=True)
+
+
+def test_the_long_function_count_sees_a_long_function(tmp_path):
+    (tmp_path / "pk").mkdir()
+    (tmp_path / "pk" / "__init__.py").write_text("")
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONG_FUNCTION))
+    (tmp_path / "pk" / "m.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}")
+    assert long_functions(tmp_path, ("pk",)) == [(LONG_FUNCTION + 1, "pk/m.py:5 long")]
+
+
+def test_few_functions_are_long():
+    found = long_functions(REPO, PACKAGES)
+    if len(found) > MOST_LONG:
+        pytest.fail(
+            f"{len(found)} functions are over {LONG_FUNCTION} lines, at most {MOST_LONG} may be (split one into "
+            "named steps):\n" + "\n".join(f"{n:4d} {where}" for n, where in found)
+        )

@@ -188,6 +188,53 @@ def _trust_failures(full: bool) -> tuple[list[dict], dict | None]:
     return [], {"outputs": c.outputs, "hashed": c.hashed, "cached": c.cached}
 
 
+def _missing_failures(missing: list[str], folder: Path) -> list[dict]:
+    return [
+        {
+            "boundary": n,
+            "check": "missing",
+            "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries needs, is missing",
+            "fix": f"`dvc pull {folder / f'{n}.lance'}`, or re-create it with `dvc repro materialize`",
+        }
+        for n in missing
+    ]
+
+
+def _summary(sets, virtual, summed, checked, identity, missing, trusted, lineage_only, failures) -> str:
+    """The report's one line: what was checked, or the first failures and the fix of the first."""
+    if failures:
+        more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
+        return "; ".join(f["what"] for f in failures[:3]) + more + ". " + failures[0]["fix"]
+    line = f"{len(sets)} boundaries"
+    if virtual:
+        line += f" ({', '.join(sorted(b.name for b in virtual))} virtual)"
+    line += f", lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
+    if not lineage_only:
+        line += f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed"
+    if missing:
+        line += f"; not present: {', '.join(missing)}"
+    if trusted:
+        line += (
+            f"; dvc.lock: {trusted['outputs']} outputs match ({trusted['hashed']} files hashed, "
+            f"{trusted['cached']} from the cache)"
+        )
+    return line
+
+
+def _boundary_rows(sets, summed: dict) -> dict:
+    return {
+        b.name: {
+            "fingerprint": b.fingerprint,
+            "rows": len(b.seq_ids),
+            "version": b.ds.version if b.ds is not None else None,
+            "layer": b.meta["layer"],
+            "checksum_rows": summed[b.name],
+            **({"virtual": True} if b.ds is None else {}),
+        }
+        for b in sets
+    }
+
+
 def verify(
     cfg: VerifyConfig,
     *,
@@ -212,19 +259,7 @@ def verify(
     missing = [n for n in _missing(folder, partition) if n not in vnames] + unbuilt
     stored = [b for b in _open_all(folder) if b.name not in vnames]  # a stale stored h00 is not what readers use
     sets = sorted(stored + virtual, key=lambda b: b.meta["layer"])
-    failures = (
-        []
-        if lineage_only
-        else [
-            {
-                "boundary": n,
-                "check": "missing",
-                "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries needs, is missing",
-                "fix": f"`dvc pull {folder / f'{n}.lance'}`, or re-create it with `dvc repro materialize`",
-            }
-            for n in missing
-        ]
-    )
+    failures = [] if lineage_only else _missing_failures(missing, folder)
     lineage_failures = _lineage_failures(sets)
     sums, summed = _checksum_failures(stored)
     summed.update({b.name: 0 for b in virtual})
@@ -235,41 +270,10 @@ def verify(
         failures += more
     report = {
         "status": "ok" if not failures else "fail",
-        "summary": (
-            f"{len(sets)} boundaries"
-            + (f" ({', '.join(sorted(b.name for b in virtual))} virtual)" if virtual else "")
-            + f", lineage and alignment ok, {sum(summed.values())} rows' checksums ok"
-            + (
-                ""
-                if lineage_only
-                else f", {len(checked)} sequences bit-identical, {identity.get('hashed', 0)} teacher files rehashed"
-            )
-            + (f"; not present: {', '.join(missing)}" if missing else "")
-            + (
-                f"; dvc.lock: {trusted['outputs']} outputs match ({trusted['hashed']} files hashed, "
-                f"{trusted['cached']} from the cache)"
-                if trusted
-                else ""
-            )
-        )
-        if not failures
-        else "; ".join(f["what"] for f in failures[:3])
-        + (f" (+{len(failures) - 3} more)" if len(failures) > 3 else "")
-        + ". "
-        + failures[0]["fix"],
+        "summary": _summary(sets, virtual, summed, checked, identity, missing, trusted, lineage_only, failures),
         "lineage_only": lineage_only,
         "trust": trusted,
-        "boundaries": {
-            b.name: {
-                "fingerprint": b.fingerprint,
-                "rows": len(b.seq_ids),
-                "version": b.ds.version if b.ds is not None else None,
-                "layer": b.meta["layer"],
-                "checksum_rows": summed[b.name],
-                **({"virtual": True} if b.ds is None else {}),
-            }
-            for b in sets
-        },
+        "boundaries": _boundary_rows(sets, summed),
         "checksum_rows_checked": sum(summed.values()),
         "missing": missing,
         "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},

@@ -93,15 +93,23 @@ def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
         return False
 
 
-@locked("materialize")
-def materialize(
-    cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout(), sharded: bool | None = None
-) -> MaterializeResult:
-    """Capture every partition boundary into data/boundaries/ (resumable; a no-op when up to date).
+@dataclass(frozen=True)
+class _Plan:
+    """What one materialize run captures: the boundaries, their lineage and fingerprints, the rows' shape."""
 
-    ``sharded``: capture on Ray in shards; default ``cfg.workers > 1`` (the benchmark forces one worker).
-    """
-    t0 = time.perf_counter()
+    teacher: dict
+    tmeta: dict
+    names: list
+    layers: list
+    lineages: dict
+    fps: dict
+    n_rows: int
+    seq_len: int
+    hidden: int
+
+
+def _plan(cfg: MaterializeConfig, partition: PartitionConfig, layout: Layout) -> _Plan:
+    """Read the teacher's and the token set's records, check they belong together, and name what to capture."""
     teacher = read_teacher_json(layout)
     tmeta = read_tokens_json(layout)
     check(
@@ -115,109 +123,99 @@ def materialize(
     )
     arch = teacher["architecture"]
     partition.check_depth(arch["num_layers"])
-    names, layers = stored(
-        partition, cfg
-    )  # materialize.virtual_first: h00 is recomputed by its readers (zgdata/materialize/virtual.py)
+    # materialize.virtual_first: h00 is recomputed by its readers (zgdata/materialize/virtual.py)
+    names, layers = stored(partition, cfg)
     lineages = {n: boundary_lineage(teacher, tmeta, layer, cfg) for n, layer in zip(names, layers)}
     fps = {n: boundary_fingerprint(lin) for n, lin in lineages.items()}
-    rows_by_split = tmeta["rows"]
-    n_rows = sum(rows_by_split.values())
-    seq_len, hidden = tmeta["lineage"]["seq_len"], arch["hidden_size"]
-    finals = {n: layout.boundary(n) for n in names}
-    # keyed by the format too: a run interrupted under an older format must not be resumed into this one
-    key = {**fps, "zg.format_version": FORMAT_OF[cfg.codec], "zg.journal": JOURNAL_VERSION}
+    n_rows = sum(tmeta["rows"].values())
+    return _Plan(teacher, tmeta, names, layers, lineages, fps, n_rows, tmeta["lineage"]["seq_len"], arch["hidden_size"])
+
+
+def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout) -> Path:
+    """The staging folder of this run, keyed by every fingerprint and by the format: a run interrupted under an
+    older format (or codec) must not be resumed into this one."""
+    key = {**plan.fps, "zg.format_version": FORMAT_OF[cfg.codec], "zg.journal": JOURNAL_VERSION}
     if cfg.codec != "raw":
         key["zg.codec"] = cfg.codec
-    stage = layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
+    return layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
+
+
+def _schemas(plan: _Plan, cfg: MaterializeConfig) -> dict:
+    """Each boundary's Lance schema with its metadata (lineage, fingerprint, format; ``complete`` false until
+    finalize)."""
+    schemas = {}
+    for n, layer in zip(plan.names, plan.layers):
+        meta = {
+            "kind": "boundary",
+            "name": n,
+            "layer": layer,
+            "fingerprint": plan.fps[n],
+            "lineage": plan.lineages[n],
+            "software": software_versions(),
+            "seq_len": plan.seq_len,
+            "hidden": plan.hidden,
+            "rows": plan.tmeta["rows"],
+            "format_version": FORMAT_OF[cfg.codec],
+            "codec": codec_meta(cfg.codec),
+            "complete": False,
+        }
+        schemas[n] = boundary_schema(meta, plan.seq_len, plan.hidden, cfg.storage_dtype, cfg.codec)
+    return schemas
+
+
+def _capture(plan: _Plan, cfg, *, layout, stage, journal, start: int, sharded: bool) -> list:
+    """The teacher pass from row ``start`` into the staging folder, on Ray shards or in this process; the shards'
+    reports (none in this process)."""
+    run = dict(
+        layout=layout,
+        stage=stage,
+        names=plan.names,
+        layers=plan.layers,
+        schemas=_schemas(plan, cfg),
+        journal=journal,
+        n_rows=plan.n_rows,
+        seq_len=plan.seq_len,
+        hidden=plan.hidden,
+    )
+    with progress("materialize", plan.n_rows * plan.seq_len, completed=start * plan.seq_len) as advance:
+        if sharded:
+            from zgdata.materialize.sharded import run_sharded
+
+            expect = {"teacher_sha256": plan.teacher["weights_sha256"], "tokens_fingerprint": plan.tmeta["fingerprint"]}
+            return run_sharded(cfg, **run, expect=expect, advance=advance)
+        run_local(cfg, **run, start=start, advance=advance)
+    return []
+
+
+@locked("materialize")
+def materialize(
+    cfg: MaterializeConfig, partition: PartitionConfig, *, layout: Layout = Layout(), sharded: bool | None = None
+) -> MaterializeResult:
+    """Capture every partition boundary into data/boundaries/ (resumable; a no-op when up to date).
+
+    ``sharded``: capture on Ray in shards; default ``cfg.workers > 1`` (the benchmark forces one worker).
+    """
+    t0 = time.perf_counter()
+    plan = _plan(cfg, partition, layout)
+    names, n_rows = plan.names, plan.n_rows
+    finals = {n: layout.boundary(n) for n in names}
+    stage = _stage_dir(plan, cfg, layout)
     remove_dead_staging(layout, keep=stage)
-    if all(_complete(finals[n], fps[n], n_rows, cfg.codec) for n in names):
-        return MaterializeResult(
-            paths=finals,
-            fingerprints=fps,
-            rows=n_rows,
-            tokens=n_rows * seq_len,
-            seconds=time.perf_counter() - t0,
-            skipped=True,
-        )
+    done = dict(paths=finals, fingerprints=plan.fps, rows=n_rows, tokens=n_rows * plan.seq_len)
+    if all(_complete(finals[n], plan.fps[n], n_rows, cfg.codec) for n in names):
+        return MaterializeResult(**done, seconds=time.perf_counter() - t0, skipped=True)
 
     stage.mkdir(parents=True, exist_ok=True)
     journal = Journal(stage / "journal.json")
     reconcile(stage, names, journal)
     start = journal.state["rows_done"]
-    _check_disk(estimate_bytes(n_rows, seq_len, hidden, cfg.storage_dtype, len(names), done=start), layout.staging)
-
-    schemas = {}
-    for n, layer in zip(names, layers):
-        meta = {
-            "kind": "boundary",
-            "name": n,
-            "layer": layer,
-            "fingerprint": fps[n],
-            "lineage": lineages[n],
-            "software": software_versions(),
-            "seq_len": seq_len,
-            "hidden": hidden,
-            "rows": rows_by_split,
-            "format_version": FORMAT_OF[cfg.codec],
-            "codec": codec_meta(cfg.codec),
-            "complete": False,
-        }
-        schemas[n] = boundary_schema(meta, seq_len, hidden, cfg.storage_dtype, cfg.codec)
+    need = estimate_bytes(n_rows, plan.seq_len, plan.hidden, cfg.storage_dtype, len(names), done=start)
+    _check_disk(need, layout.staging)
     sharded = cfg.workers > 1 if sharded is None else sharded
-    shards: list = []
-    with progress("materialize", n_rows * seq_len, completed=start * seq_len) as advance:
-        if sharded:
-            from zgdata.materialize.sharded import run_sharded
-
-            expect = {"teacher_sha256": teacher["weights_sha256"], "tokens_fingerprint": tmeta["fingerprint"]}
-            shards = run_sharded(
-                cfg,
-                layout=layout,
-                stage=stage,
-                names=names,
-                layers=layers,
-                schemas=schemas,
-                journal=journal,
-                n_rows=n_rows,
-                seq_len=seq_len,
-                hidden=hidden,
-                expect=expect,
-                advance=advance,
-            )
-        else:
-            run_local(
-                cfg,
-                layout=layout,
-                stage=stage,
-                names=names,
-                layers=layers,
-                schemas=schemas,
-                journal=journal,
-                n_rows=n_rows,
-                seq_len=seq_len,
-                hidden=hidden,
-                start=start,
-                advance=advance,
-            )
+    shards = _capture(plan, cfg, layout=layout, stage=stage, journal=journal, start=start, sharded=sharded)
     remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
     with span("materialize.finalize"):
-        stats = finalize(
-            stage,
-            names,
-            journal,
-            finals,
-            n_rows=n_rows,
-            row_bytes=seq_len * hidden * BYTES[cfg.storage_dtype],
-            file_mb=cfg.file_mb,
-        )
+        row_bytes = plan.seq_len * plan.hidden * BYTES[cfg.storage_dtype]
+        stats = finalize(stage, names, journal, finals, n_rows=n_rows, row_bytes=row_bytes, file_mb=cfg.file_mb)
     shutil.rmtree(stage, ignore_errors=True)
-    return MaterializeResult(
-        paths=finals,
-        fingerprints=fps,
-        rows=n_rows,
-        tokens=n_rows * seq_len,
-        seconds=time.perf_counter() - t0,
-        resumed_from=start,
-        stats=stats,
-        shards=shards,
-    )
+    return MaterializeResult(**done, seconds=time.perf_counter() - t0, resumed_from=start, stats=stats, shards=shards)

@@ -181,6 +181,20 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+def _compacted(src: Path, *, n_rows: int, rows_per_file: int):
+    """The staged dataset at SRC, its commit groups' fragments compacted into files of ``rows_per_file`` rows."""
+    import lance
+
+    ds = lance.dataset(str(src))
+    if len(ds.get_fragments()) > 1:
+        with span("materialize.compact", rows=n_rows):
+            ds.optimize.compact_files(
+                target_rows_per_fragment=rows_per_file, compaction_mode="try_binary_copy", num_threads=1
+            )
+            ds = lance.dataset(str(src))
+    return ds
+
+
 def finalize(
     stage: Path,
     names: list[str],
@@ -207,15 +221,7 @@ def finalize(
     for n in names:
         stats[n] = boundary_stats.summary(journal.state["stats"][n])
         src, pub = stage / f"{n}.lance", stage / f"{n}.publish.lance"
-        ds = lance.dataset(str(src))
-        if len(ds.get_fragments()) > 1:
-            with span("materialize.compact", rows=n_rows):
-                ds.optimize.compact_files(
-                    target_rows_per_fragment=max(1, file_mb * 2**20 // row_bytes),
-                    compaction_mode="try_binary_copy",
-                    num_threads=1,
-                )
-                ds = lance.dataset(str(src))
+        ds = _compacted(src, n_rows=n_rows, rows_per_file=max(1, file_mb * 2**20 // row_bytes))
         frags = ds.get_fragments()
         shutil.rmtree(pub, ignore_errors=True)
         (pub / "data").mkdir(parents=True)

@@ -216,22 +216,7 @@ def setup(
     spec, cfg = blk.spec, blk.train
     cfg = replace(cfg, targets=targets) if targets else cfg
     set_threads(cfg.threads)
-    tensors, smeta = load_slice(layout.teacher_slice(key))
-    if (smeta.get("in"), smeta.get("out")) != (spec.input, spec.output):
-        raise ZgError(
-            f"teacher slice for {key} covers {smeta.get('in')}->{smeta.get('out')}, params say "
-            f"{spec.input}->{spec.output}",
-            fix="re-run `dvc repro teacher` after changing the partition",
-        )
-    src = open_targets(cfg.targets, layout, spec, project.partition, project.materialize)
-    check(
-        f"the boundaries of {key}",
-        src.lineage,
-        f"its teacher slice {layout.teacher_slice(key).name}",
-        {"teacher_sha256": smeta.get("teacher_sha256")},
-        keys=("teacher_sha256",),
-        fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)",
-    )
+    tensors, smeta, src = _inputs(project, key, spec, cfg, layout)
     seed = block_seed(project.seed, cfg.seed, key)
     identity = {
         "key": key,
@@ -261,7 +246,58 @@ def setup(
         cfg.objective, normalize=cfg.normalize, sigma=cfg.noise_sigma, x_sample=xs, y_sample=ys, device=device()
     )
     opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    meta = {
+    meta = _meta(identity, smeta, block, tensors, cfg.steps)
+    run = Run(
+        key=key, cfg=cfg, dir=d, meta=meta, block=block, opt=opt, gen=gen, objective=objective, src=src, seed=seed
+    )
+    run.transfer_steps = transfer_steps(cfg, block)
+    if run.transfer_steps:  # the frozen teacher of attention transfer, from the same slice (no draw)
+        meta["transfer_steps"] = run.transfer_steps
+        run.teacher = convert("identity", tensors, config_from_dict(smeta["config"]), cfg, xs, None).to(device())
+        run.teacher.eval().requires_grad_(False)
+    _start_or_resume(run, prior)
+    return run
+
+
+def _start_or_resume(run: Run, prior: dict | None) -> None:
+    """A fresh run's init weights and checkpoint 0, or a resumed run's state (a finished one's weights checked)."""
+    d = run.dir
+    if prior is None:
+        checkpoint.save_weights(run.block.weights(), d / "init.safetensors")
+        checkpoint.save(d, run.meta, run.block, run.opt, run.gen, run.curve, 0)
+    else:
+        if prior.get("done"):
+            checkpoint.check_weights(d, prior)
+            run.finished = True
+        run.curve = checkpoint.restore(d, prior, run.block, run.opt, run.gen)
+        run.step = prior["step"]
+
+
+def _inputs(project: ProjectConfig, key: str, spec, cfg: TrainConfig, layout: Layout):
+    """(teacher slice tensors, its metadata, the boundary pair or online targets) of block KEY, checked to agree:
+    the slice covers the block's boundaries, and both come from one teacher."""
+    tensors, smeta = load_slice(layout.teacher_slice(key))
+    if (smeta.get("in"), smeta.get("out")) != (spec.input, spec.output):
+        raise ZgError(
+            f"teacher slice for {key} covers {smeta.get('in')}->{smeta.get('out')}, params say "
+            f"{spec.input}->{spec.output}",
+            fix="re-run `dvc repro teacher` after changing the partition",
+        )
+    src = open_targets(cfg.targets, layout, spec, project.partition, project.materialize)
+    check(
+        f"the boundaries of {key}",
+        src.lineage,
+        f"its teacher slice {layout.teacher_slice(key).name}",
+        {"teacher_sha256": smeta.get("teacher_sha256")},
+        keys=("teacher_sha256",),
+        fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)",
+    )
+    return tensors, smeta, src
+
+
+def _meta(identity: dict, smeta: dict, block, tensors: dict, steps: int) -> dict:
+    """meta.json of a run: its identity, the teacher layers it came from and the converted block's shape."""
+    return {
         **identity,
         "teacher_config": smeta["config"],
         "teacher_layers": smeta["layers"],
@@ -272,28 +308,10 @@ def setup(
         **({"attention": block.attention} if any(a is not None for a in block.attention) else {}),
         "params": sum(p.numel() for p in block.parameters()),
         "teacher_params": sum(v.numel() for v in tensors.values()),
-        "steps": cfg.steps,
+        "steps": steps,
         "done": False,
         "state_sha256": None,
     }
-    run = Run(
-        key=key, cfg=cfg, dir=d, meta=meta, block=block, opt=opt, gen=gen, objective=objective, src=src, seed=seed
-    )
-    run.transfer_steps = transfer_steps(cfg, block)
-    if run.transfer_steps:  # the frozen teacher of attention transfer, from the same slice (no draw)
-        meta["transfer_steps"] = run.transfer_steps
-        run.teacher = convert("identity", tensors, config_from_dict(smeta["config"]), cfg, xs, None).to(device())
-        run.teacher.eval().requires_grad_(False)
-    if prior is None:
-        checkpoint.save_weights(block.weights(), d / "init.safetensors")
-        checkpoint.save(d, meta, block, opt, gen, run.curve, 0)
-    else:
-        if prior.get("done"):
-            checkpoint.check_weights(d, prior)
-            run.finished = True
-        run.curve = checkpoint.restore(d, prior, block, opt, gen)
-        run.step = prior["step"]
-    return run
 
 
 @locked("block")
@@ -327,8 +345,21 @@ def train_block(
     if not run.finished:
         checkpoint.finish(d, run.meta, run.block, run.opt, run.gen, run.curve, cfg.steps)
         loop.publish(d, layout.block_dir(key))
-    meta = run.meta
-    result = BlockResult(
+    result = _done(run, key, heldout, sha)
+    if run.finished:  # a no-op rerun: the recorded speed stands, and no file changes
+        result.tokens_per_s = _recorded(layout.block_metrics(key)).get("tokens_per_s")
+    _write_changed(layout.block_metrics(key), result.metrics())
+    curve = "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve))
+    path = layout.block_loss_curve(key)
+    if not path.exists() or path.read_text() != curve:
+        write_text(path, curve)
+    return result
+
+
+def _done(run: Run, key: str, heldout: float, sha: str) -> BlockResult:
+    """The result of a finished run: its losses, size, KV cache and identity."""
+    cfg, meta = run.cfg, run.meta
+    return BlockResult(
         key=key,
         steps=cfg.steps,
         train_loss=loop.mean_tail(run.curve),
@@ -352,14 +383,6 @@ def train_block(
         status="done",
         step=cfg.steps,
     )
-    if run.finished:  # a no-op rerun: the recorded speed stands, and no file changes
-        result.tokens_per_s = _recorded(layout.block_metrics(key)).get("tokens_per_s")
-    _write_changed(layout.block_metrics(key), result.metrics())
-    curve = "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve))
-    path = layout.block_loss_curve(key)
-    if not path.exists() or path.read_text() != curve:
-        write_text(path, curve)
-    return result
 
 
 def _recorded(path: Path) -> dict:

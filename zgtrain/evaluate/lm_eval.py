@@ -48,7 +48,7 @@ STANDARD = {
 }
 # The metric reported as a task's accuracy (all metrics are kept): the usual one for each task.
 PRIMARY = {"hellaswag": "acc_norm", "arc_challenge": "acc_norm"}
-_INSTALL = "install it with `pip install 'zerograph[eval]'` (or `make setup`)"
+_INSTALL = "install it with `pip install 'zerograph[eval]'` (or `make setup-dev`)"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -268,8 +268,82 @@ def eval_sets(project: ProjectConfig, layout: Layout, held, tok) -> list:
     return [held, *extra]
 
 
+_HEADLINE = (
+    "teacher_ce",
+    "student_ce",
+    "untrained_ce",
+    "ce_gap",
+    "ce_gap_ci95",
+    "ce_recovered",
+    "teacher_context_use",
+    "student_context_use",
+    "untrained_context_use",
+    "context_retention",
+    "context_retention_ci95",
+    "top1_agreement",
+)
+"""The in-domain (held-out split) figures that metrics/eval.json keeps at its top level."""
+
+
+def _models(project: ProjectConfig, layout: Layout) -> dict:
+    """Loaders of the models evaluate scores, in scoring order: teacher, untrained, student (and repaired)."""
+    # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.families.widen)
+    models = {
+        "teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
+        "untrained": lambda: build_student(project, layout=layout, which="init")[0],
+        "student": lambda: load_student(layout.student),
+    }
+    if project.repair.enabled:  # also score models/repaired; the gates judge it (zgtrain/evaluate/repaired.py)
+        models["repaired"] = repaired_loader(layout)
+    return models
+
+
+def _score_models(models: dict, sets: list, targets: dict, cfg, gen_prompt, gen_rows) -> tuple[dict, dict]:
+    """(scores[set][model], continuations[model]): each model loaded once, scored on every set, and (but the
+    untrained one) continuing the held-out prompts."""
+    scores: dict = {s.name: {} for s in sets}
+    continuations = {}
+    for name, load in models.items():
+        model = load().to(device())
+        with running_widened(model):
+            for s in sets:
+                scores[s.name][name] = score(model, name, s, targets[s.name], cfg)
+            if name != "untrained" and gen_rows:
+                continuations[name] = greedy(model, gen_prompt, cfg.generate_tokens)
+        del model
+    return scores, continuations
+
+
+def _generation(result: dict, tok, gen_rows, gen_prompt, continuations: dict, cfg) -> str:
+    """Add the continuations' agreement to ``result`` (``generation``) and return the report's text."""
+    if not gen_rows:
+        return report(tok, [], gen_prompt, gen_prompt, gen_prompt, HELDOUT)
+    same = matching_prefix(continuations["teacher"], continuations["student"])
+    result["generation"] = {
+        "prompts": len(gen_rows),
+        "prompt_tokens": cfg.prompt_tokens,
+        "new_tokens": cfg.generate_tokens,
+        "matching_prefix_mean": float(np.mean(same)),
+    }
+    if "repaired" in continuations:
+        result["generation"]["repaired_matching_prefix_mean"] = float(
+            np.mean(matching_prefix(continuations["teacher"], continuations["repaired"]))
+        )
+    return report(
+        tok,
+        gen_rows,
+        gen_prompt,
+        continuations["teacher"],
+        continuations["student"],
+        HELDOUT,
+        repaired=continuations.get("repaired"),
+    )
+
+
 @locked("evaluate")
 def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult:
+    """Score the teacher, the untrained conversion and the student (and the repaired student) on the held-out
+    split and every eval set; judge the gates; write metrics/eval.json, the report, the plots and the cards."""
     from zgdata.teacher.prepare import load_tokenizer
 
     t0 = time.perf_counter()
@@ -290,44 +364,11 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     tok = load_tokenizer(layout)  # checks the teacher's files and tokenizer hash
     sets = eval_sets(project, layout, held, tok)
     targets = {s.name: targets_for(s, cfg) for s in sets}
-    # a teacher stored narrower than fp32 stays so and is widened one piece at a time (zgdata.families.widen)
-    models = {
-        "teacher": lambda: load_teacher(layout, with_tokenizer=False, per_layer=True)[0],
-        "untrained": lambda: build_student(project, layout=layout, which="init")[0],
-        "student": lambda: load_student(layout.student),
-    }
-    if project.repair.enabled:  # also score models/repaired; the gates judge it (zgtrain/evaluate/repaired.py)
-        models["repaired"] = repaired_loader(layout)
-    scores: dict = {s.name: {} for s in sets}
-    continuations = {}
-    for name, load in models.items():
-        model = load().to(device())
-        with running_widened(model):
-            for s in sets:
-                scores[s.name][name] = score(model, name, s, targets[s.name], cfg)
-            if name != "untrained" and gen_rows:
-                continuations[name] = greedy(model, gen_prompt, cfg.generate_tokens)
-        del model
+    scores, continuations = _score_models(_models(project, layout), sets, targets, cfg, gen_prompt, gen_rows)
     shift = _shift(part, layout, rows, project.materialize)
     figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}
     h = figs[HELDOUT]
-    result = {
-        k: h[k]
-        for k in (
-            "teacher_ce",
-            "student_ce",
-            "untrained_ce",
-            "ce_gap",
-            "ce_gap_ci95",
-            "ce_recovered",
-            "teacher_context_use",
-            "student_context_use",
-            "untrained_context_use",
-            "context_retention",
-            "context_retention_ci95",
-            "top1_agreement",
-        )
-    }
+    result = {k: h[k] for k in _HEADLINE}
     result.update(
         shift=shift,
         gates_passed=judge_sets(gates, figs),
@@ -338,29 +379,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
         sets=figs,
         size=_size(layout),
     )
-    if gen_rows:
-        same = matching_prefix(continuations["teacher"], continuations["student"])
-        result["generation"] = {
-            "prompts": len(gen_rows),
-            "prompt_tokens": cfg.prompt_tokens,
-            "new_tokens": cfg.generate_tokens,
-            "matching_prefix_mean": float(np.mean(same)),
-        }
-        if "repaired" in continuations:
-            result["generation"]["repaired_matching_prefix_mean"] = float(
-                np.mean(matching_prefix(continuations["teacher"], continuations["repaired"]))
-            )
-        text = report(
-            tok,
-            gen_rows,
-            gen_prompt,
-            continuations["teacher"],
-            continuations["student"],
-            HELDOUT,
-            repaired=continuations.get("repaired"),
-        )
-    else:
-        text = report(tok, [], gen_prompt, gen_prompt, gen_prompt, HELDOUT)
+    text = _generation(result, tok, gen_rows, gen_prompt, continuations, cfg)
     if project.repair.enabled:
         add_repaired(result, scores, figs, gates, figures=lambda s, sc: figures(s, sc, targets[s.name], cfg), sets=sets)
     result["seconds"] = time.perf_counter() - t0

@@ -166,6 +166,68 @@ def _renamed(e: ZgError, i: int, spec: EvalSetSpec) -> ZgError:
     )
 
 
+@dataclass
+class _Read:
+    """An eval set's documents as token ids, with what its lineage records of them."""
+
+    parts: list  # (document id, its ids without EOS), in reading order
+    digest: CorpusDigest
+    docs: int = 0
+    empty: int = 0
+
+
+def _read_set(spec: EvalSetSpec, i: int, tok, root: Path, corpus, batch_chars: int) -> _Read:
+    """Every non-empty document of the set, tokenized in batches of about ``batch_chars`` characters."""
+    read = _Read(parts=[], digest=CorpusDigest())
+    batch: list[Doc] = []
+
+    def flush():
+        out = tok([d.text for d in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        read.parts.extend((d.id, np.asarray(ids, dtype=np.int32)) for d, ids in zip(batch, out, strict=True))
+        batch.clear()
+
+    try:
+        chars = 0
+        for d in _documents(spec, root, corpus):
+            if not d.text.strip():
+                read.empty += 1
+                continue
+            read.digest.add_text(d.id, d.text)
+            read.docs += 1
+            batch.append(d)
+            chars += len(d.text)
+            if chars >= batch_chars:
+                flush()
+                chars = 0
+        if batch:
+            flush()
+    except ZgError as e:
+        if spec.source == CORPUS_HELDOUT:  # the corpus's own keys: the tokens stage read the same documents
+            raise
+        raise _renamed(e, i, spec) from e
+    return read
+
+
+def _set_lineage(spec: EvalSetSpec, read: _Read, *, tokenizer_sha256: str, seq_len: int, seed: int) -> dict:
+    """What a set's figures came from: its source, documents and tokenizer (``fingerprint`` over the inputs)."""
+    from zgdata.core.hashing import fingerprint
+
+    inputs = {
+        "source": spec.source,
+        "format": spec.format,
+        "text_field": spec.text_field,
+        "id_field": spec.id_field,
+        "corpus_digest": read.digest.hexdigest(),
+        "tokenizer_sha256": tokenizer_sha256,
+        "seq_len": seq_len,
+        "max_seqs": spec.max_seqs,
+        "seed": seed,
+    }
+    lineage = {**inputs, "fingerprint": fingerprint("eval_set", 1, inputs)}
+    lineage.update(documents=read.docs, empty_documents=read.empty)
+    return lineage
+
+
 def tokenize_set(
     spec: EvalSetSpec,
     i: int,
@@ -185,43 +247,15 @@ def tokenize_set(
     per forward pass (0: eval.batch_size)."""
     import torch
 
-    from zgdata.core.hashing import fingerprint
-
-    parts: list[tuple[str, np.ndarray]] = []
-    digest, docs, empty = CorpusDigest(), 0, 0
-    batch: list[Doc] = []
-
-    def flush():
-        out = tok([d.text for d in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        parts.extend((d.id, np.asarray(ids, dtype=np.int32)) for d, ids in zip(batch, out, strict=True))
-        batch.clear()
-
-    try:
-        chars = 0
-        for d in _documents(spec, layout.root, corpus):
-            if not d.text.strip():
-                empty += 1
-                continue
-            digest.add_text(d.id, d.text)
-            docs += 1
-            batch.append(d)
-            chars += len(d.text)
-            if chars >= batch_chars:
-                flush()
-                chars = 0
-        if batch:
-            flush()
-    except ZgError as e:
-        if spec.source == CORPUS_HELDOUT:  # the corpus's own keys: the tokens stage read the same documents
-            raise
-        raise _renamed(e, i, spec) from e
-    total = int(sum(len(p) + 1 for _, p in parts))  # each document's ids and its EOS
+    read = _read_set(spec, i, tok, layout.root, corpus, batch_chars)
+    total = int(sum(len(p) + 1 for _, p in read.parts))  # each document's ids and its EOS
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     with tempfile.TemporaryDirectory(prefix="zg-evalset-") as scratch:
-        ids, lengths = pack_eos_padded(iter(parts), seq_len, tok.eos_token_id, pad, Path(scratch))
+        ids, lengths = pack_eos_padded(iter(read.parts), seq_len, tok.eos_token_id, pad, Path(scratch))
     if len(ids) == 0:
         raise ZgError(
-            f"eval set '{spec.name}' has {total} tokens ({docs} documents, {empty} empty), not one next-token target",
+            f"eval set '{spec.name}' has {total} tokens ({read.docs} documents, {read.empty} empty), "
+            "not one next-token target",
             key=f"eval.sets[{i}].source",
             fix="point it at more text, or drop the set",
         )
@@ -230,27 +264,8 @@ def tokenize_set(
         g = torch.Generator().manual_seed(seed)
         keep = np.sort(torch.randperm(packed, generator=g)[: spec.max_seqs].numpy())
         ids, lengths = ids[keep], lengths[keep]
-    inputs = {
-        "source": spec.source,
-        "format": spec.format,
-        "text_field": spec.text_field,
-        "id_field": spec.id_field,
-        "corpus_digest": digest.hexdigest(),
-        "tokenizer_sha256": tokenizer_sha256,
-        "seq_len": seq_len,
-        "max_seqs": spec.max_seqs,
-        "seed": seed,
-    }
-    lineage = {
-        **inputs,
-        "fingerprint": fingerprint("eval_set", 1, inputs),
-        "documents": docs,
-        "empty_documents": empty,
-        "tokens_total": total,
-        "rows_packed": int(packed),
-        "rows": int(len(ids)),
-        "tokens": int(lengths.sum()),
-    }
+    lineage = _set_lineage(spec, read, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, seed=seed)
+    lineage.update(tokens_total=total, rows_packed=int(packed), rows=int(len(ids)), tokens=int(lengths.sum()))
     if spec.source in EMBEDDED:
         lineage["embedded"] = EMBEDDED[spec.source]
     if spec.source == CORPUS_HELDOUT:

@@ -177,6 +177,41 @@ def repro(
         return _repro(root, layout, project, dev, targets, jobs=jobs, address=address, data=data)
 
 
+def _on_ray(root: Path, project: ProjectConfig, dev, keys: list[str], jobs, address, data, on_update, on_result):
+    """Train KEYS as Ray tasks (one block per task, its train.threads CPUs, a GPU where the device is one); the
+    cluster's summary."""
+    try:
+        from zgtrain.exec import ray_tasks as ray_exec
+    except ImportError as e:
+        raise ZgError(
+            f"zg repro --jobs {jobs} needs Ray, which is not installed ({e})",
+            key="--jobs",
+            fix="pip install 'zerograph[ray]' (make setup-dev does), or use --jobs 1",
+        ) from e
+    needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0} for k in keys}
+    source = scratch.prepare(root, keys, project) if data == "remote" else None
+    return ray_exec.run_blocks(
+        root,
+        keys,
+        needs=needs,
+        jobs=jobs,
+        address=address or ray_cluster.address(),
+        data=data,
+        source=source,
+        on_update=on_update,
+        on_result=on_result,
+    )
+
+
+def _report(project: ProjectConfig, results: dict, keys: list[str], recorded: list[str], cluster, post) -> None:
+    """Print each block's line to stderr; raise the one-line failure when a block did not finish."""
+    failed = [results[k] for k in keys if results[k].get("status") != "done"]
+    for line in summary_lines(results, cluster):
+        print(line, file=sys.stderr)
+    if failed:
+        raise _failure(project, failed, recorded, post)
+
+
 def _repro(
     root: Path,
     layout: Layout,
@@ -224,38 +259,12 @@ def _repro(
 
         with monitor:
             if _use_ray(jobs, address, len(keys), data):
-                try:
-                    from zgtrain.exec import ray_tasks as ray_exec
-                except ImportError as e:
-                    raise ZgError(
-                        f"zg repro --jobs {jobs} needs Ray, which is not installed ({e})",
-                        key="--jobs",
-                        fix="pip install 'zerograph[ray]' (make setup does), or use --jobs 1",
-                    ) from e
-                needs = {
-                    k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0} for k in keys
-                }
-                source = scratch.prepare(root, keys, project) if data == "remote" else None
-                cluster = ray_exec.run_blocks(
-                    root,
-                    keys,
-                    needs=needs,
-                    jobs=jobs,
-                    address=address or ray_cluster.address(),
-                    data=data,
-                    source=source,
-                    on_update=monitor.update,
-                    on_result=finished,
-                )
+                cluster = _on_ray(root, project, dev, keys, jobs, address, data, monitor.update, finished)
             else:
                 for k in keys:
                     finished(train_one(root, k, report=monitor.update))
         ran += recorded
-    failed = [results[k] for k in keys if results[k].get("status") != "done"]
-    for line in summary_lines(results, cluster):
-        print(line, file=sys.stderr)
-    if failed:
-        raise _failure(project, failed, recorded, p.post)
+    _report(project, results, keys, recorded, cluster, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)
     return ReproResult(

@@ -52,12 +52,9 @@ def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] 
     return {"stages": stages}
 
 
-def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
-    """A conversion's main line: teacher, tokens, materialize, verify, train@KEY, assemble, evaluate (and lm_eval
-    when lm_eval.tasks names some)."""
-    blocks = project.partition.blocks()
-    bnd = [str(L.boundary(n)) for n in project.partition.names]
-    stages = {
+def _data_stages(L: Layout, blocks, bnd: list[str], code) -> dict:
+    """teacher, tokens, materialize and verify: the teacher pass and its inputs."""
+    return {
         "teacher": {
             "cmd": "zg teacher prepare",
             "deps": code("teacher"),
@@ -93,6 +90,12 @@ def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
             "params": ["verify"],
             "metrics": [{str(L.verify_report): {"cache": False}}],
         },
+    }
+
+
+def _student_stages(L: Layout, blocks, code) -> dict:
+    """train@KEY (one per block, from its boundary pair and teacher slice) and assemble."""
+    return {
         "train": {
             "foreach": "${blocks}",
             "do": {
@@ -114,6 +117,12 @@ def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
             "params": ["partition"],
             "outs": [str(L.student)],
         },
+    }
+
+
+def _evaluate_stage(project: ProjectConfig, L: Layout, blocks, bnd: list[str], code) -> dict:
+    """evaluate: the teacher, the untrained conversion and the student on every eval set."""
+    return {
         "evaluate": {
             "cmd": "zg train evaluate",
             "deps": [str(L.student), str(L.teacher_hf), str(L.tokens)]
@@ -138,6 +147,18 @@ def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
                 str(L.eval_figures),
             ],
         },
+    }
+
+
+def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
+    """A conversion's main line: teacher, tokens, materialize, verify, train@KEY, assemble, evaluate (and lm_eval
+    when lm_eval.tasks names some)."""
+    blocks = project.partition.blocks()
+    bnd = [str(L.boundary(n)) for n in project.partition.names]
+    stages = {
+        **_data_stages(L, blocks, bnd, code),
+        **_student_stages(L, blocks, code),
+        **_evaluate_stage(project, L, blocks, bnd, code),
     }
     if project.lm_eval.tasks:  # off unless lm_eval.tasks names some: minutes on a real teacher
         stages["lm_eval"] = {
@@ -202,27 +223,8 @@ def _search_stages(project: ProjectConfig, blocks, code) -> dict:
     runs = {
         f"{b.key}-{v}": {"block": b.key, "variant": v, "in": b.input, "out": b.output} for b in blocks for v in names
     }
-    item = ("${item.block}", "${item.variant}")
     out = {
-        "variant": {
-            "foreach": runs,
-            "do": {
-                "cmd": "zg train variant ${item.block} ${item.variant}",
-                "deps": [
-                    str(L.boundary("${item.in}")),
-                    str(L.boundary("${item.out}")),
-                    str(L.tokens),
-                    str(L.tokens_json),
-                    str(L.teacher_head),
-                ]
-                + [str(L.teacher_slice(b.key)) for b in blocks]
-                + code("variant"),
-                "params": ["seed", "train", "variants.${item.variant}"],
-                "outs": [str(L.variant_dir(*item))],
-                "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
-                "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}],
-            },
-        },
+        "variant": {"foreach": runs, "do": _variant_stage(L, blocks, code)},
         "search": {
             "cmd": "zg search run",
             "deps": [str(L.variant_metrics(b.key, v)) for b in blocks for v in names] + code("search"),
@@ -246,23 +248,49 @@ def _search_stages(project: ProjectConfig, blocks, code) -> dict:
         },
     }
     if project.repair.enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
-        rp, sa = L.search_repair, out["search_assemble"]
-        out["search_repair"] = {
-            "cmd": "zg search repair",
-            # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
-            "deps": list(
-                dict.fromkeys(
-                    [str(L.search_student), str(L.search_eval_metrics), str(L.boundary(blocks[-1].output))]
-                    + sa["deps"][1:]
-                    + code("search_repair")
-                )
-            ),
-            "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
-            "outs": [str(rp.run_dir), str(rp.model)],
-            "metrics": [{str(rp.metrics): {"cache": False}}],
-            "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],
-        }
+        out["search_repair"] = _search_repair_stage(L, blocks, out["search_assemble"], code)
     return out
+
+
+def _variant_stage(L: Layout, blocks, code) -> dict:
+    """variant@BLOCK-NAME's body: one block trained as one variant, then scored."""
+    item = ("${item.block}", "${item.variant}")
+    return {
+        "cmd": "zg train variant ${item.block} ${item.variant}",
+        "deps": [
+            str(L.boundary("${item.in}")),
+            str(L.boundary("${item.out}")),
+            str(L.tokens),
+            str(L.tokens_json),
+            str(L.teacher_head),
+        ]
+        + [str(L.teacher_slice(b.key)) for b in blocks]
+        + code("variant"),
+        "params": ["seed", "train", "variants.${item.variant}"],
+        "outs": [str(L.variant_dir(*item))],
+        "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
+        "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}],
+    }
+
+
+def _search_repair_stage(L: Layout, blocks, search_assemble: dict, code) -> dict:
+    """search_repair: the kept mix repaired, then judged again."""
+    rp = L.search_repair
+    return {
+        "cmd": "zg search repair",
+        # the kept mix, the report naming it, what repair reads, and what judging reads (the init weights too)
+        "deps": list(
+            dict.fromkeys(
+                [str(L.search_student), str(L.search_eval_metrics), str(L.boundary(blocks[-1].output))]
+                + search_assemble["deps"][1:]
+                + code("search_repair")
+            )
+        ),
+        "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
+        "outs": [str(rp.run_dir), str(rp.model)],
+        "metrics": [{str(rp.metrics): {"cache": False}}],
+        "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],
+    }
 
 
 def _virtual_first(stages: dict, project: ProjectConfig, L: Layout, code) -> None:

@@ -182,6 +182,17 @@ def _inputs(project: ProjectConfig, layout: Layout) -> tuple[RepairData, dict, d
     return data, head_tensors, hmeta
 
 
+def _enabled(project: ProjectConfig):
+    """The repair section, refused in one line where repair is off."""
+    if not project.repair.enabled:
+        raise ZgError(
+            "repair.steps is 0: the repair stage is off",
+            key="repair.steps",
+            fix="set repair.steps > 0 in params.yaml and run `zg pipeline`",
+        )
+    return project.repair
+
+
 def setup(
     project: ProjectConfig,
     *,
@@ -194,13 +205,7 @@ def setup(
 
     ``student`` and ``paths`` default to the main pipeline's (models/student, ``layout.repair``); the search
     repair (zgtrain/search/repair.py) passes models/search/student and ``layout.search_repair``."""
-    cfg = project.repair
-    if not cfg.enabled:
-        raise ZgError(
-            "repair.steps is 0: the repair stage is off",
-            key="repair.steps",
-            fix="set repair.steps > 0 in params.yaml and run `zg pipeline`",
-        )
+    cfg = _enabled(project)
     set_threads(cfg.threads)
     paths = paths or layout.repair
     student = Path(student or layout.student)
@@ -245,18 +250,24 @@ def setup(
         seed=seed,
         student=student,
     )
+    _start_or_resume(run, prior)
+    return run
+
+
+def _start_or_resume(run: RepairRun, prior: dict | None) -> None:
+    """A fresh run's checkpoint 0 (with the KL it starts from), or a resumed run's state from its checkpoint."""
+    d, meta = run.paths.run_dir, run.meta
     if prior is None:
         # what repair starts from, measured once: a resumed run's model has already moved
-        meta["kl_before"] = _kls(model, head, data, cfg)
-        checkpoint.save(d, meta, model, opt, gen, run.curve, 0)
+        meta["kl_before"] = _kls(run.model, run.head, run.data, run.cfg)
+        checkpoint.save(d, meta, run.model, run.opt, run.gen, run.curve, 0)
     else:
         meta["kl_before"] = prior.get("kl_before")
         try:
-            run.curve = checkpoint.restore(d, prior, model, opt, gen)
+            run.curve = checkpoint.restore(d, prior, run.model, run.opt, run.gen)
         except ZgError as e:
             raise ZgError(e.what, fix=_RESTART) from e
         run.step = prior["step"]
-    return run
 
 
 def _steps(run: RepairRun) -> loop.Steps:

@@ -179,6 +179,37 @@ def _totals(opts: dict, idx) -> dict:
     return {"params": sum(o["params"] for o in picked), "kv_bytes": sum(o["kv_bytes"] for o in picked)}
 
 
+_METRICS = (
+    "cost",
+    "budget_cost",
+    "teacher_params",
+    "teacher_kv_bytes",
+    "params",
+    "kv_bytes",
+    "param_ratio",
+    "kv_ratio",
+    "predicted_ce_delta",
+)
+"""The chosen mix's figures that metrics/search.json keeps (with the candidates, the uniform mixes, the choice)."""
+
+
+def _over_budget(cfg, choices, budget: float, full: float, unit: str) -> ZgError:
+    """The refusal of a budget below the cheapest mix, naming the smallest budget that has one."""
+    least = min_cost(choices)
+    smallest = (
+        f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)"
+        if cfg.budget_unit == "fraction"
+        else f"{math.ceil(least * 1e4) / 1e4:g} (budget_unit: absolute)"
+    )
+    return ZgError(
+        f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
+        f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
+        f"teacher's {full:,.0f})",
+        key="search.budget",
+        fix=f"set search.budget >= {smallest}, or add cheaper variants",
+    )
+
+
 def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
     cfg = project.search
     if not project.variants:
@@ -195,19 +226,7 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
     budget = cfg.budget * full if cfg.budget_unit == "fraction" else cfg.budget
     pick = solve(choices, budget)
     if pick is None:
-        least = min_cost(choices)
-        smallest = (
-            f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)"
-            if cfg.budget_unit == "fraction"
-            else f"{math.ceil(least * 1e4) / 1e4:g} (budget_unit: absolute)"
-        )
-        raise ZgError(
-            f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
-            f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
-            f"teacher's {full:,.0f})",
-            key="search.budget",
-            fix=f"set search.budget >= {smallest}, or add cheaper variants",
-        )
+        raise _over_budget(cfg, choices, budget, full, unit)
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
     # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
     alternatives = [
@@ -238,20 +257,7 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
         v: {**_totals(opts, [j] * len(blocks)), "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
         for j, v in enumerate(project.variants, start=1)
     }
-    metrics = {
-        k: choice[k]
-        for k in (
-            "cost",
-            "budget_cost",
-            "teacher_params",
-            "teacher_kv_bytes",
-            "params",
-            "kv_bytes",
-            "param_ratio",
-            "kv_ratio",
-            "predicted_ce_delta",
-        )
-    }
+    metrics = {k: choice[k] for k in _METRICS}
     metrics.update(
         candidates=sum(len(o) for o in opts.values()),
         mixes=math.prod(len(o) for o in opts.values()),
