@@ -58,9 +58,12 @@ format: setup-dev
 docs: setup-dev
 	$(BIN)/mkdocs build --strict
 
+# The two headline micro-benchmarks on the default teacher (bench/README.md lists every script and its command):
+# materialize against the teacher's forward alone, then one block's cached against online targets in that project.
+BENCH_DIR ?= /tmp/zgbench-smollm2
 bench: setup-dev
-	$(BIN)/python bench/materialize.py
-	$(BIN)/python bench/train_block.py
+	$(BIN)/python bench/materialize.py --workdir $(BENCH_DIR)
+	$(BIN)/python bench/train_block.py --project $(BENCH_DIR) --key b02 --steps 4
 
 clean-venv:
 	rm -rf $(VENV)

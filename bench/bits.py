@@ -18,12 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+from harness import BIN, run, scaffold
+
 PROFILES = ("tiny", "tiny-search", "local-tiny")
 TIMED_KEYS = {"seconds", "tokens_per_s", "wall_s", "elapsed_s", "timings", "started", "finished"}
 
@@ -33,15 +33,6 @@ def _cpu() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return "unknown"
-
-
-def _run(cmd: list[str], cwd: Path) -> None:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # dvc's stages run `zg`
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if res.returncode:
-        sys.exit(
-            f"{' '.join(cmd)} failed in {cwd} (exit {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-        )
 
 
 def _untimed(value):
@@ -55,11 +46,8 @@ def _untimed(value):
 
 def record_profile(profile: str, work: Path) -> dict:
     """Scaffold PROFILE under WORK, reproduce it, and return its metrics files (untimed) by path."""
-    root = work / profile
-    _run([str(BIN / "zg"), "init", str(root), "--profile", profile], work)
-    _run(["git", "add", "-A"], root)
-    _run(["git", "-c", "user.name=bits", "-c", "user.email=bits@localhost", "commit", "-qm", "init"], root)
-    _run([str(BIN / "dvc"), "repro"], root)
+    root = scaffold(work / profile, profile)
+    run([BIN / "dvc", "repro"], root)  # harness.run: this environment's bin first on PATH, for the stages' `zg`
     files = sorted((root / "metrics").rglob("*.json"))
     if not files:
         sys.exit(f"profile {profile} wrote no metrics under {root / 'metrics'}")

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+from harness import BIN, environ, run, scaffold
+
 STAGES = [
     ["teacher", "prepare"],
     ["data", "tokenize"],
@@ -74,43 +72,19 @@ finally:
 
 def _env() -> dict:
     # DVC_NO_ANALYTICS: each dvc command leaves an analytics daemon running, which took CPU from the next command
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_QUIET": "1", "DVC_NO_ANALYTICS": "1"}
+    return environ(ZG_QUIET="1", DVC_NO_ANALYTICS="1")
 
 
 def _wall(cmd: list[str], cwd: Path, code: int = 0) -> float:
     """Wall seconds of one run of ``cmd``, which must exit with ``code``."""
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if res.returncode != code:
-        raise SystemExit(f"{' '.join(cmd)} exited {res.returncode} in {cwd}:\n{res.stderr[-2000:]}")
-    return wall
-
-
-def _children_cpu() -> float:
-    """CPU seconds (user + sys) of this process's finished children so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+    return run(cmd, cwd, env=_env(), code=code).wall_s
 
 
 def _stage(args: list[str], cwd: Path, scratch: Path) -> tuple[float, float, float]:
     """(import CPU seconds, CPU seconds, wall seconds) of one `zg ARGS` process."""
     out = scratch / "imports.txt"
-    cpu0 = _children_cpu()
-    t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(out), str(BIN / "zg"), *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    wall = time.perf_counter() - t0
-    cpu = _children_cpu() - cpu0
-    if res.returncode:
-        raise SystemExit(f"zg {' '.join(args)} failed:\n{res.stderr[-2000:]}")
-    return float(out.read_text()), cpu, wall
+    ran = run([sys.executable, "-c", _PROBE, out, BIN / "zg", *args], cwd, env=_env())
+    return float(out.read_text()), ran.cpu_s, ran.wall_s
 
 
 def stage_imports(project: Path, scratch: Path) -> None:
@@ -161,9 +135,7 @@ def latency(project: Path, repeats: int, scratch: Path) -> None:
 
 def _cpu(cmd: list[str]) -> float:
     """CPU seconds (user + sys) of one run of ``cmd``, which must succeed."""
-    cpu0 = _children_cpu()
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True)
-    return _children_cpu() - cpu0
+    return run(cmd, env=_env()).cpu_s
 
 
 def exit_cost(repeats: int) -> None:
@@ -189,20 +161,14 @@ def main() -> None:
         scratch = Path(tmp)
         project = a.project
         if project is None:
-            project = scratch / "proj"
-            subprocess.run(
-                [str(BIN / "zg"), "init", str(project), "--profile", "tiny"],
-                env=_env(),
-                check=True,
-                capture_output=True,
-            )
+            project = scaffold(scratch / "proj", "tiny", message=None, env=_env())
         print(f"zg CLI latency ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start)")
         if a.project is None and not a.no_stages:
             stage_imports(project, scratch)  # builds the project's data, which `zg data inspect` reads below
             print()
         elif a.project is None:
             for args in STAGES[:3]:
-                subprocess.run([str(BIN / "zg"), *args], cwd=project, env=_env(), check=True, capture_output=True)
+                run([BIN / "zg", *args], project, env=_env())
         latency(project, a.repeats, scratch)
         if not a.no_exit:
             exit_cost(a.repeats)

@@ -27,13 +27,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from zgdata.materialize.staging import boundary_schema  # noqa: E402
-from zgdata.store.codec import decode_rows, hidden_arrays  # noqa: E402
-from zgdata.store.integrity import checksum_array  # noqa: E402
+from zgdata.materialize.staging import boundary_schema
+from zgdata.store.codec import decode_rows, hidden_arrays
+from zgdata.store.integrity import checksum_array
 
 LANCE = {
     "lance:zstd": {"lance-encoding:compression": "zstd"},

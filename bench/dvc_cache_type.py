@@ -14,23 +14,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+import harness
 
 
 def _dvc(*args: str, cwd: Path) -> str:
-    exe = Path(sys.executable).with_name("dvc")
-    return subprocess.run([str(exe), *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+    return harness.run([harness.BIN / "dvc", *args], cwd).stdout
 
 
 def _checkout_s(root: Path, data: Path) -> float:
     data.unlink()
-    t0 = time.perf_counter()
-    _dvc("checkout", "-q", "data.bin", cwd=root)
-    return time.perf_counter() - t0
+    return harness.run([harness.BIN / "dvc", "checkout", "-q", "data.bin"], root).wall_s
 
 
 def _edit_in_place(root: Path, data: Path) -> tuple[bool, bool]:
@@ -51,7 +47,7 @@ def run(mb: int, repeats: int) -> None:
     for ctype in ("hardlink", "reflink,copy"):
         with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
             root = Path(tmp)
-            subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+            harness.run(["git", "init", "-q"], root, capture=False)
             _dvc("init", "-q", cwd=root)
             _dvc("config", "cache.type", ctype, cwd=root)
             data = root / "data.bin"

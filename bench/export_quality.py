@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harness import OUT
 
 TOKENS, CTX = 2048, 512
 
@@ -91,7 +92,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("project", nargs="?", type=Path, help="a built default project (else: SmolLM2 identity student)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "export_quality.txt")
+    ap.add_argument("--out", type=Path, default=OUT / "export_quality.txt")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="zg-export-bench-"))
     if args.project:

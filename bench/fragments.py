@@ -28,13 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from zgdata.config import MaterializeConfig  # noqa: E402
-from zgdata.materialize.staging import Journal, boundary_schema, finalize  # noqa: E402
-from zgdata.materialize.writer import Writer  # noqa: E402
+from zgdata.config import MaterializeConfig
+from zgdata.materialize.staging import Journal, boundary_schema, finalize
+from zgdata.materialize.writer import Writer
 
 
 def write(stage: Path, rows: int, seq_len: int, hidden: int, cfg: MaterializeConfig) -> Journal:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from pathlib import Path
+
+from harness import BIN, run, scaffold
 
 
 def main() -> None:
@@ -23,12 +24,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=40, help="examples scored (0: all of lm_eval.examples)")
     args = ap.parse_args()
     root = args.workdir / "proj"
-    zg = ["zg"]
     if not (root / "data" / "tokens.json").exists():
         if not (root / "params.yaml").exists():
-            subprocess.run(zg + ["init", str(root), "--profile", "smollm2"], check=True)
+            scaffold(root, "smollm2", message=None, capture=False)
         for cmd in (["teacher", "prepare"], ["data", "tokenize"]):
-            subprocess.run(zg + cmd, cwd=root, check=True)
+            run([BIN / "zg", *cmd], root, capture=False)
     os.chdir(root)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import logging

@@ -30,9 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import threading
 from pathlib import Path
+
+import harness
 
 K = {1: "[0,8]", 2: "[0,4,8]", 4: "[0,2,4,6,8]"}
 # (name, relative cost per step, overrides); cost balances the lanes
@@ -74,25 +75,14 @@ def _sh(cmd: list[str], cwd: Path, run: bool) -> str:
     print(f"$ (cd {cwd} && {shlex.join(cmd)})", flush=True)
     if not run:
         return ""
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(f"{shlex.join(cmd)} failed in {cwd} (exit {res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res.stdout
+    ran = harness.run(cmd, cwd, code=None)  # this environment's bin first on PATH: its zg, its dvc
+    if ran.code:  # RuntimeError, not harness's exit: a lane's thread would end silently on SystemExit
+        raise RuntimeError(harness.failure(ran))
+    return ran.stdout
 
 
 def _slug(name: str, seed: int) -> str:
     return name.replace("=", "").replace(" ", "-") + f"-s{seed}"
-
-
-def _params(root: Path, edit=None) -> dict:
-    """params.yaml of a lane, rewritten by ``edit(params)`` when given."""
-    import yaml
-
-    p = yaml.safe_load((root / "params.yaml").read_text())
-    if edit is not None:
-        edit(p)
-        (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    return p
 
 
 def setup_lane(root: Path, cache: Path, base: dict, run: bool) -> None:
@@ -102,14 +92,14 @@ def setup_lane(root: Path, cache: Path, base: dict, run: bool) -> None:
     _sh(["zg", "init", str(root), "--profile", "local"], root.parent, run)
     _sh(["dvc", "cache", "dir", str(cache)], root, run)
     if run:
-        _params(root, lambda p: p["local"].update(base))
+        harness.params(root, lambda p: p["local"].update(base))
     print(f"# params.yaml local: {base}", flush=True)
     _sh(["git", "add", "-A"], root, run)
     _sh(["git", "commit", "-qm", "zg init --profile local"], root, run)
 
 
 def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
-    mode = _params(root)["local"]["mode"] if run else "simultaneous"  # a reused lane may be sequential
+    mode = harness.params(root)["local"]["mode"] if run else "simultaneous"  # a reused lane may be sequential
     for name, seed, _, over in lane:
         over = dict(over)
         want = over.pop("local.mode", "simultaneous")
@@ -124,7 +114,7 @@ def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
                 p["local"]["mode"], p["partition"]["boundaries"] = want, boundaries
 
             if run:
-                _params(root, switch)
+                harness.params(root, switch)
             _sh(["zg", "pipeline"], root, run)
             mode = want
         sets = [x for k, v in {**over, "local.seed": seed, "local.steps": steps}.items() for x in ("-S", f"{k}={v}")]

@@ -45,77 +45,22 @@ os.environ.setdefault("ZG_QUIET", "1")  # no progress bars in the log (see --pro
 
 import numpy as np
 import torch
+from harness import CpuMeter, wait_quiet
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section  # noqa: E402
-from zgdata.core.timing import collect  # noqa: E402
-from zgdata.families.capture import capture  # noqa: E402
-from zgdata.layout import Layout  # noqa: E402
-from zgdata.materialize.driver import materialize  # noqa: E402
-from zgdata.store.lance_io import dir_bytes, open_dataset  # noqa: E402
-from zgdata.store.reader import BoundaryDataset, BoundaryPair  # noqa: E402
-from zgdata.teacher.prepare import load_teacher, prepare, read_teacher_json  # noqa: E402
-from zgdata.tokens.tokenset import read_tokens, tokenize, tokens_meta  # noqa: E402
-from zgtrain.pipeline.profiles import profile_params  # noqa: E402
+from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section
+from zgdata.core.timing import collect
+from zgdata.families.capture import capture
+from zgdata.layout import Layout
+from zgdata.materialize.driver import materialize
+from zgdata.store.lance_io import dir_bytes, open_dataset
+from zgdata.store.reader import BoundaryDataset, BoundaryPair
+from zgdata.teacher.prepare import load_teacher, prepare, read_teacher_json
+from zgdata.tokens.tokenset import read_tokens, tokenize, tokens_meta
+from zgtrain.pipeline.profiles import profile_params
 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# noise accounting: other people's processes share these 2 cores
-
-
-def _busy_cpu_s() -> float:
-    """Machine-wide busy CPU seconds (all cores) from /proc/stat; nan where unavailable."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    hz = os.sysconf("SC_CLK_TCK")
-    return (sum(v[:8]) - v[3] - v[4]) / hz  # user nice system idle iowait irq softirq steal
-
-
-class CpuMeter:
-    """Wall time, this process's CPU time and everyone else's CPU time over a block.
-
-    ``foreign`` is the share of the machine's cores that *other* processes used while the
-    block ran: 0 is a quiet machine, 0.5 means they took half of it. Compare runs with low
-    ``foreign``; the script also waits for a quiet machine before each run (--quiet).
-    """
-
-    def __enter__(self):
-        self.t, self.busy, self.own = time.perf_counter(), _busy_cpu_s(), _own_cpu_s()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = time.perf_counter() - self.t
-        own = _own_cpu_s() - self.own
-        foreign = max(_busy_cpu_s() - self.busy - own, 0.0)
-        ncpu = os.cpu_count() or 1
-        self.own_util = own / self.wall / ncpu
-        self.foreign = min(foreign / self.wall / ncpu, 1.0)  # /proc/stat ticks are 10 ms: short blocks are rough
-        return False
-
-
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def wait_quiet(threshold: float, timeout: float) -> float:
-    """Wait until other processes use < threshold of the machine over a 2 s window; returns that share."""
-    end = time.perf_counter() + timeout
-    while True:
-        with CpuMeter() as m:
-            time.sleep(2.0)
-        if m.foreign < threshold or time.perf_counter() >= end:
-            return m.foreign
 
 
 # ---------------------------------------------------------------------------------------------
@@ -586,8 +531,8 @@ def main(argv=None) -> int:
     log(f"partition    : {part.boundaries}")
     log("=" * 78)
 
-    if args.loader_only:
-        loader = loader_vs_memmap(
+    def measure_loader() -> dict:  # 4. loader vs memmap: alone (--loader-only) or after the materialize runs
+        return loader_vs_memmap(
             layout,
             part,
             root,
@@ -597,6 +542,9 @@ def main(argv=None) -> int:
             quiet=args.quiet,
             quiet_timeout=args.quiet_timeout,
         )
+
+    if args.loader_only:
+        loader = measure_loader()
         codec = BoundaryDataset(layout.boundary(part.names[0])).codec
         mm_b, mm_m = max(loader["memmap_Bps"]), statistics.median(loader["memmap_Bps"])
         log(f"loader only, codec {codec}, pair {loader['pair']}, {loader['steps']} batches of {loader['batch_size']}")
@@ -659,16 +607,7 @@ def main(argv=None) -> int:
             log(f"[{i}] ratio materialize / forward-only (this pair): {mat[-1]['tok_s'] / fwd[-1]['tok_s']:.3f}")
 
         disk = disk_figures(layout, part)
-        loader = loader_vs_memmap(
-            layout,
-            part,
-            root,
-            batch_size=args.loader_batch,
-            min_steps=args.loader_steps,
-            repeats=args.loader_repeats,
-            quiet=args.quiet,
-            quiet_timeout=args.quiet_timeout,
-        )
+        loader = measure_loader()
 
         f_best = max(x["tok_s"] for x in fwd)
         f_med = statistics.median(x["tok_s"] for x in fwd)

@@ -45,20 +45,15 @@ from pathlib import Path
 os.environ.setdefault("ZG_QUIET", "1")
 
 import torch
+from harness import busy_cpu_s
+from materialize import clear_outputs, setup_project  # bench/materialize.py, a sibling like harness
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (REPO, REPO / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from materialize import _busy_cpu_s, clear_outputs, setup_project  # noqa: E402  (bench/materialize.py)
-
-from zgdata.config import MaterializeConfig, PartitionConfig, section  # noqa: E402
-from zgdata.layout import Layout  # noqa: E402
-from zgdata.materialize.driver import materialize  # noqa: E402
-from zgdata.store.lance_io import open_dataset, schema_meta  # noqa: E402
-from zgdata.tokens.tokenset import tokens_meta  # noqa: E402
-from zgtrain.pipeline.profiles import profile_params  # noqa: E402
+from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.layout import Layout
+from zgdata.materialize.driver import materialize
+from zgdata.store.lance_io import open_dataset, schema_meta
+from zgdata.tokens.tokenset import tokens_meta
+from zgtrain.pipeline.profiles import profile_params
 
 
 def log(msg: str) -> None:
@@ -112,10 +107,10 @@ def run_arm(
     try:
         for i in range(passes):
             clear_outputs(layout)
-            busy, t = _busy_cpu_s(), time.perf_counter()
+            busy, t = busy_cpu_s(), time.perf_counter()
             res = materialize(cfg, part, layout=layout, sharded=workers is not None)
             wall = time.perf_counter() - t
-            share = (_busy_cpu_s() - busy) / wall / (os.cpu_count() or 1)
+            share = (busy_cpu_s() - busy) / wall / (os.cpu_count() or 1)
             assert not res.skipped
             out.append(
                 {

@@ -21,19 +21,17 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
+from harness import BIN, busy_cpu_s, environ, params, run, scaffold
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
 def _zg(*args, cwd) -> None:
-    subprocess.run([str(BIN / "zg"), *map(str, args)], cwd=cwd, check=True, capture_output=True, text=True)
+    run([BIN / "zg", *args], cwd)
 
 
 def build(workdir: Path, profile: str, blocks: int) -> Path:
@@ -43,11 +41,9 @@ def build(workdir: Path, profile: str, blocks: int) -> Path:
         return base
     shutil.rmtree(base, ignore_errors=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    _zg("init", base, "--profile", profile, cwd=workdir)
+    base = scaffold(base, profile, message=None)
     if profile == "tiny" and blocks != 2:  # tiny's teacher has 4 layers: up to 4 one-layer blocks
-        p = yaml.safe_load((base / "params.yaml").read_text())
-        p["partition"]["boundaries"] = list(range(0, 4 + 1, 4 // blocks))
-        (base / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+        params(base, lambda p: p["partition"].update(boundaries=list(range(0, 4 + 1, 4 // blocks))))
         _zg("pipeline", cwd=base)
     for cmd in (("teacher", "prepare"), ("data", "tokenize"), ("data", "materialize")):
         _zg(*cmd, cwd=base)
@@ -58,9 +54,8 @@ def arm_copy(base: Path, name: str, steps: int, batch: int) -> Path:
     dst = base.parent / name
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(base, dst, symlinks=True)
-    p = yaml.safe_load((dst / "params.yaml").read_text())
-    p["train"].update(steps=steps, batch_size=batch, threads=1, checkpoint_every=0, heldout_rows=1)
-    (dst / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    train = {"steps": steps, "batch_size": batch, "threads": 1, "checkpoint_every": 0, "heldout_rows": 1}
+    params(dst, lambda p: p["train"].update(train))
     return dst
 
 
@@ -75,11 +70,8 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "blocks": out}))
 
 
 def serial(root: Path, keys: list[str]) -> dict:
-    env = {**os.environ, "ZG_QUIET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run(
-        [sys.executable, "-c", _SERIAL, str(root), *keys], capture_output=True, text=True, env=env, check=True
-    )
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    env = environ(ZG_QUIET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return json.loads(run([sys.executable, "-c", _SERIAL, root, *keys], env=env).stdout.strip().splitlines()[-1])
 
 
 def parallel(root: Path, keys: list[str], address: str, jobs: int) -> dict:
@@ -100,20 +92,13 @@ def parallel(root: Path, keys: list[str], address: str, jobs: int) -> dict:
     return {"seconds": time.perf_counter() - t0, "blocks": out}
 
 
-def _busy_cpu_s() -> float:
-    """CPU seconds every process on the machine has used (/proc/stat, all cores)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
-
-
 def measured(fn, *args) -> dict:
     """``fn(*args)`` plus how busy the machine was meanwhile: ``foreign`` is the share of all cores that
     processes other than the arm's own blocks used (0: quiet machine; 1: the arm got no CPU at all)."""
-    busy = _busy_cpu_s()
+    busy = busy_cpu_s()
     r = fn(*args)
     own = sum(b.get("cpu_seconds", 0) for b in r["blocks"])
-    r["foreign"] = max(_busy_cpu_s() - busy - own, 0) / r["seconds"] / (os.cpu_count() or 1)
+    r["foreign"] = max(busy_cpu_s() - busy - own, 0) / r["seconds"] / (os.cpu_count() or 1)
     r["own_cpu_s"] = own
     return r
 
@@ -127,13 +112,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ['PATH']}"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ray.cluster_utils import Cluster
 
     base = build(a.workdir, a.profile, a.jobs)
-    keys = list(yaml.safe_load((base / "params.yaml").read_text())["blocks"])[: a.jobs]
+    keys = list(params(base)["blocks"])[: a.jobs]
     cluster = Cluster(
         initialize_head=True,
         connect=False,

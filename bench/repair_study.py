@@ -1,4 +1,4 @@
-"""The repair study, on the default teacher; results in docs/RESULTS.md.
+"""The repair study, on the default teacher; results in docs/results/repair-study.md.
 
 For each seed (the top-level `seed`, which seeds every block and the repair run), one
 `zg init --profile smollm2` project and three arms that share its teacher, tokens and boundaries:
@@ -33,32 +33,32 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+import harness
 
 
 def sh(cmd: list[str], cwd: Path, dry: bool) -> None:
     print(f"[{cwd}] $ {' '.join(cmd)}", file=sys.stderr, flush=True)
     if not dry:
-        subprocess.run(cmd, cwd=cwd, check=True)
+        harness.run(cmd, cwd, capture=False)  # its output streams; this environment's bin first on PATH (zg, dvc)
 
 
 def set_params(root: Path, updates: dict, dry: bool) -> None:
     print(f"[{root}] params: {updates}", file=sys.stderr)
     if dry:
         return
-    path = root / "params.yaml"
-    params = yaml.safe_load(path.read_text())
-    for dotted, value in updates.items():
-        *parents, leaf = dotted.split(".")
-        node = params
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+    def update(params: dict) -> None:
+        for dotted, value in updates.items():
+            *parents, leaf = dotted.split(".")
+            node = params
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+
+    harness.params(root, update)
 
 
 def arm(root: Path, out: Path, name: str, dry: bool) -> None:
@@ -106,7 +106,7 @@ def run_seed(seed: int, args) -> None:
     if args.dry_run:
         train = {"steps": 100, "batch_size": 4}  # the smollm2 profile's defaults, for the printout
     else:
-        train = yaml.safe_load((root / "params.yaml").read_text())["train"]
+        train = harness.params(root)["train"]
     extra = math.ceil(args.repair_steps * args.repair_batch / train["batch_size"])
     set_params(root, {"repair.steps": 0, "train.steps": train["steps"] + extra}, args.dry_run)
     arm(root, out, "matched", args.dry_run)
@@ -186,7 +186,7 @@ def main() -> None:
         "tokens, materialize: about 4 minutes) run once and later seeds restore them "
         "from its run cache",
     )
-    ap.add_argument("--out", default="bench/out/repair_study", help="where each arm's eval.json is copied")
+    ap.add_argument("--out", default=str(harness.OUT / "repair_study"), help="where each arm's eval.json is copied")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--table-only", action="store_true", help="print the table of an earlier run")
     args = ap.parse_args()

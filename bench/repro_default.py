@@ -20,26 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
+from harness import BIN, commit, params, run, scaffold
 
-BIN = Path(sys.executable).parent
 TIMED_KEYS = {"tokens_per_s", "seconds"}  # wall-clock figures inside metrics files
-
-
-def sh(cmd: list, cwd: Path) -> float:
-    t0 = time.perf_counter()
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # dvc's stage commands run `zg`
-    res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, env=env)
-    if res.returncode:
-        sys.exit(f"{' '.join(map(str, cmd))} failed in {cwd}:\n{res.stdout}\n{res.stderr}")
-    return time.perf_counter() - t0
 
 
 def timed_files(root: Path) -> set[str]:
@@ -70,13 +58,10 @@ def build(workdir: Path, profile: str, threads: int) -> Path:
         return base
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    sh([BIN / "zg", "init", base, "--profile", profile], workdir)
-    p = yaml.safe_load((base / "params.yaml").read_text())
-    p["train"]["threads"] = threads
-    (base / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    sh([BIN / "dvc", "repro", "verify"], base)
-    sh(["git", "add", "-A"], base)
-    sh(["git", "commit", "-qm", "upstream stages"], base)
+    base = scaffold(base, profile, message=None)
+    params(base, lambda p: p["train"].update(threads=threads))
+    run([BIN / "dvc", "repro", "verify"], base)  # harness.run: this environment's bin first, for the stages' `zg`
+    commit(base, "upstream stages")
     return base
 
 
@@ -94,7 +79,7 @@ def main() -> None:
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(base, dst, symlinks=True)
         cmd = [BIN / "dvc", "repro"] if name == "serial" else [BIN / "zg", "repro", "--jobs", a.jobs]
-        arms[name] = sh(cmd, dst)
+        arms[name] = run(cmd, dst).wall_s
         print(
             f"{name:9s} {' '.join(map(str, cmd[-3:] if name == 'parallel' else cmd[-2:]))}: {arms[name]:.1f} s",
             flush=True,

@@ -70,6 +70,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness import run
+
 # Training tokens/s of each default block, cached against online targets, measured on the default teacher
 # (prune_mlp 0.5, 100 steps of 4 x 512 tokens, one idle 2-core machine): docs/RESULTS.md, "Cached == online on
 # the default teacher, bitwise" (`dvc exp run -n online -S train.targets=online`). Online targets rerun the
@@ -125,8 +127,10 @@ def exp_run(root: Path, sets: dict, target: str, dry: bool) -> float:
     print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     if not dry:  # an earlier arm's -S values stay in the workspace: start from the committed params
-        subprocess.run(["git", "checkout", "--", "params.yaml"], cwd=root, check=True)
-        subprocess.run(cmd, cwd=root, check=True)
+        for c in (["git", "checkout", "--", "params.yaml"], cmd):
+            code = run(c, root, code=None, capture=False).code  # dvc's stages run this environment's zg
+            if code:  # the callers record an arm that fails and go on with the next
+                raise subprocess.CalledProcessError(code, c)
     return time.perf_counter() - t0
 
 
@@ -143,10 +147,10 @@ def enable_repair(root: Path, steps: int, dry: bool) -> None:
     params = yaml.safe_load(path.read_text())
     params.setdefault("repair", {})["steps"] = steps
     path.write_text(dump_params(params))
-    subprocess.run(["zg", "pipeline"], cwd=root, check=True)
-    subprocess.run(["git", "add", "params.yaml", "dvc.yaml"], cwd=root, check=True)
-    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=root).returncode:  # else committed already
-        subprocess.run(["git", "commit", "-qm", f"search study: repair.steps {steps}"], cwd=root, check=True)
+    run(["zg", "pipeline"], root, capture=False)
+    run(["git", "add", "params.yaml", "dvc.yaml"], root, capture=False)
+    if run(["git", "diff", "--cached", "--quiet"], root, code=None, capture=False).code:  # else committed already
+        run(["git", "commit", "-qm", f"search study: repair.steps {steps}"], root, capture=False)
 
 
 def prune_ratio_for(root: Path, params: int) -> float:

@@ -31,22 +31,16 @@ over the RSS before tokenize() for the 0.1 GB corpus, +426 MB for one 52 MB docu
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
-# This file is named like the standard library's `tokenize`, which linecache, inspect and others import:
-# keep bench/ off the import path so that they get the real one.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+from harness import environ, run
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _rss_now_mb() -> float:
@@ -194,25 +188,9 @@ def main() -> None:
     makers += [(make_single, args.corpora / f"single-{mb:g}MB.jsonl", mb) for mb in args.single]
     for make, path, amount in makers:  # each generated just before its measurement
         corpus = make(path, amount)
-        gb = corpus.name
-        res = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--corpora",
-                str(args.corpora),
-                "--teacher",
-                args.teacher,
-                "--child",
-                str(corpus),
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        if res.returncode:
-            sys.exit(f"{gb} failed:\n{res.stderr[-3000:]}")
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        cmd = [sys.executable, __file__, "--corpora", args.corpora, "--teacher", args.teacher, "--child", corpus]
+        ran = run(cmd, env=environ(PYTHONPATH=str(ROOT)))  # exits with the child's output tail if it fails
+        rows.append(json.loads(ran.stdout.strip().splitlines()[-1]))
         if args.drop_corpora:
             corpus.unlink()
         r = rows[-1]

@@ -14,12 +14,12 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from harness import run
 
 
 def _rss_mb() -> float:
@@ -159,23 +159,8 @@ def main() -> None:
         )
     mem = {}
     for mode in ("block", "full"):
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--project",
-                str(project),
-                "--key",
-                a.key,
-                "--child",
-                mode,
-                "--batch",
-                str(a.batch),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        child = [sys.executable, __file__, "--project", project, "--key", a.key, "--child", mode, "--batch", a.batch]
+        out = run(child).stdout
         mem[mode] = json.loads(out.strip().splitlines()[-1])
     b, f = mem["block"], mem["full"]
     print(

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "ZG_QUIET": "1"}
+from harness import commit, environ, run, scaffold
+
+ENV = environ(ZG_QUIET="1")
 
 _CHILD = """
 import sys, time
@@ -44,18 +41,11 @@ print(time.perf_counter() - t0, c.outputs, c.hashed, c.cached)
 
 
 def _sh(cmd: list[str], cwd: Path) -> float:
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True)
-    if res.returncode:
-        sys.exit(f"{' '.join(cmd)} failed in {cwd}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    return time.perf_counter() - t0
+    return run(cmd, cwd, env=ENV).wall_s
 
 
 def _check(project: Path, what: str, deps: list[str]) -> tuple[float, str]:
-    res = subprocess.run(
-        [sys.executable, "-c", _CHILD, what, *deps], cwd=project, env=ENV, capture_output=True, text=True, check=True
-    )
-    secs, outputs, hashed, cached = res.stdout.split()
+    secs, outputs, hashed, cached = run([sys.executable, "-c", _CHILD, what, *deps], project, env=ENV).stdout.split()
     return float(secs), f"{outputs} outputs, {hashed} files hashed, {cached} from the cache"
 
 
@@ -74,12 +64,9 @@ def _tiny(work: Path) -> Path:
         return project
     shutil.rmtree(project, ignore_errors=True)
     print(f"building a tiny project in {project} ...", file=sys.stderr)
-    _sh(["zg", "init", str(project), "--profile", "tiny"], work)
-    _sh(["git", "add", "-A"], project)
-    _sh(["git", "commit", "-qm", "init"], project)
+    project = scaffold(project, "tiny", env=ENV)
     _sh(["dvc", "repro", "-q"], project)
-    _sh(["git", "add", "-A"], project)
-    _sh(["git", "commit", "-qm", "repro"], project)
+    commit(project, "repro", env=ENV)
     return project
 
 
