@@ -36,7 +36,7 @@ demo: setup
 # One pytest-xdist worker more than the CPUs (at most 4): many tests wait on processes they started (dvc, Ray,
 # a kill at a failpoint), and the extra worker fills those waits (2 cores, same tree, 2026-12-02: 601 s with 3
 # workers, 613 s with 4, run after it; an earlier tree: 584 s with 3, 609 s with 2).
-# --no-loadscope-reorder: the Ray group, which tests/conftest.py puts first, starts at once on its worker.
+# --no-loadscope-reorder: the Ray group, which tests/helpers/xdist_order.py puts first, starts at once on its worker.
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) + 1))')
 
 # PYTHONDONTWRITEBYTECODE= : where the environment sets it (some CI images do), every `zg` and `dvc` process the

@@ -26,9 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import BIN, assert_user_error, read_json, run, tree_sha256, zg_main
-from zgd_helpers import journal_rows
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.datasets import journal_rows
+from tests.helpers.projects import read_json, tree_sha256
+from tests.helpers.runners import BIN, run, zg_main
 from zgdata.core.lock import BUSY_EXIT_CODE, lock_path, stage_lock
 from zgdata.errors import from_os_error
 from zgdata.layout import Layout

@@ -6,9 +6,9 @@ neither pulled nor watched. These tests compare the files each stage's real `cmd
 what dvc.yaml declares.
 
 The main pipeline's stages are read from the trace of the session's one `dvc repro` of a fresh tiny project
-(conftest.py ``_reproduce`` runs it under strace; tests/stage_trace.py attributes each open to its stage):
-each stage did its whole work there, in dvc.yaml order. The optional stages (repair, and evaluate reading
-its output) run here under strace, one by one in a copy of that project, each with its outputs deleted
+(tests/helpers/projects.py ``reproduce`` runs it under strace; tests/helpers/stage_trace.py attributes each open
+to its stage): each stage did its whole work there, in dvc.yaml order. The optional stages (repair, and evaluate
+reading its output) run here under strace, one by one in a copy of that project, each with its outputs deleted
 just before its command runs.
 
 A path the command opened counts as a read of the project when it is inside the project, existed
@@ -26,97 +26,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PIPELINE_STAGES, run, zg
-from stage_trace import STRACE, reads, stage_opens, traced_run
+
+from tests.helpers.projects import PIPELINE_STAGES
+from tests.helpers.runners import run, zg
+from tests.helpers.stage_deps import assert_saw_reads, entry_paths, is_under, pipeline_stages, trace_stage, undeclared
+from tests.helpers.stage_trace import STRACE, reads, stage_opens
 
 pytestmark = pytest.mark.skipif(
     STRACE is None,
     reason="strace is not installed (apt-get install strace): this test traces the files each stage's command opens",
 )
 
-IGNORED_TOP = (
-    ".git",
-    ".dvc",
-    ".zg",
-    "dvc.lock",
-)  # dvc.lock: read to check inputs against it (zgdata/trust/dvc_lock.py)
-IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
-
-
-def _paths(entries) -> list[str]:
-    """Paths of dvc.yaml outs/metrics/plots/deps entries (a string or a one-key mapping)."""
-    return [next(iter(e)) if isinstance(e, dict) else e for e in entries or []]
-
-
-def _expand(value, key: str, item: dict):
-    if isinstance(value, str):
-        value = value.replace("${key}", key)
-        for k, v in item.items():
-            value = value.replace("${item." + k + "}", str(v))
-        return value
-    if isinstance(value, list):
-        return [_expand(v, key, item) for v in value]
-    if isinstance(value, dict):
-        return {_expand(k, key, item): _expand(v, key, item) for k, v in value.items()}
-    return value
-
-
-def pipeline_stages(root: Path) -> dict[str, dict]:
-    """dvc.yaml's stages, the `foreach: ${blocks}` stage expanded to name@key with params.yaml's blocks."""
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    stages = {}
-    for name, body in spec["stages"].items():
-        if (
-            "foreach" in body
-        ):  # ${blocks}, or a generated mapping (materialize.virtual_first: zgtrain/pipeline/stages.py)
-            assert body["foreach"] == "${blocks}" or isinstance(body["foreach"], dict), body["foreach"]
-            items = params["blocks"] if body["foreach"] == "${blocks}" else body["foreach"]
-            for key, item in items.items():
-                stages[f"{name}@{key}"] = _expand(body["do"], key, item)
-        else:
-            stages[name] = body
-    return stages
-
-
-def _under(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def trace_stage(root: Path, stage: dict, log_dir: Path) -> dict[str, bool]:
-    """Run the stage's cmd in root as DVC does (``sh -c CMD``: dash forks the command, bash execs it) under
-    strace; the project paths it read (``stage_trace.reads``: relative path -> is it a folder)."""
-    res = traced_run(["sh", "-c", stage["cmd"]], root, log_dir, timeout=900)
-    assert res.returncode == 0, f"`{stage['cmd']}` failed under strace ({res.returncode}):\n{res.stdout}\n{res.stderr}"
-    return reads(stage_opens(log_dir, root, {"stage": stage["cmd"]})["stage"])
-
-
-def undeclared(stage: dict, read: dict[str, bool]) -> list[str]:
-    """The paths a stage read (``stage_trace.reads``: path -> is it a folder) that are not its declared deps."""
-    deps, own = (
-        _paths(stage.get("deps")),
-        _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")),
-    )
-    bad = []
-    for p in sorted(read):
-        parts = p.split("/")
-        if parts[0] in IGNORED_TOP or (p + "/").startswith(IGNORED_PREFIX) or "__pycache__" in parts:
-            continue
-        if _under(p, own) or _under(p, deps):
-            continue  # its own output, or declared (what the command created itself is not in ``read``)
-        if p == "params.yaml" and stage.get("params"):
-            continue
-        if read[p] and any(d.startswith(p + "/") for d in deps):
-            continue  # listing the folder that holds a declared dep
-        bad.append(p)
-    return bad
-
 
 def _group(paths: list[str], outputs: dict[str, str]) -> str:
     """Paths folded into the output holding them: `models/teacher/hf (output of teacher: config.json, ...)`."""
     groups: dict[str, list[str]] = {}
     for p in paths:
-        owner = next((o for o in outputs if _under(p, [o])), p)
+        owner = next((o for o in outputs if is_under(p, [o])), p)
         groups.setdefault(owner, []).append(p[len(owner) + 1 :])
     shown = []
     for owner, inside in groups.items():
@@ -132,14 +58,8 @@ def _outputs(stages: dict[str, dict]) -> dict[str, str]:
     return {
         o: name
         for name, s in stages.items()
-        for o in _paths(s.get("outs")) + _paths(s.get("metrics")) + _paths(s.get("plots"))
+        for o in entry_paths(s.get("outs")) + entry_paths(s.get("metrics")) + entry_paths(s.get("plots"))
     }
-
-
-def _saw_reads(name: str, stage: dict, opened) -> None:
-    """The trace saw the command's reads: every stage reads params.yaml and at least one declared dep."""
-    assert "params.yaml" in opened, (name, sorted(opened))
-    assert not stage.get("deps") or any(_under(p, _paths(stage["deps"])) for p in opened), (name, sorted(opened))
 
 
 def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_path: Path) -> dict[str, list[str]]:
@@ -148,13 +68,13 @@ def _trace_stages(root: Path, stages: dict[str, dict], names: list[str], tmp_pat
     found = {}
     for name in names:
         stage = stages[name]
-        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+        for out in entry_paths(stage.get("outs")) + entry_paths(stage.get("metrics")) + entry_paths(stage.get("plots")):
             p = root / out
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         read = trace_stage(root, stage, tmp_path / f"{name}.strace")
-        for out in _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots")):
+        for out in entry_paths(stage.get("outs")) + entry_paths(stage.get("metrics")) + entry_paths(stage.get("plots")):
             assert (root / out).exists(), f"{name} did not write {out}"
-        _saw_reads(name, stage, read)
+        assert_saw_reads(name, stage, read)
         if bad := undeclared(stage, read):
             found[name] = _group(bad, outputs)
         # record the outputs as `dvc repro` does after each stage: downstream stages check their inputs against
@@ -173,14 +93,15 @@ def _fail(found: dict[str, str]) -> None:
 
 
 def test_every_stage_reads_only_declared_deps(reproduced_base):
-    """Every stage of the session's one `dvc repro` (conftest.py ``_reproduce``, traced with strace there)."""
+    """Every stage of the session's one `dvc repro` (tests/helpers/projects.py ``reproduce``, traced with strace
+    there)."""
     root = reproduced_base / "proj"
     stages = pipeline_stages(root)
     assert list(stages) == PIPELINE_STAGES
     opens = stage_opens(reproduced_base / "trace", root, {name: s["cmd"] for name, s in stages.items()})
     found = {}
     for name, stage in stages.items():
-        _saw_reads(name, stage, opens[name])
+        assert_saw_reads(name, stage, opens[name])
         read = reads(opens[name])
         if bad := undeclared(stage, read):
             found[name] = _group(bad, _outputs(stages))

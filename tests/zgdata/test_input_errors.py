@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from conftest import assert_user_error, zg_main
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.runners import zg_main
 
 
 def test_a_non_utf8_byte_in_params_yaml_is_one_line(tiny_project):

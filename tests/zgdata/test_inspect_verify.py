@@ -11,9 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import zg_main
-from zgd_helpers import overwrite_table, read_json, set_schema_meta
 
+from tests.helpers.datasets import overwrite_table, set_schema_meta
+from tests.helpers.projects import read_json
+from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint

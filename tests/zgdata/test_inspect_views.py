@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import zg_main
 from rich.console import Console
 
+from tests.helpers.runners import zg_main
 from zgdata.inspect import collect, render
 
 VIEWS = {"default": {}, "wide": {"wide": True}, "versions": {"versions": True}, "all": {"wide": True, "versions": True}}

@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import assert_user_error as assert_error_line
-from conftest import zg_main
-from zgd_helpers import assert_user_error, boundary_bits, read_json, tree_sha256
 
+from tests.helpers.assertions import assert_user_error, assert_user_error_alone
+from tests.helpers.datasets import boundary_bits
+from tests.helpers.projects import read_json, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -90,7 +91,7 @@ def test_flipped_row_fails_verify_reader_and_training(tiny_project):
 
     # the cached trainer reads through the reader: one error line, and no block output
     res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
-    assert_error_line(
+    assert_user_error(
         res,
         f"data/boundaries/h02.lance row {ROW} (seq_id {ROW})",
         "checksum",
@@ -114,7 +115,7 @@ def test_truncated_data_file_is_one_line_error(tiny_project, name, command):
     _truncate_data_file(path)
     rel = str(path.relative_to(tiny_project))
     res = zg_main(*command, cwd=tiny_project, check=False)
-    line = assert_user_error(
+    line = assert_user_error_alone(
         res,
         rel,
         "truncated",
@@ -178,7 +179,7 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     meta = full.schema.metadata
     _rewrite(path, no_checksum, meta, drop_meta=("zg.format_version",))
     res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
-    assert_user_error(
+    assert_user_error_alone(
         res, "data/boundaries/h02.lance", "before boundary format 2", "rematerialize", "dvc repro -f materialize"
     )
     # format 2 claimed without the column, or the column under an older version: refused too

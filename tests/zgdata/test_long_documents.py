@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_corpus import _project, _table
-from zgd_helpers import read_json
 
 import zgdata.tokens.corpus as corpus
+from tests.helpers.datasets import token_table
+from tests.helpers.projects import read_json, teacher_linked_project
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
 from zgdata.tokens.corpus import Source, read
@@ -60,12 +60,15 @@ def test_a_long_document_streamed_in_pieces_gives_the_whole_texts_token_set(tiny
     source = _write(kind, tmp_path / "corpus")
     fill = {"pad_min_fill": 0.5} if packing == "pad" else {}
     cfg = CorpusConfig(source=[source], heldout=["short"], seq_len=32, packing=packing, **fill)
-    whole, streamed = _project(tiny_built, tmp_path / "whole"), _project(tiny_built, tmp_path / "streamed")
+    whole, streamed = (
+        teacher_linked_project(tiny_built, tmp_path / "whole"),
+        teacher_linked_project(tiny_built, tmp_path / "streamed"),
+    )
     tokenize(cfg, layout=whole, stream_bytes=1 << 30)  # read whole, and one tokenizer call (under PIECE_CHARS)
     docs = list(corpus.Walk(cfg, corpus.sources(cfg), stream_bytes=2000))
     assert sorted(d.id for d in docs if d.stream is not None) == ["long", "other", "short"]
     tokenize(cfg, layout=streamed, stream_bytes=2000, piece_chars=3000, flush_tokens=333)  # ~60 pieces
-    a, b = _table(whole), _table(streamed)
+    a, b = token_table(whole), token_table(streamed)
     assert np.array_equal(a.pop("input_ids"), b.pop("input_ids"))
     assert a == b
     assert read_json(whole.tokens_json) == read_json(streamed.tokens_json)

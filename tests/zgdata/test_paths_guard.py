@@ -9,8 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, tree_sha256, zg_main
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.core.atomic import atomic_path, replace_path, write_json, write_text
 from zgdata.core.paths_guard import inside, output, project_root
 from zgdata.errors import ZgError

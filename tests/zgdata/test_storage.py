@@ -14,9 +14,10 @@ import pyarrow as pa
 import pytest
 import torch
 import yaml
-from conftest import zg_main
-from zgd_helpers import boundary_bits, edit_params, kill_9_when, overwrite_table
 
+from tests.helpers.datasets import boundary_bits, overwrite_table
+from tests.helpers.projects import edit_params
+from tests.helpers.runners import kill_9_when, zg_main
 from zgdata.boundaries import open_boundary
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
 from zgdata.errors import ZgError
@@ -128,7 +129,7 @@ def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
 
 
 def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
-    from zgd_helpers import journal_rows
+    from tests.helpers.datasets import journal_rows
 
     root = tiny_project
     edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})

@@ -8,9 +8,10 @@ import os
 
 import pytest
 import yaml
-from conftest import zg_main
-from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 
+from tests.helpers.assertions import assert_user_error_alone
+from tests.helpers.projects import edit_params, read_json, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig, section
 from zgdata.layout import Layout
 from zgdata.teacher.prepare import prepare
@@ -79,7 +80,7 @@ def test_bad_corpus(tiny_project, tmp_path, case):
     edit_params(tiny_project, corpus=corpus)
     before = tree_sha256(tiny_project / "data" / "tokens.lance")
     res = zg_main("data", "tokenize", cwd=tiny_project, check=False)
-    assert_user_error(res, *needles)
+    assert_user_error_alone(res, *needles)
     assert tree_sha256(tiny_project / "data" / "tokens.lance") == before  # the existing token set is untouched
 
 

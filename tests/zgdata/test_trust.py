@@ -16,8 +16,10 @@ from pathlib import Path
 
 import lance
 import pytest
-from conftest import assert_user_error, run, tree_sha256, zg_main
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import tree_sha256
+from tests.helpers.runners import run, zg_main
 from zgdata.errors import ZgError
 from zgdata.store.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
 from zgdata.trust import dvc_lock as trust

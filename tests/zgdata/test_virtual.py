@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import assert_user_error, read_json, tree_sha256, zg_main
-from test_stage_deps import STRACE, pipeline_stages, trace_stage, undeclared
-from zgd_helpers import edit_params
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import edit_params, read_json, tree_sha256
+from tests.helpers.runners import zg_main
+from tests.helpers.stage_deps import pipeline_stages, trace_stage, undeclared
+from tests.helpers.stage_trace import STRACE
 from zgdata.boundaries import open_boundary
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.inspect import collect

@@ -16,10 +16,11 @@ import lance
 import numpy as np
 import pytest
 import torch
-from conftest import zg_main
 from safetensors import safe_open
-from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, project_of, read_json, set_params, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.families.registry import FAMILIES, family, family_of
 from zgdata.layout import Layout
 
@@ -233,11 +234,11 @@ def test_cached_and_online_targets_are_bitwise_identical(built, tmp_path):
 def test_conversions_use_the_family_layout(name):
     """Pure tensors, no project: prune_mlp equals the full block with the dropped MLP channels silenced (GPT-2's
     Conv1D (in, out) weights and biases included); drop_layers and reinit know the family's layers and norms."""
-    from zgdata.teacher.prepare import _tiny_teacher
+    from zgdata.teacher.prepare import tiny_teacher
     from zgtrain.block.conversions import convert
     from zgtrain.project.config import TrainConfig
 
-    model, _ = _tiny_teacher(name)
+    model, _ = tiny_teacher(name)
     fam, config = family(name), model.config
     layers, _ = fam.split_state(model.state_dict())
     tensors = {f"layers.{i}.{k}": v for i in (1, 2) for k, v in layers[i].items()}
@@ -371,11 +372,11 @@ def test_a_sequence_beyond_the_sliding_window_gets_the_models_own_mask(name):
     hidden states bit for bit, and a layer run without the window's mask would not (position 16 would see
     position 0)."""
     from zgdata.families.capture import capture
-    from zgdata.teacher.prepare import _tiny_teacher
+    from zgdata.teacher.prepare import tiny_teacher
     from zgtrain.block.conversions import convert
     from zgtrain.project.config import TrainConfig
 
-    model, _ = _tiny_teacher(name)
+    model, _ = tiny_teacher(name)
     model = model.eval()
     model.config._attn_implementation = family(name).attn_implementation
     fam = family_of(model.config)
@@ -405,11 +406,11 @@ def test_an_unknown_variant_of_a_known_family_is_refused(tmp_path):
     from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
 
     from zgdata.errors import ZgError
-    from zgdata.teacher.prepare import _tiny_teacher
+    from zgdata.teacher.prepare import tiny_teacher
     from zgtrain.pipeline.profiles import profile_params
     from zgtrain.pipeline.stages import dump_params
 
-    model, _ = _tiny_teacher("mistral")
+    model, _ = tiny_teacher("mistral")
     family_of(model.config).check_model(model)  # the stock model passes
     model.model.layers[1] = type("VariantLayer", (MistralDecoderLayer,), {})(model.config, layer_idx=1)
     with pytest.raises(ZgError, match="not the MistralForCausalLM layout zg captures") as e:

@@ -51,6 +51,7 @@ __all__ = [
     "read_teacher_json",
     "load_slice",
     "package_dir",
+    "tiny_teacher",
     "SUPPORTED_TYPES",
     "EMBEDDED_GGUF",
 ]
@@ -95,7 +96,7 @@ def embedded_gguf() -> Path:
     return path
 
 
-def _tiny_teacher(model_type: str = "llama"):
+def tiny_teacher(model_type: str = "llama"):
     """A tiny random model of a family, from its config in code, over the byte-level tokenizer (no download)."""
     fam = family(model_type)
     tok = byte_level_tokenizer()
@@ -111,9 +112,9 @@ def _gguf_parsed_once():
     """While open, gguf's ``GGUFReader`` gives one reader per file and ``get_tensor_name_map`` one map per
     (architecture, layers). transformers' GGUF loading parses the whole file for each of the config, the
     tokenizer and the weights (every metadata field three times, the tokenizer's vocabulary included) and
-    rebuilds the tensor-name map once per module (397 times for SmolLM2). ``_from_gguf(embedded_gguf())`` took
-    25.1 CPU-seconds without this, 9.7 and 11.9 with it (2026-12-02, 2 cores), with the same weights_sha256
-    and tokenizer files.
+    rebuilds the tensor-name map once per module (397 times for SmolLM2); with one parse the same weights_sha256
+    and tokenizer files come out in well under half the CPU time (the figure and its command:
+    docs/concepts/guarantees.md, "Running the tests").
     transformers only reads them (fields, tensors, ``get_name``), and the reader's memory map is read-only;
     tests/zgtrain/export/test_gguf.py loads a quantized GGUF both ways and compares the bits."""
     import functools
@@ -142,8 +143,10 @@ def _from_gguf(path: Path):
 
     try:
         with _gguf_parsed_once():
-            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            quant = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)
+            quant = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32, trust_remote_code=False
+            )
     except Exception as e:  # transformers raises many types for a bad file
         raise ZgError(
             f"could not load GGUF file {path}: {e}".split("\n")[0],
@@ -168,7 +171,7 @@ def _resolve(source: str, dtype: str):
     if source == "smollm2-135m":
         return (*_from_gguf(embedded_gguf()), {})
     if source in TINY:
-        return (*_tiny_teacher(TINY[source]), {})
+        return (*tiny_teacher(TINY[source]), {})
     if ":" in source and not os.path.exists(source) or source.startswith("random:"):
         raise ZgError(
             f"unknown teacher alias '{source}'",
@@ -282,7 +285,7 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
         tok.save_pretrained(hf_tmp)
     # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
     # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
-    tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf))
+    tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf, trust_remote_code=False))
     n_params = sum(p.numel() for p in model.parameters())
     meta = {
         "source": cfg.source,
@@ -349,7 +352,7 @@ def load_tokenizer(layout: Layout = Layout()):
     from transformers import AutoTokenizer
 
     teacher, _ = _checked_dir(layout, rehash=False)
-    tok = AutoTokenizer.from_pretrained(layout.teacher_hf)
+    tok = AutoTokenizer.from_pretrained(layout.teacher_hf, trust_remote_code=False)
     _check_tokenizer(tok, teacher, layout)
     return tok
 
@@ -377,6 +380,7 @@ def load_teacher_checked(
         load = teacher["dtype"]
     model = AutoModelForCausalLM.from_pretrained(
         layout.teacher_hf,
+        trust_remote_code=False,  # prepare refused a teacher with its own code (auto_map)
         dtype=getattr(torch, load),
         attn_implementation=family(teacher["architecture"]["model_type"]).attn_implementation,  # sdpa; Gemma 2 eager
     ).eval()
@@ -391,7 +395,7 @@ def load_teacher_checked(
                 f"not weights_sha256 {teacher['weights_sha256'][:12]} (did transformers change?)",
                 fix="re-run `dvc repro -f teacher` with this environment, then `dvc repro materialize`",
             )
-    tok = AutoTokenizer.from_pretrained(layout.teacher_hf) if with_tokenizer else None
+    tok = AutoTokenizer.from_pretrained(layout.teacher_hf, trust_remote_code=False) if with_tokenizer else None
     if tok is not None:
         _check_tokenizer(tok, teacher, layout)
     return model.to(device()), tok, {**check.as_dict(), "weights_sha256_checked": tensors_checked}

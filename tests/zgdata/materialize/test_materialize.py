@@ -11,18 +11,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import zg_main
-from zgd_helpers import (
-    assert_user_error,
-    boundary_bits,
-    edit_params,
-    journal_rows,
-    kill_9_when,
-    read_json,
-    set_schema_meta,
-    tree_sha256,
-)
 
+from tests.helpers.assertions import assert_user_error_alone
+from tests.helpers.datasets import boundary_bits, journal_rows, set_schema_meta
+from tests.helpers.projects import edit_params, read_json, tree_sha256
+from tests.helpers.runners import kill_9_when, zg_main
 from zgdata.config import CorpusConfig, MaterializeConfig, PartitionConfig, TeacherConfig, section
 from zgdata.errors import ZgError
 from zgdata.inspect import collect
@@ -30,7 +23,7 @@ from zgdata.layout import Layout
 from zgdata.materialize.driver import estimate_bytes, materialize
 from zgdata.store.lance_io import open_dataset
 from zgdata.store.reader import BoundaryDataset, BoundaryPair
-from zgdata.teacher.prepare import _tiny_teacher, load_teacher, prepare
+from zgdata.teacher.prepare import load_teacher, prepare, tiny_teacher
 from zgdata.tokens.tokenset import read_tokens, tokenize
 
 
@@ -157,7 +150,7 @@ def test_float16_storage_is_refused(tiny_project):
     edit_params(tiny_project, materialize={"storage_dtype": "float16"})
     before = tree_sha256(tiny_project / "data" / "boundaries")
     res = zg_main("data", "materialize", cwd=tiny_project, check=False)
-    assert_user_error(res, "materialize.storage_dtype", "float16", "25,000")
+    assert_user_error_alone(res, "materialize.storage_dtype", "float16", "25,000")
     assert tree_sha256(tiny_project / "data" / "boundaries") == before
 
 
@@ -165,7 +158,7 @@ def test_partition_deeper_than_teacher(tiny_project):
     edit_params(tiny_project, partition={"boundaries": [0, 2, 6]})
     shutil.rmtree(tiny_project / "data" / "boundaries")
     res = zg_main("data", "materialize", cwd=tiny_project, check=False)
-    assert_user_error(res, "partition.boundaries", "6", "4 layers")
+    assert_user_error_alone(res, "partition.boundaries", "6", "4 layers")
     assert not (tiny_project / "data" / "boundaries").exists()
 
 
@@ -173,7 +166,7 @@ def test_tokens_from_another_tokenizer_are_refused(tiny_project, tmp_path):
     # A second teacher: same kind of tiny model, but its tokenizer lowercases (a different tokenizer_sha256).
     from tokenizers import normalizers
 
-    model, tok = _tiny_teacher()
+    model, tok = tiny_teacher()
     tok.backend_tokenizer.normalizer = normalizers.Lowercase()
     src = tmp_path / "lowercase-teacher"
     model.save_pretrained(src)
@@ -191,7 +184,9 @@ def test_tokens_from_another_tokenizer_are_refused(tiny_project, tmp_path):
     shutil.copy(other.tokens_json, tiny_project / "data" / "tokens.json")
     shutil.rmtree(tiny_project / "data" / "boundaries")
     res = zg_main("data", "materialize", cwd=tiny_project, check=False)
-    assert_user_error(res, "tokenizer", prep.tokenizer_sha256[:12], ours["tokenizer_sha256"][:12], "dvc repro tokens")
+    assert_user_error_alone(
+        res, "tokenizer", prep.tokenizer_sha256[:12], ours["tokenizer_sha256"][:12], "dvc repro tokens"
+    )
     assert not (tiny_project / "data" / "boundaries").exists()
 
 
@@ -226,7 +221,7 @@ def test_damaged_boundary_dataset(tiny_project, damage):
     damage(bad)
 
     res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
-    line = assert_user_error(res, "h02.lance", "dvc checkout", "materialize")
+    line = assert_user_error_alone(res, "h02.lance", "dvc checkout", "materialize")
     assert "h00" not in line and "h04" not in line
 
     for pair in ((others[0], bad), (bad, others[1])):

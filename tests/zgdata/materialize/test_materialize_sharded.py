@@ -20,9 +20,11 @@ import lance
 import pytest
 import torch
 import yaml
-from conftest import zg
-from zgd_helpers import assert_user_error, boundary_bits, edit_params, kill_9_when, tree_sha256
 
+from tests.helpers.assertions import assert_user_error_alone
+from tests.helpers.datasets import boundary_bits
+from tests.helpers.projects import edit_params, tree_sha256
+from tests.helpers.runners import kill_9_when, zg
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -262,6 +264,6 @@ def test_more_threads_than_the_cluster_has(tiny_project, ray_session):
     shutil.rmtree(root / "data" / "boundaries")
     before = tree_sha256(root / "data" / "tokens.lance")
     res = zg("data", "materialize", cwd=root, check=False, env={"ZG_RAY_ADDRESS": ray_session})
-    assert_user_error(res, "materialize.worker_threads", "2 CPUs", "needs 4 CPUs")
+    assert_user_error_alone(res, "materialize.worker_threads", "2 CPUs", "needs 4 CPUs")
     assert not (root / "data" / "boundaries").exists()
     assert tree_sha256(root / "data" / "tokens.lance") == before

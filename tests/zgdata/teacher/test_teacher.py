@@ -7,9 +7,10 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import zg_main
-from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 
+from tests.helpers.assertions import assert_user_error_alone
+from tests.helpers.projects import edit_params, read_json, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.config import PartitionConfig, TeacherConfig
 from zgdata.core.hashing import tensors_sha256
 from zgdata.layout import Layout
@@ -52,7 +53,7 @@ def test_bad_teacher_source(tiny_project, tmp_path, case):
     edit_params(tiny_project, teacher={"source": source})
     before = tree_sha256(tiny_project / "models" / "teacher")
     res = zg_main("teacher", "prepare", cwd=tiny_project, check=False)
-    assert_user_error(res, "teacher.source", needle)
+    assert_user_error_alone(res, "teacher.source", needle)
     assert tree_sha256(tiny_project / "models" / "teacher") == before  # the prepared teacher is untouched
 
 

@@ -14,9 +14,10 @@ import sys
 
 import pytest
 import torch
-from conftest import zg_main
-from zgd_helpers import assert_user_error, read_json, tree_sha256
 
+from tests.helpers.assertions import assert_user_error_alone
+from tests.helpers.projects import read_json, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.core.hashing import tensors_sha256
 from zgdata.layout import Layout
 from zgdata.teacher.identity import cache_path, check_files
@@ -78,7 +79,7 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     _swap_weights(root, tmp_path)
     before = _published(root)
     for cmd in (("train", "block", "b00", "--targets", "online"), ("train", "evaluate")):
-        assert_user_error(
+        assert_user_error_alone(
             zg_main(*cmd, cwd=root, check=False),
             WEIGHTS,
             "does not match teacher.json",
@@ -89,7 +90,7 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     assert not (root / "metrics" / "eval.json").exists()  # no gate verdict from the wrong teacher
     # materialize only loads the teacher when it must write: take the boundaries away
     shutil.move(root / "data" / "boundaries", tmp_path / "boundaries")
-    assert_user_error(zg_main("data", "materialize", cwd=root, check=False), WEIGHTS, "dvc repro -f teacher")
+    assert_user_error_alone(zg_main("data", "materialize", cwd=root, check=False), WEIGHTS, "dvc repro -f teacher")
     assert not (root / "data" / "boundaries").exists()
     shutil.move(tmp_path / "boundaries", root / "data" / "boundaries")
     # verify hashes every byte: even a cache forged to vouch for the swapped file does not fool it
@@ -97,7 +98,7 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     _forge_cache(layout, teacher)
     fooled = check_files(layout, teacher)  # an ordinary load trusts a matching stat: that is the cache's bargain
     assert (fooled.hashed, fooled.cached) == (0, len(teacher["files"]))
-    assert_user_error(zg_main("data", "verify", cwd=root, check=False), WEIGHTS, "does not match teacher.json")
+    assert_user_error_alone(zg_main("data", "verify", cwd=root, check=False), WEIGHTS, "does not match teacher.json")
     assert not (root / "reports" / "verify.json").exists()
     assert _published(root) == before
 
@@ -126,7 +127,7 @@ def test_other_changes_to_the_teacher_are_refused(tiny_project, case):
         (root / "models" / "teacher" / "teacher.json").write_text(json.dumps(meta))
         cmd, needles = ("data", "tokenize"), ("teacher.json", "no per-file digests", "dvc repro -f teacher")
     before = _published(root)
-    assert_user_error(zg_main(*cmd, cwd=root, check=False), *needles, alone=cmd[0] == "data")
+    assert_user_error_alone(zg_main(*cmd, cwd=root, check=False), *needles, alone=cmd[0] == "data")
     assert _published(root) == before
 
 

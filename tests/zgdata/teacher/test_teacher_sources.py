@@ -11,14 +11,15 @@ import json
 
 import pytest
 import torch
-from conftest import zg_main
-from zgd_helpers import assert_user_error, edit_params, read_json, tree_sha256
 
+from tests.helpers.assertions import assert_user_error_alone
+from tests.helpers.projects import edit_params, read_json, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.config import PartitionConfig, TeacherConfig
 from zgdata.core.hashing import tensors_sha256
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.teacher.prepare import _tiny_teacher, load_slice, load_teacher, load_teacher_checked, prepare
+from zgdata.teacher.prepare import load_slice, load_teacher, load_teacher_checked, prepare, tiny_teacher
 from zgdata.teacher.source import INDEX
 
 TINY_PARTITION = PartitionConfig(boundaries=[0, 2, 4])
@@ -47,7 +48,7 @@ def _sha(path) -> str:
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "gpt2"])
 def test_sharded_dir_prepares_the_same_teacher_as_one_file(tmp_path, model_type):
-    model, tok = _tiny_teacher(model_type)
+    model, tok = tiny_teacher(model_type)
     single = _save(model, tok, tmp_path / "single")
     shards = _sharded(model, tok, tmp_path / "sharded")
     a = prepare(TeacherConfig(source=str(single)), TINY_PARTITION, layout=Layout(tmp_path / "a"))
@@ -71,7 +72,7 @@ def test_sharded_dir_end_to_end(tiny_project, tmp_path):
     the source's tensors as the index places them."""
     from safetensors import safe_open
 
-    model, tok = _tiny_teacher("llama")  # what random:tiny builds
+    model, tok = tiny_teacher("llama")  # what random:tiny builds
     src = tmp_path / "sharded"
     _sharded(model, tok, src)
     teacher = tiny_project / "models" / "teacher"
@@ -95,9 +96,9 @@ def test_sharded_dir_end_to_end(tiny_project, tmp_path):
 def test_bf16_checkpoint_keeps_its_stored_dtype(tmp_path):
     """teacher.dtype auto keeps a bf16 checkpoint bf16; bfloat16 over an fp32 checkpoint casts at load to the same
     bits as casting after; computing in float32 loads exactly the bf16 values."""
-    model, tok = _tiny_teacher("qwen2")
+    model, tok = tiny_teacher("qwen2")
     _sharded(model, tok, tmp_path / "fp32")
-    stored = _tiny_teacher("qwen2")[0].to(torch.bfloat16)
+    stored = tiny_teacher("qwen2")[0].to(torch.bfloat16)
     _sharded(stored, tok, tmp_path / "bf16", size="100KB")
     layout = Layout(tmp_path / "auto")
     auto = prepare(TeacherConfig(source=str(tmp_path / "bf16"), dtype="auto"), TINY_PARTITION, layout=layout)
@@ -215,8 +216,8 @@ def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
     import shutil
 
     import numpy as np
-    from zgd_helpers import boundary_bits
 
+    from tests.helpers.datasets import boundary_bits
     from zgdata.families.capture import capture
     from zgdata.tokens.tokenset import read_tokens
 
@@ -259,20 +260,20 @@ def _break(src, shard: str, case: str) -> tuple[str, ...]:
 
 
 def test_missing_shard_is_refused_by_the_cli(tiny_project, tmp_path):
-    model, tok = _tiny_teacher("llama")
+    model, tok = tiny_teacher("llama")
     src = tmp_path / "sharded"
     needles = _break(src, _sharded(model, tok, src)[1], "missing-shard")
     edit_params(tiny_project, teacher={"source": str(src)})
     before = tree_sha256(tiny_project / "models" / "teacher")
     res = zg_main("teacher", "prepare", cwd=tiny_project, check=False)
-    line = assert_user_error(res, "teacher.source", *needles)
+    line = assert_user_error_alone(res, "teacher.source", *needles)
     assert "copy the complete checkpoint" in line, line
     assert tree_sha256(tiny_project / "models" / "teacher") == before  # the prepared teacher is untouched
 
 
 @pytest.mark.parametrize("case", ["shard-lacks-tensor", "truncated-shard"])
 def test_damaged_shard_is_refused(tmp_path, case):
-    model, tok = _tiny_teacher("qwen2")
+    model, tok = tiny_teacher("qwen2")
     src = tmp_path / "sharded"
     needles = _break(src, _sharded(model, tok, src)[1], case)
     layout = Layout(tmp_path / "proj")
@@ -291,7 +292,7 @@ def test_single_file_missing_a_tensor_is_refused(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    model, tok = _tiny_teacher("gpt2")
+    model, tok = tiny_teacher("gpt2")
     src = _save(model, tok, tmp_path / "single")
     with safe_open(str(src / "model.safetensors"), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}

@@ -10,9 +10,9 @@ import json
 
 import pytest
 import torch
-from zgt_helpers import teacher_layers as _slice
-from zgt_helpers import tiny_family_teacher as _teacher
 
+from tests.helpers.models import teacher_layers as _slice
+from tests.helpers.models import tiny_family_teacher as _teacher
 from zgdata.errors import ZgError
 from zgdata.families.registry import FAMILIES, family, family_of
 from zgtrain.block.conversions import convert

@@ -12,18 +12,11 @@ import shutil
 
 import pytest
 import torch
-from conftest import zg_main
-from zgt_helpers import (
-    assert_user_error,
-    b00_converted,
-    b00_weights,
-    copy_project,
-    import_llama_cpp,
-    project_of,
-    read_json,
-    set_params,
-)
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.llama_cpp_run import import_llama_cpp
+from tests.helpers.projects import b00_converted, b00_weights, copy_project, project_of, read_json, set_params
+from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
@@ -147,7 +140,8 @@ def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
         assert "\n" not in str(e.value) and "head_count_kv" in str(e.value)
 
     import_llama_cpp()  # the rest needs llama.cpp (skipped where it is not installed; `make setup` installs it)
-    from zgt_helpers import assert_close_to_f32, llama_cpp_logits, llama_cpp_model, student_logits
+    from tests.helpers.llama_cpp_run import assert_close_to_f32, llama_cpp_logits, llama_cpp_model
+    from tests.helpers.models import student_logits
 
     ids = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(2)).tolist()
     for gguf_file, folder in ((mixed, mixed_student), (tmp_path / "s.gguf", layout.student)):

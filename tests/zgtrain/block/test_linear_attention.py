@@ -12,11 +12,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import zg_main
-from zgt_helpers import assert_user_error, b00_converted, b00_weights, copy_project, project_of, read_json
-from zgt_helpers import teacher_layers as _slice
-from zgt_helpers import tiny_family_teacher as _teacher
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.models import teacher_layers as _slice
+from tests.helpers.models import tiny_family_teacher as _teacher
+from tests.helpers.projects import b00_converted, b00_weights, copy_project, project_of, read_json
+from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.block.attention import (

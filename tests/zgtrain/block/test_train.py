@@ -17,12 +17,11 @@ import shutil
 import lance
 import pytest
 import torch
-from conftest import zg_main
 from safetensors.torch import load_file
-from zgt_helpers import (
-    assert_user_error,
+
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import (
     copy_project,
-    kill_after_first_checkpoint,
     load_params_of,
     loss_curve,
     project_of,
@@ -30,7 +29,7 @@ from zgt_helpers import (
     set_params,
     tree_sha256,
 )
-
+from tests.helpers.runners import kill_after_first_checkpoint, zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.store.lance_io import schema_meta

@@ -13,10 +13,10 @@ import lance
 import numpy as np
 import pytest
 import torch
-from zgt_helpers import copy_project, project_of, read_json
-from zgt_helpers import teacher_layers as _slice
-from zgt_helpers import tiny_family_teacher as _teacher
 
+from tests.helpers.models import teacher_layers as _slice
+from tests.helpers.models import tiny_family_teacher as _teacher
+from tests.helpers.projects import copy_project, project_of, read_json
 from zgdata.errors import ZgError
 from zgdata.families.registry import FAMILIES, family, family_of
 from zgdata.layout import Layout

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import zg_main
-from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, read_json, set_params, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.tokens.tokenset import corpus_digest
 from zgtrain.pipeline.profiles import profile_params

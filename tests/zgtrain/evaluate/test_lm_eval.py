@@ -15,8 +15,10 @@ import re
 import pytest
 import torch
 import yaml
-from conftest import run, zg, zg_main
-from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
+
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, read_json, set_params, tree_sha256
+from tests.helpers.runners import run, zg, zg_main
 
 pytest.importorskip("lm_eval")
 

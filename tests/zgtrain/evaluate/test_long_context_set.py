@@ -13,9 +13,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, zg_main
-from zgt_helpers import copy_project, read_json, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, read_json, set_params, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.pipeline.profiles import profile_params

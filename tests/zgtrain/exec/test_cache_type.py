@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from conftest import run
-from zgt_helpers import copy_project
+from tests.helpers.projects import copy_project
+from tests.helpers.runners import run
 
 
 def test_in_place_edit_after_repro_is_seen_by_dvc_status(reproduced, tmp_path):

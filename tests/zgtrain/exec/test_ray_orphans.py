@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import yaml
-from conftest import BIN, run
-from zgt_helpers import copy_project, read_json
+
+from tests.helpers.projects import copy_project, read_json
+from tests.helpers.runners import BIN, run
 
 
 def _in_session(sid: int) -> list[str]:

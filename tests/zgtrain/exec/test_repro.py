@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, run, zg
-from zgt_helpers import assert_user_error, copy_project, project_of, read_json, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, project_of, read_json, set_params, tree_sha256
+from tests.helpers.runners import BIN, run, zg
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, run, zg_main
+
+from tests.helpers.runners import BIN, run, zg_main
 
 # What team B needs for block b01 of the tiny profile (boundaries [0, 2, 4]: b01 maps h02 -> h04).
 B01_INPUTS = ["data/boundaries/h02.lance", "data/boundaries/h04.lance", "models/teacher/blocks/b01.safetensors"]

@@ -9,9 +9,10 @@ import shutil
 
 import pytest
 import torch
-from conftest import run, zg_main
-from zgt_helpers import assert_user_error, copy_project, read_json, set_params
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, read_json, set_params
+from tests.helpers.runners import run, zg_main
 from zgdata.layout import Layout
 
 

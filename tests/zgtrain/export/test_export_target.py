@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run, zg_main
-from export_students import make_student
-from zgt_helpers import assert_user_error, copy_project, read_json, set_params
+
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.models import make_student
+from tests.helpers.projects import copy_project, read_json, set_params
+from tests.helpers.runners import run, zg_main
 
 
 def tree_digest(root: Path) -> str:

@@ -2,7 +2,7 @@
 
 Each family's tiny random teacher (``random:tiny-<family>``, the one tests/zgtrain/test_families.py runs through
 the CLI) becomes a real student folder in-process, through the functions ``build_from_blocks`` + ``save_student``
-use (``student_model``, ``write_student_files``: export_students.py), so the same config, renumbered layers, zg's
+use (``student_model``, ``write_student_files``: tests/helpers/models.py), so the same config, renumbered layers, zg's
 pinned modeling file for per-layer widths, tokenizer, zerograph.json and checksums.json, minus the teacher lineage
 and model card that need a project; the export reads it only through ``load_student``. Layer 2 of 4 is dropped
 (fewer layers; Gemma's per-layer sliding pattern must follow the kept layers) and the MLPs pruned with
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 
-import export_students  # sibling helper: the student folder, written by zgtrain/student/assemble.py
 import numpy as np
 import pytest
 import torch
-from zgt_helpers import assert_close_to_f32, import_llama_cpp, llama_cpp_logits, llama_cpp_model, student_logits
 
+from tests.helpers import models
+from tests.helpers.llama_cpp_run import assert_close_to_f32, import_llama_cpp, llama_cpp_logits, llama_cpp_model
+from tests.helpers.models import student_logits
 from zgdata.errors import ZgError
 from zgdata.families.registry import family
 
@@ -47,11 +48,11 @@ def llama_cpp():
 def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie=False):
     """A student folder of family ``name``: teacher layers ``keep`` with MLP widths ``widths`` (first channels,
     default half the teacher's); ``tie``: the LM head tied to the embeddings (as released Gemma 2 models are; the
-    tiny teacher's is its own). Written by the production code (export_students.py)."""
-    from zgdata.teacher.prepare import _tiny_teacher
+    tiny teacher's is its own). Written by the production code (tests/helpers/models.py)."""
+    from zgdata.teacher.prepare import tiny_teacher
 
-    widths = widths or [family(name).width(_tiny_teacher(name)[0].config) // 2] * len(keep)
-    return export_students.make_student(folder, name, widths, windows, keep, tie=tie)
+    widths = widths or [family(name).width(tiny_teacher(name)[0].config) // 2] * len(keep)
+    return models.make_student(folder, name, widths, windows, keep, tie=tie)
 
 
 def _ids(folder, n: int) -> list[int]:
@@ -86,9 +87,9 @@ def test_mixed_widths_export_as_deci_or_are_refused(name, tmp_path, llama_cpp):
     from zgtrain.export.gguf import check_gguf, export_gguf
 
     fam = family(name)
-    from zgdata.teacher.prepare import _tiny_teacher
+    from zgdata.teacher.prepare import tiny_teacher
 
-    width = fam.width(_tiny_teacher(name)[0].config)
+    width = fam.width(tiny_teacher(name)[0].config)
     widths = [width, width // 2, width // 4]
     student = make_student(tmp_path / "student", name, widths=widths)
     out = tmp_path / "student.gguf"

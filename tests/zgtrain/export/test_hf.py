@@ -1,7 +1,7 @@
 """`zg export --format hf`: a student as a stock transformers folder, per family (zgtrain/export/hf.py).
 
 Each family's students are written here by the functions ``build_from_blocks`` and ``save_student`` use
-(``student_model``, ``write_student_files``: zgtrain/student/assemble.py, via export_students.py), from the
+(``student_model``, ``write_student_files``: zgtrain/student/assemble.py, via tests/helpers/models.py), from the
 family's tiny random teacher (``teacher.source: random:tiny-<family>``) cut to some layers and pruned: the config
 ``student_config`` gives a uniform student, else zg's pinned template config and class with
 ``intermediate_sizes`` / ``layer_windows``; the shipped modeling file, the tokenizer, zerograph.json and
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 
-import export_students  # sibling helper: the student folder, written by zgtrain/student/assemble.py
 import pytest
 import torch
 
+from tests.helpers import models
 from zgdata.errors import ZgError
 from zgdata.families.registry import family
 from zgdata.layout import Layout
@@ -30,7 +30,7 @@ SEQ = 24  # longer than the tiny teachers' sliding_window (16) and every window 
 def make_student(path, model_type: str, widths: list, windows: list | None = None, keep: list | None = None):
     """A student folder as save_student writes it: ``widths`` per layer, ``windows`` (zg's layer_windows),
     ``keep``: the teacher layers kept (their attention types, Gemma), default the first len(widths)."""
-    return export_students.make_student(path, model_type, widths, windows, keep)
+    return models.make_student(path, model_type, widths, windows, keep)
 
 
 def _ids(vocab: int) -> torch.Tensor:

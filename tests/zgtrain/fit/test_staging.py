@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 
 import lance
-from conftest import assert_user_error, zg_main
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.runners import zg_main
 from zgdata.layout import Layout
 from zgtrain.fit import loop
 

@@ -11,9 +11,10 @@ import json
 import shutil
 
 import pytest
-from conftest import assert_user_error, zg_main
-from zgt_helpers import copy_project, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, set_params, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.layout import Layout
 from zgtrain.student.load import CHECKSUMS, load_student
 

@@ -16,18 +16,11 @@ import shutil
 import pytest
 import torch
 import yaml
-from conftest import run, zg_main
 from safetensors.torch import load_file
-from zgt_helpers import (
-    assert_user_error,
-    kill_after_first_checkpoint,
-    load_params_of,
-    project_of,
-    read_json,
-    set_params,
-    tree_sha256,
-)
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import load_params_of, project_of, read_json, set_params, tree_sha256
+from tests.helpers.runners import kill_after_first_checkpoint, run, zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.local.simultaneous import train_local

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 
 import yaml
-from conftest import run, zg_main
-from zgt_helpers import set_params
 
+from tests.helpers.projects import set_params
+from tests.helpers.runners import run, zg_main
 from zgdata.teacher.prepare import package_dir
 
 

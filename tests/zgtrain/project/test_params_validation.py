@@ -11,9 +11,10 @@ from dataclasses import fields
 
 import pytest
 import yaml
-from conftest import zg, zg_main
-from zgt_helpers import assert_user_error, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import set_params, tree_sha256
+from tests.helpers.runners import zg, zg_main
 from zgtrain.cli import main
 from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
 

@@ -15,10 +15,11 @@ import shutil
 import lance
 import pytest
 import torch
-from conftest import PIPELINE_STAGES as STAGES
-from conftest import run, zg_main
-from zgt_helpers import assert_user_error, copy_project, load_params_of, project_of, read_json, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import PIPELINE_STAGES as STAGES
+from tests.helpers.projects import copy_project, load_params_of, project_of, read_json, set_params, tree_sha256
+from tests.helpers.runners import run, zg_main
 from zgdata.layout import Layout
 
 

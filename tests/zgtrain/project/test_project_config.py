@@ -120,7 +120,8 @@ def test_init_without_dvc_on_path_is_one_line_and_a_rerun_works(tmp_path, monkey
     import os
     import shutil
 
-    from conftest import assert_user_error, zg_main
+    from tests.helpers.assertions import assert_user_error
+    from tests.helpers.runners import zg_main
 
     git = shutil.which("git")
     bare = tmp_path / "bin"

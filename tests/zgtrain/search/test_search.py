@@ -13,19 +13,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import run, zg_main
-from stage_trace import STRACE, repro
-from zgt_helpers import (
-    assert_close_to_f32,
-    llama_cpp_logits,
-    llama_cpp_model,
-    load_params_of,
-    read_json,
-    set_params,
-    student_logits,
-    tree_sha256,
-)
 
+from tests.helpers.llama_cpp_run import assert_close_to_f32, llama_cpp_logits, llama_cpp_model
+from tests.helpers.models import student_logits
+from tests.helpers.projects import load_params_of, read_json, set_params, tree_sha256
+from tests.helpers.runners import run, zg_main
+from tests.helpers.stage_trace import STRACE, repro
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.pipeline.profiles import profile_params
@@ -249,11 +242,12 @@ def test_search_stages_read_only_declared_deps(searched, assembled):
     """tests/test_stage_deps.py's check (strace) on every variant stage and the search, as the ``searched``
     fixture's `dvc repro search` ran them, and on search_assemble, as the ``assembled`` fixture's ran it."""
     import yaml
-    from stage_trace import reads, stage_opens
-    from test_stage_deps import _expand, _saw_reads, undeclared
+
+    from tests.helpers.stage_deps import assert_saw_reads, expand, undeclared
+    from tests.helpers.stage_trace import reads, stage_opens
 
     spec = yaml.safe_load((searched / "dvc.yaml").read_text())["stages"]
-    stages = {f"variant@{k}": _expand(spec["variant"]["do"], k, item) for k, item in spec["variant"]["foreach"].items()}
+    stages = {f"variant@{k}": expand(spec["variant"]["do"], k, item) for k, item in spec["variant"]["foreach"].items()}
     stages["search"] = spec["search"]
     opens = stage_opens(searched.parent / "trace", searched, {name: s["cmd"] for name, s in stages.items()})
     root = assembled[0]
@@ -261,7 +255,7 @@ def test_search_stages_read_only_declared_deps(searched, assembled):
     stages["search_assemble"] = spec["search_assemble"]
     found = {}
     for name, stage in stages.items():
-        _saw_reads(name, stage, opens[name])
+        assert_saw_reads(name, stage, opens[name])
         read = reads(opens[name])
         found[name] = undeclared(stage, read)
     assert found == {name: [] for name in stages}

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 
 import yaml
-from conftest import read_json, run, zg_main
 from huggingface_hub import ModelCard
 
+from tests.helpers.projects import read_json
+from tests.helpers.runners import run, zg_main
 from zgdata.layout import Layout
 from zgtrain.student.card import DVC_IGNORED, EVAL_METRICS, eval_card, repaired_card, student_card
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import zg_main
-from zgt_helpers import assert_user_error, copy_project, read_json, set_params, tree_sha256
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.projects import copy_project, read_json, set_params, tree_sha256
+from tests.helpers.runners import zg_main
 from zgdata.layout import Layout
 from zgtrain.student.load import MODELING_FILE, load_student
 

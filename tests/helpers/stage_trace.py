@@ -1,11 +1,12 @@
 """The project files each DVC stage's command opened during a real `dvc repro`, from one strace of the whole run.
 
 tests/test_stage_deps.py checks that every file a stage reads is one of its declared deps. Rather than run every
-stage a second time under strace, the fixtures that reproduce a project anyway (``reproduced`` in conftest.py,
-``searched`` in tests/zgtrain/search/test_search.py) run their `dvc repro` under ``strace -ff`` (one log per
-process), and ``stage_opens`` attributes each open to the stage whose command opened it: DVC runs a stage's
-``cmd`` as ``SHELL -c CMD``, so the stage's processes are that shell and everything it forks or clones (its
-threads, `zg`, the processes `zg` starts). DVC's own opens (hashing deps, writing dvc.lock) belong to no stage.
+stage a second time under strace, the fixtures that reproduce a project anyway (``reproduced`` in tests/conftest.py,
+through ``reproduce`` in tests/helpers/projects.py; ``searched`` in tests/zgtrain/search/test_search.py) run their
+`dvc repro` under ``strace -ff`` (one log per process), and ``stage_opens`` attributes each open to the stage whose
+command opened it: DVC runs a stage's ``cmd`` as ``SHELL -c CMD``, so the stage's processes are that shell and
+everything it forks or clones (its threads, `zg`, the processes `zg` starts). DVC's own opens (hashing deps,
+writing dvc.lock) belong to no stage.
 """
 
 from __future__ import annotations

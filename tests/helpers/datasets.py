@@ -1,0 +1,65 @@
+"""The Lance datasets of a tiny project: the stored boundary bits and token rows, edits in place (schema metadata,
+a new table version), and a running materialize's progress."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import torch
+
+from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
+
+__all__ = ["boundary_bits", "token_table", "set_schema_meta", "overwrite_table", "journal_rows"]
+
+
+def boundary_bits(root: Path) -> dict[str, dict]:
+    """Every complete boundary dataset of ROOT: fingerprint, seq_ids and the stored bits (int16 view for bf16)."""
+    out = {}
+    for path in sorted((Path(root) / "data" / "boundaries").glob("*.lance")):
+        ds = open_dataset(path, kind="boundary")
+        table = ds.to_table()
+        x = tensor_column(table, "hidden", ds.schema.field("hidden"))
+        bits = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+        out[path.stem] = {
+            "fingerprint": schema_meta(ds.schema)["fingerprint"],
+            "bits": bits.clone(),
+            "seq_id": torch.from_numpy(table.column("seq_id").to_numpy().copy()),
+            "dtype": x.dtype,
+        }
+    return out
+
+
+def token_table(layout) -> dict:
+    """data/tokens.lance of a project (its ``Layout``): every column as a list, ``input_ids`` as a (rows, seq_len)
+    array."""
+    t = lance.dataset(str(layout.tokens)).to_table()
+    out = {c: t.column(c).to_pylist() for c in t.schema.names if c != "input_ids"}
+    out["input_ids"] = t.column("input_ids").combine_chunks().values.to_numpy().reshape(t.num_rows, -1)
+    return out
+
+
+def set_schema_meta(path: Path, **updates) -> None:
+    """Change ``zg.*`` schema metadata of a Lance dataset in place (a new Lance version), JSON-encoded."""
+    ds = lance.dataset(str(path))
+    ds.update_schema_metadata(encode_meta(updates))
+
+
+def overwrite_table(path: Path, table: pa.Table) -> int:
+    """Write ``table`` as a new version of the dataset at ``path``, keeping its schema and metadata."""
+    ds = lance.dataset(str(path))
+    table = pa.Table.from_arrays(table.columns, schema=ds.schema)
+    return lance.write_dataset(table, str(path), mode="overwrite").version
+
+
+def journal_rows(root: Path) -> int:
+    """Rows a running materialize has committed so far (its staging journal; 0 before the first commit)."""
+    best = 0
+    for j in (root / "data" / ".staging").glob("*/journal.json"):
+        try:
+            best = max(best, json.loads(j.read_text())["rows_done"])
+        except (OSError, ValueError, KeyError):
+            pass  # not written yet
+    return best

@@ -1,0 +1,81 @@
+"""Tiny teachers and student folders, built by the production code without a project.
+
+``tiny_family_teacher``: a family's tiny random teacher (``zgdata.teacher.prepare.tiny_teacher``:
+``random:tiny-<family>``). ``make_student`` (the export tests: test_gguf.py, test_hf.py, test_export_target.py)
+cuts it to some of its layers, their MLPs pruned to their first channels (``Family.prune_mlp``), and the renumbered
+state goes through ``student_model`` and ``write_student_files`` (zgtrain/student/assemble.py), the functions
+``build_from_blocks`` and ``save_student`` use; then ``record_checksums``. That skips the project (tokens,
+boundaries, trained blocks) and the model card, which export never needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["tiny_family_teacher", "teacher_layers", "make_student", "student_logits"]
+
+
+def tiny_family_teacher(name: str):
+    """Family ``name``'s tiny random teacher (zgdata/teacher/prepare.py), in eval mode."""
+    from zgdata.teacher.prepare import tiny_teacher
+
+    model, _ = tiny_teacher(name)
+    return model.eval()
+
+
+def teacher_layers(model, name: str, layers) -> dict:
+    """What a conversion starts from: the teacher tensors of ``layers``, keyed ``layers.{i}.*`` as the slices are."""
+    from zgdata.families.registry import family
+
+    per_layer, _ = family(name).split_state(model.state_dict())
+    return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
+
+
+def make_student(
+    folder: Path, name: str, widths: list, windows: list | None = None, keep: list | None = None, *, tie=False
+):
+    """A student folder of family ``name`` at ``folder``: teacher layers ``keep`` (default the first len(widths))
+    with MLP widths ``widths`` and zg windows ``windows`` (default none); ``tie``: the LM head tied to the
+    embeddings (set on the teacher config, its own head weight dropped), as released Gemma 2 models are."""
+    import torch
+
+    from zgdata.families.registry import family
+    from zgdata.teacher.prepare import tiny_teacher
+    from zgtrain.student.assemble import needs_modeling_code, student_model, write_student_files
+    from zgtrain.student.load import record_checksums
+
+    teacher, tok = tiny_teacher(name)
+    fam = family(name)
+    layers, head = fam.split_state(teacher.state_dict())
+    keep = keep or list(range(len(widths)))
+    windows = windows or [None] * len(widths)
+    config = teacher.config.to_dict()
+    if tie:
+        config["tie_word_embeddings"] = True
+        head.pop("lm_head.weight")
+    state = {fam.head_key(k): v for k, v in head.items()}
+    for i, (src, w) in enumerate(zip(keep, widths, strict=True)):
+        for k, v in fam.prune_mlp(layers[src], torch.arange(w)).items():
+            state[fam.layer_key(i, k)] = v
+    types = fam.layer_types(teacher.config, keep)
+    model = student_model(config, state, widths, windows, types, dtype=torch.float32)
+    summary = {
+        "family": name,
+        "intermediate_sizes": widths,
+        "layer_windows": windows,
+        "remote_code": needs_modeling_code(widths, windows),
+        "layers": len(widths),
+    }
+    write_student_files(folder, model, summary, tok, teacher_sha256="0" * 64)
+    record_checksums(folder)
+    return folder
+
+
+def student_logits(folder: Path, ids: list[int]):
+    """(len(ids), vocab) float64 logits of a student folder in transformers at f32 (``load_student``)."""
+    import torch
+
+    from zgtrain.student.load import load_student
+
+    with torch.no_grad():
+        return load_student(folder)(torch.tensor([ids])).logits[0].double().numpy()
