@@ -14,9 +14,10 @@ the teacher's adapter (``family_of(config)``). An adapter knows
 Boundary k means the same in every family: the residual entering layer k; the last one
 is the last layer's output *before* the final norm.
 
-Families: Llama, Qwen2 and GPT-2 (classes below, each with its pinned modeling template), and the dense
-decoders described as data in zgdata/families/traits.py and run by ``DenseFamily`` (Mistral, Granite, OLMo 2,
-Phi-3, Gemma 2, Gemma 3 text; one generic modeling template). Mixture-of-experts, hybrid attention + SSM and
+Families: Llama, Qwen2 and GPT-2 (classes below), and the dense decoders described as data in
+zgdata/families/traits.py and run by ``DenseFamily`` (Mistral, Granite, OLMo 2, Phi-3, Gemma 2, Gemma 3 text).
+A student with per-layer shapes ships one pinned modeling file: GPT-2 its own, every other family the generic
+dense one (``template``; zgtrain/student/template_source.py generates both). Mixture-of-experts, hybrid attention + SSM and
 encoder-decoder model types are refused with what they are and where support would go (``REFUSED``).
 
 Adding a family: a Llama-like dense decoder is a ``Traits`` record in zgdata/families/traits.py (plus, only if
@@ -42,6 +43,7 @@ __all__ = ["Family", "RotaryFamily", "DenseFamily", "FAMILIES", "family", "famil
 
 class Llama(RotaryFamily):
     model_type = "llama"
+    template = "dense"  # per-layer widths: the one generic modeling file (earlier zg: modeling_zg_llama.py)
     config_class = "LlamaConfig"
     model_class = "LlamaForCausalLM"
     layer_class = ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer")
@@ -68,6 +70,7 @@ class Qwen2(RotaryFamily):
     """Qwen2 / Qwen2.5: Llama's layout plus q/k/v biases and per-layer attention types."""
 
     model_type = "qwen2"
+    template = "dense"  # per-layer widths: the one generic modeling file (earlier zg: modeling_zg_qwen2.py)
     config_class = "Qwen2Config"
     model_class = "Qwen2ForCausalLM"
     layer_class = ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer")

@@ -19,8 +19,8 @@ attention's output there.
 Why: some layers' attention output is mostly a function of the current token (attending to itself, or to a
 near-constant average of the context); the best linear map of the token's own state keeps that part exactly in
 the least-squares sense, where dropping the attention (zero) or a random map starts from far worse, and training
-then recovers what it can. The assembled student runs the same class: each pinned modeling template carries a
-verbatim copy of both classes (tests/zgtrain/block/test_attn_linear.py compares the source).
+then recovers what it can. The assembled student runs the same class: each shipped modeling template carries a
+copy of both classes generated from this file (``python -m zgtrain.student.template_source``).
 
 ``linear_attention`` replaces a layer's attention by ``LinearAttention``: the teacher's own q/k/v/o projections and
 rotary, with softmax attention linearized by learned Hedgehog feature maps (LoLCATs), optionally beside exact softmax
@@ -28,8 +28,8 @@ over a short window. The maps start as the identity map; zgtrain/block/train.py 
 attention's output (``transfer_loss``: LoLCATs' attention transfer), then trains the block as any other. Generation
 keeps a constant-size state per layer in the cache (``LinearAttentionState``, a transformers ``DynamicLayer``
 subclass put in place of the cache's layer by the module itself, so ``generate``'s own ``DynamicCache`` carries it
-and reads the sequence length from it), so memory per new token is O(1). Both classes are verbatim in the templates
-(tests/zgtrain/block/test_linear_attention.py compares the source).
+and reads the sequence length from it), so memory per new token is O(1). Both classes are copied into the templates
+the same way (tests/zgtrain/student/test_template_source.py fails while a copy differs).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def group_kv_heads(layer: dict[str, torch.Tensor], config, n: int) -> dict[str, 
 
 
 # fmt: off
-# (verbatim in each pinned modeling template: tests/zgtrain/block/test_attn_linear.py compares the source)
+# (copied into the shipped modeling template by `python -m zgtrain.student.template_source`)
 class AttentionLinearState(DynamicLayer):
     """The cache layer of one ``attn_linear`` layer in place of a full-attention one: zero KV heads per position.
 
@@ -200,7 +200,7 @@ def attention_io(family, layer, h: torch.Tensor, inputs: dict) -> tuple[torch.Te
 
 
 # fmt: off
-# (verbatim in each pinned modeling template: tests/zgtrain/block/test_linear_attention.py compares the source)
+# (copied into the shipped modeling template by `python -m zgtrain.student.template_source`)
 class LinearAttentionState(DynamicLayer):
     """The generation cache of one ``linear_attention`` layer: constant size, whatever the sequence length.
 

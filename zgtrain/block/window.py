@@ -7,9 +7,10 @@ While no query can see more than W keys (past + new tokens <= W) it changes noth
 the layer then runs exactly the full-attention code path and a window >= the sequence length
 reproduces the teacher's layer bit for bit.
 
-The assembled student runs the same class: each zgtrain/student/templates/modeling_zg_*.py carries a
-verbatim copy of ``SlidingWindow`` (a shipped model file can import only transformers and torch),
-and tests/zgtrain/block/test_window.py checks the copies equal this one, so a student block and the
+The assembled student runs the same class: each shipped modeling template (zgtrain/student/templates/)
+carries a copy of ``SlidingWindow`` generated from this file (a shipped model file can import only
+transformers and torch; ``python -m zgtrain.student.template_source`` rewrites the copies, and
+tests/zgtrain/student/test_template_source.py fails while one differs), so a student block and the
 assembled model mask alike (their logits are compared bit for bit).
 """
 
@@ -21,7 +22,7 @@ __all__ = ["SlidingWindow", "attention_of", "add_windows"]
 
 
 # fmt: off
-# (verbatim in each pinned modeling template: tests/zgtrain/block/test_window.py compares the source)
+# (copied into each shipped modeling template by `python -m zgtrain.student.template_source`)
 class SlidingWindow:
     """Forward pre-hook (``with_kwargs=True``) of an attention module: attend to the last ``window`` positions only.
 

@@ -1,11 +1,14 @@
 """The assembled student on disk: its shipped modeling code, pinned by hash, and the one way to load it.
 
 A student whose blocks differ in MLP width needs modeling code (transformers has no per-layer
-width). zg ships that code itself, one file per family (zgtrain/student/templates/modeling_zg_<family>.py,
-classes ``Zg<config class>`` and ``Zg<causal LM class>``), records the family and the file's sha256
-in ``zerograph.json`` at assemble, and loads a student with ``trust_remote_code`` only when the
-folder holds exactly that family's file, with that hash, named by exactly zg's ``auto_map`` for
-that family. Anything else a pulled student folder might carry is refused, never imported.
+width). zg ships that code itself (zgtrain/student/templates/): modeling_zg_gpt2.py in GPT-2 students, the generic
+modeling_zg_dense.py in every other family's (classes ``Zg<config class>`` and ``Zg<causal LM class>``, made from
+the family's stock ones; Llama and Qwen2 had files of their own before). Their attention code is generated from
+zgtrain/block/ (zgtrain/student/template_source.py). Assemble records the family and the file's sha256 in ``zerograph.json``, and
+a student loads with ``trust_remote_code`` only when the folder holds exactly one zg modeling file for its family,
+named by exactly zg's ``auto_map`` for that file, whose sha256 is the pinned one and is this zg's template or a
+released one (zgtrain/student/released.py: a student assembled by an earlier zg keeps running the file it was
+assembled with, from its own folder). Anything else a pulled student folder might carry is refused, never imported.
 
 checksums.json, written last by assemble and repair, records the sha256 of every weights file
 (``*.safetensors``); ``load_student`` refuses a folder whose weights differ from it. A folder written
@@ -23,6 +26,7 @@ from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
 from zgdata.families.registry import FAMILIES, family
 from zgdata.trust.safetensors_check import check_header
+from zgtrain.student.released import released_name
 
 __all__ = [
     "MODELING_FILE",
@@ -31,6 +35,7 @@ __all__ = [
     "auto_map",
     "template_class",
     "template_sha256",
+    "accepted_files",
     "ship_modeling_code",
     "load_student",
     "student_sha256",
@@ -46,13 +51,22 @@ _FIX = "rebuild the student with `dvc repro -f assemble` (zg never runs modeling
 
 
 def modeling_file(model_type: str) -> str:
-    """Llama, Qwen2, GPT-2: one file each; the dense families share modeling_zg_dense.py (its classes are made
-    on first access from the family's stock classes, so adding a family never changes the pinned file)."""
-    return f"modeling_zg_{family(model_type).template or model_type}.py"
+    """The modeling file this zg ships for a family (its ``template``, zgdata/families/): GPT-2 its own, every other
+    family the dense one (its classes are made on first access from the family's stock classes, so adding a family
+    never changes the pinned file)."""
+    fam = family(model_type)
+    return f"modeling_zg_{fam.template or model_type}.py"
 
 
-def auto_map(model_type: str) -> dict:
-    fam, stem = family(model_type), modeling_file(model_type).removesuffix(".py")
+def accepted_files(model_type: str) -> list[str]:
+    """The modeling file names a student of this family may hold: this zg's, and the family's own file that an
+    earlier zg shipped (modeling_zg_llama.py, modeling_zg_qwen2.py); which bytes run is RELEASED's to say."""
+    return sorted({modeling_file(model_type), f"modeling_zg_{model_type}.py"})
+
+
+def auto_map(model_type: str, file: str | None = None) -> dict:
+    """The auto_map of a family's student whose modeling file is ``file`` (default: this zg's)."""
+    fam, stem = family(model_type), (file or modeling_file(model_type)).removesuffix(".py")
     return {"AutoConfig": f"{stem}.Zg{fam.config_class}", "AutoModelForCausalLM": f"{stem}.Zg{fam.model_class}"}
 
 
@@ -82,7 +96,9 @@ def ship_modeling_code(folder: Path, model_type: str = "llama") -> str:
 
 
 def _remote_code_allowed(folder: Path) -> bool:
-    """True when the folder needs zg's own modeling file and holds exactly it; False when it needs none."""
+    """True when the folder needs zg's own modeling file and holds exactly one, this zg's or a released one (the
+    pinned sha256, listed in RELEASED under the file's name; the file runs from the folder); False when it needs
+    none."""
     try:
         cfg = json.loads((folder / "config.json").read_text())
         summary = json.loads((folder / "zerograph.json").read_text())
@@ -95,24 +111,26 @@ def _remote_code_allowed(folder: Path) -> bool:
         raise ZgError(
             f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})", fix=_FIX
         )
-    name = modeling_file(model_type)
-    extra_code = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.name != name)
+    found = cfg.get("auto_map")
+    named = next((n for n in accepted_files(model_type) if found == auto_map(model_type, n)), None)
+    allowed = {named} if named else set(accepted_files(model_type))  # zg's auto_map: only the file it names
+    extra_code = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.name not in allowed)
     if extra_code:
         raise ZgError(f"{folder} holds Python files zg did not write ({', '.join(extra_code)})", fix=_FIX)
-    found = cfg.get("auto_map")
     if not found:
         return False
-    if found != auto_map(model_type):
+    if named is None:
         raise ZgError(
             f"{folder / 'config.json'} has an auto_map zg did not write ({json.dumps(found)[:120]})", fix=_FIX
         )
-    code = folder / name
+    code = folder / named
     pinned, ours = summary.get("modeling_sha256"), template_sha256(model_type)
     got = file_sha256(code) if code.exists() else None
-    if got is None or got != pinned or got != ours:
+    known = (got == ours and named == modeling_file(model_type)) or released_name(got) == named
+    if got is None or got != pinned or not known:
         raise ZgError(
-            f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned "
-            f"{str(pinned)[:12]}, this zg's {ours[:12]})",
+            f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned {str(pinned)[:12]}; "
+            f"this zg's is {ours[:12]}, and no released one has that name and sha256)",
             fix=_FIX,
         )
     return True

@@ -13,22 +13,13 @@ import json
 
 import pytest
 import torch
-from conftest import zg_main
 from safetensors.torch import load_file
-from zgt_helpers import (
-    assert_close_to_f32,
-    assert_user_error,
-    copy_project,
-    kill_after_first_checkpoint,
-    llama_cpp_logits,
-    llama_cpp_model,
-    project_of,
-    read_json,
-    set_params,
-    student_logits,
-    tree_sha256,
-)
 
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.llama_cpp_run import assert_close_to_f32, llama_cpp_logits, llama_cpp_model
+from tests.helpers.models import student_logits
+from tests.helpers.projects import copy_project, project_of, read_json, set_params, tree_sha256
+from tests.helpers.runners import kill_after_first_checkpoint, zg_main
 from zgdata.layout import Layout
 from zgtrain.pipeline.profiles import profile_params
 from zgtrain.pipeline.stages import dvc_yaml
@@ -82,8 +73,8 @@ def test_repair_lowers_the_training_kl_and_writes_a_loadable_model(straight):
     student, repaired = load_student(root / "models" / "student"), load_student(root / "models" / "repaired")
     a, b = student.state_dict(), repaired.state_dict()
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
-    assert (root / "models" / "repaired" / "modeling_zg_llama.py").read_bytes() == (
-        root / "models" / "student" / "modeling_zg_llama.py"
+    assert (root / "models" / "repaired" / "modeling_zg_dense.py").read_bytes() == (
+        root / "models" / "student" / "modeling_zg_dense.py"
     ).read_bytes()
     assert (
         read_json(root / "models" / "repaired" / "config.json")["auto_map"]

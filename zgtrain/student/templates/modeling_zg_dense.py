@@ -1,5 +1,5 @@
 """Any dense decoder family with a per-layer MLP width and per-layer sliding-window attention, shipped inside
-ZeroGraph students whose blocks differ in shape or attention window (Mistral, Granite, OLMo 2, Phi-3, ...).
+ZeroGraph students whose blocks differ in shape or attention window (Llama, Qwen2, Mistral, Granite, OLMo 2, ...).
 
 zg loads it with ``zgtrain.student.load_student``, which first checks that this file is byte for byte
 the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_remote_code`` to
@@ -16,6 +16,9 @@ whose count differs from ``num_key_value_heads`` gets the family's own attention
 the attention, no KV cache) is zg's attn_linear conversion; "linear_attention" or "linear_attention:W" (the
 attention linearized with learned feature maps over its own q/k/v/o, plus exact softmax over the last W
 positions; constant-size generation state in ``LinearAttentionState``) is zg's linear_attention conversion.
+
+The classes between "generated" markers are zg's own, copied from the source file each marker names by
+zgtrain/student/template_source.py, so a student block and the assembled student run the same code.
 """
 
 import copy
@@ -25,7 +28,7 @@ import transformers
 from transformers.cache_utils import DynamicLayer
 
 
-# A verbatim copy of zgtrain/window.py's SlidingWindow (tests/zgtrain/test_window.py checks it).
+# >>> generated from zgtrain/block/window.py: SlidingWindow (edit it there)
 class SlidingWindow:
     """Forward pre-hook (``with_kwargs=True``) of an attention module: attend to the last ``window`` positions only.
 
@@ -61,10 +64,10 @@ class SlidingWindow:
         else:
             mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
         return args, {**kwargs, "attention_mask": mask}
+# <<< generated
 
 
-# Verbatim copies of zgtrain/block/attention.py's AttentionLinearState and AttentionLinear
-# (tests/zgtrain/block/test_attn_linear.py checks them).
+# >>> generated from zgtrain/block/attention.py: AttentionLinearState, AttentionLinear (edit it there)
 class AttentionLinearState(DynamicLayer):
     """The cache layer of one ``attn_linear`` layer in place of a full-attention one: zero KV heads per position.
 
@@ -104,11 +107,10 @@ class AttentionLinear(torch.nn.Module):
             empty = hidden_states.new_zeros(hidden_states.shape[0], 0, hidden_states.shape[1], 1)
             cache.update(empty, empty, self.layer_idx)
         return self.linear(hidden_states), None
+# <<< generated
 
 
-# Verbatim copies of zgtrain/block/attention.py's LinearAttentionState and LinearAttention
-# (tests/zgtrain/block/test_linear_attention.py checks them).
-# fmt: off
+# >>> generated from zgtrain/block/attention.py: LinearAttentionState, LinearAttention (edit it there)
 class LinearAttentionState(DynamicLayer):
     """The generation cache of one ``linear_attention`` layer: constant size, whatever the sequence length.
 
@@ -247,7 +249,7 @@ class LinearAttention(torch.nn.Module):
             layer.seen += t
         out = out.to(hidden_states.dtype).transpose(1, 2).reshape(b, t, -1)
         return self.o_proj(out), None
-# fmt: on
+# <<< generated
 
 
 _MADE = {}

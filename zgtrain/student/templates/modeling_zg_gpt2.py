@@ -7,6 +7,9 @@ the one zg wrote (sha256 pinned in zerograph.json). Outside zg, pass ``trust_rem
 
 ``layer_windows`` (one entry per layer; null: full attention) restricts a layer's attention to its last
 W positions, itself included. Such layers need ``attn_implementation`` sdpa (the default) or eager.
+
+The class between "generated" markers is zg's own, copied from the source file its marker names by
+zgtrain/student/template_source.py, so a student block and the assembled student run the same code.
 """
 
 import torch
@@ -14,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
 
-# A verbatim copy of zgtrain/window.py's SlidingWindow (tests/zgtrain/test_window.py checks it).
+# >>> generated from zgtrain/block/window.py: SlidingWindow (edit it there)
 class SlidingWindow:
     """Forward pre-hook (``with_kwargs=True``) of an attention module: attend to the last ``window`` positions only.
 
@@ -50,6 +53,7 @@ class SlidingWindow:
         else:
             mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
         return args, {**kwargs, "attention_mask": mask}
+# <<< generated
 
 
 class ZgGPT2Config(GPT2Config):
