@@ -46,6 +46,13 @@ DTYPES = ("float32", "bfloat16")
 T = TypeVar("T")
 
 
+# Bounds on params that size a run's time and memory: far above any real run, so a typo (10**30 steps, a batch of
+# 10**12 sequences) is refused when params are read instead of hanging or filling memory. The data bounds the batch
+# further when a run starts (zgdata/store/reader.py ``check_batch``).
+MAX_STEPS = 10**8
+MAX_BATCH = 2**16
+
+
 def param(default, doc: str, *, ge=None, gt=None, lt=None, le=None, choices=None, item: str | None = None):
     """A section field: default, one-line doc, and its allowed range (checked in ``Section.__post_init__``)."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "lt": lt, "le": le, "choices": choices, "item": item}

@@ -109,9 +109,8 @@ def run() -> None:
 
     A process that imported torch and transformers holds about 390,000 objects that the cyclic garbage collector
     tracks, and the interpreter's shutdown collects several times while it tears the modules down, a cost every
-    `zg` process paid at its end. ``gc.freeze()`` moves them out of the collector's sight first: importing the
-    Llama modeling code and exiting took 7.09 CPU-seconds plain and 5.47 with the freeze (bench/cli_latency.py,
-    part 3). Only the shutdown changes: every file zg writes is closed (and renamed into place) before ``main``
+    `zg` process paid at its end. ``gc.freeze()`` moves them out of the collector's sight first (what that saves:
+    bench/cli_latency.py, part 3, and bench/out/cli_latency.txt). Only the shutdown changes: every file zg writes is closed (and renamed into place) before ``main``
     returns, atexit handlers (Ray's disconnect, logging's flush) still run, and so does the flush of stdout and
     stderr; objects kept alive by a reference cycle are not finalized, which Python never promised at exit
     anyway. Not in ``main``: a process that calls ``main`` itself (the tests) goes on running and collecting."""

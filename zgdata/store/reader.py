@@ -23,7 +23,7 @@ from zgdata.store.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
 from zgdata.store.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.trust import dvc_lock as trust
 
-__all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows"]
+__all__ = ["BoundaryDataset", "BoundaryPair", "epoch_order", "step_rows", "check_batch"]
 
 
 class BoundaryDataset:
@@ -151,6 +151,17 @@ def epoch_order(n: int, epoch: int, seed: int) -> torch.Tensor:
     """The permutation of ``n`` rows for ``epoch``: a pure function of (seed, epoch), so resume is exact."""
     g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
     return torch.randperm(n, generator=g)
+
+
+def check_batch(batch_size: int, rows: int, key: str) -> None:
+    """Refuse a batch of more sequences than the split has: each step would repeat rows within one batch, and an
+    absurd value would fill memory before the first step."""
+    if batch_size > rows:
+        raise ZgError(
+            f"{key} is {batch_size}, more than the {rows} training sequences there are",
+            key=key,
+            fix=f"set {key} to at most {rows}, or tokenize more text (corpus.max_train_seqs, a larger corpus)",
+        )
 
 
 def step_rows(rows: np.ndarray, step: int, batch_size: int, seed: int) -> np.ndarray:

@@ -88,7 +88,7 @@ def _index(path: Path) -> dict[str, str]:
 def weight_files(path: Path) -> list[str]:
     """The safetensors files a load of ``path`` reads (relative names), after checking they are complete.
 
-    Empty when the directory holds no safetensors weights (transformers then decides, e.g. a .bin checkpoint)."""
+    Empty when the directory holds no safetensors weights (``load_dir`` then refuses it: pickles are never loaded)."""
     if (path / SINGLE).exists():  # transformers' own order: a single file wins over an index beside it
         _header_keys(path / SINGLE, path)
         return [SINGLE]
@@ -116,6 +116,45 @@ def weight_files(path: Path) -> list[str]:
                 )
         return [INDEX, *sorted(by_shard)]
     return []
+
+
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "tf_model.h5", "flax_model.msgpack")
+
+
+def _no_custom_code(path: Path) -> None:
+    """Refuse a model directory whose config or tokenizer config names its own Python code (``auto_map``): zg
+    runs a teacher with transformers' own classes, and code it did not write and pin never runs."""
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            doc = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("auto_map"):
+            classes = ", ".join(sorted(doc["auto_map"])) if isinstance(doc["auto_map"], dict) else "custom classes"
+            raise ZgError(
+                f"{path / name} names custom code (auto_map: {classes}); zg never runs a teacher's own Python files",
+                key=KEY,
+                fix="use a checkpoint of a family transformers ships (its config without auto_map), e.g. one saved "
+                "by save_pretrained from transformers' own classes",
+            )
+
+
+def _no_pickles(path: Path) -> None:
+    """Refuse a directory whose only weights are pickled (torch.load of a pickle can run code) with one line."""
+    pickled = [n for n in PICKLES if (path / n).exists()] + sorted(p.name for p in path.glob("pytorch_model-*.bin"))
+    if pickled:
+        raise ZgError(
+            f"{path} holds only pickled weights ({', '.join(pickled[:3])}); zg loads safetensors only, since "
+            "unpickling a file can run code",
+            key=KEY,
+            fix="convert it once where you trust it: `AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir2)` "
+            "writes model.safetensors",
+        )
+    raise ZgError(
+        f"{path} holds no weights (no {SINGLE} or {INDEX})",
+        key=KEY,
+        fix="point teacher.source at a complete checkpoint",
+    )
 
 
 def source_files(path: Path, weights: list[str]) -> dict[str, str]:
@@ -146,11 +185,19 @@ def load_dir(path: Path, dtype: str):
             fix="point teacher.source at a directory written by save_pretrained",
         ) from e
     family(str(model_type))  # an unsupported family stops here, before any weight is read
+    _no_custom_code(path)
     weights = weight_files(path)  # so does an incomplete checkpoint
+    if not weights:
+        _no_pickles(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        # never a model's own code: a teacher runs transformers' classes (its auto_map was refused above)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model, info = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), output_loading_info=True
+            path,
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+            output_loading_info=True,
+            trust_remote_code=False,
+            use_safetensors=True,
         )
     except Exception as e:  # transformers raises many types for a bad directory
         raise ZgError(

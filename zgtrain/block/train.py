@@ -31,6 +31,7 @@ from zgdata.core.runtime import autocast, device, seed_all, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import check
+from zgdata.store.reader import check_batch
 from zgdata.teacher.prepare import load_slice
 from zgtrain.block.attention import LinearAttention, transfer_loss, transfer_parameters
 from zgtrain.block.conversions import convert
@@ -217,17 +218,9 @@ def setup(
     cfg = replace(cfg, targets=targets) if targets else cfg
     set_threads(cfg.threads)
     tensors, smeta, src = _inputs(project, key, spec, cfg, layout)
+    check_batch(cfg.batch_size, len(src.rows("train")), "train.batch_size")
     seed = block_seed(project.seed, cfg.seed, key)
-    identity = {
-        "key": key,
-        "in": spec.input,
-        "out": spec.output,
-        "seed": seed,
-        "trainer_version": TRAINER_VERSION,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
-        "fingerprints": src.fingerprints,
-        "teacher_sha256": smeta["teacher_sha256"],
-    }
+    identity = _identity(key, spec, seed, cfg, src.fingerprints, smeta["teacher_sha256"])
     d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")
     prior = resumable(
         None if restart is True else checkpoint.read_meta(d),
@@ -293,6 +286,20 @@ def _inputs(project: ProjectConfig, key: str, spec, cfg: TrainConfig, layout: La
         fix="pull or rebuild both from one commit (`dvc repro teacher materialize`)",
     )
     return tensors, smeta, src
+
+
+def _identity(key: str, spec, seed: int, cfg: TrainConfig, fingerprints: dict, teacher_sha256: str) -> dict:
+    """What makes a run this run: a checkpoint resumes only under the same identity."""
+    return {
+        "key": key,
+        "in": spec.input,
+        "out": spec.output,
+        "seed": seed,
+        "trainer_version": TRAINER_VERSION,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+        "fingerprints": fingerprints,
+        "teacher_sha256": teacher_sha256,
+    }
 
 
 def _meta(identity: dict, smeta: dict, block, tensors: dict, steps: int) -> dict:

@@ -86,7 +86,7 @@ def read_vocab(student: Path, n_vocab: int) -> VocabInfo:
             "BPE tokenizers (SmolLM2, Llama 3, Qwen2, GPT-2 style) to GGUF",
             fix="use `zg export --format hf`, or convert with llama.cpp's convert_hf_to_gguf.py",
         )
-    tok = AutoTokenizer.from_pretrained(student)
+    tok = AutoTokenizer.from_pretrained(student, trust_remote_code=False)  # its files only: never a model's code
     digest = sha256(str(tok.encode(CHECK_TEXT)).encode()).hexdigest()
     pre = KNOWN_PRE.get(digest)
     if pre is None:

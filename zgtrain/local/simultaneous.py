@@ -29,7 +29,7 @@ from zgdata.core.runtime import device, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import read_tokens_json
-from zgdata.store.reader import step_rows
+from zgdata.store.reader import check_batch, step_rows
 from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
 from zgdata.tokens.tokenset import open_tokens, read_tokens
 from zgtrain.fit import checkpoint, loop
@@ -183,6 +183,7 @@ def build(project: ProjectConfig, layout: Layout) -> LocalRun:
             key="corpus.heldout",
             fix="local training needs both: check corpus.heldout and the row caps",
         )
+    check_batch(cfg.batch_size, len(train_rows), "local.batch_size")
     if cfg.heldout_seqs:
         heldout_rows = heldout_rows[: cfg.heldout_seqs]
     vocab = len(tok)
@@ -332,7 +333,7 @@ def heldout_scores(hf: Path, blocks: list, keys: list, ids: torch.Tensor, batch_
     from zgtrain.evaluate.metrics import token_nll
 
     dev = next(blocks[0].parameters()).device
-    model = AutoModelForCausalLM.from_pretrained(hf).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf, trust_remote_code=False).to(dev).eval()  # stock classes
     ce = float(token_nll(model, ids, batch_size).mean())
     sums = [0.0] * len(blocks)
     for blk in blocks:

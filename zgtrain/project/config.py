@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from zgdata.config import (
+    MAX_BATCH,
+    MAX_STEPS,
     BlockSpec,
     CorpusConfig,
     MaterializeConfig,
@@ -92,6 +94,7 @@ class TrainConfig(Section):
         "linear_attention: the first steps of train.steps train only the feature maps, to each layer's teacher "
         "attention output (attention transfer); 0: a quarter of train.steps.",
         ge=0,
+        le=MAX_STEPS,
     )
     importance_rows: int = param(
         16,
@@ -118,8 +121,8 @@ class TrainConfig(Section):
         "cached (read the stored boundaries) or online (recompute them with the teacher each batch).",
         choices=("cached", "online"),
     )
-    steps: int = param(100, "Optimizer steps (0: keep the converted block untrained).", ge=0)
-    batch_size: int = param(4, "Whole sequences per step.", ge=1)
+    steps: int = param(100, "Optimizer steps (0: keep the converted block untrained).", ge=0, le=MAX_STEPS)
+    batch_size: int = param(4, "Whole sequences per step (at most the block's training sequences).", ge=1, le=MAX_BATCH)
     lr: float = param(1e-3, "Peak learning rate (AdamW).", gt=0)
     beta1: float = param(0.9, "AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "AdamW beta2.", ge=0, lt=1)
@@ -309,6 +312,7 @@ class RepairConfig(Section):
         "Repair: optimizer steps of global distillation after assemble (0: no repair stage, the "
         "student is the final model). Trains on the train split only.",
         ge=0,
+        le=MAX_STEPS,
     )
     trainable: str = param(
         "all",
@@ -327,7 +331,9 @@ class RepairConfig(Section):
     ce_weight: float = param(
         0.0, "Repair: weight of the next-token cross-entropy added to the KL term (0: KL only).", ge=0
     )
-    batch_size: int = param(4, "Repair: whole train sequences per step.", ge=1)
+    batch_size: int = param(
+        4, "Repair: whole train sequences per step (at most the train split's).", ge=1, le=MAX_BATCH
+    )
     lr: float = param(1e-4, "Repair: peak learning rate (AdamW).", gt=0)
     beta1: float = param(0.9, "Repair: AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "Repair: AdamW beta2.", ge=0, lt=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from zgdata.config import Section, param
+from zgdata.config import MAX_BATCH, MAX_STEPS, Section, param
 from zgdata.errors import ZgError
 
 __all__ = ["LocalConfig", "BLOCK_KEYS"]
@@ -72,8 +72,10 @@ class LocalConfig(Section):
         choices=("phased", "early_backward"),
     )
     # optimization, the same for every block (each has its own AdamW state)
-    steps: int = param(1000, "Optimizer steps; every block takes one per batch.", ge=0)
-    batch_size: int = param(8, "Sequences per step; every arm sees the same seeded batches.", ge=1)
+    steps: int = param(1000, "Optimizer steps; every block takes one per batch.", ge=0, le=MAX_STEPS)
+    batch_size: int = param(
+        8, "Sequences per step (at most the train split's); every arm sees the same seeded batches.", ge=1, le=MAX_BATCH
+    )
     lr: float = param(1e-3, "Peak learning rate (AdamW), linear warmup then cosine to 10%.", gt=0)
     warmup: int = param(50, "Linear warmup steps.", ge=0)
     beta1: float = param(0.9, "AdamW beta1.", ge=0, lt=1)

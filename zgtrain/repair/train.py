@@ -32,7 +32,7 @@ from zgdata.core.runtime import device, seed_all, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout, RepairPaths
 from zgdata.lineage import check, read_tokens_json
-from zgdata.store.reader import BoundaryDataset, step_rows
+from zgdata.store.reader import BoundaryDataset, check_batch, step_rows
 from zgdata.teacher.prepare import load_slice
 from zgdata.tokens.tokenset import open_tokens
 from zgtrain.fit import checkpoint, loop
@@ -210,6 +210,7 @@ def setup(
     paths = paths or layout.repair
     student = Path(student or layout.student)
     data, head_tensors, hmeta = _inputs(project, layout)
+    check_batch(cfg.batch_size, len(data.rows("train")), "repair.batch_size")
     student_sha = student_sha256(student)
     lm = load_student(student)
     seed = block_seed(project.seed, cfg.seed, "repair")
