@@ -204,8 +204,8 @@ def data_verify(
         mcfg=mcfg,
         full=full,
     )
-    emit(report, as_json=as_json, summary=f"verify: {report['status']} ({report['summary']})")
-    if report["status"] != "ok":
+    emit(report.metrics(), as_json=as_json, summary=f"verify: {report.status} ({report.summary})")
+    if not report.ok:
         raise typer.Exit(1)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -235,6 +236,36 @@ def _boundary_rows(sets, summed: dict) -> dict:
     }
 
 
+@dataclass(frozen=True, kw_only=True)
+class VerifyResult:
+    """What `zg data verify` found; ``metrics()`` is reports/verify.json."""
+
+    status: str
+    """ok, or fail (then ``failures`` says what and the fix)."""
+    summary: str
+    """One line: what was checked, or the first failures and the fix of the first."""
+    lineage_only: bool
+    trust: dict | None
+    """With --full: outputs of dvc.lock and .dvc files checked, files hashed, hashes from the cache."""
+    boundaries: dict
+    """Per boundary: fingerprint, rows, Lance version, layer, rows whose checksum was checked."""
+    checksum_rows_checked: int
+    missing: list
+    """Boundaries partition.boundaries needs that are not here."""
+    lineage: dict
+    checked_seq_ids: list
+    """Sequences recomputed with the teacher and found bit-identical."""
+    teacher_files: dict
+    failures: list
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def metrics(self) -> dict:
+        return asdict(self)
+
+
 def verify(
     cfg: VerifyConfig,
     *,
@@ -245,7 +276,7 @@ def verify(
     partition: PartitionConfig | None = None,
     mcfg=None,
     full: bool = False,
-) -> dict:
+) -> VerifyResult:
     """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
     depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
     block's pair runs that mode on a subset. ``mcfg`` (materialize): with virtual_first, h00 is computed from
@@ -268,18 +299,18 @@ def verify(
     if not lineage_only and not lineage_failures:
         more, checked, identity = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
         failures += more
-    report = {
-        "status": "ok" if not failures else "fail",
-        "summary": _summary(sets, virtual, summed, checked, identity, missing, trusted, lineage_only, failures),
-        "lineage_only": lineage_only,
-        "trust": trusted,
-        "boundaries": _boundary_rows(sets, summed),
-        "checksum_rows_checked": sum(summed.values()),
-        "missing": missing,
-        "lineage": {k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},
-        "checked_seq_ids": checked,
-        "teacher_files": identity,
-        "failures": failures,
-    }
-    write_json(layout.verify_report, report)
-    return report
+    result = VerifyResult(
+        status="ok" if not failures else "fail",
+        summary=_summary(sets, virtual, summed, checked, identity, missing, trusted, lineage_only, failures),
+        lineage_only=lineage_only,
+        trust=trusted,
+        boundaries=_boundary_rows(sets, summed),
+        checksum_rows_checked=sum(summed.values()),
+        missing=missing,
+        lineage={k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},
+        checked_seq_ids=checked,
+        teacher_files=identity,
+        failures=failures,
+    )
+    write_json(layout.verify_report, result.metrics())
+    return result

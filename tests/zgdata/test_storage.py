@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from tests.helpers.datasets import boundary_bits, overwrite_table
-from tests.helpers.projects import edit_params
+from tests.helpers.projects import edit_params, read_json
 from tests.helpers.runners import kill_9_when, zg_main
 from zgdata.boundaries import open_boundary
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
@@ -95,8 +95,9 @@ def test_commit_groups_are_compacted_into_one_published_version(zstd_built):
 
 def test_verify_and_training_reader_accept_zstd(zstd_built, tiny_built):
     rep = verify(VerifyConfig(sample=2), layout=Layout(zstd_built))
-    assert rep["status"] == "ok", rep["failures"]
-    assert rep["checksum_rows_checked"] == 3 * 56
+    assert rep.status == "ok", rep.failures
+    assert rep.checksum_rows_checked == 3 * 56
+    assert read_json(Layout(zstd_built).verify_report) == json.loads(json.dumps(rep.metrics()))
     raw = BoundaryPair(Layout(tiny_built).boundary("h00"), Layout(tiny_built).boundary("h02"))
     comp = BoundaryPair(Layout(zstd_built).boundary("h00"), Layout(zstd_built).boundary("h02"))
     got = list(comp.batches("train", start_step=0, steps=9, batch_size=8, seed=3))
@@ -124,8 +125,8 @@ def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
     with pytest.raises(ZgError, match="h02.lance.*do not decode"):
         BoundaryDataset(path).take([9])
     rep = verify(VerifyConfig(sample=1), layout=Layout(root), lineage_only=True)
-    assert rep["status"] == "fail"
-    assert sorted(f["row"] for f in rep["failures"] if f["check"] == "checksum") == [5, 9]
+    assert rep.status == "fail" and not rep.ok
+    assert sorted(f["row"] for f in rep.failures if f["check"] == "checksum") == [5, 9]
 
 
 def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
