@@ -18,14 +18,14 @@ gradient in phase 1 get no AdamW update either.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from zgdata.core.atomic import write_json, write_text
+from zgdata.core.atomic import write_text
 from zgdata.core.lock import locked
+from zgdata.core.metrics_file import read_timings, write_metrics
 from zgdata.core.paths_guard import inside
 from zgdata.core.runtime import autocast, device, seed_all, set_threads
 from zgdata.errors import ZgError
@@ -354,8 +354,8 @@ def train_block(
         loop.publish(d, layout.block_dir(key))
     result = _done(run, key, heldout, sha)
     if run.finished:  # a no-op rerun: the recorded speed stands, and no file changes
-        result.tokens_per_s = _recorded(layout.block_metrics(key)).get("tokens_per_s")
-    _write_changed(layout.block_metrics(key), result.metrics())
+        result.tokens_per_s = read_timings(layout.block_metrics(key)).get("tokens_per_s")
+    write_metrics(layout.block_metrics(key), result.metrics())
     curve = "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve))
     path = layout.block_loss_curve(key)
     if not path.exists() or path.read_text() != curve:
@@ -390,16 +390,3 @@ def _done(run: Run, key: str, heldout: float, sha: str) -> BlockResult:
         status="done",
         step=cfg.steps,
     )
-
-
-def _recorded(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_changed(path: Path, data: dict) -> None:
-    """write_json, skipped when the file already holds exactly ``data`` (a rerun leaves git clean)."""
-    if _recorded(path) != data:
-        write_json(path, data)

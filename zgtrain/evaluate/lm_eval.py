@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from zgdata.core.atomic import write_json
 from zgdata.core.lock import project_lock
+from zgdata.core.metrics_file import write_metrics
 from zgdata.core.progress import stderr
 from zgdata.core.runtime import device
 from zgdata.errors import ZgError
@@ -269,5 +269,5 @@ def _run(project, tasks: list[str], limit: int | None, layout: Layout, out_path:
         },
         seconds=time.perf_counter() - t0,
     )
-    write_json(out_path, result.metrics())
+    write_metrics(out_path, result.metrics())
     return result

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from zgdata.config import PartitionConfig
-from zgdata.core.atomic import atomic_path, write_json, write_text
+from zgdata.core.atomic import atomic_path, write_text
 from zgdata.core.lock import locked
+from zgdata.core.metrics_file import write_metrics
 from zgdata.core.progress import stderr
 from zgdata.core.runtime import device
 from zgdata.errors import ZgError
@@ -389,6 +390,6 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     _plots(layout, ces, shift, part, figs, result.get("repaired", {}).get("sets", {}))
     write_text(layout.generation_report, text)
     out = EvalResult(**result)
-    write_json(layout.eval_metrics, out.metrics())
+    write_metrics(layout.eval_metrics, out.metrics())
     write_eval_card(layout)  # the cards with these figures: models/student (+ repaired), reports/model_card.md
     return out

@@ -24,9 +24,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.core.atomic import atomic_path, write_json
+from zgdata.core.atomic import atomic_path
 from zgdata.core.hashing import canonical_json, sha256_bytes
 from zgdata.core.lock import project_lock
+from zgdata.core.metrics_file import write_metrics
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.store.lance_io import (
@@ -290,7 +291,7 @@ def train_block(
             tokens_per_s=b.tokens_per_s(),
             train_loss=loop.mean_tail([c["loss"] for c in b.curve]),
         )
-        write_json(layout.local_block_metrics(key), result.metrics())
+        write_metrics(layout.local_block_metrics(key), result.metrics())
         return result
 
 
@@ -359,5 +360,5 @@ def export(project: ProjectConfig, *, layout: Layout = Layout()) -> LocalExportR
             },
             params=sum(p.numel() for p in run.model.parameters()),
         )
-        write_json(layout.local_metrics, result.metrics())
+        write_metrics(layout.local_metrics, result.metrics())
         return result

@@ -25,6 +25,7 @@ import torch
 from zgdata.core.atomic import atomic_path, write_json, write_text
 from zgdata.core.hashing import sha256_bytes
 from zgdata.core.lock import project_lock
+from zgdata.core.metrics_file import write_metrics
 from zgdata.core.runtime import device, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -394,7 +395,7 @@ def train_local(
             local_params=sum(p.numel() for b in run.blocks for p in b.parameters()) - n_model,
             tokens_per_s=run.tokens_per_s(),
         )
-        write_json(layout.local_metrics, result.metrics())
+        write_metrics(layout.local_metrics, result.metrics())
         write_text(
             layout.local_loss_curve,
             "step,"

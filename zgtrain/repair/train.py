@@ -28,6 +28,7 @@ import torch
 
 from zgdata.core.atomic import atomic_path, write_json, write_text
 from zgdata.core.lock import project_lock
+from zgdata.core.metrics_file import write_metrics
 from zgdata.core.runtime import device, seed_all, set_threads
 from zgdata.errors import ZgError
 from zgdata.layout import Layout, RepairPaths
@@ -400,6 +401,6 @@ def _repair(project, *, stop_after, restart, layout, paths, student) -> RepairRe
         run,
         {k: metrics[k] for k in ("steps", "state_sha256", "student_sha256", "trainable", "temperature", "ce_weight")},
     )
-    write_json(paths.metrics, metrics)
+    write_metrics(paths.metrics, metrics)
     write_text(paths.loss_curve, "step,loss\n" + "".join(f"{i},{v:.6g}\n" for i, v in enumerate(run.curve)))
     return result

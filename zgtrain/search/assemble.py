@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zgdata.core.atomic import write_json
 from zgdata.core.lock import project_lock
+from zgdata.core.metrics_file import write_metrics
 from zgdata.core.progress import stderr
 from zgdata.errors import ZgError
 from zgdata.families.registry import config_from_dict
@@ -182,5 +182,5 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
             stderr.print(
                 f"warning: {result.unmet['message']}; wrote the closest miss to {path} ({result.unmet['fix']})"
             )
-        write_json(search_eval_metrics(layout), result.report())
+        write_metrics(search_eval_metrics(layout), result.report())
     return result

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zgdata.core.atomic import write_json
+from zgdata.core.metrics_file import write_metrics
 from zgdata.core.progress import stderr
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -166,5 +166,5 @@ def repair_search(
         },
         unmet=unmet,
     )
-    write_json(paths.metrics, report.metrics())
+    write_metrics(paths.metrics, report.metrics())
     return report

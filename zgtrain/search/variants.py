@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from zgdata.core.metrics_file import write_metrics
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 
@@ -148,7 +149,6 @@ def train_variant(
     project, block: str, variant: str, *, restart: bool | str = False, layout: Layout = Layout()
 ) -> VariantResult:
     """Train BLOCK as VARIANT (resuming its own checkpoint), then score it; writes its metrics file."""
-    from zgdata.core.atomic import write_json
     from zgtrain.block.train import train_block
     from zgtrain.search.scores import score_variant
 
@@ -159,7 +159,7 @@ def train_variant(
     out = VariantResult(
         block=block, variant=variant, training=result.metrics(), **score_variant(project, block, variant, layout=vl)
     )
-    write_json(vl.block_metrics(block), out.metrics())
+    write_metrics(vl.block_metrics(block), out.metrics())
     return out
 
 

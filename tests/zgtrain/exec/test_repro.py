@@ -5,9 +5,8 @@ Real `zg`, `dvc` and `git` subprocesses on the tiny profile, and the session's o
 node to it for its duration. The serial arm is a snapshot of the session's ``reproduced`` project (a whole
 `dvc repro`); ``base`` is that project with its blocks, student and evaluation removed, so both arms share
 the same boundaries (materialize's Lance files are not byte-deterministic: UUID names).
-Two files hold wall-clock figures (``tokens_per_s`` in metrics/blocks/KEY.json, ``seconds`` in
-metrics/eval.json), so their md5s differ between any two runs, serial or not: they are compared without those
-keys, and every other dvc.lock hash is compared as is. Kill windows are widened with the trainer's test hook
+No DVC-tracked file holds a wall-clock figure (zgdata/core/metrics_file.py puts ``tokens_per_s`` and
+``seconds`` in .zg/timings/), so every dvc.lock hash is compared as is, the metrics files' too. Kill windows are widened with the trainer's test hook
 ZG_FAILPOINT_SLEEP_AFTER_STEP; nothing asserts a duration.
 """
 
@@ -28,14 +27,11 @@ import yaml
 from tests.helpers.assertions import assert_user_error
 from tests.helpers.projects import copy_project, project_of, read_json, set_params, tree_sha256
 from tests.helpers.runners import BIN, run, zg
+from zgdata.core.metrics_file import split_timed
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
 
-TIMED = {
-    "metrics/blocks/b00.json": "tokens_per_s",
-    "metrics/blocks/b01.json": "tokens_per_s",
-    "metrics/eval.json": "seconds",
-}
+METRICS = ("metrics/blocks/b00.json", "metrics/blocks/b01.json", "metrics/eval.json")
 LATER = ["train@b00", "train@b01", "assemble", "evaluate"]
 
 
@@ -52,14 +48,14 @@ def _recorded(root) -> set[str]:
 
 
 def _entry(root, stage) -> dict:
-    """A dvc.lock entry with the md5/size of the files that hold wall-clock figures left out."""
-    e = _lock(root)[stage]
-    return {**e, "outs": [{"path": o["path"]} if o["path"] in TIMED else o for o in e.get("outs", [])]}
+    """A dvc.lock entry, every hash in it (the metrics files' included)."""
+    return _lock(root)[stage]
 
 
 def _untimed(root, path) -> dict:
+    """A metrics file, which holds no wall-clock figure (they are in .zg/timings/)."""
     d = read_json(Path(root) / path)
-    d.pop(TIMED[path])
+    assert split_timed(d)[1] == {}, path
     return d
 
 
@@ -164,7 +160,7 @@ def test_parallel_repro_ends_where_dvc_repro_does(serial, parallel):
     assert set(_lock(root)) == set(_lock(serial))
     for stage in _lock(serial):
         assert _entry(root, stage) == _entry(serial, stage), stage
-    for path in TIMED:
+    for path in METRICS:
         assert _untimed(root, path) == _untimed(serial, path), path
     for key in ("b00", "b01"):
         assert (
