@@ -35,6 +35,8 @@ from pathlib import Path
 
 import harness
 
+from zgdata.core.metrics_file import read_timings
+
 K = {1: "[0,8]", 2: "[0,4,8]", 4: "[0,2,4,6,8]"}
 # (name, relative cost per step, overrides); cost balances the lanes
 ARMS = [
@@ -121,6 +123,7 @@ def run_lane(root: Path, lane: list, steps: int, out: Path, run: bool) -> None:
         _sh(["dvc", "exp", "run", *sets], root, run)
         if run:
             m = json.loads((root / "metrics" / "local.json").read_text())
+            m.update(read_timings(root / "metrics" / "local.json"))  # tokens_per_s: kept out of the tracked file
             (out / "arms").mkdir(parents=True, exist_ok=True)
             (out / "arms" / f"{_slug(name, seed)}.json").write_text(
                 json.dumps({"arm": name, "seed": seed, "set": over, **m}, indent=1)

@@ -8,7 +8,7 @@ verify) and committed to git. It is copied twice:
 - serial:   `dvc repro` (blocks one after another, each with `train.threads` torch threads);
 - parallel: `zg repro --jobs N` (N blocks at once on a local Ray cluster, each with `train.threads`).
 Both arms use the same params, so they must end in the same dvc.lock hashes (the files that hold wall-clock
-figures left out), the same block `state_sha256` and the same `metrics/eval.json` (its `seconds` left out):
+figures left out: none remain, they are in .zg/timings/), the same block `state_sha256` and the same `metrics/eval.json`:
 the script checks all three and exits non-zero on any difference. It prints both wall times and their ratio.
 `train.threads` is part of a block's identity (the thread count changes float reductions on this CPU), so
 both arms set the same value; 1 thread x N jobs is the setting that can use N cores.
