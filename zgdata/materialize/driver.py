@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from zgdata.config import MaterializeConfig, PartitionConfig
@@ -131,6 +131,18 @@ def _plan(cfg: MaterializeConfig, partition: PartitionConfig, layout: Layout) ->
     return _Plan(teacher, tmeta, names, layers, lineages, fps, n_rows, tmeta["lineage"]["seq_len"], arch["hidden_size"])
 
 
+def _only(plan: _Plan, names: list[str]) -> _Plan:
+    """PLAN narrowed to the boundaries NAMES (in the partition's order)."""
+    keep = [i for i, n in enumerate(plan.names) if n in names]
+    return replace(
+        plan,
+        names=[plan.names[i] for i in keep],
+        layers=[plan.layers[i] for i in keep],
+        lineages={n: plan.lineages[n] for n in names},
+        fps={n: plan.fps[n] for n in names},
+    )
+
+
 def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout) -> Path:
     """The staging folder of this run, keyed by every fingerprint and by the format: a run interrupted under an
     older format (or codec) must not be resumed into this one."""
@@ -196,13 +208,21 @@ def materialize(
     ``sharded``: capture on Ray in shards; default ``cfg.workers > 1`` (the benchmark forces one worker).
     """
     t0 = time.perf_counter()
-    plan = _plan(cfg, partition, layout)
-    names, n_rows = plan.names, plan.n_rows
+    full = _plan(cfg, partition, layout)
+    n_rows = full.n_rows
+    done = dict(
+        paths={n: layout.boundary(n) for n in full.names},
+        fingerprints=full.fps,
+        rows=n_rows,
+        tokens=n_rows * full.seq_len,
+    )
+    # only what is missing or stale: a complete boundary keeps its files, so the blocks that read it stay valid
+    plan = _only(full, [n for n in full.names if not _complete(layout.boundary(n), full.fps[n], n_rows, cfg.codec)])
+    names = plan.names
     finals = {n: layout.boundary(n) for n in names}
     stage = _stage_dir(plan, cfg, layout)
     remove_dead_staging(layout, keep=stage)
-    done = dict(paths=finals, fingerprints=plan.fps, rows=n_rows, tokens=n_rows * plan.seq_len)
-    if all(_complete(finals[n], plan.fps[n], n_rows, cfg.codec) for n in names):
+    if not names:
         return MaterializeResult(**done, seconds=time.perf_counter() - t0, skipped=True)
 
     stage.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ builds the block's module from it, so the generic loop's room needs no model.
 
 from __future__ import annotations
 
+from zgdata.core.paths_guard import inside
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.fit.checkpoint import check_weights, load_tensors, read_meta, reload_fix
@@ -18,7 +19,7 @@ def load_block(layout: Layout, key: str, *, which: str = "final"):
     from zgdata.families.registry import config_from_dict
     from zgtrain.block.model import StudentBlock
 
-    d = layout.block_dir(key)
+    d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")  # never a folder elsewhere
     meta = read_meta(d)
     if meta is None:
         raise ZgError(

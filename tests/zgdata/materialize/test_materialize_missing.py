@@ -1,0 +1,41 @@
+"""Materialize writes only the boundaries that are missing or stale: after one boundary goes missing, a direct
+`zg data materialize` rewrites that one (to the same bits) and leaves every other boundary's files as they were, so
+the blocks trained on them stay valid. Assemble never reads a block folder that resolves outside the project."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+from tests.helpers.assertions import assert_user_error
+from tests.helpers.datasets import boundary_bits
+from tests.helpers.projects import copy_project, tree_sha256
+from tests.helpers.runners import zg_main
+
+
+def test_one_missing_boundary_is_rewritten_alone(tiny_project):
+    folder = tiny_project / "data" / "boundaries"
+    before = boundary_bits(tiny_project)
+    kept = {p.name: tree_sha256(p) for p in folder.glob("*.lance") if p.stem != "h02"}
+    assert sorted(before) == ["h00", "h02", "h04"]
+    shutil.rmtree(folder / "h02.lance")
+    zg_main("data", "materialize", cwd=tiny_project)
+    assert {p.name: tree_sha256(p) for p in folder.glob("*.lance") if p.stem != "h02"} == kept  # untouched
+    after = boundary_bits(tiny_project)
+    assert after["h02"]["fingerprint"] == before["h02"]["fingerprint"]
+    assert torch.equal(after["h02"]["bits"], before["h02"]["bits"])
+    res = zg_main("data", "materialize", "--json", cwd=tiny_project)  # now complete: nothing to do
+    assert json.loads(res.stdout)["skipped"] is True
+
+
+def test_assemble_refuses_a_block_folder_that_resolves_outside_the_project(reproduced, tmp_path):
+    root = copy_project(reproduced, tmp_path / "proj")
+    outside = shutil.move(root / "models" / "blocks" / "b01", tmp_path / "elsewhere")
+    os.symlink(outside, root / "models" / "blocks" / "b01")
+    student = tree_sha256(root / "models" / "student")
+    res = zg_main("train", "assemble", cwd=root, check=False)
+    assert_user_error(res, "block b01's folder models/blocks/b01 resolves to", "outside")
+    assert tree_sha256(root / "models" / "student") == student
