@@ -184,3 +184,37 @@ def test_a_corpus_added_with_dvc_is_checked_against_gits_dvc_file_before_tokeniz
     run(["git", "commit", "-qm", "Norway", "corpus.dvc"], cwd=root)
     zg_main("data", "tokenize", cwd=root)
     assert tree_sha256(root / "data") != tokens
+
+
+def test_a_forged_cache_entry_cannot_switch_the_check_off(reproduced, tmp_path, monkeypatch):
+    """An entry of .zg/trust.json counts only with this user's seal (zgdata/trust/state_key.py): one that holds a
+    poisoned file's stat and the md5 dvc.lock records, unsealed, sealed with another key, or an old unsealed
+    entry, is ignored, the file is hashed, and the poisoned bytes are refused."""
+    from zgdata.trust import state_key
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = tmp_path / "p"
+    shutil.copytree(reproduced, root, symlinks=True)
+    (root / trust.STATE).unlink(missing_ok=True)
+    trust._MEMO.clear()
+    target = root / "models/teacher/teacher.json"
+    trust.verify(target)  # hashed once and sealed
+    assert state_key.key_path().is_file() and root not in state_key.key_path().parents
+    assert oct(state_key.key_path().stat().st_mode & 0o777) == "0o600"
+    entry = json.loads((root / trust.STATE).read_text())[str(target)]
+    assert len(entry) == 6
+    trust._MEMO.clear()
+    assert trust.verify(target).cached == 1  # a sealed entry is a hit
+
+    text = target.read_text()
+    target.write_text(text.replace("float32", "float16", 1))  # poisoned, same size
+    st = target.stat()
+    stat = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    other = state_key.seal(b"\0" * 32, str(target), stat, entry[4])
+    for forged in ([*stat, entry[4]], [*stat, entry[4], "0" * 64], [*stat, entry[4], other]):
+        state = json.loads((root / trust.STATE).read_text())
+        state[str(target)] = forged  # the poisoned file's stat, with the md5 dvc.lock records
+        (root / trust.STATE).write_text(json.dumps(state))
+        trust._MEMO.clear()
+        with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock"):
+            trust.verify(target)

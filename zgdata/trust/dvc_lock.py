@@ -6,7 +6,8 @@ directory output's md5 is that of its ``.dir`` file list (each file's md5 and pa
 zg recomputes from the files themselves (less what ``.dvcignore`` hides from DVC, such as a student folder's
 model card): no cache needed. A DVC remote that serves other bytes, or another file
 list, cannot change what git recorded, and DVC itself does not refuse such a pull. So before a stage reads a tracked input, ``verify`` hashes it (or takes the hash from a cache
-keyed by inode, size, modification and change time, kept in ``.zg/trust.json``) and compares it with ``dvc.lock``.
+keyed by inode, size, modification and change time, kept in ``.zg/trust.json``, each entry sealed with this user's
+key from outside the project: ``state_key``) and compares it with ``dvc.lock``.
 Files added with ``dvc add`` (a corpus, an eval set) are checked the same way against the ``.dvc`` file beside them
 (``corpus.dvc`` for ``corpus/``) as git's HEAD has it (``zgdata/trust/dvc_added.py``).
 
@@ -18,6 +19,7 @@ with one line naming the file and what to do.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass
@@ -26,7 +28,8 @@ from pathlib import Path
 from zgdata.core.paths_guard import inside
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.trust import dvc_added
+from zgdata.trust import dvc_added, state_key
+from zgdata.trust.state_key import seal
 
 __all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
 
@@ -96,8 +99,15 @@ def _md5(path: Path, state: dict, counts: dict) -> str:
     if key in _MEMO:
         counts["cached"] += 1
         return _MEMO[key]
-    hit = state.get(str(path))
-    if hit and hit[:4] == stat:
+    hit, k = state.get(str(path)), state_key.key()
+    # only an entry this user's key sealed: a forged one (a poisoned file's stat and the recorded md5) is ignored
+    if (
+        k
+        and hit
+        and len(hit) == 6
+        and hit[:4] == stat
+        and hmac.compare_digest(hit[5], seal(k, str(path), stat, hit[4]))
+    ):
         counts["cached"] += 1
         _MEMO[key] = hit[4]
         return hit[4]
@@ -107,7 +117,8 @@ def _md5(path: Path, state: dict, counts: dict) -> str:
             h.update(chunk)
     counts["hashed"] += 1
     digest = h.hexdigest()
-    state[str(path)] = [*stat, digest]
+    if k:
+        state[str(path)] = [*stat, digest, seal(k, str(path), stat, digest)]
     _MEMO[key] = digest
     return digest
 
