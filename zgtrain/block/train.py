@@ -18,7 +18,8 @@ gradient in phase 1 get no AdamW update either.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -95,6 +96,8 @@ class Run(loop.RunState):
     curve: list = field(default_factory=list)
     finished: bool = False
     """Resumed from a finished run: train_block rewrites nothing (its weights are checked against meta.json)."""
+    prior: dict | None = None
+    """The meta.json it resumed from (a finished run's checkpoint is read only if its metrics must be rebuilt)."""
     on_step: object = None
     """Optional ``on_step(step, loss)`` after each optimizer step (zg repro's progress); never changes the run."""
     teacher: torch.nn.Module | None = None
@@ -258,10 +261,10 @@ def _start_or_resume(run: Run, prior: dict | None) -> None:
     if prior is None:
         checkpoint.save_weights(run.block.weights(), d / "init.safetensors")
         checkpoint.save(d, run.meta, run.block, run.opt, run.gen, run.curve, 0)
+    elif prior.get("done"):  # nothing to train: no checkpoint is read unless its metrics must be rebuilt
+        checkpoint.check_weights(d, prior)
+        run.finished, run.prior, run.step = True, prior, prior["step"]
     else:
-        if prior.get("done"):
-            checkpoint.check_weights(d, prior)
-            run.finished = True
         run.curve = checkpoint.restore(d, prior, run.block, run.opt, run.gen)
         run.step = prior["step"]
 
@@ -335,6 +338,11 @@ def train_block(
     """Train block KEY to train.steps (or ``stop_after`` more steps), checkpointing; resumes where it stopped."""
     loop.check_stop_after(stop_after)
     run = setup(project, key, targets=targets, restart=restart, layout=layout)
+    if run.finished:
+        recorded = _recorded_result(run, layout.block_metrics(key))
+        if recorded is not None:  # a no-op rerun: reads no checkpoint, writes nothing
+            return recorded
+        run.curve = checkpoint.restore(run.dir, run.prior, run.block, run.opt, run.gen)  # rebuild the metrics
     run.on_step = on_step
     cfg, d = run.cfg, run.dir
     end = loop.end_step(cfg.steps, run.step, stop_after)
@@ -361,6 +369,26 @@ def train_block(
     if not path.exists() or path.read_text() != curve:
         write_text(path, curve)
     return result
+
+
+def _recorded_result(run: Run, path: Path) -> BlockResult | None:
+    """A finished run's result as its metrics file records it (with the speed set aside beside it), when that file
+    belongs to this very run (its state_sha256); None when it must be rebuilt."""
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(m, dict) or m.get("state_sha256") != run.prior.get("state_sha256") or m.get("status") != "done":
+        return None
+    names = {f.name for f in fields(BlockResult)}
+    try:
+        result = BlockResult(
+            **{k: v for k, v in m.items() if k in names}, kv={k: v for k, v in m.items() if k not in names}
+        )
+    except TypeError:  # a file of another shape: rebuilt from the checkpoint
+        return None
+    result.tokens_per_s = read_timings(path).get("tokens_per_s")
+    return result if result.metrics() == {**m, "tokens_per_s": result.tokens_per_s} else None
 
 
 def _done(run: Run, key: str, heldout: float, sha: str) -> BlockResult:

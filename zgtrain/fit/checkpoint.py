@@ -38,6 +38,7 @@ __all__ = [
     "reload_fix",
     "finish",
     "check_weights",
+    "check_checkpoint",
 ]
 
 FORMAT_VERSION = 2  # 1: optimizer.pt / rng.pt pickles (no longer loaded)
@@ -131,7 +132,9 @@ def save(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, ste
         save_file(tensors, str(tmp / "rng.safetensors"))
         (tmp / "rng.json").write_text(json.dumps(values, sort_keys=True))
         (tmp / "curve.json").write_text(json.dumps(curve))
-    write_json(d / "meta.json", {**meta, "step": step, "checkpoint": name, "checkpoint_format": FORMAT_VERSION})
+        digests = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
+    record = {"step": step, "checkpoint": name, "checkpoint_format": FORMAT_VERSION, "checkpoint_sha256": digests}
+    write_json(d / "meta.json", {**meta, **record})
     for old in d.glob("ckpt-*"):
         if old.name != name:
             shutil.rmtree(old, ignore_errors=True)
@@ -152,6 +155,7 @@ def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
             fix=f"rerun with `zg train block {key} --restart` to start it afresh",
         )
     c = checkpoint_dir(d, meta, fix=f"rerun with `zg train block {key} --restart` to start it afresh")
+    check_checkpoint(c, meta)
     weights = load_tensors(c / "model.safetensors", key)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
@@ -159,6 +163,25 @@ def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
     _set_optimizer_state(opt, load_tensors(c / "optimizer.safetensors", key), _load_json(c / "optimizer.json", key))
     set_rng_state(gen, load_tensors(c / "rng.safetensors", key), _load_json(c / "rng.json", key))
     return _load_json(c / "curve.json", key)
+
+
+def check_checkpoint(c: Path, meta: dict) -> None:
+    """Refuse checkpoint folder C unless every file in it is the one its save wrote (meta.json's
+    ``checkpoint_sha256``): a damaged checkpoint is named as such, never resumed into a run that then diverges."""
+    want, key = meta.get("checkpoint_sha256"), Path(c).parent.name
+    fix = f"rerun with `zg train block {key} --restart` (or restore the folder: `dvc checkout models/blocks/{key}`)"
+    if not isinstance(want, dict) or not want:
+        raise ZgError(f"{c} has no recorded digests (a checkpoint of an older zg)", fix=fix)
+    here = sorted(p.name for p in Path(c).iterdir()) if Path(c).is_dir() else []
+    if here != sorted(want):
+        raise ZgError(f"{c} holds {', '.join(here) or 'nothing'}, not the files its save wrote", fix=fix)
+    for name, sha in sorted(want.items()):
+        got = file_sha256(Path(c) / name)
+        if got != sha:
+            raise ZgError(
+                f"{Path(c) / name} is not the file its save wrote (sha256 {got[:12]}, meta.json records {sha[:12]})",
+                fix=fix,
+            )
 
 
 def state_sha256(block, opt) -> str:
