@@ -43,6 +43,7 @@ CODE = {
     ],
     "assemble": [
         "zgtrain/student/assemble.py",
+        "zgtrain/block/load.py",
         "zgtrain/student/load.py",
         "zgtrain/student/templates",
         "zgdata/families/registry.py",
@@ -57,6 +58,8 @@ CODE = {
         "zgdata/families/registry.py",
         "zgtrain/block/window.py",
         "zgtrain/evaluate/sets.py",
+        "zgtrain/project/eval_sets.py",
+        "zgtrain/block/load.py",
         "zgtrain/evaluate/set_metrics.py",
         "zgtrain/evaluate/bootstrap.py",
         "zgtrain/evaluate/generation.py",
