@@ -28,6 +28,7 @@ from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.exec import scratch
+from zgtrain.exec.dvc_locks import OutputLocks
 from zgtrain.exec.progress_view import Monitor, summary_lines
 from zgtrain.exec.stage import dvc, train_one
 from zgtrain.project.config import ProjectConfig
@@ -212,6 +213,44 @@ def _report(project: ProjectConfig, results: dict, keys: list[str], recorded: li
         raise _failure(project, failed, recorded, post)
 
 
+def _train_blocks(root: Path, layout: Layout, project: ProjectConfig, dev, keys: list[str], jobs, address, data):
+    """Train the stale blocks KEYS (on Ray, or one after another here) under DVC's locks on their outputs,
+    recording each finished one; (results by key, the stages recorded, the Ray cluster's summary)."""
+    results: dict[str, dict] = {}
+    recorded: list[str] = []
+    cluster = None
+    locks = OutputLocks(root)  # a `dvc repro` started meanwhile stops before it deletes a block being trained
+    try:
+        for k in keys:
+            locks.hold(f"train@{k}", [layout.block_dir(k), layout.block_metrics(k), layout.block_loss_curve(k)])
+        if keys:
+            monitor = Monitor()
+
+            def finished(r: dict) -> None:  # in the driver, one block at a time
+                monitor.finished(r)
+                locks.release(f"train@{r['key']}")  # dvc commit takes the block's locks itself
+                if r.get("status") == "done":
+                    try:
+                        if data == "remote":
+                            scratch.receive(root, r)
+                            r = {k: v for k, v in r.items() if k not in ("lock_entry", "uncached")}
+                        _record(root, r["key"], project)
+                        recorded.append(f"train@{r['key']}")
+                    except ZgError as e:
+                        r = {**r, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
+                results[r["key"]] = r
+
+            with monitor:
+                if _use_ray(jobs, address, len(keys), data):
+                    cluster = _on_ray(root, project, dev, keys, jobs, address, data, monitor.update, finished)
+                else:
+                    for k in keys:
+                        finished(train_one(root, k, report=monitor.update))
+    finally:
+        locks.close()
+    return results, recorded, cluster
+
+
 def _repro(
     root: Path,
     layout: Layout,
@@ -238,32 +277,8 @@ def _repro(
         dvc_repro(*p.pre)
         stale = stale_stages(root, p.blocks + p.post)
     keys = [s.split("@", 1)[1] for s in stale if s in p.blocks]
-    results: dict[str, dict] = {}
-    recorded: list[str] = []
-    cluster = None
-    if keys:
-        monitor = Monitor()
-
-        def finished(r: dict) -> None:  # in the driver, one block at a time
-            monitor.finished(r)
-            if r.get("status") == "done":
-                try:
-                    if data == "remote":
-                        scratch.receive(root, r)
-                        r = {k: v for k, v in r.items() if k not in ("lock_entry", "uncached")}
-                    _record(root, r["key"], project)
-                    recorded.append(f"train@{r['key']}")
-                except ZgError as e:
-                    r = {**r, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
-            results[r["key"]] = r
-
-        with monitor:
-            if _use_ray(jobs, address, len(keys), data):
-                cluster = _on_ray(root, project, dev, keys, jobs, address, data, monitor.update, finished)
-            else:
-                for k in keys:
-                    finished(train_one(root, k, report=monitor.update))
-        ran += recorded
+    results, recorded, cluster = _train_blocks(root, layout, project, dev, keys, jobs, address, data)
+    ran += recorded
     _report(project, results, keys, recorded, cluster, p.post)
     if ran or restored or set(stale) & set(p.post):
         dvc_repro(*targets)

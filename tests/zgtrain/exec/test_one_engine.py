@@ -1,0 +1,55 @@
+"""One engine at a time: a `dvc repro` started while `zg repro` trains a block is refused by DVC itself before it
+deletes anything (zg repro holds DVC's write locks on the outputs of the blocks it trains:
+zgtrain/exec/dvc_locks.py), and `zg repro` then finishes and records the block, with no traceback. Real `zg`,
+`dvc` and `git` processes on a copy of the session's reproduced tiny project."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+from tests.helpers.projects import copy_project, set_params, tree_sha256
+from tests.helpers.runners import BIN, run
+
+
+def _locked_by_zg(root) -> bool:
+    try:
+        lock = json.loads((root / ".dvc" / "tmp" / "rwlock").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("zg repro" in info["cmd"] for info in lock.get("write", {}).values())
+
+
+def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reproduced, tmp_path):
+    root = copy_project(reproduced, tmp_path / "proj")
+    set_params(root, {"blocks.b00.lr": 0.002})  # train@b00 (and what follows) is stale
+    run(["git", "commit", "-qam", "b00 lr"], cwd=root)
+    block = root / "models" / "blocks" / "b00"
+    before = tree_sha256(block)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_SLEEP_AFTER_STEP": "2"}
+    with open(tmp_path / "zg.err", "w") as err:
+        proc = subprocess.Popen(
+            [str(BIN / "zg"), "repro", "--jobs", "1"], cwd=root, stdout=subprocess.DEVNULL, stderr=err, env=env
+        )
+        try:
+            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
+            while proc.poll() is None and not _locked_by_zg(root) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert proc.poll() is None and _locked_by_zg(root), (tmp_path / "zg.err").read_text()
+            other = run(["dvc", "repro"], cwd=root, check=False, env={"ZG_FAILPOINT_SLEEP_AFTER_STEP": ""})
+            after = tree_sha256(block)  # before zg repro can swap in its retrained block (12 steps, 2 s each)
+            assert proc.poll() is None, "zg repro ended before the second engine was tried"
+            assert other.returncode != 0
+            said = other.stdout + other.stderr
+            assert "is busy" in said and "zg repro" in said, said
+            assert after == before  # dvc repro deleted nothing
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err_text = (tmp_path / "zg.err").read_text()
+    assert proc.returncode == 0 and "Traceback" not in err_text, err_text
+    assert not _locked_by_zg(root)
+    assert "up to date" in run(["dvc", "status"], cwd=root).stdout
