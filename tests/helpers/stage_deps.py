@@ -33,7 +33,8 @@ IGNORED_TOP = (
     ".dvc",
     ".zg",
     "dvc.lock",
-)  # dvc.lock: read to check inputs against it (zgdata/trust/dvc_lock.py)
+    ".dvcignore",
+)  # dvc.lock and .dvcignore: read to check inputs against git's record, as DVC hashes them (zgdata/trust/dvc_lock.py)
 IGNORED_PREFIX = ("data/.staging/",)  # the folder itself too: materialize lists it to remove dead runs
 
 

@@ -313,6 +313,7 @@ def read_teacher_json(layout: Layout = Layout()) -> dict:
     by hand (say ``dtype``) is refused. A teacher.json written before that digest is read unchecked."""
     if not layout.teacher_json.exists():
         raise ZgError(f"{layout.teacher_json} not found", fix="run `dvc repro teacher` (or `zg teacher prepare`)")
+    trust.verify(layout.teacher_json)  # against git's dvc.lock first: a recomputed content digest proves nothing
     try:
         meta = json.loads(layout.teacher_json.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -333,6 +334,7 @@ def _checked_dir(layout: Layout, *, rehash: bool) -> tuple[dict, FilesCheck]:
             f"teacher weights not found in {layout.teacher_hf}",
             fix="run `dvc repro teacher`, or `dvc pull` them from your team's remote",
         )
+    trust.verify(layout.teacher_hf)  # against git's dvc.lock, where it records it (teacher.json: below)
     teacher = read_teacher_json(layout)
     return teacher, check_files(layout, teacher, rehash=rehash)
 

@@ -9,17 +9,21 @@ from __future__ import annotations
 from zgdata.core.paths_guard import inside
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.trust import dvc_lock as trust
 from zgtrain.fit.checkpoint import check_weights, load_tensors, read_meta, reload_fix
 
 __all__ = ["load_block"]
 
 
-def load_block(layout: Layout, key: str, *, which: str = "final"):
-    """(StudentBlock, meta) of a trained block: ``final`` weights or the untrained ``init`` weights."""
+def load_block(layout: Layout, key: str, *, which: str = "final", lineage: bool = True):
+    """(StudentBlock, meta) of a trained block: ``final`` weights or the untrained ``init`` weights. ``lineage``:
+    check the folder against git's dvc.lock first (False only for a folder the running stage wrote itself)."""
     from zgdata.families.registry import config_from_dict
     from zgtrain.block.model import StudentBlock
 
     d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")  # never a folder elsewhere
+    if lineage:  # an input: against git's dvc.lock, where it records the folder (meta.json's digest: below)
+        trust.verify(d)
     meta = read_meta(d)
     if meta is None:
         raise ZgError(

@@ -18,6 +18,7 @@ from pathlib import Path
 from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.trust import dvc_lock as trust
 from zgtrain.export.target import RECORD, check_target, record_path
 from zgtrain.project.config import DEFAULT_DTYPE
 
@@ -174,6 +175,7 @@ def export(
 
     dtype = _check_choice(fmt, dtype)
     src = resolve_student(student, layout)
+    trust.verify(src)  # against git's dvc.lock, where it records the folder, before anything is written
     name = _name(student, src, layout)
     out = Path(out).expanduser() if out is not None else default_out(student, dtype, layout)
     a, b = src.resolve(), out.resolve()

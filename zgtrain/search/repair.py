@@ -135,7 +135,7 @@ def repair_search(
 
     judge = MixJudge(project, layout)
     init, _ = build_from_blocks(mix_blocks(project, mix, layout, "init"), layout=layout)
-    verdict = judge.judge(load_student(paths.model), init, "repaired")
+    verdict = judge.judge(load_student(paths.model, lineage=False), init, "repaired")  # written by this stage
     closed = {n: gap_closed(before["sets"][n]["ce_gap"], f["ce_gap"]) for n, f in verdict["sets"].items()}
     passed = verdict["gates_passed"]["all"]
     unmet = None

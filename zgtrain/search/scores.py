@@ -67,7 +67,7 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
         )
     keys = [b.key for b in part.blocks()]
     downstream = teacher_blocks(project, layout, keys[keys.index(block) + 1 :])
-    swapped, _ = load_block(layout, block)
+    swapped, _ = load_block(layout, block, lineage=False)  # the variant this stage just trained
     dev = device()
     for m in (swapped, *downstream):
         m.to(dev)

@@ -25,6 +25,7 @@ from pathlib import Path
 from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
 from zgdata.families.registry import FAMILIES, family
+from zgdata.trust import dvc_lock as trust
 from zgdata.trust.safetensors_check import check_header
 from zgtrain.student.released import released_name
 
@@ -180,14 +181,17 @@ def _check_weight_files(folder: Path) -> None:
         check_header(p, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro assemble`")
 
 
-def load_student(folder: Path, *, dtype=None):
-    """The student as a transformers model in eval mode, with sdpa attention (the family's: Gemma 2 eager)."""
+def load_student(folder: Path, *, dtype=None, lineage: bool = True):
+    """The student as a transformers model in eval mode, with sdpa attention (the family's: Gemma 2 eager).
+    ``lineage``: check the folder against git's dvc.lock first (False only for a folder the running stage wrote)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise ZgError(f"{folder} not found", fix="run `dvc repro assemble`")
+    if lineage:  # an input: against git's dvc.lock, where it records the folder; the digests beside it come next
+        trust.verify(folder)
     remote = _remote_code_allowed(folder)
     _check_weight_files(folder)
     check_checksums(folder)
