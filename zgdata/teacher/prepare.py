@@ -310,7 +310,7 @@ def _json_sha256(meta: dict) -> str:
 
 def read_teacher_json(layout: Layout = Layout()) -> dict:
     """teacher.json, checked against the digest of its content that the teacher stage recorded in it: an edit
-    by hand (say ``dtype``) is refused. A teacher.json written before that digest is read unchecked."""
+    by hand (say ``dtype``) is refused, and so is a teacher.json without it (an older zg's: re-record it)."""
     if not layout.teacher_json.exists():
         raise ZgError(f"{layout.teacher_json} not found", fix="run `dvc repro teacher` (or `zg teacher prepare`)")
     trust.verify(layout.teacher_json)  # against git's dvc.lock first: a recomputed content digest proves nothing
@@ -318,7 +318,12 @@ def read_teacher_json(layout: Layout = Layout()) -> dict:
         meta = json.loads(layout.teacher_json.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(f"{layout.teacher_json} is not valid JSON ({e})", fix=RESTORE) from e
-    if DIGEST in meta and meta[DIGEST] != _json_sha256(meta):
+    if DIGEST not in meta:  # fail closed: a teacher.json of an older zg
+        raise ZgError(
+            f"{layout.teacher_json} records no {DIGEST} (a teacher.json of an older zg)",
+            fix="re-record it: `dvc repro -f teacher` (or `zg teacher prepare`)",
+        )
+    if meta[DIGEST] != _json_sha256(meta):
         raise ZgError(
             f"{layout.teacher_json} is not the file the teacher stage wrote (its content no longer matches the "
             f"{DIGEST} recorded in it: edited by hand?)",

@@ -7,7 +7,7 @@ models/blocks/KEY/
   ckpt-NNNNNN/        model.safetensors, optimizer.safetensors + optimizer.json, rng.safetensors + rng.json,
                       curve.json
   model.safetensors   final weights (when done); meta.json's weights_sha256 is this file's sha256, checked on
-                      every load (blocks finished before it was recorded load unchecked)
+                      every load (a block finished before it was recorded is refused: retrain it)
 
 Everything is safetensors or JSON: loading a checkpoint pulled from a remote never unpickles,
 so it cannot run code.
@@ -207,8 +207,12 @@ def finish(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, s
 def check_weights(d: Path, meta: dict) -> None:
     """Refuse a finished run folder whose model.safetensors is not the file meta.json recorded."""
     want, path = meta.get("weights_sha256"), Path(d) / "model.safetensors"
-    if want is None:
-        return
+    if want is None:  # fail closed: a finished block of an older zg recorded no digest
+        raise ZgError(
+            f"{Path(d) / 'meta.json'} records no weights_sha256 for {path.name} (a block finished by an older zg)",
+            fix=f"re-record it by training it again: `zg train block {Path(d).name} --restart` "
+            f"(or `dvc repro -f train@{Path(d).name}`)",
+        )
     got = file_sha256(path) if path.exists() else None
     if got != want:
         raise ZgError(

@@ -12,7 +12,7 @@ assembled with, from its own folder). Anything else a pulled student folder migh
 
 checksums.json, written last by assemble and repair, records the sha256 of every weights file
 (``*.safetensors``); ``load_student`` refuses a folder whose weights differ from it. A folder written
-before checksums.json existed loads unchecked.
+before checksums.json existed is refused (re-record it: `dvc repro -f assemble`).
 """
 
 from __future__ import annotations
@@ -148,10 +148,14 @@ def record_checksums(folder: Path) -> None:
 
 
 def check_checksums(folder: Path) -> None:
-    """Refuse a folder whose weights files are not those checksums.json records (no checksums.json: unchecked)."""
+    """Refuse a folder whose weights files are not those checksums.json records, and one without checksums.json
+    (fail closed: a folder of an older zg is re-recorded by assembling it again)."""
     path = Path(folder) / CHECKSUMS
     if not path.exists():
-        return
+        raise ZgError(
+            f"{path} is missing: nothing records which weights files {Path(folder)} should hold",
+            fix="re-record it by assembling it again: `dvc repro -f assemble` (or `zg train assemble`)",
+        )
     try:
         want = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -125,7 +125,7 @@ def test_other_changes_to_the_teacher_are_refused(tiny_project, case):
         meta = read_json(root / "models" / "teacher" / "teacher.json")
         del meta["files"], meta["content_sha256"]
         (root / "models" / "teacher" / "teacher.json").write_text(json.dumps(meta))
-        cmd, needles = ("data", "tokenize"), ("teacher.json", "no per-file digests", "dvc repro -f teacher")
+        cmd, needles = ("data", "tokenize"), ("teacher.json", "of an older zg", "dvc repro -f teacher")
     before = _published(root)
     assert_user_error_alone(zg_main(*cmd, cwd=root, check=False), *needles, alone=cmd[0] == "data")
     assert _published(root) == before

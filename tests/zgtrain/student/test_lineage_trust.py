@@ -66,3 +66,30 @@ def test_a_teacher_json_with_a_recomputed_digest_is_refused_by_materialize_and_e
         res = zg_main(*cmd, cwd=project, check=False)
         assert_user_error(res, "models/teacher/teacher.json", "does not match dvc.lock")
     assert tree_sha256(project / "data" / "boundaries") == boundaries
+
+
+def test_a_missing_digest_record_is_a_refusal_that_says_how_to_re_record(project):
+    """Fail closed: where dvc.lock records nothing (a project run without DVC), a student without checksums.json, a
+    finished block whose meta.json records no weights digest and a teacher.json without its content digest (folders
+    of an older zg) are refused, each naming its re-record command, instead of being read unchecked."""
+    from zgdata.errors import ZgError
+    from zgdata.layout import Layout
+    from zgdata.teacher.prepare import read_teacher_json
+    from zgtrain.block.load import load_block
+
+    (project / "dvc.lock").unlink()  # nothing recorded in git: the digests beside the files are all there is
+    (project / "models" / "student" / "checksums.json").unlink()
+    res = zg_main("train", "evaluate", cwd=project, check=False)
+    assert_user_error(res, "checksums.json is missing", "dvc repro -f assemble")
+    meta_path = project / "models" / "blocks" / "b00" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["weights_sha256"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ZgError, match="records no weights_sha256"):
+        load_block(Layout(project), "b00")
+    path = project / "models" / "teacher" / "teacher.json"
+    teacher = json.loads(path.read_text())
+    del teacher["content_sha256"]
+    path.write_text(json.dumps(teacher))
+    with pytest.raises(ZgError, match="records no content_sha256"):
+        read_teacher_json(Layout(project))
