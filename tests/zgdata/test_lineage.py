@@ -7,6 +7,7 @@ import json
 import pytest
 
 from zgdata.config import MaterializeConfig, PartitionConfig
+from zgdata.core.hashing import canonical_json, sha256_bytes
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import (
@@ -18,8 +19,11 @@ from zgdata.lineage import (
     mismatches,
     read_tokens_json,
 )
+from zgdata.teacher.prepare import DIGEST
 
 TEACHER = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64}
+# teacher.json as the teacher stage writes it: with the digest of its content (read_teacher_json refuses one without)
+TEACHER_JSON = {**TEACHER, DIGEST: sha256_bytes(canonical_json(TEACHER).encode())}
 TOKENS = {"fingerprint": "c" * 64, "rows": {"train": 2}, "lineage": {}}
 
 
@@ -62,7 +66,7 @@ def test_expected_fingerprints_from_teacher_and_tokens_json(tmp_path):
     with pytest.raises(ZgError, match="teacher.json not found"):
         expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
     layout.teacher_json.parent.mkdir(parents=True)
-    layout.teacher_json.write_text(json.dumps(TEACHER))
+    layout.teacher_json.write_text(json.dumps(TEACHER_JSON))
     with pytest.raises(ZgError, match="tokens.json not found"):
         expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
     layout.tokens_json.parent.mkdir(parents=True)

@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.assertions import assert_user_error
 from tests.helpers.projects import copy_project, set_params, tree_sha256
 from tests.helpers.runners import zg_main
+from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.student.load import CHECKSUMS, load_student
 
@@ -82,8 +83,10 @@ def test_edited_teacher_json_is_refused_by_evaluate(project):
     assert not Layout(project).eval_metrics.exists()
 
 
-def test_a_student_without_checksums_loads_as_before(project, tmp_path):
+def test_a_student_without_checksums_is_refused_with_how_to_re_record_it(project, tmp_path):
+    """Fail closed: a folder that records no weights digests (an older zg's) is not read unchecked."""
     old = tmp_path / "old-student"
     shutil.copytree(Layout(project).student, old)
     (old / CHECKSUMS).unlink()
-    _ = load_student(old)
+    with pytest.raises(ZgError, match="checksums.json is missing.*dvc repro -f assemble"):
+        load_student(old)
