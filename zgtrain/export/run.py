@@ -198,6 +198,8 @@ def export(
             with atomic_path(out) as tmp:
                 info = write(src, tmp, dtype=dtype)
             files = {out.name: file_sha256(out)}
+            # after the file: a kill between the two leaves a file no record claims, which is never replaced
+            write_json(record_path(out), _record(fmt, dtype, name, src, sha, lineage, files, info, layout))
         else:
             with atomic_path(out) as tmp:
                 tmp.mkdir()
@@ -206,8 +208,6 @@ def export(
                 record = _record(fmt, dtype, name, src, sha, lineage, files, info, layout)
                 write_json(tmp / RECORD, record)
                 write_text(tmp / "README.md", export_card(record))
-        if single:  # after the file: a kill between the two leaves a file no record claims, which is never replaced
-            write_json(record_path(out), _record(fmt, dtype, name, src, sha, lineage, files, info, layout))
     return ExportResult(
         path=str(out),
         format=fmt,

@@ -59,12 +59,9 @@ def is_export(out: Path) -> bool:
         return out.suffix == ".gguf" and rec["files"] == {out.name: file_sha256(out)}
     if not out.is_dir():
         return False
-    here = {p.name for p in out.iterdir()}
-    return all((out / n).is_file() and not (out / n).is_symlink() for n in here) and here == {
-        *rec["files"],
-        RECORD,
-        "README.md",
-    } - ({"README.md"} - here)
+    here, want = {p.name for p in out.iterdir()}, {*rec["files"], RECORD}
+    plain = all((out / n).is_file() and not (out / n).is_symlink() for n in here)
+    return plain and want <= here <= want | {"README.md"}  # the card is optional
 
 
 def _dvc_outputs(root: Path) -> list[tuple[str, str]]:
