@@ -29,7 +29,6 @@ from zgdata.core.paths_guard import inside
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_added, state_key
-from zgdata.trust.state_key import seal
 
 __all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
 
@@ -106,7 +105,7 @@ def _md5(path: Path, state: dict, counts: dict) -> str:
         and hit
         and len(hit) == 6
         and hit[:4] == stat
-        and hmac.compare_digest(hit[5], seal(k, str(path), stat, hit[4]))
+        and hmac.compare_digest(hit[5], state_key.seal(k, str(path), stat, hit[4]))
     ):
         counts["cached"] += 1
         _MEMO[key] = hit[4]
@@ -118,7 +117,7 @@ def _md5(path: Path, state: dict, counts: dict) -> str:
     counts["hashed"] += 1
     digest = h.hexdigest()
     if k:
-        state[str(path)] = [*stat, digest, seal(k, str(path), stat, digest)]
+        state[str(path)] = [*stat, digest, state_key.seal(k, str(path), stat, digest)]
     _MEMO[key] = digest
     return digest
 
