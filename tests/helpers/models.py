@@ -25,9 +25,9 @@ def tiny_family_teacher(name: str):
 
 def teacher_layers(model, name: str, layers) -> dict:
     """What a conversion starts from: the teacher tensors of ``layers``, keyed ``layers.{i}.*`` as the slices are."""
-    from zgdata.families.registry import family
+    from zgdata.families.registry import family_of
 
-    per_layer, _ = family(name).split_state(model.state_dict())
+    per_layer, _ = family_of(model.config).split_state(model.state_dict())
     return {f"layers.{i}.{k}": v for i in layers for k, v in per_layer[i].items()}
 
 
@@ -39,13 +39,13 @@ def make_student(
     embeddings (set on the teacher config, its own head weight dropped), as released Gemma 2 models are."""
     import torch
 
-    from zgdata.families.registry import family
+    from zgdata.families.registry import family_of
     from zgdata.teacher.prepare import tiny_teacher
     from zgtrain.student.assemble import needs_modeling_code, student_model, write_student_files
     from zgtrain.student.load import record_checksums
 
     teacher, tok = tiny_teacher(name)
-    fam = family(name)
+    fam = family_of(teacher.config)
     layers, head = fam.split_state(teacher.state_dict())
     keep = keep or list(range(len(widths)))
     windows = windows or [None] * len(widths)

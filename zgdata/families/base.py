@@ -60,6 +60,20 @@ class Family:
     def check_model(self, model) -> None:
         """Refuse a loaded teacher whose modules are not the ones this adapter runs (``zg teacher prepare``)."""
 
+    verified: ClassVar[bool] = False  # True: no record; prepare's self-check trusts it (zgdata/families/verified.py)
+
+    def attention_name(self) -> str | None:
+        """The attention module inside a layer (None: not found)."""
+        return "self_attn"
+
+    def mlp_missing(self) -> str | None:
+        """What prune_mlp would need and the adapter could not find (None: nothing)."""
+        return None
+
+    def check_template(self) -> str | None:
+        """Why per-layer shapes cannot use this family's modeling template (None: they can)."""
+        return None
+
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What the causal LM does to ``lm_head(norm(h))`` (soft-capping, scaling); nothing by default."""
         return logits

@@ -16,6 +16,8 @@ is the last layer's output *before* the final norm.
 
 Families: Llama, Qwen2 and GPT-2 (classes below), and the dense decoders described as data in
 zgdata/families/traits.py and run by ``DenseFamily`` (Mistral, Granite, OLMo 2, Phi-3, Gemma 2, Gemma 3 text).
+Any other model type transformers builds as a causal LM gets a ``VerifiedFamily`` (zgdata/families/verified.py):
+its parts found in the model itself, trusted once `zg teacher prepare`'s identity round trip holds bit for bit.
 A student with per-layer shapes ships one pinned modeling file: GPT-2 its own, every other family the generic
 dense one (``template``; zgtrain/student/template_source.py generates both). Mixture-of-experts, hybrid attention + SSM and
 encoder-decoder model types are refused with what they are and where support would go (``REFUSED``).
@@ -37,8 +39,20 @@ from zgdata.errors import ZgError
 from zgdata.families.base import WHERE, Family, RotaryFamily, positions
 from zgdata.families.dense import DenseFamily
 from zgdata.families.traits import REFUSED, TRAITS
+from zgdata.families.verified import VerifiedFamily, verifiable
 
-__all__ = ["Family", "RotaryFamily", "DenseFamily", "FAMILIES", "family", "family_of", "config_from_dict", "supported"]
+__all__ = [
+    "Family",
+    "RotaryFamily",
+    "DenseFamily",
+    "VerifiedFamily",
+    "FAMILIES",
+    "family",
+    "family_of",
+    "config_from_dict",
+    "supported",
+    "known",
+]
 
 
 class Llama(RotaryFamily):
@@ -140,6 +154,9 @@ class GPT2(Family):
                 fix="use a GPT-2 model without scale_attn_by_inverse_layer_idx",
             )
 
+    def attention_name(self):
+        return "attn"
+
     def width(self, config):
         return config.n_inner if config.n_inner is not None else 4 * config.hidden_size  # GPT2Block's default
 
@@ -173,7 +190,8 @@ def supported() -> str:
 
 
 def family(model_type: str) -> Family:
-    """The adapter of ``model_type``, or a one-line error naming the supported families and where to add one."""
+    """The adapter of ``model_type``: its record, else (transformers builds it as a causal LM) a ``VerifiedFamily``
+    whose parts are found once it is bound to a config; or a one-line error naming what it is and where to add one."""
     if model_type in REFUSED:
         what, where = REFUSED[model_type]
         raise ZgError(
@@ -181,13 +199,21 @@ def family(model_type: str) -> Family:
             key="teacher.source",
             fix=f"use a dense decoder-only model ({supported()}); support would go in {where}",
         )
-    if model_type not in FAMILIES:
-        raise ZgError(
-            f"teacher architecture '{model_type}' is not supported (zg supports {supported()})",
-            key="teacher.source",
-            fix=f"use a model of one of those families, or add an adapter for '{model_type}' in {WHERE}",
-        )
-    return FAMILIES[model_type]
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    if verifiable(model_type):  # no record: parts found in the model, trusted once prepare's self-check passed
+        return VerifiedFamily(model_type)
+    raise ZgError(
+        f"teacher architecture '{model_type}' is not supported: transformers builds no causal LM of it "
+        f"(zg declares {supported()} and verifies any other decoder-only model transformers has)",
+        key="teacher.source",
+        fix=f"use a decoder-only model transformers can load, or add an adapter for '{model_type}' in {WHERE}",
+    )
+
+
+def known(model_type: str) -> bool:
+    """Whether zg has an adapter for ``model_type``: a record, or one a self-check can verify (not refused)."""
+    return model_type in FAMILIES or (model_type not in REFUSED and verifiable(model_type))
 
 
 def family_of(config) -> Family:

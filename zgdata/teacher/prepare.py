@@ -33,7 +33,8 @@ from zgdata.core.atomic import atomic_path, write_json
 from zgdata.core.hashing import canonical_json, sha256_bytes, tensors_sha256
 from zgdata.core.lock import locked
 from zgdata.errors import ZgError
-from zgdata.families.registry import FAMILIES, family, family_of
+from zgdata.families.registry import FAMILIES, family, family_of, known
+from zgdata.families.selfcheck import self_check
 from zgdata.families.widen import COMPUTE_ATTR
 from zgdata.layout import Layout
 from zgdata.teacher.identity import RESTORE, FilesCheck, check_files, record_files
@@ -103,7 +104,14 @@ def tiny_teacher(model_type: str = "llama"):
     cfg = fam.tiny_config(tok)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(20240601)
-        model = fam.causal_lm()(cfg)
+        try:
+            model = fam.causal_lm()(cfg)
+        except Exception as e:  # a verified family whose config needs more than the standard tiny fields
+            raise ZgError(
+                f"transformers could not build a tiny random {model_type} model ({type(e).__name__}: {e})"[:300],
+                key="teacher.source",
+                fix="prepare a model directory of this family instead (teacher.source: <path>)",
+            ) from e
     return model, tok
 
 
@@ -172,11 +180,14 @@ def _resolve(source: str, dtype: str):
         return (*_from_gguf(embedded_gguf()), {})
     if source in TINY:
         return (*tiny_teacher(TINY[source]), {})
+    if source.startswith("random:tiny-") and known(source.removeprefix("random:tiny-")):
+        return (*tiny_teacher(source.removeprefix("random:tiny-")), {})  # a decoder zg verifies: its tiny model
     if ":" in source and not os.path.exists(source) or source.startswith("random:"):
         raise ZgError(
             f"unknown teacher alias '{source}'",
             key="teacher.source",
-            fix=f"use one of {', '.join(ALIASES)}, a model directory, or a .gguf path",
+            fix=f"use one of {', '.join(ALIASES)} (or random:tiny-<model type> of any decoder transformers has), "
+            "a model directory, or a .gguf path",
         )
     path = Path(source).expanduser()
     if not path.exists():
@@ -266,13 +277,15 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
     from transformers import AutoTokenizer
 
     model, tok, extra = _resolve(cfg.source, cfg.dtype)
-    fam = family(model.config.model_type)
+    fam = family_of(model.config)
     fam.check(model.config)
     fam.check_model(model)
     if partition is not None:
         partition.check_depth(model.config.num_hidden_layers)
     if cfg.dtype != "auto":  # a no-op for a model directory, which loaded in this dtype
         model = model.to(getattr(torch, cfg.dtype))
+    if fam.verified:  # no record: trusted because the identity round trip holds, bit for bit
+        extra = {**extra, "verified": self_check(model, fam, tok)}
     dtype = str(model.dtype).removeprefix("torch.")  # auto: the dtype the source is stored in
     model = model.eval()
     model.config.dtype = dtype

@@ -42,6 +42,7 @@ from transformers.cache_utils import DynamicLayer
 from zgdata.errors import ZgError
 
 __all__ = [
+    "attention_heads",
     "teacher_kv_heads",
     "resolve_kv_heads",
     "kv_layer_config",
@@ -63,7 +64,7 @@ __all__ = [
 _KEY = "train.kv_heads"
 
 
-def _heads(config) -> tuple[int, int, int]:
+def attention_heads(config) -> tuple[int, int, int]:
     """(query heads, KV heads, head dim) of a teacher config."""
     heads = int(config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or heads)
@@ -72,7 +73,7 @@ def _heads(config) -> tuple[int, int, int]:
 
 
 def teacher_kv_heads(config) -> int:
-    return _heads(config)[1]
+    return attention_heads(config)[1]
 
 
 def resolve_kv_heads(config, requested: int) -> int:
@@ -84,7 +85,7 @@ def resolve_kv_heads(config, requested: int) -> int:
             key="train.conversion",
             fix="use another conversion for GPT-2 teachers (prune_mlp, drop_layers, window_attention)",
         )
-    heads, kv, _ = _heads(config)
+    heads, kv, _ = attention_heads(config)
     if requested == 0:
         return max(d for d in range(1, max(1, kv // 2) + 1) if kv % d == 0)
     if requested < 1 or kv % requested or heads % requested:
@@ -114,7 +115,7 @@ def _group(x: torch.Tensor, n: int, hd: int) -> torch.Tensor:
 
 def group_kv_heads(layer: dict[str, torch.Tensor], config, n: int) -> dict[str, torch.Tensor]:
     """A teacher layer's tensors (names within the layer) with its KV heads grouped to ``n``."""
-    heads, kv, hd = _heads(config)
+    heads, kv, hd = attention_heads(config)
     out = dict(layer)
     for name, x in layer.items():
         if not name.startswith("self_attn."):
@@ -173,7 +174,7 @@ class AttentionLinear(torch.nn.Module):
 
 
 def check_attn_linear(config) -> None:
-    if config.model_type == "gpt2":
+    if config.model_type == "gpt2":  # verified decoders without `self_attn`: conversions._require_parts
         raise ZgError(
             "the attn_linear conversion is built for decoders whose layers call `self_attn` (not GPT-2's `attn`)",
             key="train.conversion",

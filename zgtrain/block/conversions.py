@@ -16,11 +16,13 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families.registry import family_of
 from zgtrain.block.attention import (
+    attention_heads,
     attention_io,
     check_attn_linear,
     check_linear_attention,
     fit_linear,
     group_kv_heads,
+    kv_layer_config,
     linear_kind,
     resolve_kv_heads,
 )
@@ -203,4 +205,46 @@ def convert(name: str, tensors, config, cfg, sample: torch.Tensor, gen: torch.Ge
         raise ZgError(
             f"unknown conversion '{name}'", key="train.conversion", fix=f"use one of {', '.join(CONVERSIONS)}"
         )
+    _require_parts(name, config)
     return CONVERSIONS[name](tensors, config, cfg, sample, gen)
+
+
+_ATTENTION_CONVERSIONS = ("kv_heads", "window_attention", "attn_linear", "linear_attention")
+
+
+def _require_parts(name: str, config) -> None:
+    """A decoder verified at prepare (no record) runs a conversion only where discovery found the parts it edits;
+    otherwise one line names what is missing (the block's stage stops there, the others run)."""
+    fam = family_of(config)
+    if not fam.verified:
+        return
+    missing = fam.mlp_missing() if name == "prune_mlp" else None
+    if name in _ATTENTION_CONVERSIONS and fam.attention_name() != "self_attn":
+        missing = f"an attention module `self_attn` in each layer (this one's is {fam.attention_name() or 'not found'})"
+    elif name == "kv_heads":
+        missing = _kv_projections(fam, config)
+    if missing:
+        raise ZgError(
+            f"the {name} conversion needs {missing}, which zg did not find in this {fam.model_type} teacher",
+            key="train.conversion",
+            fix="choose another conversion for this block (identity, drop_layers, reinit, prune_mlp work on every "
+            "verified decoder), or give the family a record (docs/tutorials/convert-your-model.md#model-families)",
+        )
+
+
+def _kv_projections(fam, config) -> str | None:
+    """None where a layer built with one KV head has key and value projections of one head: the config's
+    ``num_key_value_heads`` sizes them, so grouping heads (zgtrain/block/attention.py) builds a layer that fits."""
+    heads, kv, hd = attention_heads(config)
+    if kv == 1:
+        return None  # nothing to group: kv_heads keeps the one head
+    types = fam.layer_types(config, [0])
+    with torch.device("meta"):
+        layer = fam.make_layer(kv_layer_config(fam.layer_config(config, fam.width(config)), 1), 0, types and types[0])
+    attn = layer.self_attn
+    k, v, qkv = (getattr(attn, n, None) for n in ("k_proj", "v_proj", "qkv_proj"))
+    if k is not None and v is not None and getattr(k, "out_features", 0) == getattr(v, "out_features", 0) == hd:
+        return None
+    if qkv is not None and getattr(qkv, "out_features", 0) == (heads + 2) * hd:
+        return None
+    return "key/value projections (k_proj and v_proj, or qkv_proj) sized by num_key_value_heads"

@@ -153,10 +153,12 @@ def _with_windows(student: Path, model_type: str, name: str, d: dict, windows: l
 
 def stock_config(student: Path) -> dict:
     """The family's own config.json (a dict) that says the same model as the student, or a one-line refusal."""
-    from zgdata.families.registry import family
+    from zgdata.families.registry import family, family_of
 
     cfg, summary = read_student(student)
     fam = family(str(summary.get("family", "llama")))
+    if fam.verified:  # its parts (the width field) are found from the config
+        fam = family_of(cfg)
     name = fam.model_class.removesuffix("ForCausalLM").removesuffix("LMHeadModel")
     widths = list(summary.get("intermediate_sizes") or [])
     if not widths:

@@ -159,6 +159,15 @@ def student_model(
     if kv_heads is not None and len(set(kv_heads)) == 1:  # one count: the stock config says it
         config.num_key_value_heads = int(kv_heads[0])
     if needs_modeling_code(sizes, windows, kv_heads, attention):  # a config subclass plus modeling code shipped
+        why = fam.check_template()
+        if why:  # a verified decoder of another layout: the pinned template cannot rebuild its layers
+            raise ZgError(
+                f"this {fam.model_type} student has per-layer shapes (MLP widths, KV heads, windows or attention "
+                f"kinds), which only zg's pinned modeling file says, and {why}",
+                key="train.conversion",
+                fix="give every block the same conversion and shape (a stock config then says it), "
+                "or use a decoder with a record",
+            )
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
         per_layer = {"layer_kv_heads": list(kv_heads)} if kv_heads is not None else {}
         if attention is not None:

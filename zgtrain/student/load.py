@@ -24,7 +24,8 @@ from pathlib import Path
 
 from zgdata.core.hashing import file_sha256
 from zgdata.errors import ZgError
-from zgdata.families.registry import FAMILIES, family
+from zgdata.families.registry import family
+from zgdata.families.registry import known as known_family
 from zgdata.trust import dvc_lock as trust
 from zgdata.trust.safetensors_check import check_header
 from zgtrain.student.released import released_name
@@ -108,7 +109,7 @@ def _remote_code_allowed(folder: Path) -> bool:
             f"{folder} is not a student zg assembled (config.json / zerograph.json unreadable: {e})", fix=_FIX
         ) from e
     model_type = summary.get("family", "llama")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or not known_family(model_type):
         raise ZgError(
             f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})", fix=_FIX
         )

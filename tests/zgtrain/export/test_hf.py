@@ -20,10 +20,11 @@ import torch
 
 from tests.helpers import models
 from zgdata.errors import ZgError
-from zgdata.families.registry import family
+from zgdata.families.registry import family, family_of
 from zgdata.layout import Layout
 
 FAMILIES = ("llama", "qwen2", "gpt2", "mistral", "granite", "olmo2", "phi3", "gemma2", "gemma3_text")
+FAMILIES += ("qwen3", "glm", "exaone4")  # verified at prepare (no record): discovered width field, stock config
 SEQ = 24  # longer than the tiny teachers' sliding_window (16) and every window below
 
 
@@ -65,7 +66,8 @@ def _export(student, out, dtype="f32"):
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_each_family_exports_uniform_and_dropped_students_and_refuses_mixed_widths(model_type, tmp_path):
-    width = family(model_type).width(family(model_type).tiny_config(_tok()))
+    config = family(model_type).tiny_config(_tok())
+    width = family_of(config).width(config)
     # uniform: every layer pruned to half the width
     uniform = make_student(tmp_path / "uniform", model_type, [width // 2] * 4)
     r = _export(uniform, tmp_path / "u-out")
@@ -147,7 +149,8 @@ def test_windows_no_stock_config_can_say_are_refused(model_type, tmp_path):
 
 @pytest.mark.parametrize(("model_type", "dtype"), [("llama", "bf16"), ("gemma2", "f16"), ("qwen2", "bf16")])
 def test_half_dtypes_equal_the_student_cast_to_them(model_type, dtype, tmp_path):
-    width = family(model_type).width(family(model_type).tiny_config(_tok()))
+    config = family(model_type).tiny_config(_tok())
+    width = family_of(config).width(config)
     windows = [None, None, 8, 8] if model_type == "qwen2" else None
     student = make_student(tmp_path / "s", model_type, [width // 2] * 4, windows)
     r = _export(student, tmp_path / "out", dtype=dtype)
