@@ -10,6 +10,10 @@ convert_hf_to_gguf.py (conversion/*.py):
   with mixed widths export as ``deci`` (Qwen2's q/k weights and biases permuted for NORM rotary). Every other
   arch builds its tensors from one ``n_ff``: mixed widths are refused. Per-layer KV heads (the kv_heads
   conversion) likewise: ``deci`` reads ``head_count_kv`` per layer, every other arch one count.
+- Decoders verified at prepare (no record in zgdata/families/) export where llama.cpp has their architecture and
+  it was checked against the student's logits in llama.cpp (tests/zgtrain/export/test_gguf.py): Qwen3 (``qwen3``),
+  StarCoder2 (``starcoder2``, LayerNorm), Phi (``phi2``, partial rotary) and OLMo (``olmo``, parameter-free LayerNorm
+  of fixed epsilon, NORM rotary). Any other family is refused in one line (``spec_of``).
 - Windows: Gemma 2/3 read a per-layer ``sliding_window_pattern`` array, written from the student's
   ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window and llama.cpp
   switches Phi-3's off: a Mistral / Phi-3 window shorter than the context is written as the model's
@@ -40,6 +44,8 @@ class ArchSpec:
     conv1d: bool = False  # GPT-2: Conv1D (in, out) weights
     window: str | None = None  # "pattern": per-layer swa array (Gemma); "context": window capped as context
     needs_output: bool = False  # arch has no tied-embedding fallback (OLMo 2): write output.weight
+    layer_norm_eps: str | None = None  # LayerNorm (not RMSNorm) layers: the config field of their epsilon
+    partial_rotary: bool = False  # rotary over partial_rotary_factor of each head
 
 
 ARCHS = {
@@ -54,6 +60,11 @@ ARCHS = {
         ArchSpec("phi3", "phi3", window="context"),
         ArchSpec("gemma2", "gemma2", norm_shift=1.0, window="pattern"),
         ArchSpec("gemma3_text", "gemma3", norm_shift=1.0, window="pattern"),
+        # verified at prepare (no record in zgdata/families/): Qwen3 is Qwen2's layer with q/k RMSNorms, no biases
+        ArchSpec("qwen3", "qwen3"),
+        ArchSpec("starcoder2", "starcoder2", layer_norm_eps="norm_epsilon"),
+        ArchSpec("phi", "phi2", layer_norm_eps="layer_norm_eps", partial_rotary=True),
+        ArchSpec("olmo", "olmo", norm_rotary=True, layer_norm_eps="-1e-5"),
     )
 }
 
@@ -62,7 +73,8 @@ def spec_of(family: str) -> ArchSpec:
     if family not in ARCHS:
         raise ZgError(
             f"no llama.cpp architecture mapping for family '{family}'",
-            fix=f"use `zg export --format hf` (GGUF export covers {', '.join(ARCHS)})",
+            fix=f"use `zg export --format hf` (GGUF export covers {', '.join(ARCHS)}: the families llama.cpp has an "
+            "architecture for that zg checked against llama.cpp)",
         )
     return ARCHS[family]
 
@@ -137,7 +149,11 @@ def write_hparams(
     if kv_heads is not None and len(set(kv_heads)) > 1 and arch != "deci":
         raise ValueError(f"per-layer KV heads {kv_heads} need the deci architecture, not {arch}")
     w.add_head_count_kv(list(kv_heads or [kv] * n_layer) if arch == "deci" else (kv_heads or [kv])[0])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if spec.layer_norm_eps is None:
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    else:  # OLMo's parameter-free LayerNorm has a fixed epsilon, written "-<value>"
+        eps = spec.layer_norm_eps
+        w.add_layer_norm_eps(float(eps[1:]) if eps.startswith("-") else cfg[eps])
     hd = head_dim(cfg)
     if hd != cfg["hidden_size"] // heads or spec.window == "pattern":
         w.add_key_length(hd)
@@ -147,8 +163,8 @@ def write_hparams(
     if rp.get("rope_type") == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rp["factor"]))
-    if fam == "phi3":
-        w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", 1.0) * hd))
+    if fam == "phi3" or spec.partial_rotary:
+        w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) * hd))
     else:
         w.add_rope_dimension_count(hd)
     if fam == "granite":

@@ -29,9 +29,11 @@ from tests.helpers import models
 from tests.helpers.llama_cpp_run import assert_close_to_f32, import_llama_cpp, llama_cpp_logits, llama_cpp_model
 from tests.helpers.models import student_logits
 from zgdata.errors import ZgError
-from zgdata.families.registry import family
+from zgdata.families.registry import family_of
 
+# declared families, then decoders verified at prepare that llama.cpp has an architecture for
 FAMILIES = ["gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral", "olmo2", "phi3", "qwen2"]
+FAMILIES += ["qwen3", "starcoder2", "phi", "olmo"]
 PER_LAYER = {"llama", "mistral", "qwen2"}  # mixed MLP widths export as llama.cpp's deci
 # archs transformers' GGUF loader reads (uniform students); its gpt2 mapping turns feed_forward_length into an unused
 # config field (transformers 5.24 integrations/ggml.py), so a GPT-2 student of pruned width does not load there
@@ -51,7 +53,8 @@ def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie
     tiny teacher's is its own). Written by the production code (tests/helpers/models.py)."""
     from zgdata.teacher.prepare import tiny_teacher
 
-    widths = widths or [family(name).width(tiny_teacher(name)[0].config) // 2] * len(keep)
+    config = tiny_teacher(name)[0].config
+    widths = widths or [family_of(config).width(config) // 2] * len(keep)
     return models.make_student(folder, name, widths, windows, keep, tie=tie)
 
 
@@ -84,12 +87,11 @@ def test_uniform_student_with_a_dropped_layer_runs_in_llama_cpp(name, tmp_path, 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_mixed_widths_export_as_deci_or_are_refused(name, tmp_path, llama_cpp):
+    from zgdata.teacher.prepare import tiny_teacher
     from zgtrain.export.gguf import check_gguf, export_gguf
 
-    fam = family(name)
-    from zgdata.teacher.prepare import tiny_teacher
-
-    width = fam.width(tiny_teacher(name)[0].config)
+    config = tiny_teacher(name)[0].config
+    width = family_of(config).width(config)
     widths = [width, width // 2, width // 4]
     student = make_student(tmp_path / "student", name, widths=widths)
     out = tmp_path / "student.gguf"
@@ -210,6 +212,10 @@ def test_zg_windows_untied_gemma2_and_unknown_dtypes_are_refused_before_writing(
     with pytest.raises(ZgError, match="always uses the token embeddings as its head"):
         export_gguf(make_student(tmp_path / "gemma2", "gemma2"), out)  # the tiny Gemma 2 has its own LM head
     assert not out.exists()
+    # a decoder verified at prepare whose architecture zg has not checked in llama.cpp: one line, nothing written
+    with pytest.raises(ZgError, match="no llama.cpp architecture mapping for family 'glm'.*--format hf") as e:
+        export_gguf(make_student(tmp_path / "glm", "glm"), out)
+    assert "\n" not in str(e.value) and not out.exists()
 
 
 def test_an_unknown_pre_tokenizer_is_refused(tmp_path):
