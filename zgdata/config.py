@@ -168,9 +168,10 @@ class TeacherConfig(Section):
     SECTION: ClassVar[str] = "teacher"
     source: str = param(
         "smollm2-135m",
-        "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-qwen2`, "
-        "`random:tiny-gpt2`, a local transformers model directory, or a `.gguf` path "
-        "(families: zgdata/families/registry.py).",
+        "`smollm2-135m` (embedded GGUF), `random:tiny` (Llama), `random:tiny-<model_type>` (a tiny random "
+        "model of any family zg declares or verifies, e.g. `random:tiny-qwen2`, `random:tiny-qwen3`), a local "
+        "transformers model directory, or a `.gguf` path. A decoder without a record in zgdata/families/ is "
+        "accepted when prepare's identity round trip holds bit for bit (docs/tutorials/convert-your-model.md).",
     )
     dtype: str = param(
         "float32",
