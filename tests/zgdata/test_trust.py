@@ -21,7 +21,8 @@ from tests.helpers.assertions import assert_user_error
 from tests.helpers.projects import tree_sha256
 from tests.helpers.runners import run, zg_main
 from zgdata.errors import ZgError
-from zgdata.store.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
+from zgdata.store.integrity import CHECKSUM_COLUMN, checksum_of, mismatched_rows, row_checksum
+from zgdata.store.lance_io import schema_meta
 from zgdata.trust import dvc_lock as trust
 
 
@@ -39,7 +40,7 @@ def _poison(dataset: Path, remote: Path) -> str:
     old_values, old_sum = row.tobytes(), table.column(CHECKSUM_COLUMN)[0].as_py()
     row[0] ^= 1  # the last mantissa bit of one activation
     new_values = row.tobytes()
-    new_sum = row_checksum(new_values)
+    new_sum = row_checksum(new_values, algo=checksum_of(schema_meta(lance.dataset(str(dataset)).schema)))
     for f in sorted((dataset / "data").iterdir()):
         data = f.read_bytes()
         if data.count(old_values) == 1 and data.count(old_sum) == 1:
@@ -65,7 +66,9 @@ def test_a_remote_that_rewrites_a_row_and_its_checksum_is_refused_before_trainin
     pulled = b / "data/boundaries/h02.lance"
     assert _md5(pulled / "data" / name) != _md5(a / "data/boundaries/h02.lance/data" / name)
     # the per-row checksums, stored beside the data, agree with the poisoned bytes: they cannot catch this
-    assert mismatched_rows(lance.dataset(str(pulled)).to_table(columns=["hidden", CHECKSUM_COLUMN])) == []
+    ds = lance.dataset(str(pulled))
+    algo = checksum_of(schema_meta(ds.schema))
+    assert mismatched_rows(ds.to_table(columns=["hidden", CHECKSUM_COLUMN]), algo=algo) == []
 
     res = zg_main("train", "block", "b01", cwd=b, check=False)
     assert_user_error(res, f"data/boundaries/h02.lance/data/{name} does not match dvc.lock", "dvc checkout")

@@ -52,6 +52,7 @@ def run_sharded(
     n_rows: int,
     seq_len: int,
     hidden: int,
+    checksum: str,
     expect: dict,
     advance,
 ) -> list[dict]:
@@ -75,6 +76,9 @@ def run_sharded(
         "hidden": hidden,
         "storage_dtype": cfg.storage_dtype,
         "codec": cfg.codec,
+        "checksum": checksum,
+        # a shard's encoding threads: materialize.writer_threads when set; else 1, beside its worker_threads
+        "writer_threads": cfg.writer_threads or 1,
         "compute_dtype": cfg.compute_dtype,
         "threads": cfg.worker_threads,
         "versions": VERSIONS,
