@@ -66,7 +66,27 @@ def run_sharded(
         rows_per_file=cfg.rows_per_file,
         workers=cfg.workers,
     )
-    base = {
+    base = _base_spec(cfg, layout, stage, names, layers, seq_len, hidden, checksum, expect, dev, gpus)
+    specs = [{**base, "lo": lo, "hi": hi} for lo, hi in todo]
+    ran = []
+    if specs:  # none when every row was committed before a kill: only finalization is left
+        with shards.cluster(cpus=cfg.workers * cfg.worker_threads):
+            for res in shards.run_ordered(specs, workers=cfg.workers, cpus=cfg.worker_threads, gpus=gpus):
+                with span("materialize.commit", rows=res["hi"] - res["lo"]):
+                    commit(stage, names, schemas, journal, res, n_rows)
+                advance((res["hi"] - res["lo"]) * seq_len)
+                ran.append(
+                    {k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds", "peak_rss_mb")}
+                )
+    return ran  # materialize removes orphaned files before finalizing
+
+
+def _base_spec(
+    cfg, layout, stage: Path, names, layers, seq_len: int, hidden: int, checksum: str, expect: dict, dev, gpus
+):
+    """What every shard task of this run is told (JSON): the rows' shape, the codec and checksum, the versions, the
+    device, the test hooks; run_sharded adds each shard's rows."""
+    return {
         "root": str(Path(layout.root).resolve()),
         "stage": str(stage.resolve()),
         "names": names,
@@ -90,15 +110,3 @@ def run_sharded(
             "sleep": failpoints.seconds(failpoints.IN_SHARD),
         },
     }
-    specs = [{**base, "lo": lo, "hi": hi} for lo, hi in todo]
-    ran = []
-    if specs:  # none when every row was committed before a kill: only finalization is left
-        with shards.cluster(cpus=cfg.workers * cfg.worker_threads):
-            for res in shards.run_ordered(specs, workers=cfg.workers, cpus=cfg.worker_threads, gpus=gpus):
-                with span("materialize.commit", rows=res["hi"] - res["lo"]):
-                    commit(stage, names, schemas, journal, res, n_rows)
-                advance((res["hi"] - res["lo"]) * seq_len)
-                ran.append(
-                    {k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds", "peak_rss_mb")}
-                )
-    return ran  # materialize removes orphaned files before finalizing

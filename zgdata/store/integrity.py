@@ -239,7 +239,7 @@ def guarded(ds, path: Path, kind: str | None):
 
 
 def scan_checksums(
-    ds, row_bytes: int, *, algo: str, batch_bytes: int = 64 << 20, columns=("hidden",), decode=None
+    ds, row_bytes: int, *, algo: str, batch_bytes: int = 16 << 20, columns=("hidden",), decode=None
 ) -> tuple[int, list[tuple[int, int]]]:
     """Check every row's checksum, streaming about ``batch_bytes`` at a time (never the whole dataset).
 
