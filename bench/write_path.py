@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import CpuMeter
+from harness import CpuMeter, wait_quiet
 
 from zgdata.config import MaterializeConfig
 from zgdata.materialize.encode import Encoder, encode_batch
@@ -172,11 +172,40 @@ def write_path(work: Path, xs, *, boundaries: int, batches: int, codec: str, thr
     disk = sum(f.stat().st_size for f in stage.rglob("*.lance") if f.is_file() and "/data/" in str(f))
     out = {"seconds": dt, "bytes": rows * seq_len * hidden * 2 * boundaries, "disk": disk, "stage": stage}
     if publish:
-        finals = {n: work / "pub" / f"{n}.lance" for n in names}
-        (work / "pub").mkdir(exist_ok=True)
+        finals = {n: work / f"pub-{codec}" / f"{n}.lance" for n in names}
+        (work / f"pub-{codec}").mkdir(exist_ok=True)
         finalize(stage, names, journal, finals, n_rows=rows, row_bytes=seq_len * hidden * 2, file_mb=16384)
         out["published"] = finals
     return out
+
+
+def lance_alone(work: Path, xs, *, boundaries: int, batches: int, codec: str) -> float:
+    """GB/s (of bf16 input) of the Lance streams alone: record batches encoded beforehand, written as the write path
+    writes them (one ``write_fragments`` per boundary, in threads), then fsynced: the ceiling the encoding feeds."""
+    from zgdata.materialize.staging import Streams
+
+    seq_len, hidden = xs[0].shape[1:]
+    schema = boundary_schema(None, seq_len, hidden, "bfloat16", codec)
+    enc = [
+        encode_batch(
+            x, np.arange(B), ["train"] * B, schema=schema, storage_dtype="bfloat16", codec=codec, checksum="xxh3_128"
+        )
+        for x in xs
+    ]
+    stage = work / f"lance-{codec}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    names = [f"h{i:02d}" for i in range(boundaries)]
+    t0 = time.perf_counter()
+    streams = Streams(stage, names, schema, rows_per_file=2**31 - 1, mode="create")
+    for i in range(batches):
+        for k, n in enumerate(names):
+            streams.put(n, enc[(i + k) % len(enc)].batch)
+    streams.close()
+    fsync_tree(stage)
+    dt = time.perf_counter() - t0
+    shutil.rmtree(stage)
+    return batches * boundaries * xs[0].numel() * 2 / dt / 1e9
 
 
 def per_thread(xs, codec: str, checksum: str, reps: int) -> tuple[float, float]:
@@ -242,7 +271,7 @@ def loader(pub: dict) -> dict:
 
     first = epoch(pair)
     warm = epoch(pair)
-    scratch = a.parent.parent / "memmap"
+    scratch = a.parent.parent / f"memmap-{a.parent.name}"
     scratch.mkdir(exist_ok=True)
     mms = []
     for side, name in ((pair.input, "x"), (pair.output, "y")):
@@ -340,7 +369,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lossless", default="zstd_fast", help="the lossless codec the JSON figures are of")
     ap.add_argument("--rows-from", type=Path, help="a boundary dataset whose rows to write (hidden from it)")
     ap.add_argument("--workdir", type=Path, help="scratch folder on the disk to measure (default: a temp dir)")
+    ap.add_argument("--loader-mb", type=int, default=512, help="MB of bf16 in the boundary pair the reads measure")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the best is reported")
+    ap.add_argument(
+        "--quiet", type=float, default=0, help="first wait up to this many seconds for other processes to go quiet"
+    )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)  # the forward's threads are the GPU's; the cores are the writer's
@@ -351,38 +384,28 @@ def main(argv=None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     codecs = args.codecs.split(",")
     work = Path(tempfile.mkdtemp(prefix="zg-write-path-", dir=args.workdir))
-    log(f"write path: {batches} batches x {args.boundaries} boundaries x {B}x{seq_len}x{hidden} bf16 = ")
-    log(
-        f"  {batches * per_batch / 1e9:.2f} GB per run in {work} ({'rows of ' + str(args.rows_from) if args.rows_from else 'synthetic'}), {os.cpu_count()} cores"
-    )
+    source = f"rows of {args.rows_from}" if args.rows_from else "synthetic"
+    log(f"write path: {batches} batches x {args.boundaries} boundaries x {B}x{seq_len}x{hidden} bf16 ({source}),")
+    log(f"  {batches * per_batch / 1e9:.2f} GB per run, in {work}, {os.cpu_count()} cores")
     res: dict = {"hidden": hidden, "boundaries": args.boundaries, "gb_per_run": batches * per_batch / 1e9}
     reps = range(max(1, args.repeats))
+    if args.quiet:
+        log(f"other processes' share of the cores before the run: {wait_quiet(0.1, args.quiet):.2f}")
     try:
         with CpuMeter() as meter:
             disk_s = min(plain_write(work / "plain.bin", batches * per_batch) for _ in reps)
             disk_gbps = batches * per_batch / disk_s / 1e9
             log(f"plain write + fsync                     {disk_gbps:6.2f} GB/s")
             res["plain_write_gbps"] = disk_gbps
-            pub = None
             for codec in codecs:
                 for t in threads:
                     best = None
-                    for i in reps:  # the last run of the lossless codec at the most threads is kept for the reads
-                        publish = codec == args.lossless and t == max(threads) and i == len(reps) - 1
+                    for _ in reps:
                         r = write_path(
-                            work,
-                            xs,
-                            boundaries=args.boundaries,
-                            batches=batches,
-                            codec=codec,
-                            threads=t,
-                            publish=publish,
+                            work, xs, boundaries=args.boundaries, batches=batches, codec=codec, threads=t, publish=False
                         )
                         best = r["seconds"] if best is None else min(best, r["seconds"])
-                        if publish:
-                            pub = r["published"]
-                        else:
-                            shutil.rmtree(r["stage"])
+                        shutil.rmtree(r["stage"])
                     gbps = r["bytes"] / best / 1e9
                     res[f"write_{codec}_{t}t_gbps"] = gbps
                     res[f"size_{codec}"] = r["disk"] / r["bytes"]
@@ -391,6 +414,12 @@ def main(argv=None) -> int:
                         f"{gbps / disk_gbps:5.2f} of the plain write  {r['disk'] / r['bytes']:.3f} bytes on disk "
                         "per bf16 byte"
                     )
+            for codec in codecs:
+                g = max(lance_alone(work, xs, boundaries=args.boundaries, batches=batches, codec=codec) for _ in reps)
+                res[f"lance_alone_{codec}_gbps"] = g
+                log(
+                    f"Lance streams alone {codec:<10} (pre-encoded)  {g:6.2f} GB/s  {g / disk_gbps:5.2f} of the plain write"
+                )
             for codec, checksum in [(c, "xxh3_128") for c in codecs] + [("zstd", "blake2b")]:
                 enc, job = (max(v) for v in zip(*(per_thread(xs, codec, checksum, reps=2) for _ in reps)))
                 res[f"thread_{codec}_{checksum}_encode_gbps"], res[f"thread_{codec}_{checksum}_job_gbps"] = enc, job
@@ -402,15 +431,26 @@ def main(argv=None) -> int:
             }
             for t, g in pools.items():
                 log(f"encode pool {args.lossless} {t} thread(s), no I/O   {g:6.2f} GB/s")
-            runs = [loader(pub) for _ in reps]
-            lo = {k: max(r[k] for r in runs) for k in runs[0]}
-            lo["first_touch_gbps"] = min(r["first_touch_gbps"] for r in runs)
-            log(
-                f"loader first epoch {lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap "
-                f"{lo['memmap_gbps']:.2f}: ratios {lo['first_gbps'] / lo['memmap_gbps']:.2f} and "
-                f"{lo['warm_gbps'] / lo['memmap_gbps']:.2f} (this VM's first touch of fresh memory: "
-                f"{lo['first_touch_gbps']:.2f} GB/s, faulted in before the epoch)"
-            )
+            pubs = {}  # a boundary pair of --loader-mb for the reads, raw and lossless, written by the same path
+            for codec in ("raw", args.lossless):
+                n = max(2, (args.loader_mb << 20) // (2 * xs[0].numel() * 2))
+                pubs[codec] = write_path(
+                    work, xs, boundaries=2, batches=n, codec=codec, threads=max(threads), publish=True
+                )["published"]
+            pub = pubs[args.lossless]
+            for codec, datasets in pubs.items():
+                runs = [loader(datasets) for _ in reps]
+                lo = {k: max(r[k] for r in runs) for k in runs[0]}
+                lo["first_touch_gbps"] = min(r["first_touch_gbps"] for r in runs)
+                res[f"loader_{codec}"] = lo
+                log(
+                    f"loader {codec:<10} first epoch {lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap "
+                    f"{lo['memmap_gbps']:.2f}: ratios {lo['first_gbps'] / lo['memmap_gbps']:.2f} and "
+                    f"{lo['warm_gbps'] / lo['memmap_gbps']:.2f} (this VM's first touch of fresh memory: "
+                    f"{lo['first_touch_gbps']:.2f} GB/s, faulted in before the epoch)"
+                )
+            lo = res.pop(f"loader_{args.lossless}")
+            raw_lo = res.pop("loader_raw", None)
             vfs = [verify_full(pub) for _ in reps]
             vf = {k: max(r[k] for r in vfs) for k in vfs[0]}
             log(f"verify every row: {vf['scan_gbps']:.2f} GB/s of values; reading the files {vf['read_gbps']:.2f} GB/s")
@@ -434,6 +474,7 @@ def main(argv=None) -> int:
             lossless_vs_disk_ratio=res[f"write_{args.lossless}_{tn}t_gbps"] / disk_gbps,
             loader_first_epoch_ratio=lo["first_gbps"] / lo["memmap_gbps"],
             loader_warm_ratio=lo["warm_gbps"] / lo["memmap_gbps"],
+            loader_first_epoch_ratio_raw=raw_lo["first_gbps"] / raw_lo["memmap_gbps"] if raw_lo else float("nan"),
             first_touch_gbps=lo["first_touch_gbps"],
             verify_full_vs_read_ratio=vf["scan_gbps"] / vf["read_gbps"],
             trust_check_speedup_2_cores=tc["check_1_s"] / tc["check_all_s"],
