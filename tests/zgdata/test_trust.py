@@ -221,3 +221,29 @@ def test_a_forged_cache_entry_cannot_switch_the_check_off(reproduced, tmp_path, 
         trust._MEMO.clear()
         with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock"):
             trust.verify(target)
+
+
+def test_files_hashed_in_parallel_give_the_md5s_dvc_recorded(reproduced, tmp_path, monkeypatch):
+    """Every file of every directory output dvc.lock records, hashed on 2 threads at once, has the md5 in DVC's own
+    manifest of that directory (DVC wrote those, not zg); a full check on 1 and on 2 threads hashes the same."""
+    root = shutil.copytree(reproduced, tmp_path / "p", symlinks=True)
+    checked = 0
+    for rel, md5 in trust.recorded(root).items():
+        listed = trust._cached_manifest(root, md5.removesuffix(".dir")) if md5.endswith(".dir") else None
+        if not listed or not (root / rel).is_dir():
+            continue
+        files = [root / rel / e["relpath"] for e in listed]
+        got = trust.file_md5s(files, threads=2)
+        assert {e["relpath"]: got[root / rel / e["relpath"]] for e in listed} == {
+            e["relpath"]: e["md5"] for e in listed
+        }
+        checked += len(files)
+    assert checked > 10  # the boundary datasets, the teacher folder, the blocks
+
+    counts = []
+    for n in (1, 2):
+        monkeypatch.setattr(trust, "cores", lambda n=n: n)
+        (root / trust.STATE).unlink(missing_ok=True)
+        trust._MEMO.clear()
+        counts.append(trust.verify_all(root))
+    assert counts[0] == counts[1] and counts[0].hashed > 0
