@@ -35,6 +35,11 @@ def _units(v: np.ndarray) -> int:
     exp = (bits >> 23) & 0xFF
     mant = np.where(exp > 0, (bits & 0x7FFFFF) | 0x800000, bits & 0x7FFFFF)
     shift = np.maximum(exp, 1) - 1  # value = mant * 2**(max(exp, 1) - 150) = mant * 2**shift units
+    if not len(v):
+        return 0
+    if len(v) < 2**28:  # each exponent's mantissa sum < 2**24 * 2**28 = 2**52: exact in bincount's float64
+        sums = np.bincount(shift, weights=mant)  # one pass, no mask per exponent (its Python holds the GIL)
+        return sum(int(sums[s]) << int(s) for s in np.flatnonzero(sums))
     total = 0
     for s in np.unique(shift):  # at most 254 exponents; each group's mantissa sum fits int64 (< 2**24 each)
         total += int(mant[shift == s].sum()) << int(s)
