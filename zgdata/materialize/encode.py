@@ -10,8 +10,10 @@ order whatever the thread count: the data files hold the same bytes (tests/zgdat
 test_write_path.py hashes each one). Stats are exact integer sums (zgdata/materialize/stats.py), so
 their order does not matter either.
 
-Up to ``threads + 1`` batches are in flight: the capturing thread hands over a batch and goes on with
-the next forward while the pool encodes, and no core waits on one boundary while another batch waits.
+A batch stays in flight until the batches after it hold jobs enough for every thread (``ceil(threads /
+boundaries)`` batches, at least one): the capturing thread hands over a batch and goes on with the next
+forward while the pool encodes, no core waits on one boundary while another batch waits, and memory stays
+a few batches (an 8B teacher's batch of 4 x 2048 tokens is 600 MB over 9 boundaries; 16 threads keep 3).
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ class Encoder:
         self.kw = dict(schema=schema, storage_dtype=storage_dtype, codec=codec, checksum=checksum)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="zg-encode") if threads > 0 else None
         self.pending: deque[tuple[np.ndarray, dict[str, Future | Encoded]]] = deque()
+        self.width = 1  # boundaries per batch, from the last submit
 
     def submit(self, rows: np.ndarray, splits, caps: dict[str, torch.Tensor]) -> None:
         """Queue every boundary of one batch (``caps``: name -> (B, T, C) tensor in the storage dtype)."""
+        self.width = max(1, len(caps))
         if self.pool is None:
             jobs = {n: encode_batch(x, rows, splits, **self.kw) for n, x in caps.items()}
         else:
@@ -75,8 +79,8 @@ class Encoder:
 
     def done(self, *, keep: int | None = None):
         """Yield (rows, {name: Encoded}) of the oldest batches, in submission order, until at most ``keep``
-        remain in flight (default ``threads``: the pool stays busy while the caller captures; 0: drain)."""
-        keep = self.threads if keep is None else keep
+        remain in flight (default: the batches that hold a job for every thread; 0: drain)."""
+        keep = max(1, -(-self.threads // self.width)) if keep is None else keep
         while len(self.pending) > keep:
             rows, jobs = self.pending.popleft()
             yield rows, {n: j.result() if isinstance(j, Future) else j for n, j in jobs.items()}
