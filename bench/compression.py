@@ -60,7 +60,8 @@ def measure(src: Path, rows: int, tmp: Path) -> dict:
     values, bits = hidden_arrays(x, "bfloat16", "zstd")
     schema = boundary_schema(None, t, c, "bfloat16", "zstd")
     table = pa.Table.from_arrays(
-        [pa.array(np.arange(n), pa.int64()), pa.array(["train"] * n), *values, checksum_array(bits)], schema=schema
+        [pa.array(np.arange(n), pa.int64()), pa.array(["train"] * n), *values, checksum_array(bits, algo="xxh3_128")],
+        schema=schema,
     )
     p = tmp / "zstd.lance"
     lance.write_dataset(table, str(p))

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from zgdata.errors import ZgError
 from zgdata.store.codec import codec_of, value_info
+from zgdata.store.integrity import checksum_of
 from zgdata.store.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
 
 __all__ = ["collect", "describe_dataset", "provenance", "render"]
@@ -98,6 +99,7 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
             dtype=dtype,
             format_version=meta.get("format_version"),
             codec=codec_of(meta),
+            checksum=checksum_of(meta),  # the row checksum's algorithm (blake2b before boundary format 4)
             stats=meta.get("stats", {}),
             software=meta.get("software", {}),
         )
@@ -125,6 +127,7 @@ def describe_virtual(vb) -> dict:
         "hidden": vb.hidden,
         "dtype": vb.dtype,
         "format_version": None,
+        "checksum": None,
         "stats": {},
         "software": {},
         "virtual": True,
@@ -212,6 +215,7 @@ def _cells(i: dict) -> dict:
         "hidden": str(i["hidden"] or "-"),
         "dtype": i["dtype"],
         "codec": i["codec"] or "-",
+        "checksum": i.get("checksum") or "-",
         "size": _size(i["bytes"]),
         "fingerprint": _short(i["fingerprint"]),
         "teacher": _short(lin.get("teacher_sha256")),
@@ -248,7 +252,11 @@ def render(infos: list[dict], console: Console | None = None, *, wide: bool = Fa
                 keep=("name", "fingerprint", "teacher", "tokenizer", "tokens"),
             )
         )
-        console.print(_table("storage", ("name", "seq_len", "hidden", "dtype", "codec", "stats"), rows, keep=("name",)))
+        console.print(
+            _table(
+                "storage", ("name", "seq_len", "hidden", "dtype", "codec", "checksum", "stats"), rows, keep=("name",)
+            )
+        )
     if not versions:
         return
     for i in infos:

@@ -195,11 +195,13 @@ Usage: zg data materialize [OPTIONS]
   (materialize.commit_mb / commit_seconds / commit_rows) and gives the same
   bits; each boundary is published compacted, as one Lance version.
   materialize.storage_dtype: bfloat16 (default) or float32.
-  materialize.compute_dtype: dtype of the forward. materialize.codec: raw or
-  zstd (lossless, ~0.72x the bytes; same values and fingerprint).
-  materialize.virtual_first: true stores no h00; its readers recompute it from
-  the tokens and the embedding. materialize.workers: N > 1 captures shards of
-  rows in N Ray tasks at once (ZG_RAY_ADDRESS joins a cluster).
+  materialize.compute_dtype: dtype of the forward. materialize.codec: raw,
+  zstd or zstd_fast (lossless, ~0.68-0.72x the bytes; same values and
+  fingerprint). materialize.writer_threads: threads that encode and checksum
+  (0: the cores the forward leaves); same bytes. materialize.virtual_first:
+  true stores no h00; its readers recompute it from the tokens and the
+  embedding. materialize.workers: N > 1 captures shards of rows in N Ray tasks
+  at once (ZG_RAY_ADDRESS joins a cluster).
 
 Options:
   --params <path>  params file of the project.  [default: params.yaml]

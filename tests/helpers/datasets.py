@@ -1,8 +1,10 @@
 """The Lance datasets of a tiny project: the stored boundary bits and token rows, edits in place (schema metadata,
-a new table version), and a running materialize's progress."""
+a new table version), a running materialize's progress, and a data file's digest less Lance's hash-ordered schema
+buffer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
-__all__ = ["boundary_bits", "token_table", "set_schema_meta", "overwrite_table", "journal_rows"]
+__all__ = ["boundary_bits", "token_table", "set_schema_meta", "overwrite_table", "journal_rows", "data_file_digest"]
 
 
 def boundary_bits(root: Path) -> dict[str, dict]:
@@ -63,3 +65,17 @@ def journal_rows(root: Path) -> int:
         except (OSError, ValueError, KeyError):
             pass  # not written yet
     return best
+
+
+def data_file_digest(path: Path) -> str:
+    """sha256 of a Lance data file's bytes less its schema buffer (global buffer 0), whose metadata map Lance 14
+    writes in hash order: two runs of the same write differ there only, in the order of the same keys (measured:
+    every other byte is equal). Compare the schemas themselves (order-free) beside this digest."""
+    import struct
+
+    b = Path(path).read_bytes()
+    if b[-4:] != b"LANC":
+        raise AssertionError(f"{path} is not a Lance v2 data file")
+    gbo_start, ngb = struct.unpack_from("<QI", b, len(b) - 40 + 16)
+    pos, size = struct.unpack_from("<QQ", b, gbo_start) if ngb else (len(b), 0)
+    return hashlib.sha256(b[:pos] + b[pos + size :]).hexdigest()

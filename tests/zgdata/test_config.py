@@ -31,6 +31,7 @@ def test_defaults_live_in_the_dataclasses():
         "commit_seconds": 600.0,
         "file_mb": 16384,
         "queue_batches": 4,
+        "writer_threads": 0,
         "workers": 1,
         "worker_threads": 1,
         "rows_per_file": 1024,

@@ -18,8 +18,8 @@ from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint
-from zgdata.store.integrity import checksum_array
-from zgdata.store.lance_io import dir_bytes
+from zgdata.store.integrity import checksum_array, checksum_of
+from zgdata.store.lance_io import dir_bytes, schema_meta
 from zgdata.store.reader import BoundaryDataset, BoundaryPair
 
 
@@ -72,7 +72,7 @@ def _flip_one_value(path, row: int, index: int) -> int:
     The row's checksum is rewritten to match (as a capture change that forgot its version bump would
     write it), so only the recompute can catch it; tests/zgdata/test_integrity.py flips bytes on disk."""
     ds = lance.dataset(str(path))
-    table = ds.to_table()
+    table, meta = ds.to_table(), schema_meta(ds.schema)
     col = table.column("hidden").combine_chunks()
     values = col.values.to_numpy().copy()
     pos = row * col.type.list_size + index
@@ -81,7 +81,8 @@ def _flip_one_value(path, row: int, index: int) -> int:
     return overwrite_table(
         path,
         pa.table(
-            [table.column("seq_id"), table.column("split"), hidden, checksum_array(hidden)], names=table.column_names
+            [table.column("seq_id"), table.column("split"), hidden, checksum_array(hidden, algo=checksum_of(meta))],
+            names=table.column_names,
         ),
     )
 

@@ -6,7 +6,6 @@ truncated, a dataset deleted), never through Lance, which keeps no checksum of i
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 
 import lance
@@ -51,13 +50,17 @@ def _flip_in_file(path, row: int, nbytes: int = 4096):
     assert _row_bytes(path, row) != want  # Lance reads the damaged bytes back without complaint
 
 
-def test_checksum_column_is_blake2b_of_each_stored_row(tiny_built):
+def test_checksum_column_is_xxh3_128_of_each_stored_row(tiny_built):
+    import xxhash
+
     ds = lance.dataset(str(Layout(tiny_built).boundary("h02")))
-    assert ds.schema.metadata[b"zg.format_version"] == str(BOUNDARY_FORMAT_VERSION).encode()
+    # format 4 names the algorithm; formats 2 and 3 (blake2b) are tests/zgdata/materialize/test_write_path.py's
+    assert ds.schema.metadata[b"zg.format_version"] == str(BOUNDARY_FORMAT_VERSION + 2).encode()
+    assert ds.schema.metadata[b"zg.checksum"] == b"xxh3_128"
     assert ds.schema.field("checksum").type == pa.binary(16)
     table = ds.to_table(columns=["hidden", "checksum"])
     values = table.column("hidden").combine_chunks().values.to_numpy().reshape(table.num_rows, -1)
-    want = [hashlib.blake2b(v.tobytes(), digest_size=16).digest() for v in values]
+    want = [xxhash.xxh3_128_digest(v.tobytes()) for v in values]
     assert table.column("checksum").to_pylist() == want and len(set(want)) == table.num_rows
 
 
@@ -187,7 +190,7 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     with pytest.raises(ZgError, match="no valid `checksum` column.*rematerialize"):
         BoundaryDataset(path)
     _rewrite(path, full, {**meta, b"zg.format_version": b"1"})
-    with pytest.raises(ZgError, match="boundary format 1, but this zg reads formats 2, 3.*rematerialize"):
+    with pytest.raises(ZgError, match="boundary format 1, but this zg reads formats 2, 3, 4.*rematerialize"):
         BoundaryDataset(path)
 
     # materialize does not take it for complete: it rewrites the dataset, bit for bit as before
@@ -195,7 +198,7 @@ def test_old_format_is_refused_and_rematerialized(tiny_built, tiny_project):
     zg_main("data", "verify", "--lineage-only", cwd=tiny_project)
     want, got = boundary_bits(tiny_built), boundary_bits(tiny_project)
     assert all(torch.equal(got[n]["bits"], want[n]["bits"]) for n in want)
-    assert lance.dataset(str(path)).schema.metadata[b"zg.format_version"] == b"2"
+    assert lance.dataset(str(path)).schema.metadata[b"zg.format_version"] == b"4"
     assert np.array_equal(
         lance.dataset(str(path)).to_table(columns=["checksum"]).column("checksum").to_numpy(zero_copy_only=False),
         full.column("checksum").to_numpy(zero_copy_only=False),

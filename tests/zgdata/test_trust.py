@@ -21,7 +21,8 @@ from tests.helpers.assertions import assert_user_error
 from tests.helpers.projects import tree_sha256
 from tests.helpers.runners import run, zg_main
 from zgdata.errors import ZgError
-from zgdata.store.integrity import CHECKSUM_COLUMN, mismatched_rows, row_checksum
+from zgdata.store.integrity import CHECKSUM_COLUMN, checksum_of, mismatched_rows, row_checksum
+from zgdata.store.lance_io import schema_meta
 from zgdata.trust import dvc_lock as trust
 
 
@@ -39,7 +40,7 @@ def _poison(dataset: Path, remote: Path) -> str:
     old_values, old_sum = row.tobytes(), table.column(CHECKSUM_COLUMN)[0].as_py()
     row[0] ^= 1  # the last mantissa bit of one activation
     new_values = row.tobytes()
-    new_sum = row_checksum(new_values)
+    new_sum = row_checksum(new_values, algo=checksum_of(schema_meta(lance.dataset(str(dataset)).schema)))
     for f in sorted((dataset / "data").iterdir()):
         data = f.read_bytes()
         if data.count(old_values) == 1 and data.count(old_sum) == 1:
@@ -65,7 +66,9 @@ def test_a_remote_that_rewrites_a_row_and_its_checksum_is_refused_before_trainin
     pulled = b / "data/boundaries/h02.lance"
     assert _md5(pulled / "data" / name) != _md5(a / "data/boundaries/h02.lance/data" / name)
     # the per-row checksums, stored beside the data, agree with the poisoned bytes: they cannot catch this
-    assert mismatched_rows(lance.dataset(str(pulled)).to_table(columns=["hidden", CHECKSUM_COLUMN])) == []
+    ds = lance.dataset(str(pulled))
+    algo = checksum_of(schema_meta(ds.schema))
+    assert mismatched_rows(ds.to_table(columns=["hidden", CHECKSUM_COLUMN]), algo=algo) == []
 
     res = zg_main("train", "block", "b01", cwd=b, check=False)
     assert_user_error(res, f"data/boundaries/h02.lance/data/{name} does not match dvc.lock", "dvc checkout")
@@ -218,3 +221,29 @@ def test_a_forged_cache_entry_cannot_switch_the_check_off(reproduced, tmp_path, 
         trust._MEMO.clear()
         with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock"):
             trust.verify(target)
+
+
+def test_files_hashed_in_parallel_give_the_md5s_dvc_recorded(reproduced, tmp_path, monkeypatch):
+    """Every file of every directory output dvc.lock records, hashed on 2 threads at once, has the md5 in DVC's own
+    manifest of that directory (DVC wrote those, not zg); a full check on 1 and on 2 threads hashes the same."""
+    root = shutil.copytree(reproduced, tmp_path / "p", symlinks=True)
+    checked = 0
+    for rel, md5 in trust.recorded(root).items():
+        listed = trust._cached_manifest(root, md5.removesuffix(".dir")) if md5.endswith(".dir") else None
+        if not listed or not (root / rel).is_dir():
+            continue
+        files = [root / rel / e["relpath"] for e in listed]
+        got = trust.file_md5s(files, threads=2)
+        assert {e["relpath"]: got[root / rel / e["relpath"]] for e in listed} == {
+            e["relpath"]: e["md5"] for e in listed
+        }
+        checked += len(files)
+    assert checked > 10  # the boundary datasets, the teacher folder, the blocks
+
+    counts = []
+    for n in (1, 2):
+        monkeypatch.setattr(trust, "cores", lambda n=n: n)
+        (root / trust.STATE).unlink(missing_ok=True)
+        trust._MEMO.clear()
+        counts.append(trust.verify_all(root))
+    assert counts[0] == counts[1] and counts[0].hashed > 0

@@ -16,7 +16,7 @@ import torch
 
 from zgdata.errors import ZgError
 
-__all__ = ["device", "seed_all", "rng_state", "set_rng_state", "set_threads", "autocast"]
+__all__ = ["device", "seed_all", "rng_state", "set_rng_state", "set_threads", "writer_threads", "autocast"]
 
 
 def device() -> torch.device:
@@ -49,6 +49,24 @@ def set_threads(n: int) -> None:
     """
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+def cores() -> int:
+    """CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def writer_threads(n: int) -> int:
+    """Encoding threads of materialize's write path (``materialize.writer_threads``); 0: the cores left after the
+    forward: every core but one beside a GPU (the thread that drives it), the cores beyond torch's threads on CPU;
+    at least 1. The count changes no byte on disk (zgdata/materialize/encode.py)."""
+    if n > 0:
+        return n
+    busy = torch.get_num_threads() if device().type == "cpu" else 1
+    return max(1, cores() - busy)
 
 
 def autocast(dev: torch.device, precision: str):

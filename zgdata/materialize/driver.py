@@ -31,7 +31,8 @@ from zgdata.lineage import boundary_fingerprint, boundary_lineage, check, read_t
 from zgdata.materialize.staging import Journal, boundary_schema, finalize, reconcile, remove_orphans
 from zgdata.materialize.virtual import stored
 from zgdata.materialize.writer import run_local
-from zgdata.store.codec import FORMAT_OF, codec_meta, codec_of
+from zgdata.store import integrity
+from zgdata.store.codec import CHECKSUM_FORMAT, codec_meta, codec_of, format_of
 from zgdata.store.lance_io import open_dataset, schema_meta
 from zgdata.teacher.prepare import read_teacher_json
 
@@ -143,18 +144,22 @@ def _only(plan: _Plan, names: list[str]) -> _Plan:
     )
 
 
-def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout) -> Path:
+def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout, checksum: str) -> Path:
     """The staging folder of this run, keyed by every fingerprint and by the format: a run interrupted under an
-    older format (or codec) must not be resumed into this one."""
-    key = {**plan.fps, "zg.format_version": FORMAT_OF[cfg.codec], "zg.journal": JOURNAL_VERSION}
+    older format (or codec, or row checksum) must not be resumed into this one."""
+    key = {**plan.fps, "zg.format_version": format_of(cfg.codec, checksum), "zg.journal": JOURNAL_VERSION}
     if cfg.codec != "raw":
         key["zg.codec"] = cfg.codec
+    if checksum != "blake2b":
+        key["zg.checksum"] = checksum
     return layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
 
 
-def _schemas(plan: _Plan, cfg: MaterializeConfig) -> dict:
-    """Each boundary's Lance schema with its metadata (lineage, fingerprint, format; ``complete`` false until
-    finalize)."""
+def _schemas(plan: _Plan, cfg: MaterializeConfig, checksum: str) -> dict:
+    """Each boundary's Lance schema with its metadata (lineage, fingerprint, format, row checksum; ``complete``
+    false until finalize). The checksum is recorded beside the lineage, never in it: the fingerprint is the same
+    whichever algorithm guards the rows."""
+    fmt = format_of(cfg.codec, checksum)
     schemas = {}
     for n, layer in zip(plan.names, plan.layers):
         meta = {
@@ -167,15 +172,17 @@ def _schemas(plan: _Plan, cfg: MaterializeConfig) -> dict:
             "seq_len": plan.seq_len,
             "hidden": plan.hidden,
             "rows": plan.tmeta["rows"],
-            "format_version": FORMAT_OF[cfg.codec],
+            "format_version": fmt,
             "codec": codec_meta(cfg.codec),
             "complete": False,
         }
+        if fmt == CHECKSUM_FORMAT:  # formats 2 and 3 name no algorithm: blake2b
+            meta["checksum"] = checksum
         schemas[n] = boundary_schema(meta, plan.seq_len, plan.hidden, cfg.storage_dtype, cfg.codec)
     return schemas
 
 
-def _capture(plan: _Plan, cfg, *, layout, stage, journal, start: int, sharded: bool) -> list:
+def _capture(plan: _Plan, cfg, *, layout, stage, journal, start: int, sharded: bool, checksum: str) -> list:
     """The teacher pass from row ``start`` into the staging folder, on Ray shards or in this process; the shards'
     reports (none in this process)."""
     run = dict(
@@ -183,7 +190,8 @@ def _capture(plan: _Plan, cfg, *, layout, stage, journal, start: int, sharded: b
         stage=stage,
         names=plan.names,
         layers=plan.layers,
-        schemas=_schemas(plan, cfg),
+        schemas=_schemas(plan, cfg, checksum),
+        checksum=checksum,
         journal=journal,
         n_rows=plan.n_rows,
         seq_len=plan.seq_len,
@@ -220,7 +228,8 @@ def materialize(
     plan = _only(full, [n for n in full.names if not _complete(layout.boundary(n), full.fps[n], n_rows, cfg.codec)])
     names = plan.names
     finals = {n: layout.boundary(n) for n in names}
-    stage = _stage_dir(plan, cfg, layout)
+    checksum = integrity.WRITE_CHECKSUM  # read at run time: a test writes blake2b datasets as an older zg did
+    stage = _stage_dir(plan, cfg, layout, checksum)
     remove_dead_staging(layout, keep=stage)
     if not names:
         return MaterializeResult(**done, seconds=time.perf_counter() - t0, skipped=True)
@@ -232,7 +241,9 @@ def materialize(
     need = estimate_bytes(n_rows, plan.seq_len, plan.hidden, cfg.storage_dtype, len(names), done=start)
     _check_disk(need, layout.staging)
     sharded = cfg.workers > 1 if sharded is None else sharded
-    shards = _capture(plan, cfg, layout=layout, stage=stage, journal=journal, start=start, sharded=sharded)
+    shards = _capture(
+        plan, cfg, layout=layout, stage=stage, journal=journal, start=start, sharded=sharded, checksum=checksum
+    )
     remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
     with span("materialize.finalize"):
         row_bytes = plan.seq_len * plan.hidden * BYTES[cfg.storage_dtype]

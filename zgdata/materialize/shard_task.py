@@ -8,8 +8,9 @@ commits them in row order (``staging.commit``). A killed attempt's files are the
 no pickled data passes between processes.
 
 The rows are captured in the same batches as a single-process run (shards start at multiples
-of ``batch_size``), each boundary's values streamed to its own ``write_fragments`` call in a
-thread, so a shard's memory is a few batches, not the whole shard.
+of ``batch_size``), encoded by the same pool of threads in row order (zgdata/materialize/encode.py), each
+boundary's record batches streamed to its own ``write_fragments`` call in a thread, so a shard's memory
+is a few batches, not the whole shard, and its files hold the bytes a single-process run writes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
@@ -30,14 +30,21 @@ from zgdata.errors import ZgError, from_os_error
 from zgdata.families.capture import capture
 from zgdata.layout import Layout
 from zgdata.materialize import stats as boundary_stats
+from zgdata.materialize.encode import Encoder
 from zgdata.materialize.staging import Streams, boundary_schema
-from zgdata.store.codec import CODECS, hidden_arrays
-from zgdata.store.integrity import checksum_array
+from zgdata.store.codec import CODECS, FORMATS
+from zgdata.store.integrity import CHECKSUMS
 
 __all__ = ["run_shard", "VERSIONS"]
 
 # a worker whose zg differs in any of these would write other bytes: the driver refuses it
-VERSIONS = {"capture": CAPTURE_VERSION, "format": BOUNDARY_FORMAT_VERSION, "codecs": list(CODECS)}
+VERSIONS = {
+    "capture": CAPTURE_VERSION,
+    "format": BOUNDARY_FORMAT_VERSION,
+    "formats": list(FORMATS),
+    "codecs": list(CODECS),
+    "checksums": list(CHECKSUMS),
+}
 _TEACHER: dict = {}  # this worker process's teacher, kept for its next shard: {key: model}
 
 
@@ -118,25 +125,33 @@ def _run(spec: dict) -> dict:
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
     streams = Streams(stage, names, schema, rows_per_file=hi - lo)
+    encoder = Encoder(
+        threads=spec.get("writer_threads", 1),
+        schema=schema,
+        storage_dtype=spec["storage_dtype"],
+        codec=codec,
+        checksum=spec.get("checksum", "blake2b"),  # a driver without the key predates format 4: blake2b
+    )
+
+    def stream(keep):
+        for _, encoded in encoder.done(keep=keep):
+            for n in names:
+                stats[n] = boundary_stats.combine(stats[n], encoded[n].stats)
+                streams.put(n, encoded[n].batch)
+
     try:
         for b in range(lo, hi, spec["batch_size"]):
             rows = np.arange(b, min(b + spec["batch_size"], hi))
             ids, splits = read_tokens(layout, rows, ds=tokens)
             caps = capture(model, ids, layers, storage_dtype=storage)
-            for n, layer in zip(names, layers):
-                x = caps[layer]
-                stats[n] = boundary_stats.combine(stats[n], boundary_stats.batch_stats(x))
-                values, bits = hidden_arrays(x, spec["storage_dtype"], codec)
-                streams.put(
-                    n,
-                    pa.RecordBatch.from_arrays(
-                        [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)],
-                        schema=schema,
-                    ),
-                )
+            encoder.submit(rows, splits, {n: caps[layer] for n, layer in zip(names, layers)})
+            stream(None)
+        stream(0)
     except BaseException:
         streams.close(abort=True)
         raise
+    finally:
+        encoder.close()
     fragments = streams.close()
     _test_hooks(spec)
     return {

@@ -52,6 +52,7 @@ def run_sharded(
     n_rows: int,
     seq_len: int,
     hidden: int,
+    checksum: str,
     expect: dict,
     advance,
 ) -> list[dict]:
@@ -65,27 +66,7 @@ def run_sharded(
         rows_per_file=cfg.rows_per_file,
         workers=cfg.workers,
     )
-    base = {
-        "root": str(Path(layout.root).resolve()),
-        "stage": str(stage.resolve()),
-        "names": names,
-        "layers": layers,
-        "batch_size": cfg.batch_size,
-        "seq_len": seq_len,
-        "hidden": hidden,
-        "storage_dtype": cfg.storage_dtype,
-        "codec": cfg.codec,
-        "compute_dtype": cfg.compute_dtype,
-        "threads": cfg.worker_threads,
-        "versions": VERSIONS,
-        "expect": expect,
-        "device": "cuda" if gpus else str(dev),
-        "hooks": {
-            "log": failpoints.path(failpoints.SHARD_LOG),
-            "driver": os.getpid(),
-            "sleep": failpoints.seconds(failpoints.IN_SHARD),
-        },
-    }
+    base = _base_spec(cfg, layout, stage, names, layers, seq_len, hidden, checksum, expect, dev, gpus)
     specs = [{**base, "lo": lo, "hi": hi} for lo, hi in todo]
     ran = []
     if specs:  # none when every row was committed before a kill: only finalization is left
@@ -98,3 +79,34 @@ def run_sharded(
                     {k: res[k] for k in ("lo", "hi", "host", "pid", "threads", "seconds", "cpu_seconds", "peak_rss_mb")}
                 )
     return ran  # materialize removes orphaned files before finalizing
+
+
+def _base_spec(
+    cfg, layout, stage: Path, names, layers, seq_len: int, hidden: int, checksum: str, expect: dict, dev, gpus
+):
+    """What every shard task of this run is told (JSON): the rows' shape, the codec and checksum, the versions, the
+    device, the test hooks; run_sharded adds each shard's rows."""
+    return {
+        "root": str(Path(layout.root).resolve()),
+        "stage": str(stage.resolve()),
+        "names": names,
+        "layers": layers,
+        "batch_size": cfg.batch_size,
+        "seq_len": seq_len,
+        "hidden": hidden,
+        "storage_dtype": cfg.storage_dtype,
+        "codec": cfg.codec,
+        "checksum": checksum,
+        # a shard's encoding threads: materialize.writer_threads when set; else 1, beside its worker_threads
+        "writer_threads": cfg.writer_threads or 1,
+        "compute_dtype": cfg.compute_dtype,
+        "threads": cfg.worker_threads,
+        "versions": VERSIONS,
+        "expect": expect,
+        "device": "cuda" if gpus else str(dev),
+        "hooks": {
+            "log": failpoints.path(failpoints.SHARD_LOG),
+            "driver": os.getpid(),
+            "sleep": failpoints.seconds(failpoints.IN_SHARD),
+        },
+    }

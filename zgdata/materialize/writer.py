@@ -1,6 +1,7 @@
 """One-process materialize: the teacher forward in the calling thread, Lance commits in a writer thread.
 
-The writer streams each commit group into the staging area (zgdata/materialize/staging.py) and commits
+The writer hands each batch's boundaries to a pool of ``materialize.writer_threads`` encoding threads
+(zgdata/materialize/encode.py), takes them back in row order, and streams each commit group into the staging area (zgdata/materialize/staging.py) and commits
 and journals it exactly as the sharded driver commits a shard, so both kinds of run leave the same
 staged datasets and resume each other.
 """
@@ -12,15 +13,14 @@ import threading
 import time
 
 import numpy as np
-import pyarrow as pa
 import torch
 
+from zgdata.core.runtime import writer_threads
 from zgdata.core.timing import span
 from zgdata.families.capture import capture
 from zgdata.materialize import stats as boundary_stats
+from zgdata.materialize.encode import Encoder
 from zgdata.materialize.staging import Streams, boundary_schema, commit
-from zgdata.store.codec import hidden_arrays
-from zgdata.store.integrity import checksum_array
 from zgdata.teacher.prepare import load_teacher
 from zgdata.tokens.tokenset import open_tokens, read_tokens
 
@@ -37,33 +37,49 @@ class Writer(threading.Thread):
     orphans, deleted before publishing. Memory stays a few batches whatever the group size.
     """
 
-    def __init__(self, *, stage, names, schemas, journal, cfg, total_rows, seq_len, hidden):
+    def __init__(self, *, stage, names, schemas, journal, cfg, total_rows, seq_len, hidden, checksum, threads=None):
         super().__init__(daemon=True)
         self.q: queue.Queue = queue.Queue(maxsize=cfg.queue_batches)
         self.stage, self.names, self.schemas, self.journal, self.cfg = stage, names, schemas, journal, cfg
         self.total_rows = total_rows
         self.bare = boundary_schema(None, seq_len, hidden, cfg.storage_dtype, cfg.codec)
+        self.encoder = Encoder(
+            threads=writer_threads(cfg.writer_threads) if threads is None else threads,
+            schema=self.bare,
+            storage_dtype=cfg.storage_dtype,
+            codec=cfg.codec,
+            checksum=checksum,
+        )
         self.group = None  # the open group: streams, first and next row, stats, bytes, start time
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while (item := self.q.get()) is not None:
-                self._add(*item)
-                g = self.group
-                if (
-                    (self.cfg.commit_rows and g["hi"] - g["lo"] >= self.cfg.commit_rows)
-                    or g["bytes"] >= self.cfg.commit_mb * 2**20
-                    or time.monotonic() - g["t0"] >= self.cfg.commit_seconds
-                ):
-                    self._flush()
+                self.encoder.submit(*item)
+                self._take(keep=None)
+            self._take(keep=0)
             self._flush()
         except BaseException as e:  # surfaced by the main thread
             self.error = e
             if self.group is not None:
                 self.group["streams"].close(abort=True)
+        finally:
+            self.encoder.close()
 
-    def _add(self, rows, splits, caps) -> None:
+    def _take(self, *, keep) -> None:
+        """Stream the encoded batches the pool has finished beyond ``keep`` in flight, in row order; close groups."""
+        for rows, encoded in self.encoder.done(keep=keep):
+            self._add(rows, encoded)
+            g = self.group
+            if (
+                (self.cfg.commit_rows and g["hi"] - g["lo"] >= self.cfg.commit_rows)
+                or g["bytes"] >= self.cfg.commit_mb * 2**20
+                or time.monotonic() - g["t0"] >= self.cfg.commit_seconds
+            ):
+                self._flush()
+
+    def _add(self, rows, encoded) -> None:
         if self.group is None:
             # one writer per dataset here: "create" until the first commit spares Lance's "no dataset" warning
             fresh = not any((self.stage / f"{n}.lance" / "_versions").exists() for n in self.names)
@@ -79,16 +95,10 @@ class Writer(threading.Thread):
             }
         g = self.group
         for name in self.names:
-            x = caps[name]  # (N, T, C) storage dtype
-            g["stats"][name] = boundary_stats.combine(g["stats"][name], boundary_stats.batch_stats(x))
-            values, bits = hidden_arrays(x, self.cfg.storage_dtype, self.cfg.codec)
-            g["streams"].put(
-                name,
-                pa.RecordBatch.from_arrays(
-                    [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits)], schema=self.bare
-                ),
-            )
-            g["bytes"] += x.numel() * x.element_size()
+            e = encoded[name]
+            g["stats"][name] = boundary_stats.combine(g["stats"][name], e.stats)
+            g["streams"].put(name, e.batch)
+            g["bytes"] += e.nbytes
         g["hi"] = int(rows[-1]) + 1
 
     def _flush(self) -> None:
@@ -107,7 +117,9 @@ class Writer(threading.Thread):
             )
 
 
-def run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, start, advance) -> None:
+def run_local(
+    cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, checksum, start, advance
+) -> None:
     """One process: teacher forward in this thread, Lance commits in a background writer thread."""
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
@@ -121,6 +133,7 @@ def run_local(cfg, *, layout, stage, names, layers, schemas, journal, n_rows, se
         total_rows=n_rows,
         seq_len=seq_len,
         hidden=hidden,
+        checksum=checksum,
     )
     tokens_ds = open_tokens(layout)
     writer.start()

@@ -1,4 +1,4 @@
-"""How a boundary's hidden states are laid out in Lance: ``raw`` or the lossless ``zstd`` byte split.
+"""How a boundary's hidden states are laid out in Lance: ``raw`` or a lossless byte split (``zstd``, ``zstd_fast``).
 
 ``raw`` (boundary format 2): one ``hidden`` column, a fixed-size list of the storage dtype's
 bits per row (bf16 as uint16), readable with plain lance/pyarrow.
@@ -12,6 +12,11 @@ are. Measured on SmolLM2-135M's inner boundaries: 0.72 of raw (docs/results/benc
 field encodings (``lance-encoding:compression`` zstd/lz4, ``lance-encoding:bss``) left these
 wide fixed-size-list rows at 1.00 of raw (bench/compression.py), hence this layout.
 
+``zstd_fast`` (boundary format 4) is the same layout with the high bytes compressed by zstd's fast
+strategy and small match tables (``zstandard``; ``ZSTD_FAST``): on bf16 high bytes, which are mostly
+literals for the entropy coder, it measured 3-4x the speed of level 3 at the same size or smaller
+(bench/write_path.py, docs/results/write-path.md). Its frames are plain zstd frames; one decoder reads both.
+
 Both layouts decode to exactly the stored bits; the per-row checksum (zgdata/store/integrity.py)
 is of those decoded bits in either layout, so a checksum also proves a lossless decode. The
 codec is a storage choice, never lineage: the fingerprint does not depend on it, and it is
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +42,11 @@ if TYPE_CHECKING:  # torch loads where a tensor is encoded (`zg data inspect` re
 __all__ = [
     "CODECS",
     "ZSTD_LEVEL",
+    "ZSTD_FAST",
     "FORMAT_OF",
+    "FORMATS",
+    "CHECKSUM_FORMAT",
+    "format_of",
     "hidden_fields",
     "hidden_arrays",
     "decode_rows",
@@ -46,11 +56,27 @@ __all__ = [
     "codec_meta",
 ]
 
-CODECS = ("raw", "zstd")
+CODECS = ("raw", "zstd", "zstd_fast")
 ZSTD_LEVEL = 3  # higher levels gained < 1% on bf16 high bytes at several times the encode cost
-# boundary format written for each codec: raw keeps format 2 (a zg without codecs reads it); a zg
-# without codecs refuses format 3 with "rematerialize" instead of failing on missing columns
+# zstd_fast: the fast strategy with match tables that stay in L1/L2 (hash 2**10); the high bytes are mostly
+# literals, so the Huffman stage gives the size and a wide match search only costs time (bench/write_path.py)
+ZSTD_FAST = {"strategy": "fast", "window_log": 17, "hash_log": 10, "chain_log": 10, "search_log": 1, "min_match": 7}
+# boundary format written for each codec with the blake2b row checksum: raw keeps format 2 (a zg without codecs
+# reads it); a zg without codecs refuses format 3 with "rematerialize" instead of failing on missing columns
 FORMAT_OF = {"raw": BOUNDARY_FORMAT_VERSION, "zstd": BOUNDARY_FORMAT_VERSION + 1}
+# format 4: the row checksum's algorithm is named in zg.checksum (zgdata/store/integrity.py), any codec; a zg that
+# predates it refuses it with "rematerialize" rather than report every row's (xxh3) checksum as a mismatch
+CHECKSUM_FORMAT = BOUNDARY_FORMAT_VERSION + 2
+FORMATS = (*FORMAT_OF.values(), CHECKSUM_FORMAT)
+
+
+def format_of(codec: str, checksum: str) -> int:
+    """The boundary format a dataset of ``codec`` with row checksum ``checksum`` is written in."""
+    if checksum == "blake2b" and codec in FORMAT_OF:
+        return FORMAT_OF[codec]  # exactly what zg wrote before format 4: same metadata, same bytes
+    return CHECKSUM_FORMAT
+
+
 _NP = {"bfloat16": np.uint16, "float32": np.float32}
 _ARROW = {"bfloat16": pa.uint16(), "float32": pa.float32()}
 
@@ -59,10 +85,24 @@ def _zstd() -> pa.Codec:
     return pa.Codec("zstd", compression_level=ZSTD_LEVEL)
 
 
+def _fast_compressor():
+    """This thread's zstd_fast compressor (a ZstdCompressor must not be used by two threads at once)."""
+    c = getattr(_LOCAL, "fast", None)
+    if c is None:
+        import zstandard
+
+        p = {k: v for k, v in ZSTD_FAST.items() if k != "strategy"}
+        params = zstandard.ZstdCompressionParameters(strategy=zstandard.STRATEGY_FAST, **p)
+        c = _LOCAL.fast = zstandard.ZstdCompressor(compression_params=params)
+    return c
+
+
 def codec_meta(codec: str) -> dict:
     """What ``zg.codec`` records for ``codec``."""
     if codec == "raw":
         return {"name": "raw"}
+    if codec == "zstd_fast":
+        return {"name": codec, "layout": "bytesplit", "compressed": "hidden_hi", "zstd": ZSTD_FAST}
     return {"name": codec, "layout": "bytesplit", "compressed": "hidden_hi", "zstd_level": ZSTD_LEVEL}
 
 
@@ -112,6 +152,15 @@ def _planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
     return flat.numpy()
 
 
+def _split(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(B, n) rows of bits -> (the (B, n) most significant bytes, the other bytes of each value in order, flat)."""
+    if rows.dtype == np.uint16:  # bf16: shifts and a narrowing cast, vectorized (a strided byte gather is 3-5x slower)
+        return (rows >> 8).astype(np.uint8), rows.astype(np.uint8).reshape(-1)
+    b, n = rows.shape
+    by = rows.view(np.uint8).reshape(b, n, rows.dtype.itemsize)  # little endian: the last byte is sign + exponent
+    return np.ascontiguousarray(by[:, :, -1]), np.ascontiguousarray(by[:, :, :-1]).reshape(-1)
+
+
 def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list[pa.Array], np.ndarray]:
     """Encode a (B, T, C) batch: (the value columns in schema order, the (B, T*C) raw rows for checksums)."""
     rows = _planes(x, storage_dtype)
@@ -120,10 +169,13 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
         values = pa.array(rows.reshape(-1), type=_ARROW[storage_dtype])
         return [pa.FixedSizeListArray.from_arrays(values, n)], rows
     nbytes = rows.dtype.itemsize
-    by = rows.view(np.uint8).reshape(b, n, nbytes)  # little endian: the last byte is sign + exponent
-    z = _zstd()
-    hi = [z.compress(np.ascontiguousarray(by[i, :, -1]), asbytes=True) for i in range(b)]
-    lo = np.ascontiguousarray(by[:, :, :-1]).reshape(-1)
+    his, lo = _split(rows)
+    if codec == "zstd_fast":
+        z = _fast_compressor()
+        hi = [z.compress(his[i]) for i in range(b)]
+    else:
+        z = _zstd()
+        hi = [z.compress(his[i], asbytes=True) for i in range(b)]
     return [
         pa.array(hi, type=pa.large_binary()),
         pa.FixedSizeListArray.from_arrays(pa.array(lo, type=pa.uint8()), n * (nbytes - 1)),
@@ -156,23 +208,31 @@ def decode_rows(table, codec: str, storage_dtype: str, seq_len: int, hidden: int
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
     lo = _flat_values(table.column("hidden_lo"), n * (nbytes - 1)).reshape(-1, n, nbytes - 1)
     out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
-    out[:, :, :-1] = lo
+    out16 = out.reshape(len(lo), n * nbytes).view(np.uint16) if nbytes == 2 else None
     col = table.column("hidden_hi")
     bufs = [
         ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
     ]
 
     def one(i: int) -> str | None:
-        """Decode row i's high bytes into ``out``; an error text if they do not decode."""
+        """Decode row i (its high bytes, then both planes into ``out``); an error text if they do not decode."""
         try:
             hi = _zstd().decompress(bufs[i], decompressed_size=n, asbytes=False)
             if hi.size != n:
-                return f"{hi.size} bytes, not {n}"
-            out[i, :, -1] = np.frombuffer(hi, dtype=np.uint8)
-            return None
+                raise ValueError(f"{hi.size} bytes, not {n}")
+            hi = np.frombuffer(hi, dtype=np.uint8)
+            err = None
         except (ValueError, OSError, pa.ArrowException) as e:
-            out[i, :, -1] = 0
-            return str(e)
+            hi, err = np.zeros(n, dtype=np.uint8), str(e)
+        if out16 is not None:  # bf16: (hi << 8) | lo, vectorized and per row in this thread (cache-sized)
+            o = out16[i]
+            o[:] = hi
+            o <<= 8
+            o |= lo[i, :, 0]
+        else:
+            out[i, :, :-1] = lo[i]
+            out[i, :, -1] = hi
+        return err
 
     # zstd and numpy's copies release the GIL: rows decode in parallel threads
     errors = list(_pool().map(one, range(len(bufs)))) if len(bufs) > 1 else [one(i) for i in range(len(bufs))]
@@ -184,6 +244,7 @@ def decode_rows(table, codec: str, storage_dtype: str, seq_len: int, hidden: int
 
 
 _POOL = None
+_LOCAL = threading.local()
 
 
 def _pool():

@@ -44,10 +44,17 @@ def budget_bytes() -> int:
         return 0
 
 
+READAHEAD_BYTES = 16 << 20  # decoded bytes a miss reads ahead: long sorted runs, not a few rows per Lance take
+
+
 def decoded_cache(n_rows: int, row_values: int, dtype, fetch):
     """rows (int64, any order) -> (N, row_values) array, each row decoded by ``fetch`` once; None if over budget.
 
-    ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows)."""
+    ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows). A miss also
+    reads the uncached rows that follow the first missing one, about ``READAHEAD_BYTES`` in all: a first epoch in
+    random order then reads the dataset in contiguous runs, one Lance take each (a take of four scattered rows
+    costs about as much as one of thirty contiguous ones, bench/write_path.py). Those rows are checked against
+    their checksums when they are asked for, as every row is (zgdata/store/reader.py)."""
     global _reserved
     dtype = np.dtype(dtype)
     size = n_rows * row_values * dtype.itemsize
@@ -59,15 +66,26 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch):
     weakref.finalize(cache, _release, size)  # the reservation lives as long as the array
     have = np.zeros(n_rows, dtype=bool)
     lock = threading.Lock()  # two threads asking for the same missing row decode it once
+    ahead = max(1, READAHEAD_BYTES // max(1, row_values * dtype.itemsize))
 
     def read(rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         if not have[rows].all():
             with lock:
                 miss = np.unique(rows[~have[rows]])
-                if len(miss):
+                more = miss
+                if 0 < len(miss) < ahead:  # read ahead: the uncached rows after the first missing one
+                    run = np.arange(miss[0], min(n_rows, miss[0] + ahead))
+                    more = np.union1d(miss, np.setdiff1d(run[~have[run]], miss)[: ahead - len(miss)])
+                if len(more) > len(miss):
+                    try:
+                        cache[more] = fetch(more)
+                        have[more] = True  # only after the values are in place
+                    except Exception:  # a damaged row read ahead: read what was asked for alone, and let it raise
+                        pass
+                if len(miss) and not have[miss].all():
                     cache[miss] = fetch(miss)
-                    have[miss] = True  # only after the values are in place
+                    have[miss] = True
         return cache[rows]
 
     return read

@@ -2,13 +2,20 @@
 
 Lance stores a bf16 boundary's values uncompressed and keeps no checksum of its pages, so
 a flipped byte in a data file reads back as silently different activations. Materialize
-therefore writes, next to each row's hidden states, a blake2b digest of exactly the bytes
+therefore writes, next to each row's hidden states, a 128-bit digest of exactly the bytes
 it stored; every read (training, verify, evaluate) recomputes it. The digest covers the
 values only: it says "these are the bytes materialize wrote", while the fingerprint says
-what those bytes mean (lineage). The column is part of ``BOUNDARY_FORMAT_VERSION``, never
-of the fingerprint.
+what those bytes mean (lineage). The column is part of the boundary format, never of the
+fingerprint.
 
-hashlib releases the GIL on buffers this large, so the check overlaps with training when
+The digest guards against accidents only: the root of trust is the md5 that git's ``dvc.lock``
+records (zgdata/trust/dvc_lock.py, docs/SECURITY.md). So it is a fast non-cryptographic hash:
+xxh3-128 (``xxhash``), measured at 27-31 GB/s on one core of the 2-core machine against 2.7 for
+blake3 and 0.67-1.3 for blake2b (bench/write_path.py). Datasets written before it (boundary
+formats 2 and 3) hold blake2b-128 and keep reading and verifying with it: the algorithm is
+recorded as ``zg.checksum`` (format 4), and a dataset without it is blake2b.
+
+hashlib and xxhash release the GIL on buffers this large, so the check overlaps with training when
 batches are loaded ahead in a thread (``BoundaryPair.batches``).
 """
 
@@ -27,6 +34,9 @@ from zgdata.errors import ZgError
 __all__ = [
     "CHECKSUM_COLUMN",
     "CHECKSUM_BYTES",
+    "CHECKSUMS",
+    "WRITE_CHECKSUM",
+    "checksum_of",
     "row_checksum",
     "hidden_checksums",
     "checksum_array",
@@ -41,11 +51,43 @@ __all__ = [
 
 CHECKSUM_COLUMN = "checksum"
 CHECKSUM_BYTES = 16  # 128 bits: collisions are irrelevant next to 1e-20-level random corruption odds
+CHECKSUMS = ("blake2b", "xxh3_128")  # blake2b: boundary formats 2 and 3; xxh3_128 from format 4
+WRITE_CHECKSUM = "xxh3_128"  # what materialize writes (tests set blake2b to write a dataset as an older zg did)
 
 
-def row_checksum(buf) -> bytes:
-    """The checksum of one row: blake2b-128 of its stored hidden bytes (any C-contiguous buffer)."""
-    return hashlib.blake2b(buf, digest_size=CHECKSUM_BYTES).digest()
+def checksum_of(meta: dict) -> str:
+    """The row checksum algorithm of a boundary dataset from its zg.* metadata (formats 2 and 3: blake2b)."""
+    name = meta.get("checksum") or "blake2b"
+    if name not in CHECKSUMS:
+        raise ZgError(
+            f"boundary row checksum {name!r} is unknown to this zg (it reads {', '.join(CHECKSUMS)})",
+            fix="install the zg that wrote it, or rematerialize with `dvc repro -f materialize`",
+        )
+    return name
+
+
+def _hasher(algo: str):
+    if algo == "xxh3_128":
+        import xxhash  # imported where rows are hashed: `zg data inspect` reads the schema only
+
+        return xxhash.xxh3_128_digest
+    if algo == "blake2b":
+        return lambda buf: hashlib.blake2b(buf, digest_size=CHECKSUM_BYTES).digest()
+    checksum_of({"checksum": algo})  # raises the one-line error
+    raise AssertionError(algo)
+
+
+def row_checksum(buf, *, algo: str) -> bytes:
+    """The checksum of one row: ``algo`` (xxh3_128 or blake2b-128) of its stored hidden bytes (a C-contiguous
+    buffer; numpy rows are hashed as their bytes)."""
+    if isinstance(buf, np.ndarray):
+        buf = buf.view(np.uint8)  # xxhash and blake3 take only byte buffers; the digest is of the same bytes
+    return _hasher(algo)(buf)
+
+
+def _sums(rows, algo: str) -> list[bytes]:
+    h = _hasher(algo)
+    return [h(r.view(np.uint8) if isinstance(r, np.ndarray) else r) for r in rows]
 
 
 def _row_views(col) -> list[np.ndarray]:
@@ -61,23 +103,24 @@ def _row_views(col) -> list[np.ndarray]:
     return out
 
 
-def hidden_checksums(col) -> list[bytes]:
+def hidden_checksums(col, *, algo: str) -> list[bytes]:
     """Checksums of every row of a hidden column, in order."""
-    return [row_checksum(r) for r in _row_views(col)]
+    return _sums(_row_views(col), algo)
 
 
-def checksum_array(col) -> pa.Array:
+def checksum_array(col, *, algo: str) -> pa.Array:
     """The ``checksum`` column materialize writes: of a raw hidden column, or of (N, T*C) numpy rows of bits."""
-    sums = [row_checksum(r) for r in col] if isinstance(col, np.ndarray) else hidden_checksums(col)
+    sums = _sums(col, algo) if isinstance(col, np.ndarray) else hidden_checksums(col, algo=algo)
     return pa.array(sums, type=pa.binary(CHECKSUM_BYTES))
 
 
-def mismatched_rows(table, values: np.ndarray | None = None) -> list[int]:
+def mismatched_rows(table, values: np.ndarray | None = None, *, algo: str) -> list[int]:
     """Positions (0-based, within ``table``) whose hidden bits do not match their stored checksum.
 
-    ``values``: the rows' decoded bits, (N, T*C) (zgdata/store/codec.py); default the raw ``hidden`` column."""
+    ``values``: the rows' decoded bits, (N, T*C) (zgdata/store/codec.py); default the raw ``hidden`` column.
+    ``algo``: the dataset's algorithm (``checksum_of(meta)``)."""
     stored = table.column(CHECKSUM_COLUMN).to_pylist()
-    got = [row_checksum(r) for r in values] if values is not None else hidden_checksums(table.column("hidden"))
+    got = _sums(values, algo) if values is not None else hidden_checksums(table.column("hidden"), algo=algo)
     return [i for i, (want, have) in enumerate(zip(stored, got)) if want != have]
 
 
@@ -89,9 +132,9 @@ def recover_fix(path: Path, kind: str | None = None) -> str:
     )
 
 
-def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = None) -> None:
+def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = None, *, algo: str) -> None:
     """Raise if any row of ``table`` (read from ``path``; dataset row numbers ``rows``) fails its checksum."""
-    bad = mismatched_rows(table, values)
+    bad = mismatched_rows(table, values, algo=algo)
     if not bad:
         return
     r = int(rows[bad[0]])
@@ -105,23 +148,22 @@ def check_rows(path: Path, table, rows, seq_ids, values: np.ndarray | None = Non
 
 def check_format(path: Path, schema: pa.Schema, meta: dict) -> None:
     """Refuse a boundary dataset written in another format (e.g. before per-row checksums)."""
-    from zgdata.store.codec import FORMAT_OF, codec_of
+    from zgdata.store.codec import FORMATS, codec_of, format_of
 
     have = meta.get("format_version")
     field = schema.field(CHECKSUM_COLUMN) if CHECKSUM_COLUMN in schema.names else None
-    codec = codec_of(meta)
-    if have == FORMAT_OF[codec] and field is not None and field.type == pa.binary(CHECKSUM_BYTES):
+    codec, algo = codec_of(meta), checksum_of(meta)
+    ok = have == format_of(codec, algo)
+    if ok and field is not None and field.type == pa.binary(CHECKSUM_BYTES):
         return
     if have is None:
         what = (
             f"was written before boundary format {BOUNDARY_FORMAT_VERSION} (no zg.format_version, no per-row checksums)"
         )
-    elif have not in FORMAT_OF.values():
-        what = (
-            f"has boundary format {have}, but this zg reads formats {', '.join(map(str, sorted(FORMAT_OF.values())))}"
-        )
-    elif have != FORMAT_OF[codec]:
-        what = f"has boundary format {have}, which does not match its codec {codec!r}"
+    elif have not in FORMATS:
+        what = f"has boundary format {have}, but this zg reads formats {', '.join(map(str, FORMATS))}"
+    elif not ok:
+        what = f"has boundary format {have}, which does not match its codec {codec!r} and checksum {algo!r}"
     else:
         what = f"claims boundary format {have} but has no valid `{CHECKSUM_COLUMN}` column"
     raise ZgError(
@@ -197,7 +239,7 @@ def guarded(ds, path: Path, kind: str | None):
 
 
 def scan_checksums(
-    ds, row_bytes: int, *, batch_bytes: int = 64 << 20, columns=("hidden",), decode=None
+    ds, row_bytes: int, *, algo: str, batch_bytes: int = 16 << 20, columns=("hidden",), decode=None
 ) -> tuple[int, list[tuple[int, int]]]:
     """Check every row's checksum, streaming about ``batch_bytes`` at a time (never the whole dataset).
 
@@ -207,6 +249,6 @@ def scan_checksums(
     n, bad = 0, []
     for rb in ds.to_batches(columns=["seq_id", *columns, CHECKSUM_COLUMN], batch_size=max(1, batch_bytes // row_bytes)):
         seq = rb.column("seq_id")
-        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb, decode(rb) if decode else None)]
+        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb, decode(rb) if decode else None, algo=algo)]
         n += rb.num_rows
     return n, bad

@@ -19,7 +19,7 @@ from zgdata.core.timing import span
 from zgdata.errors import ZgError
 from zgdata.lineage import check
 from zgdata.store.codec import codec_of, decode_rows, hidden_columns, value_info
-from zgdata.store.integrity import CHECKSUM_COLUMN, check_rows, recover_fix
+from zgdata.store.integrity import CHECKSUM_COLUMN, check_rows, checksum_of, recover_fix
 from zgdata.store.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.trust import dvc_lock as trust
 
@@ -36,6 +36,7 @@ class BoundaryDataset:
         self.ds = open_dataset(self.path, kind="boundary", version=version)
         self.meta = schema_meta(self.ds.schema)
         self.codec = codec_of(self.meta)
+        self.checksum = checksum_of(self.meta)  # the row checksum's algorithm: blake2b before boundary format 4
         self.columns = hidden_columns(self.codec)
         self.field = self.ds.schema.field(self.columns[0])  # carries zg.dtype and zg.shape
         self.dtype, self.seq_len, self.hidden = value_info(self.ds.schema, self.meta)
@@ -95,12 +96,12 @@ class BoundaryDataset:
             if pages is not None:  # mapped pages: read straight into the caller's order, one copy
                 values = pages(rows)
                 if need:
-                    check_rows(self.path, self._checksums(rows), rows, self.seq_ids, values)
+                    check_rows(self.path, self._checksums(rows), rows, self.seq_ids, values, algo=self.checksum)
             else:
                 table = self.ds.take(srt, columns=self.columns + ([CHECKSUM_COLUMN] if need else []))
                 values = self.decode(table, rows)
                 if need:
-                    check_rows(self.path, table, srt, self.seq_ids, values)
+                    check_rows(self.path, table, srt, self.seq_ids, values, algo=self.checksum)
                 if not np.array_equal(order, np.arange(len(rows))):
                     values = values[np.argsort(order)]
             if need:
@@ -181,6 +182,8 @@ class BoundaryPair:
     """The (input, target) boundaries of one block (paths, or boundaries already open: a virtual h00)."""
 
     def __init__(self, input_path, output_path):
+        # both sides checked against dvc.lock in one call: their files hash at once, on as many cores
+        trust.verify(*(Path(p) for p in (input_path, output_path) if not hasattr(p, "take")))
         self.input = input_path if hasattr(input_path, "take") else BoundaryDataset(input_path)
         self.output = output_path if hasattr(output_path, "take") else BoundaryDataset(output_path)
         self._pool = None

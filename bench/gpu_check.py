@@ -1,0 +1,226 @@
+"""The data plane's GPU checks, prepared as one script: run it on a GPU box; it runs on CPU as a smoke test.
+
+    ZG_DEVICE=cuda python bench/gpu_check.py --workdir /tmp/zg-gpu               # smollm2 profile, every check
+    python bench/gpu_check.py --smoke --project TINY_PROJECT                         # CPU, seconds (the test's run)
+
+The device is ``ZG_DEVICE`` (zgdata/core/runtime.py, the one place it is chosen; default: cuda when torch sees
+one, else cpu). Each check prints its figures; a bitwise guarantee that fails makes the script exit 1:
+
+  materialize   materialize with compute_dtype bfloat16 (tokens/s) / the same forwards and captures alone
+                (bench/materialize.py's two measurements), in a scratch copy of the project
+  cached_online block b00 trained with cached targets and with online targets (recomputed by the teacher
+                on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
+  write_path    the write path (bench/write_path.py) at the teacher's hidden size and boundary count, in
+                GB/s, / the boundary bytes the bf16 forward makes per second: >= 1 keeps up with the GPU
+  repro         `zg repro --jobs N` (N: the GPUs, one block per GPU) / a serial `dvc repro`: wall time, and
+                the same block state_sha256 values (guarantee 7)                                      [guarantee]
+  schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
+                (bench/local_schedule.py on a local-tiny project)                                     [guarantee]
+
+No GPU was available when this script was written (docs/results/write-path.md says what ran where): its CPU smoke
+run is tests/test_bench_gpu_check.py. The last line is one JSON object with every figure and each check's result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+FAILED: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def zg(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["zg", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    if check and r.returncode:
+        raise SystemExit(f"zg {' '.join(map(str, args))} failed in {cwd} (exit {r.returncode}):\n{r.stderr[-2000:]}")
+    return r
+
+
+def edit(root: Path, **sections) -> None:
+    p = yaml.safe_load((root / "params.yaml").read_text())
+    for s, kv in sections.items():
+        p.setdefault(s, {}).update(kv)
+    (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+
+
+def guarantee(name: str, ok: bool, detail: str) -> bool:
+    log(f"  {'PASS' if ok else 'FAIL'} {name}: {detail}")
+    if not ok:
+        FAILED.append(name)
+    return ok
+
+
+def setup(work: Path, profile: str, smoke: bool) -> Path:
+    root = work / "proj"
+    if not (root / "data" / "tokens.lance").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        zg("init", root, "--profile", profile, cwd=work)
+        if smoke:
+            edit(root, corpus={"max_train_seqs": 16, "max_heldout_seqs": 4})
+        zg("teacher", "prepare", cwd=root)
+        zg("data", "tokenize", cwd=root)
+    zg("data", "materialize", cwd=root)
+    return root
+
+
+def check_materialize(root: Path, work: Path, res: dict) -> None:
+    sys.path.insert(0, str(BENCH))
+    import materialize as M  # bench/materialize.py: the measurements the CPU results page quotes
+
+    from zgdata.config import MaterializeConfig, PartitionConfig, section
+    from zgdata.layout import Layout
+
+    scratch = work / "bf16"
+    shutil.rmtree(scratch, ignore_errors=True)
+    for rel in ("models/teacher", "data/tokens.lance", "data/tokens.json", "params.yaml"):
+        src, dst = root / rel, scratch / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    edit(scratch, materialize={"compute_dtype": "bfloat16"})
+    params = yaml.safe_load((scratch / "params.yaml").read_text())
+    mcfg, part = section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
+    layout = Layout(scratch)
+    fwd = M.forward_only(layout, mcfg, part)
+    mat = M.run_materialize(layout, mcfg, part)
+    res.update(
+        forward_tok_s=fwd["tok_s"], materialize_tok_s=mat["tok_s"], materialize_vs_forward=mat["tok_s"] / fwd["tok_s"]
+    )
+    log(
+        f"materialize bf16: {mat['tok_s']:.0f} tok/s, forward alone {fwd['tok_s']:.0f}: ratio {res['materialize_vs_forward']:.2f}"
+    )
+    teacher = json.loads((scratch / "models/teacher/teacher.json").read_text())
+    res["hidden"] = teacher["architecture"]["hidden_size"]
+    res["boundaries"] = len(part.boundaries)
+    res["forward_boundary_gbps"] = fwd["tok_s"] * res["boundaries"] * res["hidden"] * 2 / 1e9
+    shutil.rmtree(scratch)
+
+
+def state(root: Path, key: str) -> str:
+    return json.loads((root / "metrics" / "blocks" / f"{key}.json").read_text())["state_sha256"]
+
+
+def check_cached_online(root: Path, res: dict) -> None:
+    zg("train", "block", "b00", "--restart", cwd=root)
+    cached = state(root, "b00")
+    zg("train", "block", "b00", "--targets", "online", "--restart", cwd=root)
+    online = state(root, "b00")
+    res["cached_equals_online"] = guarantee(
+        "cached == online", cached == online, f"b00 state_sha256 {cached[:12]} / {online[:12]}"
+    )
+
+
+def check_write_path(work: Path, res: dict, mb: int) -> None:
+    sys.path.insert(0, str(BENCH))
+    import write_path as W
+
+    from zgdata.core.runtime import writer_threads
+
+    hidden, boundaries = res.get("hidden", 576), res.get("boundaries", 4)
+    xs = W.synthetic(2, 128, hidden)
+    batches = max(2, (mb << 20) // (boundaries * xs[0].numel() * 2))
+    r = W.write_path(work, xs, boundaries=boundaries, batches=batches, codec="zstd_fast", threads=0, publish=False)
+    gbps = r["bytes"] / r["seconds"] / 1e9
+    res["write_path_gbps"] = gbps
+    shutil.rmtree(r["stage"])
+    msg = f"write path zstd_fast, {writer_threads(0)} threads: {gbps:.2f} GB/s"
+    if "forward_boundary_gbps" in res:
+        res["write_vs_forward"] = gbps / res["forward_boundary_gbps"]
+        msg += f"; the forward makes {res['forward_boundary_gbps']:.2f} GB/s: ratio {res['write_vs_forward']:.2f}"
+    log(msg)
+
+
+def check_repro(root: Path, work: Path, res: dict, jobs: int) -> None:
+    serial, par = work / "serial", work / "parallel"
+    for d in (serial, par):
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(root, d, symlinks=True)
+    t0 = time.perf_counter()  # up to assemble: the blocks are what is compared (evaluate's gates are not)
+    subprocess.run(["dvc", "repro", "-q", "assemble"], cwd=serial, check=True)
+    t_serial = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    zg("repro", "--jobs", jobs, "assemble", cwd=par)
+    t_par = time.perf_counter() - t0
+    keys = sorted(p.stem for p in (serial / "metrics" / "blocks").glob("*.json"))
+    same = all(state(serial, k) == state(par, k) for k in keys)
+    res.update(repro_jobs=jobs, repro_speedup=t_serial / t_par, repro_same_states=same)
+    log(f"zg repro --jobs {jobs}: {t_par:.0f} s, dvc repro {t_serial:.0f} s: speedup {t_serial / t_par:.2f}")
+    guarantee("zg repro --jobs == dvc repro", same, f"{len(keys)} blocks' state_sha256")
+
+
+def check_schedule(work: Path, res: dict) -> None:
+    root = work / "local"
+    if not (root / "data" / "tokens.lance").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        zg("init", root, "--profile", "local-tiny", cwd=work)
+        subprocess.run(["dvc", "repro", "-q", "tokens"], cwd=root, check=True)
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "local_schedule.py"), "--project", str(root), "--steps", "5", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+    )
+    log(r.stdout[-1500:])
+    m = re.search(r"early_backward / phased = ([0-9.]+)", r.stdout)
+    res["early_backward_vs_phased"] = float(m.group(1)) if m else None
+    res["schedule_ok"] = guarantee("early_backward == phased weights", r.returncode == 0, f"exit {r.returncode}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/zg-gpu-check"))
+    ap.add_argument("--project", type=Path, help="an existing materialized project to copy (skips setup)")
+    ap.add_argument("--profile", default="smollm2")
+    ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny sizes, no repro or schedule check")
+    ap.add_argument("--checks", default="materialize,cached_online,write_path,repro,schedule")
+    ap.add_argument("--mb", type=int, default=1024, help="MB of boundary bytes for the write-path check")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    os.environ.setdefault("ZG_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+    from zgdata.core.runtime import device
+
+    dev = device()  # refuses a ZG_DEVICE this torch cannot use, in one line
+    checks = args.checks.split(",")
+    if args.smoke:
+        checks = [c for c in checks if c not in ("repro", "schedule")]
+        args.mb = min(args.mb, 16)
+    log(f"device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}), checks {checks}")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.project:
+        root = args.workdir / "proj"
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(args.project, root, symlinks=True)
+    else:
+        root = setup(args.workdir, "tiny" if args.smoke else args.profile, args.smoke)
+    res: dict = {"device": str(dev)}
+    if "materialize" in checks:
+        check_materialize(root, args.workdir, res)
+    if "cached_online" in checks:
+        check_cached_online(root, res)
+    if "write_path" in checks:
+        check_write_path(args.workdir, res, args.mb)
+    if "repro" in checks:
+        check_repro(root, args.workdir, res, max(1, torch.cuda.device_count()) if dev.type == "cuda" else 2)
+    if "schedule" in checks:
+        check_schedule(args.workdir, res)
+    res["failed"] = FAILED
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

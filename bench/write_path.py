@@ -1,0 +1,491 @@
+"""Benchmark: the boundary data plane at accelerator rates, without a teacher. Not a test; prints ratios measured
+side by side in one run, on the same disk.
+
+    python bench/write_path.py                       # hidden 576, 4 boundaries, 256 MB of bf16 per write
+    python bench/write_path.py --hidden 4096 --boundaries 9 --mb 512
+    python bench/write_path.py --rows-from PROJECT/data/boundaries/h05.lance   # real rows (sizes on real data)
+
+Synthetic bf16 batches (B x T x hidden; a per-channel scale and a few outlier channels, or real rows read from a
+boundary dataset) go through zg's own write path: ``materialize.writer.Writer`` with its pool of encoding threads
+(encode, row checksum, exact stats), the Lance streams, the row-ordered commits and the journal, then
+``staging.finalize``. Printed:
+
+  plain write      the same number of bytes written from memory in 8 MiB chunks, then fsync (dd conv=fsync)
+  write path       GB/s of bf16 input per codec and per writer-thread count (files fsynced at the end too), the
+                   ratio to the plain write, and the bytes on disk per bf16 byte
+  per thread       one thread's encode + row checksum (the unit 0.22-0.25 GB/s described before this path), and the
+                   whole job (with stats and the Lance record batch); the former path (zstd level 3 + blake2b) too
+  pool             the encoding pool alone (no I/O), 2 threads / 1 thread
+  loader           a boundary pair read by BoundaryPair.batches: a first epoch (every row decoded and checked) and
+                   a warm one, / np.memmap of the same rows. This VM backs guest memory on first touch (measured and
+                   printed: ~0.2 GB/s, against 3-10 for memory the guest has touched before), which a machine that
+                   has run anything meets rarely; so the decoded cache's size is touched and freed before the first
+                   epoch, and the figure measures zg's reads, not the VM's memory faults
+  verify --full    every row's checksum streamed (``scan_checksums``) / reading the same files
+  trust check      ``trust.verify`` of the pair against a dvc.lock, 1 thread and all cores, / copying the same
+                   bytes (what `dvc pull` from a local remote does at least)
+
+Each figure is the best of ``--repeats`` runs (these machines are shared: the JSON's ``foreign_cpu_share`` is the
+share of the cores other processes took meanwhile). The last line is one JSON object with every figure. Default
+run: a minute or two on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from harness import CpuMeter, wait_quiet
+
+from zgdata.config import MaterializeConfig
+from zgdata.materialize.encode import Encoder, encode_batch
+from zgdata.materialize.staging import Journal, boundary_schema, finalize
+from zgdata.materialize.writer import Writer
+from zgdata.store import integrity
+from zgdata.store.codec import codec_meta, format_of, hidden_arrays
+from zgdata.store.integrity import checksum_array
+
+B = 4  # rows per batch, materialize.batch_size's default
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def synthetic(n: int, seq_len: int, hidden: int, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` distinct (B, T, C) bf16 batches shaped like residual streams: per-channel scales, a few outliers."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.randn(hidden, generator=g) * 0.5)
+    scale[torch.randint(0, hidden, (max(1, hidden // 200),), generator=g)] *= 50.0
+    return [(torch.randn(B, seq_len, hidden, generator=g) * scale).to(torch.bfloat16) for _ in range(n)]
+
+
+def real(path: Path, n: int) -> list[torch.Tensor]:
+    from zgdata.boundaries import open_boundary
+
+    b = open_boundary(path)
+    rows = min(n * B, len(b.seq_ids))
+    x = b.take(np.arange(rows))
+    return [x[i : i + B].clone() for i in range(0, rows - B + 1, B)]
+
+
+def fsync_tree(root: Path) -> None:
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def plain_write(path: Path, nbytes: int) -> float:
+    """Seconds to write ``nbytes`` from memory and fsync them: the disk's rate for this run."""
+    chunk = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(chunk[: min(left, len(chunk))])
+        f.flush()
+        os.fsync(f.fileno())
+    dt = time.perf_counter() - t0
+    path.unlink()
+    return dt
+
+
+def _meta(name: str, layer: int, rows: int, seq_len: int, hidden: int, codec: str, checksum: str) -> dict:
+    fmt = format_of(codec, checksum)
+    lineage = {
+        "teacher_sha256": "bench",
+        "tokenizer_sha256": "bench",
+        "tokens_fingerprint": "bench",
+        "layer": layer,
+        "storage_dtype": "bfloat16",
+        "compute_dtype": "float32",
+        "attn_implementation": "eager",
+        "capture_version": 1,
+    }
+    meta = {
+        "kind": "boundary",
+        "name": name,
+        "layer": layer,
+        "fingerprint": f"bench-{name}",
+        "lineage": lineage,
+        "seq_len": seq_len,
+        "hidden": hidden,
+        "rows": {"train": rows},
+        "format_version": fmt,
+        "codec": codec_meta(codec),
+        "complete": False,
+    }
+    if fmt == 4:
+        meta["checksum"] = checksum
+    return meta
+
+
+def write_path(work: Path, xs, *, boundaries: int, batches: int, codec: str, threads: int, publish: bool) -> dict:
+    """The real write path over ``batches`` batches of ``boundaries`` boundaries; seconds, bytes in and on disk."""
+    seq_len, hidden = xs[0].shape[1:]
+    checksum = integrity.WRITE_CHECKSUM
+    names = [f"h{i:02d}" for i in range(boundaries)]
+    stage = work / f"stage-{codec}-{threads}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    rows = batches * B
+    schemas = {
+        n: boundary_schema(_meta(n, i, rows, seq_len, hidden, codec, checksum), seq_len, hidden, "bfloat16", codec)
+        for i, n in enumerate(names)
+    }
+    cfg = MaterializeConfig(codec=codec, writer_threads=threads, commit_mb=1 << 20)
+    journal = Journal(stage / "journal.json")
+    w = Writer(
+        stage=stage,
+        names=names,
+        schemas=schemas,
+        journal=journal,
+        cfg=cfg,
+        total_rows=rows,
+        seq_len=seq_len,
+        hidden=hidden,
+        checksum=checksum,
+    )
+    splits = ["train"] * B
+    t0 = time.perf_counter()
+    w.start()
+    for i in range(batches):  # a GPU hands over batches as fast as the writer takes them
+        w.q.put((np.arange(i * B, (i + 1) * B), splits, {n: xs[(i + k) % len(xs)] for k, n in enumerate(names)}))
+    w.q.put(None)
+    w.join()
+    if w.error is not None:
+        raise w.error
+    fsync_tree(stage)
+    dt = time.perf_counter() - t0
+    disk = sum(f.stat().st_size for f in stage.rglob("*.lance") if f.is_file() and "/data/" in str(f))
+    out = {"seconds": dt, "bytes": rows * seq_len * hidden * 2 * boundaries, "disk": disk, "stage": stage}
+    if publish:
+        finals = {n: work / f"pub-{codec}" / f"{n}.lance" for n in names}
+        (work / f"pub-{codec}").mkdir(exist_ok=True)
+        finalize(stage, names, journal, finals, n_rows=rows, row_bytes=seq_len * hidden * 2, file_mb=16384)
+        out["published"] = finals
+    return out
+
+
+def lance_alone(work: Path, xs, *, boundaries: int, batches: int, codec: str) -> float:
+    """GB/s (of bf16 input) of the Lance streams alone: record batches encoded beforehand, written as the write path
+    writes them (one ``write_fragments`` per boundary, in threads), then fsynced: the ceiling the encoding feeds."""
+    from zgdata.materialize.staging import Streams
+
+    seq_len, hidden = xs[0].shape[1:]
+    schema = boundary_schema(None, seq_len, hidden, "bfloat16", codec)
+    enc = [
+        encode_batch(
+            x, np.arange(B), ["train"] * B, schema=schema, storage_dtype="bfloat16", codec=codec, checksum="xxh3_128"
+        )
+        for x in xs
+    ]
+    stage = work / f"lance-{codec}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    names = [f"h{i:02d}" for i in range(boundaries)]
+    t0 = time.perf_counter()
+    streams = Streams(stage, names, schema, rows_per_file=2**31 - 1, mode="create")
+    for i in range(batches):
+        for k, n in enumerate(names):
+            streams.put(n, enc[(i + k) % len(enc)].batch)
+    streams.close()
+    fsync_tree(stage)
+    dt = time.perf_counter() - t0
+    shutil.rmtree(stage)
+    return batches * boundaries * xs[0].numel() * 2 / dt / 1e9
+
+
+def per_thread(xs, codec: str, checksum: str, reps: int) -> tuple[float, float]:
+    """One thread, no I/O: (encode + row checksum, the whole encode job) in GB/s of bf16 input."""
+    nbytes = sum(x.numel() * 2 for x in xs) * reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for x in xs:
+            checksum_array(hidden_arrays(x, "bfloat16", codec)[1], algo=checksum)
+    enc = nbytes / (time.perf_counter() - t0) / 1e9
+    schema = boundary_schema(None, xs[0].shape[1], xs[0].shape[2], "bfloat16", codec)
+    rows, splits = np.arange(B), ["train"] * B
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for x in xs:
+            encode_batch(x, rows, splits, schema=schema, storage_dtype="bfloat16", codec=codec, checksum=checksum)
+    return enc, nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def pool_rate(xs, codec: str, threads: int, batches: int, boundaries: int) -> float:
+    schema = boundary_schema(None, xs[0].shape[1], xs[0].shape[2], "bfloat16", codec)
+    enc = Encoder(threads=threads, schema=schema, storage_dtype="bfloat16", codec=codec, checksum="xxh3_128")
+    t0 = time.perf_counter()
+    for i in range(batches):
+        enc.submit(np.arange(B), ["train"] * B, {k: xs[(i + k) % len(xs)] for k in range(boundaries)})
+        for _ in enc.done():
+            pass
+    for _ in enc.done(keep=0):
+        pass
+    dt = time.perf_counter() - t0
+    enc.close()
+    return batches * boundaries * xs[0].numel() * 2 / dt / 1e9
+
+
+def first_touch(nbytes: int) -> tuple[float, float]:
+    """GB/s of writing ``nbytes`` of fresh memory, then of the same memory again (the VM's first-touch cost)."""
+    t0 = time.perf_counter()
+    a = np.empty(nbytes, np.uint8)
+    a[:] = 1
+    t1 = time.perf_counter()
+    a[:] = 2
+    t2 = time.perf_counter()
+    del a
+    return nbytes / (t1 - t0) / 1e9, nbytes / (t2 - t1) / 1e9
+
+
+def loader(pub: dict) -> dict:
+    """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the rows."""
+    from zgdata.store.reader import BoundaryPair
+
+    a, b = list(pub.values())[:2]
+    pair = BoundaryPair(a, b)
+    n = len(pair.input.seq_ids)
+    steps = n // B
+    nbytes = steps * B * pair.input.row_bytes * 2
+    touched = first_touch(n * pair.input.row_bytes * 2)  # the decoded caches' size, faulted in and freed
+
+    def epoch(p):
+        t0 = time.perf_counter()
+        for _ in p.batches("train", start_step=0, steps=steps, batch_size=B, seed=0):
+            pass
+        return nbytes / (time.perf_counter() - t0) / 1e9
+
+    first = epoch(pair)
+    warm = epoch(pair)
+    scratch = a.parent.parent / f"memmap-{a.parent.name}"
+    scratch.mkdir(exist_ok=True)
+    mms = []
+    for side, name in ((pair.input, "x"), (pair.output, "y")):
+        arr = np.lib.format.open_memmap(scratch / f"{name}.npy", "w+", np.uint16, (n, side.row_bytes // 2))
+        arr[:] = side.take(np.arange(n)).view(torch.int16).numpy().reshape(n, -1).view(np.uint16)
+        arr.flush()
+        del arr
+        mms.append(np.load(scratch / f"{name}.npy", mmap_mode="r"))
+    t0 = time.perf_counter()
+    for step in range(steps):
+        rows = np.sort(pair.batch_rows("train", step, B, 0))
+        for m in mms:
+            torch.from_numpy(np.ascontiguousarray(m[rows]))
+    mm = nbytes / (time.perf_counter() - t0) / 1e9
+    return {"first_gbps": first, "warm_gbps": warm, "memmap_gbps": mm, "first_touch_gbps": touched[0]}
+
+
+def verify_full(pub: dict) -> dict:
+    """Every row's checksum (what `zg data verify` checks of every boundary) / reading the same files."""
+    from zgdata.store.integrity import scan_checksums
+    from zgdata.store.reader import BoundaryDataset
+
+    sets = [BoundaryDataset(p) for p in pub.values()]
+    nbytes = sum(len(b.seq_ids) * b.row_bytes for b in sets)
+    t0 = time.perf_counter()
+    for b in sets:
+        _, bad = scan_checksums(b.ds, b.row_bytes, algo=b.checksum, columns=b.columns, decode=b.decode)
+        assert not bad
+    scan = nbytes / (time.perf_counter() - t0) / 1e9
+    t0 = time.perf_counter()
+    for p in pub.values():
+        for f in sorted(p.rglob("*")):
+            if f.is_file():
+                with open(f, "rb", buffering=0) as fh:
+                    while fh.read(8 << 20):
+                        pass
+    return {"scan_gbps": scan, "read_gbps": nbytes / (time.perf_counter() - t0) / 1e9}
+
+
+def trust_check(work: Path, pub: dict) -> dict:
+    """trust.verify of a boundary pair recorded in a dvc.lock, on 1 thread and on all cores; a copy as the pull."""
+    import hashlib
+
+    from zgdata.trust import dvc_lock
+
+    root = work / "proj"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "data").mkdir(parents=True)
+    pair = list(pub.values())[:2]
+    t0 = time.perf_counter()
+    for p in pair:  # the "pull": the same bytes copied in from elsewhere on this disk
+        shutil.copytree(p, root / "data" / p.name)
+    fsync_tree(root / "data")
+    pull = time.perf_counter() - t0
+    outs = []
+    for p in pair:  # the reference md5s, one file after another, as DVC would record them
+        files = {
+            f.relative_to(root / "data" / p.name).as_posix(): hashlib.md5(f.read_bytes()).hexdigest()
+            for f in (root / "data" / p.name).rglob("*")
+            if f.is_file()
+        }
+        entries = sorted(({"md5": m, "relpath": r} for r, m in files.items()), key=lambda e: e["relpath"])
+        h = hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+        outs.append({"path": f"data/{p.name}", "md5": h + ".dir"})
+    (root / "dvc.lock").write_text(json.dumps({"schema": "2.0", "stages": {"materialize": {"outs": outs}}}))
+    nbytes = sum(f.stat().st_size for f in (root / "data").rglob("*") if f.is_file())
+    times = {}
+    real_cores = dvc_lock.cores
+    try:
+        for label, n in (("1", 1), ("all", real_cores())):
+            best = None
+            for _ in range(2):
+                dvc_lock._MEMO.clear()
+                (root / dvc_lock.STATE).unlink(missing_ok=True)
+                dvc_lock.cores = lambda n=n: n
+                t0 = time.perf_counter()
+                c = dvc_lock.verify(*(root / "data" / p.name for p in pair))
+                dt = time.perf_counter() - t0
+                assert c.outputs == 2 and c.hashed > 0, c  # the md5s matched the reference: no error raised
+                best = dt if best is None else min(best, dt)
+            times[label] = best
+    finally:
+        dvc_lock.cores = real_cores
+    return {"bytes": nbytes, "pull_s": pull, "check_1_s": times["1"], "check_all_s": times["all"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=576, help="hidden size (576 SmolLM2-135M, 2048, 4096 8B)")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--boundaries", type=int, default=4, help="boundaries captured per batch")
+    ap.add_argument("--mb", type=int, default=256, help="MB of bf16 boundary bytes per write-path run")
+    ap.add_argument("--codecs", default="raw,zstd,zstd_fast")
+    ap.add_argument("--threads", default="1,2", help="writer-thread counts to run")
+    ap.add_argument("--lossless", default="zstd_fast", help="the lossless codec the JSON figures are of")
+    ap.add_argument("--rows-from", type=Path, help="a boundary dataset whose rows to write (hidden from it)")
+    ap.add_argument("--workdir", type=Path, help="scratch folder on the disk to measure (default: a temp dir)")
+    ap.add_argument("--loader-mb", type=int, default=512, help="MB of bf16 in the boundary pair the reads measure")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the best is reported")
+    ap.add_argument(
+        "--quiet", type=float, default=0, help="first wait up to this many seconds for other processes to go quiet"
+    )
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(1)  # the forward's threads are the GPU's; the cores are the writer's
+    xs = real(args.rows_from, 16) if args.rows_from else synthetic(4, args.seq_len, args.hidden)
+    seq_len, hidden = xs[0].shape[1:]
+    per_batch = args.boundaries * xs[0].numel() * 2
+    batches = max(2, (args.mb << 20) // per_batch)
+    threads = [int(t) for t in args.threads.split(",")]
+    codecs = args.codecs.split(",")
+    work = Path(tempfile.mkdtemp(prefix="zg-write-path-", dir=args.workdir))
+    source = f"rows of {args.rows_from}" if args.rows_from else "synthetic"
+    log(f"write path: {batches} batches x {args.boundaries} boundaries x {B}x{seq_len}x{hidden} bf16 ({source}),")
+    log(f"  {batches * per_batch / 1e9:.2f} GB per run, in {work}, {os.cpu_count()} cores")
+    res: dict = {"hidden": hidden, "boundaries": args.boundaries, "gb_per_run": batches * per_batch / 1e9}
+    reps = range(max(1, args.repeats))
+    if args.quiet:
+        log(f"other processes' share of the cores before the run: {wait_quiet(0.1, args.quiet):.2f}")
+    try:
+        with CpuMeter() as meter:
+            disk_s = min(plain_write(work / "plain.bin", batches * per_batch) for _ in reps)
+            disk_gbps = batches * per_batch / disk_s / 1e9
+            log(f"plain write + fsync                     {disk_gbps:6.2f} GB/s")
+            res["plain_write_gbps"] = disk_gbps
+            for codec in codecs:
+                for t in threads:
+                    best = None
+                    for _ in reps:
+                        r = write_path(
+                            work, xs, boundaries=args.boundaries, batches=batches, codec=codec, threads=t, publish=False
+                        )
+                        best = r["seconds"] if best is None else min(best, r["seconds"])
+                        shutil.rmtree(r["stage"])
+                    gbps = r["bytes"] / best / 1e9
+                    res[f"write_{codec}_{t}t_gbps"] = gbps
+                    res[f"size_{codec}"] = r["disk"] / r["bytes"]
+                    log(
+                        f"write path {codec:<10} {t} thread{'s' if t > 1 else ' '}        {gbps:6.2f} GB/s  "
+                        f"{gbps / disk_gbps:5.2f} of the plain write  {r['disk'] / r['bytes']:.3f} bytes on disk "
+                        "per bf16 byte"
+                    )
+            for codec in codecs:
+                g = max(lance_alone(work, xs, boundaries=args.boundaries, batches=batches, codec=codec) for _ in reps)
+                res[f"lance_alone_{codec}_gbps"] = g
+                log(
+                    f"Lance streams alone {codec:<10} (pre-encoded)  {g:6.2f} GB/s  {g / disk_gbps:5.2f} of the plain write"
+                )
+            for codec, checksum in [(c, "xxh3_128") for c in codecs] + [("zstd", "blake2b")]:
+                enc, job = (max(v) for v in zip(*(per_thread(xs, codec, checksum, reps=2) for _ in reps)))
+                res[f"thread_{codec}_{checksum}_encode_gbps"], res[f"thread_{codec}_{checksum}_job_gbps"] = enc, job
+                log(
+                    f"one thread {codec:<10} + {checksum:<9}  encode+checksum {enc:6.2f} GB/s   with stats {job:6.2f} GB/s"
+                )
+            pools = {
+                t: max(pool_rate(xs, args.lossless, t, batches // 2, args.boundaries) for _ in reps) for t in threads
+            }
+            for t, g in pools.items():
+                log(f"encode pool {args.lossless} {t} thread(s), no I/O   {g:6.2f} GB/s")
+            pubs = {}  # a boundary pair of --loader-mb for the reads, raw and lossless, written by the same path
+            for codec in ("raw", args.lossless):
+                n = max(2, (args.loader_mb << 20) // (2 * xs[0].numel() * 2))
+                pubs[codec] = write_path(
+                    work, xs, boundaries=2, batches=n, codec=codec, threads=max(threads), publish=True
+                )["published"]
+            pub = pubs[args.lossless]
+            for codec, datasets in pubs.items():
+                runs = [loader(datasets) for _ in reps]
+                lo = {k: max(r[k] for r in runs) for k in runs[0]}
+                lo["first_touch_gbps"] = min(r["first_touch_gbps"] for r in runs)
+                res[f"loader_{codec}"] = lo
+                log(
+                    f"loader {codec:<10} first epoch {lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap "
+                    f"{lo['memmap_gbps']:.2f}: ratios {lo['first_gbps'] / lo['memmap_gbps']:.2f} and "
+                    f"{lo['warm_gbps'] / lo['memmap_gbps']:.2f} (this VM's first touch of fresh memory: "
+                    f"{lo['first_touch_gbps']:.2f} GB/s, faulted in before the epoch)"
+                )
+            lo = res.pop(f"loader_{args.lossless}")
+            raw_lo = res.pop("loader_raw", None)
+            vfs = [verify_full(pub) for _ in reps]
+            vf = {k: max(r[k] for r in vfs) for k in vfs[0]}
+            log(f"verify every row: {vf['scan_gbps']:.2f} GB/s of values; reading the files {vf['read_gbps']:.2f} GB/s")
+            tcs = [trust_check(work, pub) for _ in reps]
+            tc = {k: min(r[k] for r in tcs) for k in tcs[0]}
+            log(
+                f"trust check of the pair ({tc['bytes'] / 1e6:.0f} MB): 1 thread {tc['check_1_s']:.2f} s, all cores "
+                f"{tc['check_all_s']:.2f} s; copying it in (the pull) {tc['pull_s']:.2f} s"
+            )
+        t1, tn = min(threads), max(threads)
+        res.update(
+            raw_vs_disk_ratio=res.get(f"write_raw_{tn}t_gbps", float("nan")) / disk_gbps,
+            lossless_codec=args.lossless,
+            lossless_gbps_per_thread=res[f"thread_{args.lossless}_xxh3_128_encode_gbps"],
+            lossless_job_gbps_per_thread=res[f"thread_{args.lossless}_xxh3_128_job_gbps"],
+            before_gbps_per_thread=res["thread_zstd_blake2b_encode_gbps"],
+            lossless_size_ratio=res[f"size_{args.lossless}"],
+            two_thread_speedup=pools[tn] / pools[t1],
+            write_path_two_thread_speedup=res[f"write_{args.lossless}_{tn}t_gbps"]
+            / res[f"write_{args.lossless}_{t1}t_gbps"],
+            lossless_vs_disk_ratio=res[f"write_{args.lossless}_{tn}t_gbps"] / disk_gbps,
+            loader_first_epoch_ratio=lo["first_gbps"] / lo["memmap_gbps"],
+            loader_warm_ratio=lo["warm_gbps"] / lo["memmap_gbps"],
+            loader_first_epoch_ratio_raw=raw_lo["first_gbps"] / raw_lo["memmap_gbps"] if raw_lo else float("nan"),
+            first_touch_gbps=lo["first_touch_gbps"],
+            verify_full_vs_read_ratio=vf["scan_gbps"] / vf["read_gbps"],
+            trust_check_speedup_2_cores=tc["check_1_s"] / tc["check_all_s"],
+            trust_check_vs_pull=tc["check_all_s"] / tc["pull_s"],
+            foreign_cpu_share=meter.foreign,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The parallel write path: the bytes on disk do not depend on the thread count, a killed threaded run resumes to
+the same bytes, the row checksum is recorded (xxh3-128 now, blake2b in datasets written before it, which keep
+reading and verifying), and the checksum is no part of lineage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+
+import lance
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.helpers.datasets import data_file_digest, journal_rows
+from tests.helpers.projects import edit_params
+from tests.helpers.runners import kill_9_when, zg_main
+from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.layout import Layout
+from zgdata.materialize.driver import materialize
+from zgdata.store import integrity
+from zgdata.store.lance_io import schema_meta
+from zgdata.store.reader import BoundaryDataset
+
+NAMES = ["h00", "h02", "h04"]
+
+
+def _materialize(root, **edits) -> None:
+    edit_params(root, materialize=edits)
+    shutil.rmtree(root / "data" / "boundaries", ignore_errors=True)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    cfg, part = section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
+    assert not materialize(cfg, part, layout=Layout(root)).skipped
+
+
+def _data_files(root) -> dict[str, tuple]:
+    """Each boundary's data files, in the dataset's fragment order, as digests of their bytes (names are random;
+    ``data_file_digest`` leaves out only the schema buffer, which Lance writes in hash order even for one thread),
+    with the schema and its metadata, compared as a map."""
+    out = {}
+    for n in NAMES:
+        path = Layout(root).boundary(n)
+        ds = lance.dataset(str(path))
+        files = [data_file_digest(path / "data" / d.path) for f in ds.get_fragments() for d in f.data_files()]
+        out[n] = (files, ds.schema.remove_metadata(), dict(ds.schema.metadata))
+    return out
+
+
+def _values(root) -> dict:
+    out = {}
+    for n in NAMES:
+        b = BoundaryDataset(Layout(root).boundary(n), recheck=True)  # every row checked against its checksum
+        out[n] = (b.take(np.arange(len(b.seq_ids))).view(torch.int16).clone(), b.fingerprint, b.meta["stats"])
+    return out
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd_fast"])
+def test_thread_counts_write_the_same_bytes(tiny_project, tmp_path, codec):
+    """One encoding thread against three (and one capture per batch as today): every data file hashes the same."""
+    other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
+    _materialize(tiny_project, codec=codec, writer_threads=1)
+    _materialize(other, codec=codec, writer_threads=3)
+    one, three = _data_files(tiny_project), _data_files(other)
+    assert all(one[n][0] for n in NAMES) and one == three
+    a, b = _values(tiny_project), _values(other)
+    for n in NAMES:
+        assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
+
+
+def test_killed_threaded_run_resumes_to_the_same_bytes(tiny_project, tmp_path):
+    """kill -9 after a journaled commit of a run with 2 encoding threads; its resume writes the data files an
+    uninterrupted one-thread run writes."""
+    root, want = tiny_project, shutil.copytree(tiny_project, tmp_path / "want", symlinks=True)
+    _materialize(want, codec="zstd_fast", commit_rows=8, writer_threads=1)
+    edit_params(root, materialize={"codec": "zstd_fast", "commit_rows": 8, "writer_threads": 2})
+    shutil.rmtree(root / "data" / "boundaries")
+    proc = kill_9_when(
+        lambda: journal_rows(root) > 0,
+        ["data", "materialize"],
+        root,
+        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"},
+        root.parent / "killed.stderr",
+        "the first journaled commit",
+    )
+    done = journal_rows(root)
+    assert proc.returncode == -signal.SIGKILL and 0 < done < 56
+    res = zg_main("data", "materialize", "--json", cwd=root)
+    assert json.loads(res.stdout)["resumed_from"] == done
+    assert _data_files(root) == _data_files(want)
+
+
+def test_blake2b_datasets_still_read_and_verify(tiny_project, tmp_path, monkeypatch):
+    """A dataset written as zg wrote it before xxh3 (format 3, no zg.checksum, blake2b rows) reads, verifies and
+    inspects as blake2b; its fingerprint and values are those of an xxh3 dataset: the checksum is not lineage."""
+    new = shutil.copytree(tiny_project, tmp_path / "new", symlinks=True)
+    _materialize(new, codec="zstd")
+    monkeypatch.setattr(integrity, "WRITE_CHECKSUM", "blake2b")
+    _materialize(tiny_project, codec="zstd")
+    monkeypatch.undo()
+
+    path = Layout(tiny_project).boundary("h02")
+    meta = schema_meta(lance.dataset(str(path)).schema)
+    assert meta["format_version"] == 3 and "checksum" not in meta  # exactly the former metadata
+    table = lance.dataset(str(path)).to_table(columns=["checksum"])
+    b = BoundaryDataset(path)
+    bits = b.take(np.arange(len(b.seq_ids))).view(torch.int16).numpy()
+    want = [hashlib.blake2b(r.tobytes(), digest_size=16).digest() for r in bits.reshape(len(bits), -1)]
+    assert table.column("checksum").to_pylist() == want
+
+    zg_main("data", "verify", "--lineage-only", cwd=tiny_project)  # every row's blake2b checked
+    infos = {i["name"]: i for i in json.loads(zg_main("data", "inspect", "--json", cwd=tiny_project).stdout)}
+    assert infos["h02"]["checksum"] == "blake2b" and infos["h02"]["format_version"] == 3
+    new_infos = {i["name"]: i for i in json.loads(zg_main("data", "inspect", "--json", cwd=new).stdout)}
+    assert new_infos["h02"]["checksum"] == "xxh3_128" and new_infos["h02"]["format_version"] == 4
+
+    old, cur = _values(tiny_project), _values(new)
+    for n in NAMES:  # same values, same fingerprint, same stats: only the row checksum differs
+        assert torch.equal(old[n][0], cur[n][0]) and old[n][1:] == cur[n][1:], n
+
+
+def test_a_flipped_byte_fails_the_checksum_of_either_algorithm(tiny_project):
+    """Both algorithms catch one changed value (verify reads every row); xxh3 is not weaker at what it guards."""
+    rows = np.random.default_rng(0).integers(0, 2**16, (3, 4096), dtype=np.uint16)
+    for algo in integrity.CHECKSUMS:
+        sums = [integrity.row_checksum(r, algo=algo) for r in rows]
+        flipped = rows.copy()
+        flipped[1, 17] ^= 1
+        again = [integrity.row_checksum(r, algo=algo) for r in flipped]
+        assert again[0] == sums[0] and again[2] == sums[2] and again[1] != sums[1], algo
