@@ -13,7 +13,7 @@ from zgdata.errors import ZgError
 from zgdata.families.base import WHERE, RotaryFamily, positions
 from zgdata.families.traits import Traits
 
-__all__ = ["DenseFamily"]
+__all__ = ["DenseFamily", "tiny_fields"]
 
 
 class DenseFamily(RotaryFamily):
@@ -181,18 +181,22 @@ class DenseFamily(RotaryFamily):
         return out
 
     def tiny_config(self, tok):
-        fields = {
-            "vocab_size": len(tok),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-            "tie_word_embeddings": False,
-            "initializer_range": 0.1,
-            "bos_token_id": tok.bos_token_id,
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-        }
-        return self.transformers_class(self.config_class)(**{**fields, **self.traits.tiny})
+        return self.transformers_class(self.config_class)(**{**tiny_fields(tok), **self.traits.tiny})
+
+
+def tiny_fields(tok) -> dict:
+    """A tiny random teacher's config fields under transformers' standard names, over the byte-level tokenizer."""
+    return {
+        "vocab_size": len(tok),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.1,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }

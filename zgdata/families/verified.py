@@ -23,22 +23,11 @@ import torch
 
 from zgdata.errors import ZgError
 from zgdata.families.base import positions
-from zgdata.families.dense import DenseFamily
+from zgdata.families.dense import DenseFamily, tiny_fields
 from zgdata.families.discover import PartError, Parts, causal_lm_name, config_name, discover_config
 from zgdata.families.traits import Traits
 
 __all__ = ["VerifiedFamily", "verifiable"]
-
-_STD = {  # a tiny random teacher's fields, under transformers' standard names (attribute_map translates them)
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-    "initializer_range": 0.1,
-}
 
 
 def verifiable(model_type: str) -> bool:
@@ -263,15 +252,8 @@ class VerifiedFamily(DenseFamily):
         import transformers
 
         cls = getattr(transformers, self.config_class)
-        fields = {
-            **_STD,
-            "vocab_size": len(tok),
-            "bos_token_id": tok.bos_token_id,
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-        }
-        try:
-            return cls(**fields)
+        try:  # the standard names: a config class's attribute_map translates them
+            return cls(**tiny_fields(tok))
         except Exception as e:
             raise ZgError(
                 f"transformers' {self.config_class} does not build a tiny model from standard fields ({e})"[:300],
