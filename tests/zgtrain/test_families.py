@@ -31,9 +31,15 @@ SOURCES = {"llama": "random:tiny", **{t: f"random:tiny-{t}" for t in DECLARED + 
 TIED = {"llama", "gpt2"}  # the tiny teachers that tie their LM head to the embeddings
 
 
-@pytest.fixture(scope="module", params=sorted(SOURCES))
+@pytest.fixture(scope="module", params=sorted(set(SOURCES) - set(VERIFIED)))
 def built(request, tmp_path_factory):
-    """(family, project after teacher, tokens and materialize); never modified by a test."""
+    """(family, project after teacher, tokens and materialize); never modified by a test. The verified families run
+    the same tests from tests/zgtrain/test_families_verified.py: a module of their own is a group of its own, which
+    pytest-xdist runs on another worker."""
+    return build(request, tmp_path_factory)
+
+
+def build(request, tmp_path_factory):
     name = request.param
     if SOURCES[name] == "random:tiny":
         return name, request.getfixturevalue("tiny_built")  # the session's tiny project is exactly this one
@@ -139,6 +145,10 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
 @pytest.fixture(scope="module")
 def pruned(built, tmp_path_factory):
     """(family, project) with both blocks converted by prune_mlp (ratio 0.5), trained 3 steps, assembled."""
+    return prune(built, tmp_path_factory)
+
+
+def prune(built, tmp_path_factory):
     from zgtrain.student.assemble import assemble
 
     name, src = built
