@@ -256,7 +256,9 @@ class VerifiedFamily(DenseFamily):
             return cls(**tiny_fields(tok))
         except Exception as e:
             raise ZgError(
-                f"transformers' {self.config_class} does not build a tiny model from standard fields ({e})"[:300],
+                f"transformers' {self.config_class} does not build a tiny model from standard fields ({' '.join(str(e).split())})"[
+                    :300
+                ],
                 key="teacher.source",
                 fix="prepare a model directory of this family instead (teacher.source: <path>)",
             ) from e

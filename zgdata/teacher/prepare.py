@@ -108,7 +108,9 @@ def tiny_teacher(model_type: str = "llama"):
             model = fam.causal_lm()(cfg)
         except Exception as e:  # a verified family whose config needs more than the standard tiny fields
             raise ZgError(
-                f"transformers could not build a tiny random {model_type} model ({type(e).__name__}: {e})"[:300],
+                f"transformers could not build a tiny random {model_type} model ({type(e).__name__}: {' '.join(str(e).split())})"[
+                    :300
+                ],
                 key="teacher.source",
                 fix="prepare a model directory of this family instead (teacher.source: <path>)",
             ) from e
