@@ -79,3 +79,26 @@ def data_file_digest(path: Path) -> str:
     gbo_start, ngb = struct.unpack_from("<QI", b, len(b) - 40 + 16)
     pos, size = struct.unpack_from("<QQ", b, gbo_start) if ngb else (len(b), 0)
     return hashlib.sha256(b[:pos] + b[pos + size :]).hexdigest()
+
+
+def kill_after_first_commit_then_resume(root: Path) -> int:
+    """`zg data materialize` in ``root`` killed (-9) once a commit is journaled (each commit then sleeps 1 s), then run
+    again to the end; returns the rows journaled before the kill, after checking the resume started from them."""
+    import os
+    import signal
+
+    from tests.helpers.runners import kill_9_when, zg_main
+
+    proc = kill_9_when(
+        lambda: journal_rows(root) > 0,
+        ["data", "materialize"],
+        root,
+        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"},
+        root.parent / "killed.stderr",
+        "the first journaled commit",
+    )
+    done = journal_rows(root)
+    assert proc.returncode == -signal.SIGKILL and 0 < done < 56
+    res = zg_main("data", "materialize", "--json", cwd=root)
+    assert json.loads(res.stdout)["resumed_from"] == done
+    return done

@@ -4,9 +4,7 @@ version, a killed materialize with the codec resumes bitwise, and the public rea
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 
 import lance
 import numpy as np
@@ -15,9 +13,8 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers.datasets import boundary_bits, overwrite_table
+from tests.helpers.datasets import boundary_bits, kill_after_first_commit_then_resume, overwrite_table
 from tests.helpers.projects import edit_params, read_json
-from tests.helpers.runners import kill_9_when, zg_main
 from zgdata.boundaries import open_boundary
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
 from zgdata.errors import ZgError
@@ -130,23 +127,10 @@ def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
 
 
 def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
-    from tests.helpers.datasets import journal_rows
-
     root = tiny_project
     edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})
     shutil.rmtree(root / "data" / "boundaries")
-    proc = kill_9_when(
-        lambda: journal_rows(root) > 0,
-        ["data", "materialize"],
-        root,
-        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"},
-        root.parent / "killed.stderr",
-        "the first journaled commit",
-    )
-    done = journal_rows(root)
-    assert proc.returncode == -signal.SIGKILL and 0 < done < 56
-    res = zg_main("data", "materialize", "--json", cwd=root)
-    assert json.loads(res.stdout)["resumed_from"] == done
+    kill_after_first_commit_then_resume(root)
     _assert_same_values(root, tiny_built)
     assert all(
         schema_meta(lance.dataset(str(Layout(root).boundary(n))).schema)["codec"]["name"] == "zstd" for n in NAMES

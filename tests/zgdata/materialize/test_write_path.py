@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import signal
 
 import lance
 import numpy as np
@@ -16,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers.datasets import data_file_digest, journal_rows
+from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume
 from tests.helpers.projects import edit_params
-from tests.helpers.runners import kill_9_when, zg_main
+from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
@@ -78,18 +76,7 @@ def test_killed_threaded_run_resumes_to_the_same_bytes(tiny_project, tmp_path):
     _materialize(want, codec="zstd_fast", commit_rows=8, writer_threads=1)
     edit_params(root, materialize={"codec": "zstd_fast", "commit_rows": 8, "writer_threads": 2})
     shutil.rmtree(root / "data" / "boundaries")
-    proc = kill_9_when(
-        lambda: journal_rows(root) > 0,
-        ["data", "materialize"],
-        root,
-        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "1.0"},
-        root.parent / "killed.stderr",
-        "the first journaled commit",
-    )
-    done = journal_rows(root)
-    assert proc.returncode == -signal.SIGKILL and 0 < done < 56
-    res = zg_main("data", "materialize", "--json", cwd=root)
-    assert json.loads(res.stdout)["resumed_from"] == done
+    kill_after_first_commit_then_resume(root)
     assert _data_files(root) == _data_files(want)
 
 
