@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import inspect
 
 import torch
@@ -209,17 +208,6 @@ class VerifiedFamily(DenseFamily):
         if self._parts().rotary:
             inner = self.inner(model)
             setattr(inner, self._parts().rotary, type(getattr(inner, self._parts().rotary))(config=config))
-
-    def make_layer(self, config, index, layer_type=None):
-        if layer_type is not None:  # the layer reads its type from config.layer_types[index]
-            config = copy.copy(config)
-            config.layer_types = [*config.layer_types[:index], layer_type, *config.layer_types[index + 1 :]]
-        module, name = self.layer_class
-        return getattr(importlib.import_module(module), name)(config, layer_idx=index)
-
-    def layer_types(self, config, indices):
-        types = getattr(config, "layer_types", None)
-        return [types[i] for i in indices] if types else None
 
     def student_config(self, config_dict, widths, layer_types=None):
         config = super().student_config(config_dict, widths, layer_types)
