@@ -345,9 +345,9 @@ def test_a_declared_family_variant_zg_cannot_capture_is_refused_at_teacher_prepa
 @pytest.mark.parametrize(
     ("config_class", "needles"),
     [
-        ("MixtralConfig", ("'mixtral' is a mixture-of-experts decoder", "expert-aware")),
-        ("Qwen2MoeConfig", ("'qwen2_moe' is a mixture-of-experts decoder",)),
-        ("OlmoeConfig", ("'olmoe' is a mixture-of-experts decoder",)),
+        ("PhimoeConfig", ("'phimoe' is a mixture-of-experts decoder zg has no record of", "Mixtral, Qwen2-MoE")),
+        ("GraniteMoeConfig", ("'granitemoe' is a mixture-of-experts decoder",)),
+        ("DbrxConfig", ("'dbrx' is a mixture-of-experts decoder", "a Moe entry")),
         ("JambaConfig", ("'jamba' is a hybrid attention + state-space decoder", "recurrent state")),
         ("FalconH1Config", ("'falcon_h1' is a hybrid attention + state-space decoder",)),
         ("T5Config", ("'t5' is an encoder-decoder", "zgdata/families/capture.py")),

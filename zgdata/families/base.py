@@ -60,6 +60,7 @@ class Family:
     def check_model(self, model) -> None:
         """Refuse a loaded teacher whose modules are not the ones this adapter runs (``zg teacher prepare``)."""
 
+    moe = None  # a routed mixture-of-experts MLP's config fields (traits.Moe; zgdata/families/moe.py), else None
     verified: ClassVar[bool] = False  # True: no record; prepare's self-check trusts it (zgdata/families/verified.py)
 
     def attention_name(self) -> str | None:
@@ -73,6 +74,10 @@ class Family:
     def check_template(self) -> str | None:
         """Why per-layer shapes cannot use this family's modeling template (None: they can)."""
         return None
+
+    def load_kwargs(self) -> dict:
+        """``from_pretrained`` keywords that make a loaded model run as zg's capture, blocks and students do."""
+        return {"attn_implementation": self.attn_implementation}
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What the causal LM does to ``lm_head(norm(h))`` (soft-capping, scaling); nothing by default."""

@@ -28,12 +28,14 @@ def capture(
 ) -> dict[int, torch.Tensor]:
     """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed."""
     fam = family_of(model.config)
-    want_attn = fam.attn_implementation  # ATTN_IMPLEMENTATION but for families transformers runs only eager (Gemma 2)
-    if model.config._attn_implementation != want_attn:
-        raise ZgError(
-            f"teacher attention is '{model.config._attn_implementation}', capture needs '{want_attn}'",
-            fix="load the teacher with zgdata.teacher.prepare.load_teacher",
-        )
+    # attention: ATTN_IMPLEMENTATION but for families transformers runs only eager (Gemma 2); MoE: grouped_mm experts
+    for key, want in fam.load_kwargs().items():
+        have = getattr(model.config, f"_{key}", None)
+        if have != want:
+            raise ZgError(
+                f"teacher {key} is '{have}', capture needs '{want}'",
+                fix="load the teacher with zgdata.teacher.prepare.load_teacher",
+            )
     inner, blocks = fam.inner(model), fam.layers(model)
     depth = len(blocks)
     if max(layers) > depth or min(layers) < 0:

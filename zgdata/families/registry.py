@@ -14,13 +14,15 @@ the teacher's adapter (``family_of(config)``). An adapter knows
 Boundary k means the same in every family: the residual entering layer k; the last one
 is the last layer's output *before* the final norm.
 
-Families: Llama, Qwen2 and GPT-2 (classes below), and the dense decoders described as data in
-zgdata/families/traits.py and run by ``DenseFamily`` (Mistral, Granite, OLMo 2, Phi-3, Gemma 2, Gemma 3 text).
+Families: Llama, Qwen2 and GPT-2 (classes below), the dense decoders described as data in
+zgdata/families/traits.py and run by ``DenseFamily`` (Mistral, Granite, OLMo 2, Phi-3, Gemma 2, Gemma 3 text), and
+the mixture-of-experts decoders described there with a ``Moe`` entry and run by ``MoeFamily`` (Mixtral, Qwen2-MoE,
+Qwen3-MoE, OLMoE: zgdata/families/moe.py).
 Any other model type transformers builds as a causal LM gets a ``VerifiedFamily`` (zgdata/families/verified.py):
 its parts found in the model itself, trusted once `zg teacher prepare`'s identity round trip holds bit for bit.
 A student with per-layer shapes ships one pinned modeling file: GPT-2 its own, every other family the generic
-dense one (``template``; zgtrain/student/template_source.py generates both). Mixture-of-experts, hybrid attention + SSM and
-encoder-decoder model types are refused with what they are and where support would go (``REFUSED``).
+dense one (``template``; zgtrain/student/template_source.py generates both). Other mixture-of-experts, hybrid
+attention + SSM and encoder-decoder model types are refused with what they are and where support would go (``REFUSED``).
 
 Adding a family: a Llama-like dense decoder is a ``Traits`` record in zgdata/families/traits.py (plus, only if
 no trait covers what differs, a trait and its code in ``DenseFamily``); anything else subclasses ``Family``
@@ -38,6 +40,7 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families.base import WHERE, Family, RotaryFamily, positions
 from zgdata.families.dense import DenseFamily
+from zgdata.families.moe import MoeFamily
 from zgdata.families.traits import REFUSED, TRAITS
 from zgdata.families.verified import VerifiedFamily, verifiable
 
@@ -45,6 +48,7 @@ __all__ = [
     "Family",
     "RotaryFamily",
     "DenseFamily",
+    "MoeFamily",
     "VerifiedFamily",
     "FAMILIES",
     "family",
@@ -182,7 +186,9 @@ class GPT2(Family):
         )
 
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), GPT2(), *(DenseFamily(t) for t in TRAITS))}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f for f in (Llama(), Qwen2(), GPT2(), *((MoeFamily if t.moe else DenseFamily)(t) for t in TRAITS))
+}
 
 
 def supported() -> str:

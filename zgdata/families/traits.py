@@ -23,6 +23,9 @@ layer (the layer itself always runs as transformers wrote it):
   attention soft-capping transformers runs only there; eager attention has no implicit causal mask: every
   layer gets the model's own masks);
 - ``norm_identity``: the norm weight that scales by 1 (Gemma stores 1 + w: 0), where ``reinit`` starts norms.
+- ``moe``: the MLP is a routed mixture of experts (``Moe``: the config fields of the expert count, one expert's
+  width, the active experts per token and a shared expert's width); blocks then count, prune and densify experts
+  (zgtrain/block/experts.py) and run transformers' ``grouped_mm`` experts, as capture does.
 ``tiny`` holds the fields of the family's tiny random teacher (``teacher.source: random:tiny-<model_type>``)
 beyond the shared ones.
 """
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Traits", "TRAITS", "REFUSED"]
+__all__ = ["Moe", "Traits", "TRAITS", "REFUSED"]
 
 GATED_MLP = {
     "mlp.gate_proj.weight": 0,
@@ -40,6 +43,17 @@ GATED_MLP = {
     "mlp.up_proj.bias": 0,
     "mlp.down_proj.weight": 1,
 }
+
+
+@dataclass(frozen=True)
+class Moe:
+    """A routed mixture-of-experts MLP (``layer.mlp``): a router ``gate`` (E, C) and ``experts`` holding
+    ``gate_up_proj`` (E, 2I, C: gate rows first) and ``down_proj`` (E, C, I), as transformers 5 stores them."""
+
+    experts: str  # config field: experts per layer (E)
+    width: str  # config field: one expert's MLP width (I)
+    shared: str | None = None  # config field: the width of a shared expert every token runs (Qwen2-MoE)
+    top_k: str = "num_experts_per_tok"  # config field: experts each token runs
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,7 @@ class Traits:
     config_class: str | None = None  # where the names do not follow the prefix (Gemma 3: Gemma3TextConfig)
     module_name: str | None = None  # transformers.models.<module_name> (default: model_type)
     dropout_keys: tuple[str, ...] = ("attention_dropout",)
+    moe: Moe | None = None
     tiny: dict = field(default_factory=dict)
 
     @property
@@ -69,6 +84,8 @@ class Traits:
 
     @property
     def mlp_channels(self) -> dict[str, int]:
+        if self.moe is not None:  # channels live inside each expert: prune_experts / moe_to_dense, not prune_mlp
+            return {}
         if self.fused_gate_up:  # (2I, C): rows [0, I) gate, [I, 2I) up; DenseFamily.prune_mlp selects both halves
             return {"mlp.gate_up_proj.weight": 0, "mlp.down_proj.weight": 1}
         return GATED_MLP
@@ -150,25 +167,57 @@ TRAITS: tuple[Traits, ...] = (
         dropout_keys=("attention_dropout", "resid_pdrop", "embd_pdrop"),
         tiny={"sliding_window": None},
     ),
+    Traits(
+        "mixtral",
+        "Mixtral",
+        window_field="sliding_window",
+        dropout_keys=("attention_dropout", "router_jitter_noise"),
+        moe=Moe("num_local_experts", "intermediate_size"),
+        tiny={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    ),
+    Traits(
+        "qwen2_moe",
+        "Qwen2Moe",
+        moe=Moe("num_experts", "moe_intermediate_size", shared="shared_expert_intermediate_size"),
+        tiny={
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 96,
+            "use_sliding_window": False,
+        },
+    ),
+    Traits(
+        "qwen3_moe",
+        "Qwen3Moe",
+        norms=("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm"),
+        window_field="sliding_window",
+        moe=Moe("num_local_experts", "moe_intermediate_size"),
+        tiny={"num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "head_dim": 16},
+    ),
+    Traits(
+        "olmoe",
+        "Olmoe",
+        norms=("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm"),
+        moe=Moe("num_experts", "intermediate_size"),
+        tiny={"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64},
+    ),
 )
 
 # model_type -> (what it is, where support would go). family() refuses these with one line.
 _MOE = (
-    "a mixture-of-experts decoder (routed MLP experts: pruning, widths and the layer call need an expert-aware adapter)"
+    "a mixture-of-experts decoder zg has no record of (zg runs Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE: routed "
+    "experts stored as transformers 5's fused gate_up_proj/down_proj with a top-k router)"
 )
 _HYBRID = "a hybrid attention + state-space decoder (its recurrent layers carry state that boundaries do not capture)"
 _ENC_DEC = "an encoder-decoder (zg distils decoder-only models: one residual stream, boundary by boundary)"
-_WHERE_MOE = "a Family subclass with expert-aware prune_mlp/mlp_channels in zgdata/families/registry.py"
+_WHERE_MOE = "a Traits record with a Moe entry in zgdata/families/traits.py, where its experts have that layout"
 _WHERE_HYBRID = "a Family whose layer_inputs carry the recurrent state, in zgdata/families/registry.py"
 _WHERE_ENC_DEC = "a new capture for cross-attention inputs (zgdata/families/capture.py), not a family adapter"
 REFUSED: dict[str, tuple[str, str]] = {
     **{
         t: (_MOE, _WHERE_MOE)
         for t in (
-            "mixtral",
-            "qwen2_moe",
-            "qwen3_moe",
-            "olmoe",
             "deepseek_v2",
             "deepseek_v3",
             "dbrx",

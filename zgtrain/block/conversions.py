@@ -15,6 +15,7 @@ import torch
 
 from zgdata.errors import ZgError
 from zgdata.families.registry import family_of
+from zgtrain.block import experts
 from zgtrain.block.attention import (
     attention_heads,
     attention_io,
@@ -184,6 +185,26 @@ def linear_attention(tensors, config, cfg, sample, gen) -> StudentBlock:
     return block
 
 
+@register("prune_experts")
+def prune_experts(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """A mixture-of-experts block keeping ``train.keep_experts`` experts per layer, by routing mass on its own input
+    sample; the router's rows follow and top-k is clamped (zgtrain/block/experts.py)."""
+    experts.require_moe("prune_experts", config)
+    teacher = identity(tensors, config, cfg, sample, gen)
+    layers = list(_teacher_layers(tensors).values())
+    return _load(*experts.prune_experts(config, cfg, sample, teacher, layers, _types(config, tensors)))
+
+
+@register("moe_to_dense")
+def moe_to_dense(tensors, config, cfg, sample, gen) -> StudentBlock:
+    """A mixture-of-experts block whose routed experts become one dense MLP of ``train.dense_width`` channels per
+    layer, initialised from the experts (``train.dense_init``; zgtrain/block/experts.py)."""
+    experts.require_moe("moe_to_dense", config)
+    teacher = identity(tensors, config, cfg, sample, gen)
+    layers = list(_teacher_layers(tensors).values())
+    return _load(*experts.moe_to_dense(config, cfg, sample, teacher, layers, _types(config, tensors)))
+
+
 def _load_partial(block: StudentBlock, per_layer: list[dict[str, torch.Tensor]]) -> None:
     """The teacher's tensors into ``block``, whose only other parameters are new ones (feature maps) kept as built."""
     state = {f"layers.{j}.{k}": v.float().clone() for j, layer in enumerate(per_layer) for k, v in layer.items()}
@@ -216,6 +237,12 @@ def _require_parts(name: str, config) -> None:
     """A decoder verified at prepare (no record) runs a conversion only where discovery found the parts it edits;
     otherwise one line names what is missing (the block's stage stops there, the others run)."""
     fam = family_of(config)
+    if fam.moe is not None and name == "prune_mlp":
+        raise ZgError(
+            f"the prune_mlp conversion needs {fam.mlp_missing()}",
+            key="train.conversion",
+            fix="choose prune_experts (fewer experts) or moe_to_dense (one dense MLP) for this block",
+        )
     if not fam.verified:
         return
     missing = fam.mlp_missing() if name == "prune_mlp" else None

@@ -36,7 +36,8 @@ def load_block(layout: Layout, key: str, *, which: str = "final", lineage: bool 
         )
     config = config_from_dict(meta["teacher_config"])
     # no "windows": full attention; "layer_types" only where the family has several (zgdata/families/registry.py);
-    # no "kv_heads": the teacher's KV heads; no "attention": every layer attends (attn_linear: "linear")
+    # no "kv_heads": the teacher's KV heads; no "attention": every layer attends (attn_linear: "linear");
+    # no "experts" / "top_k": a MoE teacher's expert counts (the expert conversions set them)
     block = StudentBlock(
         config,
         meta["intermediate_sizes"],
@@ -44,6 +45,8 @@ def load_block(layout: Layout, key: str, *, which: str = "final", lineage: bool 
         meta.get("layer_types"),
         meta.get("kv_heads"),
         meta.get("attention"),
+        meta.get("experts"),
+        meta.get("top_k"),
     )
     if which == "final":
         check_weights(d, meta)

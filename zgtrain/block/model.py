@@ -11,7 +11,8 @@ as the teacher layer it came from (``layer_types``). A layer may have fewer key/
 (``kv_heads``, None: the teacher's; zgtrain/block/attention.py), or a linear map in place of its attention
 (``attention``: "linear"; None: the teacher's attention), or its attention linearized with learned feature maps
 (``attention``: "linear_attention" or "linear_attention:W", W the exact-softmax window; the linear_attention
-conversion).
+conversion). A mixture-of-experts layer may keep fewer experts or run fewer per token (``experts`` /
+``top_k``, None: the teacher's; zgtrain/block/experts.py), its width being one expert's.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class StudentBlock(nn.Module):
         layer_types: list[str] | None = None,
         kv_heads: list[int | None] | None = None,
         attention: list[str | None] | None = None,
+        experts: list[int | None] | None = None,
+        top_k: list[int | None] | None = None,
     ):
         super().__init__()
         fam = family_of(config)
@@ -54,9 +57,16 @@ class StudentBlock(nn.Module):
         self.kv_heads = list(kv_heads) if kv_heads is not None else [None] * len(self.intermediate_sizes)
         if len(self.kv_heads) != len(self.intermediate_sizes):
             raise ValueError(f"{len(self.kv_heads)} kv_heads for {len(self.intermediate_sizes)} layers")
+        # a MoE layer's experts and experts per token (the expert conversions); None: the teacher's
+        self.experts = _per_layer(experts, len(self.intermediate_sizes), "experts")
+        self.top_k = _per_layer(top_k, len(self.intermediate_sizes), "top_k")
+        if any(e is not None or k is not None for e, k in zip(self.experts, self.top_k)) and fam.moe is None:
+            raise ValueError(f"expert counts for a {fam.model_type} block, whose MLPs have no experts")
         self.layers = nn.ModuleList(
-            fam.make_layer(kv_layer_config(fam.layer_config(config, m), kv), i, t)
-            for i, (m, t, kv) in enumerate(zip(intermediate_sizes, types, self.kv_heads))
+            fam.make_layer(kv_layer_config(self._mlp_config(fam, config, m, e, k), kv), i, t)
+            for i, (m, t, kv, e, k) in enumerate(
+                zip(intermediate_sizes, types, self.kv_heads, self.experts, self.top_k)
+            )
         )
         # "linear": the attn_linear conversion's AttentionLinear in place of the layer's attention; None: attention
         self.attention = list(attention) if attention is not None else [None] * len(self.intermediate_sizes)
@@ -76,6 +86,11 @@ class StudentBlock(nn.Module):
         rotary = fam.rotary(fam.layer_config(config, fam.width(config)))
         if rotary is not None:  # buffers derived from the config, never saved (see weights())
             self.rotary_emb = rotary
+
+    @staticmethod
+    def _mlp_config(fam, config, width, experts, top_k):
+        cfg = fam.layer_config(config, width)
+        return cfg if fam.moe is None else fam.with_experts(cfg, experts, top_k)
 
     def cache_heads(self) -> list[int | None]:
         """Each layer's KV heads for the KV-cache figures: 0 for a linear layer (no cache), None for the teacher's."""
@@ -115,3 +130,10 @@ class StudentBlock(nn.Module):
             for hk in hooks:
                 hk.remove()
         return acts
+
+
+def _per_layer(values, n: int, what: str) -> list:
+    out = list(values) if values is not None else [None] * n
+    if len(out) != n:
+        raise ValueError(f"{len(out)} {what} for {n} layers")
+    return out

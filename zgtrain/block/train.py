@@ -36,6 +36,7 @@ from zgdata.store.reader import check_batch
 from zgdata.teacher.prepare import load_slice
 from zgtrain.block.attention import LinearAttention, transfer_loss, transfer_parameters
 from zgtrain.block.conversions import convert
+from zgtrain.block.experts import active_params
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.objectives import Objective, nmse
 from zgtrain.block.targets import open_targets
@@ -316,7 +317,10 @@ def _meta(identity: dict, smeta: dict, block, tensors: dict, steps: int) -> dict
         **({"layer_types": block.layer_types} if block.layer_types is not None else {}),
         **({"kv_heads": block.kv_heads} if any(h is not None for h in block.kv_heads) else {}),
         **({"attention": block.attention} if any(a is not None for a in block.attention) else {}),
+        **({"experts": block.experts} if any(e is not None for e in block.experts) else {}),
+        **({"top_k": block.top_k} if any(k is not None for k in block.top_k) else {}),
         "params": sum(p.numel() for p in block.parameters()),
+        **({"active_params": active_params(block)} if block.family.moe is not None else {}),
         "teacher_params": sum(v.numel() for v in tensors.values()),
         "steps": steps,
         "done": False,

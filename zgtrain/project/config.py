@@ -58,7 +58,8 @@ class TrainConfig(Section):
     conversion: str = param(
         "prune_mlp",
         "How the student block starts: a conversion of zgtrain/block/conversions.py "
-        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads, attn_linear, linear_attention).",
+        "(identity, prune_mlp, drop_layers, reinit, window_attention, kv_heads, attn_linear, linear_attention; "
+        "mixture-of-experts teachers: prune_experts, moe_to_dense).",
     )
     prune_ratio: float = param(
         0.5,
@@ -95,6 +96,30 @@ class TrainConfig(Section):
         "attention output (attention transfer); 0: a quarter of train.steps.",
         ge=0,
         le=MAX_STEPS,
+    )
+    keep_experts: int = param(
+        0,
+        "prune_experts: experts kept in each layer of a mixture-of-experts block, those with the most routing mass "
+        "on the block's input sample; 0: half the teacher's.",
+        ge=0,
+    )
+    active_experts: int = param(
+        0,
+        "prune_experts: experts each token runs (top-k) in the block's layers; 0: the teacher's, clamped to "
+        "train.keep_experts.",
+        ge=0,
+    )
+    dense_width: int = param(
+        0,
+        "moe_to_dense: channels of the one dense MLP that replaces each layer's routed experts; 0: top-k x one "
+        "expert's width (the teacher's active MLP width).",
+        ge=0,
+    )
+    dense_init: str = param(
+        "merge",
+        "moe_to_dense: where the dense MLP's channels come from: merge (the channels of all experts with the most "
+        "routing-weighted activation) or top (the most used experts whole); down-projections scaled by routing weight.",
+        choices=("merge", "top"),
     )
     importance_rows: int = param(
         16,

@@ -30,6 +30,8 @@ CONVERSIONS: dict[str, Callable | None] = dict.fromkeys(
         "kv_heads",
         "attn_linear",
         "linear_attention",
+        "prune_experts",
+        "moe_to_dense",
     )
 )
 

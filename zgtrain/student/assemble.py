@@ -5,7 +5,9 @@ family's own causal-LM class (zgdata/families/registry.py). Uniform MLP widths a
 that family that ``AutoModelForCausalLM.from_pretrained`` loads (``num_key_value_heads``: the kv_heads
 conversion's count); per-layer widths, per-layer KV heads (``layer_kv_heads``), any sliding-window layer
 (``layer_windows`` in config.json) or any linear layer in place of attention (``layer_attention``, the attn_linear
-conversion) ship zg's modeling file for the family (zgtrain/student/load.py pins it). zerograph.json records the windows and the KV-cache bytes per token
+conversion) ship zg's modeling file for the family (zgtrain/student/load.py pins it). A mixture-of-experts student
+with one expert count and top-k in every layer is the family's stock config; per-layer counts (``layer_experts``,
+``layer_top_k``: the expert conversions) ship the modeling file too. zerograph.json records the windows and the KV-cache bytes per token
 (zgtrain/block/kv_cache.py) next to the parameter counts.
 """
 
@@ -25,6 +27,7 @@ from zgdata.layout import Layout
 from zgdata.lineage import check, expected_fingerprints
 from zgdata.teacher.prepare import load_slice, load_tokenizer, read_teacher_json
 from zgtrain.block.attention import teacher_kv_heads
+from zgtrain.block.experts import idle_params
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.load import load_block
 from zgtrain.fit.checkpoint import read_meta
@@ -72,6 +75,12 @@ class StudentResult:
     layer_attention: list | None = None
     """Each layer's attention ("full", "linear": the attn_linear conversion, or "linear_attention[:W]": the
     linear_attention conversion), where one is not full; None otherwise."""
+    layer_experts: list | None = None
+    """A mixture-of-experts student's experts per layer (the expert conversions); None for a dense family."""
+    layer_top_k: list | None = None
+    """A mixture-of-experts student's experts run per token, per layer; None for a dense family."""
+    active_params: int | None = None
+    """A mixture-of-experts student's parameters one token runs (all but the experts its routers skip)."""
     linear_state_bytes: int | None = None
     """The linear_attention layers' constant generation state, bytes per sequence (zgtrain/block/kv_cache.py); None
     without such layers."""
@@ -85,9 +94,20 @@ class StudentResult:
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("choice", "search", "layer_kv_heads", "layer_attention", "linear_state_bytes")
-            or getattr(self, f.name) is not None
+            if f.name not in _OPTIONAL or getattr(self, f.name) is not None
         }
+
+
+_OPTIONAL = (
+    "choice",
+    "search",
+    "layer_kv_heads",
+    "layer_attention",
+    "layer_experts",
+    "layer_top_k",
+    "active_params",
+    "linear_state_bytes",
+)
 
 
 def _blocks(project: ProjectConfig, layout: Layout, which: str):
@@ -118,13 +138,20 @@ def build_student(project: ProjectConfig, *, layout: Layout = Layout(), which: s
 
 
 def needs_modeling_code(
-    sizes: list, windows: list, kv_heads: list | None = None, attention: list | None = None
+    sizes: list,
+    windows: list,
+    kv_heads: list | None = None,
+    attention: list | None = None,
+    experts: list | None = None,
+    top_k: list | None = None,
 ) -> bool:
     """Whether a student of these layer widths, windows, KV heads and attention kinds ships zg's modeling file
     (``remote_code``): per-layer MLP widths or KV heads, any sliding window or any linear layer in place of
-    attention, which the family's stock config cannot say."""
+    attention, per-layer expert counts or top-k, which the family's stock config cannot say."""
     return (
         len(set(sizes)) != 1
+        or len(set(experts or [])) > 1
+        or len(set(top_k or [])) > 1
         or any(w is not None for w in windows)
         or len(set(kv_heads or [])) > 1
         or any(a != "full" for a in (attention or []))
@@ -139,6 +166,8 @@ def student_model(
     types: list | None,
     kv_heads: list | None = None,
     attention: list | None = None,
+    experts: list | None = None,
+    top_k: list | None = None,
     *,
     dtype,
 ):
@@ -148,17 +177,19 @@ def student_model(
     ``teacher_config``: the teacher's config dict; ``sizes``, ``windows``, ``types``: each student layer's MLP width,
     sliding window (None: full attention) and teacher attention type (Gemma 3; None where the family has one);
     ``kv_heads``: each layer's KV heads (None: the teacher's); ``attention``: each layer's "full" or "linear" (None:
-    all full). The family's ``student_config`` (with
+    all full); ``experts`` / ``top_k``: a mixture-of-experts student's counts per layer. The family's
+    ``student_config`` (with
     ``num_key_value_heads``: the layers' one count) where every width and KV head count is equal and no window is
     set, else zg's pinned template config and class (``intermediate_sizes``, ``layer_windows``, ``layer_kv_heads``;
     the folder then ships the modeling file). Built
     on the meta device; weights tied, a parameter ``state`` lacks is an error, derived buffers (rotary) rebuilt."""
     fam = family_of(teacher_config)
-    config = fam.student_config(teacher_config, sizes, types)
+    moe = {"experts": experts, "top_k": top_k} if fam.moe is not None else {}
+    config = fam.student_config(teacher_config, sizes, types, **moe)
     model_cls = fam.causal_lm()
     if kv_heads is not None and len(set(kv_heads)) == 1:  # one count: the stock config says it
         config.num_key_value_heads = int(kv_heads[0])
-    if needs_modeling_code(sizes, windows, kv_heads, attention):  # a config subclass plus modeling code shipped
+    if needs_modeling_code(sizes, windows, kv_heads, attention, experts, top_k):  # a config subclass + modeling code
         why = fam.check_template()
         if why:  # a verified decoder of another layout: the pinned template cannot rebuild its layers
             raise ZgError(
@@ -172,11 +203,15 @@ def student_model(
         per_layer = {"layer_kv_heads": list(kv_heads)} if kv_heads is not None else {}
         if attention is not None:
             per_layer["layer_attention"] = list(attention)
+        if fam.moe is not None:  # which config fields the template sets per layer, and their values
+            per_layer["mlp_fields"] = {"width": fam.width_attr, "experts": fam.moe.experts, "top_k": fam.moe.top_k}
+            per_layer.update(layer_experts=list(experts), layer_top_k=list(top_k))
         config = template_class(fam.model_type, "AutoConfig")(
             intermediate_sizes=sizes, layer_windows=windows, **per_layer, **fields
         )
         model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
-    config._attn_implementation = fam.attn_implementation
+    for key, value in fam.load_kwargs().items():  # sdpa (Gemma 2: eager); MoE: grouped_mm experts
+        setattr(config, f"_{key}", value)
     with torch.device("meta"):
         model = model_cls(config)
     model.load_state_dict({k: v.to(dtype).clone() for k, v in state.items()}, assign=True, strict=False)
@@ -203,6 +238,7 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
     attention = [a or "full" for _, b, _ in blocks for a in b.attention]
     linear = any(a != "full" for a in attention)
     cache_heads = [0 if a == "linear" else h for a, h in zip(attention, kv_heads)]  # a linear layer caches nothing
+    experts, top_k = _expert_counts(fam, hmeta["config"], blocks)
     state = {fam.head_key(k): v for k, v in head.items()}
     i = 0
     for _, block, _ in blocks:
@@ -220,6 +256,8 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         types,
         kv_heads if changed else None,
         attention if linear else None,
+        experts,
+        top_k,
         dtype=dtype,
     )
     teacher_params = read_teacher_json(layout)["params"]
@@ -231,11 +269,16 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         "layers": len(sizes),
         "intermediate_sizes": sizes,
         "layer_windows": windows,
-        "remote_code": needs_modeling_code(sizes, windows, kv_heads, attention),
+        "remote_code": needs_modeling_code(sizes, windows, kv_heads, attention, experts, top_k),
         "family": fam.model_type,
         **kv_summary(hmeta["config"], cache_windows, kv_heads=cache_heads, attention=attention),
         **({"layer_kv_heads": kv_heads} if changed else {}),
         **({"layer_attention": attention} if linear else {}),
+        **(
+            {"layer_experts": experts, "layer_top_k": top_k, "active_params": n - idle_params(fam.layers(model))}
+            if experts is not None
+            else {}
+        ),
         "blocks": {
             spec.key: {
                 "state_sha256": meta.get("state_sha256"),
@@ -246,6 +289,16 @@ def build_from_blocks(blocks: list, *, layout: Layout = Layout()):
         },
     }
     return model, summary
+
+
+def _expert_counts(fam, teacher_config: dict, blocks: list) -> tuple[list | None, list | None]:
+    """Each layer's experts and top-k of a mixture-of-experts student (None, None for a dense family)."""
+    if fam.moe is None:
+        return None, None
+    n, k = fam.experts(teacher_config), fam.top_k(teacher_config)
+    experts = [n if e is None else int(e) for _, b, _ in blocks for e in b.experts]
+    top_k = [min(e, k) if t is None else int(t) for e, t in zip(experts, (t for _, b, _ in blocks for t in b.top_k))]
+    return experts, top_k
 
 
 @locked("assemble")

@@ -202,7 +202,7 @@ def load_student(folder: Path, *, dtype=None, lineage: bool = True):
     check_checksums(folder)
     fam = family(json.loads((folder / "zerograph.json").read_text()).get("family", "llama"))  # read above
     return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype or torch.float32, trust_remote_code=remote, attn_implementation=fam.attn_implementation
+        folder, dtype=dtype or torch.float32, trust_remote_code=remote, **fam.load_kwargs()
     ).eval()
 
 

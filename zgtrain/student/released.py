@@ -24,6 +24,8 @@ RELEASED = {
     # generated from zgtrain/block/ (zgtrain/student/template_source.py); Llama and Qwen2 students ship the dense file
     "9df08419fd886669c0ae584f86e58249a39ad986a3039bf1b0b36581c737ba0f": "modeling_zg_dense.py, first generated",
     "2c2b4edda066eea7d52a367c10e636dda6c81a1a6919879b7c764fc9f1b90483": "modeling_zg_gpt2.py, first generated",
+    # per-layer expert counts of mixture-of-experts students (mlp_fields, layer_experts, layer_top_k)
+    "8de29331d1230ccf109097e1b010ac4c5ddd997e1e98d3088b7ab9a7abb4ce18": "modeling_zg_dense.py with per-layer experts",
 }
 
 

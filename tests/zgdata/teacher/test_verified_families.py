@@ -169,10 +169,12 @@ def test_kv_heads_runs_where_the_projections_are_found():
 
 
 def test_refused_kinds_stay_refused_and_records_stay_records():
-    """Mixture-of-experts and hybrid models keep their one-line refusal (a self-check would not make their router
-    or recurrent state a boundary); a declared family keeps its record, not a discovered adapter."""
-    for model_type in ("mixtral", "jamba"):
+    """Mixture-of-experts models without a record and hybrid models keep their one-line refusal (a self-check would
+    not make an unknown router or a recurrent state a boundary); a declared family keeps its record, not a
+    discovered adapter, and so do the MoE families with one."""
+    for model_type in ("phimoe", "jamba"):
         assert not known(model_type)
         with pytest.raises(ZgError, match="zg does not support it"):
             family(model_type)
     assert not family("llama").verified and family("qwen3").verified
+    assert known("mixtral") and not family("mixtral").verified and family("mixtral").moe is not None

@@ -16,6 +16,10 @@ whose count differs from ``num_key_value_heads`` gets the family's own attention
 the attention, no KV cache) is zg's attn_linear conversion; "linear_attention" or "linear_attention:W" (the
 attention linearized with learned feature maps over its own q/k/v/o, plus exact softmax over the last W
 positions; constant-size generation state in ``LinearAttentionState``) is zg's linear_attention conversion.
+A mixture-of-experts family (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) names its MLP config fields in ``mlp_fields``
+(``width``: one expert's width, ``experts``, ``top_k``); each layer's MLP is then the family's own expert block
+built with that layer's width, ``layer_experts`` experts and ``layer_top_k`` of them run per token (zg's
+prune_experts and moe_to_dense conversions).
 
 The classes between "generated" markers are zg's own, copied from the source file each marker names by
 zgtrain/student/template_source.py, so a student block and the assembled student run the same code.
@@ -259,9 +263,22 @@ def _config_class(prefix):
     base = getattr(transformers, prefix + "Config")
 
     def __init__(
-        self, intermediate_sizes=None, layer_windows=None, layer_kv_heads=None, layer_attention=None, **kwargs
+        self,
+        intermediate_sizes=None,
+        layer_windows=None,
+        layer_kv_heads=None,
+        layer_attention=None,
+        mlp_fields=None,
+        layer_experts=None,
+        layer_top_k=None,
+        **kwargs,
     ):
         base.__init__(self, **kwargs)
+        if mlp_fields:  # a mixture-of-experts family: its MLP config fields, and each layer's counts
+            n = self.num_hidden_layers
+            self.mlp_fields = dict(mlp_fields)
+            self.layer_experts = list(layer_experts or [getattr(self, mlp_fields["experts"])] * n)
+            self.layer_top_k = list(layer_top_k or [getattr(self, mlp_fields["top_k"])] * n)
         self.intermediate_sizes = list(intermediate_sizes or [self.intermediate_size] * self.num_hidden_layers)
         self.layer_windows = list(layer_windows or [None] * self.num_hidden_layers)
         self.layer_kv_heads = list(layer_kv_heads or [self.num_key_value_heads] * self.num_hidden_layers)
@@ -276,9 +293,13 @@ def _model_class(prefix):
 
     def __init__(self, config):
         base.__init__(self, config)
-        for layer, width in zip(self.model.layers, config.intermediate_sizes):
+        fields = getattr(config, "mlp_fields", None) or {"width": "intermediate_size"}
+        for i, (layer, width) in enumerate(zip(self.model.layers, config.intermediate_sizes)):
             cfg = copy.copy(config)
-            cfg.intermediate_size = width
+            setattr(cfg, fields["width"], width)
+            if "experts" in fields:  # this layer's experts and experts per token
+                setattr(cfg, fields["experts"], config.layer_experts[i])
+                setattr(cfg, fields["top_k"], config.layer_top_k[i])
             layer.mlp = type(layer.mlp)(cfg)
         for i, (layer, heads) in enumerate(zip(self.model.layers, config.layer_kv_heads)):
             if heads != config.num_key_value_heads:  # this layer's own KV head count
