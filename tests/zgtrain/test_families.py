@@ -41,11 +41,12 @@ def built(request, tmp_path_factory):
 
 def build(request, tmp_path_factory):
     name = request.param
-    if SOURCES[name] == "random:tiny":
+    source = SOURCES.get(name, f"random:tiny-{name}")  # the MoE families' matrix: tests/zgtrain/test_families_moe.py
+    if source == "random:tiny":
         return name, request.getfixturevalue("tiny_built")  # the session's tiny project is exactly this one
     root = tmp_path_factory.mktemp(name) / "proj"
     zg_main("init", root, "--profile", "tiny", cwd=root.parent)
-    set_params(root, {"teacher.source": SOURCES[name]})
+    set_params(root, {"teacher.source": source})
     for cmd in (("teacher", "prepare"), ("data", "tokenize"), ("data", "materialize")):
         zg_main(*cmd, cwd=root)
     return name, root
@@ -129,9 +130,8 @@ def test_identity_student_logits_equal_the_teachers(built, tmp_path):
         assert m["status"] == "done" and m["params"] == m["teacher_params"]
     summary = assemble(project_of(root), layout=layout)
     assert summary.family == name and summary.remote_code is False
-    student = AutoModelForCausalLM.from_pretrained(
-        layout.student, dtype=torch.float32, attn_implementation=family(name).attn_implementation
-    ).eval()
+    student = AutoModelForCausalLM.from_pretrained(layout.student, dtype=torch.float32, **family(name).load_kwargs())
+    student = student.eval()
     teacher, _ = load_teacher(layout, with_tokenizer=False)
     assert type(student) is type(teacher) is family(name).causal_lm()
     # Gemma 3's sliding and full layers stay where they were (block b01 starts with a full layer)

@@ -28,7 +28,7 @@ def capture(
 ) -> dict[int, torch.Tensor]:
     """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed."""
     fam = family_of(model.config)
-    # attention: ATTN_IMPLEMENTATION but for families transformers runs only eager (Gemma 2); MoE: grouped_mm experts
+    # attention: ATTN_IMPLEMENTATION but for families transformers runs only eager (Gemma 2); MoE: zg's padded grouped_mm experts
     for key, want in fam.load_kwargs().items():
         have = getattr(model.config, f"_{key}", None)
         if have != want:

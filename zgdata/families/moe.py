@@ -8,9 +8,9 @@ shared expert every token runs (``shared_expert``, ``shared_expert_gate``). A st
 (``with_experts``: the router's rows follow, top-k is clamped) or a single one (moe_to_dense: one expert of any
 width under a one-row router, whose softmax is exactly 1: a dense MLP in the family's own stock classes).
 
-Experts run as transformers' ``grouped_mm`` everywhere: in capture (``experts_implementation`` at load), in
-blocks and in students. It sums each token's top-k outputs by a reshape and sum, where the loop ``eager`` runs
-adds them with ``index_add_``, which CUDA runs with atomics (not bit-reproducible).
+Experts run as zg's padded grouped GEMM everywhere (zgdata/families/moe_kernel.py): in capture
+(``experts_implementation`` at load), in blocks and in the students zg loads. A token's boundary then does not depend
+on which other tokens share its batch, as cached == online needs.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families.base import WHERE
 from zgdata.families.dense import DenseFamily
+from zgdata.families.moe_kernel import EXPERTS_IMPLEMENTATION
 
 __all__ = ["MoeFamily", "EXPERTS_IMPLEMENTATION", "EXPERT_TENSORS"]
 
-EXPERTS_IMPLEMENTATION = "grouped_mm"
 # a layer's tensors indexed by expert on dim 0 (the router's rows, each expert's weights)
 EXPERT_TENSORS = ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 

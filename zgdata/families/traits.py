@@ -25,7 +25,7 @@ layer (the layer itself always runs as transformers wrote it):
 - ``norm_identity``: the norm weight that scales by 1 (Gemma stores 1 + w: 0), where ``reinit`` starts norms.
 - ``moe``: the MLP is a routed mixture of experts (``Moe``: the config fields of the expert count, one expert's
   width, the active experts per token and a shared expert's width); blocks then count, prune and densify experts
-  (zgtrain/block/experts.py) and run transformers' ``grouped_mm`` experts, as capture does.
+  (zgtrain/block/experts.py) and run zg's padded grouped GEMM (zgdata/families/moe_kernel.py), as capture does.
 ``tiny`` holds the fields of the family's tiny random teacher (``teacher.source: random:tiny-<model_type>``)
 beyond the shared ones.
 """

@@ -404,7 +404,7 @@ def load_teacher_checked(
         layout.teacher_hf,
         trust_remote_code=False,  # prepare refused a teacher with its own code (auto_map)
         dtype=getattr(torch, load),
-        **family(teacher["architecture"]["model_type"]).load_kwargs(),  # sdpa (Gemma 2 eager); MoE: grouped_mm
+        **family(teacher["architecture"]["model_type"]).load_kwargs(),  # sdpa (Gemma 2 eager); MoE: padded grouped_mm
     ).eval()
     if load != dtype:
         setattr(model, COMPUTE_ATTR, getattr(torch, dtype))

@@ -11,6 +11,9 @@ model, and refuses with one line where it cannot:
 - linearized attention (``layer_attention`` ``linear_attention``, the ``linear_attention`` conversion): refused;
 - fewer KV heads (the ``kv_heads`` conversion): one count for every layer is the stock ``num_key_value_heads``
   (assemble already wrote it so); per-layer counts (``layer_kv_heads``) are refused, naming the first that differs;
+- a mixture-of-experts student's experts and experts per token (``prune_experts``, ``moe_to_dense``): one count
+  for every layer is the family's stock fields (``num_experts``/``num_local_experts``, ``num_experts_per_tok``);
+  per-layer counts (``layer_experts``, ``layer_top_k``) are refused, naming the first layer that differs;
 - zg's sliding windows (``layer_windows``, the ``window_attention`` conversion), combined with the windows the
   family's own config already gives its layers (each layer attends within the smaller of the two):
   Mistral and Phi-3 have one ``sliding_window`` for every layer (so every layer must end with the same window);
@@ -193,11 +196,9 @@ def stock_config(student: Path) -> dict:
             "num_key_value_heads",
             _gguf_alternative(student),
         )
-    d = {
-        k: v
-        for k, v in cfg.items()
-        if k not in ("auto_map", "intermediate_sizes", "layer_windows", "layer_kv_heads", "layer_attention")
-    }
+    counts = _expert_counts(fam, name, summary)
+    d = {k: v for k, v in cfg.items() if k not in _ZG_KEYS}
+    d.update(counts)
     if kv:
         d["num_key_value_heads"] = kv[0]
     d.update(model_type=fam.model_type, architectures=[fam.model_class])
@@ -205,6 +206,42 @@ def stock_config(student: Path) -> dict:
     if any(w is not None for w in windows):
         d = _with_windows(student, fam.model_type, name, d, windows)
     return d
+
+
+_ZG_KEYS = (
+    "auto_map",
+    "intermediate_sizes",
+    "layer_windows",
+    "layer_kv_heads",
+    "layer_attention",
+    "mlp_fields",
+    "layer_experts",
+    "layer_top_k",
+)
+
+
+def _expert_counts(fam, name: str, summary: dict) -> dict:
+    """A mixture-of-experts student's one expert count and top-k as its stock config fields ({} for a dense one),
+    or a one-line refusal naming the first layer whose count differs."""
+    if fam.moe is None:
+        return {}
+    out = {}
+    for key, field, what in (
+        ("layer_experts", fam.moe.experts, "experts"),
+        ("layer_top_k", fam.moe.top_k, "experts per token"),
+    ):
+        values = list(summary.get(key) or [])
+        odd = next((i for i, v in enumerate(values) if v != values[0]), None)
+        if odd is not None:
+            raise _refuse(
+                f"layer {odd} has {values[odd]} {what} where layer 0 has {values[0]}, and a stock {name} config has "
+                f"one {field}",
+                "give every block the same train.keep_experts / train.active_experts (or the same expert "
+                "conversion), or keep the student folder (zg's modeling file runs it)",
+            )
+        if values:
+            out[field] = values[0]
+    return out
 
 
 def _check_dtype(dtype: str) -> None:

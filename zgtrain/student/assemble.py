@@ -210,7 +210,7 @@ def student_model(
             intermediate_sizes=sizes, layer_windows=windows, **per_layer, **fields
         )
         model_cls = template_class(fam.model_type, "AutoModelForCausalLM")
-    for key, value in fam.load_kwargs().items():  # sdpa (Gemma 2: eager); MoE: grouped_mm experts
+    for key, value in fam.load_kwargs().items():  # sdpa (Gemma 2: eager); MoE: zg's padded grouped_mm experts
         setattr(config, f"_{key}", value)
     with torch.device("meta"):
         model = model_cls(config)
