@@ -255,3 +255,48 @@ def test_teacher_json_counts_the_experts(built):
     fam = family(name)
     assert arch["experts"] == 4 == fam.experts(cfg) and arch["active_experts"] == 2
     assert ("shared_expert_size" in arch) == (name == "qwen2_moe")
+
+
+def test_search_mixes_expert_variants_under_an_active_params_budget(built, tmp_path):
+    """A variant library of expert conversions (fewer experts and fewer per token; one dense MLP of one expert's
+    width) searched with search.cost: active_params: each option's cost is what a token runs, the teacher block's
+    top-k / E of its experts; the choice is the cheapest-delta mix within the budget and assembles."""
+    from zgtrain.search.assemble import mix_blocks
+    from zgtrain.search.solve import run_search
+    from zgtrain.search.variants import train_variant
+    from zgtrain.student.assemble import build_from_blocks
+
+    name, src = built
+    if name != "mixtral":
+        pytest.skip("one family is enough for the search's arithmetic; the conversions run for all four above")
+    root = copy_project(src, tmp_path / "proj")
+    layout = Layout(root)
+    width = _arch(layout)["intermediate_size"]
+    variants = {
+        "e1": {"conversion": "prune_experts", "keep_experts": 2, "active_experts": 1, "steps": 2},
+        "dense": {"conversion": "moe_to_dense", "dense_width": width, "steps": 2},
+    }
+    params = set_params(root, {"variants": variants, "search.cost": "active_params", "search.budget": 0.8})
+    project = project_of(params)
+    metrics = {(b, v): train_variant(project, b, v, layout=layout).metrics() for b in ("b00", "b01") for v in variants}
+    for (b, v), m in metrics.items():
+        assert m["status"] == "done" and m["active_params"] < m["teacher_active_params"] < m["teacher_params"], (b, v)
+    result = run_search(project, layout=layout)
+    assert result.cost == "active_params" and result.active_params <= result.budget_cost
+    assert result.teacher_active_params == sum(metrics[(b, "e1")]["teacher_active_params"] for b in ("b00", "b01"))
+    options = [
+        [(metrics[(b, "e1")]["teacher_active_params"], 0.0)]
+        + [(metrics[(b, v)]["active_params"], metrics[(b, v)]["ce_delta"]) for v in variants]
+        for b in ("b00", "b01")
+    ]
+    best = min(
+        ((i, j) for i in range(3) for j in range(3) if options[0][i][0] + options[1][j][0] <= result.budget_cost),
+        key=lambda ij: (options[0][ij[0]][1] + options[1][ij[1]][1], options[0][ij[0]][0] + options[1][ij[1]][0]),
+    )
+    names = ["teacher", *variants]
+    mix = {b: o["variant"] for b, o in result.blocks.items()}
+    assert mix == {"b00": names[best[0]], "b01": names[best[1]]}
+    model, summary = build_from_blocks(mix_blocks(project, mix, layout), layout=layout)
+    assert summary["active_params"] <= summary["params"]
+    out = model.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    assert out.shape == (1, 6)

@@ -26,7 +26,16 @@ from zgdata.families.moe import EXPERT_TENSORS
 from zgdata.families.registry import family_of
 from zgtrain.block.model import StudentBlock
 
-__all__ = ["routing", "require_moe", "prune_experts", "moe_to_dense", "active_params", "idle_params", "DENSE_INITS"]
+__all__ = [
+    "routing",
+    "require_moe",
+    "prune_experts",
+    "moe_to_dense",
+    "active_params",
+    "idle_params",
+    "teacher_active",
+    "DENSE_INITS",
+]
 
 DENSE_INITS = ("merge", "top")
 
@@ -150,6 +159,15 @@ def idle_params(layers) -> int:
             n = mlp.gate.weight.shape[0]
             idle += (n - min(mlp.gate.top_k, n)) * sum(p.numel() for p in mlp.experts.parameters()) // n
     return idle
+
+
+def teacher_active(tensors: dict, config) -> int:
+    """Parameters a token runs through the teacher layers of a slice (``layers.{i}.*`` tensors): the experts' weights
+    count top-k / E of themselves, as the router runs top-k of E."""
+    fam = family_of(config)
+    share = fam.top_k(config) / fam.experts(config)
+    expert = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+    return sum(round(v.numel() * share) if k.endswith(expert) else v.numel() for k, v in tensors.items())
 
 
 def active_params(block: StudentBlock) -> int:

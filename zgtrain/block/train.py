@@ -36,7 +36,7 @@ from zgdata.store.reader import check_batch
 from zgdata.teacher.prepare import load_slice
 from zgtrain.block.attention import LinearAttention, transfer_loss, transfer_parameters
 from zgtrain.block.conversions import convert
-from zgtrain.block.experts import active_params
+from zgtrain.block.experts import active_params, teacher_active
 from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.objectives import Objective, nmse
 from zgtrain.block.targets import open_targets
@@ -122,6 +122,8 @@ class BlockResult(loop.Result):
     teacher_params: int | None = None
     param_ratio: float | None = None
     kv: dict = field(default_factory=dict, metadata={"spread": True})  # kv_summary's keys, in its order
+    # a mixture-of-experts block: active_params and teacher_active_params (parameters one token runs); {} if dense
+    experts: dict = field(default_factory=dict, metadata={"spread": True})
     objective: str | None = None
     conversion: str | None = None
     targets: str | None = None
@@ -320,7 +322,11 @@ def _meta(identity: dict, smeta: dict, block, tensors: dict, steps: int) -> dict
         **({"experts": block.experts} if any(e is not None for e in block.experts) else {}),
         **({"top_k": block.top_k} if any(k is not None for k in block.top_k) else {}),
         "params": sum(p.numel() for p in block.parameters()),
-        **({"active_params": active_params(block)} if block.family.moe is not None else {}),
+        **(
+            {"active_params": active_params(block), "teacher_active_params": teacher_active(tensors, smeta["config"])}
+            if block.family.moe is not None
+            else {}
+        ),
         "teacher_params": sum(v.numel() for v in tensors.values()),
         "steps": steps,
         "done": False,
@@ -415,6 +421,7 @@ def _done(run: Run, key: str, heldout: float, sha: str) -> BlockResult:
             run.block.cache_heads(),
             run.block.attention,
         ),
+        experts={k: meta[k] for k in ("active_params", "teacher_active_params") if k in meta},
         objective=cfg.objective,
         conversion=cfg.conversion,
         targets=cfg.targets,

@@ -123,7 +123,8 @@ class TrainConfig(Section):
     )
     importance_rows: int = param(
         16,
-        "prune_mlp: train sequences used to score channel importance; attn_linear: the sample its maps are fitted on.",
+        "prune_mlp: train sequences used to score channel importance; attn_linear: the sample its maps are fitted "
+        "on; prune_experts / moe_to_dense: the sample routing mass and channel scores are measured on.",
         ge=1,
     )
     objective: str = param(
@@ -314,9 +315,10 @@ class SearchConfig(Section):
     )
     cost: str = param(
         "params",
-        "What the budget counts: params (block parameters) or kv_bytes (KV-cache bytes per "
-        "token at the teacher's longest context, zgtrain/block/kv_cache.py).",
-        choices=("params", "kv_bytes"),
+        "What the budget counts: params (block parameters), active_params (parameters one token runs: a "
+        "mixture-of-experts block's all but the experts its router skips; params for dense blocks) or kv_bytes "
+        "(KV-cache bytes per token at the teacher's longest context, zgtrain/block/kv_cache.py).",
+        choices=("params", "active_params", "kv_bytes"),
     )
     max_tries: int = param(
         3,

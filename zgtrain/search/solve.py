@@ -89,7 +89,8 @@ def ranked(choices: Sequence[Sequence[tuple[float, float]]], budget: float, k: i
 
 
 def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
-    """{block: [{variant, params, kv_bytes, ce_delta}, ...]}, the teacher block first, from the variant metrics."""
+    """{block: [{variant, params, kv_bytes, active_params, ce_delta}, ...]}, the teacher block first, from the
+    variant metrics."""
     out = {}
     for block in project.blocks:
         opts = []
@@ -114,6 +115,7 @@ def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
                         "variant": IDENTITY_VARIANT,
                         "params": int(m["teacher_params"]),
                         "kv_bytes": float(m["teacher_kv_bytes_per_token"]),
+                        "active_params": int(m.get("teacher_active_params", m["teacher_params"])),
                         "ce_delta": 0.0,
                     }
                 )
@@ -122,6 +124,7 @@ def options(project: ProjectConfig, layout: Layout) -> dict[str, list[dict]]:
                     "variant": v,
                     "params": int(m["params"]),
                     "kv_bytes": float(m["kv_bytes_per_token"]),
+                    "active_params": int(m.get("active_params", m["params"])),  # a dense block runs all of them
                     "ce_delta": float(m["ce_delta"]),
                 }
             )
@@ -134,16 +137,20 @@ class SearchResult:
     """The chosen mix; ``choice()`` is search/choice.json. Costs of a mix are summed over its blocks' options."""
 
     cost: str
-    """What the budget counts: params or kv_bytes (search.cost)."""
+    """What the budget counts: params, active_params or kv_bytes (search.cost)."""
     budget: float
     budget_unit: str
     budget_cost: float
     """The budget in units of ``cost`` (a fraction times the teacher's, or absolute)."""
     teacher_params: int
     teacher_kv_bytes: float
+    teacher_active_params: int
+    """The teacher blocks' parameters one token runs (a mixture of experts: all but the experts it skips)."""
     params: int
     kv_bytes: float
     """The chosen mix's KV-cache bytes per token."""
+    active_params: int
+    """The chosen mix's parameters one token runs (its params, for dense blocks)."""
     param_ratio: float
     kv_ratio: float
     predicted_ce_delta: float
@@ -170,13 +177,13 @@ def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> SearchRe
         return _run(project, layout)
 
 
-UNITS = {"params": "params", "kv_bytes": "KV bytes/token"}
+UNITS = {"params": "params", "active_params": "active params", "kv_bytes": "KV bytes/token"}
 
 
 def _totals(opts: dict, idx) -> dict:
-    """Params and KV bytes per token of a mix (indices into each block's options)."""
+    """Params, KV bytes per token and active params of a mix (indices into each block's options)."""
     picked = [opts[b][j] for b, j in zip(opts, idx)]
-    return {"params": sum(o["params"] for o in picked), "kv_bytes": sum(o["kv_bytes"] for o in picked)}
+    return {k: sum(o[k] for o in picked) for k in ("params", "kv_bytes", "active_params")}
 
 
 _METRICS = (
@@ -184,8 +191,10 @@ _METRICS = (
     "budget_cost",
     "teacher_params",
     "teacher_kv_bytes",
+    "teacher_active_params",
     "params",
     "kv_bytes",
+    "active_params",
     "param_ratio",
     "kv_ratio",
     "predicted_ce_delta",
@@ -245,6 +254,7 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
         "budget_cost": budget,
         "teacher_params": teacher["params"],
         "teacher_kv_bytes": teacher["kv_bytes"],
+        "teacher_active_params": teacher["active_params"],
         **got,
         "param_ratio": got["params"] / teacher["params"],
         "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],

@@ -80,7 +80,7 @@ def test_each_new_kv_head_is_the_mean_of_its_group(name):
         else:
             assert torch.equal(v, t), k
     assert grouped >= 1
-    assert ("layers.0.self_attn.k_proj.bias" in block.weights()) == (name == "qwen2")
+    assert ("layers.0.self_attn.k_proj.bias" in block.weights()) == (name in ("qwen2", "qwen2_moe"))
 
 
 def test_contiguous_groups_of_four_heads_into_two():

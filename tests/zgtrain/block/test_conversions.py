@@ -49,6 +49,8 @@ def test_registry_holds_the_documented_conversions():
         "kv_heads",
         "attn_linear",
         "linear_attention",
+        "prune_experts",
+        "moe_to_dense",
     }
     with pytest.raises(ZgError, match="unknown conversion 'nope'"):
         convert("nope", {}, CONFIG, TrainConfig(), _sample(), torch.Generator())

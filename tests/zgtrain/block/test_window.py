@@ -99,7 +99,12 @@ def test_shipped_modeling_file_runs_the_same_window_as_the_student_blocks(name, 
     model.load_state_dict(teacher.state_dict())
     model.save_pretrained(tmp_path)
     ship_modeling_code(tmp_path, name)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path,
+        trust_remote_code=True,
+        dtype=torch.float32,
+        **fam.load_kwargs(),  # MoE: zg's padded experts
+    ).eval()
     assert type(loaded).__name__ == f"Zg{fam.model_class}" and loaded.config.layer_windows == windows
     assert json.loads((tmp_path / "config.json").read_text())["layer_windows"] == windows
 
