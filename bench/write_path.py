@@ -12,7 +12,9 @@ boundary dataset) go through zg's own write path: ``materialize.writer.Writer`` 
 
   plain write      the same number of bytes written from memory in 8 MiB chunks, then fsync (dd conv=fsync)
   write path       GB/s of bf16 input per codec and per writer-thread count (files fsynced at the end too), the
-                   ratio to the plain write, and the bytes on disk per bf16 byte
+                   ratio to the plain write, the bytes on disk per bf16 byte, and the CPU seconds the process
+                   spent per GB (all threads, Lance's own too); for raw, the rate those allow on all cores at best
+                   (cores / core-s per GB), a bound however well the work overlaps
   per thread       one thread's encode + row checksum (the unit 0.22-0.25 GB/s described before this path), and the
                    whole job (with stats and the Lance record batch); the former path (zstd level 3 + blake2b) too
   pool             the encoding pool alone (no I/O), 2 threads / 1 thread
@@ -20,7 +22,8 @@ boundary dataset) go through zg's own write path: ``materialize.writer.Writer`` 
                    a warm one, / np.memmap of the same rows. This VM backs guest memory on first touch (measured and
                    printed: ~0.2 GB/s, against 3-10 for memory the guest has touched before), which a machine that
                    has run anything meets rarely; so the decoded cache's size is touched and freed before the first
-                   epoch, and the figure measures zg's reads, not the VM's memory faults
+                   epoch, and the figure measures zg's reads, not the VM's memory faults. For a compressed codec,
+                   zstd alone over the pair's frames on every core (bench/write_path_reads.py): a first epoch's bound
   verify --full    every row's checksum streamed (``scan_checksums``) / reading the same files
   trust check      ``trust.verify`` of the pair against a dvc.lock, 1 thread and all cores, / copying the same
                    bytes (what `dvc pull` from a local remote does at least)
@@ -44,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from harness import CpuMeter, wait_quiet
+from write_path_reads import B, decode_ceiling, fsync_tree, loader, trust_check, verify_full
 
 from zgdata.config import MaterializeConfig
 from zgdata.materialize.encode import Encoder, encode_batch
@@ -52,8 +56,6 @@ from zgdata.materialize.writer import Writer
 from zgdata.store import integrity
 from zgdata.store.codec import codec_meta, format_of, hidden_arrays
 from zgdata.store.integrity import checksum_array
-
-B = 4  # rows per batch, materialize.batch_size's default
 
 
 def log(msg: str) -> None:
@@ -77,29 +79,27 @@ def real(path: Path, n: int) -> list[torch.Tensor]:
     return [x[i : i + B].clone() for i in range(0, rows - B + 1, B)]
 
 
-def fsync_tree(root: Path) -> None:
-    for d, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+def cpu_s() -> float:
+    """CPU seconds this process has used, all its threads (Lance's own included)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
-def plain_write(path: Path, nbytes: int) -> float:
-    """Seconds to write ``nbytes`` from memory and fsync them: the disk's rate for this run."""
+def plain_write(path: Path, nbytes: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) to write ``nbytes`` from memory and fsync them: the disk's rate for this run."""
     chunk = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
-    t0 = time.perf_counter()
+    c0, t0 = cpu_s(), time.perf_counter()
     with open(path, "wb") as f:
         left = nbytes
         while left > 0:
             left -= f.write(chunk[: min(left, len(chunk))])
         f.flush()
         os.fsync(f.fileno())
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, cpu_s() - c0
     path.unlink()
-    return dt
+    return dt, cpu
 
 
 def _meta(name: str, layer: int, rows: int, seq_len: int, hidden: int, codec: str, checksum: str) -> dict:
@@ -159,7 +159,7 @@ def write_path(work: Path, xs, *, boundaries: int, batches: int, codec: str, thr
         checksum=checksum,
     )
     splits = ["train"] * B
-    t0 = time.perf_counter()
+    c0, t0 = cpu_s(), time.perf_counter()
     w.start()
     for i in range(batches):  # a GPU hands over batches as fast as the writer takes them
         w.q.put((np.arange(i * B, (i + 1) * B), splits, {n: xs[(i + k) % len(xs)] for k, n in enumerate(names)}))
@@ -168,9 +168,9 @@ def write_path(work: Path, xs, *, boundaries: int, batches: int, codec: str, thr
     if w.error is not None:
         raise w.error
     fsync_tree(stage)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, cpu_s() - c0
     disk = sum(f.stat().st_size for f in stage.rglob("*.lance") if f.is_file() and "/data/" in str(f))
-    out = {"seconds": dt, "bytes": rows * seq_len * hidden * 2 * boundaries, "disk": disk, "stage": stage}
+    out = {"seconds": dt, "cpu_s": cpu, "bytes": rows * seq_len * hidden * 2 * boundaries, "disk": disk, "stage": stage}
     if publish:
         finals = {n: work / f"pub-{codec}" / f"{n}.lance" for n in names}
         (work / f"pub-{codec}").mkdir(exist_ok=True)
@@ -240,124 +240,6 @@ def pool_rate(xs, codec: str, threads: int, batches: int, boundaries: int) -> fl
     return batches * boundaries * xs[0].numel() * 2 / dt / 1e9
 
 
-def first_touch(nbytes: int) -> tuple[float, float]:
-    """GB/s of writing ``nbytes`` of fresh memory, then of the same memory again (the VM's first-touch cost)."""
-    t0 = time.perf_counter()
-    a = np.empty(nbytes, np.uint8)
-    a[:] = 1
-    t1 = time.perf_counter()
-    a[:] = 2
-    t2 = time.perf_counter()
-    del a
-    return nbytes / (t1 - t0) / 1e9, nbytes / (t2 - t1) / 1e9
-
-
-def loader(pub: dict) -> dict:
-    """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the rows."""
-    from zgdata.store.reader import BoundaryPair
-
-    a, b = list(pub.values())[:2]
-    pair = BoundaryPair(a, b)
-    n = len(pair.input.seq_ids)
-    steps = n // B
-    nbytes = steps * B * pair.input.row_bytes * 2
-    touched = first_touch(n * pair.input.row_bytes * 2)  # the decoded caches' size, faulted in and freed
-
-    def epoch(p):
-        t0 = time.perf_counter()
-        for _ in p.batches("train", start_step=0, steps=steps, batch_size=B, seed=0):
-            pass
-        return nbytes / (time.perf_counter() - t0) / 1e9
-
-    first = epoch(pair)
-    warm = epoch(pair)
-    scratch = a.parent.parent / f"memmap-{a.parent.name}"
-    scratch.mkdir(exist_ok=True)
-    mms = []
-    for side, name in ((pair.input, "x"), (pair.output, "y")):
-        arr = np.lib.format.open_memmap(scratch / f"{name}.npy", "w+", np.uint16, (n, side.row_bytes // 2))
-        arr[:] = side.take(np.arange(n)).view(torch.int16).numpy().reshape(n, -1).view(np.uint16)
-        arr.flush()
-        del arr
-        mms.append(np.load(scratch / f"{name}.npy", mmap_mode="r"))
-    t0 = time.perf_counter()
-    for step in range(steps):
-        rows = np.sort(pair.batch_rows("train", step, B, 0))
-        for m in mms:
-            torch.from_numpy(np.ascontiguousarray(m[rows]))
-    mm = nbytes / (time.perf_counter() - t0) / 1e9
-    return {"first_gbps": first, "warm_gbps": warm, "memmap_gbps": mm, "first_touch_gbps": touched[0]}
-
-
-def verify_full(pub: dict) -> dict:
-    """Every row's checksum (what `zg data verify` checks of every boundary) / reading the same files."""
-    from zgdata.store.integrity import scan_checksums
-    from zgdata.store.reader import BoundaryDataset
-
-    sets = [BoundaryDataset(p) for p in pub.values()]
-    nbytes = sum(len(b.seq_ids) * b.row_bytes for b in sets)
-    t0 = time.perf_counter()
-    for b in sets:
-        _, bad = scan_checksums(b.ds, b.row_bytes, algo=b.checksum, columns=b.columns, decode=b.decode)
-        assert not bad
-    scan = nbytes / (time.perf_counter() - t0) / 1e9
-    t0 = time.perf_counter()
-    for p in pub.values():
-        for f in sorted(p.rglob("*")):
-            if f.is_file():
-                with open(f, "rb", buffering=0) as fh:
-                    while fh.read(8 << 20):
-                        pass
-    return {"scan_gbps": scan, "read_gbps": nbytes / (time.perf_counter() - t0) / 1e9}
-
-
-def trust_check(work: Path, pub: dict) -> dict:
-    """trust.verify of a boundary pair recorded in a dvc.lock, on 1 thread and on all cores; a copy as the pull."""
-    import hashlib
-
-    from zgdata.trust import dvc_lock
-
-    root = work / "proj"
-    shutil.rmtree(root, ignore_errors=True)
-    (root / "data").mkdir(parents=True)
-    pair = list(pub.values())[:2]
-    t0 = time.perf_counter()
-    for p in pair:  # the "pull": the same bytes copied in from elsewhere on this disk
-        shutil.copytree(p, root / "data" / p.name)
-    fsync_tree(root / "data")
-    pull = time.perf_counter() - t0
-    outs = []
-    for p in pair:  # the reference md5s, one file after another, as DVC would record them
-        files = {
-            f.relative_to(root / "data" / p.name).as_posix(): hashlib.md5(f.read_bytes()).hexdigest()
-            for f in (root / "data" / p.name).rglob("*")
-            if f.is_file()
-        }
-        entries = sorted(({"md5": m, "relpath": r} for r, m in files.items()), key=lambda e: e["relpath"])
-        h = hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest()
-        outs.append({"path": f"data/{p.name}", "md5": h + ".dir"})
-    (root / "dvc.lock").write_text(json.dumps({"schema": "2.0", "stages": {"materialize": {"outs": outs}}}))
-    nbytes = sum(f.stat().st_size for f in (root / "data").rglob("*") if f.is_file())
-    times = {}
-    real_cores = dvc_lock.cores
-    try:
-        for label, n in (("1", 1), ("all", real_cores())):
-            best = None
-            for _ in range(2):
-                dvc_lock._MEMO.clear()
-                (root / dvc_lock.STATE).unlink(missing_ok=True)
-                dvc_lock.cores = lambda n=n: n
-                t0 = time.perf_counter()
-                c = dvc_lock.verify(*(root / "data" / p.name for p in pair))
-                dt = time.perf_counter() - t0
-                assert c.outputs == 2 and c.hashed > 0, c  # the md5s matched the reference: no error raised
-                best = dt if best is None else min(best, dt)
-            times[label] = best
-    finally:
-        dvc_lock.cores = real_cores
-    return {"bytes": nbytes, "pull_s": pull, "check_1_s": times["1"], "check_all_s": times["all"]}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=576, help="hidden size (576 SmolLM2-135M, 2048, 4096 8B)")
@@ -393,27 +275,40 @@ def main(argv=None) -> int:
         log(f"other processes' share of the cores before the run: {wait_quiet(0.1, args.quiet):.2f}")
     try:
         with CpuMeter() as meter:
-            disk_s = min(plain_write(work / "plain.bin", batches * per_batch) for _ in reps)
+            disk_s, disk_cpu = (
+                min(v) for v in zip(*(plain_write(work / "plain.bin", batches * per_batch) for _ in reps))
+            )
+            disk_cpu /= batches * per_batch / 1e9
             disk_gbps = batches * per_batch / disk_s / 1e9
             log(f"plain write + fsync                     {disk_gbps:6.2f} GB/s")
             res["plain_write_gbps"] = disk_gbps
             for codec in codecs:
                 for t in threads:
-                    best = None
+                    best, cpu = None, None
                     for _ in reps:
                         r = write_path(
                             work, xs, boundaries=args.boundaries, batches=batches, codec=codec, threads=t, publish=False
                         )
                         best = r["seconds"] if best is None else min(best, r["seconds"])
+                        cpu = r["cpu_s"] if cpu is None else min(cpu, r["cpu_s"])
                         shutil.rmtree(r["stage"])
                     gbps = r["bytes"] / best / 1e9
                     res[f"write_{codec}_{t}t_gbps"] = gbps
+                    res[f"write_{codec}_{t}t_core_s_per_gb"] = cpu / (r["bytes"] / 1e9)
                     res[f"size_{codec}"] = r["disk"] / r["bytes"]
                     log(
                         f"write path {codec:<10} {t} thread{'s' if t > 1 else ' '}        {gbps:6.2f} GB/s  "
                         f"{gbps / disk_gbps:5.2f} of the plain write  {r['disk'] / r['bytes']:.3f} bytes on disk "
-                        "per bf16 byte"
+                        f"per bf16 byte  {cpu / (r['bytes'] / 1e9):.2f} core-s per GB"
                     )
+            if "raw" in codecs:  # what the cores allow, however well the work overlaps: cores / (core-s per GB)
+                cores = len(os.sched_getaffinity(0))
+                ceiling = cores / res[f"write_raw_{max(threads)}t_core_s_per_gb"]
+                res["raw_cpu_ceiling_vs_disk_ratio"] = ceiling / disk_gbps
+                log(
+                    f"  raw: the CPU work alone allows at most {ceiling:.2f} GB/s on {cores} cores, "
+                    f"{ceiling / disk_gbps:.2f} of the plain write (plain write: {disk_cpu:.2f} core-s per GB)"
+                )
             for codec in codecs:
                 g = max(lance_alone(work, xs, boundaries=args.boundaries, batches=batches, codec=codec) for _ in reps)
                 res[f"lance_alone_{codec}_gbps"] = g
@@ -451,6 +346,13 @@ def main(argv=None) -> int:
                 )
             lo = res.pop(f"loader_{args.lossless}")
             raw_lo = res.pop("loader_raw", None)
+            if args.lossless != "raw":  # zstd alone, every core, no Lance, no join, no checksum: a bound, not a rate
+                dec = decode_ceiling(pub)
+                res["zstd_decode_ceiling_ratio"] = dec / lo["memmap_gbps"]
+                log(
+                    f"  {args.lossless}: zstd alone decodes the pair's frames at {dec:.2f} GB/s of bf16 on every core, "
+                    f"{dec / lo['memmap_gbps']:.2f} of np.memmap: the most a first epoch of this codec can reach here"
+                )
             vfs = [verify_full(pub) for _ in reps]
             vf = {k: max(r[k] for r in vfs) for k in vfs[0]}
             log(f"verify every row: {vf['scan_gbps']:.2f} GB/s of values; reading the files {vf['read_gbps']:.2f} GB/s")

@@ -80,3 +80,26 @@ def test_caches_of_one_process_share_one_budget(monkeypatch):
     del first
     gc.collect()
     assert decoded_cache(rows, 6, np.uint16, _fetch([])) is not None  # released with the first cache
+
+
+def test_contiguous_runs_decode_straight_into_the_cache(monkeypatch):
+    """With ``fetch_into``, a read-ahead run (contiguous rows) is decoded into the cache's own rows, scattered rows
+    still go through ``fetch``; the values and the caller's order are the same, each row decoded once."""
+    monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
+    monkeypatch.setattr(module, "READAHEAD_BYTES", 8 * 6 * 2)  # 8 rows ahead
+    calls, into = [], []
+
+    def fetch_into(rows, out):
+        into.append(rows.copy())
+        assert out.flags.c_contiguous and out.shape == (len(rows), 6)
+        out[...] = ROWS[rows]
+
+    read = decoded_cache(40, 6, np.uint16, _fetch(calls), fetch_into=fetch_into)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        rows = rng.integers(0, 40, size=5)
+        assert np.array_equal(read(rows), ROWS[rows])
+    assert np.array_equal(read(np.arange(40)[::-1]), ROWS[::-1])
+    assert into and all(np.array_equal(r, np.arange(r[0], r[-1] + 1)) for r in into)
+    done = np.concatenate(calls + into)
+    assert np.array_equal(np.sort(done), np.arange(40))  # every row decoded exactly once

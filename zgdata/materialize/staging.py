@@ -72,6 +72,14 @@ def reconcile(stage: Path, names: list[str], journal: Journal) -> None:
 
 _ABORT = object()
 
+# Lance's writer buffers each column until it holds data_cache_bytes / columns (default 8 MiB a column), then
+# concatenates what it buffered into one page. A boundary's value column holds a MiB or more per batch of rows, so
+# at 1 MiB a column each batch becomes its own page without that copy, while the small columns (seq_id, split,
+# checksum) still gather some 65,000 rows a page. Measured on the raw write path: 0.45-0.51 -> 0.57-0.69 GB/s and
+# 1.9-2.7 -> 1.8-2.05 core-seconds per GB (bench/write_path.py, docs/results/write-path.md). The page sizes follow
+# from the batches alone, so the bytes still do not depend on the thread count; any Lance reader reads either layout.
+CACHE_BYTES_PER_COLUMN = 1 << 20
+
 
 class Streams:
     """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
@@ -106,6 +114,7 @@ class Streams:
                 schema=schema,
                 mode=self.mode,
                 max_rows_per_file=rows_per_file,
+                data_cache_bytes=CACHE_BYTES_PER_COLUMN * len(schema),
             )
             self.out[name] = [f.to_json() for f in frags]
         except BaseException as e:  # re-raised by put()/close() in the capturing thread

@@ -197,17 +197,30 @@ def _flat_values(col, width: int) -> np.ndarray:
     return np.concatenate(arrs)
 
 
-def decode_rows(table, codec: str, storage_dtype: str, seq_len: int, hidden: int, *, strict: bool = True) -> np.ndarray:
+def decode_rows(
+    table, codec: str, storage_dtype: str, seq_len: int, hidden: int, *, strict: bool = True, out=None
+) -> np.ndarray:
     """(N, T*C) numpy array of the stored bits (uint16 for bf16) of a table holding ``hidden_columns(codec)``.
 
     A row whose compressed bytes do not decode raises ValueError; with ``strict=False`` its high
-    bytes are left zero instead, so its checksum fails and verify reports it with the others."""
+    bytes are left zero instead, so its checksum fails and verify reports it with the others.
+    ``out``: a C-contiguous (N, T*C) array of the storage dtype to decode into (and return), instead of a new one:
+    the decoded-row cache passes its own rows, which spares a copy and fresh memory per read."""
     n = seq_len * hidden
     if codec == "raw":
-        return _flat_values(table.column("hidden"), n)
+        flat = _flat_values(table.column("hidden"), n)
+        if out is None:
+            return flat
+        out[...] = flat
+        return out
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
     lo = _flat_values(table.column("hidden_lo"), n * (nbytes - 1)).reshape(-1, n, nbytes - 1)
-    out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
+    if out is not None:
+        want = out
+        out = out.view(np.uint8).reshape(len(lo), n, nbytes)
+    else:
+        want = None
+        out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
     out16 = out.reshape(len(lo), n * nbytes).view(np.uint16) if nbytes == 2 else None
     col = table.column("hidden_hi")
     bufs = [
@@ -240,7 +253,7 @@ def decode_rows(table, codec: str, storage_dtype: str, seq_len: int, hidden: int
     if bad and strict:  # the reader names the dataset and the rows
         i, e = bad[0]
         raise ValueError(f"the compressed high bytes of the {i}th row read do not decode ({e})")
-    return out.reshape(len(lo), n * nbytes).view(_NP[storage_dtype])
+    return want if want is not None else out.reshape(len(lo), n * nbytes).view(_NP[storage_dtype])
 
 
 _POOL = None

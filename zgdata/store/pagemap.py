@@ -27,7 +27,9 @@ def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe)
         dtype = np.dtype(dtype)
         row_bytes = row_values * dtype.itemsize
         col = ds.schema.names.index(column)
-        maps, starts, n = [], [], 0
+        # one map per data file (a page per batch of rows is common: one map per page could run into the
+        # kernel's limit on mappings); each page: its first row in the dataset, its file and byte offset
+        files_, starts, offsets, which, n = [], [], [], [], 0
         for frag in ds.get_fragments():
             files = frag.data_files()
             if len(files) != 1 or frag.metadata.deletion_file is not None:
@@ -39,23 +41,26 @@ def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe)
                     return None
                 k = page.buffers[0].size // row_bytes
                 if k:
-                    maps.append(
-                        np.memmap(fpath, dtype=dtype, mode="r", offset=page.buffers[0].position, shape=(k, row_values))
-                    )
                     starts.append(n + rows_here)
+                    offsets.append(page.buffers[0].position)
+                    which.append(len(files_))
                 rows_here += k
             if rows_here != frag.count_rows():
                 return None
+            files_.append(np.memmap(fpath, dtype=np.uint8, mode="r"))
             n += rows_here
-        if n != ds.count_rows() or not maps:
+        if n != ds.count_rows() or not starts:
             return None
-        starts_a = np.asarray(starts)
+        starts_a = np.asarray(starts, dtype=np.int64)
+        offsets_a = np.asarray(offsets, dtype=np.int64)
+        which_a = np.asarray(which, dtype=np.int64)
 
         def read(rows: np.ndarray) -> np.ndarray:
             out = np.empty((len(rows), row_values), dtype)
             page = np.searchsorted(starts_a, rows, side="right") - 1
-            for i, (r, pg) in enumerate(zip(rows.tolist(), page.tolist())):
-                out[i] = maps[pg][r - starts[pg]]
+            at = offsets_a[page] + (np.asarray(rows, dtype=np.int64) - starts_a[page]) * row_bytes
+            for i, (f, o) in enumerate(zip(which_a[page].tolist(), at.tolist())):
+                out[i] = files_[f][o : o + row_bytes].view(dtype)
             return out
 
         probe = np.unique([0, n // 2, n - 1])

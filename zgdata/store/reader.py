@@ -70,10 +70,11 @@ class BoundaryDataset:
         """Bytes of one row's decoded values."""
         return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
 
-    def decode(self, table, rows=None, *, strict: bool = True) -> np.ndarray:
-        """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error."""
+    def decode(self, table, rows=None, *, strict: bool = True, out=None) -> np.ndarray:
+        """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error;
+        ``out``: an array to decode into (``codec.decode_rows``)."""
         try:
-            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict)
+            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict, out=out)
         except ValueError as e:
             where = f" (rows {int(np.min(rows))}-{int(np.max(rows))})" if rows is not None and len(rows) else ""
             raise ZgError(f"{self.path}{where}: {e}", fix=recover_fix(self.path)) from e
@@ -125,7 +126,10 @@ class BoundaryDataset:
             else:
                 from zgdata.store.decoded_cache import decoded_cache
 
-                self._pages = decoded_cache(len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch)
+                into = lambda r, out: self.decode(self.ds.take(r, columns=self.columns), r, out=out)  # noqa: E731
+                self._pages = decoded_cache(
+                    len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=into
+                )
         if self.recheck and self.codec != "raw":
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
         return self._pages

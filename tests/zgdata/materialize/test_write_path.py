@@ -118,3 +118,70 @@ def test_a_flipped_byte_fails_the_checksum_of_either_algorithm(tiny_project):
         flipped[1, 17] ^= 1
         again = [integrity.row_checksum(r, algo=algo) for r in flipped]
         assert again[0] == sums[0] and again[2] == sums[2] and again[1] != sums[1], algo
+
+
+def test_large_rows_write_a_page_per_batch_that_the_raw_reader_maps(tmp_path):
+    """Batches of a MiB or more per boundary become one Lance page each (``staging.CACHE_BYTES_PER_COLUMN``), the
+    small columns stay in one page, and the raw reader maps those pages (one map per file) to Lance's own values."""
+    from lance.file import LanceFileReader
+
+    from zgdata.materialize.staging import Journal, boundary_schema, finalize
+    from zgdata.materialize.writer import Writer
+    from zgdata.store.codec import codec_meta, format_of
+
+    seq_len, hidden, batch, batches = 64, 4096, 4, 3  # 2 MiB of bf16 per batch
+    lineage = {"teacher_sha256": "t", "tokenizer_sha256": "t", "tokens_fingerprint": "t", "layer": 1}
+    meta = {
+        "kind": "boundary",
+        "name": "h01",
+        "layer": 1,
+        "fingerprint": "f",
+        "lineage": lineage,
+        "seq_len": seq_len,
+        "hidden": hidden,
+        "rows": {"train": batch * batches},
+        "format_version": format_of("raw", integrity.WRITE_CHECKSUM),
+        "codec": codec_meta("raw"),
+        "checksum": integrity.WRITE_CHECKSUM,
+        "complete": False,
+    }
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    journal = Journal(stage / "journal.json")
+    schemas = {"h01": boundary_schema(meta, seq_len, hidden, "bfloat16", "raw")}
+    w = Writer(
+        stage=stage,
+        names=["h01"],
+        schemas=schemas,
+        journal=journal,
+        cfg=MaterializeConfig(codec="raw", writer_threads=2),
+        total_rows=batch * batches,
+        seq_len=seq_len,
+        hidden=hidden,
+        checksum=integrity.WRITE_CHECKSUM,
+    )
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(batch, seq_len, hidden, generator=g).to(torch.bfloat16) for _ in range(batches)]
+    w.start()
+    for i, x in enumerate(xs):
+        w.q.put((np.arange(i * batch, (i + 1) * batch), ["train"] * batch, {"h01": x}))
+    w.q.put(None)
+    w.join()
+    assert w.error is None
+    final = tmp_path / "h01.lance"
+    n = batch * batches
+    finalize(stage, ["h01"], journal, {"h01": final}, n_rows=n, row_bytes=seq_len * hidden * 2, file_mb=1024)
+
+    (f,) = (final / "data").iterdir()
+    pages = {
+        c: len(m.pages)
+        for c, m in zip(["seq_id", "split", "hidden", "checksum"], LanceFileReader(str(f)).metadata().columns)
+    }
+    assert pages == {"seq_id": 1, "split": 1, "hidden": batches, "checksum": 1}
+    b = BoundaryDataset(final)
+    read = b._page_reader()
+    assert read is not None  # the mapped pages, not a fallback to Lance's take
+    rows = np.array([5, 0, 11, 4, 7])
+    assert np.array_equal(read(rows), b.decode(b.ds.take(rows, columns=["hidden"])))
+    want = torch.cat(xs)[torch.as_tensor(rows)]
+    assert torch.equal(b.take(rows).view(torch.int16), want.view(torch.int16))  # checked against the checksums

@@ -1,0 +1,169 @@
+"""The read side of bench/write_path.py: the loader's first and warm epochs against np.memmap, the ceiling a
+compressed first epoch meets (zstd alone on every core), verify of every row, and the trust check against a pull.
+Not a test; ``python bench/write_path.py`` runs these on the boundary pairs it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+B = 4  # rows per batch, materialize.batch_size's default
+
+
+def fsync_tree(root: Path) -> None:
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def first_touch(nbytes: int) -> tuple[float, float]:
+    """GB/s of writing ``nbytes`` of fresh memory, then of the same memory again (the VM's first-touch cost)."""
+    t0 = time.perf_counter()
+    a = np.empty(nbytes, np.uint8)
+    a[:] = 1
+    t1 = time.perf_counter()
+    a[:] = 2
+    t2 = time.perf_counter()
+    del a
+    return nbytes / (t1 - t0) / 1e9, nbytes / (t2 - t1) / 1e9
+
+
+def loader(pub: dict) -> dict:
+    """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the rows."""
+    from zgdata.store.reader import BoundaryPair
+
+    a, b = list(pub.values())[:2]
+    pair = BoundaryPair(a, b)
+    n = len(pair.input.seq_ids)
+    steps = n // B
+    nbytes = steps * B * pair.input.row_bytes * 2
+    touched = first_touch(n * pair.input.row_bytes * 2)  # the decoded caches' size, faulted in and freed
+
+    def epoch(p):
+        t0 = time.perf_counter()
+        for _ in p.batches("train", start_step=0, steps=steps, batch_size=B, seed=0):
+            pass
+        return nbytes / (time.perf_counter() - t0) / 1e9
+
+    first = epoch(pair)
+    warm = epoch(pair)
+    scratch = a.parent.parent / f"memmap-{a.parent.name}"
+    scratch.mkdir(exist_ok=True)
+    mms = []
+    for side, name in ((pair.input, "x"), (pair.output, "y")):
+        arr = np.lib.format.open_memmap(scratch / f"{name}.npy", "w+", np.uint16, (n, side.row_bytes // 2))
+        arr[:] = side.take(np.arange(n)).view(torch.int16).numpy().reshape(n, -1).view(np.uint16)
+        arr.flush()
+        del arr
+        mms.append(np.load(scratch / f"{name}.npy", mmap_mode="r"))
+    t0 = time.perf_counter()
+    for step in range(steps):
+        rows = np.sort(pair.batch_rows("train", step, B, 0))
+        for m in mms:
+            torch.from_numpy(np.ascontiguousarray(m[rows]))
+    mm = nbytes / (time.perf_counter() - t0) / 1e9
+    return {"first_gbps": first, "warm_gbps": warm, "memmap_gbps": mm, "first_touch_gbps": touched[0]}
+
+
+def decode_ceiling(pub: dict) -> float:
+    """GB/s of decoded bf16 of zstd alone over the high-byte frame of every row of a compressed pair, on as many
+    threads as cores: what a first epoch could reach if reading, joining the planes and checking cost nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import lance
+
+    from zgdata.store.codec import _zstd
+
+    frames, n = [], 0
+    for p in list(pub.values())[:2]:
+        ds = lance.dataset(str(p))
+        col = ds.to_table(columns=["hidden_hi"]).column("hidden_hi")
+        frames += [ch[j].as_buffer() for ch in col.chunks for j in range(len(ch))]
+        n = ds.to_table(columns=["hidden_lo"], limit=1).column("hidden_lo").type.list_size  # high bytes per row
+    cores = len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(cores) as pool:
+        best = 0.0
+        for _ in range(2):
+            t0 = time.perf_counter()
+            list(pool.map(lambda f: _zstd().decompress(f, decompressed_size=n, asbytes=False), frames))
+            best = max(best, len(frames) * n * 2 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def verify_full(pub: dict) -> dict:
+    """Every row's checksum (what `zg data verify` checks of every boundary) / reading the same files."""
+    from zgdata.store.integrity import scan_checksums
+    from zgdata.store.reader import BoundaryDataset
+
+    sets = [BoundaryDataset(p) for p in pub.values()]
+    nbytes = sum(len(b.seq_ids) * b.row_bytes for b in sets)
+    t0 = time.perf_counter()
+    for b in sets:
+        _, bad = scan_checksums(b.ds, b.row_bytes, algo=b.checksum, columns=b.columns, decode=b.decode)
+        assert not bad
+    scan = nbytes / (time.perf_counter() - t0) / 1e9
+    t0 = time.perf_counter()
+    for p in pub.values():
+        for f in sorted(p.rglob("*")):
+            if f.is_file():
+                with open(f, "rb", buffering=0) as fh:
+                    while fh.read(8 << 20):
+                        pass
+    return {"scan_gbps": scan, "read_gbps": nbytes / (time.perf_counter() - t0) / 1e9}
+
+
+def trust_check(work: Path, pub: dict) -> dict:
+    """trust.verify of a boundary pair recorded in a dvc.lock, on 1 thread and on all cores; a copy as the pull."""
+    import hashlib
+
+    from zgdata.trust import dvc_lock
+
+    root = work / "proj"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "data").mkdir(parents=True)
+    pair = list(pub.values())[:2]
+    t0 = time.perf_counter()
+    for p in pair:  # the "pull": the same bytes copied in from elsewhere on this disk
+        shutil.copytree(p, root / "data" / p.name)
+    fsync_tree(root / "data")
+    pull = time.perf_counter() - t0
+    outs = []
+    for p in pair:  # the reference md5s, one file after another, as DVC would record them
+        files = {
+            f.relative_to(root / "data" / p.name).as_posix(): hashlib.md5(f.read_bytes()).hexdigest()
+            for f in (root / "data" / p.name).rglob("*")
+            if f.is_file()
+        }
+        entries = sorted(({"md5": m, "relpath": r} for r, m in files.items()), key=lambda e: e["relpath"])
+        h = hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+        outs.append({"path": f"data/{p.name}", "md5": h + ".dir"})
+    (root / "dvc.lock").write_text(json.dumps({"schema": "2.0", "stages": {"materialize": {"outs": outs}}}))
+    nbytes = sum(f.stat().st_size for f in (root / "data").rglob("*") if f.is_file())
+    times = {}
+    real_cores = dvc_lock.cores
+    try:
+        for label, n in (("1", 1), ("all", real_cores())):
+            best = None
+            for _ in range(2):
+                dvc_lock._MEMO.clear()
+                (root / dvc_lock.STATE).unlink(missing_ok=True)
+                dvc_lock.cores = lambda n=n: n
+                t0 = time.perf_counter()
+                c = dvc_lock.verify(*(root / "data" / p.name for p in pair))
+                dt = time.perf_counter() - t0
+                assert c.outputs == 2 and c.hashed > 0, c  # the md5s matched the reference: no error raised
+                best = dt if best is None else min(best, dt)
+            times[label] = best
+    finally:
+        dvc_lock.cores = real_cores
+    return {"bytes": nbytes, "pull_s": pull, "check_1_s": times["1"], "check_all_s": times["all"]}
