@@ -16,6 +16,10 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
                 (bench/local_schedule.py on a local-tiny project)                                     [guarantee]
+  moe           a Mixtral-shaped MoE block in bf16 on the device, a batch against slices of it: no token's output
+                bits change under zg's padded experts (zgdata/families/moe_kernel.py, what capture runs), and the
+                share that changes under transformers' grouped_mm; the padded forward's time / grouped_mm's
+                (bench/moe_batch_invariance.py)                                                        [guarantee]
 
 No GPU was available when this script was written (docs/results/write-path.md says what ran where): its CPU smoke
 run is tests/test_bench_gpu_check.py. The last line is one JSON object with every figure and each check's result.
@@ -178,13 +182,59 @@ def check_schedule(work: Path, res: dict) -> None:
     res["schedule_ok"] = guarantee("early_backward == phased weights", r.returncode == 0, f"exit {r.returncode}")
 
 
+def check_moe(res: dict, dev, smoke: bool) -> None:
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    import moe_batch_invariance as M
+
+    from zgdata.families.moe_kernel import EXPERTS_IMPLEMENTATION
+
+    hidden, width, tokens = (128, 256, 64) if smoke else (4096, 14336, 2048)  # Mixtral 8x7B's layer shape
+    x = torch.randn(1, tokens, hidden, generator=torch.Generator().manual_seed(1)).to(dev, torch.bfloat16)
+    times = {}
+    for impl in ("grouped_mm", EXPERTS_IMPLEMENTATION):
+        block = M.experts_module(hidden, width, 8, 2, impl).to(dev, torch.bfloat16)
+        with torch.no_grad():
+            whole = block(x)
+            sliced = torch.cat([block(x[:, i : i + M.SLICE]) for i in range(0, tokens, M.SLICE)], dim=1)
+            times[impl] = _best_time(lambda b=block: b(x), dev)
+        res[f"moe_{impl}_tokens_changed"] = (sliced != whole).any(-1).float().mean().item()
+    res["moe_padded_time_vs_grouped_mm"] = times[EXPERTS_IMPLEMENTATION] / times["grouped_mm"]
+    log(
+        f"moe: tokens changed in slices of {M.SLICE}: grouped_mm {res['moe_grouped_mm_tokens_changed']:.1%}, "
+        f"zg padded {res[f'moe_{EXPERTS_IMPLEMENTATION}_tokens_changed']:.1%}; "
+        f"padded time / grouped_mm {res['moe_padded_time_vs_grouped_mm']:.2f}"
+    )
+    res["moe_batch_invariant"] = guarantee(
+        "MoE capture is batch-invariant",
+        res[f"moe_{EXPERTS_IMPLEMENTATION}_tokens_changed"] == 0.0,
+        f"hidden {hidden}, 8 experts of {width}, top 2, {tokens} tokens, bf16",
+    )
+
+
+def _best_time(fn, dev, repeats: int = 3) -> float:
+    import torch
+
+    best = float("inf")
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/zg-gpu-check"))
     ap.add_argument("--project", type=Path, help="an existing materialized project to copy (skips setup)")
     ap.add_argument("--profile", default="smollm2")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny sizes, no repro or schedule check")
-    ap.add_argument("--checks", default="materialize,cached_online,write_path,repro,schedule")
+    ap.add_argument("--checks", default="materialize,cached_online,write_path,repro,schedule,moe")
     ap.add_argument("--mb", type=int, default=1024, help="MB of boundary bytes for the write-path check")
     args = ap.parse_args(argv)
 
@@ -217,6 +267,8 @@ def main(argv=None) -> int:
         check_repro(root, args.workdir, res, max(1, torch.cuda.device_count()) if dev.type == "cuda" else 2)
     if "schedule" in checks:
         check_schedule(args.workdir, res)
+    if "moe" in checks:
+        check_moe(res, dev, args.smoke)
     res["failed"] = FAILED
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
     return 1 if FAILED else 0

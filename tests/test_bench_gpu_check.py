@@ -1,5 +1,6 @@
 """bench/gpu_check.py, the prepared GPU checks, runs on CPU as a smoke test: every check it can run without Ray
-(materialize against the forward, cached == online training of b00, the write path) passes on the tiny project."""
+(materialize against the forward, cached == online training of b00, the write path, a MoE block's batch invariance)
+passes on the tiny project."""
 
 from __future__ import annotations
 
@@ -27,3 +28,4 @@ def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
     assert res["device"] == "cpu" and res["failed"] == []
     assert res["cached_equals_online"] is True
     assert res["materialize_tok_s"] > 0 and res["write_path_gbps"] > 0
+    assert res["moe_batch_invariant"] is True and res["moe_zg_padded_grouped_mm_tokens_changed"] == 0.0
