@@ -2,8 +2,9 @@
 
 ``check_gguf`` decides everything from the student's config.json, zerograph.json and tokenizer before a byte
 is written: the llama.cpp architecture of its family (zgtrain/export/gguf_arch.py: the family's own arch for a
-uniform student, ``deci`` for Llama-like students with per-layer MLP widths or KV heads), its windows, its rotary and its
-tokenizer (zgtrain/export/gguf_vocab.py). Anything llama.cpp cannot express is one ``ZgError`` line naming
+uniform student, ``deci`` for Llama-like students with per-layer MLP widths or KV heads), its windows, its rotary, its
+experts (zgtrain/export/gguf_moe.py: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) and its tokenizer
+(zgtrain/export/gguf_vocab.py). Anything llama.cpp cannot express is one ``ZgError`` line naming
 the layer or feature and the supported alternative. ``export_gguf`` then loads the student through
 ``load_student`` (hash-checked safetensors, never a pickle) and writes keys and tensors with the ``gguf``
 package, in f32, f16, bf16 or q8_0 (1-D tensors, norms and biases, stay f32 as convert_hf_to_gguf keeps them).
@@ -28,6 +29,7 @@ from zgtrain.export.gguf_arch import (
     spec_of,
     write_hparams,
 )
+from zgtrain.export.gguf_moe import MoePlan, expert_tensors, is_router, moe_plan, write_moe_hparams
 from zgtrain.export.gguf_vocab import VocabInfo, read_vocab, write_vocab
 
 __all__ = ["DTYPES", "check_gguf", "export_gguf"]
@@ -47,6 +49,7 @@ class _Plan:
     layer_types: list | None
     vocab: VocabInfo
     kv_heads: list | None = None  # each layer's KV heads where zerograph.json records them (the kv_heads conversion)
+    moe: MoePlan | None = None  # a mixture-of-experts student's expert counts (zgtrain/export/gguf_moe.py)
 
 
 def _read(path: Path) -> dict:
@@ -104,6 +107,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
                 f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=HF_FIX
             )
     arch = spec.arch
+    moe = moe_plan(summary, cfg, family, arch, sizes)  # per-layer expert counts refused before per-layer widths
     if odd is not None:  # per-layer KV heads: deci reads head_count_kv per layer
         arch = spec.per_layer_arch
     if len(set(sizes)) > 1:
@@ -131,7 +135,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
             fix="rebuild the student with `dvc repro assemble`",
         )
     vocab = read_vocab(student, int(cfg["vocab_size"]))
-    return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab, kv or None)
+    return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab, kv or None, moe)
 
 
 def check_gguf(student: Path, *, dtype: str = "f16") -> None:
@@ -140,10 +144,11 @@ def check_gguf(student: Path, *, dtype: str = "f16") -> None:
     _plan(student, dtype)
 
 
-def _tensor_data(gguf, x: np.ndarray, dtype: str):
-    """(data, raw_dtype or None) for one tensor in the file's dtype; 1-D tensors stay f32."""
-    x = x.astype(np.float32)
-    if x.ndim == 1 or dtype == "f32":
+def _tensor_data(gguf, x: np.ndarray, dtype: str, keep_f32: bool = False):
+    """(data, raw_dtype or None, kind) for one tensor in the file's dtype; 1-D tensors and ``keep_f32`` (routers)
+    stay f32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 1 or dtype == "f32" or keep_f32:
         return x, None, "f32"
     if dtype == "f16" or (dtype == "q8_0" and x.shape[-1] % 32):
         return x.astype(np.float16), None, "f16"
@@ -180,6 +185,8 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         if dtype == "q8_0":
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         notes = write_hparams(writer, cfg, spec, arch, plan.sizes, plan.layer_types, plan.kv_heads)
+        if plan.moe is not None:
+            notes.update(write_moe_hparams(writer, plan.moe, arch))
         vocab = write_vocab(writer, plan.vocab)
         head_keys = [k for k in state if k.endswith("lm_head.weight")]
         for key in head_keys:
@@ -189,16 +196,20 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
             embed = next(k for k in state if k.endswith("embed_tokens.weight"))
             state["lm_head.weight"] = state[embed]
         for key, x in state.items():
-            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
-            if name is None:
-                raise ZgError(
-                    f"student tensor {key} has no llama.cpp '{arch}' name",
-                    fix="use `zg export --format hf`; report it (zgtrain/export/gguf_arch.py maps the families)",
-                )
-            data, raw, kind = _tensor_data(gguf, edit_tensor(key, x, cfg, spec, arch), dtype)
-            writer.add_tensor(name, data, raw_dtype=raw)
-            counts[kind] = counts.get(kind, 0) + 1
-            written += 1
+            tensors = expert_tensors(gguf, key, x) if plan.moe is not None else None
+            if tensors is None:
+                name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+                if name is None:
+                    raise ZgError(
+                        f"student tensor {key} has no llama.cpp '{arch}' name",
+                        fix="use `zg export --format hf`; report it (zgtrain/export/gguf_arch.py maps the families)",
+                    )
+                tensors = [(name, edit_tensor(key, x, cfg, spec, arch))]
+            for name, y in tensors:
+                data, raw, kind = _tensor_data(gguf, y, dtype, keep_f32=plan.moe is not None and is_router(key))
+                writer.add_tensor(name, data, raw_dtype=raw)
+                counts[kind] = counts.get(kind, 0) + 1
+                written += 1
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
