@@ -62,15 +62,9 @@ def _read(path: Path) -> dict:
         ) from e
 
 
-def _plan(student: Path, dtype: str) -> _Plan:
-    student = Path(student)
-    if dtype not in DTYPES:
-        raise ZgError(f"GGUF dtype '{dtype}' is not one zg writes", fix=f"use one of {', '.join(DTYPES)}")
-    summary, cfg = _read(student / "zerograph.json"), _read(student / "config.json")
-    family = summary.get("family", "llama")
-    spec = spec_of(family)
-    sizes = [int(s) for s in summary["intermediate_sizes"]]
-    windows = summary.get("layer_windows") or [None] * len(sizes)
+def _refuse_attention(summary: dict, spec: ArchSpec, n_layer: int) -> None:
+    """zg's attention conversions no llama.cpp arch expresses: windows, a linear map, linearized attention."""
+    windows = summary.get("layer_windows") or [None] * n_layer
     for i, win in enumerate(windows):
         if win is not None:
             raise ZgError(
@@ -93,6 +87,17 @@ def _plan(student: Path, dtype: str) -> _Plan:
             f"llama.cpp's '{spec.arch}' architecture cannot express",
             fix="keep the student folder (zg's modeling file runs it), or rebuild that block without linear_attention",
         )
+
+
+def _plan(student: Path, dtype: str) -> _Plan:
+    student = Path(student)
+    if dtype not in DTYPES:
+        raise ZgError(f"GGUF dtype '{dtype}' is not one zg writes", fix=f"use one of {', '.join(DTYPES)}")
+    summary, cfg = _read(student / "zerograph.json"), _read(student / "config.json")
+    family = summary.get("family", "llama")
+    spec = spec_of(family)
+    sizes = [int(s) for s in summary["intermediate_sizes"]]
+    _refuse_attention(summary, spec, len(sizes))
     kv = [int(h) for h in summary.get("layer_kv_heads") or []]
     odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
     if odd is not None and spec.per_layer_arch is None:  # the kv_heads conversion with different counts per block
@@ -156,6 +161,30 @@ def _tensor_data(gguf, x: np.ndarray, dtype: str, keep_f32: bool = False):
     return gguf.quants.quantize(x, qtype), qtype, dtype
 
 
+def _write_tensors(gguf, writer, state: dict, plan: _Plan, dtype: str) -> dict:
+    """Add each student tensor under its llama.cpp name, as the arch stores it (``edit_tensor``; a fused expert
+    tensor as its GGUF tensors, ``expert_tensors``); returns the count per written dtype."""
+    arch, moe = plan.arch, plan.moe is not None
+    arch_enum = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(arch_enum, len(plan.sizes))
+    counts: dict[str, int] = {}
+    for key, x in state.items():
+        tensors = expert_tensors(gguf, key, x) if moe else None
+        if tensors is None:
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise ZgError(
+                    f"student tensor {key} has no llama.cpp '{arch}' name",
+                    fix="use `zg export --format hf`; report it (zgtrain/export/gguf_arch.py maps the families)",
+                )
+            tensors = [(name, edit_tensor(key, x, plan.config, plan.spec, arch))]
+        for name, y in tensors:
+            data, raw, kind = _tensor_data(gguf, y, dtype, keep_f32=moe and is_router(key))
+            writer.add_tensor(name, data, raw_dtype=raw)
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
     """Check, then write ``out_file`` (a GGUF llama.cpp loads). Returns what lineage records: arch, dtype,
     n_layers, per-layer n_ff, tensor count and per-dtype counts, the tokenizer's pre-type and special ids."""
@@ -171,11 +200,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
     n_layer = len(plan.sizes)
     head, embed = model.get_output_embeddings().weight, model.get_input_embeddings().weight
     tied = head.data_ptr() == embed.data_ptr() or torch.equal(head, embed)
-    arch_enum = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(arch_enum, n_layer)
     out_file = Path(out_file)
-    counts: dict[str, int] = {}
-    written = 0
     writer = gguf.GGUFWriter(out_file, arch)
     try:
         # a fixed name: llama.cpp's vocab loader keys tokenizer quirks on general.name (a name containing "phi3"
@@ -195,21 +220,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         if spec.needs_output and not head_keys:
             embed = next(k for k in state if k.endswith("embed_tokens.weight"))
             state["lm_head.weight"] = state[embed]
-        for key, x in state.items():
-            tensors = expert_tensors(gguf, key, x) if plan.moe is not None else None
-            if tensors is None:
-                name = names.get_name(key, try_suffixes=(".weight", ".bias"))
-                if name is None:
-                    raise ZgError(
-                        f"student tensor {key} has no llama.cpp '{arch}' name",
-                        fix="use `zg export --format hf`; report it (zgtrain/export/gguf_arch.py maps the families)",
-                    )
-                tensors = [(name, edit_tensor(key, x, cfg, spec, arch))]
-            for name, y in tensors:
-                data, raw, kind = _tensor_data(gguf, y, dtype, keep_f32=plan.moe is not None and is_router(key))
-                writer.add_tensor(name, data, raw_dtype=raw)
-                counts[kind] = counts.get(kind, 0) + 1
-                written += 1
+        counts = _write_tensors(gguf, writer, state, plan, dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -225,7 +236,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         "dtype": dtype,
         "n_layers": n_layer,
         "n_ff": list(plan.sizes),
-        "tensors": written,
+        "tensors": sum(counts.values()),
         "tensor_dtypes": counts,
         "tied_embeddings": tied and not spec.needs_output,
         **vocab,
