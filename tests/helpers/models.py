@@ -5,14 +5,15 @@
 cuts it to some of its layers, their MLPs pruned to their first channels (``Family.prune_mlp``), and the renumbered
 state goes through ``student_model`` and ``write_student_files`` (zgtrain/student/assemble.py), the functions
 ``build_from_blocks`` and ``save_student`` use; then ``record_checksums``. That skips the project (tokens,
-boundaries, trained blocks) and the model card, which export never needs.
+boundaries, trained blocks) and the model card, which export never needs. ``make_moe_student`` does the same for a
+mixture-of-experts family, with each layer's experts pruned (``MoeFamily.prune_experts``) or merged into one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["tiny_family_teacher", "teacher_layers", "make_student", "student_logits"]
+__all__ = ["tiny_family_teacher", "teacher_layers", "make_student", "make_moe_student", "student_logits"]
 
 
 def tiny_family_teacher(name: str):
@@ -65,6 +66,68 @@ def make_student(
         "layer_windows": windows,
         "remote_code": needs_modeling_code(widths, windows),
         "layers": len(widths),
+    }
+    write_student_files(folder, model, summary, tok, teacher_sha256="0" * 64)
+    record_checksums(folder)
+    return folder
+
+
+def make_moe_student(
+    folder: Path, name: str, experts: list, top_k: list, keep: list, *, config: dict | None = None
+) -> Path:
+    """A mixture-of-experts student folder of family ``name``: teacher layers ``keep``, layer i with its teacher's
+    first ``experts[i]`` experts running ``top_k[i]`` each, or (``experts[i]`` = 0) one expert made of the first
+    ``top_k[i]`` experts' channels side by side under router row 0, as moe_to_dense's students are (one expert of
+    top-k experts' width, top-1). ``config``: fields set on the tiny teacher's config before it is built (its
+    weights follow: a ``num_key_value_heads`` of its own gets k/v projections of that size)."""
+    import torch
+
+    from zgdata.families.registry import family_of
+    from zgdata.teacher.prepare import tiny_teacher
+    from zgtrain.student.assemble import needs_modeling_code, student_model, write_student_files
+    from zgtrain.student.load import record_checksums
+
+    teacher, tok = tiny_teacher(name)
+    if config:
+        cfg = teacher.config
+        for key, value in config.items():
+            setattr(cfg, key, value)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(20240601)
+            teacher = type(teacher)(cfg).eval()
+    fam = family_of(teacher.config)
+    layers, head = fam.split_state(teacher.state_dict())
+    state = {fam.head_key(k): v for k, v in head.items()}
+    widths, counts, active = [], [], []
+    for i, (src, n, k) in enumerate(zip(keep, experts, top_k, strict=True)):
+        layer = dict(layers[src])
+        if n:
+            layer = fam.prune_experts(layer, torch.arange(n))
+            widths.append(fam.width(teacher.config))
+        else:  # one expert: experts 0..k-1's channels (gate rows, up rows, down columns) under router row 0
+            up, down = layer["mlp.experts.gate_up_proj"][:k], layer["mlp.experts.down_proj"][:k]
+            half = up.shape[1] // 2
+            layer["mlp.experts.gate_up_proj"] = torch.cat([*up[:, :half], *up[:, half:]])[None]
+            layer["mlp.experts.down_proj"] = torch.cat(list(down), dim=1)[None]
+            layer["mlp.gate.weight"] = layer["mlp.gate.weight"][:1]
+            widths.append(k * half)
+            n, k = 1, 1
+        counts.append(n)
+        active.append(k)
+        for key, v in layer.items():
+            state[fam.layer_key(i, key)] = v
+    windows = [None] * len(keep)
+    model = student_model(
+        teacher.config.to_dict(), state, widths, windows, None, experts=counts, top_k=active, dtype=torch.float32
+    )
+    summary = {
+        "family": name,
+        "intermediate_sizes": widths,
+        "layer_windows": windows,
+        "layer_experts": counts,
+        "layer_top_k": active,
+        "remote_code": needs_modeling_code(widths, windows, experts=counts, top_k=active),
+        "layers": len(keep),
     }
     write_student_files(folder, model, summary, tok, teacher_sha256="0" * 64)
     record_checksums(folder)

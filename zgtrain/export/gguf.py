@@ -2,8 +2,9 @@
 
 ``check_gguf`` decides everything from the student's config.json, zerograph.json and tokenizer before a byte
 is written: the llama.cpp architecture of its family (zgtrain/export/gguf_arch.py: the family's own arch for a
-uniform student, ``deci`` for Llama-like students with per-layer MLP widths or KV heads), its windows, its rotary and its
-tokenizer (zgtrain/export/gguf_vocab.py). Anything llama.cpp cannot express is one ``ZgError`` line naming
+uniform student, ``deci`` for Llama-like students with per-layer MLP widths or KV heads), its windows, its rotary, its
+experts (zgtrain/export/gguf_moe.py: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) and its tokenizer
+(zgtrain/export/gguf_vocab.py). Anything llama.cpp cannot express is one ``ZgError`` line naming
 the layer or feature and the supported alternative. ``export_gguf`` then loads the student through
 ``load_student`` (hash-checked safetensors, never a pickle) and writes keys and tensors with the ``gguf``
 package, in f32, f16, bf16 or q8_0 (1-D tensors, norms and biases, stay f32 as convert_hf_to_gguf keeps them).
@@ -28,6 +29,7 @@ from zgtrain.export.gguf_arch import (
     spec_of,
     write_hparams,
 )
+from zgtrain.export.gguf_moe import MoePlan, expert_tensors, is_router, moe_plan, write_moe_hparams
 from zgtrain.export.gguf_vocab import VocabInfo, read_vocab, write_vocab
 
 __all__ = ["DTYPES", "check_gguf", "export_gguf"]
@@ -47,6 +49,7 @@ class _Plan:
     layer_types: list | None
     vocab: VocabInfo
     kv_heads: list | None = None  # each layer's KV heads where zerograph.json records them (the kv_heads conversion)
+    moe: MoePlan | None = None  # a mixture-of-experts student's expert counts (zgtrain/export/gguf_moe.py)
 
 
 def _read(path: Path) -> dict:
@@ -59,15 +62,9 @@ def _read(path: Path) -> dict:
         ) from e
 
 
-def _plan(student: Path, dtype: str) -> _Plan:
-    student = Path(student)
-    if dtype not in DTYPES:
-        raise ZgError(f"GGUF dtype '{dtype}' is not one zg writes", fix=f"use one of {', '.join(DTYPES)}")
-    summary, cfg = _read(student / "zerograph.json"), _read(student / "config.json")
-    family = summary.get("family", "llama")
-    spec = spec_of(family)
-    sizes = [int(s) for s in summary["intermediate_sizes"]]
-    windows = summary.get("layer_windows") or [None] * len(sizes)
+def _refuse_attention(summary: dict, spec: ArchSpec, n_layer: int) -> None:
+    """zg's attention conversions no llama.cpp arch expresses: windows, a linear map, linearized attention."""
+    windows = summary.get("layer_windows") or [None] * n_layer
     for i, win in enumerate(windows):
         if win is not None:
             raise ZgError(
@@ -90,6 +87,17 @@ def _plan(student: Path, dtype: str) -> _Plan:
             f"llama.cpp's '{spec.arch}' architecture cannot express",
             fix="keep the student folder (zg's modeling file runs it), or rebuild that block without linear_attention",
         )
+
+
+def _plan(student: Path, dtype: str) -> _Plan:
+    student = Path(student)
+    if dtype not in DTYPES:
+        raise ZgError(f"GGUF dtype '{dtype}' is not one zg writes", fix=f"use one of {', '.join(DTYPES)}")
+    summary, cfg = _read(student / "zerograph.json"), _read(student / "config.json")
+    family = summary.get("family", "llama")
+    spec = spec_of(family)
+    sizes = [int(s) for s in summary["intermediate_sizes"]]
+    _refuse_attention(summary, spec, len(sizes))
     kv = [int(h) for h in summary.get("layer_kv_heads") or []]
     odd = next((i for i, h in enumerate(kv) if h != kv[0]), None)
     if odd is not None and spec.per_layer_arch is None:  # the kv_heads conversion with different counts per block
@@ -104,6 +112,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
                 f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=HF_FIX
             )
     arch = spec.arch
+    moe = moe_plan(summary, cfg, family, arch, sizes)  # per-layer expert counts refused before per-layer widths
     if odd is not None:  # per-layer KV heads: deci reads head_count_kv per layer
         arch = spec.per_layer_arch
     if len(set(sizes)) > 1:
@@ -131,7 +140,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
             fix="rebuild the student with `dvc repro assemble`",
         )
     vocab = read_vocab(student, int(cfg["vocab_size"]))
-    return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab, kv or None)
+    return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab, kv or None, moe)
 
 
 def check_gguf(student: Path, *, dtype: str = "f16") -> None:
@@ -140,15 +149,40 @@ def check_gguf(student: Path, *, dtype: str = "f16") -> None:
     _plan(student, dtype)
 
 
-def _tensor_data(gguf, x: np.ndarray, dtype: str):
-    """(data, raw_dtype or None) for one tensor in the file's dtype; 1-D tensors stay f32."""
-    x = x.astype(np.float32)
-    if x.ndim == 1 or dtype == "f32":
+def _tensor_data(gguf, x: np.ndarray, dtype: str, keep_f32: bool = False):
+    """(data, raw_dtype or None, kind) for one tensor in the file's dtype; 1-D tensors and ``keep_f32`` (routers)
+    stay f32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 1 or dtype == "f32" or keep_f32:
         return x, None, "f32"
     if dtype == "f16" or (dtype == "q8_0" and x.shape[-1] % 32):
         return x.astype(np.float16), None, "f16"
     qtype = gguf.GGMLQuantizationType.Q8_0 if dtype == "q8_0" else gguf.GGMLQuantizationType.BF16
     return gguf.quants.quantize(x, qtype), qtype, dtype
+
+
+def _write_tensors(gguf, writer, state: dict, plan: _Plan, dtype: str) -> dict:
+    """Add each student tensor under its llama.cpp name, as the arch stores it (``edit_tensor``; a fused expert
+    tensor as its GGUF tensors, ``expert_tensors``); returns the count per written dtype."""
+    arch, moe = plan.arch, plan.moe is not None
+    arch_enum = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(arch_enum, len(plan.sizes))
+    counts: dict[str, int] = {}
+    for key, x in state.items():
+        tensors = expert_tensors(gguf, key, x) if moe else None
+        if tensors is None:
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise ZgError(
+                    f"student tensor {key} has no llama.cpp '{arch}' name",
+                    fix="use `zg export --format hf`; report it (zgtrain/export/gguf_arch.py maps the families)",
+                )
+            tensors = [(name, edit_tensor(key, x, plan.config, plan.spec, arch))]
+        for name, y in tensors:
+            data, raw, kind = _tensor_data(gguf, y, dtype, keep_f32=moe and is_router(key))
+            writer.add_tensor(name, data, raw_dtype=raw)
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
@@ -166,11 +200,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
     n_layer = len(plan.sizes)
     head, embed = model.get_output_embeddings().weight, model.get_input_embeddings().weight
     tied = head.data_ptr() == embed.data_ptr() or torch.equal(head, embed)
-    arch_enum = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    names = gguf.get_tensor_name_map(arch_enum, n_layer)
     out_file = Path(out_file)
-    counts: dict[str, int] = {}
-    written = 0
     writer = gguf.GGUFWriter(out_file, arch)
     try:
         # a fixed name: llama.cpp's vocab loader keys tokenizer quirks on general.name (a name containing "phi3"
@@ -180,6 +210,8 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         if dtype == "q8_0":
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         notes = write_hparams(writer, cfg, spec, arch, plan.sizes, plan.layer_types, plan.kv_heads)
+        if plan.moe is not None:
+            notes.update(write_moe_hparams(writer, plan.moe, arch))
         vocab = write_vocab(writer, plan.vocab)
         head_keys = [k for k in state if k.endswith("lm_head.weight")]
         for key in head_keys:
@@ -188,17 +220,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         if spec.needs_output and not head_keys:
             embed = next(k for k in state if k.endswith("embed_tokens.weight"))
             state["lm_head.weight"] = state[embed]
-        for key, x in state.items():
-            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
-            if name is None:
-                raise ZgError(
-                    f"student tensor {key} has no llama.cpp '{arch}' name",
-                    fix="use `zg export --format hf`; report it (zgtrain/export/gguf_arch.py maps the families)",
-                )
-            data, raw, kind = _tensor_data(gguf, edit_tensor(key, x, cfg, spec, arch), dtype)
-            writer.add_tensor(name, data, raw_dtype=raw)
-            counts[kind] = counts.get(kind, 0) + 1
-            written += 1
+        counts = _write_tensors(gguf, writer, state, plan, dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -214,7 +236,7 @@ def export_gguf(student: Path, out_file: Path, *, dtype: str = "f16") -> dict:
         "dtype": dtype,
         "n_layers": n_layer,
         "n_ff": list(plan.sizes),
-        "tensors": written,
+        "tensors": sum(counts.values()),
         "tensor_dtypes": counts,
         "tied_embeddings": tied and not spec.needs_output,
         **vocab,

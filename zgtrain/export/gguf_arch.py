@@ -18,6 +18,10 @@ convert_hf_to_gguf.py (conversion/*.py):
   ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window and llama.cpp
   switches Phi-3's off: a Mistral / Phi-3 window shorter than the context is written as the model's
   ``context_length`` (= the window: within it sliding and full attention are the same computation).
+- Mixtures of experts (zgtrain/export/gguf_moe.py): Mixtral as ``llama`` with experts (expert_count,
+  expert_used_count, ffn_gate_inp and ffn_{gate,up,down}_exps), Qwen2-MoE as ``qwen2moe`` (with its shared expert
+  and that expert's sigmoid gate), Qwen3-MoE as ``qwen3moe``, OLMoE as ``olmoe``: one expert count and top-k for
+  every layer, a router weighting llama.cpp's graph does the same way, and (OLMoE) no grouped-query attention.
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ ARCHS = {
         ArchSpec("starcoder2", "starcoder2", layer_norm_eps="norm_epsilon"),
         ArchSpec("phi", "phi2", layer_norm_eps="layer_norm_eps", partial_rotary=True),
         ArchSpec("olmo", "olmo", norm_rotary=True, layer_norm_eps="-1e-5"),
+        # mixture-of-experts families (experts, routing and refusals: zgtrain/export/gguf_moe.py)
+        ArchSpec("mixtral", "llama", norm_rotary=True, window="context"),
+        ArchSpec("qwen2_moe", "qwen2moe", needs_output=True),
+        ArchSpec("qwen3_moe", "qwen3moe"),
+        ArchSpec("olmoe", "olmoe", needs_output=True),
     )
 }
 
