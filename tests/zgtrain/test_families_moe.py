@@ -212,8 +212,8 @@ def test_cached_online_and_resumed_expert_blocks_are_bitwise_identical(built, tm
     assert online.targets == "online" and online.state_sha256 == cached.state_sha256
 
 
-def test_expert_conversions_are_refused_where_they_do_not_apply(built, tiny_built, tmp_path):
-    """prune_mlp on a MoE teacher, and the expert conversions on a dense one: one line each, nothing trained."""
+def test_prune_mlp_and_too_many_experts_are_refused_on_a_moe_teacher(built, tmp_path):
+    """prune_mlp on a MoE teacher, and more experts kept than it has: one line each, nothing trained."""
     name, src = built
     root = copy_project(src, tmp_path / "moe")
     set_params(root, {"train.conversion": "prune_mlp"})
@@ -223,6 +223,9 @@ def test_expert_conversions_are_refused_where_they_do_not_apply(built, tiny_buil
     set_params(root, {"train.conversion": "prune_experts", "train.keep_experts": 9})
     res = zg_main("train", "block", "b00", cwd=root, check=False)
     assert_user_error(res, "train.keep_experts", "4 experts per layer")
+
+
+def test_expert_conversions_are_refused_on_a_dense_teacher(tiny_built, tmp_path):
     dense = copy_project(tiny_built, tmp_path / "dense")
     set_params(dense, {"train.conversion": "moe_to_dense"})
     res = zg_main("train", "block", "b00", cwd=dense, check=False)
