@@ -6,7 +6,7 @@ test; prints ratios measured side by side in one run.
     python bench/moe_memory.py --trace                # also the RSS of each step of prepare (load, hash, save, slices)
 
 Each teacher is a random model of 4 layers built from its family's config (a Mixtral-like one with 48 experts, a
-Qwen2-MoE-like one with 96 experts and a shared expert, a dense Llama), saved with save_pretrained in bfloat16 and
+Qwen2-MoE-like one with 91 experts (at the default --gb) and a shared expert, a dense Llama), saved with save_pretrained in bfloat16 and
 sharded like a released checkpoint (index + shards; transformers 5 writes experts per expert, as Mixtral's and
 Qwen's checkpoints are, and fuses them into 3-D ``gate_up_proj`` / ``down_proj`` on load), with the byte-level
 tokenizer, under ``--workdir`` (kept between runs). A tiny-profile project prepares it (``teacher.source``: that
