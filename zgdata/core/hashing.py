@@ -34,7 +34,7 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")  # the tensor's memory, no copy
     return h.hexdigest()
 
 

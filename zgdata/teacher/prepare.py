@@ -9,7 +9,10 @@
   blocks/head.safetensors  embeddings (GPT-2: and positions), final norm and LM head, for assembly
 
 The teacher is loaded once: a model directory (sharded or not) straight in ``teacher.dtype``
-(``auto``: its stored dtype), and the slices are cut from that one model in memory. Every
+(``auto``: its stored dtype), and the slices are cut from that one model in memory. Nothing after the load
+copies the weights: the hash reads each tensor's memory, hf/ and the slices are written from views of the
+parameters (an MoE's experts too: zgdata.teacher.lowmem), so prepare peaks near the weights' size once
+(bench/moe_memory.py, docs/results/moe-memory.md). Every
 teacher forward later computes in ``materialize.compute_dtype``; capture's users load with
 ``per_layer=True``, so a narrower teacher stays narrow and is widened a layer at a time (zgdata.families.widen).
 
@@ -38,7 +41,8 @@ from zgdata.families.selfcheck import self_check
 from zgdata.families.widen import COMPUTE_ATTR
 from zgdata.layout import Layout
 from zgdata.teacher.identity import RESTORE, FilesCheck, check_files, record_files
-from zgdata.teacher.source import load_dir
+from zgdata.teacher.lowmem import chunks_as_views, unshared
+from zgdata.teacher.source import lean_load, load_dir
 from zgdata.teacher.tokenizer import byte_level_tokenizer, tokenizer_sha256
 from zgdata.trust import dvc_lock as trust
 from zgdata.trust.safetensors_check import check_header
@@ -214,7 +218,7 @@ def _save_file(tensors: dict, path: Path, metadata: dict) -> None:
 
     with atomic_path(path) as tmp:
         save_file(
-            {k: v.detach().contiguous().clone() for k, v in tensors.items()},
+            unshared(tensors),
             str(tmp),
             metadata={k: json.dumps(v) for k, v in metadata.items()},
         )
@@ -296,7 +300,8 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
     layout.teacher_json.unlink(missing_ok=True)
     with atomic_path(layout.teacher_hf) as hf_tmp:  # a fresh folder: no stale file of an earlier teacher is recorded
         hf_tmp.mkdir(parents=True)
-        model.save_pretrained(hf_tmp, max_shard_size=HF_SHARD_SIZE)
+        with chunks_as_views():  # an MoE's experts written one by one, each a view of the fused tensor: no copy
+            model.save_pretrained(hf_tmp, max_shard_size=HF_SHARD_SIZE)
         tok.save_pretrained(hf_tmp)
     # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
     # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
@@ -400,12 +405,14 @@ def load_teacher_checked(
     load = dtype
     if per_layer and getattr(torch, teacher["dtype"]).itemsize < getattr(torch, dtype).itemsize:
         load = teacher["dtype"]
-    model = AutoModelForCausalLM.from_pretrained(
-        layout.teacher_hf,
-        trust_remote_code=False,  # prepare refused a teacher with its own code (auto_map)
-        dtype=getattr(torch, load),
-        **family(teacher["architecture"]["model_type"]).load_kwargs(),  # sdpa (Gemma 2 eager); MoE: padded grouped_mm
-    ).eval()
+    fam = family(teacher["architecture"]["model_type"])
+    with lean_load(fam, layout.teacher_hf, sorted(teacher["files"])):  # an MoE: read, not mapped (lowmem)
+        model = AutoModelForCausalLM.from_pretrained(
+            layout.teacher_hf,
+            trust_remote_code=False,  # prepare refused a teacher with its own code (auto_map)
+            dtype=getattr(torch, load),
+            **fam.load_kwargs(),  # sdpa (Gemma 2 eager); MoE: zg's padded grouped_mm
+        ).eval()
     if load != dtype:
         setattr(model, COMPUTE_ATTR, getattr(torch, dtype))
     tensors_checked = rehash and load == teacher["dtype"]

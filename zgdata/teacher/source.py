@@ -10,7 +10,8 @@ initialized with only a warning. After loading, any weight the model expects but
 The model is loaded once, straight into the prepared dtype (``teacher.dtype``): transformers reads the files shard
 by shard and casts each tensor as it reads it, so no whole-model copy in another dtype (e.g. fp32 of a bf16
 checkpoint) ever exists. ``auto`` keeps the checkpoint's stored dtype (config.json's ``dtype``), the way to prepare
-a teacher too big for memory in fp32. The block slices are then cut from this one in-memory model
+a teacher too big for memory in fp32. A mixture-of-experts checkpoint is read without mapping its files
+(``lean_load``, zgdata.teacher.lowmem), so its fused experts are the only copy of its weights in memory. The block slices are then cut from this one in-memory model
 (zgdata.teacher.prepare.write_slices): nothing is read twice.
 
 ``source_files`` (the sha256 of config.json, the index and every weight file) goes into teacher.json, so a prepared
@@ -21,14 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from zgdata.errors import ZgError
 from zgdata.families.registry import family
+from zgdata.teacher.lowmem import read_not_mapped
 
-__all__ = ["INDEX", "SINGLE", "weight_files", "source_files", "load_dir"]
+__all__ = ["INDEX", "SINGLE", "weight_files", "source_files", "load_dir", "lean_load"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -166,6 +169,15 @@ def source_files(path: Path, weights: list[str]) -> dict[str, str]:
     return out
 
 
+def lean_load(fam, path: Path, weights: list[str]):
+    """How a checkpoint of ``fam`` loads with one copy of its weights: an MoE one (whose experts transformers
+    stacks into fused tensors, copies) read without mapping its files (zgdata.teacher.lowmem); any other mapped, as
+    transformers does (its parameters are views of the files: no copy, and processes share the pages)."""
+    if getattr(fam, "moe", None) is None:
+        return nullcontext()
+    return read_not_mapped([path / w for w in weights if w.endswith(".safetensors")])
+
+
 def load_dir(path: Path, dtype: str):
     """(model, tokenizer, {"source_files": ...}) of a model directory, loaded once in ``dtype`` (or ``auto``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -184,7 +196,7 @@ def load_dir(path: Path, dtype: str):
             key=KEY,
             fix="point teacher.source at a directory written by save_pretrained",
         ) from e
-    family(str(model_type))  # an unsupported family stops here, before any weight is read
+    fam = family(str(model_type))  # an unsupported family stops here, before any weight is read
     _no_custom_code(path)
     weights = weight_files(path)  # so does an incomplete checkpoint
     if not weights:
@@ -192,13 +204,14 @@ def load_dir(path: Path, dtype: str):
     try:
         # never a model's own code: a teacher runs transformers' classes (its auto_map was refused above)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        model, info = AutoModelForCausalLM.from_pretrained(
-            path,
-            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
-            output_loading_info=True,
-            trust_remote_code=False,
-            use_safetensors=True,
-        )
+        with lean_load(fam, path, weights):
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path,
+                dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+                output_loading_info=True,
+                trust_remote_code=False,
+                use_safetensors=True,
+            )
     except Exception as e:  # transformers raises many types for a bad directory
         raise ZgError(
             f"could not load model directory {path}: {e}".split("\n")[0],
