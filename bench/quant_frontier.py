@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from zgdata.store.codec import hidden_arrays
-from zgdata.store.quant import _bf16, _f32, dequantize, error_sums, quantize
+from zgdata.store.quant import bf16_bits, dequantize, error_sums, f32, quantize
 
 
 def smollm2_boundaries(seqs: int, seq_len: int, layers: list[int]) -> dict[int, np.ndarray]:
@@ -58,11 +58,11 @@ def rows_from(path: Path) -> dict[int, np.ndarray]:
 def _fp8(bits: np.ndarray, k: int) -> np.ndarray:
     """fp8 e4m3 reference: per-token scale to 448 over the non-outliers, the k outliers exact."""
     q, scale, idx, val = quantize(bits, "int8", outliers=k)  # for idx and the per-token absmax
-    x = torch.from_numpy(_f32(bits))
+    x = torch.from_numpy(f32(bits))
     s = torch.from_numpy(scale * 127 / 448)
     s = torch.where(s > 0, s, torch.ones_like(s))[..., None]
     y = ((x / s).to(torch.float8_e4m3fn).to(torch.float32) * s).numpy()
-    out = _bf16(np.ascontiguousarray(y))
+    out = bf16_bits(np.ascontiguousarray(y))
     np.put_along_axis(out, idx.astype(np.int64), val, axis=-1)
     return out
 

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from zgdata.capture_version import QUANT_CODECS, quant_scheme
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.core.hashing import fingerprint
 from zgdata.errors import ZgError
@@ -98,9 +99,7 @@ def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: Materia
 
 def codec_lineage(cfg: MaterializeConfig) -> dict:
     """{"codec": the scheme} under a quantized materialize.codec, else {} (a lossless codec is not lineage)."""
-    from zgdata.store.quant import is_quantized, scheme
-
-    return {CODEC_KEY: scheme(cfg.codec)} if is_quantized(cfg.codec) else {}
+    return {CODEC_KEY: quant_scheme(cfg.codec)} if cfg.codec in QUANT_CODECS else {}
 
 
 def boundary_fingerprint(lineage: Mapping) -> str:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import torch
 
 from zgdata.materialize import stats as boundary_stats
-from zgdata.store.codec import _planes, hidden_arrays
+from zgdata.store.codec import hidden_arrays, planes
 from zgdata.store.integrity import checksum_array
 from zgdata.store.quant import is_quantized
 
@@ -50,7 +50,7 @@ def encode_batch(
     if is_quantized(codec):  # the stats describe the stored values; the error is theirs against the teacher's
         stored = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(x.shape)
         stats = boundary_stats.batch_stats(stored)
-        stats.update(boundary_stats.error_stats(_planes(x, storage_dtype).reshape(x.shape), bits.reshape(x.shape)))
+        stats.update(boundary_stats.error_stats(planes(x, storage_dtype).reshape(x.shape), bits.reshape(x.shape)))
     else:
         stats = boundary_stats.batch_stats(x)
     batch = pa.RecordBatch.from_arrays(

@@ -62,6 +62,7 @@ __all__ = [
     "hidden_columns",
     "value_info",
     "codec_meta",
+    "planes",
 ]
 
 CODECS = ("raw", "zstd", "zstd_fast", *QUANT)
@@ -162,7 +163,7 @@ def value_info(schema: pa.Schema, meta: dict) -> tuple[str, int, int]:
     return f.metadata[b"zg.dtype"].decode(), t, c
 
 
-def _planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
+def planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
     """(B, T, C) tensor in the storage dtype -> (B, T*C) numpy array of its bits (a view when possible)."""
     import torch
 
@@ -183,7 +184,7 @@ def _split(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list[pa.Array], np.ndarray]:
     """Encode a (B, T, C) batch: (the value columns in schema order, the (B, T*C) raw rows for checksums)."""
-    rows = _planes(x, storage_dtype)
+    rows = planes(x, storage_dtype)
     b, n = rows.shape
     if is_quantized(codec):
         return _quantized_arrays(rows.reshape(x.shape), codec)

@@ -23,10 +23,24 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QUANT", "is_quantized", "scheme", "quantize", "dequantize", "roundtrip", "roundtrip_tensor", "error_sums"]
+from zgdata.capture_version import QUANT_CODECS, quant_scheme
 
-# codec -> (bits of the scaled values, outliers kept exact per token): fixed per codec, recorded as lineage
-QUANT = {"int8": (8, 4), "int7": (7, 4), "int6": (6, 4)}
+__all__ = [
+    "QUANT",
+    "is_quantized",
+    "scheme",
+    "quantize",
+    "dequantize",
+    "roundtrip",
+    "roundtrip_tensor",
+    "error_sums",
+    "f32",
+    "bf16_bits",
+]
+
+# codec -> (bits, outliers per token), with the scheme, in zgdata/capture_version.py: the DVC materialize stage
+# depends on that file, so a change of scheme there reruns materialize (change this file's arithmetic only with it)
+QUANT = QUANT_CODECS
 
 
 def is_quantized(codec: str) -> bool:
@@ -35,24 +49,15 @@ def is_quantized(codec: str) -> bool:
 
 def scheme(codec: str) -> dict:
     """The codec's parameters as lineage (fingerprint, zg.codec, zg data inspect)."""
-    bits, outliers = QUANT[codec]
-    return {
-        "name": codec,
-        "scheme": "per-token absmax int scale, top-k |x| channels per token exact in bf16",
-        "bits": bits,
-        "outliers_per_token": outliers,
-        "outlier_choice": "largest |x| of each token, ties to the lowest channel",
-        "scale_dtype": "float32",
-        "rounding": "rint half-to-even; dequantized product rounded to bf16 nearest-even",
-    }
+    return quant_scheme(codec)
 
 
-def _f32(bits: np.ndarray) -> np.ndarray:
+def f32(bits: np.ndarray) -> np.ndarray:
     """bf16 bits (uint16) -> the same values as float32 (exact)."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _bf16(x: np.ndarray) -> np.ndarray:
+def bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bf16 bits, rounded to nearest even (as torch's cast; NaN stays a quiet NaN)."""
     b = x.view(np.uint32)
     out = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
@@ -62,14 +67,18 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _outlier_idx(x: np.ndarray, k: int) -> np.ndarray:
-    """(..., k) channel indices of each token's k largest |x|, ascending; ties to the lowest channel."""
+def _outlier_idx(bits: np.ndarray, k: int) -> np.ndarray:
+    """(..., k) channel indices of each token's k largest |x|, ascending; ties to the lowest channel, NaN first.
+
+    The key (the magnitude's bf16 bits, then the channel reversed) is unique per channel, so the top k are one
+    set and ``argpartition`` (10x a sort) finds the same channels on every machine."""
     if k == 0:
-        return np.zeros((*x.shape[:-1], 0), dtype=np.int64)
-    a = np.abs(x)
-    a = np.where(np.isnan(a), np.float32(np.inf), a)  # a NaN is kept exact too
-    # stable sort of -|x|: the same channels on every machine and numpy (argpartition's ties are not specified)
-    idx = np.argsort(-a, axis=-1, kind="stable")[..., :k]
+        return np.zeros((*bits.shape[:-1], 0), dtype=np.int64)
+    c = bits.shape[-1]
+    key = ((bits & np.uint16(0x7FFF)).astype(np.uint32) << np.uint32(16)) | (
+        np.uint32(0xFFFF) - np.arange(c, dtype=np.uint32)
+    )
+    idx = np.argpartition(key, c - k, axis=-1)[..., c - k :] if k < c else np.broadcast_to(np.arange(c), key.shape)
     return np.sort(idx, axis=-1)
 
 
@@ -80,9 +89,9 @@ def quantize(bits: np.ndarray, codec: str, *, nbits: int | None = None, outliers
     nbits = QUANT[codec][0] if nbits is None else nbits
     outliers = QUANT[codec][1] if outliers is None else outliers
     qmax = np.float32(2 ** (nbits - 1) - 1)
-    x = _f32(bits)
+    x = f32(bits)
     k = min(int(outliers), x.shape[-1])
-    idx = _outlier_idx(x, k)
+    idx = _outlier_idx(bits, k)
     a = np.abs(x)
     if k:
         np.put_along_axis(a, idx, np.float32(0), axis=-1)
@@ -100,7 +109,7 @@ def quantize(bits: np.ndarray, codec: str, *, nbits: int | None = None, outliers
 
 def dequantize(q: np.ndarray, scale: np.ndarray, idx: np.ndarray, val: np.ndarray, *, out=None) -> np.ndarray:
     """The stored values' bf16 bits (N, T, C) from ``quantize``'s arrays (into ``out`` when given)."""
-    y = _bf16(q.astype(np.float32) * scale[..., None])
+    y = bf16_bits(q.astype(np.float32) * scale[..., None])
     if idx.shape[-1]:
         np.put_along_axis(y, idx.astype(np.int64), val, axis=-1)
     if out is None:
@@ -129,8 +138,8 @@ def roundtrip_tensor(x, codec: str):
 
 def error_sums(bits: np.ndarray, stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per channel: (sum of squared error, sum of squared value) over the tokens of (N, T, C) bf16 bits, in float64."""
-    x = _f32(bits).astype(np.float64).reshape(-1, bits.shape[-1])
-    d = x - _f32(stored).astype(np.float64).reshape(x.shape)
+    x = f32(bits).astype(np.float64).reshape(-1, bits.shape[-1])
+    d = x - f32(stored).astype(np.float64).reshape(x.shape)
     bad = ~np.isfinite(x)  # a non-finite value (kept exact as an outlier, or not) counts in neither sum
     if bad.any():
         x, d = np.where(bad, 0.0, x), np.where(bad, 0.0, d)

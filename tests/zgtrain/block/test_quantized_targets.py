@@ -78,3 +78,14 @@ def test_a_pair_with_mismatched_codec_lineage_is_refused(int8_project, tmp_path)
     msg = str(err.value)
     assert "lineage mismatch on codec: h00 has int8 (8 bits, 4 outliers/token) but h02 has a lossless codec" in msg
     assert "\n" not in msg.split(". ")[0]
+
+
+def test_a_virtual_h00_is_quantized_as_a_stored_one(tiny_built):
+    from zgdata.config import MaterializeConfig
+    from zgdata.materialize.virtual import VirtualBoundary
+
+    layout, rows = Layout(tiny_built), np.arange(5)
+    vb = VirtualBoundary(layout, MaterializeConfig(codec="int8", virtual_first=True))
+    assert vb.meta["lineage"]["codec"]["name"] == "int8"
+    exact = BoundaryDataset(layout.boundary("h00")).take(rows)  # the lossless h00 the virtual one equals
+    assert torch.equal(vb.take(rows).view(torch.int16), roundtrip_tensor(exact, "int8").view(torch.int16))
