@@ -428,9 +428,12 @@ class MaterializeConfig(Section):
         "raw",
         "How hidden states are stored: raw (one column of the dtype's bits, plain Lance), zstd "
         "(lossless byte split: zstd level 3 of the sign/exponent bytes, ~0.72x raw on bf16) or zstd_fast "
-        "(the same split with zstd's fast strategy: the same size, several times the encode speed). "
-        "Never lineage: the values, fingerprint and training bits are the same.",
-        choices=("raw", "zstd", "zstd_fast"),
+        "(the same split with zstd's fast strategy: the same size, several times the encode speed): "
+        "lossless, never lineage (the values, fingerprint and training bits are the same). Lossy, bf16 only: "
+        "int8 (per-token scale, each token's 4 largest values kept exact, zstd over the int bytes), int7 or "
+        "int6 (the same with 127 or 63 levels); their parameters are lineage (in the fingerprint), and online targets, "
+        "verify and a virtual h00 apply the same quantization (docs/results/write-path.md).",
+        choices=("raw", "zstd", "zstd_fast", "int8", "int7", "int6"),
     )
     virtual_first: bool = param(
         False,
@@ -441,6 +444,12 @@ class MaterializeConfig(Section):
     )
 
     def validate(self):
+        if self.codec in ("int8", "int7", "int6") and self.storage_dtype != "bfloat16":
+            raise ZgError(
+                f"materialize.codec {self.codec} quantizes bfloat16 boundaries only, not {self.storage_dtype}",
+                key="materialize.codec",
+                fix="set materialize.storage_dtype: bfloat16, or a lossless codec (raw, zstd, zstd_fast)",
+            )
         if self.storage_dtype == "float16":
             raise ZgError(
                 "materialize.storage_dtype float16 is refused: teacher activations reach about 25,000, "

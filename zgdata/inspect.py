@@ -14,6 +14,7 @@ from zgdata.errors import ZgError
 from zgdata.store.codec import codec_of, value_info
 from zgdata.store.integrity import checksum_of
 from zgdata.store.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
+from zgdata.store.quant import is_quantized
 
 __all__ = ["collect", "describe_dataset", "provenance", "render"]
 
@@ -103,6 +104,8 @@ def describe_dataset(path: Path, *, version: int | None = None) -> dict:
             stats=meta.get("stats", {}),
             software=meta.get("software", {}),
         )
+        if is_quantized(info["codec"]):  # lossy: its scheme, and its error measured against the teacher at write
+            info.update(codec_params=meta.get("codec"), quant_error=info["stats"].get("quant_error"))
     else:
         info.update(layer=None, seq_len=meta["lineage"]["seq_len"], hidden=None, dtype="int32", stats={})
     return info
@@ -205,6 +208,22 @@ def _table(title: str, cols: tuple[str, ...], rows: list[dict], keep: tuple[str,
     return t
 
 
+def _codec_cell(i: dict) -> str:
+    """The codec; a quantized one with its measured relative RMS error (``e=``)."""
+    e = i.get("quant_error")
+    return f"{i['codec']} e={e['rel_rms']:.1e}" if e else (i["codec"] or "-")
+
+
+def _stats_cell(st: dict) -> str:
+    if not st:
+        return "-"
+    out = f"rms {st['mean_rms']:.3g} max {st['absmax']:.3g}"
+    e = st.get("quant_error")
+    if e:  # relative RMS error over the boundary, and its worst channel's
+        out += f" err {e['rel_rms']:.1e} ch{e['worst_channel']} {e['worst_channel_rel_rms']:.1e}"
+    return out
+
+
 def _cells(i: dict) -> dict:
     lin = i["lineage"]
     return {
@@ -214,14 +233,14 @@ def _cells(i: dict) -> dict:
         "seq_len": str(i["seq_len"]),
         "hidden": str(i["hidden"] or "-"),
         "dtype": i["dtype"],
-        "codec": i["codec"] or "-",
+        "codec": _codec_cell(i),
         "checksum": i.get("checksum") or "-",
         "size": _size(i["bytes"]),
         "fingerprint": _short(i["fingerprint"]),
         "teacher": _short(lin.get("teacher_sha256")),
         "tokenizer": _short(lin.get("tokenizer_sha256")),
         "tokens": _short(lin.get("tokens_fingerprint") if i["kind"] == "boundary" else lin.get("corpus_digest")),
-        "stats": f"rms {i['stats']['mean_rms']:.3g} max {i['stats']['absmax']:.3g}" if i["stats"] else "-",
+        "stats": _stats_cell(i["stats"]),
         "complete": "yes" if i["complete"] else "NO",
         "source": _where(i),
         "history": _history(i),

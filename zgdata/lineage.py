@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from zgdata.capture_version import QUANT_CODECS, quant_scheme
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.core.hashing import fingerprint
 from zgdata.errors import ZgError
@@ -24,6 +25,8 @@ from zgdata.layout import Layout
 
 __all__ = [
     "LINEAGE_KEYS",
+    "COMPARED_KEYS",
+    "codec_lineage",
     "REMATERIALIZE",
     "read_tokens_json",
     "boundary_lineage",
@@ -46,6 +49,10 @@ LINEAGE_KEYS = (
     "attn_implementation",
     "capture_version",
 )
+# A quantized codec's parameters (zgdata/store/quant.py) are lineage too, under "codec"; a lossless boundary's
+# lineage has no "codec" key, so its fingerprint is what it was before quantized codecs existed.
+CODEC_KEY = "codec"
+COMPARED_KEYS = (*LINEAGE_KEYS, CODEC_KEY)
 REMATERIALIZE = (
     "both must come from one materialization: re-run `dvc repro materialize` or pull both from the "
     "same commit of the producing repository"
@@ -78,6 +85,7 @@ def _attention(teacher: Mapping) -> str:
 def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: MaterializeConfig) -> dict:
     """What boundary ``layer`` of this teacher over this token set, captured with ``cfg``, derives from."""
     return {
+        **codec_lineage(cfg),
         "teacher_sha256": teacher["weights_sha256"],
         "tokenizer_sha256": teacher["tokenizer_sha256"],
         "tokens_fingerprint": tokens["fingerprint"],
@@ -89,8 +97,14 @@ def boundary_lineage(teacher: Mapping, tokens: Mapping, layer: int, cfg: Materia
     }
 
 
+def codec_lineage(cfg: MaterializeConfig) -> dict:
+    """{"codec": the scheme} under a quantized materialize.codec, else {} (a lossless codec is not lineage)."""
+    return {CODEC_KEY: quant_scheme(cfg.codec)} if cfg.codec in QUANT_CODECS else {}
+
+
 def boundary_fingerprint(lineage: Mapping) -> str:
-    return fingerprint("boundary", CAPTURE_VERSION, {k: lineage[k] for k in (*LINEAGE_KEYS, "layer")})
+    keys = (*LINEAGE_KEYS, "layer", *((CODEC_KEY,) if CODEC_KEY in lineage else ()))
+    return fingerprint("boundary", CAPTURE_VERSION, {k: lineage[k] for k in keys})
 
 
 def expected_lineages(
@@ -114,13 +128,21 @@ def _short(v: Any) -> str:
     return str(v)[:16]
 
 
-def mismatches(a: Mapping, b: Mapping, keys: Iterable[str] = LINEAGE_KEYS) -> list[tuple[str, Any, Any]]:
+def _codec_text(v: Any) -> str:
+    """A codec scheme in a lineage message: its name and what sets it apart; none: a lossless codec."""
+    if isinstance(v, Mapping):
+        return f"{v.get('name')} ({v.get('bits')} bits, {v.get('outliers_per_token')} outliers/token)"
+    return "a lossless codec" if v is None else str(v)
+
+
+def mismatches(a: Mapping, b: Mapping, keys: Iterable[str] = COMPARED_KEYS) -> list[tuple[str, Any, Any]]:
     """(key, a's value, b's value) for every key on which two lineage records disagree."""
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
 
 
 def mismatch_text(key: str, a_name: str, a_value: Any, b_name: str, b_value: Any) -> str:
-    return f"lineage mismatch on {key}: {a_name} has {_short(a_value)} but {b_name} has {_short(b_value)}"
+    f = _codec_text if key == CODEC_KEY else _short
+    return f"lineage mismatch on {key}: {a_name} has {f(a_value)} but {b_name} has {f(b_value)}"
 
 
 def check(
@@ -129,7 +151,7 @@ def check(
     b_name: str,
     b: Mapping,
     *,
-    keys: Iterable[str] = LINEAGE_KEYS,
+    keys: Iterable[str] = COMPARED_KEYS,
     fix: str = REMATERIALIZE,
     key: str | None = None,
 ) -> None:

@@ -15,6 +15,7 @@ from zgdata.families.capture import capture
 from zgdata.layout import Layout
 from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
 from zgdata.store.integrity import recover_fix, scan_checksums
+from zgdata.store.quant import roundtrip_tensor
 from zgdata.store.reader import BoundaryDataset
 
 __all__ = ["verify"]
@@ -146,7 +147,7 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
         caps = capture(model, ids, [b.meta["layer"] for b in sets], storage_dtype=storage)
         for b in sets:
             stored = b.take([r], check=False)  # checksums were checked above; report, don't raise
-            fresh = caps[b.meta["layer"]]
+            fresh = roundtrip_tensor(caps[b.meta["layer"]], b.codec)  # a quantized codec's stored values
             if not torch.equal(
                 stored.view(torch.int16) if storage == torch.bfloat16 else stored,
                 fresh.view(torch.int16) if storage == torch.bfloat16 else fresh,
@@ -307,7 +308,8 @@ def verify(
         boundaries=_boundary_rows(sets, summed),
         checksum_rows_checked=sum(summed.values()),
         missing=missing,
-        lineage={k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS},
+        lineage={k: sets[0].meta["lineage"].get(k) for k in LINEAGE_KEYS}
+        | ({"codec": sets[0].meta["lineage"]["codec"]} if "codec" in sets[0].meta["lineage"] else {}),
         checked_seq_ids=checked,
         teacher_files=identity,
         failures=failures,

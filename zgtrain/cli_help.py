@@ -197,11 +197,13 @@ Usage: zg data materialize [OPTIONS]
   materialize.storage_dtype: bfloat16 (default) or float32.
   materialize.compute_dtype: dtype of the forward. materialize.codec: raw,
   zstd or zstd_fast (lossless, ~0.68-0.72x the bytes; same values and
-  fingerprint). materialize.writer_threads: threads that encode and checksum
-  (0: the cores the forward leaves); same bytes. materialize.virtual_first:
-  true stores no h00; its readers recompute it from the tokens and the
-  embedding. materialize.workers: N > 1 captures shards of rows in N Ray tasks
-  at once (ZG_RAY_ADDRESS joins a cluster).
+  fingerprint), or int8 / int7 / int6 (lossy, quantized: a share of the bytes,
+  a new fingerprint; inspect shows the measured error).
+  materialize.writer_threads: threads that encode and checksum (0: the cores
+  the forward leaves); same bytes. materialize.virtual_first: true stores no
+  h00; its readers recompute it from the tokens and the embedding.
+  materialize.workers: N > 1 captures shards of rows in N Ray tasks at once
+  (ZG_RAY_ADDRESS joins a cluster).
 
 Options:
   --params <path>  params file of the project.  [default: params.yaml]

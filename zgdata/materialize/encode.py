@@ -26,8 +26,9 @@ import pyarrow as pa
 import torch
 
 from zgdata.materialize import stats as boundary_stats
-from zgdata.store.codec import hidden_arrays
+from zgdata.store.codec import hidden_arrays, planes
 from zgdata.store.integrity import checksum_array
+from zgdata.store.quant import is_quantized
 
 __all__ = ["Encoded", "Encoder", "encode_batch"]
 
@@ -45,8 +46,13 @@ def encode_batch(
     x: torch.Tensor, rows: np.ndarray, splits, *, schema: pa.Schema, storage_dtype: str, codec: str, checksum: str
 ) -> Encoded:
     """One (B, T, C) boundary batch in the storage dtype -> its record batch (seq_id, split, values, checksum)."""
-    stats = boundary_stats.batch_stats(x)
     values, bits = hidden_arrays(x, storage_dtype, codec)
+    if is_quantized(codec):  # the stats describe the stored values; the error is theirs against the teacher's
+        stored = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(x.shape)
+        stats = boundary_stats.batch_stats(stored)
+        stats.update(boundary_stats.error_stats(planes(x, storage_dtype).reshape(x.shape), bits.reshape(x.shape)))
+    else:
+        stats = boundary_stats.batch_stats(x)
     batch = pa.RecordBatch.from_arrays(
         [pa.array(rows, type=pa.int64()), pa.array(splits), *values, checksum_array(bits, algo=checksum)],
         schema=schema,

@@ -13,6 +13,11 @@ A part's stats are a JSON-able dict (journals and shard results carry them):
 ``{"rms_units": int, "tokens": int, "absmax": float, "nonfinite": int}``. Non-finite
 token RMS values (a teacher that overflows) are counted, not summed: they would make the
 sum meaningless and their max would depend on order.
+
+Under a quantized codec (zgdata/store/quant.py) a part also carries the reconstruction error:
+``qerr``/``qsig``, per channel, the sums of (x - x')^2 and x^2 over its tokens. Each batch's float64 sums
+(the same rows per batch however the run is split) are kept as whole multiples of 2**-60, so combining parts
+is exact integer addition, in any order; ``summary`` reports the relative RMS error and the worst channel's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["empty", "batch_stats", "combine", "summary"]
+__all__ = ["empty", "batch_stats", "error_stats", "combine", "summary"]
+
+_ERR_EXP = 60  # error sums are kept in units of 2**-60
 
 _UNIT_EXP = 149  # float32 values are whole multiples of 2**-149
 
@@ -75,8 +82,25 @@ def batch_stats(x: torch.Tensor) -> dict:
     }
 
 
+def error_stats(bits: np.ndarray, stored: np.ndarray) -> dict:
+    """``qerr``/``qsig`` of one (B, T, C) batch: the teacher's bf16 bits and the stored ones."""
+    from zgdata.store.quant import error_sums
+
+    e, s = error_sums(bits, stored)
+    return {"qerr": [int(v) for v in np.ldexp(e, _ERR_EXP)], "qsig": [int(v) for v in np.ldexp(s, _ERR_EXP)]}
+
+
 def combine(a: dict, b: dict) -> dict:
     """Stats of two parts together (exact; commutative and associative)."""
+    out = _combine(a, b)
+    for k in ("qerr", "qsig"):
+        if k in a or k in b:
+            xa, xb = a.get(k) or [0] * len(b[k]), b.get(k) or [0] * len(a[k])
+            out[k] = [int(u) + int(v) for u, v in zip(xa, xb)]
+    return out
+
+
+def _combine(a: dict, b: dict) -> dict:
     return {
         "rms_units": int(a["rms_units"]) + int(b["rms_units"]),
         "tokens": a["tokens"] + b["tokens"],
@@ -93,4 +117,16 @@ def summary(s: dict) -> dict:
     out = {"mean_rms": mean, "absmax": s["absmax"]}
     if s.get("nonfinite"):
         out["nonfinite_tokens"] = s["nonfinite"]
+    if s.get("qsig"):
+        out["quant_error"] = quant_error(s["qerr"], s["qsig"])
     return out
+
+
+def quant_error(qerr: list, qsig: list) -> dict:
+    """Relative RMS error of the boundary, and of its worst channel (channels that are all zero skipped)."""
+    from fractions import Fraction
+
+    rel = float(Fraction(sum(qerr), max(sum(qsig), 1))) ** 0.5
+    ratios = [(Fraction(e, s), c) for c, (e, s) in enumerate(zip(qerr, qsig)) if s]
+    worst, ch = max(ratios) if ratios else (Fraction(0), None)
+    return {"rel_rms": rel, "worst_channel_rel_rms": float(worst) ** 0.5, "worst_channel": ch}

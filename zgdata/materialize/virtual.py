@@ -89,6 +89,9 @@ class VirtualBoundary:
         self.seq_len, self.hidden = int(tlin["seq_len"]), int(hmeta["config"]["hidden_size"])
         self.dtype = mcfg.storage_dtype
         from zgdata.families.capture import CAPTURE_VERSION
+        from zgdata.lineage import codec_lineage
+
+        self.quant = mcfg.codec
 
         lineage = {
             "teacher_sha256": hmeta.get("teacher_sha256"),
@@ -99,6 +102,7 @@ class VirtualBoundary:
             "compute_dtype": mcfg.compute_dtype,
             "attn_implementation": self._fam.attn_implementation,  # as boundary_lineage records it
             "capture_version": CAPTURE_VERSION,
+            **codec_lineage(mcfg),  # a quantized codec applies to the computed h00 too, as to every boundary
             "virtual": True,
             "computed_from": [str(Layout(Path("")).tokens), str(Layout(Path("")).teacher_head)],
             "embedding_sha256": tensors_sha256({k: head[k] for k in sorted(seen.used)}),
@@ -133,6 +137,7 @@ class VirtualBoundary:
         import torch
 
         from zgdata.core.timing import span
+        from zgdata.store.quant import roundtrip_tensor
         from zgdata.tokens.tokenset import read_tokens
 
         rows = np.asarray(rows, dtype=np.int64)
@@ -143,6 +148,7 @@ class VirtualBoundary:
             ids, _ = read_tokens(self.layout, rows[order], ds=self.tokens)
             with torch.no_grad():  # as zgdata.families.capture: the lookup in the compute dtype, then the storage cast
                 h = self._fam.embed_head(self._emb, ids).to(self._compute).to(self._storage)
+            h = roundtrip_tensor(h, self.quant)  # a quantized codec: the values a stored h00 would hold
             out = h[torch.from_numpy(np.argsort(order))] if len(rows) else h
             sp.nbytes = out.numel() * out.element_size()
         return out

@@ -17,9 +17,16 @@ strategy and small match tables (``zstandard``; ``ZSTD_FAST``): on bf16 high byt
 literals for the entropy coder, it measured 3-4x the speed of level 3 at the same size or smaller
 (bench/write_path.py, docs/results/write-path.md). Its frames are plain zstd frames; one decoder reads both.
 
-Both layouts decode to exactly the stored bits; the per-row checksum (zgdata/store/integrity.py)
+``int8`` and ``int6`` (boundary format 5, the checksum format) are lossy: zgdata/store/quant.py. Columns:
+``hidden_q`` the zstd frame (zstd_fast's parameters) of the row's T*C int8 values, ``hidden_scale`` T float32
+per-token scales, ``hidden_oidx`` / ``hidden_oval`` the T*k outlier channels (uint16) and their bf16 bits. The
+stored values are ``quant.dequantize`` of those; the checksum is of those decoded bits. A quantized codec IS
+lineage: its parameters (``quant.scheme``) are in the lineage and the fingerprint, and the online path applies
+the same quantization (``quant.roundtrip``).
+
+The lossless layouts decode to exactly the stored bits; the per-row checksum (zgdata/store/integrity.py)
 is of those decoded bits in either layout, so a checksum also proves a lossless decode. The
-codec is a storage choice, never lineage: the fingerprint does not depend on it, and it is
+lossless codec is a storage choice, never lineage: the fingerprint does not depend on it, and it is
 recorded in the schema metadata as ``zg.codec``.
 """
 
@@ -35,6 +42,7 @@ import pyarrow as pa
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
 from zgdata.errors import ZgError
+from zgdata.store.quant import QUANT, is_quantized, quantize, scheme
 
 if TYPE_CHECKING:  # torch loads where a tensor is encoded (`zg data inspect` reads the schema only)
     import torch
@@ -54,9 +62,11 @@ __all__ = [
     "hidden_columns",
     "value_info",
     "codec_meta",
+    "planes",
 ]
 
-CODECS = ("raw", "zstd", "zstd_fast")
+CODECS = ("raw", "zstd", "zstd_fast", *QUANT)
+LOSSLESS = ("raw", "zstd", "zstd_fast")
 ZSTD_LEVEL = 3  # higher levels gained < 1% on bf16 high bytes at several times the encode cost
 # zstd_fast: the fast strategy with match tables that stay in L1/L2 (hash 2**10); the high bytes are mostly
 # literals, so the Huffman stage gives the size and a wide match search only costs time (bench/write_path.py)
@@ -101,6 +111,8 @@ def codec_meta(codec: str) -> dict:
     """What ``zg.codec`` records for ``codec``."""
     if codec == "raw":
         return {"name": "raw"}
+    if is_quantized(codec):
+        return {**scheme(codec), "layout": "quantized", "compressed": "hidden_q", "zstd": ZSTD_FAST}
     if codec == "zstd_fast":
         return {"name": codec, "layout": "bytesplit", "compressed": "hidden_hi", "zstd": ZSTD_FAST}
     return {"name": codec, "layout": "bytesplit", "compressed": "hidden_hi", "zstd_level": ZSTD_LEVEL}
@@ -119,6 +131,8 @@ def codec_of(meta: dict) -> str:
 
 
 def hidden_columns(codec: str) -> list[str]:
+    if is_quantized(codec):
+        return ["hidden_q", "hidden_scale", "hidden_oidx", "hidden_oval"]
     return ["hidden"] if codec == "raw" else ["hidden_hi", "hidden_lo"]
 
 
@@ -128,6 +142,13 @@ def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> 
     n = seq_len * hidden
     if codec == "raw":
         return [pa.field("hidden", pa.list_(_ARROW[storage_dtype], n), metadata=meta)]
+    if is_quantized(codec):
+        return [
+            pa.field("hidden_q", pa.large_binary(), metadata=meta),
+            pa.field("hidden_scale", pa.list_(pa.float32(), seq_len)),
+            pa.field("hidden_oidx", pa.list_(pa.uint16())),
+            pa.field("hidden_oval", pa.list_(pa.uint16())),
+        ]
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
     return [
         pa.field("hidden_hi", pa.large_binary(), metadata=meta),
@@ -142,7 +163,7 @@ def value_info(schema: pa.Schema, meta: dict) -> tuple[str, int, int]:
     return f.metadata[b"zg.dtype"].decode(), t, c
 
 
-def _planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
+def planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
     """(B, T, C) tensor in the storage dtype -> (B, T*C) numpy array of its bits (a view when possible)."""
     import torch
 
@@ -163,8 +184,10 @@ def _split(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list[pa.Array], np.ndarray]:
     """Encode a (B, T, C) batch: (the value columns in schema order, the (B, T*C) raw rows for checksums)."""
-    rows = _planes(x, storage_dtype)
+    rows = planes(x, storage_dtype)
     b, n = rows.shape
+    if is_quantized(codec):
+        return _quantized_arrays(rows.reshape(x.shape), codec)
     if codec == "raw":
         values = pa.array(rows.reshape(-1), type=_ARROW[storage_dtype])
         return [pa.FixedSizeListArray.from_arrays(values, n)], rows
@@ -180,6 +203,74 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
         pa.array(hi, type=pa.large_binary()),
         pa.FixedSizeListArray.from_arrays(pa.array(lo, type=pa.uint8()), n * (nbytes - 1)),
     ], rows
+
+
+def _quantized_arrays(bits: np.ndarray, codec: str) -> tuple[list[pa.Array], np.ndarray]:
+    """A (B, T, C) bf16 batch's quantized columns, and the (B, T*C) bits they decode to (for the checksums)."""
+    from zgdata.store.quant import dequantize
+
+    if bits.dtype != np.uint16:
+        raise ZgError(f"materialize.codec {codec} quantizes bfloat16 only", key="materialize.storage_dtype")
+    b, t, c = bits.shape
+    q, scale, idx, val = quantize(bits, codec)
+    z = _fast_compressor()
+
+    def lists(a: np.ndarray, typ) -> pa.Array:
+        k = a.shape[-1] if a.ndim == 3 else 1
+        offsets = pa.array(np.arange(b + 1, dtype=np.int32) * (t * k))
+        return pa.ListArray.from_arrays(offsets, pa.array(a.reshape(-1), type=typ))
+
+    cols = [
+        pa.array([z.compress(q[i].tobytes()) for i in range(b)], type=pa.large_binary()),
+        pa.FixedSizeListArray.from_arrays(pa.array(scale.reshape(-1), type=pa.float32()), t),
+        lists(idx, pa.uint16()),
+        lists(val, pa.uint16()),
+    ]
+    return cols, dequantize(q, scale, idx, val).reshape(b, t * c)
+
+
+def _decode_quantized(table, codec: str, seq_len: int, hidden: int, strict: bool, out) -> np.ndarray:
+    """(N, T*C) bf16 bits of a quantized table (``quant.dequantize`` of its columns, row by row on the pool)."""
+    from zgdata.store.quant import dequantize
+
+    t, c = seq_len, hidden
+    scales = _flat_values(table.column("hidden_scale"), t)
+    n_rows = len(scales)
+    idx = _list_rows(table.column("hidden_oidx"), n_rows, t)
+    val = _list_rows(table.column("hidden_oval"), n_rows, t)
+    col = table.column("hidden_q")
+    bufs = [
+        ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
+    ]
+    res = out if out is not None else np.empty((n_rows, t * c), dtype=np.uint16)
+
+    def one(i: int) -> str | None:
+        try:
+            q = _zstd().decompress(bufs[i], decompressed_size=t * c, asbytes=False)
+            if q.size != t * c:
+                raise ValueError(f"{q.size} bytes, not {t * c}")
+            q = np.frombuffer(q, dtype=np.int8).reshape(1, t, c)
+            err = None
+        except (ValueError, OSError, pa.ArrowException) as e:
+            q, err = np.zeros((1, t, c), dtype=np.int8), str(e)
+        dequantize(q, scales[i : i + 1], idx[i : i + 1], val[i : i + 1], out=res[i].reshape(1, t, c))
+        return err
+
+    errors = list(_pool().map(one, range(n_rows))) if n_rows > 1 else [one(i) for i in range(n_rows)]
+    bad = [(i, e) for i, e in enumerate(errors) if e is not None]
+    if bad and strict:
+        i, e = bad[0]
+        raise ValueError(f"the compressed int values of the {i}th row read do not decode ({e})")
+    return res
+
+
+def _list_rows(col, n_rows: int, t: int) -> np.ndarray:
+    """A list<uint16> column of T*k values per row as one (N, T, k) array."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if n_rows == 0:
+        return np.zeros((0, t, 0), dtype=np.uint16)
+    flat = arr.flatten().to_numpy(zero_copy_only=False)
+    return flat.reshape(n_rows, t, -1)
 
 
 def _flat_values(col, width: int) -> np.ndarray:
@@ -207,6 +298,8 @@ def decode_rows(
     ``out``: a C-contiguous (N, T*C) array of the storage dtype to decode into (and return), instead of a new one:
     the decoded-row cache passes its own rows, which spares a copy and fresh memory per read."""
     n = seq_len * hidden
+    if is_quantized(codec):
+        return _decode_quantized(table, codec, seq_len, hidden, strict, out)
     if codec == "raw":
         flat = _flat_values(table.column("hidden"), n)
         if out is None:

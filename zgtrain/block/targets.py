@@ -1,7 +1,7 @@
 """Where a block's (input, target) pairs come from: the stored boundaries, or a live teacher.
 
-Both return the same tensors in the storage dtype, so training is bitwise identical
-either way (the guarantee `--targets online` exists to prove).
+Both return the same tensors in the storage dtype (under a quantized codec, the online path
+quantizes and dequantizes as the stored path does), so training is bitwise identical either way (the guarantee `--targets online` exists to prove).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from zgdata.config import BlockSpec, MaterializeConfig, PartitionConfig
 from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint, expected_lineages
+from zgdata.store.quant import roundtrip_tensor
 from zgdata.store.reader import BoundaryPair, step_rows
 
 __all__ = ["CachedTargets", "OnlineTargets", "open_targets"]
@@ -58,6 +59,7 @@ class OnlineTargets:
         self.fingerprints = {n: boundary_fingerprint(v) for n, v in lin.items()}
         self.model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False, per_layer=True)
         self.storage = getattr(torch, mcfg.storage_dtype)
+        self.codec = mcfg.codec
         self.splits = np.asarray(self.tokens.to_table(columns=["split"]).column("split").to_pylist())
 
     def rows(self, split: str) -> np.ndarray:
@@ -72,7 +74,8 @@ class OnlineTargets:
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
         caps = capture(self.model, ids, list(self.layers), storage_dtype=self.storage)
-        return caps[self.layers[0]], caps[self.layers[1]]
+        # a quantized codec: the same quantize + dequantize as the stored path (zgdata/store/quant.py)
+        return tuple(roundtrip_tensor(caps[x], self.codec) for x in self.layers)
 
     def batches(self, split, *, start_step, steps, batch_size, seed):
         for step in range(start_step, steps):

@@ -69,12 +69,13 @@ def test_thread_counts_write_the_same_bytes(tiny_project, tmp_path, codec):
         assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
 
 
-def test_killed_threaded_run_resumes_to_the_same_bytes(tiny_project, tmp_path):
+@pytest.mark.parametrize("codec", ["zstd_fast", "int8"])
+def test_killed_threaded_run_resumes_to_the_same_bytes(tiny_project, tmp_path, codec):
     """kill -9 after a journaled commit of a run with 2 encoding threads; its resume writes the data files an
-    uninterrupted one-thread run writes."""
+    uninterrupted one-thread run writes (and, quantized, the same metadata: stats and measured error)."""
     root, want = tiny_project, shutil.copytree(tiny_project, tmp_path / "want", symlinks=True)
-    _materialize(want, codec="zstd_fast", commit_rows=8, writer_threads=1)
-    edit_params(root, materialize={"codec": "zstd_fast", "commit_rows": 8, "writer_threads": 2})
+    _materialize(want, codec=codec, commit_rows=8, writer_threads=1)
+    edit_params(root, materialize={"codec": codec, "commit_rows": 8, "writer_threads": 2})
     shutil.rmtree(root / "data" / "boundaries")
     kill_after_first_commit_then_resume(root)
     assert _data_files(root) == _data_files(want)
