@@ -147,7 +147,7 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
         caps = capture(model, ids, [b.meta["layer"] for b in sets], storage_dtype=storage)
         for b in sets:
             stored = b.take([r], check=False)  # checksums were checked above; report, don't raise
-            fresh = roundtrip_tensor(caps[b.meta["layer"]], b.codec)  # a quantized codec's stored values
+            fresh = roundtrip_tensor(caps[b.meta["layer"]], _values_codec(b))  # a quantized codec's stored values
             if not torch.equal(
                 stored.view(torch.int16) if storage == torch.bfloat16 else stored,
                 fresh.view(torch.int16) if storage == torch.bfloat16 else fresh,
@@ -165,6 +165,12 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
                     }
                 )
     return failures, [int(sets[0].seq_ids[r]) for r in rows], identity
+
+
+def _values_codec(b) -> str:
+    """The codec whose values ``b`` holds: a stored boundary's own; a virtual h00's is materialize.codec (its codec
+    is "virtual", but it quantizes as a stored h00 would: zgdata/materialize/virtual.py)."""
+    return getattr(b, "quant", None) or b.codec
 
 
 def _virtual(layout: Layout, partition, mcfg, lineage_only: bool) -> tuple[list, list[str]]:

@@ -48,6 +48,15 @@ def test_int8_is_lineage_verifies_and_inspect_shows_its_error(int8_project, tiny
     assert torch.equal(stored.view(torch.int16), roundtrip_tensor(exact, "int8").view(torch.int16))
     verify = json.loads(zg_main("data", "verify", "--json", cwd=int8_project).stdout)
     assert verify["status"] == "ok" and verify["lineage"]["codec"]["name"] == "int8", verify
+
+
+def test_a_virtual_h00_verifies_under_a_quantized_codec(int8_project, tmp_path):
+    """materialize.virtual_first: h00 is computed from the tokens and quantized as a stored one would be; verify's
+    fresh teacher pass applies the same round trip (the smollm2 profile's verify stage failed without it)."""
+    root = copy_project(int8_project, tmp_path / "proj")
+    set_params(root, {"materialize.virtual_first": True})
+    verify = json.loads(zg_main("data", "verify", "--json", cwd=root).stdout)
+    assert verify["status"] == "ok" and verify["checked_seq_ids"], verify
     info = {i["name"]: i for i in json.loads(zg_main("data", "inspect", "--json", cwd=int8_project).stdout)}
     err = info["h02"]["quant_error"]
     assert info["h02"]["codec"] == "int8" and info["h02"]["codec_params"]["bits"] == 8
