@@ -34,10 +34,7 @@ __all__ = [
     "active_params",
     "idle_params",
     "teacher_active",
-    "DENSE_INITS",
 ]
-
-DENSE_INITS = ("merge", "top")
 
 
 def require_moe(name: str, config):
@@ -80,7 +77,7 @@ def _order(score: torch.Tensor) -> torch.Tensor:
 
 def prune_experts(config, cfg, sample, teacher_block, layers, types) -> tuple[StudentBlock, list[dict]]:
     """(the pruned block, each layer's tensors to load into it); ``teacher_block``: the identity block."""
-    fam = require_moe("prune_experts", config)
+    fam = family_of(config)  # the conversion checked it is a mixture of experts (zgtrain/block/conversions.py)
     n_experts, k = fam.experts(config), fam.top_k(config)
     keep_n = cfg.keep_experts or max(1, n_experts // 2)
     if keep_n > n_experts:
@@ -112,7 +109,7 @@ def _expert_scores(layer: dict, x: torch.Tensor, act_fn) -> torch.Tensor:
 
 def moe_to_dense(config, cfg, sample, teacher_block, layers, types) -> tuple[StudentBlock, list[dict]]:
     """(the densified block, each layer's tensors to load into it); ``teacher_block``: the identity block."""
-    fam = require_moe("moe_to_dense", config)
+    fam = family_of(config)  # the conversion checked it is a mixture of experts (zgtrain/block/conversions.py)
     width_e, n_experts = fam.width(config), fam.experts(config)
     width = cfg.dense_width or fam.top_k(config) * width_e
     if width > n_experts * width_e:
@@ -120,12 +117,6 @@ def moe_to_dense(config, cfg, sample, teacher_block, layers, types) -> tuple[Stu
             f"train.dense_width is {width}, more channels than this teacher's {n_experts} experts of {width_e} hold",
             key="train.dense_width",
             fix=f"give at most {n_experts * width_e} (0: top-k x expert width, {fam.top_k(config) * width_e})",
-        )
-    if cfg.dense_init not in DENSE_INITS:
-        raise ZgError(
-            f"train.dense_init is '{cfg.dense_init}'",
-            key="train.dense_init",
-            fix=f"use one of {', '.join(DENSE_INITS)}",
         )
     dense = []
     for layer, block_layer, (x, weights) in zip(layers, teacher_block.layers, routing(teacher_block, sample)):
