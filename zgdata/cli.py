@@ -49,7 +49,7 @@ class HelpGroup(TyperGroup):
 GROUP = {"cls": HelpGroup, "rich_markup_mode": None, "no_args_is_help": True, "pretty_exceptions_enable": False}
 
 teacher_app = typer.Typer(help="Prepare the frozen teacher (weights, tokenizer, hashes, per-block slices).", **GROUP)
-data_app = typer.Typer(help="Token and boundary datasets: tokenize, materialize, verify, inspect.", **GROUP)
+data_app = typer.Typer(help="Token and boundary datasets: sample, tokenize, materialize, verify, inspect.", **GROUP)
 
 params_option = typer.Option(Path("params.yaml"), "--params", help="params file of the project.")
 
@@ -89,6 +89,36 @@ def teacher_prepare(params: Path = params_option, as_json: bool = typer.Option(F
         },
         as_json=as_json,
         summary=f"teacher ready: {r.params:,} params, weights {r.weights_sha256[:12]} -> {r.path}",
+    )
+
+
+@data_app.command("sample")
+def data_sample(params: Path = params_option, as_json: bool = typer.Option(False, "--json")):
+    """Sample a corpus from the prepared teacher into data/sample.jsonl (`corpus.source: teacher:sample`).
+
+    corpus.sample: documents, tokens (new tokens per document at most), temperature, top_p, prompts (bos, corpus:
+    the first prompt_tokens tokens of the mix's real train documents, or a list of strings), batch_size, threads,
+    seed. Deterministic for a seed and machine kind; a killed run resumes from its last finished batch to the same
+    bytes. Documents that are empty, end at once (min_tokens) or loop (min_distinct 4-grams) are dropped and
+    counted in data/sample.json, with the teacher's digest and the sampling params.
+    """
+    from zgdata.config import CorpusConfig, load_params, section
+    from zgdata.tokens.sample import sample_corpus
+
+    r = sample_corpus(section(load_params(params), CorpusConfig, "corpus"))
+    dropped = ", ".join(f"{n} {why}" for why, n in r.dropped.items() if n) or "none"
+    emit(
+        {
+            "path": str(r.path),
+            "fingerprint": r.fingerprint,
+            "requested": r.requested,
+            "kept": r.kept,
+            "dropped": r.dropped,
+            "tokens": r.tokens,
+        },
+        as_json=as_json,
+        summary=f"sample: {r.kept} of {r.requested} documents kept ({r.tokens} new tokens; dropped: {dropped}), "
+        f"fingerprint {r.fingerprint[:12]} -> {r.path}",
     )
 
 

@@ -67,6 +67,21 @@ class Layout:
         return self.root / "data" / "tokens.json"
 
     @property
+    def sample_jsonl(self) -> Path:
+        """The teacher-sampled corpus (``corpus.source: teacher:sample``): one {"id", "text"} object per line."""
+        return self.root / "data" / "sample.jsonl"
+
+    @property
+    def sample_json(self) -> Path:
+        """Its lineage: the teacher, the sampling params, what was dropped as degenerate."""
+        return self.root / "data" / "sample.json"
+
+    @property
+    def sample_parts(self) -> Path:
+        """Finished batches of a sample run, kept until the run ends (a killed run resumes from them)."""
+        return self.root / "data" / ".sample.parts"
+
+    @property
     def boundaries_dir(self) -> Path:
         return self.root / "data" / "boundaries"
 

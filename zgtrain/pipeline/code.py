@@ -17,7 +17,13 @@ CODE = {
         "zgdata/teacher/tokenizer.py",
         "zgdata/families/registry.py",
     ],
-    "tokens": ["zgdata/tokens/tokenset.py", "zgdata/tokens/corpus.py", "zgdata/tokens/packing.py"],
+    "sample": ["zgdata/tokens/sample.py"],
+    "tokens": [
+        "zgdata/tokens/tokenset.py",
+        "zgdata/tokens/corpus.py",
+        "zgdata/tokens/packing.py",
+        "zgdata/tokens/mix.py",
+    ],
     "materialize": ["zgdata/capture_version.py", "zgdata/store/codec.py"],
     "verify": [
         "zgdata/verify.py",

@@ -32,6 +32,7 @@ def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] 
     L, blocks = Layout(Path("")), project.partition.blocks()
     stages = _conversion_stages(project, L, code)
     stages["tokens"]["deps"][2:2] = list(corpus_deps)
+    stages = _add_sample(stages, project, L, code, corpus_deps)
     if project.kind is ProjectKind.LOCAL:  # the teacher gives its tokenizer only
         stages["teacher"].update(params=["teacher"], outs=[str(L.teacher_hf), str(L.teacher_json)])
         stages = {"teacher": stages["teacher"], "tokens": stages["tokens"]} | _local_stages(project, L, blocks, code)
@@ -50,6 +51,34 @@ def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] 
         if not body.get("deps"):
             body.pop("deps", None)
     return {"stages": stages}
+
+
+def _add_sample(stages: dict, project: ProjectConfig, L: Layout, code, corpus_deps) -> dict:
+    """``teacher:sample`` in corpus.source: the sample stage (zgdata/tokens/sample.py) before tokens, which reads
+    its corpus and lineage. Prompts from the real corpus make the corpus's files and keys its deps too."""
+    corpus = project.corpus
+    if not corpus.uses_sample():
+        return stages
+    if project.kind is ProjectKind.LOCAL:
+        raise ZgError(
+            "corpus.source teacher:sample needs the teacher's weights, which local pretraining does not prepare",
+            key="corpus.source",
+            fix="sample it in a conversion project and use its data/sample.jsonl as a corpus path",
+        )
+    from_corpus = corpus.sample_config().prompts == "corpus"
+    own = [str(L.sample_jsonl)]
+    sample = {
+        "cmd": "zg data sample",
+        "deps": [str(L.teacher_json), str(L.teacher_hf)]
+        + ([d for d in corpus_deps if d not in own] if from_corpus else [])
+        + code("sample"),
+        "params": ["corpus"] if from_corpus else ["corpus.sample"],
+        "outs": [str(L.sample_jsonl), str(L.sample_json)],
+    }
+    deps = stages["tokens"]["deps"]
+    deps.insert(deps.index(str(L.sample_jsonl)) + 1, str(L.sample_json))
+    first = next(iter(stages))
+    return {first: stages[first], "sample": sample} | {k: v for k, v in stages.items() if k != first}
 
 
 def _data_stages(L: Layout, blocks, bnd: list[str], code) -> dict:
