@@ -87,15 +87,21 @@ def main() -> None:
                 d = ratio_interval(sn - bn, count, resamples=1000, seed=0)
                 row[name]["change"] = float((sn - bn).sum() / count.sum())
                 row[name]["change_ci95"] = [d["lo"], d["hi"]]
-            ch = f"   vs {names[0]}: {row[name]['change']:+.3f} [{row[name]['change_ci95'][0]:+.3f}, " \
-                f"{row[name]['change_ci95'][1]:+.3f}]" if name != names[0] else ""
+            ch = (
+                f"   vs {names[0]}: {row[name]['change']:+.3f} [{row[name]['change_ci95'][0]:+.3f}, "
+                f"{row[name]['change_ci95'][1]:+.3f}]"
+                if name != names[0]
+                else ""
+            )
             print(f"{s.name:8s} {name:8s} CE gap {gap:.3f} [{ci['lo']:.3f}, {ci['hi']:.3f}]{ch}", flush=True)
     seeds = [n for n in names if re.fullmatch(r"mix\d+", n)]
     if len(seeds) > 1:
         for s in sets:
             gaps = [out["sets"][s.name][n]["ce_gap"] for n in seeds]
             out["sets"][s.name]["mix_seeds"] = {"mean": statistics.mean(gaps), "sd": statistics.stdev(gaps)}
-            print(f"{s.name:8s} mix over {len(seeds)} seeds: {statistics.mean(gaps):.3f} +- {statistics.stdev(gaps):.3f}")
+            print(
+                f"{s.name:8s} mix over {len(seeds)} seeds: {statistics.mean(gaps):.3f} +- {statistics.stdev(gaps):.3f}"
+            )
     for s in sets:
         for row in s.ids[:2] if s.name != held.name else s.ids[:1]:
             key = f"{s.name}: {tok.decode(row[:32], skip_special_tokens=True)!r}"

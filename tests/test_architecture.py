@@ -291,6 +291,7 @@ def test_each_room_imports_only_the_rooms_below_it():
 # The stages' entry modules: the function each stage's `zg` command calls lives there.
 STAGE_ENTRY = {
     "teacher": ["zgdata.teacher.prepare"],
+    "sample": ["zgdata.tokens.sample"],
     "tokens": ["zgdata.tokens.tokenset"],
     "materialize": ["zgdata.materialize.driver"],
     "verify": ["zgdata.verify"],

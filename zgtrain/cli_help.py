@@ -32,8 +32,8 @@ Commands:
             MLP widths in a stock config).
   teacher   Prepare the frozen teacher (weights, tokenizer, hashes, per-block
             slices).
-  data      Token and boundary datasets: tokenize, materialize, verify,
-            inspect.
+  data      Token and boundary datasets: sample, tokenize, materialize,
+            verify, inspect.
   train     Train blocks, assemble the student, evaluate it.
   search    The variant library and the budgeted search over it (params
             variants:, search:).
@@ -150,12 +150,14 @@ Options:
     "zg data": """\
 Usage: zg data [OPTIONS] COMMAND [ARGS]...
 
-  Token and boundary datasets: tokenize, materialize, verify, inspect.
+  Token and boundary datasets: sample, tokenize, materialize, verify, inspect.
 
 Options:
   --help  Show this message and exit.
 
 Commands:
+  sample       Sample a corpus from the prepared teacher into
+               data/sample.jsonl (`corpus.source: teacher:sample`).
   tokenize     Tokenize `corpus:` with the teacher's tokenizer into
                data/tokens.lance (train/heldout by whole document).
   materialize  Run the teacher once over data/tokens.lance and write
@@ -166,6 +168,25 @@ Commands:
                fingerprint, completeness and history (one line each, fits 80
                columns); --wide adds lineage and storage, --versions every
                version, --json everything.
+""",
+    "zg data sample": """\
+Usage: zg data sample [OPTIONS]
+
+  Sample a corpus from the prepared teacher into data/sample.jsonl
+  (`corpus.source: teacher:sample`).
+
+  corpus.sample: documents, tokens (new tokens per document at most),
+  temperature, top_p, prompts (bos, corpus: the first prompt_tokens tokens of
+  the mix's real train documents, or a list of strings), batch_size, threads,
+  seed. Deterministic for a seed and machine kind; a killed run resumes from
+  its last finished batch to the same bytes. Documents that are empty, end at
+  once (min_tokens) or loop (min_distinct 4-grams) are dropped and counted in
+  data/sample.json, with the teacher's digest and the sampling params.
+
+Options:
+  --params <path>  params file of the project.  [default: params.yaml]
+  --json
+  --help           Show this message and exit.
 """,
     "zg data tokenize": """\
 Usage: zg data tokenize [OPTIONS]

