@@ -238,11 +238,18 @@ def search_assemble(params: Path = params_option, as_json: bool = typer.Option(F
         if r.passed
         else f"NO mix passes the gates in {len(r.tries)} tries: {r.unmet['message']}"
     )
+    m = r.measured
+    timed = (
+        f"; {m['phase']} measured {m[m['phase']]['measured']['median']:.3f} against {m[m['phase']]['predicted']:.3f} "
+        f"predicted ({m['error']:+.1%})"
+        if m
+        else ""
+    )
     emit(
         r.metrics(),
         as_json=as_json,
         summary=f"searched student: {r.student.params:,} params "
-        f"({r.student.param_ratio:.2f} of teacher), {verdict} -> {r.path}",
+        f"({r.student.param_ratio:.2f} of teacher), {verdict}{timed} -> {r.path}",
     )
 
 
@@ -296,6 +303,42 @@ def search_show(params: Path = params_option, as_json: bool = typer.Option(False
             f"{'stale' if v['stale'] else 'up to date'}\tparams {n}\tce_delta {ce}"
         )
     stderr.print(f"{r['exist']}/{r['total']} variants trained, {r['stale']} stale")
+
+
+@search_app.command("costs")
+def search_costs(
+    measure: bool = typer.Option(
+        False, "--measure", help="time every option now and write search/cost/table.json (the search_cost stage)."
+    ),
+    params: Path = params_option,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Show the measured cost table (search/cost/table.json): each block option's latency at search.workload (median
+    and spread over the repeats, of search.workload.phase) and KV-cache bytes, the embedding + head's base, and how
+    far each uniform model's measured total is from its predicted sum. --measure times them first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from zgdata.layout import Layout
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.cost import read_table, table_rows
+    from zgtrain.search.table import measure_table
+
+    project = ProjectConfig.load(params)
+    table = measure_table(project) if measure else read_table(project, Layout())
+    if as_json:
+        emit(table, as_json=True, summary="")
+        return
+    phase = f"{project.search.served.phase}_ms"
+    out = Table("block", "option", phase, "spread", "KV-cache bytes", title=table["machine"]["kind"])
+    for r in table_rows(table, phase):
+        out.add_row(r["block"], r["option"], f"{r['ms']:.4f}", f"{r['spread']:.0%}", f"{r['kv_cache']:,.0f}")
+    Console().print(out)
+    for option, m in table["models"].items():
+        print(
+            f"{option} everywhere: measured {m['measured'][phase]['median']:.3f} ms, predicted "
+            f"{m['predicted'][phase]:.3f} ms ({m['additivity'][phase]:+.1%})"
+        )
 
 
 @train_app.command("assemble")

@@ -108,7 +108,27 @@ for (
         deps_ += ["zgdata/families/base.py", "zgdata/families/dense.py", "zgdata/families/traits.py"]
 CODE["virtual"] = ["zgdata/materialize/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 CODE["variant"] = CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
-CODE["search"] = ["zgtrain/search/solve.py", "zgtrain/search/variants.py"]
+CODE["search"] = [
+    "zgtrain/search/solve.py",
+    "zgtrain/search/variants.py",
+    "zgtrain/search/pool.py",
+    "zgtrain/search/cost.py",
+    "zgtrain/project/workload.py",
+]
+# search_cost (only where search.cost or search.limits names a measured cost): the uniform models built and timed
+CODE["search_cost"] = list(
+    dict.fromkeys(
+        CODE["assemble"]
+        + [
+            "zgtrain/search/cost.py",
+            "zgtrain/search/table.py",
+            "zgtrain/search/measure.py",
+            "zgtrain/search/assemble.py",
+            "zgtrain/search/variants.py",
+            "zgtrain/project/workload.py",
+        ]
+    )
+)
 CODE["search_assemble"] = list(
     dict.fromkeys(
         CODE["assemble"]
@@ -117,6 +137,8 @@ CODE["search_assemble"] = list(
             "zgtrain/search/assemble.py",
             "zgtrain/search/judge.py",
             "zgtrain/search/variants.py",
+            "zgtrain/search/cost.py",
+            "zgtrain/search/measure.py",
         ]
     )
 )

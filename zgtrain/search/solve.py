@@ -22,6 +22,8 @@ from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
+from zgtrain.project.workload import TABLE_COSTS
+from zgtrain.search.pool import diverse_pool, hamming, mix_key
 from zgtrain.search.variants import search_choice, search_metrics, stage_name, variant_metrics
 
 __all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED", "SearchResult"]
@@ -159,6 +161,12 @@ class SearchResult:
     """{block: the chosen option (variant, params, kv_bytes, ce_delta)}."""
     ranked: list
     """The best mixes within the budget, best first (the first is this choice)."""
+    constraints: dict
+    """{cost: bound, value, teacher, ratio}: search.cost's budget and each of search.limits (latency with its base)."""
+    pool: list
+    """The diverse pool (search.pool, search.diversity), best first: each mix, its totals and why it is there."""
+    measured: dict | None
+    """Where the measured cost table was used: its machine and workload, the mix's predicted latency (ms)."""
     path: str
     """search/choice.json."""
 
@@ -177,13 +185,109 @@ def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> SearchRe
         return _run(project, layout)
 
 
-UNITS = {"params": "params", "active_params": "active params", "kv_bytes": "KV bytes/token"}
+UNITS = {
+    "params": "params",
+    "active_params": "active params",
+    "kv_bytes": "KV bytes/token",
+    "latency": "ms",
+    "kv_cache": "KV-cache bytes",
+}
 
 
 def _totals(opts: dict, idx) -> dict:
-    """Params, KV bytes per token and active params of a mix (indices into each block's options)."""
+    """Params, KV bytes per token and active params of a mix (indices into each block's options), and its
+    latency and kv_cache where the options carry the measured costs (block sums: no base)."""
     picked = [opts[b][j] for b, j in zip(opts, idx)]
-    return {k: sum(o[k] for o in picked) for k in ("params", "kv_bytes", "active_params")}
+    keys = ("params", "kv_bytes", "active_params", *(k for k in TABLE_COSTS if k in picked[0]))
+    return {k: sum(o[k] for o in picked) for k in keys}
+
+
+def with_table(project: ProjectConfig, layout: Layout, opts: dict) -> dict:
+    """The measured cost table; each option of ``opts`` gains its ``latency`` (ms of search.workload.phase) and
+    ``kv_cache`` (bytes) from it."""
+    from zgtrain.search.cost import read_table
+
+    table = read_table(project, layout)
+    phase = f"{project.search.served.phase}_ms"
+    for b, block_opts in opts.items():
+        for o in block_opts:
+            cost = table["blocks"][b][o["variant"]]
+            o.update(latency=cost[phase]["median"], kv_cache=cost["kv_cache"])
+    table["phase"] = phase
+    return table
+
+
+def _base(cost: str, table: dict | None) -> float:
+    """What every mix pays besides its blocks: the embedding and head's measured latency; 0 for the rest."""
+    return table["base"][table["phase"]]["median"] if cost == "latency" and table else 0.0
+
+
+def _bounds(cfg, teacher: dict, table: dict | None) -> dict:
+    """{cost: the blocks' bound} of every constraint (search.cost's budget first). A fraction is of the teacher's
+    whole cost (for latency: base + blocks); the base comes off each bound, since every mix pays it."""
+    out = {}
+    for cost, bound in cfg.constraints.items():
+        base = _base(cost, table)
+        out[cost] = bound * (teacher[cost] + base) - base if cfg.budget_unit == "fraction" else bound - base
+    return out
+
+
+def _unmet_limits(cfg) -> ZgError:
+    return ZgError(
+        f"no mix meets search.budget {cfg.budget} ({cfg.cost}) and search.limits {dict(cfg.limits)} together",
+        key="search.limits",
+        fix="loosen search.limits (or search.budget), or add cheaper variants",
+    )
+
+
+def _entry(opts: dict, blocks: list, idx, delta: float) -> dict:
+    """A mix as choice.json lists it: {block: option}, its totals and predicted CE delta."""
+    return {
+        "mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
+        **_totals(opts, idx),
+        "predicted_ce_delta": delta,
+    }
+
+
+def _constraint(cost: str, bound: float, got: dict, teacher: dict, table: dict | None) -> dict:
+    """One constraint of the choice: its bound, the chosen mix's and the teacher's value (base included)."""
+    base = _base(cost, table)
+    return {
+        "bound": bound + base,
+        "value": got[cost] + base,
+        "teacher": teacher[cost] + base,
+        "ratio": (got[cost] + base) / (teacher[cost] + base) if teacher[cost] + base else None,
+    }
+
+
+def _pool(opts: dict, blocks: list, members: list, vec, cfg) -> list[dict]:
+    """choice.json's pool: each member's mix, totals and why the solver put it there."""
+    out = []
+    for i, idx in enumerate(members):
+        closest = min((hamming(idx, m) for m in members[:i]), default=None)
+        why = (
+            "the best mix within every constraint"
+            if i == 0
+            else f"the best mix differing from pool member{' 1' if i == 1 else f's 1-{i}'} in >= {cfg.diversity} "
+            f"blocks (closest: {closest})"
+        )
+        out.append({"rank": i + 1, **_entry(opts, blocks, idx, mix_key(vec, idx)[0]), "distance": closest, "why": why})
+    return out
+
+
+def _measured(table: dict, got: dict, teacher: dict) -> dict:
+    """The cost table's key and the chosen mix's predicted latency (base + blocks) against the teacher's."""
+    base = _base("latency", table)
+    return {
+        "table": "search/cost/table.json",
+        "machine": table["machine"]["kind"],
+        "workload": table["workload"],
+        "phase": table["phase"],
+        "predicted_ms": got["latency"] + base,
+        "teacher_ms": teacher["latency"] + base,
+        "kv_cache": got["kv_cache"],
+        "teacher_kv_cache": teacher["kv_cache"],
+    }
 
 
 _METRICS = (
@@ -202,9 +306,10 @@ _METRICS = (
 """The chosen mix's figures that metrics/search.json keeps (with the candidates, the uniform mixes, the choice)."""
 
 
-def _over_budget(cfg, choices, budget: float, full: float, unit: str) -> ZgError:
-    """The refusal of a budget below the cheapest mix, naming the smallest budget that has one."""
-    least = min_cost(choices)
+def _over_budget(cfg, choices, budget: float, full: float, unit: str, base: float = 0.0) -> ZgError:
+    """The refusal of a budget below the cheapest mix, naming the smallest budget that has one (``base``: what
+    every mix pays besides its blocks, the measured latency's embedding and head)."""
+    least, budget, full = min_cost(choices) + base, budget + base, full + base
     smallest = (
         f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)"
         if cfg.budget_unit == "fraction"
@@ -228,24 +333,25 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
             fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`",
         )
     opts = options(project, layout)
+    table = with_table(project, layout, opts) if cfg.measured else None
     blocks = list(opts)
     choices = [[(o[cfg.cost], o["ce_delta"]) for o in opts[b]] for b in blocks]
     teacher = _totals(opts, [0] * len(blocks))
     full, unit = teacher[cfg.cost], UNITS[cfg.cost]
-    budget = cfg.budget * full if cfg.budget_unit == "fraction" else cfg.budget
-    pick = solve(choices, budget)
-    if pick is None:
-        raise _over_budget(cfg, choices, budget, full, unit)
+    bounds = _bounds(cfg, teacher, table)
+    budget = bounds[cfg.cost]
+    if min_cost(choices) > budget:
+        raise _over_budget(cfg, choices, budget, full, unit, _base(cfg.cost, table))
+    names = list(bounds)  # search.cost first, then search.limits
+    vec = [[(tuple(o[c] for c in names), o["ce_delta"]) for o in opts[b]] for b in blocks]
+    members = diverse_pool(vec, [bounds[c] for c in names], cfg.pool, cfg.diversity)
+    if not members:
+        raise _unmet_limits(cfg)
+    pick = members[0]
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
     # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
-    alternatives = [
-        {
-            "mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
-            **_totals(opts, idx),
-            "predicted_ce_delta": _key(choices, idx)[0],
-        }
-        for idx in ranked(choices, budget, RANKED)
-    ]
+    best = ranked(choices, budget, RANKED) if len(names) == 1 else diverse_pool(vec, list(bounds.values()), RANKED)
+    alternatives = [_entry(opts, blocks, idx, _key(choices, idx)[0]) for idx in best]
     got = _totals(opts, pick)
     choice = {
         "cost": cfg.cost,
@@ -255,26 +361,36 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
         "teacher_params": teacher["params"],
         "teacher_kv_bytes": teacher["kv_bytes"],
         "teacher_active_params": teacher["active_params"],
-        **got,
+        **{k: got[k] for k in ("params", "kv_bytes", "active_params")},
         "param_ratio": got["params"] / teacher["params"],
         "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],
         "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()),
         "blocks": chosen,
         "ranked": alternatives,
+        "constraints": {c: _constraint(c, bounds[c], got, teacher, table) for c in names},
+        "pool": _pool(opts, blocks, members, vec, cfg),
+        "measured": None if table is None else _measured(table, got, teacher),
     }
-    # uniform mixes (one variant everywhere): what the study compares the searched mix against
-    uniform = {
-        v: {**_totals(opts, [j] * len(blocks)), "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
-        for j, v in enumerate(project.variants, start=1)
-    }
-    metrics = {k: choice[k] for k in _METRICS}
-    metrics.update(
-        candidates=sum(len(o) for o in opts.values()),
-        mixes=math.prod(len(o) for o in opts.values()),
-        uniform=uniform,
-        choice={b: o["variant"] for b, o in chosen.items()},
-    )
+    metrics = _metrics(project, opts, choice, len(members))
     result = SearchResult(**choice, path=str(search_choice(layout)))
     write_json(search_choice(layout), result.choice())
     write_json(search_metrics(layout), metrics)
     return result
+
+
+def _metrics(project: ProjectConfig, opts: dict, choice: dict, pool: int) -> dict:
+    """metrics/search.json: the choice's figures, the library's size, the uniform mixes (one variant everywhere:
+    what the study compares the searched mix against) and the choice."""
+    blocks = list(opts)
+    uniform = {
+        v: {**_totals(opts, [j] * len(blocks)), "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
+        for j, v in enumerate(project.variants, start=1)
+    }
+    return {
+        **{k: choice[k] for k in _METRICS},
+        "candidates": sum(len(o) for o in opts.values()),
+        "mixes": math.prod(len(o) for o in opts.values()),
+        "uniform": uniform,
+        "choice": {b: o["variant"] for b, o in choice["blocks"].items()},
+        "pool": pool,
+    }
