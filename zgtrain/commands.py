@@ -241,7 +241,7 @@ def search_assemble(params: Path = params_option, as_json: bool = typer.Option(F
     m = r.measured
     timed = (
         f"; {m['phase']} measured {m[m['phase']]['measured']['median']:.3f} against {m[m['phase']]['predicted']:.3f} "
-        f"predicted ({m['error']:+.1%})"
+        f"predicted ({m['error']:+.1%}; {m['relative_error']:+.1%} relative to the teacher timed alongside)"
         if m
         else ""
     )
@@ -332,9 +332,12 @@ def search_costs(
     phase = f"{project.search.served.phase}_ms"
     out = Table("block", "option", phase, "spread", "KV-cache bytes", title=table["machine"]["kind"])
     for r in table_rows(table, phase):
-        out.add_row(r["block"], r["option"], f"{r['ms']:.4f}", f"{r['spread']:.0%}", f"{r['kv_cache']:,.0f}")
+        ms, spread = ("-", r["why"]) if r["ms"] is None else (f"{r['ms']:.4f}", f"{r['spread']:.0%}")
+        out.add_row(r["block"], r["option"], ms, spread, f"{r['kv_cache']:,.0f}")
     Console().print(out)
     for option, m in table["models"].items():
+        if m["measured"] is None:
+            continue
         print(
             f"{option} everywhere: measured {m['measured'][phase]['median']:.3f} ms, predicted "
             f"{m['predicted'][phase]:.3f} ms ({m['additivity'][phase]:+.1%})"

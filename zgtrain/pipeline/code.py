@@ -112,6 +112,7 @@ CODE["search"] = [
     "zgtrain/search/solve.py",
     "zgtrain/search/variants.py",
     "zgtrain/search/pool.py",
+    "zgtrain/search/mixes.py",
     "zgtrain/search/cost.py",
     "zgtrain/project/workload.py",
 ]
@@ -159,3 +160,10 @@ for fmt, writer in (
         "zgdata/families/dense.py",
         "zgdata/families/traits.py",
     ]
+# search_cost and search_assemble export and time GGUFs where search.workload.runtime is llama.cpp
+CODE["search_cost"] = list(
+    dict.fromkeys(CODE["search_cost"] + ["zgtrain/search/llamacpp.py"] + CODE["export_gguf"][1:])
+)
+CODE["search_assemble"] = list(
+    dict.fromkeys(CODE["search_assemble"] + ["zgtrain/search/llamacpp.py"] + CODE["export_gguf"][1:])
+)

@@ -264,7 +264,7 @@ def _search_cost_stage(project: ProjectConfig, L: Layout, blocks, code) -> dict:
         "cmd": "zg search costs --measure",
         "deps": [str(L.variant_dir(b.key, v)) for b in blocks for v in names]
         + [str(L.teacher_slice(b.key)) for b in blocks]
-        + [str(L.teacher_head), str(L.teacher_json)]
+        + [str(L.teacher_head), str(L.teacher_json), str(L.teacher_hf)]  # hf: the tokenizer of a GGUF (llama.cpp)
         + code("search_cost"),
         "params": (["search.workload"] if project.search.workload else []) + ["variants"],
         "outs": [{str(L.search_cost_table): {"cache": False}}],

@@ -23,8 +23,9 @@ class WorkloadConfig(Section):
     SECTION: ClassVar[str] = "search.workload"
     runtime: str = param(
         "torch",
-        "Where the cost table times each variant: torch (zg's modeling code, on CPU) or llama.cpp (not built yet: "
-        "refused with a one-line error).",
+        "Where the cost table times each variant: torch (zg's modeling code on CPU, each layer timed) or llama.cpp "
+        "(llama-cpp-python on an f16 GGUF of each uniform model, timed whole and split by layer counts; batch 1; "
+        "variants `zg export --format gguf` refuses are never chosen).",
         choices=RUNTIMES,
     )
     batch: int = param(1, "Sequences served at once.", ge=1, le=256)

@@ -153,11 +153,7 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
         passed = tries[i]["gates_passed"]["all"]
         summary["choice"] = tries[i]["mix"]
         summary["search"] = {"try": i + 1, "tries": len(tries), "gates_passed": passed}
-        measured = None
-        if choice.get("measured"):  # the search used the cost table: the kept student timed against its prediction
-            from zgtrain.search.cost import measure_student
-
-            measured = measure_student(project, layout, model.cpu(), tries[i]["mix"])
+        measured = _timed_kept(project, layout, model, summary, tries[i]["mix"]) if choice.get("measured") else None
         result = SearchAssembleResult(
             student=save_student(model, summary, path, layout=layout, judged=tries[i]),
             selected=i if passed else None,
@@ -179,6 +175,17 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
             stderr.print(f"warning: {measured['warning']}")
         write_metrics(search_eval_metrics(layout), result.report())
     return result
+
+
+def _timed_kept(project: ProjectConfig, layout: Layout, model, summary: dict, mix: dict) -> dict:
+    """The search used the measured cost table: the kept student timed against its prediction, beside the teacher
+    (zgtrain/search/cost.py ``measure_student``)."""
+    from zgtrain.search.cost import measure_student
+
+    teacher = build_from_blocks(
+        mix_blocks(project, dict.fromkeys(project.blocks, IDENTITY_VARIANT), layout), layout=layout
+    )
+    return measure_student(project, layout, {"student": (model.cpu(), summary), "teacher": teacher}, mix)
 
 
 def _try_mixes(project: ProjectConfig, layout: Layout, judge, mixes: list, ranked: list) -> tuple[list, tuple]:

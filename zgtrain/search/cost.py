@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import ExitStack, contextmanager
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -30,6 +31,8 @@ from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
 __all__ = [
     "stats",
     "phases",
+    "normalize_runs",
+    "TOTALS",
     "block_costs",
     "base_cost",
     "predict",
@@ -43,7 +46,21 @@ __all__ = [
 ]
 
 PHASES = ("prefill_ms", "decode_ms", "request_ms")
+TOTALS = ("prefill_total", "decode_total")  # a timed run's seconds: the prompt, and every decode step together
 FIX = "run `dvc repro search_cost` (or `zg search costs --measure`)"
+
+
+def normalize_runs(runs: list[dict], factor: dict) -> list[dict]:
+    """Runs scaled per phase by ``factor`` ({prefill_total, decode_total}: the teacher's median over all of a
+    stage's runs over its median beside these runs), per-layer times (torch) too: drift taken out."""
+    out = []
+    for r in runs:
+        n = {k: r[k] * factor[k] for k in TOTALS}
+        for per, k in (("prefill", "prefill_total"), ("decode", "decode_total")):
+            if per in r:
+                n[per] = [x * factor[k] for x in r[per]]
+        out.append(n)
+    return out
 
 
 def stats(xs: list[float]) -> dict:
@@ -106,42 +123,99 @@ def read_table(project: ProjectConfig, layout: Layout) -> dict:
 WARN_ERROR = 0.15  # a predicted latency further than this from the measured one is a warning in the report
 
 
-def measure_student(project: ProjectConfig, layout: Layout, model, mix: dict) -> dict:
-    """A searched student (``model``, the mix ``mix``) timed end to end at search.workload: the table's prediction
-    (base + blocks) against the measurement, per phase, and a warning when the searched phase is off by more
-    than WARN_ERROR."""
-    from zgdata.families.registry import family_of
-    from zgtrain.search.measure import timed_runs
-
+def measure_student(project: ProjectConfig, layout: Layout, models: dict, mix: dict) -> dict:
+    """The searched student timed end to end at search.workload on its runtime (llama.cpp: exported to GGUF as
+    the table's models were), interleaved run by run with the teacher (``models``: {"student", "teacher"}: (model,
+    summary)), so that both see the same machine. Per phase: the table's prediction (base + blocks) against the
+    measurement (``error``), and the student/teacher ratio predicted against measured (``relative_error``: what
+    the table predicts once the machine's drift since it was measured, seen on the teacher, is taken out). A
+    relative error beyond WARN_ERROR in the searched phase is a warning; so is a drift beyond it."""
     table, w = read_table(project, layout), project.search.served
-    runs = timed_runs(
-        model,
-        family_of(model.config).layers(model),
-        batch=w.batch,
-        prompt=w.prompt,
-        generate=w.generate,
-        warmup=w.warmup,
-        repeats=w.repeats,
-        threads=w.threads,
-    )
-    measured = phases([r["prefill_total"] for r in runs], [r["decode_total"] for r in runs], w.generate)
-    phase = f"{w.phase}_ms"
-    out = {p: {"predicted": predict(table, mix, p), "measured": measured[p]} for p in PHASES}
+    runs = _interleaved_runs(layout, models, w)
+    phase, teacher_mix = f"{w.phase}_ms", dict.fromkeys(mix, IDENTITY_VARIANT)
+    out = {}
     for p in PHASES:
-        out[p]["error"] = out[p]["measured"]["median"] / out[p]["predicted"] - 1
-    err = out[phase]["error"]
-    warning = (
-        f"the searched student's measured {phase} ({out[phase]['measured']['median']:.3f}) is {err:+.0%} off the "
-        f"cost table's prediction ({out[phase]['predicted']:.3f}); spread across repeats "
-        f"{out[phase]['measured']['spread']:.0%}"
-        if abs(err) > WARN_ERROR
-        else None
-    )
-    return {"phase": phase, "machine": table["machine"]["kind"], **out, "error": err, "warning": warning}
+        got = {
+            k: phases([r["prefill_total"] for r in v], [r["decode_total"] for r in v], w.generate)
+            for k, v in runs.items()
+        }
+        pred, pred_t = predict(table, mix, p), predict(table, teacher_mix, p)
+        meas, meas_t = got["student"][p]["median"], got["teacher"][p]["median"]
+        out[p] = {
+            "predicted": pred,
+            "measured": got["student"][p],
+            "error": meas / pred - 1,
+            "teacher_predicted": pred_t,
+            "teacher_measured": got["teacher"][p],
+            "drift": meas_t / pred_t - 1,
+            "relative_error": (meas / meas_t) / (pred / pred_t) - 1,
+        }
+    m = out[phase]
+    warnings = []
+    if abs(m["relative_error"]) > WARN_ERROR:
+        warnings.append(
+            f"the searched student's measured {phase} is {m['relative_error']:+.0%} off the cost table's prediction "
+            f"relative to the teacher timed alongside it ({m['measured']['median']:.3f} against "
+            f"{m['predicted']:.3f} predicted; spread across repeats {m['measured']['spread']:.0%})"
+        )
+    if abs(m["drift"]) > WARN_ERROR:
+        warnings.append(
+            f"the teacher ran {m['drift']:+.0%} off its time in the cost table ({phase}): the machine is not as it "
+            "was when the table was measured (a shared machine's load?); the absolute error "
+            f"{m['error']:+.0%} includes that drift"
+        )
+    return {
+        "phase": phase,
+        "machine": table["machine"]["kind"],
+        **out,
+        "error": m["error"],
+        "relative_error": m["relative_error"],
+        "drift": m["drift"],
+        "warning": "; ".join(warnings) or None,
+    }
+
+
+def _interleaved_runs(layout: Layout, models: dict, w) -> dict[str, list]:
+    """{name: runs} of each model, one run of each in turn, ``w.repeats`` rounds (warm-ups in the first)."""
+    with ExitStack() as stack:
+        runners = {k: stack.enter_context(_runner(layout, model, summary, w)) for k, (model, summary) in models.items()}
+        out = {k: [] for k in runners}
+        for i in range(w.repeats):
+            for k, run in runners.items():
+                out[k] += run(w.warmup if i == 0 else 0, 1)
+        return out
+
+
+@contextmanager
+def _runner(layout: Layout, model, summary: dict, w):
+    """``run(warmup, repeats)`` of a model on the workload's runtime."""
+    if w.runtime != "llama.cpp":
+        from zgdata.families.registry import family_of
+        from zgtrain.search.measure import timed_runs
+
+        layers = family_of(model.config).layers(model)
+        kw = {"batch": w.batch, "prompt": w.prompt, "generate": w.generate, "threads": w.threads}
+        yield lambda warmup, repeats: timed_runs(model, layers, warmup=warmup, repeats=repeats, **kw)
+        return
+    import tempfile
+    from pathlib import Path
+
+    from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
+    from zgtrain.search.llamacpp import export_for_timing, llama_timer
+
+    sha = read_teacher_json(layout)["weights_sha256"]
+    with tempfile.TemporaryDirectory(prefix="zg-cost-") as tmp:
+        gguf = export_for_timing(model, summary, Path(tmp), load_tokenizer(layout), sha)
+        if isinstance(gguf, str):
+            raise ZgError(f"the searched student cannot be exported to GGUF: {gguf}", fix="use runtime: torch")
+        kw = {"prompt": w.prompt, "generate": w.generate, "threads": w.threads}
+        with llama_timer(gguf, vocab=model.config.vocab_size, **kw) as run:
+            yield run
 
 
 def table_rows(table: dict, phase: str) -> list[dict]:
-    """One row per (block, option): its phase median and spread, its KV-cache bytes; the base first."""
+    """One row per (block, option): its phase median and spread (None where the runtime cannot run it, with
+    ``why``), its KV-cache bytes; the base first."""
     rows = [{"block": "(base)", "option": "embedding + head", **_row(table["base"], phase), "kv_cache": 0.0}]
     for b, opts in table["blocks"].items():
         rows += [{"block": b, "option": o, **_row(c, phase), "kv_cache": c["kv_cache"]} for o, c in opts.items()]
@@ -149,4 +223,6 @@ def table_rows(table: dict, phase: str) -> list[dict]:
 
 
 def _row(cost: dict, phase: str) -> dict:
+    if not cost.get("expressible", True):
+        return {"ms": None, "spread": None, "why": cost["why"]}
     return {"ms": cost[phase]["median"], "spread": cost[phase]["spread"]}

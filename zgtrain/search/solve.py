@@ -8,6 +8,12 @@ blocks that keeps, after each block, only the partial mixes no other partial mix
 delta (the Pareto front). Dropping a beaten partial mix never loses the optimum, since any completion of it
 completes the better one too, at no more cost and no more delta. Ties break toward the lower cost, then the
 earlier options (the teacher first, then params order), so the choice is a function of the scores.
+
+``run_search`` solves under search.cost's budget and every search.limits bound at once, and returns the pool of
+search.pool mixes at least search.diversity blocks apart (zgtrain/search/pool.py: the same program over cost
+vectors, exact, its complexity stated there); with one constraint and the default pool (5, 1) the choice and the
+ranked list are ``solve``'s and ``ranked``'s. latency and kv_cache come from the measured cost table
+(zgtrain/search/cost.py); the records it writes are zgtrain/search/mixes.py's.
 """
 
 from __future__ import annotations
@@ -22,8 +28,18 @@ from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
-from zgtrain.project.workload import TABLE_COSTS
-from zgtrain.search.pool import diverse_pool, hamming, mix_key
+from zgtrain.search.mixes import (
+    base_of,
+    bounds,
+    constraint,
+    entry,
+    measured,
+    pool_entries,
+    totals,
+    unmet_limits,
+    with_table,
+)
+from zgtrain.search.pool import diverse_pool
 from zgtrain.search.variants import search_choice, search_metrics, stage_name, variant_metrics
 
 __all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED", "SearchResult"]
@@ -194,102 +210,6 @@ UNITS = {
 }
 
 
-def _totals(opts: dict, idx) -> dict:
-    """Params, KV bytes per token and active params of a mix (indices into each block's options), and its
-    latency and kv_cache where the options carry the measured costs (block sums: no base)."""
-    picked = [opts[b][j] for b, j in zip(opts, idx)]
-    keys = ("params", "kv_bytes", "active_params", *(k for k in TABLE_COSTS if k in picked[0]))
-    return {k: sum(o[k] for o in picked) for k in keys}
-
-
-def with_table(project: ProjectConfig, layout: Layout, opts: dict) -> dict:
-    """The measured cost table; each option of ``opts`` gains its ``latency`` (ms of search.workload.phase) and
-    ``kv_cache`` (bytes) from it."""
-    from zgtrain.search.cost import read_table
-
-    table = read_table(project, layout)
-    phase = f"{project.search.served.phase}_ms"
-    for b, block_opts in opts.items():
-        for o in block_opts:
-            cost = table["blocks"][b][o["variant"]]
-            o.update(latency=cost[phase]["median"], kv_cache=cost["kv_cache"])
-    table["phase"] = phase
-    return table
-
-
-def _base(cost: str, table: dict | None) -> float:
-    """What every mix pays besides its blocks: the embedding and head's measured latency; 0 for the rest."""
-    return table["base"][table["phase"]]["median"] if cost == "latency" and table else 0.0
-
-
-def _bounds(cfg, teacher: dict, table: dict | None) -> dict:
-    """{cost: the blocks' bound} of every constraint (search.cost's budget first). A fraction is of the teacher's
-    whole cost (for latency: base + blocks); the base comes off each bound, since every mix pays it."""
-    out = {}
-    for cost, bound in cfg.constraints.items():
-        base = _base(cost, table)
-        out[cost] = bound * (teacher[cost] + base) - base if cfg.budget_unit == "fraction" else bound - base
-    return out
-
-
-def _unmet_limits(cfg) -> ZgError:
-    return ZgError(
-        f"no mix meets search.budget {cfg.budget} ({cfg.cost}) and search.limits {dict(cfg.limits)} together",
-        key="search.limits",
-        fix="loosen search.limits (or search.budget), or add cheaper variants",
-    )
-
-
-def _entry(opts: dict, blocks: list, idx, delta: float) -> dict:
-    """A mix as choice.json lists it: {block: option}, its totals and predicted CE delta."""
-    return {
-        "mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
-        **_totals(opts, idx),
-        "predicted_ce_delta": delta,
-    }
-
-
-def _constraint(cost: str, bound: float, got: dict, teacher: dict, table: dict | None) -> dict:
-    """One constraint of the choice: its bound, the chosen mix's and the teacher's value (base included)."""
-    base = _base(cost, table)
-    return {
-        "bound": bound + base,
-        "value": got[cost] + base,
-        "teacher": teacher[cost] + base,
-        "ratio": (got[cost] + base) / (teacher[cost] + base) if teacher[cost] + base else None,
-    }
-
-
-def _pool(opts: dict, blocks: list, members: list, vec, cfg) -> list[dict]:
-    """choice.json's pool: each member's mix, totals and why the solver put it there."""
-    out = []
-    for i, idx in enumerate(members):
-        closest = min((hamming(idx, m) for m in members[:i]), default=None)
-        why = (
-            "the best mix within every constraint"
-            if i == 0
-            else f"the best mix differing from pool member{' 1' if i == 1 else f's 1-{i}'} in >= {cfg.diversity} "
-            f"blocks (closest: {closest})"
-        )
-        out.append({"rank": i + 1, **_entry(opts, blocks, idx, mix_key(vec, idx)[0]), "distance": closest, "why": why})
-    return out
-
-
-def _measured(table: dict, got: dict, teacher: dict) -> dict:
-    """The cost table's key and the chosen mix's predicted latency (base + blocks) against the teacher's."""
-    base = _base("latency", table)
-    return {
-        "table": "search/cost/table.json",
-        "machine": table["machine"]["kind"],
-        "workload": table["workload"],
-        "phase": table["phase"],
-        "predicted_ms": got["latency"] + base,
-        "teacher_ms": teacher["latency"] + base,
-        "kv_cache": got["kv_cache"],
-        "teacher_kv_cache": teacher["kv_cache"],
-    }
-
-
 _METRICS = (
     "cost",
     "budget_cost",
@@ -336,23 +256,23 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
     table = with_table(project, layout, opts) if cfg.measured else None
     blocks = list(opts)
     choices = [[(o[cfg.cost], o["ce_delta"]) for o in opts[b]] for b in blocks]
-    teacher = _totals(opts, [0] * len(blocks))
+    teacher = totals(opts, [0] * len(blocks))
     full, unit = teacher[cfg.cost], UNITS[cfg.cost]
-    bounds = _bounds(cfg, teacher, table)
-    budget = bounds[cfg.cost]
+    bound = bounds(cfg, teacher, table)
+    budget = bound[cfg.cost]
     if min_cost(choices) > budget:
-        raise _over_budget(cfg, choices, budget, full, unit, _base(cfg.cost, table))
-    names = list(bounds)  # search.cost first, then search.limits
+        raise _over_budget(cfg, choices, budget, full, unit, base_of(cfg.cost, table))
+    names = list(bound)  # search.cost first, then search.limits
     vec = [[(tuple(o[c] for c in names), o["ce_delta"]) for o in opts[b]] for b in blocks]
-    members = diverse_pool(vec, [bounds[c] for c in names], cfg.pool, cfg.diversity)
+    members = diverse_pool(vec, [bound[c] for c in names], cfg.pool, cfg.diversity)
     if not members:
-        raise _unmet_limits(cfg)
+        raise unmet_limits(cfg)
     pick = members[0]
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
     # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
-    best = ranked(choices, budget, RANKED) if len(names) == 1 else diverse_pool(vec, list(bounds.values()), RANKED)
-    alternatives = [_entry(opts, blocks, idx, _key(choices, idx)[0]) for idx in best]
-    got = _totals(opts, pick)
+    best = ranked(choices, budget, RANKED) if len(names) == 1 else diverse_pool(vec, list(bound.values()), RANKED)
+    alternatives = [entry(opts, blocks, idx, _key(choices, idx)[0]) for idx in best]
+    got = totals(opts, pick)
     choice = {
         "cost": cfg.cost,
         "budget": cfg.budget,
@@ -367,9 +287,9 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
         "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()),
         "blocks": chosen,
         "ranked": alternatives,
-        "constraints": {c: _constraint(c, bounds[c], got, teacher, table) for c in names},
-        "pool": _pool(opts, blocks, members, vec, cfg),
-        "measured": None if table is None else _measured(table, got, teacher),
+        "constraints": {c: constraint(c, bound[c], got, teacher, table) for c in names},
+        "pool": pool_entries(opts, blocks, members, vec, cfg),
+        "measured": None if table is None else measured(table, got, teacher),
     }
     metrics = _metrics(project, opts, choice, len(members))
     result = SearchResult(**choice, path=str(search_choice(layout)))
@@ -383,7 +303,10 @@ def _metrics(project: ProjectConfig, opts: dict, choice: dict, pool: int) -> dic
     what the study compares the searched mix against) and the choice."""
     blocks = list(opts)
     uniform = {
-        v: {**_totals(opts, [j] * len(blocks)), "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
+        v: {
+            **{k: None if x == math.inf else x for k, x in totals(opts, [j] * len(blocks)).items()},
+            "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks),
+        }
         for j, v in enumerate(project.variants, start=1)
     }
     return {

@@ -354,7 +354,11 @@ def test_the_searched_mix_assembles_loads_and_generates(assembled):
         ({"search.limits": {"params": 0}}, ["search", "run"], "search.limits.params is 0"),
         ({"search.pool": 0}, ["search", "run"], "search.pool is 0"),
         ({"search.workload": {"batch": 0}}, ["search", "run"], "search.workload.batch is 0"),
-        ({"search.workload": {"runtime": "llama.cpp"}}, ["search", "costs", "--measure"], "only the torch runtime"),
+        (
+            {"search.workload": {"runtime": "llama.cpp", "batch": 2}},
+            ["search", "costs", "--measure"],
+            "the llama.cpp runtime times one sequence",
+        ),
         ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
         ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
         ({}, ["search", "run"], "no variant library"),
@@ -610,6 +614,7 @@ def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searc
     for o in options:
         m = table["models"][o]
         assert m["predicted"]["request_ms"] == predict(table, dict.fromkeys(BLOCKS, o))
+        assert set(m["window"]) == {"prefill_total", "decode_total"} and min(m["window"].values()) > 0
     # the choice: the enumerated optimum under latency <= 0.9 x the teacher's and params <= 0.8 and kv <= 0.9
     base = table["base"]["request_ms"]["median"]
     opts = {b: [("teacher", 0, 0.0)] for b in BLOCKS}
@@ -664,5 +669,11 @@ def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searc
     assert all("not judged" in p["why"] for p in report["pool"][1:])
     m = report["measured"]
     assert m["phase"] == "request_ms" and m["request_ms"]["predicted"] == predict(table, best[1])
-    assert m["error"] == m["request_ms"]["measured"]["median"] / m["request_ms"]["predicted"] - 1
-    assert (abs(m["error"]) > 0.15) == (m["warning"] is not None) == ("warning: the searched student" in err)
+    r = m["request_ms"]
+    assert m["error"] == r["measured"]["median"] / r["predicted"] - 1
+    assert r["teacher_predicted"] == predict(table, dict.fromkeys(BLOCKS, "teacher"))
+    assert m["drift"] == r["teacher_measured"]["median"] / r["teacher_predicted"] - 1
+    ratio = (r["measured"]["median"] / r["teacher_measured"]["median"]) / (r["predicted"] / r["teacher_predicted"])
+    assert m["relative_error"] == ratio - 1
+    flagged = abs(m["relative_error"]) > 0.15 or abs(m["drift"]) > 0.15
+    assert flagged == (m["warning"] is not None) == ("warning: the " in err), (m, err)
