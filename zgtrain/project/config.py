@@ -355,6 +355,12 @@ class SearchConfig(Section):
     )
 
     def validate(self):
+        if not isinstance(self.workload, Mapping):
+            raise ZgError(
+                f"search.workload is {self.workload!r}",
+                key="search.workload",
+                fix="use a mapping, e.g. {runtime: torch, prompt: 64, generate: 16}",
+            )
         _ = self.served  # parses search.workload, naming any bad key
         if not isinstance(self.limits, Mapping):
             raise ZgError(
