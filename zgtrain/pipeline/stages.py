@@ -266,7 +266,7 @@ def _search_cost_stage(project: ProjectConfig, L: Layout, blocks, code) -> dict:
         + [str(L.teacher_slice(b.key)) for b in blocks]
         + [str(L.teacher_head), str(L.teacher_json), str(L.teacher_hf)]  # hf: the tokenizer of a GGUF (llama.cpp)
         + code("search_cost"),
-        "params": (["search.workload"] if project.search.workload else []) + ["variants"],
+        "params": ["search.workload", "variants"],  # `zg pipeline` writes search.workload where it lacks it
         "outs": [{str(L.search_cost_table): {"cache": False}}],
     }
 

@@ -677,3 +677,30 @@ def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searc
     assert m["relative_error"] == ratio - 1
     flagged = abs(m["relative_error"]) > 0.15 or abs(m["drift"]) > 0.15
     assert flagged == (m["warning"] is not None) == ("warning: the " in err), (m, err)
+
+
+def test_zg_pipeline_adds_the_cost_stage_and_the_workload_key_it_depends_on(tmp_path):
+    """A measured cost (search.cost: latency) in a params.yaml without search.workload: `zg pipeline` writes the key
+    (search_cost's params dep, which DVC needs present) and the search_cost stage, whose table the search and
+    search_assemble read; a params cost adds neither."""
+    import yaml
+
+    from zgtrain.pipeline.scaffold import regenerate
+
+    params = profile_params("tiny-search")
+    del params["search"]["workload"]
+    params["search"]["cost"] = "latency"
+    (tmp_path / "params.yaml").write_text(dump_params(params))
+    regenerate(tmp_path / "params.yaml")
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["search"]["workload"] == {}
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    assert stages["search_cost"]["params"] == ["search.workload", "variants"]
+    assert stages["search_cost"]["outs"] == [{"search/cost/table.json": {"cache": False}}]
+    assert (
+        "search/cost/table.json" in stages["search"]["deps"]
+        and "search/cost/table.json" in stages["search_assemble"]["deps"]
+    )
+    assert (
+        "search_cost"
+        not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
+    )
