@@ -214,12 +214,19 @@ def search_run(params: Path = params_option, as_json: bool = typer.Option(False,
 
     r = run_search(ProjectConfig.load(params))
     mix = ", ".join(f"{b}={o['variant']}" for b, o in r.blocks.items())
+    budget = f"budget {r.budget_cost:,.0f} ({r.cost})"
+    if r.measured or len(r.constraints) > 1:  # the bounds as the search met them (latency: embedding + head included)
+        budget = "; ".join(
+            f"{c} {('{:.4g}' if c == 'latency' else '{:,.0f}').format(v['value'])} <= "
+            f"{('{:.4g}' if c == 'latency' else '{:,.0f}').format(v['bound'])}"
+            for c, v in r.constraints.items()
+        )
     emit(
         r.metrics(),
         as_json=as_json,
         summary=f"mix {mix}: {r.params:,} params ({r.param_ratio:.3f} of the "
-        f"teacher's blocks), {r.kv_bytes:,.0f} KV bytes/token ({r.kv_ratio:.3f}); budget {r.budget_cost:,.0f} "
-        f"({r.cost}); predicted CE delta {r.predicted_ce_delta:+.4f}",
+        f"teacher's blocks), {r.kv_bytes:,.0f} KV bytes/token ({r.kv_ratio:.3f}); {budget}; "
+        f"predicted CE delta {r.predicted_ce_delta:+.4f}; pool of {len(r.pool)}",
     )
 
 
