@@ -677,6 +677,15 @@ def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searc
     assert m["relative_error"] == ratio - 1
     flagged = abs(m["relative_error"]) > 0.15 or abs(m["drift"]) > 0.15
     assert flagged == (m["warning"] is not None) == ("warning: the " in err), (m, err)
+    # an option the runtime cannot run (as llama.cpp's export refuses one) is never chosen, in no pool member
+    for b in BLOCKS:
+        table["blocks"][b]["drop"] = {"expressible": False, "why": "not in GGUF", "kv_cache": 0.0, "layers": 1}
+    (root / "search" / "cost" / "table.json").write_text(json.dumps(table))
+    set_params(root, {"search.limits": {}, "search.budget": 1.01})  # the teacher fits whatever the timings
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    choice = read_json(root / "search" / "choice.json")
+    assert code == 0 and choice["pool"] and all("drop" not in p["mix"].values() for p in choice["pool"]), err
+    assert read_json(root / "metrics" / "search.json")["uniform"]["drop"]["latency"] is None
 
 
 def test_zg_pipeline_adds_the_cost_stage_and_the_workload_key_it_depends_on(tmp_path):
