@@ -1,9 +1,11 @@
 """The measured cost table: every block option's latency and KV-cache bytes at ``search.workload``, on its runtime.
 
 For each option (the teacher block, then each variant) one model is built with that option in every block (the
-variant's trained weights, or the teacher's slices: the real shapes) and timed by zgtrain/search/measure.py.
-Each block's cost is the summed time of its decoder layers; the embedding, the final norm and the head (the
-"base") are measured once, on the teacher's model, as its total minus its layers. A mix is predicted to cost
+variant's trained weights, or the teacher's slices: the real shapes) and timed beside the teacher's model
+(zgtrain/search/table.py; torch: zgtrain/search/measure.py, per layer; llama.cpp: zgtrain/search/llamacpp.py,
+whole models split by layer count). Each block's cost is the summed time of its decoder layers; the embedding,
+the final norm and the head (the "base") are measured once, on the teacher, as its total minus its layers (on
+llama.cpp: from the teacher and the teacher cut after its first block). A mix is predicted to cost
 base + the sum of its blocks' costs (``predict``); every uniform model's measured total is kept beside its
 prediction (``additivity``), which says how far that sum can be trusted on this machine.
 
