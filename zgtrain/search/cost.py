@@ -31,6 +31,7 @@ from zgdata.layout import Layout
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
 
 __all__ = [
+    "machine",
     "stats",
     "phases",
     "normalize_runs",
@@ -50,6 +51,37 @@ __all__ = [
 PHASES = ("prefill_ms", "decode_ms", "request_ms")
 TOTALS = ("prefill_total", "decode_total")  # a timed run's seconds: the prompt, and every decode step together
 FIX = "run `dvc repro search_cost` (or `zg search costs --measure`)"
+
+
+def machine(runtime: str, threads: int) -> dict:
+    """What the table is keyed by besides the workload: the runtime and this machine's kind (CPU model, cores,
+    torch's version, threads). Reads no module it would have to import (torch's version from its metadata)."""
+    import os
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    cpu = platform.processor() or ""
+    try:
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), cpu
+        )
+    except OSError:
+        pass
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "?"
+    cores = os.cpu_count() or 0
+    return {
+        "runtime": runtime,
+        "device": "cpu",
+        "cpu": cpu,
+        "arch": platform.machine(),
+        "cores": cores,
+        "threads": threads,
+        "torch": torch_version,
+        "kind": f"{platform.machine()} {cpu} ({cores} cores), torch {torch_version} cpu x{threads}",
+    }
 
 
 def normalize_runs(runs: list[dict], factor: dict) -> list[dict]:
@@ -119,6 +151,14 @@ def read_table(project: ProjectConfig, layout: Layout) -> dict:
     got = {b: sorted(o) for b, o in table.get("blocks", {}).items()}  # the file's keys are sorted
     if got != {b: sorted(options(project)) for b in project.blocks}:
         raise ZgError(f"{path} does not cover params.yaml's blocks and variants", fix=FIX)
+    here = machine(want["runtime"], want["threads"])["kind"]
+    if table.get("machine", {}).get("kind") != here:  # a table is the timing of the machine that measured it
+        from zgdata.core.progress import stderr
+
+        stderr.print(
+            f"warning: {path} was measured on {table.get('machine', {}).get('kind')}, this is {here}: its "
+            "latencies are that machine's (`dvc repro -f search_cost` measures here)"
+        )
     return table
 
 

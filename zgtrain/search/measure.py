@@ -10,38 +10,12 @@ the spread across repeats (noise from a shared machine included) next to the med
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-__all__ = ["machine", "timed_runs"]
-
-
-def machine(runtime: str, threads: int) -> dict:
-    """What the table is keyed by besides the workload: the runtime and this machine's kind."""
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = os.cpu_count() or 0
-    return {
-        "runtime": runtime,
-        "device": "cpu",
-        "cpu": cpu,
-        "arch": platform.machine(),
-        "cores": cores,
-        "threads": threads,
-        "torch": torch.__version__,
-        "kind": f"{platform.machine()} {cpu} ({cores} cores), torch {torch.__version__} cpu x{threads}",
-    }
+__all__ = ["timed_runs"]
 
 
 def _hooks(layers, clock: dict):

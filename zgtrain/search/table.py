@@ -19,7 +19,17 @@ from zgdata.core.progress import stderr
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
-from zgtrain.search.cost import PHASES, TOTALS, base_cost, block_costs, normalize_runs, options, phases, predict
+from zgtrain.search.cost import (
+    PHASES,
+    TOTALS,
+    base_cost,
+    block_costs,
+    machine,
+    normalize_runs,
+    options,
+    phases,
+    predict,
+)
 
 __all__ = ["measure_table"]
 
@@ -48,7 +58,6 @@ def _kv_cache(block, config, context: int, batch: int) -> float:
 def measure_table(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
     """Time every option (a model of it in every block) on search.workload; writes search/cost/table.json."""
     from zgdata.teacher.prepare import load_slice
-    from zgtrain.search.measure import machine
 
     w = project.search.served
     if w.runtime == "llama.cpp" and w.batch != 1:

@@ -680,11 +680,13 @@ def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searc
     # an option the runtime cannot run (as llama.cpp's export refuses one) is never chosen, in no pool member
     for b in BLOCKS:
         table["blocks"][b]["drop"] = {"expressible": False, "why": "not in GGUF", "kv_cache": 0.0, "layers": 1}
+    table["machine"]["kind"] = "another machine"  # a table measured elsewhere is used, with a warning
     (root / "search" / "cost" / "table.json").write_text(json.dumps(table))
     set_params(root, {"search.limits": {}, "search.budget": 1.01})  # the teacher fits whatever the timings
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
     choice = read_json(root / "search" / "choice.json")
     assert code == 0 and choice["pool"] and all("drop" not in p["mix"].values() for p in choice["pool"]), err
+    assert "warning: search/cost/table.json was measured on another machine" in " ".join(err.split()), err
     assert read_json(root / "metrics" / "search.json")["uniform"]["drop"]["latency"] is None
 
 
