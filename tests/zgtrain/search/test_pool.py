@@ -84,14 +84,14 @@ def test_the_pool_is_the_greedy_diverse_choice_by_enumeration():
 
 
 def test_the_search_profiles_library_size_solves_quickly_enough():
-    """A 9-block, 7-option library (the search profile's size) with two constraints and a pool of 3 at distance 2:
-    the fronts stay small enough to solve here (no timing asserted; this just has to finish)."""
+    """A library of the search profile's size (6 blocks x 10 options: the teacher and 9 variants) with two
+    constraints and a pool of 3 at distance 2: the fronts stay small enough to solve here (no timing asserted)."""
     rng = random.Random(4)
     choices = [
-        [((float(rng.randint(50, 100)), float(rng.randint(10, 40))), rng.uniform(0, 0.5)) for _ in range(7)]
-        for _ in range(9)
+        [((float(rng.randint(50, 100)), float(rng.randint(10, 40))), rng.uniform(0, 0.5)) for _ in range(10)]
+        for _ in range(6)
     ]
-    budgets = (0.7 * 9 * 100, 0.7 * 9 * 40)
+    budgets = (0.7 * 6 * 100, 0.7 * 6 * 40)
     pool = diverse_pool(choices, budgets, 3, 2)
     assert len(pool) == 3 and pool[0] == solve_multi(choices, budgets)
     assert all(hamming(a, b) >= 2 for a, b in itertools.combinations(pool, 2))
