@@ -305,6 +305,7 @@ STAGE_ENTRY = {
     "repair": ["zgtrain.repair.train"],
     "variant": ["zgtrain.search.variants"],
     "search": ["zgtrain.search.solve"],
+    "search_cost": ["zgtrain.search.table"],
     "search_assemble": ["zgtrain.search.assemble"],
     "search_repair": ["zgtrain.search.repair"],
     "export_hf": ["zgtrain.export.run", "zgtrain.export.hf"],

@@ -229,6 +229,12 @@ class Layout:
         return self.root / "search" / "choice.json"
 
     @property
+    def search_cost_table(self) -> Path:
+        """The measured cost of every block option at search.workload (zgtrain/search/cost.py): the search_cost
+        stage's output, read where search.cost or search.limits names latency or kv_cache."""
+        return self.root / "search" / "cost" / "table.json"
+
+    @property
     def search_metrics(self) -> Path:
         return self.root / "metrics" / "search.json"
 

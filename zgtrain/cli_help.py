@@ -456,6 +456,11 @@ Commands:
             after); resumes from models/search/repair's checkpoint.
   show      List each (block, variant): trained and scored or not, stale or
             not (`dvc status`), its scores.
+  costs     Show the measured cost table (search/cost/table.json): each block
+            option's latency at search.workload (median and spread over the
+            repeats, of search.workload.phase) and KV-cache bytes, the
+            embedding + head's base, and how far each uniform model's measured
+            total is from its predicted sum. --measure times them first.
 """,
     "zg search run": """\
 Usage: zg search run [OPTIONS]
@@ -506,6 +511,22 @@ Usage: zg search show [OPTIONS]
   status`), its scores.
 
 Options:
+  --params <path>  params file of the project.  [default: params.yaml]
+  --json
+  --help           Show this message and exit.
+""",
+    "zg search costs": """\
+Usage: zg search costs [OPTIONS]
+
+  Show the measured cost table (search/cost/table.json): each block option's
+  latency at search.workload (median and spread over the repeats, of
+  search.workload.phase) and KV-cache bytes, the embedding + head's base, and
+  how far each uniform model's measured total is from its predicted sum.
+  --measure times them first.
+
+Options:
+  --measure        time every option now and write search/cost/table.json (the
+                   search_cost stage).
   --params <path>  params file of the project.  [default: params.yaml]
   --json
   --help           Show this message and exit.

@@ -214,12 +214,19 @@ def search_run(params: Path = params_option, as_json: bool = typer.Option(False,
 
     r = run_search(ProjectConfig.load(params))
     mix = ", ".join(f"{b}={o['variant']}" for b, o in r.blocks.items())
+    budget = f"budget {r.budget_cost:,.0f} ({r.cost})"
+    if r.measured or len(r.constraints) > 1:  # the bounds as the search met them (latency: embedding + head included)
+        budget = "; ".join(
+            f"{c} {('{:.4g}' if c == 'latency' else '{:,.0f}').format(v['value'])} <= "
+            f"{('{:.4g}' if c == 'latency' else '{:,.0f}').format(v['bound'])}"
+            for c, v in r.constraints.items()
+        )
     emit(
         r.metrics(),
         as_json=as_json,
         summary=f"mix {mix}: {r.params:,} params ({r.param_ratio:.3f} of the "
-        f"teacher's blocks), {r.kv_bytes:,.0f} KV bytes/token ({r.kv_ratio:.3f}); budget {r.budget_cost:,.0f} "
-        f"({r.cost}); predicted CE delta {r.predicted_ce_delta:+.4f}",
+        f"teacher's blocks), {r.kv_bytes:,.0f} KV bytes/token ({r.kv_ratio:.3f}); {budget}; "
+        f"predicted CE delta {r.predicted_ce_delta:+.4f}; pool of {len(r.pool)}",
     )
 
 
@@ -238,11 +245,18 @@ def search_assemble(params: Path = params_option, as_json: bool = typer.Option(F
         if r.passed
         else f"NO mix passes the gates in {len(r.tries)} tries: {r.unmet['message']}"
     )
+    m = r.measured
+    timed = (
+        f"; {m['phase']} measured {m[m['phase']]['measured']['median']:.3f} against {m[m['phase']]['predicted']:.3f} "
+        f"predicted ({m['error']:+.1%}; {m['relative_error']:+.1%} relative to the teacher timed alongside)"
+        if m
+        else ""
+    )
     emit(
         r.metrics(),
         as_json=as_json,
         summary=f"searched student: {r.student.params:,} params "
-        f"({r.student.param_ratio:.2f} of teacher), {verdict} -> {r.path}",
+        f"({r.student.param_ratio:.2f} of teacher), {verdict}{timed} -> {r.path}",
     )
 
 
@@ -296,6 +310,45 @@ def search_show(params: Path = params_option, as_json: bool = typer.Option(False
             f"{'stale' if v['stale'] else 'up to date'}\tparams {n}\tce_delta {ce}"
         )
     stderr.print(f"{r['exist']}/{r['total']} variants trained, {r['stale']} stale")
+
+
+@search_app.command("costs")
+def search_costs(
+    measure: bool = typer.Option(
+        False, "--measure", help="time every option now and write search/cost/table.json (the search_cost stage)."
+    ),
+    params: Path = params_option,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Show the measured cost table (search/cost/table.json): each block option's latency at search.workload (median
+    and spread over the repeats, of search.workload.phase) and KV-cache bytes, the embedding + head's base, and how
+    far each uniform model's measured total is from its predicted sum. --measure times them first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from zgdata.layout import Layout
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search.cost import read_table, table_rows
+    from zgtrain.search.table import measure_table
+
+    project = ProjectConfig.load(params)
+    table = measure_table(project) if measure else read_table(project, Layout())
+    if as_json:
+        emit(table, as_json=True, summary="")
+        return
+    phase = f"{project.search.served.phase}_ms"
+    out = Table("block", "option", phase, "spread", "KV-cache bytes", title=table["machine"]["kind"])
+    for r in table_rows(table, phase):
+        ms, spread = ("-", r["why"]) if r["ms"] is None else (f"{r['ms']:.4f}", f"{r['spread']:.0%}")
+        out.add_row(r["block"], r["option"], ms, spread, f"{r['kv_cache']:,.0f}")
+    Console().print(out)
+    for option, m in table["models"].items():
+        if m["measured"] is None:
+            continue
+        print(
+            f"{option} everywhere: measured {m['measured'][phase]['median']:.3f} ms, predicted "
+            f"{m['predicted'][phase]:.3f} ms ({m['additivity'][phase]:+.1%})"
+        )
 
 
 @train_app.command("assemble")

@@ -25,6 +25,7 @@ EXPECTED = {
     "zg search": [],
     "zg search assemble": ["--json", "--params"],
     "zg search repair": ["--json", "--params", "--restart", "--stop-after"],
+    "zg search costs": ["--json", "--measure", "--params"],
     "zg search run": ["--json", "--params"],
     "zg search show": ["--json", "--params"],
     "zg teacher": [],

@@ -114,7 +114,28 @@ for (
         deps_ += ["zgdata/families/base.py", "zgdata/families/dense.py", "zgdata/families/traits.py"]
 CODE["virtual"] = ["zgdata/materialize/virtual.py"]  # only with materialize.virtual_first (see _virtual_first)
 CODE["variant"] = CODE["train"] + ["zgtrain/search/variants.py", "zgtrain/search/scores.py"]
-CODE["search"] = ["zgtrain/search/solve.py", "zgtrain/search/variants.py"]
+CODE["search"] = [
+    "zgtrain/search/solve.py",
+    "zgtrain/search/variants.py",
+    "zgtrain/search/pool.py",
+    "zgtrain/search/mixes.py",
+    "zgtrain/search/cost.py",
+    "zgtrain/project/workload.py",
+]
+# search_cost (only where search.cost or search.limits names a measured cost): the uniform models built and timed
+CODE["search_cost"] = list(
+    dict.fromkeys(
+        CODE["assemble"]
+        + [
+            "zgtrain/search/cost.py",
+            "zgtrain/search/table.py",
+            "zgtrain/search/measure.py",
+            "zgtrain/search/assemble.py",
+            "zgtrain/search/variants.py",
+            "zgtrain/project/workload.py",
+        ]
+    )
+)
 CODE["search_assemble"] = list(
     dict.fromkeys(
         CODE["assemble"]
@@ -123,6 +144,8 @@ CODE["search_assemble"] = list(
             "zgtrain/search/assemble.py",
             "zgtrain/search/judge.py",
             "zgtrain/search/variants.py",
+            "zgtrain/search/cost.py",
+            "zgtrain/search/measure.py",
         ]
     )
 )
@@ -143,3 +166,10 @@ for fmt, writer in (
         "zgdata/families/dense.py",
         "zgdata/families/traits.py",
     ]
+# search_cost and search_assemble export and time GGUFs where search.workload.runtime is llama.cpp
+CODE["search_cost"] = list(
+    dict.fromkeys(CODE["search_cost"] + ["zgtrain/search/llamacpp.py"] + CODE["export_gguf"][1:])
+)
+CODE["search_assemble"] = list(
+    dict.fromkeys(CODE["search_assemble"] + ["zgtrain/search/llamacpp.py"] + CODE["export_gguf"][1:])
+)

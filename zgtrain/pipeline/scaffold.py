@@ -22,8 +22,9 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
 
     Generated parts: ``blocks:`` (a conversion: one entry per block of partition.boundaries, each keeping its own
     train overrides; local pretraining: none), ``local.blocks`` (local.mode: sequential: one entry per block, the
-    params key of its stage) and ``search:`` (its defaults, where a variant library needs one). Everything else is
-    written back as read. Nothing is written unless the result parses as a project.
+    params key of its stage), ``search:`` (its defaults, where a variant library needs one) and
+    ``search.workload`` (an empty mapping, where a measured cost needs the key). Everything else is written back
+    as read. Nothing is written unless the result parses as a project.
     """
     params_path = Path(params_path)
     params = load_params(params_path)  # the document itself: its sections are rewritten, not only read
@@ -48,6 +49,8 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
     project = ProjectConfig.from_params(params)
     if project.variants and "search" not in params:  # the search stage depends on search:, so it must exist
         params["search"] = defaults(SearchConfig)
+    if project.search.measured and "workload" not in params["search"]:  # search_cost's params dep must exist
+        params["search"]["workload"] = {}
     write_text(params_path, dump_params(params))
     code_deps = (params_path.parent / "zgtrain" / "block" / "train.py").exists()  # a checkout of ZeroGraph itself
     write_dvcignore(params_path.parent)  # adds the model cards' lines where the project lacks them

@@ -277,9 +277,28 @@ def _search_stages(project: ProjectConfig, blocks, code) -> dict:
             "metrics": [{str(L.search_eval_metrics): {"cache": False}}],
         },
     }
+    if project.search.measured:  # latency / kv_cache: the measured cost table, its own stage
+        out["search_cost"] = _search_cost_stage(project, L, blocks, code)
+        out["search"]["deps"].insert(0, str(L.search_cost_table))
+        out["search_assemble"]["deps"].insert(1, str(L.search_cost_table))
     if project.repair.enabled:  # global distillation of the kept mix (zgtrain/search/repair.py)
         out["search_repair"] = _search_repair_stage(L, blocks, out["search_assemble"], code)
     return out
+
+
+def _search_cost_stage(project: ProjectConfig, L: Layout, blocks, code) -> dict:
+    """search_cost: every option timed at search.workload (zgtrain/search/cost.py). It reruns when the workload
+    (its runtime included) or a variant (its params or its trained folder) changes, never for the budget."""
+    names = list(project.variants)
+    return {
+        "cmd": "zg search costs --measure",
+        "deps": [str(L.variant_dir(b.key, v)) for b in blocks for v in names]
+        + [str(L.teacher_slice(b.key)) for b in blocks]
+        + [str(L.teacher_head), str(L.teacher_json), str(L.teacher_hf)]  # hf: the tokenizer of a GGUF (llama.cpp)
+        + code("search_cost"),
+        "params": ["search.workload", "variants"],  # `zg pipeline` writes search.workload where it lacks it
+        "outs": [{str(L.search_cost_table): {"cache": False}}],
+    }
 
 
 def _variant_stage(L: Layout, blocks, code) -> dict:

@@ -34,6 +34,7 @@ from zgdata.config import (
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.local import LocalConfig
+from zgtrain.project.workload import TABLE_COSTS, WorkloadConfig
 
 __all__ = [
     "TrainConfig",
@@ -318,8 +319,18 @@ class SearchConfig(Section):
         "params",
         "What the budget counts: params (block parameters), active_params (parameters one token runs: a "
         "mixture-of-experts block's all but the experts its router skips; params for dense blocks) or kv_bytes "
-        "(KV-cache bytes per token at the teacher's longest context, zgtrain/block/kv_cache.py).",
-        choices=("params", "active_params", "kv_bytes"),
+        "(KV-cache bytes per token at the teacher's longest context, zgtrain/block/kv_cache.py); measured at "
+        "search.workload (the search_cost stage's table, `zg search costs`): latency (milliseconds of "
+        "search.workload.phase on its runtime, the embedding and head included) or kv_cache (KV-cache bytes of the "
+        "workload's sequences at their final length).",
+        choices=("params", "active_params", "kv_bytes", *TABLE_COSTS),
+    )
+    limits: Any = param(
+        {},
+        "More constraints the mix must meet besides search.budget: {cost: bound}, each cost one of search.cost's "
+        "choices and each bound in search.budget_unit (e.g. {params: 0.8, kv_bytes: 0.5}). latency and kv_cache "
+        "(the KV-cache bytes of the workload's sequences, counted at its batch and length) come from the measured "
+        "cost table (`zg search costs`).",
     )
     max_tries: int = param(
         3,
@@ -328,6 +339,61 @@ class SearchConfig(Section):
         ge=1,
         le=5,
     )
+    pool: int = param(
+        5,
+        "Mixes the search returns (search/choice.json's pool, best first): the best, then the best differing from "
+        "every earlier one in at least search.diversity blocks. `zg search assemble` judges them in order.",
+        ge=1,
+        le=16,
+    )
+    diversity: int = param(
+        1, "Blocks in which each pool mix differs from every better one (1: the pool is the K best mixes).", ge=1
+    )
+    workload: Any = param(
+        {},
+        "The serving workload the measured costs are timed at (search.workload.KEY below); used where search.cost "
+        "or search.limits names latency or kv_cache.",
+    )
+
+    def validate(self):
+        if not isinstance(self.workload, Mapping):
+            raise ZgError(
+                f"search.workload is {self.workload!r}",
+                key="search.workload",
+                fix="use a mapping, e.g. {runtime: torch, prompt: 64, generate: 16}",
+            )
+        _ = self.served  # parses search.workload, naming any bad key
+        if not isinstance(self.limits, Mapping):
+            raise ZgError(
+                f"search.limits is {self.limits!r}", key="search.limits", fix="use a mapping, e.g. {params: 0.8}"
+            )
+        costs = SearchConfig.__dataclass_fields__["cost"].metadata["choices"]
+        for name, bound in self.limits.items():
+            if name not in costs:
+                raise ZgError(
+                    f"search.limits names {name!r}", key="search.limits", fix=f"use costs of {', '.join(costs)}"
+                )
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+                raise ZgError(f"search.limits.{name} is {bound!r}", key=f"search.limits.{name}", fix="use a number > 0")
+
+    @property
+    def served(self) -> WorkloadConfig:
+        """search.workload, parsed."""
+        return section({"search.workload": self.workload}, WorkloadConfig)
+
+    @property
+    def constraints(self) -> dict:
+        """{cost: bound in budget_unit}: search.cost's budget first, then search.limits (search.cost's own bound
+        there, if any, is an extra one only when tighter)."""
+        out = {self.cost: float(self.budget)}
+        for name, bound in self.limits.items():
+            out[name] = min(out.get(name, float(bound)), float(bound))
+        return out
+
+    @property
+    def measured(self) -> bool:
+        """Whether the search needs the measured cost table (latency or kv_cache in search.cost or limits)."""
+        return any(c in TABLE_COSTS for c in self.constraints)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -640,6 +706,8 @@ def params_rows() -> list[tuple[str, str, str]]:
         rows += [(f"{sec}.{name}", default, doc) for name, default, doc in describe(cls)]
         if cls is CorpusConfig:  # the sample stage's keys, under corpus.sample
             rows += [(f"{SampleConfig.SECTION}.{n}", default, doc) for n, default, doc in describe(SampleConfig)]
+        if cls is SearchConfig:
+            rows += [(f"search.workload.{name}", default, doc) for name, default, doc in describe(WorkloadConfig)]
     rows.append(
         (
             "variants.NAME",

@@ -51,6 +51,11 @@ class SearchAssembleResult:
     """When no try passed: the budget and gates that cannot be met together, and the closest miss."""
     written_try: int
     """Index of the try written to models/search/student/."""
+    pool: list
+    """Each mix of search/choice.json's pool: kept or rejected, and why (gates judged, or not judged)."""
+    measured: dict | None = None
+    """Where the search used the measured cost table: the kept student timed end to end at search.workload, its
+    predicted and measured latency and their relative error."""
 
     @property
     def path(self) -> str:
@@ -66,6 +71,8 @@ class SearchAssembleResult:
             "budget_unit": self.budget_unit,
             "cost": self.cost,
             "unmet": self.unmet,
+            "pool": self.pool,
+            **({"measured": self.measured} if self.measured is not None else {}),
         }
 
     def metrics(self) -> dict:
@@ -89,26 +96,28 @@ def checked_mix(project: ProjectConfig, mix: dict, path) -> dict[str, str]:
 
 
 def read_choice(project: ProjectConfig, layout: Layout) -> tuple[dict, list[dict[str, str]], list[dict]]:
-    """search/choice.json, its ranked mixes ({block: variant or 'teacher'}, best first, checked against params)
+    """search/choice.json, its pool's mixes ({block: variant or 'teacher'}, best first, checked against params)
     and their entries (params, kv_bytes, predicted_ce_delta)."""
     path = search_choice(layout)
     try:
         choice = json.loads(path.read_text())
         best = {b: o["variant"] for b, o in choice["blocks"].items()}
-        ranked = list(choice["ranked"])
+        ranked = list(choice.get("pool") or choice["ranked"])  # the pool (a choice.json before it: the ranked)
         mixes = [checked_mix(project, r["mix"], path) for r in ranked]
         costs = [{k: r[k] for k in ("params", "kv_bytes", "predicted_ce_delta")} for r in ranked]
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise ZgError(f"{path} is missing or not a search choice ({str(e)[:80]})", fix="run `dvc repro search`") from e
     if not mixes or mixes[0] != checked_mix(project, best, path):
-        raise ZgError(f"{path}: its ranked mixes do not start with its choice", fix="rerun `dvc repro search`")
+        raise ZgError(f"{path}: its pool does not start with its choice", fix="rerun `dvc repro search`")
     return choice, mixes, costs
 
 
-def mix_blocks(project: ProjectConfig, mix: dict[str, str], layout: Layout, which: str = "final") -> list:
+def mix_blocks(
+    project: ProjectConfig, mix: dict[str, str], layout: Layout, which: str = "final", *, boundaries: bool = True
+) -> list:
     """[(BlockSpec, block, meta)] of a mix: each variant's trained (or ``init``) weights, checked against the current
-    boundaries, or the teacher's own block."""
-    want = expected_fingerprints(layout, project.partition, project.materialize)
+    boundaries (``boundaries=False``: not, for timing, which reads no boundary), or the teacher's own block."""
+    want = expected_fingerprints(layout, project.partition, project.materialize) if boundaries else None
     blocks = []
     for spec in project.partition.blocks():
         name = mix[spec.key]
@@ -120,14 +129,15 @@ def mix_blocks(project: ProjectConfig, mix: dict[str, str], layout: Layout, whic
             block, meta = load_block(
                 VariantLayout(root=layout.root, block=spec.key, variant=name), spec.key, which=which
             )
-            check(
-                f"variant {spec.key}/{name}",
-                meta["fingerprints"],
-                "the current boundaries",
-                want,
-                keys=(spec.input, spec.output),
-                fix=f"it is stale: run `dvc repro {stage_name(spec.key, name)}`",
-            )
+            if want is not None:
+                check(
+                    f"variant {spec.key}/{name}",
+                    meta["fingerprints"],
+                    "the current boundaries",
+                    want,
+                    keys=(spec.input, spec.output),
+                    fix=f"it is stale: run `dvc repro {stage_name(spec.key, name)}`",
+                )
         blocks.append((spec, block, meta))
     return blocks
 
@@ -138,35 +148,12 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
     choice, mixes, ranked = read_choice(project, layout)
     path = search_student(layout)
     with project_lock(layout, "search-assemble", writes=path):
-        judge = MixJudge(project, layout)
-        tries, kept = [], None
-        for i, mix in enumerate(mixes[: project.search.max_tries]):
-            stderr.print(f"search: try {i + 1}: {', '.join(f'{b}={n}' for b, n in mix.items())}")
-            model, summary = build_from_blocks(mix_blocks(project, mix, layout), layout=layout)
-            init, _ = build_from_blocks(mix_blocks(project, mix, layout, "init"), layout=layout)
-            verdict = judge.judge(model, init, f"try {i + 1}")
-            del init
-            costs = ranked[i]  # the blocks' params and KV bytes/token, as the search counted them
-            tries.append(
-                {
-                    "mix": mix,
-                    "params": costs["params"],
-                    "kv_bytes": costs["kv_bytes"],
-                    "predicted_ce_delta": costs["predicted_ce_delta"],
-                    "model_params": summary["params"],
-                    "model_param_ratio": summary["param_ratio"],
-                    "model_kv_ratio": summary["kv_ratio"],
-                    **verdict,
-                }
-            )
-            if kept is None or verdict["miss"] < tries[kept[0]]["miss"]:
-                kept = (i, model, summary)
-            if verdict["gates_passed"]["all"]:
-                break
+        tries, kept = _try_mixes(project, layout, MixJudge(project, layout), mixes, ranked)
         i, model, summary = kept
         passed = tries[i]["gates_passed"]["all"]
         summary["choice"] = tries[i]["mix"]
         summary["search"] = {"try": i + 1, "tries": len(tries), "gates_passed": passed}
+        measured = _timed_kept(project, layout, model, summary, tries[i]["mix"]) if choice.get("measured") else None
         result = SearchAssembleResult(
             student=save_student(model, summary, path, layout=layout, judged=tries[i]),
             selected=i if passed else None,
@@ -177,10 +164,81 @@ def assemble_choice(project: ProjectConfig, *, layout: Layout = Layout()) -> Sea
             cost=choice["cost"],
             unmet=None if passed else unmet_report(project, choice, tries),
             written_try=i,
+            pool=pool_verdicts(mixes, tries, i, project.search.max_tries),
+            measured=measured,
         )
         if not passed:
             stderr.print(
                 f"warning: {result.unmet['message']}; wrote the closest miss to {path} ({result.unmet['fix']})"
             )
+        if measured is not None and measured["warning"]:
+            stderr.print(f"warning: {measured['warning']}")
         write_metrics(search_eval_metrics(layout), result.report())
     return result
+
+
+def _timed_kept(project: ProjectConfig, layout: Layout, model, summary: dict, mix: dict) -> dict:
+    """The search used the measured cost table: the kept student timed against its prediction, beside the teacher
+    (zgtrain/search/cost.py ``measure_student``)."""
+    from zgtrain.search.cost import measure_student
+
+    teacher = build_from_blocks(
+        mix_blocks(project, dict.fromkeys(project.blocks, IDENTITY_VARIANT), layout), layout=layout
+    )
+    return measure_student(project, layout, {"student": (model.cpu(), summary), "teacher": teacher}, mix)
+
+
+def _try_mixes(project: ProjectConfig, layout: Layout, judge, mixes: list, ranked: list) -> tuple[list, tuple]:
+    """Build and judge the pool's mixes in order, up to search.max_tries, until one passes the gates: every try's
+    figures, and (index, model, summary) of the first that passes, else of the closest miss."""
+    tries, kept = [], None
+    for i, mix in enumerate(mixes[: project.search.max_tries]):
+        stderr.print(f"search: try {i + 1}: {', '.join(f'{b}={n}' for b, n in mix.items())}")
+        model, summary = build_from_blocks(mix_blocks(project, mix, layout), layout=layout)
+        init, _ = build_from_blocks(mix_blocks(project, mix, layout, "init"), layout=layout)
+        verdict = judge.judge(model, init, f"try {i + 1}")
+        del init
+        costs = ranked[i]  # the blocks' params and KV bytes/token, as the search counted them
+        tries.append(
+            {
+                "mix": mix,
+                "params": costs["params"],
+                "kv_bytes": costs["kv_bytes"],
+                "predicted_ce_delta": costs["predicted_ce_delta"],
+                "model_params": summary["params"],
+                "model_param_ratio": summary["param_ratio"],
+                "model_kv_ratio": summary["kv_ratio"],
+                **verdict,
+            }
+        )
+        if kept is None or verdict["miss"] < tries[kept[0]]["miss"]:
+            kept = (i, model, summary)
+        if verdict["gates_passed"]["all"]:
+            break
+    return tries, kept
+
+
+def pool_verdicts(mixes: list, tries: list, kept: int, max_tries: int) -> list[dict]:
+    """Per pool mix: its rank, the mix, whether it was judged and kept, and why (the gates it failed)."""
+    from zgtrain.evaluate.gates import failures
+
+    out = []
+    for k, mix in enumerate(mixes):
+        if k < len(tries):
+            t = tries[k]
+            ok = t["gates_passed"]["all"]
+            failed = [f"{g.key} {v['value']:.4f} vs {v['threshold']} on {n}" for n, g, v in failures(t["gates_passed"])]
+            why = (
+                "passes the gates: the first that does"
+                if ok
+                else ("no try passes; the closest miss" if k == kept else "fails " + (", ".join(failed) or "a gate"))
+            )
+            out.append({"rank": k + 1, "mix": mix, "judged": True, "kept": k == kept, "passed": ok, "why": why})
+        else:
+            why = (
+                f"not judged: try {len(tries)} passed first"
+                if tries and tries[-1]["gates_passed"]["all"]
+                else f"not judged: beyond search.max_tries ({max_tries})"
+            )
+            out.append({"rank": k + 1, "mix": mix, "judged": False, "kept": False, "passed": None, "why": why})
+    return out

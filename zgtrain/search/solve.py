@@ -8,6 +8,12 @@ blocks that keeps, after each block, only the partial mixes no other partial mix
 delta (the Pareto front). Dropping a beaten partial mix never loses the optimum, since any completion of it
 completes the better one too, at no more cost and no more delta. Ties break toward the lower cost, then the
 earlier options (the teacher first, then params order), so the choice is a function of the scores.
+
+``run_search`` solves under search.cost's budget and every search.limits bound at once, and returns the pool of
+search.pool mixes at least search.diversity blocks apart (zgtrain/search/pool.py: the same program over cost
+vectors, exact, its complexity stated there); with one constraint and the default pool (5, 1) the choice and the
+ranked list are ``solve``'s and ``ranked``'s. latency and kv_cache come from the measured cost table
+(zgtrain/search/cost.py); the records it writes are zgtrain/search/mixes.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,18 @@ from zgdata.core.lock import project_lock
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.config import IDENTITY_VARIANT, ProjectConfig
+from zgtrain.search.mixes import (
+    base_of,
+    bounds,
+    constraint,
+    entry,
+    measured,
+    pool_entries,
+    totals,
+    unmet_limits,
+    with_table,
+)
+from zgtrain.search.pool import diverse_pool
 from zgtrain.search.variants import search_choice, search_metrics, stage_name, variant_metrics
 
 __all__ = ["solve", "ranked", "min_cost", "options", "run_search", "RANKED", "SearchResult"]
@@ -159,6 +177,12 @@ class SearchResult:
     """{block: the chosen option (variant, params, kv_bytes, ce_delta)}."""
     ranked: list
     """The best mixes within the budget, best first (the first is this choice)."""
+    constraints: dict
+    """{cost: bound, value, teacher, ratio}: search.cost's budget and each of search.limits (latency with its base)."""
+    pool: list
+    """The diverse pool (search.pool, search.diversity), best first: each mix, its totals and why it is there."""
+    measured: dict | None
+    """Where the measured cost table was used: its machine and workload, the mix's predicted latency (ms)."""
     path: str
     """search/choice.json."""
 
@@ -177,13 +201,13 @@ def run_search(project: ProjectConfig, *, layout: Layout = Layout()) -> SearchRe
         return _run(project, layout)
 
 
-UNITS = {"params": "params", "active_params": "active params", "kv_bytes": "KV bytes/token"}
-
-
-def _totals(opts: dict, idx) -> dict:
-    """Params, KV bytes per token and active params of a mix (indices into each block's options)."""
-    picked = [opts[b][j] for b, j in zip(opts, idx)]
-    return {k: sum(o[k] for o in picked) for k in ("params", "kv_bytes", "active_params")}
+UNITS = {
+    "params": "params",
+    "active_params": "active params",
+    "kv_bytes": "KV bytes/token",
+    "latency": "ms",
+    "kv_cache": "KV-cache bytes",
+}
 
 
 _METRICS = (
@@ -202,9 +226,10 @@ _METRICS = (
 """The chosen mix's figures that metrics/search.json keeps (with the candidates, the uniform mixes, the choice)."""
 
 
-def _over_budget(cfg, choices, budget: float, full: float, unit: str) -> ZgError:
-    """The refusal of a budget below the cheapest mix, naming the smallest budget that has one."""
-    least = min_cost(choices)
+def _over_budget(cfg, choices, budget: float, full: float, unit: str, base: float = 0.0) -> ZgError:
+    """The refusal of a budget below the cheapest mix, naming the smallest budget that has one (``base``: what
+    every mix pays besides its blocks, the measured latency's embedding and head)."""
+    least, budget, full = min_cost(choices) + base, budget + base, full + base
     smallest = (
         f"{math.ceil(least / full * 1e4) / 1e4} (budget_unit: fraction)"
         if cfg.budget_unit == "fraction"
@@ -228,25 +253,26 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
             fix="add a variants: section (see `zg init --profile tiny-search`) and run `zg pipeline`",
         )
     opts = options(project, layout)
+    table = with_table(project, layout, opts) if cfg.measured else None
     blocks = list(opts)
     choices = [[(o[cfg.cost], o["ce_delta"]) for o in opts[b]] for b in blocks]
-    teacher = _totals(opts, [0] * len(blocks))
+    teacher = totals(opts, [0] * len(blocks))
     full, unit = teacher[cfg.cost], UNITS[cfg.cost]
-    budget = cfg.budget * full if cfg.budget_unit == "fraction" else cfg.budget
-    pick = solve(choices, budget)
-    if pick is None:
-        raise _over_budget(cfg, choices, budget, full, unit)
+    bound = bounds(cfg, teacher, table)
+    budget = bound[cfg.cost]
+    if min_cost(choices) > budget:
+        raise _over_budget(cfg, choices, budget, full, unit, base_of(cfg.cost, table))
+    names = list(bound)  # search.cost first, then search.limits
+    vec = [[(tuple(o[c] for c in names), o["ce_delta"]) for o in opts[b]] for b in blocks]
+    members = diverse_pool(vec, [bound[c] for c in names], cfg.pool, cfg.diversity)
+    if not members:
+        raise unmet_limits(cfg)
+    pick = members[0]
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
     # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
-    alternatives = [
-        {
-            "mix": {b: opts[b][j]["variant"] for b, j in zip(blocks, idx)},
-            **_totals(opts, idx),
-            "predicted_ce_delta": _key(choices, idx)[0],
-        }
-        for idx in ranked(choices, budget, RANKED)
-    ]
-    got = _totals(opts, pick)
+    best = ranked(choices, budget, RANKED) if len(names) == 1 else diverse_pool(vec, list(bound.values()), RANKED)
+    alternatives = [entry(opts, blocks, idx, _key(choices, idx)[0]) for idx in best]
+    got = totals(opts, pick)
     choice = {
         "cost": cfg.cost,
         "budget": cfg.budget,
@@ -255,26 +281,39 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
         "teacher_params": teacher["params"],
         "teacher_kv_bytes": teacher["kv_bytes"],
         "teacher_active_params": teacher["active_params"],
-        **got,
+        **{k: got[k] for k in ("params", "kv_bytes", "active_params")},
         "param_ratio": got["params"] / teacher["params"],
         "kv_ratio": got["kv_bytes"] / teacher["kv_bytes"],
         "predicted_ce_delta": sum(o["ce_delta"] for o in chosen.values()),
         "blocks": chosen,
         "ranked": alternatives,
+        "constraints": {c: constraint(c, bound[c], got, teacher, table) for c in names},
+        "pool": pool_entries(opts, blocks, members, vec, cfg),
+        "measured": None if table is None else measured(table, got, teacher),
     }
-    # uniform mixes (one variant everywhere): what the study compares the searched mix against
-    uniform = {
-        v: {**_totals(opts, [j] * len(blocks)), "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks)}
-        for j, v in enumerate(project.variants, start=1)
-    }
-    metrics = {k: choice[k] for k in _METRICS}
-    metrics.update(
-        candidates=sum(len(o) for o in opts.values()),
-        mixes=math.prod(len(o) for o in opts.values()),
-        uniform=uniform,
-        choice={b: o["variant"] for b, o in chosen.items()},
-    )
+    metrics = _metrics(project, opts, choice, len(members))
     result = SearchResult(**choice, path=str(search_choice(layout)))
     write_json(search_choice(layout), result.choice())
     write_json(search_metrics(layout), metrics)
     return result
+
+
+def _metrics(project: ProjectConfig, opts: dict, choice: dict, pool: int) -> dict:
+    """metrics/search.json: the choice's figures, the library's size, the uniform mixes (one variant everywhere:
+    what the study compares the searched mix against) and the choice."""
+    blocks = list(opts)
+    uniform = {
+        v: {
+            **{k: None if x == math.inf else x for k, x in totals(opts, [j] * len(blocks)).items()},
+            "predicted_ce_delta": sum(opts[b][j]["ce_delta"] for b in blocks),
+        }
+        for j, v in enumerate(project.variants, start=1)
+    }
+    return {
+        **{k: choice[k] for k in _METRICS},
+        "candidates": sum(len(o) for o in opts.values()),
+        "mixes": math.prod(len(o) for o in opts.values()),
+        "uniform": uniform,
+        "choice": {b: o["variant"] for b, o in choice["blocks"].items()},
+        "pool": pool,
+    }

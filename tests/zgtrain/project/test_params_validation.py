@@ -86,6 +86,8 @@ def _cases():
         ("export", "enabled", "yes"),
         ("export", "dtype", "q8_0"),  # a GGUF type with export.format hf
         ("export", "out", "../elsewhere"),
+        ("search", "limits", "fast"),  # a mapping of cost -> bound
+        ("search", "workload", "fast"),  # a mapping of search.workload.KEY
     ):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 

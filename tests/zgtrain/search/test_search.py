@@ -350,6 +350,15 @@ def test_the_searched_mix_assembles_loads_and_generates(assembled):
         ({"search.cost": "kv"}, ["search", "show"], "search.cost is 'kv'"),
         ({"search.max_tries": 9}, ["search", "run"], "search.max_tries is 9"),
         ({"search.bogus": 1}, ["search", "run"], "search.bogus"),
+        ({"search.limits": {"latency_ms": 1}}, ["search", "run"], "search.limits names 'latency_ms'"),
+        ({"search.limits": {"params": 0}}, ["search", "run"], "search.limits.params is 0"),
+        ({"search.pool": 0}, ["search", "run"], "search.pool is 0"),
+        ({"search.workload": {"batch": 0}}, ["search", "run"], "search.workload.batch is 0"),
+        (
+            {"search.workload": {"runtime": "llama.cpp", "batch": 2}},
+            ["search", "costs", "--measure"],
+            "the llama.cpp runtime times one sequence",
+        ),
         ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
         ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
         ({}, ["search", "run"], "no variant library"),
@@ -558,3 +567,151 @@ def test_search_repair_repairs_the_kept_mix_and_judges_it_again(assembled, tmp_p
     res = zg_main("search", "repair", cwd=root, check=False)
     assert res.returncode not in (0, None) and "is not the mix" in res.stderr, res.stderr
     assert (tree_sha256(root / "models"), tree_sha256(root / "metrics")) == before
+
+
+# --- measured costs, several constraints, the pool (search_cost) ----------------------------------------------
+
+
+def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searched, tmp_path, monkeypatch, capsys):
+    """search.cost: latency with search.limits {params}: `zg pipeline` adds search_cost, whose table (every option
+    timed at search.workload) `dvc repro search` writes first; the choice is the enumerated optimum over the
+    table's medians under both constraints; the pool holds 3 mixes; the budget is no dep of search_cost, the
+    workload is. Then `zg search assemble` (one try) judges the pool's first mix and times the kept student."""
+    import yaml
+
+    from zgtrain.search.cost import predict
+
+    root = tmp_path / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    work = {"prompt": 8, "generate": 3, "repeats": 2, "warmup": 0}
+    set_params(
+        root,
+        {
+            "search.cost": "latency",
+            "search.budget": 0.9,
+            "search.limits": {"params": 0.8, "kv_cache": 0.9},
+            "search.pool": 3,
+            "search.max_tries": 1,
+            "search.workload": work,
+        },
+    )
+    assert _zg_here(root, monkeypatch, capsys, "pipeline")[0] in (0, None)
+    res = run(["dvc", "repro", "search"], cwd=root)
+    assert _ran(res) == ["search_cost", "search"], res.stdout
+    table = read_json(root / "search" / "cost" / "table.json")
+    assert {k: table["workload"][k] for k in work} == work and table["workload"]["runtime"] == "torch"
+    assert table["machine"]["kind"] and table["machine"]["threads"] == 1
+    options = ["teacher", *VARIANTS]
+    teacher_kv = table["blocks"]["b00"]["teacher"]["kv_cache"]
+    for b in BLOCKS:
+        assert sorted(table["blocks"][b]) == sorted(options)
+        for c in table["blocks"][b].values():
+            for p in ("prefill_ms", "decode_ms", "request_ms"):
+                s = c[p]
+                assert 0 < s["min"] <= s["median"] <= s["max"] and s["spread"] == (s["max"] - s["min"]) / s["median"]
+        # two layers of KV heads x head_dim, 11 tokens, fp32: dropping one of the block's two layers halves it
+        assert table["blocks"][b]["drop"]["kv_cache"] == table["blocks"][b]["p50"]["kv_cache"] / 2 == teacher_kv / 2
+    for o in options:
+        m = table["models"][o]
+        assert m["predicted"]["request_ms"] == predict(table, dict.fromkeys(BLOCKS, o))
+        assert set(m["window"]) == {"prefill_total", "decode_total"} and min(m["window"].values()) > 0
+    # the choice: the enumerated optimum under latency <= 0.9 x the teacher's and params <= 0.8 and kv <= 0.9
+    base = table["base"]["request_ms"]["median"]
+    opts = {b: [("teacher", 0, 0.0)] for b in BLOCKS}
+    params = {}
+    for b in BLOCKS:
+        for v in VARIANTS:
+            m = read_json(root / "metrics" / "variants" / b / f"{v}.json")
+            opts[b].append((v, m["params"], m["ce_delta"]))
+            params[b, "teacher"] = m["teacher_params"]
+    cost = {
+        (b, o): (
+            table["blocks"][b][o]["request_ms"]["median"],
+            params.get((b, o)) or n,
+            table["blocks"][b][o]["kv_cache"],
+        )
+        for b in BLOCKS
+        for o, n, _ in opts[b]
+    }
+    full = [
+        base + sum(cost[b, "teacher"][0] for b in BLOCKS),
+        sum(params[b, "teacher"] for b in BLOCKS),
+        2 * teacher_kv,
+    ]
+    bounds = (0.9 * full[0] - base, 0.8 * full[1], 0.9 * full[2])
+    best = None
+    for mix in itertools.product(*(opts[b] for b in BLOCKS)):
+        totals = [0.0, 0.0, 0.0]
+        for b, (o, _, _) in zip(BLOCKS, mix):
+            totals = [t + c for t, c in zip(totals, cost[b, o])]
+        delta = sum(d for _, _, d in mix)
+        if all(t <= u for t, u in zip(totals, bounds)) and (best is None or (delta, *totals) < best[0]):
+            best = ((delta, *totals), {b: o for b, (o, _, _) in zip(BLOCKS, mix)})
+    choice = read_json(root / "search" / "choice.json")
+    assert best is not None and {b: o["variant"] for b, o in choice["blocks"].items()} == best[1]
+    assert set(choice["constraints"]) == {"latency", "params", "kv_cache"}
+    assert all(c["value"] <= c["bound"] * (1 + 1e-12) for c in choice["constraints"].values())
+    assert choice["measured"]["predicted_ms"] == predict(table, best[1])
+    pool = choice["pool"]
+    assert [p["mix"] for p in pool][0] == best[1] and len({tuple(p["mix"].values()) for p in pool}) == len(pool) == 3
+    # what reruns: the budget and the limits are the search's alone; search_cost's params are the workload and the
+    # variants (its other deps: the variant folders and the teacher's slices)
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert spec["search_cost"]["params"] == ["search.workload", "variants"]
+    set_params(root, {"search.budget": 0.95, "search.limits.params": 0.85})
+    assert set(json.loads(run(["dvc", "status", "--json", "search"], cwd=root).stdout or "{}")) == {"search"}
+    set_params(root, {"search.budget": 0.9, "search.limits.params": 0.8})
+    # the pool judged (one try: search.max_tries 1) and the kept student timed against the table's prediction
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "assemble")
+    report = read_json(root / "metrics" / "search_eval.json")
+    assert code == 0 and len(report["tries"]) == 1 and report["tries"][0]["mix"] == best[1], err
+    assert [p["judged"] for p in report["pool"]] == [True, False, False] and report["pool"][0]["kept"]
+    assert all("not judged" in p["why"] for p in report["pool"][1:])
+    m = report["measured"]
+    assert m["phase"] == "request_ms" and m["request_ms"]["predicted"] == predict(table, best[1])
+    r = m["request_ms"]
+    assert m["error"] == r["measured"]["median"] / r["predicted"] - 1
+    assert r["teacher_predicted"] == predict(table, dict.fromkeys(BLOCKS, "teacher"))
+    assert m["drift"] == r["teacher_measured"]["median"] / r["teacher_predicted"] - 1
+    ratio = (r["measured"]["median"] / r["teacher_measured"]["median"]) / (r["predicted"] / r["teacher_predicted"])
+    assert m["relative_error"] == ratio - 1
+    flagged = abs(m["relative_error"]) > 0.15 or abs(m["drift"]) > 0.15
+    assert flagged == (m["warning"] is not None) == ("warning: the " in err), (m, err)
+    # an option the runtime cannot run (as llama.cpp's export refuses one) is never chosen, in no pool member
+    for b in BLOCKS:
+        table["blocks"][b]["drop"] = {"expressible": False, "why": "not in GGUF", "kv_cache": 0.0, "layers": 1}
+    table["machine"]["kind"] = "another machine"  # a table measured elsewhere is used, with a warning
+    (root / "search" / "cost" / "table.json").write_text(json.dumps(table))
+    set_params(root, {"search.limits": {}, "search.budget": 1.01})  # the teacher fits whatever the timings
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    choice = read_json(root / "search" / "choice.json")
+    assert code == 0 and choice["pool"] and all("drop" not in p["mix"].values() for p in choice["pool"]), err
+    assert "warning: search/cost/table.json was measured on another machine" in " ".join(err.split()), err
+    assert read_json(root / "metrics" / "search.json")["uniform"]["drop"]["latency"] is None
+
+
+def test_zg_pipeline_adds_the_cost_stage_and_the_workload_key_it_depends_on(tmp_path):
+    """A measured cost (search.cost: latency) in a params.yaml without search.workload: `zg pipeline` writes the key
+    (search_cost's params dep, which DVC needs present) and the search_cost stage, whose table the search and
+    search_assemble read; a params cost adds neither."""
+    import yaml
+
+    from zgtrain.pipeline.scaffold import regenerate
+
+    params = profile_params("tiny-search")
+    del params["search"]["workload"]
+    params["search"]["cost"] = "latency"
+    (tmp_path / "params.yaml").write_text(dump_params(params))
+    regenerate(tmp_path / "params.yaml")
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["search"]["workload"] == {}
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    assert stages["search_cost"]["params"] == ["search.workload", "variants"]
+    assert stages["search_cost"]["outs"] == [{"search/cost/table.json": {"cache": False}}]
+    assert (
+        "search/cost/table.json" in stages["search"]["deps"]
+        and "search/cost/table.json" in stages["search_assemble"]["deps"]
+    )
+    assert (
+        "search_cost"
+        not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
+    )

@@ -1,0 +1,117 @@
+"""The cost table's arithmetic (zgtrain/search/cost.py, zgtrain/search/llamacpp.py), pure: per-block sums of
+per-layer timings, the base, the prediction of a mix and llama.cpp's split of whole-model timings."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from zgtrain.search.cost import base_cost, block_costs, normalize_runs, phases, predict, stats, table_rows
+from zgtrain.search.llamacpp import split_uniform
+
+
+def _runs(rng, layers: int, base: tuple[float, float], n: int = 5) -> list[dict]:
+    """Synthetic timed runs: per-layer seconds, and totals = layers + a base (prefill, decode) + noise."""
+    out = []
+    for _ in range(n):
+        pre = [rng.uniform(1e-3, 2e-3) for _ in range(layers)]
+        dec = [rng.uniform(1e-3, 2e-3) for _ in range(layers)]
+        out.append(
+            {
+                "prefill": pre,
+                "decode": dec,
+                "prefill_total": sum(pre) + base[0] + rng.uniform(0, 1e-4),
+                "decode_total": sum(dec) + base[1] + rng.uniform(0, 1e-4),
+            }
+        )
+    return out
+
+
+def test_stats_are_median_range_and_spread():
+    s = stats([3.0, 1.0, 2.0, 10.0])
+    assert (s["median"], s["min"], s["max"]) == (2.5, 1.0, 10.0) and s["spread"] == 9.0 / 2.5
+    assert stats([0.0, 0.0])["spread"] == 0.0
+
+
+def test_block_costs_sum_their_layers_per_run_and_phases_are_ms():
+    rng = random.Random(0)
+    runs = _runs(rng, 5, (0.004, 0.002))
+    generate = 4
+    spans = {"b00": (0, 2), "b01": (2, 5)}
+    got = block_costs(runs, spans, generate)
+    for b, (s, e) in spans.items():
+        pre = [1e3 * sum(r["prefill"][s:e]) for r in runs]
+        dec = [1e3 * sum(r["decode"][s:e]) / generate for r in runs]
+        req = [1e3 * (sum(r["prefill"][s:e]) + sum(r["decode"][s:e])) for r in runs]
+        assert got[b]["prefill_ms"]["median"] == statistics.median(pre)
+        assert got[b]["decode_ms"]["median"] == statistics.median(dec)
+        assert got[b]["request_ms"]["median"] == pytest.approx(statistics.median(req), rel=1e-12)
+    base = base_cost(runs, generate)
+    want = statistics.median([1e3 * (r["prefill_total"] - sum(r["prefill"])) for r in runs])
+    assert base["prefill_ms"]["median"] == pytest.approx(want, rel=1e-12)
+    assert 4.0 <= base["prefill_ms"]["median"] <= 4.1 and 0.5 <= base["decode_ms"]["median"] <= 0.53
+
+
+def test_predict_is_the_base_plus_the_chosen_options():
+    table = {
+        "base": {"request_ms": {"median": 1.5}},
+        "blocks": {
+            "b00": {"teacher": {"request_ms": {"median": 4.0}}, "p50": {"request_ms": {"median": 3.0}}},
+            "b01": {"teacher": {"request_ms": {"median": 5.0}}, "p50": {"request_ms": {"median": 2.0}}},
+        },
+    }
+    assert predict(table, {"b00": "p50", "b01": "teacher"}) == 1.5 + 3.0 + 5.0
+    assert predict(table, {"b00": "teacher", "b01": "p50"}) == 1.5 + 4.0 + 2.0
+
+
+def test_llama_cpp_split_recovers_base_and_layer_cost_from_whole_models():
+    """Whole-model timings of a teacher of 6 layers and of its first block (2 layers) built from a known base and
+    per-layer cost (plus a cold first run): the split gives back the base, per run, from the medians."""
+    rng = random.Random(1)
+    base, layer = {"prefill_total": 0.003, "decode_total": 0.001}, {"prefill_total": 0.002, "decode_total": 0.0015}
+
+    def runs(n_layers):
+        out = [{k: base[k] + n_layers * layer[k] + rng.uniform(0, 1e-6) for k in base} for _ in range(5)]
+        out[0] = {k: 5 * v for k, v in out[0].items()}  # a cold first run, as llama.cpp's first graph
+        return out
+
+    full, first = runs(6), runs(2)
+    got = split_uniform(full, first, 6, 2)
+    assert len(got) == 5
+    for r in got[1:]:
+        for k in base:
+            assert r[k] == pytest.approx(base[k], abs=1e-5)
+    ms = phases([r["prefill_total"] for r in got], [r["decode_total"] for r in got], 2)
+    assert ms["prefill_ms"]["median"] == pytest.approx(3.0, abs=0.01)
+    with pytest.raises(ValueError):
+        split_uniform(full, first, 2, 2)
+
+
+def test_rows_show_what_the_runtime_cannot_run():
+    ok = {"request_ms": {"median": 2.0, "spread": 0.1}, "kv_cache": 10.0}
+    table = {
+        "base": {"request_ms": {"median": 1.0, "spread": 0.2}},
+        "blocks": {"b00": {"teacher": ok, "kv1": {"expressible": False, "why": "one head_count_kv", "kv_cache": 5.0}}},
+    }
+    rows = table_rows(table, "request_ms")
+    assert [(r["block"], r["option"], r["ms"]) for r in rows] == [
+        ("(base)", "embedding + head", 1.0),
+        ("b00", "teacher", 2.0),
+        ("b00", "kv1", None),
+    ]
+    assert rows[2]["why"] == "one head_count_kv" and rows[2]["kv_cache"] == 5.0
+
+
+def test_normalize_scales_totals_and_layers_by_phase():
+    runs = [
+        {"prefill": [1.0, 2.0], "decode": [3.0], "prefill_total": 4.0, "decode_total": 5.0},
+        {"prefill_total": 2.0, "decode_total": 1.0},
+    ]
+    got = normalize_runs(runs, {"prefill_total": 0.5, "decode_total": 2.0})
+    assert got == [
+        {"prefill_total": 2.0, "decode_total": 10.0, "prefill": [0.5, 1.0], "decode": [6.0]},
+        {"prefill_total": 1.0, "decode_total": 2.0},
+    ]
+    assert runs[0]["prefill"] == [1.0, 2.0]  # the input is not changed
