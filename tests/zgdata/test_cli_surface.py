@@ -15,6 +15,7 @@ EXPECTED = {
     "zg data": [],
     "zg data inspect": ["--json", "--version", "--versions", "--wide", "ARG:paths"],
     "zg data materialize": ["--json", "--params"],
+    "zg data sample": ["--json", "--params"],
     "zg data tokenize": ["--json", "--params"],
     "zg data verify": ["--boundaries", "--full", "--json", "--lineage-only", "--params", "--sample"],
     "zg export": ["--dtype", "--format", "--json", "--out", "ARG:student"],

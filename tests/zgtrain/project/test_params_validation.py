@@ -88,6 +88,7 @@ def _cases():
         ("export", "out", "../elsewhere"),
         ("search", "limits", "fast"),  # a mapping of cost -> bound
         ("search", "workload", "fast"),  # a mapping of search.workload.KEY
+        ("corpus", "sample", "fast"),  # a mapping of corpus.sample.KEY
     ):
         yield pytest.param(sec, name, v, id=f"{sec}.{name}={v!r}")
 
