@@ -22,19 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-
-def set_nll(model, evalset, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sequence NLL sums and scored-token counts of ``model`` on ``evalset``."""
-    from zgtrain.evaluate.bootstrap import per_sequence
-    from zgtrain.evaluate.metrics import token_nll
-
-    nll = token_nll(model, evalset.ids, evalset.batch_size or batch_size)  # (N, T-1)
-    mask = evalset.mask
-    keep = np.ones(tuple(nll.shape), dtype=bool) if mask is None else mask.numpy()
-    seq = np.broadcast_to(np.arange(nll.shape[0])[:, None], nll.shape)
-    n = nll.shape[0]
-    return per_sequence(nll.numpy()[keep], seq[keep], n), per_sequence(np.ones(keep.sum()), seq[keep], n)
+from quant_quality import set_nll  # bench/quant_quality.py: per-sequence NLL sums and token counts
 
 
 def continuation(model, tok, ids: torch.Tensor, prompt: int = 32, new: int = 24) -> str:
