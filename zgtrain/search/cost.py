@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import statistics
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -35,6 +36,7 @@ __all__ = [
     "stats",
     "phases",
     "normalize_runs",
+    "opened",
     "TOTALS",
     "block_costs",
     "base_cost",
@@ -229,8 +231,9 @@ def _interleaved_runs(layout: Layout, models: dict, w) -> dict[str, list]:
 
 
 @contextmanager
-def _runner(layout: Layout, model, summary: dict, w):
-    """``run(warmup, repeats)`` of a model on the workload's runtime."""
+def opened(model, summary: dict, w, folder: Path, layout: Layout):
+    """Yields ``run(warmup, repeats)`` of a model on the workload's runtime, or the reason it cannot run there
+    (llama.cpp: what the GGUF export refused; its file goes to ``folder``)."""
     if w.runtime != "llama.cpp":
         from zgdata.families.registry import family_of
         from zgtrain.search.measure import timed_runs
@@ -239,20 +242,28 @@ def _runner(layout: Layout, model, summary: dict, w):
         kw = {"batch": w.batch, "prompt": w.prompt, "generate": w.generate, "threads": w.threads}
         yield lambda warmup, repeats: timed_runs(model, layers, warmup=warmup, repeats=repeats, **kw)
         return
-    import tempfile
-    from pathlib import Path
-
     from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
     from zgtrain.search.llamacpp import export_for_timing, llama_timer
 
     sha = read_teacher_json(layout)["weights_sha256"]
-    with tempfile.TemporaryDirectory(prefix="zg-cost-") as tmp:
-        gguf = export_for_timing(model, summary, Path(tmp), load_tokenizer(layout), sha)
-        if isinstance(gguf, str):
-            raise ZgError(f"the searched student cannot be exported to GGUF: {gguf}", fix="use runtime: torch")
-        kw = {"prompt": w.prompt, "generate": w.generate, "threads": w.threads}
-        with llama_timer(gguf, vocab=model.config.vocab_size, **kw) as run:
-            yield run
+    gguf = export_for_timing(model, summary, folder, load_tokenizer(layout), sha)
+    if isinstance(gguf, str):
+        yield gguf
+        return
+    kw = {"prompt": w.prompt, "generate": w.generate, "threads": w.threads}
+    with llama_timer(gguf, vocab=model.config.vocab_size, **kw) as run:
+        yield run
+
+
+@contextmanager
+def _runner(layout: Layout, model, summary: dict, w):
+    """``run(warmup, repeats)`` of a model on the workload's runtime; a model llama.cpp cannot take is an error."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="zg-cost-") as tmp, opened(model, summary, w, Path(tmp), layout) as run:
+        if isinstance(run, str):
+            raise ZgError(f"the searched student cannot be exported to GGUF: {run}", fix="use runtime: torch")
+        yield run
 
 
 def table_rows(table: dict, phase: str) -> list[dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 from zgdata.core.atomic import write_json
@@ -26,6 +26,7 @@ from zgtrain.search.cost import (
     block_costs,
     machine,
     normalize_runs,
+    opened,
     options,
     phases,
     predict,
@@ -124,30 +125,6 @@ def _build(project: ProjectConfig, layout: Layout, option: str):
     return parts, model, summary
 
 
-@contextmanager
-def _opened(model, summary: dict, w, folder: Path, layout: Layout):
-    """Yields ``run(warmup, repeats)`` of the model on the workload's runtime, or the reason it cannot run there."""
-    if w.runtime != "llama.cpp":
-        from zgdata.families.registry import family_of
-        from zgtrain.search.measure import timed_runs
-
-        layers = family_of(model.config).layers(model)
-        kw = {"batch": w.batch, "prompt": w.prompt, "generate": w.generate, "threads": w.threads}
-        yield lambda warmup, repeats: timed_runs(model, layers, warmup=warmup, repeats=repeats, **kw)
-        return
-    from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
-    from zgtrain.search.llamacpp import export_for_timing, llama_timer
-
-    sha = read_teacher_json(layout)["weights_sha256"]
-    gguf = export_for_timing(model, summary, folder, load_tokenizer(layout), sha)
-    if isinstance(gguf, str):
-        yield gguf
-        return
-    kw = {"prompt": w.prompt, "generate": w.generate, "threads": w.threads}
-    with llama_timer(gguf, vocab=model.config.vocab_size, **kw) as run:
-        yield run
-
-
 def _timed_options(project: ProjectConfig, layout: Layout) -> tuple[dict, dict, dict, dict]:
     """{option: runs normalized to the teacher}, {option: parts}, {option: why it cannot run}, {option: factor}:
     each option's model timed run by run in turn with the teacher's (the teacher alone for itself)."""
@@ -166,7 +143,7 @@ def _timed_options(project: ProjectConfig, layout: Layout) -> tuple[dict, dict, 
                 key="search.workload.prompt",
                 fix="shorten search.workload.prompt or generate",
             )
-        run_t = stack.enter_context(_opened(model, summary, w, tmp / IDENTITY_VARIANT, layout))
+        run_t = stack.enter_context(opened(model, summary, w, tmp / IDENTITY_VARIANT, layout))
         if isinstance(run_t, str):
             raise ZgError(f"the teacher cannot run on {w.runtime}: {run_t}", key="search.workload.runtime")
         stderr.print(f"search cost: timing {IDENTITY_VARIANT} on {w.runtime} x{w.repeats}")
@@ -174,7 +151,7 @@ def _timed_options(project: ProjectConfig, layout: Layout) -> tuple[dict, dict, 
         for name in names[1:]:
             parts[name], model, summary = _build(project, layout, name)
             stderr.print(f"search cost: timing {name} ({summary['layers']} layers) on {w.runtime}, beside the teacher")
-            with _opened(model, summary, w, tmp / name, layout) as run_o:
+            with opened(model, summary, w, tmp / name, layout) as run_o:
                 if isinstance(run_o, str):
                     why[name] = run_o
                     continue
