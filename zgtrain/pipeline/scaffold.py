@@ -91,7 +91,8 @@ def init_project(root: Path, profile: str) -> Path:
     _run(["dvc", "config", "cache.type", "reflink,copy"], root)
     write_text(root / "params.yaml", dump_params(params))
     write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)
-    (root / ".gitignore").write_text("/data/.staging/\n/.zg/\n__pycache__/\n")  # .zg/: zgdata/core/lock.py's lock files
+    # .zg/: zgdata/core/lock.py's lock files; data/.sample.parts/: a running or killed sample stage's batches
+    (root / ".gitignore").write_text("/data/.staging/\n/data/.sample.parts/\n/.zg/\n__pycache__/\n")
     write_dvcignore(root)
     return root
 

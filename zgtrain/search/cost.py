@@ -57,7 +57,7 @@ FIX = "run `dvc repro search_cost` (or `zg search costs --measure`)"
 
 def machine(runtime: str, threads: int) -> dict:
     """What the table is keyed by besides the workload: the runtime and this machine's kind (CPU model, cores,
-    torch's version, threads). Reads no module it would have to import (torch's version from its metadata)."""
+    the timing runtime's version: torch's, or llama-cpp-python's, threads). Reads no module it would have to import (torch's version from its metadata)."""
     import os
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -69,11 +69,16 @@ def machine(runtime: str, threads: int) -> dict:
         )
     except OSError:
         pass
-    try:
-        torch_version = version("torch")
-    except PackageNotFoundError:
-        torch_version = "?"
-    cores = os.cpu_count() or 0
+
+    def version_of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "?"
+
+    torch_version, cores = version_of("torch"), os.cpu_count() or 0
+    # the runtime that timed: torch, or llama-cpp-python (its bundled llama.cpp) for the llama.cpp runtime
+    timed_by = f"torch {torch_version}" if runtime == "torch" else f"llama-cpp-python {version_of('llama_cpp_python')}"
     return {
         "runtime": runtime,
         "device": "cpu",
@@ -82,7 +87,8 @@ def machine(runtime: str, threads: int) -> dict:
         "cores": cores,
         "threads": threads,
         "torch": torch_version,
-        "kind": f"{platform.machine()} {cpu} ({cores} cores), torch {torch_version} cpu x{threads}",
+        **({} if runtime == "torch" else {"llama_cpp_python": version_of("llama_cpp_python")}),
+        "kind": f"{platform.machine()} {cpu} ({cores} cores), {timed_by} cpu x{threads}",
     }
 
 

@@ -718,3 +718,40 @@ def test_zg_pipeline_adds_the_cost_stage_and_the_workload_key_it_depends_on(tmp_
         "search_cost"
         not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
     )
+
+
+def test_the_llama_cpp_runtime_times_every_option_and_the_kept_student(searched, tmp_path, monkeypatch, capsys):
+    """search.workload.runtime llama.cpp: `zg search costs --measure` exports each uniform model to an f16 GGUF and
+    times it whole in llama-cpp-python (both tiny-search variants are expressible there: per-layer MLP widths and
+    dropped layers), split by layer counts; the search reads that table, and assemble times the kept student's
+    GGUF beside the teacher's. What is checked is the arithmetic of the split and the prediction, not a speed."""
+    from zgtrain.search.cost import predict
+
+    root = tmp_path / "proj"
+    shutil.copytree(searched, root, symlinks=True)
+    work = {"runtime": "llama.cpp", "prompt": 8, "generate": 3, "repeats": 2, "warmup": 0, "phase": "decode"}
+    set_params(root, {"search.cost": "latency", "search.budget": 1.2, "search.max_tries": 1, "search.workload": work})
+    for args in (("pipeline",), ("search", "costs", "--measure"), ("search", "run"), ("search", "assemble")):
+        code, _, err = _zg_here(root, monkeypatch, capsys, *args)
+        assert code in (0, None), (args, err)
+    table = read_json(root / "search" / "cost" / "table.json")
+    assert table["workload"]["runtime"] == table["machine"]["runtime"] == "llama.cpp"
+    assert f"llama-cpp-python {table['machine']['llama_cpp_python']} cpu x1" in table["machine"]["kind"]
+    for b in BLOCKS:
+        assert sorted(table["blocks"][b]) == sorted(["teacher", *VARIANTS])
+        for c in table["blocks"][b].values():
+            assert c.get("expressible", True) and 0 < c["decode_ms"]["min"] <= c["decode_ms"]["median"]
+    assert table["base"]["decode_ms"]["median"] > 0
+    for o in ("teacher", *VARIANTS):  # each uniform model was timed whole, and its prediction is the table's sum
+        m = table["models"][o]
+        assert m["predicted"]["decode_ms"] == predict(table, dict.fromkeys(BLOCKS, o), "decode_ms")
+        assert m["additivity"]["decode_ms"] == m["measured"]["decode_ms"]["median"] / m["predicted"]["decode_ms"] - 1
+    choice = read_json(root / "search" / "choice.json")
+    mix = {b: o["variant"] for b, o in choice["blocks"].items()}
+    m = read_json(root / "metrics" / "search_eval.json")["measured"]
+    assert m["phase"] == "decode_ms" and m["decode_ms"]["predicted"] == predict(table, mix, "decode_ms")
+    d = m["decode_ms"]
+    assert (
+        m["relative_error"]
+        == (d["measured"]["median"] / d["teacher_measured"]["median"]) / (d["predicted"] / d["teacher_predicted"]) - 1
+    )
