@@ -34,6 +34,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -185,7 +186,7 @@ def plot(study: dict, path: Path) -> None:
     ax.scatter([t["ms"]], [study["teacher_ce"]], marker="*", s=140, color="black", label="teacher")
     styles = {"search": ("o", "tab:blue"), "params": ("s", "tab:green"), "uniform": ("D", "tab:orange")}
     for kind, (marker, color) in styles.items():
-        pts = [(n, a) for n, a in arms.items() if n.startswith(kind + "@") and n in timing]
+        pts = [(n, a) for n, a in arms.items() if n.startswith(kind + "@") and n in timing and "failed" not in a]
         if not pts:
             continue
         xs = [timing[n]["ms"] for n, _ in pts]
@@ -230,6 +231,9 @@ def report(study: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, a in study["arms"].items():
+        if "failed" in a:
+            lines.append(f"| {n} | failed: {a['failed'].splitlines()[-1] if a['failed'] else '?'} |")
+            continue
         h, t = a["heldout"], timing.get(n)
         what = ", ".join(a["mix"].values()) if "mix" in a else f"prune {a['prune_ratio']}"
         docs = a["sets"].get("docs", {}).get("ce_gap")
@@ -273,7 +277,7 @@ def main() -> None:
     runs = time_round_robin(ggufs, w, a.rounds, vocab)
     study |= {"workload": w, "machine": table["machine"]["kind"], "rounds": a.rounds, "runs": runs}
     study["timing"] = timing_summary(runs, w["phase"], w)
-    study["teacher_ce"] = next(iter(study["arms"].values()))["heldout"]["teacher_ce"]
+    study["teacher_ce"] = next(a["heldout"]["teacher_ce"] for a in study["arms"].values() if "heldout" in a)
     (out / "study.json").write_text(json.dumps(study, indent=1) + "\n")
     text = report(study)
     (out / "study.txt").write_text(text + "\n")
@@ -282,55 +286,81 @@ def main() -> None:
 
 
 def run_arms(root: Path, out: Path, a, study: dict) -> None:
+    """Every arm of every budget in turn; an arm whose run fails is recorded as failed (with the tail of its
+    error) and the study goes on (a budget whose search fails has no params or uniform arm: both take its mix)."""
+    for b in a.budgets:
+        for kind in ("search", "params", "uniform"):
+            if kind not in a.arms or (kind != "search" and "failed" in study["arms"].get(f"search@{b}", {})):
+                continue
+            try:
+                ARMS[kind](root, out, b, study)
+            except (subprocess.CalledProcessError, SystemExit, OSError, KeyError, ValueError) as e:
+                print(f"# {kind}@{b} failed: {e}", file=sys.stderr, flush=True)
+                study["arms"][f"{kind}@{b}"] = {"failed": str(e)[-2000:]}
+            save(out, study)
+
+
+def search_arm(root: Path, out: Path, b: float, study: dict) -> None:
+    secs = exp_run(root, {"search.budget": b}, "search_assemble", False)
+    table = study["table"] = json.loads((root / "search" / "cost" / "table.json").read_text())
+    phase, k = f"{table['workload']['phase']}_ms", kept_try(root)
+    pm = predicted(table, k["mix"], phase)
+    study["arms"][f"search@{b}"] = {
+        **k,
+        "seconds": secs,
+        "predicted_ms": pm,
+        "predicted_speedup": teacher_ms(table) / pm,
+    }
+    export(root, "search", out / "gguf" / f"search@{b}.gguf")
+
+
+def params_arm(root: Path, out: Path, b: float, study: dict) -> None:
+    """The params-budget search at the block-parameter fraction of search@B's kept mix."""
+    table, phase = study["table"], f"{study['table']['workload']['phase']}_ms"
+    teacher_block_params = sum({x["block"]: x["teacher_params"] for x in variant_scores(root)}.values())
+    frac = round(study["arms"][f"search@{b}"]["params"] / teacher_block_params + 5e-7, 6)
+    secs = exp_run(root, {"search.cost": "params", "search.budget": frac}, "search_assemble", False)
+    p = kept_try(root)
+    pm = predicted(table, p["mix"], phase)
+    study["arms"][f"params@{b}"] = {
+        **p,
+        "budget": frac,
+        "seconds": secs,
+        "predicted_ms": pm,
+        "predicted_speedup": teacher_ms(table) / pm,
+    }
+    export(root, "search", out / "gguf" / f"params@{b}.gguf")
+
+
+def uniform_arm_of(root: Path, out: Path, b: float, study: dict) -> None:
+    """The uniform MLP prune whose interpolated latency is at most search@B's predicted latency."""
     import yaml
 
     params = yaml.safe_load((root / "params.yaml").read_text())
-    teacher_block_params = sum({x["block"]: x["teacher_params"] for x in variant_scores(root)}.values())
-    for b in a.budgets:
-        name = f"search@{b}"
-        secs = exp_run(root, {"search.budget": b}, "search_assemble", False)
-        table = json.loads((root / "search" / "cost" / "table.json").read_text())
-        study["table"] = table
-        phase = f"{table['workload']['phase']}_ms"
-        teacher_ms = predicted(table, dict.fromkeys(table["blocks"], "teacher"), phase)
-        k = kept_try(root)
-        study["arms"][name] = {**k, "seconds": secs, "predicted_ms": predicted(table, k["mix"], phase)}
-        study["arms"][name]["predicted_speedup"] = teacher_ms / study["arms"][name]["predicted_ms"]
-        export(root, "search", out / "gguf" / f"{name}.gguf")
-        save(out, study)
-        if "params" in a.arms:
-            frac = round(k["params"] / teacher_block_params + 5e-7, 6)
-            sets = {"search.cost": "params", "search.budget": frac}
-            secs = exp_run(root, sets, "search_assemble", False)
-            p = kept_try(root)
-            pm = predicted(table, p["mix"], phase)
-            study["arms"][f"params@{b}"] = {
-                **p,
-                "budget": frac,
-                "seconds": secs,
-                "predicted_ms": pm,
-                "predicted_speedup": teacher_ms / pm,
-            }
-            export(root, "search", out / "gguf" / f"params@{b}.gguf")
-            save(out, study)
-        if "uniform" in a.arms:
-            r = uniform_ratio(params, table, study["arms"][name]["predicted_ms"], phase)
-            sets = {"train.conversion": "prune_mlp", "train.prune_ratio": r}
-            secs = exp_run(root, sets, "evaluate", False)
-            u = uniform_arm(root, sets, secs)
-            summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
-            u["params"] = sum(
-                json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"] for k in summary["blocks"]
-            )
-            um = uniform_ms(params, table, r, phase)
-            study["arms"][f"uniform@{b}"] = {
-                **u,
-                "prune_ratio": r,
-                "predicted_ms": um,
-                "predicted_speedup": teacher_ms / um,
-            }
-            export(root, "student", out / "gguf" / f"uniform@{b}.gguf")
-            save(out, study)
+    table, phase = study["table"], f"{study['table']['workload']['phase']}_ms"
+    r = uniform_ratio(params, table, study["arms"][f"search@{b}"]["predicted_ms"], phase)
+    sets = {"train.conversion": "prune_mlp", "train.prune_ratio": r}
+    secs = exp_run(root, sets, "evaluate", False)
+    u = uniform_arm(root, sets, secs)
+    summary = json.loads((root / "models" / "student" / "zerograph.json").read_text())
+    u["params"] = sum(
+        json.loads((root / "metrics" / "blocks" / f"{k}.json").read_text())["params"] for k in summary["blocks"]
+    )
+    um = uniform_ms(params, table, r, phase)
+    study["arms"][f"uniform@{b}"] = {
+        **u,
+        "prune_ratio": r,
+        "predicted_ms": um,
+        "predicted_speedup": teacher_ms(table) / um,
+    }
+    export(root, "student", out / "gguf" / f"uniform@{b}.gguf")
+
+
+def teacher_ms(table: dict) -> float:
+    return predicted(table, dict.fromkeys(table["blocks"], "teacher"), f"{table['workload']['phase']}_ms")
+
+
+ARMS = {"search": search_arm, "params": params_arm, "uniform": uniform_arm_of}
 
 
 def save(out: Path, study: dict) -> None:
