@@ -255,7 +255,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("--budgets", type=float, nargs="*", default=[0.7, 0.5])
-    ap.add_argument("--arms", nargs="*", default=["search", "params", "uniform"])
+    ap.add_argument(
+        "--arms",
+        nargs="*",
+        default=["search", "params", "uniform"],
+        help="kinds run at every budget, or single arms (params@0.7) that take their search arm from OUT/study.json",
+    )
     ap.add_argument("--rounds", type=int, default=15, help="timing rounds (one request of every model each)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--time-only", action="store_true", help="time the GGUFs already in OUT again")
@@ -288,10 +293,13 @@ def main() -> None:
 def run_arms(root: Path, out: Path, a, study: dict) -> None:
     """Every arm of every budget in turn; an arm whose run fails is recorded as failed (with the tail of its
     error) and the study goes on (a budget whose search fails has no params or uniform arm: both take its mix)."""
-    for b in a.budgets:
+    named = [float(x.split("@")[1]) for x in a.arms if "@" in x]  # single arms, e.g. params@0.7
+    for b in dict.fromkeys([*a.budgets, *named]):
         for kind in ("search", "params", "uniform"):
-            if kind not in a.arms or (kind != "search" and "failed" in study["arms"].get(f"search@{b}", {})):
+            if kind not in a.arms and f"{kind}@{b}" not in a.arms:
                 continue
+            if kind != "search" and "heldout" not in study["arms"].get(f"search@{b}", {}):
+                continue  # its search failed or never ran: there is no mix to match
             try:
                 ARMS[kind](root, out, b, study)
             except (subprocess.CalledProcessError, SystemExit, OSError, KeyError, ValueError) as e:
