@@ -173,7 +173,9 @@ def _llama_blocks(project: ProjectConfig, runs: dict, parts: dict, why: dict, te
 
     w = project.search.served
     n = {o: sum(len(b.layers) for _, b, _ in p) for o, p in parts.items()}
-    base_runs = split_uniform(runs[IDENTITY_VARIANT], runs.pop(FIRST), n[IDENTITY_VARIANT], n[FIRST])
+    base_runs, base_clamped = clamped_runs(
+        split_uniform(runs[IDENTITY_VARIANT], runs.pop(FIRST), n[IDENTITY_VARIANT], n[FIRST])
+    )
     base_s = {k: statistics.median(r[k] for r in base_runs) for k in TOTALS}
     blocks = {b: {} for b in project.blocks}
     for option in options(project):
@@ -181,10 +183,18 @@ def _llama_blocks(project: ProjectConfig, runs: dict, parts: dict, why: dict, te
             share = len(block.layers) / n[option]
             cost = {"layers": len(block.layers), "kv_cache": _kv_cache(block, teacher_config, w.context, w.batch)}
             if option in runs:
-                cost.update(
-                    _totals([{k: (r[k] - base_s[k]) * share for k in TOTALS} for r in runs[option]], w.generate)
-                )
+                own, clamped = clamped_runs([{k: (r[k] - base_s[k]) * share for k in TOTALS} for r in runs[option]])
+                cost.update(_totals(own, w.generate), **({"clamped_runs": clamped} if clamped else {}))
             else:
                 cost.update(expressible=False, why=why[option])
             blocks[spec.key][option] = cost
-    return blocks, _totals(base_runs, w.generate)
+    return blocks, {**_totals(base_runs, w.generate), **({"clamped_runs": base_clamped} if base_clamped else {})}
+
+
+def clamped_runs(runs: list[dict]) -> tuple[list[dict], int]:
+    """Runs with each phase's seconds at least 0, and how many values were below. llama.cpp's costs are
+    differences of whole-model timings; where a block costs less than the machine's noise, a difference can come
+    out below zero. A cost is never negative (the solver's pruning needs costs >= 0 to stay exact, pool.py), so
+    such a value counts as 0, and the table says how many there were."""
+    low = sum(r[k] < 0 for r in runs for k in TOTALS)
+    return [{k: max(0.0, r[k]) for k in TOTALS} for r in runs], low

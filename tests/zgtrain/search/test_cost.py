@@ -10,6 +10,7 @@ import pytest
 
 from zgtrain.search.cost import base_cost, block_costs, normalize_runs, phases, predict, stats, table_rows
 from zgtrain.search.llamacpp import split_uniform
+from zgtrain.search.table import clamped_runs
 
 
 def _runs(rng, layers: int, base: tuple[float, float], n: int = 5) -> list[dict]:
@@ -87,6 +88,24 @@ def test_llama_cpp_split_recovers_base_and_layer_cost_from_whole_models():
     assert ms["prefill_ms"]["median"] == pytest.approx(3.0, abs=0.01)
     with pytest.raises(ValueError):
         split_uniform(full, first, 2, 2)
+
+
+def test_a_difference_below_zero_counts_as_zero_and_is_counted():
+    """A block cheaper than the machine's noise: its llama.cpp cost (a difference of whole-model timings) can come
+    out below 0 in some runs; each such value is 0 and the count is returned, the others are kept as they are."""
+    runs = [
+        {"prefill_total": -2e-5, "decode_total": 1e-5},
+        {"prefill_total": 3e-5, "decode_total": -1e-6},
+        {"prefill_total": 4e-5, "decode_total": 2e-5},
+    ]
+    got, low = clamped_runs(runs)
+    assert low == 2
+    assert got == [
+        {"prefill_total": 0.0, "decode_total": 1e-5},
+        {"prefill_total": 3e-5, "decode_total": 0.0},
+        {"prefill_total": 4e-5, "decode_total": 2e-5},
+    ]
+    assert clamped_runs(got) == (got, 0)
 
 
 def test_rows_show_what_the_runtime_cannot_run():
