@@ -235,10 +235,14 @@ def _over_budget(cfg, choices, budget: float, full: float, unit: str, base: floa
         if cfg.budget_unit == "fraction"
         else f"{math.ceil(least * 1e4) / 1e4:g} (budget_unit: absolute)"
     )
+
+    def amount(x: float) -> str:  # counts as integers; milliseconds (a measured latency) to 4 significant digits
+        return f"{x:.4g}" if unit == "ms" else f"{x:,.0f}"
+
     return ZgError(
-        f"search.budget {cfg.budget} ({budget:,.0f} {unit}, search.cost: {cfg.cost}) is below the "
-        f"cheapest mix of the variant library ({least:,.0f} {unit}, {least / full:.4f} of the "
-        f"teacher's {full:,.0f})",
+        f"search.budget {cfg.budget} ({amount(budget)} {unit}, search.cost: {cfg.cost}) is below the "
+        f"cheapest mix of the variant library ({amount(least)} {unit}, {least / full:.4f} of the "
+        f"teacher's {amount(full)})",
         key="search.budget",
         fix=f"set search.budget >= {smallest}, or add cheaper variants",
     )

@@ -757,3 +757,14 @@ def test_the_llama_cpp_runtime_times_every_option_and_the_kept_student(searched,
         m["relative_error"]
         == (d["measured"]["median"] / d["teacher_measured"]["median"]) / (d["predicted"] / d["teacher_predicted"]) - 1
     )
+    # a latency budget below the cheapest mix: one line in milliseconds, naming the smallest fraction that has one
+    set_params(root, {"search.budget": 0.01})
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    teacher_ms = predict(table, dict.fromkeys(BLOCKS, "teacher"), "decode_ms")
+    least = table["base"]["decode_ms"]["median"] + sum(
+        min(c["decode_ms"]["median"] for c in table["blocks"][b].values()) for b in BLOCKS
+    )
+    line = " ".join(err.split())
+    assert code == 2 and f"search.budget 0.01 ({0.01 * teacher_ms:.4g} ms, search.cost: latency)" in line, err
+    assert f"cheapest mix of the variant library ({least:.4g} ms, {least / teacher_ms:.4f} of the teacher's" in line
+    assert f"set search.budget >= {math.ceil(least / teacher_ms * 1e4) / 1e4} (budget_unit: fraction)" in line
