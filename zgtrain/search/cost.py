@@ -57,7 +57,8 @@ FIX = "run `dvc repro search_cost` (or `zg search costs --measure`)"
 
 def machine(runtime: str, threads: int) -> dict:
     """What the table is keyed by besides the workload: the runtime and this machine's kind (CPU model, cores,
-    the timing runtime's version: torch's, or llama-cpp-python's, threads). Reads no module it would have to import (torch's version from its metadata)."""
+    the timing runtime's version: torch's, or llama-cpp-python's; threads). Reads no module it would have to
+    import (the versions come from the packages' metadata)."""
     import os
     import platform
     from importlib.metadata import PackageNotFoundError, version
