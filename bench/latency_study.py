@@ -41,6 +41,8 @@ from pathlib import Path
 from harness import run
 from search_study import exp_run, uniform_arm, variant_scores
 
+from zgtrain.search.cost import predict
+
 PHASE_KEYS = {"decode": ("decode_total",), "prefill": ("prefill_total",), "request": ("prefill_total", "decode_total")}
 
 
@@ -74,10 +76,6 @@ def uniform_ratio(params: dict, table: dict, target_ms: float, phase: str) -> fl
         if uniform_ms(params, table, k / 100, phase) <= target_ms:
             return k / 100
     return 0.95
-
-
-def predicted(table: dict, mix: dict, phase: str) -> float:
-    return table["base"][phase]["median"] + sum(table["blocks"][b][o][phase]["median"] for b, o in mix.items())
 
 
 def kept_try(root: Path) -> dict:
@@ -312,7 +310,7 @@ def search_arm(root: Path, out: Path, b: float, study: dict) -> None:
     secs = exp_run(root, {"search.budget": b}, "search_assemble", False)
     table = study["table"] = json.loads((root / "search" / "cost" / "table.json").read_text())
     phase, k = f"{table['workload']['phase']}_ms", kept_try(root)
-    pm = predicted(table, k["mix"], phase)
+    pm = predict(table, k["mix"], phase)
     study["arms"][f"search@{b}"] = {
         **k,
         "seconds": secs,
@@ -329,7 +327,7 @@ def params_arm(root: Path, out: Path, b: float, study: dict) -> None:
     frac = round(study["arms"][f"search@{b}"]["params"] / teacher_block_params + 5e-7, 6)
     secs = exp_run(root, {"search.cost": "params", "search.budget": frac}, "search_assemble", False)
     p = kept_try(root)
-    pm = predicted(table, p["mix"], phase)
+    pm = predict(table, p["mix"], phase)
     study["arms"][f"params@{b}"] = {
         **p,
         "budget": frac,
@@ -365,7 +363,7 @@ def uniform_arm_of(root: Path, out: Path, b: float, study: dict) -> None:
 
 
 def teacher_ms(table: dict) -> float:
-    return predicted(table, dict.fromkeys(table["blocks"], "teacher"), f"{table['workload']['phase']}_ms")
+    return predict(table, dict.fromkeys(table["blocks"], "teacher"), f"{table['workload']['phase']}_ms")
 
 
 ARMS = {"search": search_arm, "params": params_arm, "uniform": uniform_arm_of}

@@ -79,7 +79,8 @@ def machine(runtime: str, threads: int) -> dict:
 
     torch_version, cores = version_of("torch"), os.cpu_count() or 0
     # the runtime that timed: torch, or llama-cpp-python (its bundled llama.cpp) for the llama.cpp runtime
-    timed_by = f"torch {torch_version}" if runtime == "torch" else f"llama-cpp-python {version_of('llama_cpp_python')}"
+    llama = {} if runtime == "torch" else {"llama_cpp_python": version_of("llama_cpp_python")}
+    timed_by = f"llama-cpp-python {llama['llama_cpp_python']}" if llama else f"torch {torch_version}"
     return {
         "runtime": runtime,
         "device": "cpu",
@@ -88,7 +89,7 @@ def machine(runtime: str, threads: int) -> dict:
         "cores": cores,
         "threads": threads,
         "torch": torch_version,
-        **({} if runtime == "torch" else {"llama_cpp_python": version_of("llama_cpp_python")}),
+        **llama,
         "kind": f"{platform.machine()} {cpu} ({cores} cores), {timed_by} cpu x{threads}",
     }
 
