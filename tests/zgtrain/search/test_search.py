@@ -759,7 +759,9 @@ def test_the_llama_cpp_runtime_times_every_option_and_the_kept_student(searched,
     )
     # a latency budget below the cheapest mix: one line in milliseconds, naming the smallest fraction that has one
     set_params(root, {"search.budget": 0.01})
+    before = {p: (root / p).read_bytes() for p in ("search/choice.json", "metrics/search.json")}
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    assert {p: (root / p).read_bytes() for p in before} == before  # refused before anything was written
     teacher_ms = predict(table, dict.fromkeys(BLOCKS, "teacher"), "decode_ms")
     least = table["base"]["decode_ms"]["median"] + sum(
         min(c["decode_ms"]["median"] for c in table["blocks"][b].values()) for b in BLOCKS
