@@ -38,8 +38,29 @@ def first_touch(nbytes: int) -> tuple[float, float]:
     return nbytes / (t1 - t0) / 1e9, nbytes / (t2 - t1) / 1e9
 
 
+class MemmapSide:
+    """A boundary's rows in a plain np.memmap (.npy) with the boundary's metadata: what BoundaryPair reads when
+    handed it in place of a BoundaryDataset, so the same loader (prefetch thread, queue, both sides in parallel)
+    runs over a memmap. Sorted rows, read with one fancy index, no checks: the fastest a memmap loader reads."""
+
+    def __init__(self, side, mm: np.ndarray):
+        self.side, self.mm = side, mm
+        self.name, self.meta, self.seq_ids, self.path = side.name, side.meta, side.seq_ids, side.path
+
+    def rows(self, split: str) -> np.ndarray:
+        return self.side.rows(split)
+
+    def take(self, rows) -> torch.Tensor:
+        rows = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(rows, kind="stable")
+        out = np.ascontiguousarray(self.mm[rows[order]])[np.argsort(order)] if len(rows) else self.mm[:0]
+        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+
+
 def loader(pub: dict) -> dict:
-    """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the rows."""
+    """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the same
+    rows, two ways: a bare loop that drops each batch at once (its destination stays in the CPU's cache), and the
+    same BoundaryPair.batches loader over memmaps (the consumer holds batches while more are read ahead)."""
     from zgdata.store.reader import BoundaryPair
 
     a, b = list(pub.values())[:2]
@@ -72,7 +93,15 @@ def loader(pub: dict) -> dict:
         for m in mms:
             torch.from_numpy(np.ascontiguousarray(m[rows]))
     mm = nbytes / (time.perf_counter() - t0) / 1e9
-    return {"first_gbps": first, "warm_gbps": warm, "memmap_gbps": mm, "first_touch_gbps": touched[0]}
+    mm_pair = BoundaryPair(*(MemmapSide(s, m) for s, m in zip((pair.input, pair.output), mms)))
+    mm_loader = epoch(mm_pair)
+    return {
+        "first_gbps": first,
+        "warm_gbps": warm,
+        "memmap_gbps": mm,
+        "memmap_loader_gbps": mm_loader,
+        "first_touch_gbps": touched[0],
+    }
 
 
 def decode_ceiling(pub: dict) -> float:

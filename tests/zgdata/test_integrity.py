@@ -64,6 +64,17 @@ def test_checksum_column_is_xxh3_128_of_each_stored_row(tiny_built):
     assert table.column("checksum").to_pylist() == want and len(set(want)) == table.num_rows
 
 
+def test_two_flipped_rows_are_named_in_the_callers_order_through_the_mapped_pages(tiny_project):
+    path = Layout(tiny_project).boundary("h02")
+    _flip_in_file(path, ROW)
+    _flip_in_file(path, ROW + 3)
+    ds = BoundaryDataset(path)
+    assert ds._page_reader() is not None  # raw rows are read from the mapped pages, checked against stored digests
+    with pytest.raises(ZgError, match=rf"row {ROW + 3} \(seq_id {ROW + 3}\).*\(and 1 more of the 4 rows read\)"):
+        ds.take([1, ROW + 3, 2, ROW])
+    assert ds.take([1, 2]).shape == (2, 64, 64)
+
+
 def test_flipped_row_fails_verify_reader_and_training(tiny_project):
     layout = Layout(tiny_project)
     path = layout.boundary("h02")

@@ -145,9 +145,13 @@ def rows_tensor(values: np.ndarray, storage_dtype: str, seq_len: int, hidden: in
     """(N, T, C) tensor of (N, T*C) stored bits, without a copy (bf16: a view of the uint16 bits)."""
     import torch
 
-    with warnings.catch_warnings():  # arrow buffers are read-only; we never write through the view
-        warnings.simplefilter("ignore", UserWarning)
-        ten = torch.from_numpy(values if storage_dtype != "bfloat16" else values.view(np.int16))
+    arr = values if storage_dtype != "bfloat16" else values.view(np.int16)
+    if arr.flags.writeable:  # the usual case (the reader's own copies): no warning to silence, and that costs
+        ten = torch.from_numpy(arr)
+    else:
+        with warnings.catch_warnings():  # arrow buffers are read-only; we never write through the view
+            warnings.simplefilter("ignore", UserWarning)
+            ten = torch.from_numpy(arr)
     if storage_dtype == "bfloat16":
         ten = ten.view(torch.bfloat16)
     return ten.reshape(len(values), seq_len, hidden)

@@ -47,7 +47,7 @@ def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe)
                 rows_here += k
             if rows_here != frag.count_rows():
                 return None
-            files_.append(np.memmap(fpath, dtype=np.uint8, mode="r"))
+            files_.append(np.memmap(fpath, dtype=np.uint8, mode="r").view(np.ndarray))  # slices: no memmap objects
             n += rows_here
         if n != ds.count_rows() or not starts:
             return None

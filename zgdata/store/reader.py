@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from zgdata.core.timing import span
 from zgdata.errors import ZgError
 from zgdata.lineage import check
 from zgdata.store.codec import codec_of, decode_rows, hidden_columns, value_info
-from zgdata.store.integrity import CHECKSUM_COLUMN, check_rows, checksum_of, recover_fix
+from zgdata.store.integrity import CHECKSUM_COLUMN, check_rows, checksum_of, digests, recover_fix
 from zgdata.store.lance_io import open_dataset, rows_tensor, schema_meta
 from zgdata.trust import dvc_lock as trust
 
@@ -134,11 +133,11 @@ class BoundaryDataset:
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
         return self._pages
 
-    def _checksums(self, rows: np.ndarray):
-        """A one-column table of the stored checksums of ``rows`` (the column is read once, 16 bytes a row)."""
+    def _checksums(self, rows: np.ndarray) -> np.ndarray:
+        """The stored checksums of ``rows``, (N, 16) uint8 (the column is read once, 16 bytes a row)."""
         if self._sums is None:
-            self._sums = self.ds.to_table(columns=[CHECKSUM_COLUMN]).column(CHECKSUM_COLUMN).combine_chunks()
-        return pa.table({CHECKSUM_COLUMN: self._sums.take(pa.array(rows))})
+            self._sums = digests(self.ds.to_table(columns=[CHECKSUM_COLUMN]).column(CHECKSUM_COLUMN))
+        return self._sums[rows]
 
     def by_seq_id(self, seq_ids) -> torch.Tensor:
         return self.take(rows_of_seq_ids(self._row_of, seq_ids, self.path))
