@@ -55,6 +55,7 @@ __all__ = [
     "FORMATS",
     "CHECKSUM_FORMAT",
     "format_of",
+    "flat_values",
     "hidden_fields",
     "hidden_arrays",
     "decode_rows",
@@ -234,14 +235,11 @@ def _decode_quantized(table, codec: str, seq_len: int, hidden: int, strict: bool
     from zgdata.store.quant import dequantize
 
     t, c = seq_len, hidden
-    scales = _flat_values(table.column("hidden_scale"), t)
+    scales = flat_values(table.column("hidden_scale"), t)
     n_rows = len(scales)
     idx = _list_rows(table.column("hidden_oidx"), n_rows, t)
     val = _list_rows(table.column("hidden_oval"), n_rows, t)
-    col = table.column("hidden_q")
-    bufs = [
-        ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
-    ]
+    bufs = _row_buffers(table.column("hidden_q"))
     res = out if out is not None else np.empty((n_rows, t * c), dtype=np.uint16)
 
     def one(i: int) -> str | None:
@@ -264,6 +262,13 @@ def _decode_quantized(table, codec: str, seq_len: int, hidden: int, strict: bool
     return res
 
 
+def _row_buffers(col) -> list:
+    """Each row of a binary column (array or chunked) as a zero-copy buffer (a compressed frame each)."""
+    return [
+        ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
+    ]
+
+
 def _list_rows(col, n_rows: int, t: int) -> np.ndarray:
     """A list<uint16> column of T*k values per row as one (N, T, k) array."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -273,7 +278,7 @@ def _list_rows(col, n_rows: int, t: int) -> np.ndarray:
     return flat.reshape(n_rows, t, -1)
 
 
-def _flat_values(col, width: int) -> np.ndarray:
+def flat_values(col, width: int) -> np.ndarray:
     """A fixed-size-list column (array or chunked) as one (N, width) numpy array; zero-copy for one chunk."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     arrs = [
@@ -289,25 +294,27 @@ def _flat_values(col, width: int) -> np.ndarray:
 
 
 def decode_rows(
-    table, codec: str, storage_dtype: str, seq_len: int, hidden: int, *, strict: bool = True, out=None
+    table, codec: str, storage_dtype: str, seq_len: int, hidden: int, *, strict: bool = True, out=None, lo=None
 ) -> np.ndarray:
     """(N, T*C) numpy array of the stored bits (uint16 for bf16) of a table holding ``hidden_columns(codec)``.
 
     A row whose compressed bytes do not decode raises ValueError; with ``strict=False`` its high
     bytes are left zero instead, so its checksum fails and verify reports it with the others.
     ``out``: a C-contiguous (N, T*C) array of the storage dtype to decode into (and return), instead of a new one:
-    the decoded-row cache passes its own rows, which spares a copy and fresh memory per read."""
+    the decoded-row cache passes its own rows, which spares a copy and fresh memory per read.
+    ``lo``: a byte-split codec's low bytes of the same rows, (N, T*C*(bytes-1)) uint8, already read (the reader maps
+    their pages, zgdata/store/pagemap.py); then ``table`` needs only ``hidden_hi``."""
     n = seq_len * hidden
     if is_quantized(codec):
         return _decode_quantized(table, codec, seq_len, hidden, strict, out)
     if codec == "raw":
-        flat = _flat_values(table.column("hidden"), n)
+        flat = flat_values(table.column("hidden"), n)
         if out is None:
             return flat
         out[...] = flat
         return out
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
-    lo = _flat_values(table.column("hidden_lo"), n * (nbytes - 1)).reshape(-1, n, nbytes - 1)
+    lo = (lo if lo is not None else flat_values(table.column("hidden_lo"), n * (nbytes - 1))).reshape(-1, n, nbytes - 1)
     if out is not None:
         want = out
         out = out.view(np.uint8).reshape(len(lo), n, nbytes)
@@ -315,10 +322,7 @@ def decode_rows(
         want = None
         out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
     out16 = out.reshape(len(lo), n * nbytes).view(np.uint16) if nbytes == 2 else None
-    col = table.column("hidden_hi")
-    bufs = [
-        ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
-    ]
+    bufs = _row_buffers(table.column("hidden_hi"))
 
     def one(i: int) -> str | None:
         """Decode row i (its high bytes, then both planes into ``out``); an error text if they do not decode."""

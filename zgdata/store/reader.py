@@ -69,11 +69,11 @@ class BoundaryDataset:
         """Bytes of one row's decoded values."""
         return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
 
-    def decode(self, table, rows=None, *, strict: bool = True, out=None) -> np.ndarray:
+    def decode(self, table, rows=None, *, strict: bool = True, out=None, lo=None) -> np.ndarray:
         """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error;
-        ``out``: an array to decode into (``codec.decode_rows``)."""
+        ``out``: an array to decode into, ``lo``: the low bytes already read (``codec.decode_rows``)."""
         try:
-            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict, out=out)
+            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict, out=out, lo=lo)
         except ValueError as e:
             where = f" (rows {int(np.min(rows))}-{int(np.max(rows))})" if rows is not None and len(rows) else ""
             raise ZgError(f"{self.path}{where}: {e}", fix=recover_fix(self.path)) from e
@@ -125,13 +125,35 @@ class BoundaryDataset:
             else:
                 from zgdata.store.decoded_cache import decoded_cache
 
-                into = lambda r, out: self.decode(self.ds.take(r, columns=self.columns), r, out=out)  # noqa: E731
+                read = self._split_reader()
+                fetch = lambda r: read(r, None)  # noqa: E731
                 self._pages = decoded_cache(
-                    len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=into
+                    len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=read
                 )
         if self.recheck and self.codec != "raw":
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
         return self._pages
+
+    def _split_reader(self):
+        """(sorted rows, out or None) -> decoded rows of a compressed boundary. A byte-split codec's low bytes are
+        a fixed-size list, flat in the pages like a raw boundary's values: they are read from the mapped pages, and
+        Lance reads only the compressed high bytes (its take of the low bytes cost as much as decoding the high
+        ones, bench/write_path.py). Any other codec or layout: Lance reads every value column."""
+        lo_pages = None
+        if self.columns == ["hidden_hi", "hidden_lo"]:
+            from zgdata.store.pagemap import page_reader
+
+            width = self.seq_len * self.hidden * (np.dtype(self._np_dtype).itemsize - 1)
+            lo_pages = page_reader(self.ds, self.path, "hidden_lo", width, np.uint8, self._lo_probe(width))
+        if lo_pages is None:
+            return lambda r, out: self.decode(self.ds.take(r, columns=self.columns), r, out=out)
+        return lambda r, out: self.decode(self.ds.take(r, columns=["hidden_hi"]), r, out=out, lo=lo_pages(r))
+
+    def _lo_probe(self, width: int):
+        """Lance's own read of some rows' low bytes: what the mapped pages must equal before they are used."""
+        from zgdata.store.codec import flat_values
+
+        return lambda r: flat_values(self.ds.take(r, columns=["hidden_lo"]).column("hidden_lo"), width)
 
     def _checksums(self, rows: np.ndarray) -> np.ndarray:
         """The stored checksums of ``rows``, (N, 16) uint8 (the column is read once, 16 bytes a row)."""
