@@ -218,12 +218,13 @@ def data_verify(
     boundary partition.boundaries needs is missing (--lineage-only only lists it: a subset may be pulled).
     """
     from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, check_int, load_params, section
+
+    sample = None if sample is None else check_int("--sample", sample, ge=1)  # a usage error: before torch loads
     from zgdata.layout import Layout
     from zgdata.verify import verify
 
     p = load_params(params) if params.exists() or not lineage_only else {}
     cfg = section(p, VerifyConfig, "verify")
-    sample = None if sample is None else check_int("--sample", sample, ge=1)
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
     mcfg = section(p, MaterializeConfig, "materialize") if part is not None else None  # virtual_first: h00 computed
     report = verify(

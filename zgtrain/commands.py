@@ -114,10 +114,11 @@ def train_block(
 ):
     """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
     from zgdata.config import check_int
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)  # before torch loads
     from zgtrain.block.train import train_block as run
     from zgtrain.project.config import ProjectConfig
 
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), key, targets=targets, stop_after=stop_after, restart=restart)
     loss = "n/a (no steps)" if r.train_loss is None else f"{r.train_loss:.4g}"
     emit(
@@ -138,10 +139,11 @@ def train_local(
 ):
     """Greedy local pretraining (`local:`): train a Llama from scratch as K isolated blocks; writes models/local/hf."""
     from zgdata.config import check_int
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)  # before torch loads
     from zgtrain.local.simultaneous import train_local as run
     from zgtrain.project.config import ProjectConfig
 
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), stop_after=stop_after, restart=restart)
     ce = f", held-out CE {r.heldout_ce:.4f}" if r.status == "done" else ""
     emit(
@@ -163,10 +165,11 @@ def train_local_block(
 ):
     """Sequential local pretraining (local.mode: sequential): train block KEY from its input dataset, write its outputs."""
     from zgdata.config import check_int
+
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)  # before torch loads
     from zgtrain.local.sequential import train_block as run
     from zgtrain.project.config import ProjectConfig
 
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
     r = run(ProjectConfig.load(params), key, stop_after=stop_after, restart=restart)
     emit(
         r.metrics(),
