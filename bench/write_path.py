@@ -322,9 +322,11 @@ def main(argv=None) -> int:
                 log(
                     f"one thread {codec:<10} + {checksum:<9}  encode+checksum {enc:6.2f} GB/s   with stats {job:6.2f} GB/s"
                 )
-            pools = {
-                t: max(pool_rate(xs, args.lossless, t, batches // 2, args.boundaries) for _ in reps) for t in threads
-            }
+            pools: dict[int, float] = {}
+            for _ in reps:  # thread counts alternate within each repeat: a drift of the machine meets both alike
+                for t in threads:
+                    g = pool_rate(xs, args.lossless, t, batches // 2, args.boundaries)
+                    pools[t] = max(pools.get(t, 0.0), g)
             for t, g in pools.items():
                 log(f"encode pool {args.lossless} {t} thread(s), no I/O   {g:6.2f} GB/s")
             pubs = {}  # a boundary pair of --loader-mb for the reads, raw and lossless, written by the same path
