@@ -10,15 +10,14 @@ of 4 x 512 x 576 random uint16 rows, fsynced, per layout of the value column:
   lb        a large_binary per row
   blob      a large_binary per row marked ``lance-encoding:blob`` (written out of line, read by position and size)
 
-Printed: GB/s and the process's CPU seconds per GB, best of --repeats, and a plain write of the same bytes
-(8 MiB writes, fsync) in the same run. The machines are shared: compare within one run only.
+Printed: GB/s and the process's CPU seconds per GB, best of --repeats, and a plain write of the same number of
+bytes (bench/write_path.py's: 8 MiB writes, fsync) in the same run. The machines are shared: compare within one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -28,14 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from write_path import cpu_s, plain_write
+from write_path_reads import fsync_tree
 
 T, C, B, BATCHES, STREAMS = 512, 576, 4, 28, 4
 N = T * C
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def batch(layout: str, rows: np.ndarray) -> pa.RecordBatch:
@@ -52,14 +48,6 @@ def schema(layout: str, b: pa.RecordBatch) -> pa.Schema:
     if layout == "blob":
         f = f.with_metadata({"lance-encoding:blob": "true"})
     return pa.schema([b.schema.field("id"), f])
-
-
-def fsync_tree(root: Path) -> None:
-    for d, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
 
 
 def run(work: Path, layout: str, version: str, data: list[np.ndarray]) -> tuple[float, float]:
@@ -90,16 +78,10 @@ def run(work: Path, layout: str, version: str, data: list[np.ndarray]) -> tuple[
     return gb / (time.perf_counter() - t0), (cpu_s() - c0) / gb
 
 
-def plain(work: Path, data: list[np.ndarray]) -> float:
-    buf = memoryview(np.concatenate([r.reshape(-1) for r in data]).view(np.uint8))
-    t0 = time.perf_counter()
-    for i in range(STREAMS):
-        with open(work / f"plain{i}", "wb") as f:
-            for j in range(0, len(buf), 8 << 20):
-                f.write(buf[j : j + (8 << 20)])
-            f.flush()
-            os.fsync(f.fileno())
-    return STREAMS * len(buf) / (time.perf_counter() - t0) / 1e9
+def plain(work: Path) -> float:
+    """GB/s of bench/write_path.py's plain write (8 MiB writes from memory, fsync) of the same number of bytes."""
+    nbytes = STREAMS * BATCHES * B * N * 2
+    return nbytes / plain_write(work / "plain.bin", nbytes)[0] / 1e9
 
 
 def main(argv=None) -> int:
@@ -113,14 +95,14 @@ def main(argv=None) -> int:
     data = [rng.integers(0, 65535, (B, N), dtype=np.uint16) for _ in range(BATCHES)]
     work = Path(tempfile.mkdtemp(prefix="zg-lance-columns-"))
     try:
-        plain(work, data)  # a first write warms the fresh memory and files; not a figure
-        print(f"plain write + fsync              {plain(work, data):5.2f} GB/s", flush=True)
+        plain(work)  # a first write warms the disk's caches; not a figure
+        print(f"plain write + fsync              {plain(work):5.2f} GB/s", flush=True)
         for version in args.versions.split(","):
             for layout in args.layouts.split(","):
                 runs = [run(work, layout, version, data) for _ in range(args.repeats)]
                 gbps, core_s = max(r[0] for r in runs), min(r[1] for r in runs)
                 print(f"Lance {version:<7} {layout:<8} {gbps:5.2f} GB/s  {core_s:5.2f} core-s per GB", flush=True)
-        print(f"plain write + fsync              {plain(work, data):5.2f} GB/s")
+        print(f"plain write + fsync              {plain(work):5.2f} GB/s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

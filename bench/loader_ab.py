@@ -4,8 +4,8 @@
     python bench/loader_ab.py /tmp/zg-old . --codecs raw,zstd_fast --rounds 2
 
 For each round, each checkout and each codec, a fresh process writes a boundary pair of --mb MB of synthetic bf16
-rows with that checkout's write path (bench/write_path.py) and reads it with that checkout's
-``BoundaryPair.batches``: three fresh pairs, a first epoch and a warm one each, best of three. The checkouts
+rows with that checkout's write path (bench/write_path.py) and reads it with that checkout's bench loader
+(``write_path_reads.loader``: a fresh ``BoundaryPair``'s first epoch and a warm one), best of three. The checkouts
 alternate, so both meet the same machine (these are shared and noisy: compare within one run only).
 """
 
@@ -18,15 +18,14 @@ import sys
 from pathlib import Path
 
 CHILD = r"""
-import sys, time, tempfile, shutil
+import sys, tempfile, shutil
 repo, codec, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path[:0] = [repo, repo + "/bench"]
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from write_path import synthetic, write_path
-from write_path_reads import B, first_touch
-from zgdata.store.reader import BoundaryPair
+from write_path_reads import loader
 import zgdata
 assert zgdata.__file__.startswith(repo), zgdata.__file__
 work = Path(tempfile.mkdtemp(prefix="zg-loader-ab-"))
@@ -34,19 +33,8 @@ try:
     xs = synthetic(4, 512, 576)
     n = max(2, (mb << 20) // (2 * xs[0].numel() * 2))
     pub = write_path(work, xs, boundaries=2, batches=n, codec=codec, threads=2, publish=True)["published"]
-    a, b = list(pub.values())[:2]
-    first, warm = [], []
-    for _ in range(3):
-        p = BoundaryPair(a, b)
-        steps = len(p.input.seq_ids) // B
-        nbytes = steps * B * p.input.row_bytes * 2
-        first_touch(2 * nbytes)  # the decoded caches' memory, faulted in (write_path_reads.first_touch)
-        for out in (first, warm):
-            t0 = time.perf_counter()
-            for _ in p.batches("train", start_step=0, steps=steps, batch_size=B, seed=0):
-                pass
-            out.append(nbytes / (time.perf_counter() - t0) / 1e9)
-    print(f"{max(first):.2f} {max(warm):.2f}")
+    runs = [loader(pub) for _ in range(3)]  # that checkout's own loader figures: a fresh pair each
+    print(f"{max(r['first_gbps'] for r in runs):.2f} {max(r['warm_gbps'] for r in runs):.2f}")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 """

@@ -20,11 +20,12 @@ boundary dataset) go through zg's own write path: ``materialize.writer.Writer`` 
   pool             the encoding pool alone (no I/O), 2 threads / 1 thread
   loader           a boundary pair read by BoundaryPair.batches: a first epoch (every row decoded and checked) and
                    a warm one, / np.memmap of the same rows: a bare loop that drops each batch at once, and the same
-                   BoundaryPair.batches loader over the memmaps (read ahead, batches held by the consumer). This VM backs guest memory on first touch (measured and
-                   printed: ~0.2 GB/s, against 3-10 for memory the guest has touched before), which a machine that
-                   has run anything meets rarely; so the decoded cache's size is touched and freed before the first
-                   epoch, and the figure measures zg's reads, not the VM's memory faults. For a compressed codec,
-                   zstd alone over the pair's frames on every core (bench/write_path_reads.py): a first epoch's bound
+                   BoundaryPair.batches loader over the memmaps (read ahead, batches held by the consumer). This VM
+                   backs guest memory on first touch (measured and printed: ~0.2 GB/s, against 3-10 for memory the
+                   guest has touched before), which a machine that has run anything meets rarely; so the decoded
+                   cache's size is touched and freed before the first epoch, and the figure measures zg's reads, not
+                   the VM's memory faults. For a compressed codec, zstd alone over the pair's frames on every core
+                   (bench/write_path_reads.py): a first epoch's bound
   verify --full    every row's checksum streamed (``scan_checksums``) / reading the same files
   trust check      ``trust.verify`` of the pair against a dvc.lock, 1 thread and all cores, / copying the same
                    bytes (what `dvc pull` from a local remote does at least)

@@ -135,10 +135,9 @@ def mismatched_rows(table, values: np.ndarray | None = None, *, algo: str) -> li
     ``algo``: the dataset's algorithm (``checksum_of(meta)``)."""
     got = _sums(values, algo) if values is not None else hidden_checksums(table.column("hidden"), algo=algo)
     if isinstance(table, np.ndarray):
-        stored = table.tobytes()
-        if b"".join(got) == stored and len(got) == len(table):  # the usual case: one comparison
+        if len(got) == len(table) and b"".join(got) == table.tobytes():  # the usual case: one comparison
             return []
-        stored = [stored[i * CHECKSUM_BYTES : (i + 1) * CHECKSUM_BYTES] for i in range(len(table))]
+        stored = [row.tobytes() for row in table]
     else:
         stored = table.column(CHECKSUM_COLUMN).to_pylist()
     return [i for i, (want, have) in enumerate(zip(stored, got)) if want != have]
