@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import yaml
 
+from zgdata.core.yamlio import SafeLoader
 from zgdata.errors import ZgError
 from zgdata.layout import boundary_name
 
@@ -609,7 +610,7 @@ class VerifyConfig(Section):
     seed: int = param(0, "Seed of the sample.", ge=0)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(SafeLoader):
     """SafeLoader that refuses a mapping with a repeated key (PyYAML keeps the last one silently)."""
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import yaml
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from zgdata.core.yamlio import safe_load
 from zgdata.errors import ZgError
 from zgdata.store.codec import codec_of, value_info
 from zgdata.store.integrity import checksum_of
@@ -39,7 +39,7 @@ def provenance(path: Path) -> dict:
         dvc_file = p.with_name(p.name + ".dvc")
         if not dvc_file.is_file():
             continue
-        spec = yaml.safe_load(dvc_file.read_text()) or {}
+        spec = safe_load(dvc_file.read_text()) or {}
         out = {"tracked_by": dvc_file.relative_to(root).as_posix(), "path": rel}
         dep = (spec.get("deps") or [{}])[0]
         sub = path.relative_to(p).as_posix()
@@ -57,7 +57,7 @@ def provenance(path: Path) -> dict:
         return out
     lock = root / "dvc.lock"
     if lock.is_file():
-        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        stages = (safe_load(lock.read_text()) or {}).get("stages", {})
         for name, st in stages.items():
             for o in st.get("outs") or []:
                 op = str(o.get("path", "")).rstrip("/")

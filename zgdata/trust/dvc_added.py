@@ -50,10 +50,12 @@ def outputs(dvcfile: Path, root: Path) -> list[Record]:
     text with its line endings changed, which zg does not redo)."""
     import yaml
 
+    from zgdata.core.yamlio import safe_load
+
     text, in_git = _text(dvcfile)
     name = os.path.relpath(dvcfile, root)
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load(text)
     except yaml.YAMLError as e:
         raise ZgError(
             f"{name} is not a readable .dvc file ({str(e).splitlines()[0]})",

@@ -62,11 +62,13 @@ def recorded(root: Path) -> dict[str, str]:
     """Every output ``root/dvc.lock`` records: its path (relative to root) -> md5 (``....dir`` for a directory)."""
     import yaml
 
+    from zgdata.core.yamlio import safe_load
+
     lock = root / "dvc.lock"
     if not lock.is_file():
         return {}
     try:
-        doc = yaml.safe_load(lock.read_text()) or {}
+        doc = safe_load(lock.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ZgError(
             f"{lock} is not valid YAML ({str(e).splitlines()[0]})", fix="restore it from git (`git checkout dvc.lock`)"

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from zgdata.core.atomic import write_text
+from zgdata.core.yamlio import safe_load
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.exec.stage import dvc, train_one
@@ -120,7 +121,7 @@ def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | No
     try:
         dvc(d, "commit", "-f", f"train@{key}")
         dvc(d, "push", f"train@{key}")
-        entry = yaml.safe_load((d / "dvc.lock").read_text())["stages"][f"train@{key}"]
+        entry = safe_load((d / "dvc.lock").read_text())["stages"][f"train@{key}"]
         uncached = {o["path"]: (d / o["path"]).read_text() for o in entry.get("outs", []) if (d / o["path"]).is_file()}
     except ZgError as e:
         return {**r, "status": "failed", "error": e.what, "error_key": e.key, "fix": e.fix}
@@ -138,7 +139,7 @@ def receive(root: Path, r: dict) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     lock_path = root / "dvc.lock"
-    lock = yaml.safe_load(lock_path.read_text()) if lock_path.exists() else None
+    lock = safe_load(lock_path.read_text()) if lock_path.exists() else None
     lock = lock or {"schema": "2.0", "stages": {}}
     lock.setdefault("stages", {})[f"train@{key}"] = r["lock_entry"]
     write_text(lock_path, yaml.safe_dump(lock, sort_keys=False))  # `dvc commit` rewrites it in DVC's own format

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from zgdata.core.hashing import file_sha256
+from zgdata.core.yamlio import safe_load
 from zgdata.errors import ZgError
 from zgdata.trust.dvc_added import holding
 from zgdata.trust.dvc_lock import recorded
@@ -69,7 +70,7 @@ def _dvc_outputs(root: Path) -> list[tuple[str, str]]:
     excepted; a templated out (``models/blocks/${key}``) counts as the folder before its first ``${``."""
     out = []
     try:
-        spec = yaml.safe_load((root / "dvc.yaml").read_text()) or {}
+        spec = safe_load((root / "dvc.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         spec = {}
     exported = set()
