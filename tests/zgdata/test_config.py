@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from zgdata.config import (
@@ -106,3 +108,19 @@ def test_a_local_section_makes_a_local_pretraining_project_and_a_variant_library
     with pytest.raises(ZgError) as e:
         project_kind({"local": {}, "variants": {"p50": {"prune_ratio": 0.5}}})
     assert e.value.key == "variants" and "local" in e.value.what and "\n" not in e.value.render()
+
+
+def test_yaml_is_parsed_by_libyaml_to_the_same_data():
+    """zg's params.yaml / dvc.lock reads use libyaml's parser where PyYAML has it, and get what SafeLoader gets."""
+    import yaml
+
+    from zgdata.core.yamlio import SafeLoader, safe_load
+
+    assert SafeLoader is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
+    root = Path(__file__).resolve().parents[2]
+    for name in ("params.yaml", "dvc.yaml"):
+        text = (root / name).read_text()
+        assert safe_load(text) == yaml.safe_load(text)
+    odd = "a: 1e3\nb: 0x1f\nc: yes\nd: ~\ne: 2026-12-04\nf: [1.5, .nan, -.inf]\ng: '007'\n"
+    got, want = safe_load(odd), yaml.safe_load(odd)
+    assert repr(got) == repr(want)  # nan != nan: compare the reprs
