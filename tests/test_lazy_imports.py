@@ -1,10 +1,11 @@
 """Commands that never need a model never pay for importing one.
 
-`zg --help`, `zg params`, `zg pipeline`, `zg init` and `zg data inspect` each run in a fresh interpreter through
-`zgtrain.cli.main` (what the `zg` script, `zgtrain.cli.run`, calls); the modules loaded when the command returns are
-checked. torch and transformers load in none of them; lance and pyarrow only in `zg data inspect`, which opens
-datasets. Loading and validating params (ProjectConfig.load) imports none of the four either. `zg --help` imports no typer, Rich or
-pydantic at all (tests/test_cli_help.py checks its page). bench/cli_latency.py measures what this buys.
+`zg --help`, `zg params`, `zg pipeline`, `zg init`, `zg data inspect` and the usage errors of the training and
+verify commands each run in a fresh interpreter through `zgtrain.cli.main` (what the `zg` script,
+`zgtrain.cli.run`, calls); the modules loaded when the command returns are checked. torch and transformers load in
+none of them; lance and pyarrow only in `zg data inspect`, which opens datasets. Loading and validating params
+(ProjectConfig.load) imports none of the four either. `zg --help` imports no typer, Rich or pydantic at all
+(tests/test_cli_help.py checks its page). bench/cli_latency.py measures what this buys.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ json.dump({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules
 """
 
 
-def _imported(args: list[str], cwd, tmp_path) -> set[str]:
+def _imported(args: list[str], cwd, tmp_path, *, code: int = 0) -> set[str]:
     out = tmp_path / "modules.json"
     res = subprocess.run(
         [sys.executable, "-c", PROBE, str(out), *map(str, args)],
@@ -47,7 +48,7 @@ def _imported(args: list[str], cwd, tmp_path) -> set[str]:
     )
     assert res.returncode == 0, f"zg {' '.join(map(str, args))}:\n{res.stdout}\n{res.stderr}"
     got = json.loads(out.read_text())
-    assert got["code"] == 0, f"zg {' '.join(map(str, args))} exited {got['code']}:\n{res.stdout}\n{res.stderr}"
+    assert got["code"] == code, f"zg {' '.join(map(str, args))} exited {got['code']}:\n{res.stdout}\n{res.stderr}"
     return set(got["modules"])
 
 
@@ -64,6 +65,19 @@ def test_help_init_pipeline_and_params_import_no_model_and_no_dataset_library(tm
     _refuse(_imported(["params"], root, tmp_path), MODELS + DATASETS, "zg params")
     _refuse(_imported(["pipeline"], root, tmp_path), MODELS + DATASETS, "zg pipeline")
     _refuse(_imported(["--load-params", "params.yaml"], root, tmp_path), MODELS + DATASETS, "ProjectConfig.load")
+
+
+def test_usage_errors_are_found_before_torch_loads(tmp_path):
+    """A bad CLI option of a training or verify command is refused (exit 2) before torch or transformers load."""
+    root = tmp_path / "proj"
+    _imported(["init", root, "--profile", "tiny"], tmp_path, tmp_path)
+    for args in (
+        ["train", "block", "b00", "--stop-after", "0"],
+        ["train", "block", "b00", "--targets", "somewhere"],
+        ["train", "local", "--stop-after", "-1"],
+        ["data", "verify", "--sample", "0"],
+    ):
+        _refuse(_imported(args, root, tmp_path, code=2), MODELS, f"zg {' '.join(args)}")
 
 
 def test_data_inspect_opens_datasets_without_torch_or_transformers(tiny_built, tmp_path):

@@ -167,6 +167,12 @@ def check_int(key: str, value, *, ge: int | None = None) -> int:
     return _coerce(key, "int", value, {"ge": ge})
 
 
+def check_field(key: str, section: type[Section], name: str, value):
+    """A CLI option that overrides ``section``'s field ``name``, checked by that field's rules and named ``key``."""
+    f = next(f for f in fields(section) if f.name == name)
+    return _coerce(key, f.type if isinstance(f.type, str) else f.type.__name__, value, f.metadata)
+
+
 @dataclass(kw_only=True, frozen=True)
 class TeacherConfig(Section):
     SECTION: ClassVar[str] = "teacher"

@@ -113,11 +113,13 @@ def train_block(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Train block KEY alone from its boundary pair (blocks.KEY over train: defaults). Resumes from its checkpoint."""
-    from zgdata.config import check_int
+    from zgdata.config import check_field, check_int
+    from zgtrain.project.config import ProjectConfig, TrainConfig
 
-    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)  # before torch loads
+    # usage errors before torch loads
+    stop_after = None if stop_after is None else check_int("--stop-after", stop_after, ge=1)
+    targets = None if targets is None else check_field("--targets", TrainConfig, "targets", targets)
     from zgtrain.block.train import train_block as run
-    from zgtrain.project.config import ProjectConfig
 
     r = run(ProjectConfig.load(params), key, targets=targets, stop_after=stop_after, restart=restart)
     loss = "n/a (no steps)" if r.train_loss is None else f"{r.train_loss:.4g}"

@@ -173,7 +173,7 @@ def test_duplicate_yaml_key_is_refused(tiny_project):
         (["train", "block", "b00", "--stop-after", "0"], ["--stop-after", "0"]),
         (["train", "block", "b00", "--stop-after", "-1"], ["--stop-after", "-1"]),
         (["data", "verify", "--sample", "0"], ["--sample"]),
-        (["train", "block", "b00", "--targets", "somewhere"], ["train.targets", "somewhere"]),
+        (["train", "block", "b00", "--targets", "somewhere"], ["--targets", "somewhere", "cached, online"]),
     ],
 )
 def test_usage_errors_are_one_line(tiny_project, args, needles):
