@@ -88,8 +88,22 @@ ONLINE_RATES = {
 
 
 def variant_scores(root: Path) -> list[dict]:
-    """Every variant stage's metrics (metrics/variants/BLOCK/NAME.json), in block then name order."""
-    return [json.loads(p.read_text()) for p in sorted((root / "metrics" / "variants").glob("*/*.json"))]
+    """Every variant stage's metrics (metrics/variants/BLOCK/NAME.json), in block then name order.
+
+    A file without the keys the study reads (one an older zg left there, or a stage's partial write) is named on
+    stderr and skipped, so one stale file does not stop the study."""
+    out = []
+    for p in sorted((root / "metrics" / "variants").glob("*/*.json")):
+        try:
+            x = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            print(f"skipping {p}: not readable JSON ({e})", file=sys.stderr)
+            continue
+        if not isinstance(x, dict) or not {"block", "steps"} <= x.keys():
+            print(f"skipping {p}: no block and steps (stale metrics of another zg?)", file=sys.stderr)
+            continue
+        out.append(x)
+    return out
 
 
 def cost(root: Path, arms: dict) -> dict:
