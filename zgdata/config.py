@@ -20,9 +20,9 @@ from typing import Any, ClassVar, TypeVar
 
 import yaml
 
-from zgdata.core.yamlio import SafeLoader
 from zgdata.errors import ZgError
 from zgdata.layout import boundary_name
+from zgdata.yamlio import SafeLoader
 
 __all__ = [
     "Section",

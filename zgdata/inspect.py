@@ -9,12 +9,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from zgdata.core.yamlio import safe_load
 from zgdata.errors import ZgError
 from zgdata.store.codec import codec_of, value_info
 from zgdata.store.integrity import checksum_of
 from zgdata.store.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
 from zgdata.store.quant import is_quantized
+from zgdata.yamlio import safe_load
 
 __all__ = ["collect", "describe_dataset", "provenance", "render"]
 

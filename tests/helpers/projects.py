@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.helpers.runners import run, zg
-from zgdata.core.yamlio import safe_load
+from zgdata.yamlio import safe_load
 
 __all__ = [
     "PIPELINE_STAGES",

@@ -114,7 +114,7 @@ def test_yaml_is_parsed_by_libyaml_to_the_same_data():
     """zg's params.yaml / dvc.lock reads use libyaml's parser where PyYAML has it, and get what SafeLoader gets."""
     import yaml
 
-    from zgdata.core.yamlio import SafeLoader, safe_load
+    from zgdata.yamlio import SafeLoader, safe_load
 
     assert SafeLoader is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
     root = Path(__file__).resolve().parents[2]

@@ -50,7 +50,7 @@ def outputs(dvcfile: Path, root: Path) -> list[Record]:
     text with its line endings changed, which zg does not redo)."""
     import yaml
 
-    from zgdata.core.yamlio import safe_load
+    from zgdata.yamlio import safe_load
 
     text, in_git = _text(dvcfile)
     name = os.path.relpath(dvcfile, root)

@@ -62,7 +62,7 @@ def recorded(root: Path) -> dict[str, str]:
     """Every output ``root/dvc.lock`` records: its path (relative to root) -> md5 (``....dir`` for a directory)."""
     import yaml
 
-    from zgdata.core.yamlio import safe_load
+    from zgdata.yamlio import safe_load
 
     lock = root / "dvc.lock"
     if not lock.is_file():

@@ -28,9 +28,9 @@ from pathlib import Path
 import yaml
 
 from zgdata.core.atomic import write_text
-from zgdata.core.yamlio import safe_load
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.yamlio import safe_load
 from zgtrain.exec.stage import dvc, train_one
 from zgtrain.project.config import ProjectConfig
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import yaml
 
 from zgdata.core.hashing import file_sha256
-from zgdata.core.yamlio import safe_load
 from zgdata.errors import ZgError
 from zgdata.trust.dvc_added import holding
 from zgdata.trust.dvc_lock import recorded
+from zgdata.yamlio import safe_load
 
 __all__ = ["RECORD", "record_path", "is_export", "check_target", "EXPORT_STAGE"]
 
