@@ -55,7 +55,8 @@ from zgdata.materialize.driver import materialize
 from zgdata.store.lance_io import dir_bytes, open_dataset
 from zgdata.store.reader import BoundaryDataset, BoundaryPair
 from zgdata.teacher.prepare import load_teacher, prepare, read_teacher_json
-from zgdata.tokens.tokenset import read_tokens, tokenize, tokens_meta
+from zgdata.tokens.store import read_tokens, tokens_meta
+from zgdata.tokens.tokenset import tokenize
 from zgtrain.pipeline.profiles import profile_params
 
 

@@ -52,7 +52,7 @@ from zgdata.config import MaterializeConfig, PartitionConfig, section
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
 from zgdata.store.lance_io import open_dataset, schema_meta
-from zgdata.tokens.tokenset import tokens_meta
+from zgdata.tokens.store import tokens_meta
 from zgtrain.pipeline.profiles import profile_params
 
 

@@ -89,7 +89,7 @@ def _memory_child(project: Path, key: str, mode: str, batch: int) -> None:
     from zgdata.layout import Layout
     from zgdata.store.reader import BoundaryPair
     from zgdata.teacher.prepare import load_slice, load_teacher
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.block.conversions import convert
     from zgtrain.project.config import ProjectConfig
 

@@ -108,7 +108,7 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
 def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int], dict]:
     from zgdata.lineage import read_tokens_json
     from zgdata.teacher.prepare import load_teacher_checked, read_teacher_json
-    from zgdata.tokens.tokenset import open_tokens, read_tokens
+    from zgdata.tokens.store import open_tokens, read_tokens
 
     lin = sets[0].meta["lineage"]
     teacher, tokens = read_teacher_json(layout), read_tokens_json(layout)

@@ -1,5 +1,5 @@
-"""Long documents are read, tokenized and packed in pieces (zgdata/tokens/corpus.py Stream, tokens.py _pieces,
-packing.py add(first=, last=)), and the token set is exactly the one the whole-text path gives.
+"""Long documents are read, tokenized and packed in pieces (zgdata/tokens/corpus.py Stream, pieces.py
+stream_pieces, packing.py add(first=, last=)), and the token set is exactly the one the whole-text path gives.
 
 Memory claims live in bench/tokenize_corpus.py (bench/out/tokenize_single_doc.txt); here only equality.
 """
@@ -24,7 +24,8 @@ from zgdata.errors import ZgError
 from zgdata.tokens.corpus import Source, read
 from zgdata.tokens.encode import pieces
 from zgdata.tokens.packing import EosPacker, PadPacker, RowSpill
-from zgdata.tokens.tokenset import _pieces, tokenize
+from zgdata.tokens.pieces import stream_pieces
+from zgdata.tokens.tokenset import tokenize
 
 PLAYS = (
     "ROMEO. But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\r\n"
@@ -85,7 +86,7 @@ def test_streamed_pieces_are_the_pieces_of_the_whole_text():
             n = rng.randrange(1, 30)
             chunks.append(text[i : i + n])
             i += n
-        assert list(_pieces(iter(chunks), limit)) == pieces(text, limit)
+        assert list(stream_pieces(iter(chunks), limit)) == pieces(text, limit)
 
 
 def _packed(packer_cls, docs, parts: bool, tmp_path: Path, **kw):

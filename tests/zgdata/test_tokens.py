@@ -15,7 +15,8 @@ from tests.helpers.runners import zg_main
 from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig, section
 from zgdata.layout import Layout
 from zgdata.teacher.prepare import prepare
-from zgdata.tokens.tokenset import corpus_digest, documents, read_tokens, tokenize, tokens_meta
+from zgdata.tokens.store import read_tokens, tokens_meta
+from zgdata.tokens.tokenset import corpus_digest, documents, tokenize
 
 TEXTS = {
     "alpha": "The river ran quietly past the old mill, where nobody had worked for many years. " * 6,

@@ -53,7 +53,7 @@ def build(request, tmp_path_factory):
 
 
 def _heldout_ids(layout: Layout, n: int = 4) -> torch.Tensor:
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
 
     splits = lance.dataset(str(layout.tokens)).to_table(columns=["split"]).column("split").to_pylist()
     ids, _ = read_tokens(layout, [i for i, s in enumerate(splits) if s == "heldout"][:n])
@@ -72,7 +72,7 @@ def test_teacher_slices_and_boundaries_follow_the_family(built):
     the final norm's input (bit for bit); the head slice embeds to boundary 0 as evaluate's shift does."""
     from zgdata.store.reader import BoundaryDataset
     from zgdata.teacher.prepare import load_slice, load_teacher
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
 
     name, root = built
     layout = Layout(root)

@@ -238,7 +238,7 @@ def test_a_tokens_boundaries_do_not_depend_on_its_batch(built):
     from zgdata.families.capture import capture
     from zgdata.store.reader import BoundaryDataset
     from zgdata.teacher.prepare import load_teacher
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
 
     _, src = built
     layout = Layout(src)

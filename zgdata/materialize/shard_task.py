@@ -109,7 +109,7 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
 
 def _run(spec: dict) -> dict:
     from zgdata.core.runtime import set_threads
-    from zgdata.tokens.tokenset import open_tokens, read_tokens
+    from zgdata.tokens.store import open_tokens, read_tokens
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     set_threads(spec["threads"])

@@ -138,7 +138,7 @@ class VirtualBoundary:
 
         from zgdata.core.timing import span
         from zgdata.store.quant import roundtrip_tensor
-        from zgdata.tokens.tokenset import read_tokens
+        from zgdata.tokens.store import read_tokens
 
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= len(self.seq_ids)):

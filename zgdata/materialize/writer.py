@@ -22,7 +22,7 @@ from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.encode import Encoder
 from zgdata.materialize.staging import Streams, boundary_schema, commit
 from zgdata.teacher.prepare import load_teacher
-from zgdata.tokens.tokenset import open_tokens, read_tokens
+from zgdata.tokens.store import open_tokens, read_tokens
 
 __all__ = ["Writer", "run_local"]
 

@@ -5,12 +5,12 @@ the teacher's fast tokenizer (zgdata/tokens/encode.py: its Rust batch API, the n
 while this one is packed; the ids of ``tok(text)``), packed into ``seq_len`` rows as they arrive
 (zgdata/tokens/packing.py: ``eos`` or ``pad``) and spilled to disk per split; the seeded row caps
 then pick rows from the spills into a Lance dataset written batch by batch into a
-staging path and renamed into place. Rows: train first, then heldout; ``seq_id`` is the
+staging path and renamed into place (zgdata/tokens/store.py, which also opens and reads it). Rows: train first, then heldout; ``seq_id`` is the
 row number, and every boundary dataset keeps exactly this row order.
 
 A document longer than ``stream_bytes`` on disk (a text file, a JSONL line) is never held
 whole: corpus.py reads it in chunks, it is cut into the pieces zgdata/tokens/encode.py would cut
-the whole text into (``_pieces``: same cuts, so the same ids), each piece is hashed into the
+the whole text into (zgdata/tokens/pieces.py ``stream_pieces``: same cuts, so the same ids), each piece is hashed into the
 document's sha256, encoded and handed to its packer as it comes, so memory holds a few
 pieces, not the document. A tokenizer that cannot be cut (``splittable``) gets the whole
 text. Whatever ``stream_bytes``, ``piece_chars``, ``batch_chars`` and
@@ -27,44 +27,36 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from zgdata.config import SAMPLE_SOURCE, CorpusConfig
-from zgdata.core.atomic import atomic_path, write_json
 from zgdata.core.hashing import fingerprint, sha256_bytes
 from zgdata.core.lock import locked
 from zgdata.core.paths_guard import output
 from zgdata.core.progress import progress as _progress
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
-from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.tokens.corpus import CorpusDigest, Doc, Walk, size, sources
-from zgdata.tokens.encode import PIECE_CHARS, batch_encoder, pipelined, plain_backend, splittable
+from zgdata.tokens.encode import PIECE_CHARS, batch_encoder, pipelined
 from zgdata.tokens.mix import Chain, chained, sample_lineage, shares
 from zgdata.tokens.packing import FLUSH_TOKENS, EosPacker, PadPacker, RowSpill
+from zgdata.tokens.pieces import add_streamed, cuttable
+from zgdata.tokens.store import TokensResult, write_tokens
 
 __all__ = [
     "tokenize",
-    "TokensResult",
     "documents",
     "heldout_documents",
     "corpus_digest",
-    "tokens_meta",
-    "open_tokens",
-    "read_tokens",
     "TOKENS_VERSION",
     "BATCH_CHARS",
     "train_documents",
     "pack_part",
-    "write_tokens",
     "sample_rows",
 ]
 
@@ -72,16 +64,6 @@ TOKENS_VERSION = 1
 BATCH_CHARS = 1 << 21  # characters per tokenizer call (~2 MB of text): bounds memory, keeps the batch API busy
 BATCH_DOCS = 512
 STREAM_BYTES = 1 << 23  # a document longer than this on disk (8 MB) is read and tokenized in pieces
-
-
-@dataclass(kw_only=True, frozen=True)
-class TokensResult:
-    path: Path
-    fingerprint: str
-    rows: dict
-    tokens: dict
-    documents: int = 0
-    empty_documents: int = 0
 
 
 def _parts(cfg: CorpusConfig) -> list[CorpusConfig]:
@@ -242,64 +224,6 @@ def _packers(cfg, tok, spill_dir: Path, flush_tokens: int) -> dict:
     return packers
 
 
-_CUT = re.compile(r"[!-~][ \n]")  # encode.py's cut: before a space or newline that follows an ASCII non-space
-
-
-def _pieces(chunks: Iterable[str], limit: int) -> Iterator[str]:
-    """The pieces ``zgdata.tokens.encode.pieces(text, limit)`` gives, of the text the chunks make up, read as they come:
-    about ``limit`` characters buffered, more only while no cut is in sight."""
-    it, buf, done = iter(chunks), "", False
-    while True:
-        while not done and len(buf) <= limit:  # the rest fits, or a cut at or before the limit is in sight
-            nxt = next(it, None)
-            done = nxt is None
-            buf += nxt or ""
-        if len(buf) <= limit:
-            if buf:
-                yield buf
-            return
-        cut = next((i for i in range(limit, 0, -1) if buf[i] in " \n" and "!" <= buf[i - 1] <= "~"), 0)
-        scanned = limit
-        while not cut:  # none before the limit: the first after it, reading on as long as there is none
-            m = _CUT.search(buf, scanned)
-            if m is not None:
-                cut = m.start() + 1
-            elif done:
-                cut = len(buf)
-            else:
-                scanned = max(limit, len(buf) - 1)
-                nxt = next(it, None)
-                done = nxt is None
-                buf += nxt or ""
-        yield buf[:cut]
-        buf = buf[cut:]
-
-
-def _cuttable(tok) -> bool:
-    """Whether ``batch_encoder(tok)`` encodes a long text in pieces (so its pieces may be encoded one by one)."""
-    backend = plain_backend(tok)
-    return backend is not None and splittable(backend)
-
-
-def _add_streamed(d: Doc, encode, cuttable: bool, packer, piece_chars: int) -> str:
-    """A streamed document into ``packer``, piece by piece (the next piece encoded while this one is packed);
-    returns sha256(text) (hex)."""
-    h = hashlib.sha256()
-    if not cuttable:  # one call on the whole text
-        text = d.text or "".join(d.chunks())
-        for i in range(0, len(text), piece_chars):
-            h.update(text[i : i + piece_chars].encode())
-        packer.add(d.id, encode([text])[0])
-        return h.hexdigest()
-    first = True
-    for piece, (ids,) in pipelined(_pieces(d.chunks(), piece_chars), lambda p: encode([p])):
-        h.update(piece.encode())
-        packer.add(d.id, ids, first=first, last=False)
-        first = False
-    packer.add(d.id, np.empty(0, np.int32), first=first, last=True)
-    return h.hexdigest()
-
-
 def _pack(cfg, tok, walk: Walk, packers: dict, chars: tuple[int, int]) -> tuple[str, str, int]:
     """Tokenize every document into its split's packer: (corpus digest, held-out ids digest, held-out documents)."""
     batch_chars, piece_chars = chars
@@ -307,17 +231,17 @@ def _pack(cfg, tok, walk: Walk, packers: dict, chars: tuple[int, int]) -> tuple[
     digest, held_ids = CorpusDigest(), hashlib.sha256()
     held_docs = 0
     # exactly tok(text, add_special_tokens=False)'s ids, via the Rust batch API
-    encode, cuttable = batch_encoder(tok), _cuttable(tok)  # piece_chars: the pieces of streamed documents
+    encode, in_pieces = batch_encoder(tok), cuttable(tok)  # piece_chars: the pieces of streamed documents
 
     def encode_batch(b: list[Doc]):
-        return None if b[0].stream is not None else encode([d.text for d in b])  # a streamed one: in _add_streamed
+        return None if b[0].stream is not None else encode([d.text for d in b])  # a streamed one: in add_streamed
 
     for batch, encoded in pipelined(_batches(walk, batch_chars), encode_batch):
         for i, d in enumerate(batch):
             held = is_heldout(d)
             packer = packers["heldout" if held else "train"]
             if encoded is None:
-                text_sha = _add_streamed(d, encode, cuttable, packer, piece_chars)
+                text_sha = add_streamed(d, encode, in_pieces, packer, piece_chars)
             else:
                 text_sha = sha256_bytes(d.text.encode())
                 packer.add(d.id, encoded[i])
@@ -460,41 +384,6 @@ def _tokenize_mix(cfg, layout, teacher, tok, walks: list[Walk], spill_dir: Path,
     return write_tokens(layout, cfg, fp, lineage, spills, keep)
 
 
-def write_tokens(layout: Layout, cfg, fp: str, lineage: dict, spills: dict, keep: dict) -> TokensResult:
-    """data/tokens.lance (``keep``: each split's kept rows of ``spills``, None for all) and data/tokens.json."""
-    pad = cfg.packing == "pad"
-    rows = {s: spills[s].rows if keep[s] is None else len(keep[s]) for s in spills}
-    tokens = {s: int(rows[s] * cfg.seq_len) for s in spills}
-    meta = {"kind": "tokens", "fingerprint": fp, "lineage": lineage, "rows": rows, "complete": True}
-    fields = [
-        pa.field("seq_id", pa.int64()),
-        pa.field("split", pa.string()),
-        pa.field("doc", pa.string()),
-        pa.field("input_ids", pa.list_(pa.int32(), cfg.seq_len)),
-    ]
-    if pad:
-        fields.append(pa.field("length", pa.int32()))
-    schema = pa.schema(fields, metadata=encode_meta(meta))
-    real = {}
-    layout.tokens_json.unlink(missing_ok=True)  # until both are written, the pair is absent, never mismatched
-    _write_atomic(
-        pa.RecordBatchReader.from_batches(schema, _kept_rows(spills, keep, schema, real)),
-        layout.tokens,
-        message=f"tokens {fp[:12]}: {rows}",
-    )
-    if pad:
-        lineage["packing"]["real_tokens"] = real
-    write_json(layout.tokens_json, {"fingerprint": fp, "rows": rows, "tokens": tokens, "lineage": lineage})
-    return TokensResult(
-        path=layout.tokens,
-        fingerprint=fp,
-        rows=rows,
-        tokens=tokens,
-        documents=lineage["documents"],
-        empty_documents=lineage.get("empty_documents", 0),
-    )
-
-
 def _tokenize(
     cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, chars: tuple[int, int], flush_tokens: int
 ) -> TokensResult:
@@ -514,76 +403,3 @@ def _tokenize(
     }
     lineage = _lineage(cfg, teacher, tok_sha, walk, digest_hex, split_spec, held_docs, packers)
     return write_tokens(layout, cfg, fp, lineage, spills, keep)
-
-
-def _kept_rows(spills: dict[str, RowSpill], keep: dict[str, np.ndarray | None], schema: pa.Schema, real: dict):
-    """The final rows, batch by batch: train then heldout, each split's kept rows in order, numbered.
-    ``real`` receives the kept rows' real (unpadded) tokens per split when rows carry a length."""
-    seq_id = 0
-    for split in ("train", "heldout"):
-        real[split] = 0
-        sel, start = keep[split], 0
-        for b in spills[split].batches():
-            if sel is not None:
-                lo, hi = np.searchsorted(sel, [start, start + b.num_rows])
-                idx, start = sel[lo:hi] - start, start + b.num_rows
-                if len(idx) == 0:
-                    continue
-                b = b.take(pa.array(idx))
-            n = b.num_rows
-            if "length" in b.schema.names:
-                real[split] += int(np.asarray(b.column("length")).sum())
-            cols = [
-                pa.array(np.arange(seq_id, seq_id + n, dtype=np.int64)),
-                pa.array([split] * n, pa.string()),
-                *b.columns,
-            ]
-            seq_id += n
-            yield pa.RecordBatch.from_arrays(cols, schema=schema)
-
-
-def _write_atomic(data, path: Path, *, message: str) -> None:
-    """Write next to ``path`` and rename, so a crash never leaves a half-written dataset there."""
-    import lance
-
-    with atomic_path(path) as tmp:
-        lance.write_dataset(data, str(tmp), mode="create", transaction_properties={"zg.message": message})
-
-
-def tokens_meta(layout: Layout = Layout()) -> dict:
-    """The token dataset's own ``zg.*`` metadata (its lineage record is data/tokens.json: zgdata.lineage)."""
-    return schema_meta(open_tokens(layout).schema)
-
-
-def open_tokens(layout: Layout = Layout()):
-    """data/tokens.lance, checked to be the token set data/tokens.json describes."""
-    from zgdata.lineage import check, read_tokens_json
-    from zgdata.trust import dvc_lock as trust
-
-    trust.verify(layout.tokens, layout.tokens_json)
-    ds = open_dataset(layout.tokens, kind="tokens")
-    check(
-        str(layout.tokens_json),
-        read_tokens_json(layout),
-        str(layout.tokens),
-        schema_meta(ds.schema),
-        keys=("fingerprint",),
-        fix="restore both from one commit (`dvc checkout data/tokens.lance data/tokens.json`) "
-        "or re-run `dvc repro tokens`",
-    )
-    return ds
-
-
-def read_tokens(
-    layout: Layout, rows: np.ndarray | list[int] | None = None, *, ds=None
-) -> tuple[torch.Tensor, list[str]]:
-    """(N, T) int64 input ids and splits of the given row numbers (all rows if None)."""
-    ds = ds if ds is not None else open_tokens(layout)
-    table = (
-        ds.to_table(columns=["input_ids", "split"])
-        if rows is None
-        else ds.take(np.asarray(rows, dtype=np.int64), columns=["input_ids", "split"])
-    )
-    col = table.column("input_ids").combine_chunks()
-    ids = torch.from_numpy(col.values.to_numpy().astype(np.int64)).reshape(len(table), -1)
-    return ids, table.column("split").to_pylist()

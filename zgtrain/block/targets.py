@@ -49,7 +49,7 @@ class OnlineTargets:
 
     def __init__(self, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):
         from zgdata.teacher.prepare import load_teacher
-        from zgdata.tokens.tokenset import open_tokens
+        from zgdata.tokens.store import open_tokens
 
         self.layout = layout
         self.tokens = open_tokens(layout)
@@ -70,7 +70,7 @@ class OnlineTargets:
 
     def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
         from zgdata.families.capture import capture
-        from zgdata.tokens.tokenset import read_tokens
+        from zgdata.tokens.store import read_tokens
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
         caps = capture(self.model, ids, list(self.layers), storage_dtype=self.storage)

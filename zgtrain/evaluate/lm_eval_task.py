@@ -83,7 +83,7 @@ def segments(layout: Layout) -> tuple[list[tuple[str, list[str]]], dict]:
     mid-line, so the last is dropped."""
     from zgdata.lineage import read_tokens_json
     from zgdata.teacher.prepare import load_tokenizer
-    from zgdata.tokens.tokenset import open_tokens
+    from zgdata.tokens.store import open_tokens
 
     ds = open_tokens(layout)
     cols = ["seq_id", "split", "doc", "input_ids"] + (["length"] if "length" in ds.schema.names else [])

@@ -31,7 +31,7 @@ from zgdata.families.widen import running_widened
 from zgdata.layout import Layout
 from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice, load_teacher
-from zgdata.tokens.tokenset import read_tokens
+from zgdata.tokens.store import read_tokens
 from zgtrain.block.load import load_block
 from zgtrain.block.objectives import nmse
 from zgtrain.evaluate.gates import judge_sets

@@ -79,7 +79,7 @@ def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]
     import torch
 
     from zgdata.lineage import read_tokens_json
-    from zgdata.tokens.tokenset import open_tokens, read_tokens
+    from zgdata.tokens.store import open_tokens, read_tokens
 
     ds = open_tokens(layout)
     splits = np.asarray(ds.to_table(columns=["split"]).column("split").to_pylist())

@@ -32,7 +32,7 @@ from zgdata.layout import Layout
 from zgdata.lineage import read_tokens_json
 from zgdata.store.reader import check_batch, step_rows
 from zgdata.teacher.prepare import load_tokenizer, read_teacher_json
-from zgdata.tokens.tokenset import open_tokens, read_tokens
+from zgdata.tokens.store import open_tokens, read_tokens
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
 from zgtrain.fit.schedule import block_seed, lr_at

@@ -20,6 +20,8 @@ CODE = {
     "sample": ["zgdata/tokens/sample.py"],
     "tokens": [
         "zgdata/tokens/tokenset.py",
+        "zgdata/tokens/store.py",
+        "zgdata/tokens/pieces.py",
         "zgdata/tokens/corpus.py",
         "zgdata/tokens/documents.py",
         "zgdata/tokens/jsonl.py",

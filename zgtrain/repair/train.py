@@ -35,7 +35,7 @@ from zgdata.layout import Layout, RepairPaths
 from zgdata.lineage import check, read_tokens_json
 from zgdata.store.reader import BoundaryDataset, check_batch, step_rows
 from zgdata.teacher.prepare import load_slice
-from zgdata.tokens.tokenset import open_tokens
+from zgdata.tokens.store import open_tokens
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
 from zgtrain.fit.schedule import block_seed, lr_at

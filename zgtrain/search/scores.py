@@ -18,7 +18,7 @@ from zgdata.families.registry import config_from_dict, family_of
 from zgdata.layout import Layout
 from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice
-from zgdata.tokens.tokenset import read_tokens
+from zgdata.tokens.store import read_tokens
 from zgtrain.block.conversions import identity
 from zgtrain.block.load import load_block
 

@@ -24,7 +24,8 @@ from zgdata.materialize.driver import estimate_bytes, materialize
 from zgdata.store.lance_io import open_dataset
 from zgdata.store.reader import BoundaryDataset, BoundaryPair
 from zgdata.teacher.prepare import load_teacher, prepare, tiny_teacher
-from zgdata.tokens.tokenset import read_tokens, tokenize
+from zgdata.tokens.store import read_tokens
+from zgdata.tokens.tokenset import tokenize
 
 
 def _configs(root):

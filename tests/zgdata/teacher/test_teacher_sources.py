@@ -219,7 +219,7 @@ def test_bf16_teacher_materializes_fp32_bits_and_verifies(tiny_project):
 
     from tests.helpers.datasets import boundary_bits
     from zgdata.families.capture import capture
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
 
     edit_params(tiny_project, teacher={"dtype": "bfloat16"})
     zg_main("teacher", "prepare", cwd=tiny_project)

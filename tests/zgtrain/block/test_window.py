@@ -201,7 +201,7 @@ def test_heterogeneous_student_loads_generates_and_equals_its_blocks(tiny_built,
 
     from zgdata.materialize.driver import materialize
     from zgdata.teacher.prepare import prepare
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.block.load import load_block
     from zgtrain.block.train import train_block
     from zgtrain.evaluate.run import evaluate

@@ -94,7 +94,7 @@ def test_dvc_metrics_and_plots_show(reproduced):
 def test_assembled_student_loads_and_generates(reproduced):
     from transformers import AutoModelForCausalLM
 
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
 
     model = AutoModelForCausalLM.from_pretrained(reproduced / "models" / "student").eval()
     summary = read_json(reproduced / "models" / "student" / "zerograph.json")
@@ -141,7 +141,7 @@ def test_identity_assembly_reproduces_teacher_logits(tiny_project):
     from transformers import AutoModelForCausalLM
 
     from zgdata.teacher.prepare import load_teacher
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.block.train import train_block
     from zgtrain.student.assemble import assemble
 

@@ -273,7 +273,7 @@ def test_the_repaired_student_leaves_zg_as_gguf_and_runs_in_llama_cpp(straight, 
     """`zg export repaired`: its per-layer MLP widths (b00 keeps more channels) are refused by the stock hf format in
     one line with nothing written, and go to llama.cpp's deci architecture as GGUF, whose logits in llama.cpp match
     the repaired student's; export.json names models/repaired and its sha256."""
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.student.load import student_sha256
 
     root = copy_project(straight[0], tmp_path / "proj")

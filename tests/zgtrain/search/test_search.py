@@ -287,7 +287,7 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     identity b00 -> teacher b01 from its slice -> head slice) matches the full teacher's held-out CE up to the
     bfloat16 rounding of the stored boundaries, and so does the reference CE (stored h02 -> b01 -> head)."""
     from zgdata.teacher.prepare import load_teacher
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.search.variants import train_variant
 
     params = load_params_of(tiny_project)
@@ -312,7 +312,7 @@ def test_the_searched_mix_assembles_loads_and_generates(assembled):
     """`zg search assemble` (the ``assembled`` fixture's `dvc repro search_assemble`): the chosen variants (or
     teacher blocks) in one student, which zg's loader opens (per-layer widths: zg's own modeling code) and which
     generates."""
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.student.load import load_student
 
     searched = assembled[0]  # read only
@@ -453,7 +453,7 @@ def test_search_assemble_tries_the_next_mixes_until_one_passes_the_gates(assembl
     assert read_json(root / "models" / "search" / "student" / "zerograph.json")["choice"] == tries[want]["mix"]
 
     # the searched student leaves zg: GGUF for llama.cpp (per-layer widths: its deci architecture), same logits
-    from zgdata.tokens.tokenset import read_tokens
+    from zgdata.tokens.store import read_tokens
     from zgtrain.student.load import student_sha256
 
     zg_main("export", "search", "--format", "gguf", "--dtype", "f32", cwd=root)
