@@ -8,12 +8,13 @@ the installed `zg` in a subprocess.
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers.assertions import assert_user_error
-from tests.helpers.projects import set_params, tree_sha256
+from tests.helpers.projects import copy_project, set_params, tree_sha256
 from tests.helpers.runners import zg, zg_main
 from zgtrain.cli import main
 from zgtrain.project.config import OPTIONAL_SECTIONS, SECTIONS
@@ -100,6 +101,21 @@ def test_every_key_is_checked():
     assert every - covered == set()
 
 
+@pytest.fixture(scope="module")
+def _shared_project(tiny_built, tmp_path_factory) -> Path:
+    return copy_project(tiny_built, tmp_path_factory.mktemp("params") / "proj")
+
+
+@pytest.fixture
+def project(_shared_project) -> Path:
+    """One copy of the tiny project per worker for the many bad-value cases (a copy per case cost more than the case);
+    each case edits params.yaml only, checks that nothing else changed, and gets the original params.yaml back."""
+    params = _shared_project / "params.yaml"
+    original = params.read_bytes()
+    yield _shared_project
+    params.write_bytes(original)
+
+
 def _run_cli(args, root, monkeypatch, capsys) -> tuple[int, str]:
     monkeypatch.chdir(root)
     with pytest.raises(SystemExit) as exit_:
@@ -108,17 +124,17 @@ def _run_cli(args, root, monkeypatch, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("sec,name,value", list(_cases()))
-def test_bad_value_is_one_line_and_writes_nothing(tiny_project, monkeypatch, capsys, sec, name, value):
-    set_params(tiny_project, {f"{sec}.{name}": value})
-    before = tree_sha256(tiny_project)
-    code, err = _run_cli(COMMAND[sec], tiny_project, monkeypatch, capsys)
+def test_bad_value_is_one_line_and_writes_nothing(project, monkeypatch, capsys, sec, name, value):
+    set_params(project, {f"{sec}.{name}": value})
+    before = tree_sha256(project)
+    code, err = _run_cli(COMMAND[sec], project, monkeypatch, capsys)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code not in (0, None), err
     assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
     assert f"{sec}.{name}" in lines[0], lines[0]
     if name not in ("boundaries", "heldout", "source", "window", "sets"):  # their messages name the rule, not the value
         assert repr(value)[:20] in lines[0] or str(value)[:20] in lines[0], lines[0]
-    assert tree_sha256(tiny_project) == before
+    assert tree_sha256(project) == before
 
 
 @pytest.mark.parametrize(
@@ -133,14 +149,14 @@ def test_bad_value_is_one_line_and_writes_nothing(tiny_project, monkeypatch, cap
         ({"trian.lr": 1e-3}, "trian"),
     ],
 )
-def test_global_and_per_block_keys(tiny_project, monkeypatch, capsys, updates, needle):
-    set_params(tiny_project, updates)
-    before = tree_sha256(tiny_project)
-    code, err = _run_cli(["train", "block", "b00"], tiny_project, monkeypatch, capsys)
+def test_global_and_per_block_keys(project, monkeypatch, capsys, updates, needle):
+    set_params(project, updates)
+    before = tree_sha256(project)
+    code, err = _run_cli(["train", "block", "b00"], project, monkeypatch, capsys)
     assert code not in (0, None) and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], err
-    assert tree_sha256(tiny_project) == before
+    assert tree_sha256(project) == before
 
 
 def test_yaml_ambiguous_numbers_are_coerced(tiny_project):
