@@ -136,17 +136,18 @@ def time_round_robin(ggufs: dict[str, Path], workload: dict, rounds: int, vocab:
     """{name: runs}: every GGUF loaded at once, one request of each in turn per round (warm-up in the first)."""
     from contextlib import ExitStack
 
+    from zgtrain.search.cost import round_robin
     from zgtrain.search.llamacpp import llama_timer
 
     kw = {"prompt": workload["prompt"], "generate": workload["generate"], "threads": workload.get("threads", 1)}
     with ExitStack() as stack:
         runners = {k: stack.enter_context(llama_timer(p, vocab=vocab, **kw)) for k, p in ggufs.items()}
-        out: dict[str, list[dict]] = {k: [] for k in runners}
-        for i in range(rounds):
-            for k, r in runners.items():
-                out[k] += r(workload.get("warmup", 1) if i == 0 else 0, 1)
-            print(f"# timing round {i + 1}/{rounds}", file=sys.stderr, flush=True)
-        return out
+        return round_robin(
+            runners,
+            rounds,
+            workload.get("warmup", 1),
+            on_round=lambda i: print(f"# timing round {i + 1}/{rounds}", file=sys.stderr, flush=True),
+        )
 
 
 def per_unit_ms(runs: list[dict], phase: str, workload: dict) -> list[float]:

@@ -37,6 +37,7 @@ __all__ = [
     "phases",
     "normalize_runs",
     "opened",
+    "round_robin",
     "TOTALS",
     "block_costs",
     "base_cost",
@@ -227,15 +228,23 @@ def measure_student(project: ProjectConfig, layout: Layout, models: dict, mix: d
     }
 
 
+def round_robin(runners: dict, rounds: int, warmup: int, on_round=None) -> dict[str, list]:
+    """{name: runs}: ``runners`` (name -> ``run(warmup, repeats)``) one run each in turn, ``rounds`` rounds, the
+    warm-ups in the first; so a drift of a shared machine meets every runner alike. ``on_round(i)`` after each."""
+    out: dict[str, list] = {k: [] for k in runners}
+    for i in range(rounds):
+        for k, run in runners.items():
+            out[k] += run(warmup if i == 0 else 0, 1)
+        if on_round is not None:
+            on_round(i)
+    return out
+
+
 def _interleaved_runs(layout: Layout, models: dict, w) -> dict[str, list]:
     """{name: runs} of each model, one run of each in turn, ``w.repeats`` rounds (warm-ups in the first)."""
     with ExitStack() as stack:
         runners = {k: stack.enter_context(_runner(layout, model, summary, w)) for k, (model, summary) in models.items()}
-        out = {k: [] for k in runners}
-        for i in range(w.repeats):
-            for k, run in runners.items():
-                out[k] += run(w.warmup if i == 0 else 0, 1)
-        return out
+        return round_robin(runners, w.repeats, w.warmup)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from zgtrain.search.cost import base_cost, block_costs, normalize_runs, phases, predict, stats, table_rows
+from zgtrain.search.cost import base_cost, block_costs, normalize_runs, phases, predict, round_robin, stats, table_rows
 from zgtrain.search.llamacpp import split_uniform
 from zgtrain.search.table import clamped_runs
 
@@ -134,3 +134,20 @@ def test_normalize_scales_totals_and_layers_by_phase():
         {"prefill_total": 1.0, "decode_total": 2.0},
     ]
     assert runs[0]["prefill"] == [1.0, 2.0]  # the input is not changed
+
+
+def test_round_robin_runs_each_in_turn_with_the_warm_ups_in_the_first_round():
+    calls = []
+
+    def runner(name):
+        def run(warmup, repeats):
+            calls.append((name, warmup, repeats))
+            return [{"name": name, "n": len(calls)}]
+
+        return run
+
+    rounds = []
+    out = round_robin({"a": runner("a"), "b": runner("b")}, 3, 2, on_round=rounds.append)
+    assert calls == [("a", 2, 1), ("b", 2, 1), ("a", 0, 1), ("b", 0, 1), ("a", 0, 1), ("b", 0, 1)]
+    assert [r["n"] for r in out["a"]] == [1, 3, 5] and [r["n"] for r in out["b"]] == [2, 4, 6]
+    assert rounds == [0, 1, 2]
