@@ -141,6 +141,11 @@ def _coerce(key: str, kind: str, value, m: Mapping):
     return value
 
 
+def _kind(f) -> str:
+    """A section field's kind as ``_coerce`` names it (``int``, ``str``...; ``Any`` for a type it does not check)."""
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "Any")
+
+
 @dataclass(kw_only=True, frozen=True)
 class Section:
     """Base of every params section: fields declared with ``param()`` are coerced and range-checked."""
@@ -149,7 +154,7 @@ class Section:
 
     def __post_init__(self):
         for f in fields(self):
-            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "Any")
+            kind = _kind(f)
             if kind in ("int", "float", "str", "bool", "list"):
                 object.__setattr__(self, f.name, _coerce(self.key(f.name), kind, getattr(self, f.name), f.metadata))
         self.validate()
@@ -170,7 +175,7 @@ def check_int(key: str, value, *, ge: int | None = None) -> int:
 def check_field(key: str, section: type[Section], name: str, value):
     """A CLI option that overrides ``section``'s field ``name``, checked by that field's rules and named ``key``."""
     f = next(f for f in fields(section) if f.name == name)
-    return _coerce(key, f.type if isinstance(f.type, str) else f.type.__name__, value, f.metadata)
+    return _coerce(key, _kind(f), value, f.metadata)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -718,7 +723,7 @@ def describe(cls: type) -> list[tuple[str, str, str]]:
     out = []
     for f in fields(cls):
         m = f.metadata
-        kind = f.type if isinstance(f.type, str) else "Any"
+        kind = _kind(f)
         doc = m.get("doc", "")
         if kind in ("int", "float") and any(m.get(b) is not None for b in ("ge", "gt", "lt", "le")):
             doc += f" Allowed: {_allowed(kind, m)}."
