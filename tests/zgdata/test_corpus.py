@@ -349,6 +349,16 @@ BAD = {
         ("corpus.heldout", "['e']", "empty"),
     ),
     "parquet-without-text-column": ("parquet", {}, ("no column 'text'", "corpus.text_field")),
+    "parquet-file-not-parquet": (
+        {"c.parquet": b"not parquet at all"},
+        {},
+        ("c.parquet is not a readable Parquet file", "corpus.source"),
+    ),
+    "lance-directory-not-a-dataset": (
+        {"d.lance/_versions/1.manifest": b"garbage"},
+        {},
+        ("d.lance is not a readable Lance dataset", "corpus.source"),
+    ),
     "datasets-dict-directory": ("dict", {}, ("DatasetDict", "train")),
 }
 
@@ -371,6 +381,7 @@ def test_bad_input_is_one_line_and_publishes_nothing(published, tmp_path, monkey
         source = ["bad/dd"]
     else:
         for name, data in files.items():
+            (bad / name).parent.mkdir(parents=True, exist_ok=True)
             (bad / name).write_bytes(data if isinstance(data, bytes) else data.encode())
         source = ["bad/*"]
     _set_corpus(root, {"source": source, **corpus})

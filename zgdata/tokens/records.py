@@ -17,6 +17,10 @@ __all__ = ["read_records"]
 BATCH_ROWS = 1024  # records per pyarrow/Lance batch: bounds memory for long texts
 
 
+def _unreadable(path: Path, what: str, e: BaseException, *, fix: str) -> ZgError:
+    return ZgError(f"{path} is not a readable {what}: {str(e)[:120]}", key=KEY, fix=fix)
+
+
 def _columns(names: list[str], where: Path, cfg: CorpusConfig) -> list[str]:
     if cfg.text_field not in names:
         raise ZgError(
@@ -50,11 +54,7 @@ def _batches(src: Source, cfg: CorpusConfig):
             try:
                 pf = pq.ParquetFile(f)
             except (pa.ArrowException, OSError) as e:
-                raise ZgError(
-                    f"{f} is not a readable Parquet file: {str(e)[:120]}",
-                    key=KEY,
-                    fix="rewrite it, or drop it from corpus.source",
-                ) from e
+                raise _unreadable(f, "Parquet file", e, fix="rewrite it, or drop it from corpus.source") from e
             cols = _columns(pf.schema_arrow.names, f, cfg)
             yield f, pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
     elif src.format == "hf_disk":
@@ -83,11 +83,7 @@ def _batches(src: Source, cfg: CorpusConfig):
         try:
             ds = lance.dataset(str(path))
         except Exception as e:  # lance raises several types for a non-dataset
-            raise ZgError(
-                f"{path} is not a readable Lance dataset: {str(e)[:120]}",
-                key=KEY,
-                fix="point corpus.source at a Lance dataset directory",
-            ) from e
+            raise _unreadable(path, "Lance dataset", e, fix="point corpus.source at a Lance dataset directory") from e
         cols = _columns(ds.schema.names, path, cfg)
         yield path, ds.scanner(columns=cols, batch_size=BATCH_ROWS, scan_in_order=True).to_batches()
 
