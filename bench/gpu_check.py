@@ -188,7 +188,9 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
     sys.path.insert(0, str(BENCH))
     import moe_batch_invariance as M
 
-    from zgdata.families.moe_kernel import EXPERTS_IMPLEMENTATION
+    from zgdata.families.moe_kernel import register
+
+    EXPERTS_IMPLEMENTATION = register()
 
     hidden, width, tokens = (128, 256, 64) if smoke else (4096, 14336, 2048)  # Mixtral 8x7B's layer shape
     x = torch.randn(1, tokens, hidden, generator=torch.Generator().manual_seed(1)).to(dev, torch.bfloat16)

@@ -36,7 +36,9 @@ def linear_rows_differ(hidden: int, width: int) -> list[int]:
 def experts_module(hidden: int, width: int, experts: int, top_k: int, impl: str):
     import transformers
 
-    import zgdata.families.moe  # noqa: F401 - registers zg's implementation
+    from zgdata.families.moe_kernel import register
+
+    register()  # zg's implementation, by name
 
     cfg = transformers.MixtralConfig(
         hidden_size=hidden, intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k
@@ -58,7 +60,9 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=256)
     args = ap.parse_args()
-    from zgdata.families.moe_kernel import EXPERTS_IMPLEMENTATION
+    from zgdata.families.moe_kernel import register
+
+    EXPERTS_IMPLEMENTATION = register()
 
     differ = linear_rows_differ(args.hidden, args.width)
     print(f"F.linear: the first M rows round differently from the same rows of 64 at M = {differ or 'none'}")

@@ -22,7 +22,7 @@ import torch
 from zgdata.errors import ZgError
 from zgdata.families.base import WHERE
 from zgdata.families.dense import DenseFamily
-from zgdata.families.moe_kernel import EXPERTS_IMPLEMENTATION
+from zgdata.families.moe_kernel import EXPERTS_IMPLEMENTATION, register
 
 __all__ = ["MoeFamily", "EXPERTS_IMPLEMENTATION", "EXPERT_TENSORS"]
 
@@ -89,10 +89,12 @@ class MoeFamily(DenseFamily):
                 )
 
     def load_kwargs(self):
+        register()  # the name means zg's kernel only once transformers knows it
         return {**super().load_kwargs(), "experts_implementation": self.experts_implementation}
 
     def layer_config(self, config, width):
         cfg = super().layer_config(config, width)
+        register()
         cfg._experts_implementation = self.experts_implementation
         return cfg
 

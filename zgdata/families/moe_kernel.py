@@ -13,17 +13,18 @@ change bits under ``grouped_mm``, 65% under ``eager``, none under this, at 1.2x 
 summed by a reshape and sum in slot order, as transformers' ``grouped_mm`` does, not by ``index_add_`` (which CUDA
 runs with atomics). The cost is at most ``CHUNK - 1`` zero rows per expert per layer.
 
-Registered in transformers' ``ExpertsInterface`` as ``EXPERTS_IMPLEMENTATION`` when this module is imported
-(zgdata/families/moe.py imports it), so ``from_pretrained(..., experts_implementation=...)`` and a layer's config
-select it. A student loaded outside zg runs transformers' default instead: the same function, other rounding.
+Registered in transformers' ``ExpertsInterface`` as ``EXPERTS_IMPLEMENTATION`` by ``register()``, which
+zgdata/families/moe.py calls where it hands the name to transformers (``load_kwargs``, ``layer_config``), so
+``from_pretrained(..., experts_implementation=...)`` and a layer's config select it. Not at import: transformers'
+``integrations.moe`` loads its whole modeling stack (3-4 CPU-s), and every `zg` command imports the family registry,
+including those that never build a model (`zg data tokenize`, `zg data verify`). A student loaded outside zg runs transformers' default instead: the same function, other rounding.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, _grouped_linear
 
-__all__ = ["EXPERTS_IMPLEMENTATION", "CHUNK", "padded_experts_forward"]
+__all__ = ["EXPERTS_IMPLEMENTATION", "CHUNK", "padded_experts_forward", "register"]
 
 EXPERTS_IMPLEMENTATION = "zg_padded_grouped_mm"
 CHUNK = 32
@@ -31,6 +32,8 @@ CHUNK = 32
 
 def padded_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
     """(N, C) tokens, (N, K) expert ids and routing weights -> (N, C): sum_k w_k * expert_k(token)."""
+    from transformers.integrations.moe import _grouped_linear  # loaded by register(), which runs first
+
     n_tokens, hidden = hidden_states.shape
     top = top_k_index.shape[-1]
     experts = top_k_index.reshape(-1)  # (S,) S = N * K slots
@@ -55,5 +58,11 @@ def padded_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     return weighted.sum(dim=1).to(hidden_states.dtype)
 
 
-if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
-    ExpertsInterface.register(EXPERTS_IMPLEMENTATION, padded_experts_forward)
+def register() -> str:
+    """Register ``padded_experts_forward`` with transformers as ``EXPERTS_IMPLEMENTATION`` (once per process) and
+    return that name, for ``experts_implementation=`` or a config's ``_experts_implementation``."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+
+    if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
+        ExpertsInterface.register(EXPERTS_IMPLEMENTATION, padded_experts_forward)
+    return EXPERTS_IMPLEMENTATION
