@@ -17,6 +17,7 @@ the same: same stage function, same params, same ``train.threads``).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -153,6 +154,16 @@ def _record(root: Path, key: str, at_start: ProjectConfig) -> None:
     dvc(root, "commit", "-f", f"train@{key}")
 
 
+def _device_type() -> str:
+    """ZG_DEVICE's device type ("cpu", "cuda"), checked before any stage runs. torch loads only for a device other
+    than the CPU: the driver itself runs no model, and a repro with nothing to train should not pay for torch."""
+    if os.environ.get("ZG_DEVICE", "cpu") == "cpu":
+        return "cpu"
+    from zgdata.core.runtime import device
+
+    return device().type
+
+
 def _use_ray(jobs: int, address: str | None, n: int, data: str) -> bool:
     return address is not None or data == "remote" or (jobs > 1 and n > 1)
 
@@ -161,8 +172,6 @@ def repro(
     root: Path, targets: list[str], *, jobs: int = 1, address: str | None = None, data: str = "shared"
 ) -> ReproResult:
     """Bring the targets (all stages by default) up to date like `dvc repro`, with up to JOBS blocks at once."""
-    from zgdata.core.runtime import device
-
     root = Path(root).resolve()
     layout = Layout(root)
     if jobs < 1:
@@ -172,7 +181,7 @@ def repro(
     if not (root / "dvc.yaml").exists():
         raise ZgError(f"{root} has no dvc.yaml", fix="run zg repro in a project root (see `zg init`)")
     project = ProjectConfig.load(layout.params)  # invalid params fail here, before any stage runs
-    dev = device()
+    dev = _device_type()
     # one driver per project: a second `zg repro` is refused at once with the first one's pid
     with project_lock(layout, "repro", writes=root / "dvc.lock", errors_at=root):
         return _repro(root, layout, project, dev, targets, jobs=jobs, address=address, data=data)
@@ -189,7 +198,7 @@ def _on_ray(root: Path, project: ProjectConfig, dev, keys: list[str], jobs, addr
             key="--jobs",
             fix="pip install 'zerograph[ray]' (make setup-dev does), or use --jobs 1",
         ) from e
-    needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev.type == "cuda" else 0} for k in keys}
+    needs = {k: {"cpus": project.block(k).train.threads, "gpus": 1 if dev == "cuda" else 0} for k in keys}
     source = scratch.prepare(root, keys, project) if data == "remote" else None
     return ray_exec.run_blocks(
         root,
