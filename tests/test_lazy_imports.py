@@ -3,7 +3,10 @@
 `zg --help`, `zg params`, `zg pipeline`, `zg init`, `zg data inspect` and the usage errors of the training and
 verify commands each run in a fresh interpreter through `zgtrain.cli.main` (what the `zg` script,
 `zgtrain.cli.run`, calls); the modules loaded when the command returns are checked. torch and transformers load in
-none of them; lance and pyarrow only in `zg data inspect`, which opens datasets. Loading and validating params
+none of them; lance and pyarrow only in `zg data inspect`, which opens datasets. `zg data verify --lineage-only`
+loads torch but not transformers, though it reads the teacher's family (the mixture-of-experts kernel registers
+itself with transformers only when a model is built), and a `zg repro` with nothing to train on the CPU loads
+neither. Loading and validating params
 (ProjectConfig.load) imports none of the four either. `zg --help` imports no typer, Rich or pydantic at all
 (tests/test_cli_help.py checks its page). bench/cli_latency.py measures what this buys.
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+
+from tests.helpers.projects import copy_project
 
 MODELS = ("torch", "transformers")
 DATASETS = ("lance", "pyarrow")
@@ -84,6 +89,36 @@ def test_data_inspect_opens_datasets_without_torch_or_transformers(tiny_built, t
     mods = _imported(["data", "inspect"], tiny_built, tmp_path)  # it only reads: the session's project stays as is
     _refuse(mods, MODELS, "zg data inspect")
     assert "lance" in mods  # it did open the datasets (the check above is not vacuous)
+
+
+def test_lineage_checks_and_a_repro_with_nothing_to_do_import_no_transformers(tiny_built, tmp_path):
+    root = copy_project(tiny_built, tmp_path / "proj")
+    mods = _imported(["data", "verify", "--lineage-only"], root, tmp_path)
+    _refuse(mods, ("transformers",), "zg data verify --lineage-only")
+    assert {"torch", "lance"} <= mods  # it did open the boundaries and hash the tokens
+    subprocess.run(["dvc", "commit", "-f", "-q", "teacher", "tokens", "materialize"], cwd=root, check=True)
+    mods = _imported(["repro", "--json", "tokens"], root, tmp_path)  # recorded, so nothing to run
+    _refuse(mods, MODELS, "zg repro (nothing to train, on the CPU)")
+    assert "dvc" in mods  # it did ask DVC what is stale
+
+
+# A mixture-of-experts family's kernel: known to transformers by the time a model can be built with its name, and
+# not before (``zgdata.families.registry`` is imported by commands that never build a model).
+MOE_PROBE = """
+import sys
+from zgdata.families.registry import family
+fam = family("mixtral")
+before = "transformers.integrations.moe" in sys.modules
+name = fam.load_kwargs()["experts_implementation"]
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from zgdata.families.moe_kernel import padded_experts_forward
+print(before, ALL_EXPERTS_FUNCTIONS[name] is padded_experts_forward)
+"""
+
+
+def test_the_moe_kernel_registers_when_a_model_is_built_not_at_import(tmp_path):
+    res = subprocess.run([sys.executable, "-c", MOE_PROBE], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert res.stdout.split()[-2:] == ["False", "True"], res.stdout + res.stderr
 
 
 # Runs the `zg` script's function on ARGS in this interpreter, then prints its exit code and whether the objects the
