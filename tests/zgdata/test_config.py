@@ -124,3 +124,16 @@ def test_yaml_is_parsed_by_libyaml_to_the_same_data():
     odd = "a: 1e3\nb: 0x1f\nc: yes\nd: ~\ne: 2026-12-04\nf: [1.5, .nan, -.inf]\ng: '007'\n"
     got, want = safe_load(odd), yaml.safe_load(odd)
     assert repr(got) == repr(want)  # nan != nan: compare the reprs
+
+
+def test_dvc_reads_the_projects_yaml_with_ruamels_c_parser_to_the_same_data():
+    """DVC loads dvc.yaml and dvc.lock with ruamel.yaml's "safe" loader; with ruamel.yaml.clib (a dependency,
+    pyproject.toml) that is libyaml's parser, and the data is what ruamel's pure-Python parser reads."""
+    from dvc.utils.serialize import parse_yaml
+    from ruamel.yaml import YAML
+
+    assert YAML(typ="safe").Parser.__name__ == "CParser"
+    root = Path(__file__).resolve().parents[2]
+    for name in ("params.yaml", "dvc.yaml"):
+        text = (root / name).read_text()
+        assert parse_yaml(text, name) == YAML(typ="safe", pure=True).load(text)
