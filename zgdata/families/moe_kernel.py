@@ -16,8 +16,9 @@ runs with atomics). The cost is at most ``CHUNK - 1`` zero rows per expert per l
 Registered in transformers' ``ExpertsInterface`` as ``EXPERTS_IMPLEMENTATION`` by ``register()``, which
 zgdata/families/moe.py calls where it hands the name to transformers (``load_kwargs``, ``layer_config``), so
 ``from_pretrained(..., experts_implementation=...)`` and a layer's config select it. Not at import: transformers'
-``integrations.moe`` loads its whole modeling stack (3-4 CPU-s), and every `zg` command imports the family registry,
-including those that never build a model (`zg data tokenize`, `zg data verify`). A student loaded outside zg runs transformers' default instead: the same function, other rounding.
+``integrations.moe`` loads its whole modeling stack (3-4 CPU-s), and commands that never build a model import the
+family registry too (`zg data verify --lineage-only`). A student loaded outside zg runs transformers' default
+instead: the same function, other rounding.
 """
 
 from __future__ import annotations
