@@ -114,25 +114,46 @@ def test_regenerate_refits_blocks_to_the_partition_and_writes_nothing_from_inval
     assert e.value.key == "train.lr" and (path.read_text(), dvc.read_text()) == before
 
 
-def test_init_without_dvc_on_path_is_one_line_and_a_rerun_works(tmp_path, monkeypatch):
-    """`zg init` where `dvc` is not on PATH: one error line naming it (no traceback), exit 2; once PATH has it,
-    the same command in the same folder succeeds."""
+def test_init_without_git_on_path_is_one_line_and_a_rerun_works(tmp_path, monkeypatch):
+    """`zg init` where `git` is not on PATH: one error line naming it (no traceback), exit 2; once PATH has it,
+    the same command in the same folder succeeds. (DVC's part runs in zg's process: `dvc` need not be on PATH.)"""
     import os
-    import shutil
 
     from tests.helpers.assertions import assert_user_error
     from tests.helpers.runners import zg_main
 
-    git = shutil.which("git")
     bare = tmp_path / "bin"
-    bare.mkdir()
-    (bare / "git").symlink_to(git)  # git but no dvc
+    bare.mkdir()  # neither git nor dvc
     path = os.environ["PATH"]
     monkeypatch.setenv("PATH", str(bare))
     res = zg_main("init", tmp_path / "proj", "--profile", "tiny", cwd=tmp_path, check=False)
     assert res.returncode == 2
-    assert_user_error(res, "`dvc` is not on PATH", "make setup", alone=True)
+    assert_user_error(res, "`git` is not on PATH", "install git", alone=True)
     assert not (tmp_path / "proj" / "params.yaml").exists()
     monkeypatch.setenv("PATH", path)
     zg_main("init", tmp_path / "proj", "--profile", "tiny", cwd=tmp_path)
     assert (tmp_path / "proj" / "dvc.yaml").is_file() and (tmp_path / "proj" / ".dvc").is_dir()
+
+
+def test_init_sets_up_dvc_as_its_cli_does(tmp_path):
+    """`zg init` sets DVC up in its own process; the files are those of `dvc init -q` and `dvc config cache.type
+    reflink,copy` run as commands in another repository, and git has them staged alike."""
+    import subprocess
+
+    from tests.helpers.runners import run, zg_main
+
+    zg_main("init", tmp_path / "proj", "--profile", "tiny", cwd=tmp_path)
+    cli = tmp_path / "cli"
+    cli.mkdir()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "cache.type", "reflink,copy"]):
+        run(cmd, cwd=cli)
+    for name in (".dvc/config", ".dvc/.gitignore"):
+        assert (tmp_path / "proj" / name).read_bytes() == (cli / name).read_bytes(), name
+    assert (tmp_path / "proj" / ".dvc" / "config").read_text() == '[cache]\n    type = "reflink,copy"\n'
+
+    def staged(root):
+        out = subprocess.run(["git", "diff", "--cached", "--name-only"], cwd=root, capture_output=True, text=True)
+        return set(out.stdout.split())
+
+    assert {".dvc/config", ".dvc/.gitignore", ".dvcignore"} <= staged(tmp_path / "proj")
+    assert staged(cli) == {".dvc/config", ".dvc/.gitignore", ".dvcignore"}
