@@ -157,3 +157,21 @@ def test_init_sets_up_dvc_as_its_cli_does(tmp_path):
 
     assert {".dvc/config", ".dvc/.gitignore", ".dvcignore"} <= staged(tmp_path / "proj")
     assert staged(cli) == {".dvc/config", ".dvc/.gitignore", ".dvcignore"}
+
+
+def test_init_where_dvcs_config_is_broken_is_one_line_and_writes_nothing(tmp_path):
+    """A folder whose .dvc/config DVC cannot parse: `zg init` names DVC's complaint in one error line (exit 2) and
+    leaves the folder as it was (no params.yaml, dvc.yaml, ignore files; the config untouched)."""
+    from tests.helpers.assertions import assert_user_error
+    from tests.helpers.projects import tree_sha256
+    from tests.helpers.runners import run, zg_main
+
+    root = tmp_path / "proj"
+    (root / ".dvc").mkdir(parents=True)
+    run(["git", "init", "-q"], cwd=root)
+    (root / ".dvc" / "config").write_text("[core\nbroken = ")
+    before = tree_sha256(root)
+    res = zg_main("init", root, "--profile", "tiny", cwd=tmp_path, check=False)
+    assert res.returncode == 2
+    assert_user_error(res, f"DVC could not set up {root}", "config file error", alone=True)
+    assert tree_sha256(root) == before
