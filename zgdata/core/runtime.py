@@ -16,7 +16,16 @@ import torch
 
 from zgdata.errors import ZgError
 
-__all__ = ["device", "seed_all", "rng_state", "set_rng_state", "set_threads", "writer_threads", "autocast"]
+__all__ = [
+    "device",
+    "seed_all",
+    "rng_state",
+    "set_rng_state",
+    "set_threads",
+    "serial_torch_thread",
+    "writer_threads",
+    "autocast",
+]
 
 
 def device() -> torch.device:
@@ -49,6 +58,26 @@ def set_threads(n: int) -> None:
     """
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+def serial_torch_thread() -> None:
+    """Run the calling thread's torch CPU ops on that thread alone; every other thread keeps its count.
+
+    For the threads of a pool that is itself the parallelism (materialize's encoding threads): otherwise each op
+    on a large tensor opens an OpenMP team of ``torch.get_num_threads()`` threads from every pool thread, so 15
+    encoding threads on a 16-core GPU box would each start 16, and their spin-waits take the cores the other
+    jobs and Lance's writers need. Measured on 2 cores, the encoding pool alone with raw rows (their stats are
+    the torch work): 0.92-1.0 core-seconds per GB with this against 1.31-1.46 without (docs/results/write-path.md).
+
+    torch reads a thread's OpenMP count, which is per thread, on the thread's first op, and sets it then from the
+    process's count: so this makes that first call, then limits this thread's OpenMP runtime through
+    ``threadpoolctl``. Results do not change: the ops the pool runs (``stats.batch_stats``) reduce each token
+    within one thread at any count (tests/zgdata/materialize/test_write_path.py compares them). Where torch uses
+    no OpenMP (some builds), there is nothing to limit and this does nothing."""
+    torch.get_num_threads()
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="openmp")
 
 
 def cores() -> int:

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from zgdata.core.runtime import serial_torch_thread
 from zgdata.materialize import stats as boundary_stats
 from zgdata.store.codec import hidden_arrays, planes
 from zgdata.store.integrity import checksum_array
@@ -70,7 +71,12 @@ class Encoder:
     def __init__(self, *, threads: int, schema: pa.Schema, storage_dtype: str, codec: str, checksum: str):
         self.threads = threads
         self.kw = dict(schema=schema, storage_dtype=storage_dtype, codec=codec, checksum=checksum)
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="zg-encode") if threads > 0 else None
+        # each thread's torch ops (the stats) run on that thread: the pool is the parallelism (runtime.py)
+        self.pool = (
+            ThreadPoolExecutor(threads, thread_name_prefix="zg-encode", initializer=serial_torch_thread)
+            if threads > 0
+            else None
+        )
         self.pending: deque[tuple[np.ndarray, dict[str, Future | Encoded]]] = deque()
         self.width = 1  # boundaries per batch, from the last submit
 

@@ -186,3 +186,38 @@ def test_large_rows_write_a_page_per_batch_that_the_raw_reader_maps(tmp_path):
     assert np.array_equal(read(rows), b.decode(b.ds.take(rows, columns=["hidden"])))
     want = torch.cat(xs)[torch.as_tensor(rows)]
     assert torch.equal(b.take(rows).view(torch.int16), want.view(torch.int16))  # checked against the checksums
+
+
+def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bits():
+    """Each encoding thread runs its torch ops (the stats) on that thread alone (``runtime.serial_torch_thread``):
+    an OpenMP team per pool thread would oversubscribe the cores. The calling thread and threads started later keep
+    the process's count, and a batch's stats are the same bits as the caller's, at a size torch splits over threads."""
+    import threading
+
+    from zgdata.materialize.encode import Encoder
+    from zgdata.materialize.staging import boundary_schema
+    from zgdata.materialize.stats import batch_stats
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    enc = Encoder(
+        threads=2,
+        schema=boundary_schema(None, 512, 576, "bfloat16", "raw"),
+        storage_dtype="bfloat16",
+        codec="raw",
+        checksum="xxh3_128",
+    )
+    try:
+        assert [f.result() for f in [enc.pool.submit(torch.get_num_threads) for _ in range(6)]] == [1] * 6
+        later = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert (torch.get_num_threads(), later) == (2, [2])
+        g = torch.Generator().manual_seed(5)
+        for shape in [(4, 512, 576), (1, 3, 100_000), (2, 7, 5)]:
+            x = (torch.randn(*shape, generator=g) * torch.exp(torch.randn(shape[-1], generator=g))).to(torch.bfloat16)
+            assert enc.pool.submit(batch_stats, x).result() == batch_stats(x), shape
+    finally:
+        enc.close()
+        torch.set_num_threads(before)
