@@ -66,8 +66,9 @@ def serial_torch_thread() -> None:
     For the threads of a pool that is itself the parallelism (materialize's encoding threads): otherwise each op
     on a large tensor opens an OpenMP team of ``torch.get_num_threads()`` threads from every pool thread, so 15
     encoding threads on a 16-core GPU box would each start 16, and their spin-waits take the cores the other
-    jobs and Lance's writers need. Measured on 2 cores, the encoding pool alone with raw rows (their stats are
-    the torch work): 0.92-1.0 core-seconds per GB with this against 1.31-1.46 without (docs/results/write-path.md).
+    jobs and Lance's writers need. Measured on 2 cores, the encoding pool alone on one thread: raw rows (the stats
+    are most of their job) 1.09 -> 0.82 core-seconds per GB, zstd_fast 2.71 -> 2.54 (bench/encode_pool.py,
+    docs/results/write-path.md, fifth pass).
 
     torch reads a thread's OpenMP count, which is per thread, on the thread's first op, and sets it then from the
     process's count: so this makes that first call, then limits this thread's OpenMP runtime through

@@ -22,6 +22,8 @@ is exact integer addition, in any order; ``summary`` reports the relative RMS er
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -53,16 +55,34 @@ def _units(v: np.ndarray) -> int:
     return total
 
 
+_SCRATCH = threading.local()
+
+
+def _row_buffer(shape: torch.Size) -> torch.Tensor:
+    """This thread's float32 buffer of one row's shape, reused for every row it takes stats of.
+
+    A fresh float32 copy per row (1.2 MB for SmolLM2's 512 x 576, 32 MB for an 8B teacher's 2048 x 4096) is a
+    fresh allocation each time, which glibc gives back to the system and takes again, so its pages fault in on
+    every row: this VM writes fresh memory at 0.2-0.8 GB/s. Reused, the encoding pool with raw rows took 0.61
+    core-seconds per GB on one thread instead of 0.82, and no page faults instead of 27k per GB
+    (bench/encode_pool.py, docs/results/write-path.md, fifth pass)."""
+    buf = getattr(_SCRATCH, "row", None)
+    if buf is None or buf.shape != shape:
+        buf = _SCRATCH.row = torch.empty(shape, dtype=torch.float32)
+    return buf
+
+
 def batch_stats(x: torch.Tensor) -> dict:
     """Stats of one (B, T, C) batch in its storage dtype.
 
-    One row at a time, squared in place: the float32 copy stays in cache, at about twice the speed of
-    whole-batch temporaries on the write path (bench/write_path.py). Each token's RMS is the same float32
-    ops on the same values (x*x is what pow(2) computes; the mean is over each token alone), and the
-    absmax is exact in the storage dtype (``aminmax``), so the stats are bit for bit the former ones."""
+    One row at a time, copied into this thread's float32 buffer and squared in place: the copy stays in cache, at
+    about twice the speed of whole-batch temporaries on the write path (bench/write_path.py), and the buffer is
+    the same memory for every row (``_row_buffer``). Each token's RMS is the same float32 ops on the same values
+    (x*x is what pow(2) computes; the mean is over each token alone), and the absmax is exact in the storage
+    dtype (``aminmax``), so the stats are bit for bit the former ones."""
     x = x.cpu()
-    # a copy per row (never the caller's float32 tensor itself), squared in place
-    parts = [xf.mul_(xf).mean(-1).sqrt_().reshape(-1) for xf in (r.to(torch.float32, copy=True) for r in x)]
+    # each row copied into the buffer (never the caller's float32 tensor itself), squared in place
+    parts = [b.mul_(b).mean(-1).sqrt_().reshape(-1) for b in (_row_buffer(r.shape).copy_(r) for r in x)]
     rms = torch.cat(parts).numpy() if parts else np.zeros(0, dtype=np.float32)
     absmax = 0.0
     if x.numel():

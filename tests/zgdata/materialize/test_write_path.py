@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from fractions import Fraction
 
 import lance
 import numpy as np
@@ -221,3 +222,21 @@ def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bit
     finally:
         enc.close()
         torch.set_num_threads(before)
+
+
+def test_stats_reuse_one_row_buffer_per_thread_and_leave_a_float32_batch_as_it_was():
+    """``batch_stats`` copies each row into this thread's float32 buffer (a fresh copy per row faulted its pages in
+    every time); every batch of the same row shape reuses that buffer, and a float32 batch is never squared in place."""
+    from zgdata.materialize import stats
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 16, 24, generator=g)
+    kept = x.clone()
+    first = stats.batch_stats(x)
+    ptr = stats._SCRATCH.row.data_ptr()
+    again = stats.batch_stats(x.to(torch.bfloat16).float())
+    assert stats._SCRATCH.row.data_ptr() == ptr
+    assert torch.equal(x, kept)
+    rms = x.pow(2).mean(-1).sqrt().reshape(-1)
+    assert first["tokens"] == again["tokens"] == 48 and first["absmax"] == float(x.abs().max())
+    assert stats.summary(first)["mean_rms"] == float(sum(Fraction(v) for v in rms.tolist()) / 48)

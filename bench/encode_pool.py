@@ -1,0 +1,87 @@
+"""The encoding pool's two fifth-pass changes, each against what it replaced, the arms alternating in one process.
+Not a test.
+
+    python bench/encode_pool.py                        # raw and zstd_fast, 1 and 2 encoding threads, 4 rounds
+    python bench/encode_pool.py --codecs raw --rounds 6
+
+Each encoding job takes the boundary stats with torch (a float32 copy, square, mean and sqrt per row:
+zgdata/materialize/stats.py) and, for the compressed codecs, runs zstd; every job computes the row checksums. Arms:
+
+  before     the pool's threads take torch's process-wide thread count, so every op on a large tensor opens an
+             OpenMP team of ``torch.get_num_threads()`` threads from each encoding thread; each row is copied into
+             a fresh float32 tensor
+  omp        each encoding thread limits its own OpenMP count to one (``runtime.serial_torch_thread``); fresh
+             float32 copies
+  now        what materialize does: the OpenMP limit, and each row copied into the thread's reused float32 buffer
+             (``stats._row_buffer``)
+
+The pool runs the synthetic batches of bench/write_path.py (4 x 512 x 576 bf16, 4 boundaries, 40 batches, no I/O).
+Printed per arm: the best GB/s of bf16 input over the rounds, the median CPU seconds per GB (the process's, every
+thread's) and the median minor page faults per GB (fresh pages the process touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+
+import torch
+from write_path import pool_rate, synthetic
+
+from zgdata.materialize import encode, stats
+
+BATCHES, BOUNDARIES = 40, 4
+ARMS = ("before", "omp", "now")
+
+
+def usage() -> tuple[float, int]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_minflt
+
+
+def arm(xs, codec: str, threads: int, name: str) -> tuple[float, float, float]:
+    """(GB/s, core-s per GB, minor faults per GB) of the pool in arm ``name``."""
+    limit, buffer = encode.serial_torch_thread, stats._row_buffer
+    if name == "before":
+        encode.serial_torch_thread = lambda: None  # the pool's threads take torch's process-wide count
+    if name in ("before", "omp"):
+        stats._row_buffer = lambda shape: torch.empty(shape, dtype=torch.float32)  # a fresh copy per row
+    try:
+        (c0, f0) = usage()
+        gbps = pool_rate(xs, codec, threads, BATCHES, BOUNDARIES)
+        (c1, f1) = usage()
+        gb = BATCHES * BOUNDARIES * xs[0].numel() * 2 / 1e9
+        return gbps, (c1 - c0) / gb, (f1 - f0) / gb
+    finally:
+        encode.serial_torch_thread, stats._row_buffer = limit, buffer
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--codecs", default="raw,zstd_fast")
+    ap.add_argument("--threads", default="1,2", help="encoding-thread counts")
+    ap.add_argument("--rounds", type=int, default=4)
+    a = ap.parse_args(argv)
+    xs = synthetic(8, 512, 576)
+    print(f"torch's process-wide thread count: {torch.get_num_threads()}", flush=True)
+    res: dict[tuple, list] = {}
+    for r in range(a.rounds):
+        for codec in a.codecs.split(","):
+            for threads in map(int, a.threads.split(",")):
+                for name in ARMS if r % 2 else ARMS[::-1]:
+                    res.setdefault((codec, threads, ARMS.index(name)), []).append(arm(xs, codec, threads, name))
+    for (codec, threads, i), v in sorted(res.items()):
+        print(
+            f"{codec:10s} {threads} thread(s)  {ARMS[i]:6s}  {max(g for g, _, _ in v):.2f} GB/s  "
+            f"{statistics.median(c for _, c, _ in v):.2f} core-s per GB  "
+            f"{statistics.median(f for _, _, f in v) / 1e3:.1f}k faults per GB  (rounds, GB/s/core-s: "
+            + ", ".join(f"{g:.2f}/{c:.2f}" for g, c, _ in v)
+            + ")",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
