@@ -65,7 +65,8 @@ def _row_buffer(shape: torch.Size) -> torch.Tensor:
     fresh allocation each time, which glibc gives back to the system and takes again, so its pages fault in on
     every row: this VM writes fresh memory at 0.2-0.8 GB/s. Reused, the encoding pool with raw rows took 0.61
     core-seconds per GB on one thread instead of 0.82, and no page faults instead of 27k per GB
-    (bench/encode_pool.py, docs/results/write-path.md, fifth pass)."""
+    (bench/encode_pool.py, docs/results/write-path.md, fifth pass). The buffer lives as long as its thread: one row
+    per encoding thread, and one in the thread that captures when it takes stats itself (``writer_threads`` 0)."""
     buf = getattr(_SCRATCH, "row", None)
     if buf is None or buf.shape != shape:
         buf = _SCRATCH.row = torch.empty(shape, dtype=torch.float32)
