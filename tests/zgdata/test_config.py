@@ -1,4 +1,4 @@
-"""zgdata/config.py: section parsing, coercion of YAML-ambiguous values, ranges, duplicate keys (pure, fast)."""
+"""zgdata/config/: section parsing, coercion of YAML-ambiguous values, ranges, duplicate keys (pure, fast)."""
 
 from __future__ import annotations
 
