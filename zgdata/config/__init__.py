@@ -2,7 +2,7 @@
 
 One keyword-only frozen dataclass per section. Each field is declared with ``param()``:
 its default, its documentation (``zg params`` prints it) and its allowed range. Defaults
-live only here (and in zgtrain/project/config.py for zgtrain's sections); profiles and params.yaml
+live only here (and in zgtrain/project/config.py and sections.py for zgtrain's); profiles and params.yaml
 are generated from them. ``Section.__post_init__`` coerces values where YAML is ambiguous
 (``1e-3`` is read as a string) and refuses every other wrong type or out-of-range value
 with one line naming the key, the value and what is allowed.

@@ -1,6 +1,6 @@
 """The machinery every params section uses: ``param()``, ``Section`` and its checks, reading params.yaml.
 
-One keyword-only frozen dataclass per section (zgdata/config/sections.py, corpus.py; zgtrain/project/config.py).
+One keyword-only frozen dataclass per section (zgdata/config/sections.py, corpus.py; zgtrain/project/config.py, sections.py).
 Each field is declared with ``param()``: its default, its documentation (``zg params`` prints it) and its allowed
 range. ``Section.__post_init__`` coerces values where YAML is ambiguous (``1e-3`` is read as a string) and refuses
 every other wrong type or out-of-range value with one line naming the key, the value and what is allowed.

@@ -1,6 +1,6 @@
 """The gates, declared once: each one's params key, the figure it reads and its direction.
 
-``gates:`` in params.yaml sets a threshold per gate (zgtrain/project/config.py ``GatesConfig``). Every judge of a
+``gates:`` in params.yaml sets a threshold per gate (zgtrain/project/sections.py ``GatesConfig``). Every judge of a
 model (`zg train evaluate` and its repaired model, the search's tries and its repaired mix) calls ``judge_sets``
 on the per-set figures of zgtrain/evaluate/set_metrics.py and gets the same verdicts; ``shortfall`` ranks a
 failed verdict, and ``failures`` lists what a failed gate measured and needed, for the CLI to print.

@@ -20,7 +20,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_lock as trust
 from zgtrain.export.target import RECORD, check_target, record_path
-from zgtrain.project.config import DEFAULT_DTYPE
+from zgtrain.project.sections import DEFAULT_DTYPE
 
 __all__ = ["FORMATS", "DTYPES", "DEFAULT_DTYPE", "NAMES", "ExportResult", "resolve_student", "default_out", "export"]
 

@@ -11,8 +11,9 @@ from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgtrain.pipeline.profiles import profile_params
 from zgtrain.pipeline.stages import dump_params, write_pipeline
-from zgtrain.project.config import ProjectConfig, SearchConfig
+from zgtrain.project.config import ProjectConfig
 from zgtrain.project.local import LocalConfig
+from zgtrain.project.sections import SearchConfig
 
 __all__ = ["init_project", "regenerate", "write_dvcignore"]
 

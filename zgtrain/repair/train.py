@@ -39,7 +39,8 @@ from zgdata.tokens.store import open_tokens
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
 from zgtrain.fit.schedule import block_seed, lr_at
-from zgtrain.project.config import ProjectConfig, RepairConfig
+from zgtrain.project.config import ProjectConfig
+from zgtrain.project.sections import RepairConfig
 from zgtrain.repair.model import RepairModel, TeacherHead, distill_loss, token_kl
 from zgtrain.student.card import write_repaired_card
 from zgtrain.student.load import CHECKSUMS, load_student, record_checksums, student_sha256

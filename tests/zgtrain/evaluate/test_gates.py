@@ -6,7 +6,7 @@ import math
 from dataclasses import fields, replace
 
 from zgtrain.evaluate.gates import GATES, failures, judge_sets, shortfall
-from zgtrain.project.config import GatesConfig
+from zgtrain.project.sections import GatesConfig
 
 
 def test_every_threshold_of_gates_is_one_declared_gate():
