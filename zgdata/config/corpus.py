@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from zgdata.config.base import DTYPES, Section, bad_value, param, section
 from zgdata.errors import ZgError
 
-__all__ = ["CorpusConfig", "MixPart", "SampleConfig", "SAMPLE_SOURCE", "HELDOUT_KEYS", "PART_KEYS"]
+__all__ = ["CorpusConfig", "MixPart", "SampleConfig", "SAMPLE_SOURCE"]
 
 
 @dataclass(kw_only=True, frozen=True)
