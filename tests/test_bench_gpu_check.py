@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long
 def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
     env = {**os.environ, "ZG_DEVICE": "cpu"}
     r = subprocess.run(

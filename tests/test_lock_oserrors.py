@@ -143,6 +143,7 @@ def _fill(directory: Path) -> Path:
 # ---------------------------------------------------------------- locks
 
 
+@pytest.mark.long
 def test_second_materialize_is_refused_and_the_first_publishes_exact_rows(tiny_built, tiny_project):
     root = tiny_project
     shutil.rmtree(root / "data" / "boundaries")
@@ -174,6 +175,7 @@ def test_second_materialize_is_refused_and_the_first_publishes_exact_rows(tiny_b
     assert ".zg" not in run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root).stdout
 
 
+@pytest.mark.long
 def test_same_block_twice_is_refused_while_another_block_trains(tiny_project):
     root = tiny_project
     blocks = root / "models" / "blocks"
@@ -231,6 +233,7 @@ def test_block_lock_removes_what_a_killed_checkpoint_write_left(tmp_path, capfd)
 # ---------------------------------------------------------------- OS errors
 
 
+@pytest.mark.long
 def test_full_disk_during_materialize_is_one_line_and_a_rerun_resumes(tiny_built, tiny_project):
     root = tiny_project
     data = root / "data"

@@ -111,6 +111,7 @@ def test_every_stage_reads_only_declared_deps(reproduced_base):
     assert undeclared({**stages["train@b00"], "deps": []}, read), sorted(read)
 
 
+@pytest.mark.long
 def test_repair_stage_and_its_evaluate_read_only_declared_deps(reproduced, tmp_path):
     """With the optional repair stage on (repair.steps > 0): repair, then evaluate reading models/repaired."""
     root = tmp_path / "proj"

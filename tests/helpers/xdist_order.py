@@ -44,9 +44,10 @@ def pytest_collection_modifyitems(config, items):
     # its tests that use ``reproduced`` go first within it, so that worker builds it. Then the other groups (a
     # module's tests around its expensive fixture): first those that do not wait for ``reproduced`` (its build, a
     # traced one-stage-at-a-time `dvc repro`, keeps one core busy for about two minutes; a worker that took a
-    # group needing it would sleep on its lock meanwhile), then those that do. Then single tests, which fill the
-    # gaps at the end. `make test` keeps this order (--no-loadscope-reorder: xdist would otherwise sort groups by
-    # their number of tests, and start the Ray group after groups of more, but shorter, tests).
+    # group needing it would sleep on its lock meanwhile), then those that do. Then single tests: those marked
+    # `long` first, and the short ones last, which fill the gaps at the end. `make test` keeps this order
+    # (--no-loadscope-reorder: xdist would otherwise sort groups by their number of tests, and start the Ray group
+    # after groups of more, but shorter, tests).
     waits = {g for i in items if (g := _group(i)) and _REPRODUCED & set(getattr(i, "fixturenames", ()))}
     items.sort(key=lambda item: _schedule_rank(item, waits))
 
@@ -61,13 +62,16 @@ def _group(item) -> str | None:
 
 def _schedule_rank(item, waits=frozenset()) -> int:
     """0: the Ray group's tests that build ``reproduced``; 1: the rest of the Ray group; 2: groups that never
-    wait for ``reproduced``; 3: groups that do; 4: single tests."""
+    wait for ``reproduced``; 3: groups that do; 4: single tests marked ``long``; 5: the other single tests.
+
+    Long single tests before short ones: the last tests to start are then short, so the workers end close
+    together (a 20-50 s test that started last kept one worker busy alone at the run's end)."""
     group = _group(item)
     if group == "ray":
         return 0 if _REPRODUCED & set(getattr(item, "fixturenames", ())) else 1
     if group:
         return 3 if group in waits else 2
-    return 4
+    return 4 if item.get_closest_marker("long") else 5
 
 
 _LOW_PRIORITY = False

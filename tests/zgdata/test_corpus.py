@@ -415,6 +415,7 @@ def test_empty_documents_are_skipped_and_counted(published, tmp_path, monkeypatc
     assert rec["fingerprint"] == read_json(published / "data" / "tokens.json")["fingerprint"]  # same documents
 
 
+@pytest.mark.long
 def test_jsonl_and_parquet_corpora_feed_dvc_repro(tiny_project):
     """`dvc repro` of the tokens stage in a real project, on a JSONL then a Parquet corpus."""
     write_source("jsonl", tiny_project / "corpus")

@@ -87,6 +87,7 @@ def _sampled(root: Path) -> bytes:
     return (root / "data" / "sample.jsonl").read_bytes()
 
 
+@pytest.mark.long
 def test_sample_is_seeded_resumes_after_kill_9_and_feeds_a_mix(tiny_built, tmp_path):
     a, b, c = (teacher_linked_project(tiny_built, tmp_path / n).root for n in "abc")
     for root in (a, b, c):
@@ -174,6 +175,7 @@ def test_a_mix_of_every_format_keeps_each_sources_heldout_documents_out(tiny_bui
     assert rec["rows"]["heldout"] == sum(m["rows"]["heldout"] for m in mix)
 
 
+@pytest.mark.long
 def test_sample_stage_under_dvc_repro_reruns_only_what_changed(tiny_project):
     set_params(tiny_project, _mix())
     zg("pipeline", cwd=tiny_project)

@@ -139,6 +139,7 @@ def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
     assert sorted(f["row"] for f in rep.failures if f["check"] == "checksum") == [5, 9]
 
 
+@pytest.mark.long
 def test_killed_materialize_with_zstd_resumes_bitwise(tiny_built, tiny_project):
     root = tiny_project
     edit_params(root, materialize={"codec": "zstd", "commit_rows": 8})

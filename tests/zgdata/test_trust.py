@@ -137,6 +137,7 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
     assert plain.returncode == 0, plain.stderr
 
 
+@pytest.mark.long
 def test_a_corpus_added_with_dvc_is_checked_against_gits_dvc_file_before_tokenize(tiny_project, tmp_path):
     """The same attack on the text: `dvc add corpus` puts corpus.dvc (the folder's md5) in git, the remote serves
     one play changed, DVC pulls it without a word, and tokenize refuses it before writing a token, also under

@@ -32,6 +32,7 @@ def _virtual(root) -> VirtualBoundary:
     return VirtualBoundary(Layout(root), section(params, MaterializeConfig, "materialize"))
 
 
+@pytest.mark.long
 def test_virtual_h00_is_bitwise_the_stored_one_and_trains_b00_to_the_same_state(tiny_project, tmp_path):
     root, layout = tiny_project, Layout(tiny_project)
     zg_main("train", "block", "b00", cwd=root)

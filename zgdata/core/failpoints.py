@@ -6,6 +6,8 @@ process (the only channel a separate process has); product code calls ``pause(NA
 never reads the environment itself. Unset, every failpoint is a no-op costing one dict look-up.
 
     ZG_FAILPOINT_SLEEP_AFTER_STEP    seconds to sleep after each optimizer step (every training loop)
+    ZG_FAILPOINT_HOLD_AFTER_STEP     a file: after each optimizer step, wait while it exists (the test deletes it
+                                     to let the run go on: a pause that ends on the test's signal, not a clock's)
     ZG_FAILPOINT_SLEEP_IN_SHARD      seconds a materialize shard task sleeps after each fragment
     ZG_FAILPOINT_SLEEP_AFTER_COMMIT  seconds the sharded driver sleeps after committing a shard
     ZG_FAILPOINT_SLEEP_MID_COMMIT    seconds the sharded driver sleeps between a shard's boundaries
@@ -20,6 +22,7 @@ import time
 
 __all__ = [
     "AFTER_STEP",
+    "HOLD_AFTER_STEP",
     "IN_SHARD",
     "AFTER_COMMIT",
     "MID_COMMIT",
@@ -27,10 +30,12 @@ __all__ = [
     "AFTER_SAMPLE_BATCH",
     "seconds",
     "pause",
+    "hold",
     "path",
 ]
 
 AFTER_STEP = "ZG_FAILPOINT_SLEEP_AFTER_STEP"
+HOLD_AFTER_STEP = "ZG_FAILPOINT_HOLD_AFTER_STEP"
 IN_SHARD = "ZG_FAILPOINT_SLEEP_IN_SHARD"
 AFTER_COMMIT = "ZG_FAILPOINT_SLEEP_AFTER_COMMIT"
 MID_COMMIT = "ZG_FAILPOINT_SLEEP_MID_COMMIT"
@@ -48,6 +53,13 @@ def pause(name: str) -> None:
     s = seconds(name)
     if s:
         time.sleep(s)
+
+
+def hold(name: str) -> None:
+    """Wait while the file that failpoint ``name`` names exists (no-op when unset)."""
+    gate = path(name)
+    while gate and os.path.exists(gate):
+        time.sleep(0.02)
 
 
 def path(name: str) -> str | None:

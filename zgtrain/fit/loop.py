@@ -88,6 +88,7 @@ def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> N
             if steps.on_step is not None:
                 steps.on_step(run.step)
             failpoints.pause(failpoints.AFTER_STEP)  # a test's kill lands between steps
+            failpoints.hold(failpoints.HOLD_AFTER_STEP)  # or the run waits there until the test lets it go
     run.seconds += time.perf_counter() - t0
 
 

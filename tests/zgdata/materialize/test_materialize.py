@@ -106,6 +106,7 @@ def _ahead_of_journal(root) -> list[str]:
     return out
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("failpoint", ["ZG_FAILPOINT_SLEEP_AFTER_COMMIT", "ZG_FAILPOINT_SLEEP_MID_COMMIT"])
 def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failpoint):
     """Killed after a journaled commit, or half-way through one (some boundaries appended, the journal

@@ -70,6 +70,7 @@ def test_thread_counts_write_the_same_bytes(tiny_project, tmp_path, codec):
         assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("codec", ["zstd_fast", "int8"])
 def test_killed_threaded_run_resumes_to_the_same_bytes(tiny_project, tmp_path, codec):
     """kill -9 after a journaled commit of a run with 2 encoding threads; its resume writes the data files an

@@ -73,6 +73,7 @@ def _forge_cache(layout, teacher) -> None:
     cache_path(layout).write_text(json.dumps(cache))
 
 
+@pytest.mark.long
 def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
     layout, root = Layout(tiny_project), tiny_project
     _build_student(root)

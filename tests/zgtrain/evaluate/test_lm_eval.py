@@ -55,6 +55,7 @@ def _accuracies(model, tok, examples) -> dict:
     return {"acc": acc / len(examples), "acc_norm": norm / len(examples)}
 
 
+@pytest.mark.long
 def test_lm_eval_stage_runs_offline_on_teacher_student_and_repaired(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
     # b01 narrower than b00: the student ships zg's modeling file and loads with trust_remote_code;

@@ -10,6 +10,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from tests.helpers.projects import copy_project, set_params, tree_sha256
 from tests.helpers.runners import BIN, run
 
@@ -22,13 +24,16 @@ def _locked_by_zg(root) -> bool:
     return any("zg repro" in info["cmd"] for info in lock.get("write", {}).values())
 
 
+@pytest.mark.long
 def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
     set_params(root, {"blocks.b00.lr": 0.002})  # train@b00 (and what follows) is stale
     run(["git", "commit", "-qam", "b00 lr"], cwd=root)
     block = root / "models" / "blocks" / "b00"
     before = tree_sha256(block)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_SLEEP_AFTER_STEP": "2"}
+    gate = tmp_path / "hold"  # train@b00 waits after each step while this file exists: zg repro cannot finish first
+    gate.touch()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_HOLD_AFTER_STEP": str(gate)}
     with open(tmp_path / "zg.err", "w") as err:
         proc = subprocess.Popen(
             [str(BIN / "zg"), "repro", "--jobs", "1"], cwd=root, stdout=subprocess.DEVNULL, stderr=err, env=env
@@ -38,9 +43,10 @@ def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reprodu
             while proc.poll() is None and not _locked_by_zg(root) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert proc.poll() is None and _locked_by_zg(root), (tmp_path / "zg.err").read_text()
-            other = run(["dvc", "repro"], cwd=root, check=False, env={"ZG_FAILPOINT_SLEEP_AFTER_STEP": ""})
-            after = tree_sha256(block)  # before zg repro can swap in its retrained block (12 steps, 2 s each)
+            other = run(["dvc", "repro"], cwd=root, check=False, env={"ZG_FAILPOINT_HOLD_AFTER_STEP": ""})
+            after = tree_sha256(block)  # zg repro is held after a step: it has not swapped in its retrained block
             assert proc.poll() is None, "zg repro ended before the second engine was tried"
+            gate.unlink()  # let zg repro go on
             assert other.returncode != 0
             said = other.stdout + other.stderr
             assert "is busy" in said and "zg repro" in said, said

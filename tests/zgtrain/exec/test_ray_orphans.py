@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers.projects import copy_project, read_json
@@ -40,6 +41,7 @@ def _started(root: Path, key: str) -> bool:
         return False
 
 
+@pytest.mark.long
 def test_killed_driver_leaves_no_ray_process(reproduced, tmp_path):
     root = copy_project(reproduced, tmp_path / "proj")
     for rel in ("models/blocks", "metrics/blocks", "plots/loss"):

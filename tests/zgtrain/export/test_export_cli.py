@@ -85,6 +85,7 @@ def test_gguf_goes_to_the_gguf_writer(project):
         assert not out.exists()
 
 
+@pytest.mark.long
 def test_export_stage_runs_under_dvc_only_when_enabled(project):
     before = (project / "dvc.yaml").read_text()
     zg_main("pipeline", cwd=project)
