@@ -63,5 +63,5 @@ def hold(name: str) -> None:
 
 
 def path(name: str) -> str | None:
-    """A file path a test asked product code to log to (None when unset)."""
+    """The file a failpoint names: a log to append to, or a hold's gate (None when unset)."""
     return os.environ.get(name) or None
