@@ -11,7 +11,8 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
   cached_online block b00 trained with cached targets and with online targets (recomputed by the teacher
                 on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and boundary count, in
-                GB/s, / the boundary bytes the bf16 forward makes per second: >= 1 keeps up with the GPU
+                GB/s, / the boundary bytes the bf16 forward makes per second: >= 1 keeps up with the GPU;
+                for zstd_fast (the default conversion's codec) and blob (raw bits, the cheapest write)
   repro         `zg repro --jobs N` (N: the GPUs, one block per GPU) / a serial `dvc repro`: wall time, and
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
@@ -136,15 +137,16 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
     hidden, boundaries = res.get("hidden", 576), res.get("boundaries", 4)
     xs = W.synthetic(2, 128, hidden)
     batches = max(2, (mb << 20) // (boundaries * xs[0].numel() * 2))
-    r = W.write_path(work, xs, boundaries=boundaries, batches=batches, codec="zstd_fast", threads=0, publish=False)
-    gbps = r["bytes"] / r["seconds"] / 1e9
-    res["write_path_gbps"] = gbps
-    shutil.rmtree(r["stage"])
-    msg = f"write path zstd_fast, {writer_threads(0)} threads: {gbps:.2f} GB/s"
-    if "forward_boundary_gbps" in res:
-        res["write_vs_forward"] = gbps / res["forward_boundary_gbps"]
-        msg += f"; the forward makes {res['forward_boundary_gbps']:.2f} GB/s: ratio {res['write_vs_forward']:.2f}"
-    log(msg)
+    for codec, key in (("zstd_fast", ""), ("blob", "_blob")):  # the default lossless codec; raw bits, packed blobs
+        r = W.write_path(work, xs, boundaries=boundaries, batches=batches, codec=codec, threads=0, publish=False)
+        gbps = r["bytes"] / r["seconds"] / 1e9
+        res[f"write_path{key}_gbps"] = gbps
+        shutil.rmtree(r["stage"])
+        msg = f"write path {codec}, {writer_threads(0)} threads: {gbps:.2f} GB/s"
+        if "forward_boundary_gbps" in res:
+            res[f"write_vs_forward{key}"] = gbps / res["forward_boundary_gbps"]
+            msg += f"; the forward makes {res['forward_boundary_gbps']:.2f} GB/s: ratio {res[f'write_vs_forward{key}']:.2f}"
+        log(msg)
 
 
 def check_repro(root: Path, work: Path, res: dict, jobs: int) -> None:

@@ -10,15 +10,19 @@ boundary dataset) go through zg's own write path: ``materialize.writer.Writer`` 
 (encode, row checksum, exact stats), the Lance streams, the row-ordered commits and the journal, then
 ``staging.finalize``. Printed:
 
-  plain write      the same number of bytes written from memory in 8 MiB chunks, then fsync (dd conv=fsync)
+  plain write      the same number of bytes written from memory in 8 MiB chunks, then fsync (dd conv=fsync); and
+                   the same with the file synced every ``materialize.write_behind_mb`` meanwhile, as the write path
+                   syncs its files (``raw_vs_disk_write_behind_ratio``: the raw bits' path against that)
   write path       GB/s of bf16 input per codec and per writer-thread count (files fsynced at the end too), the
                    ratio to the plain write, the bytes on disk per bf16 byte, and the CPU seconds the process
-                   spent per GB (all threads, Lance's own too); for raw, the rate those allow on all cores at best
-                   (cores / core-s per GB), a bound however well the work overlaps
+                   spent per GB (all threads, Lance's own too); for the raw bits (``raw``: a fixed-size list column,
+                   ``blob``: packed Lance blobs), the rate those allow on all cores at best (cores / core-s per GB),
+                   a bound however well the work overlaps. The JSON's ``raw_vs_disk_ratio`` is the better of the two
+                   layouts; ``raw_list_vs_disk_ratio`` and ``raw_blob_vs_disk_ratio`` are each
   per thread       one thread's encode + row checksum (the unit 0.22-0.25 GB/s described before this path), and the
                    whole job (with stats and the Lance record batch); the former path (zstd level 3 + blake2b) too
   pool             the encoding pool alone (no I/O), 2 threads / 1 thread
-  loader           a boundary pair read by BoundaryPair.batches: a first epoch (every row decoded and checked) and
+  loader           a boundary pair (raw, blob and the lossless codec) read by BoundaryPair.batches: a first epoch (every row decoded and checked) and
                    a warm one, / np.memmap of the same rows: a bare loop that drops each batch at once, and the same
                    BoundaryPair.batches loader over the memmaps (read ahead, batches held by the consumer). This VM
                    backs guest memory on first touch (measured and printed: ~0.2 GB/s, against 3-10 for memory the
@@ -81,6 +85,9 @@ def real(path: Path, n: int) -> list[torch.Tensor]:
     return [x[i : i + B].clone() for i in range(0, rows - B + 1, B)]
 
 
+RAW_BITS = {"raw", "blob"}  # the codecs that store the bits as they are: a fixed-size list, or packed Lance blobs
+
+
 def cpu_s() -> float:
     """CPU seconds this process has used, all its threads (Lance's own included)."""
     import resource
@@ -89,15 +96,23 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def plain_write(path: Path, nbytes: int) -> tuple[float, float]:
-    """(seconds, CPU seconds) to write ``nbytes`` from memory and fsync them: the disk's rate for this run."""
+def plain_write(path: Path, nbytes: int, behind_mb: int = 0) -> tuple[float, float]:
+    """(seconds, CPU seconds) to write ``nbytes`` from memory and fsync them: the disk's rate for this run.
+    ``behind_mb``: also sync the file every so many MB in a thread meanwhile, as the write path does
+    (zgdata/materialize/write_behind.py): the disk's rate when its writes overlap the filling."""
+    from zgdata.materialize.write_behind import WriteBehind
+
     chunk = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
     c0, t0 = cpu_s(), time.perf_counter()
+    behind = WriteBehind([path.parent], behind_mb << 20)
     with open(path, "wb") as f:
         left = nbytes
         while left > 0:
-            left -= f.write(chunk[: min(left, len(chunk))])
+            n = f.write(chunk[: min(left, len(chunk))])
+            left -= n
+            behind.add(n)
         f.flush()
+        behind.close()
         os.fsync(f.fileno())
     dt, cpu = time.perf_counter() - t0, cpu_s() - c0
     path.unlink()
@@ -129,7 +144,7 @@ def _meta(name: str, layer: int, rows: int, seq_len: int, hidden: int, codec: st
         "codec": codec_meta(codec),
         "complete": False,
     }
-    if fmt == 4:
+    if fmt >= 4:
         meta["checksum"] = checksum
     return meta
 
@@ -171,7 +186,7 @@ def write_path(work: Path, xs, *, boundaries: int, batches: int, codec: str, thr
         raise w.error
     fsync_tree(stage)
     dt, cpu = time.perf_counter() - t0, cpu_s() - c0
-    disk = sum(f.stat().st_size for f in stage.rglob("*.lance") if f.is_file() and "/data/" in str(f))
+    disk = sum(f.stat().st_size for f in stage.rglob("*") if f.is_file() and "/data/" in str(f))  # blob sidecars too
     out = {"seconds": dt, "cpu_s": cpu, "bytes": rows * seq_len * hidden * 2 * boundaries, "disk": disk, "stage": stage}
     if publish:
         finals = {n: work / f"pub-{codec}" / f"{n}.lance" for n in names}
@@ -248,7 +263,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--boundaries", type=int, default=4, help="boundaries captured per batch")
     ap.add_argument("--mb", type=int, default=256, help="MB of bf16 boundary bytes per write-path run")
-    ap.add_argument("--codecs", default="raw,zstd,zstd_fast")
+    ap.add_argument("--codecs", default="raw,blob,zstd,zstd_fast")
     ap.add_argument("--threads", default="1,2", help="writer-thread counts to run")
     ap.add_argument("--lossless", default="zstd_fast", help="the lossless codec the JSON figures are of")
     ap.add_argument("--rows-from", type=Path, help="a boundary dataset whose rows to write (hidden from it)")
@@ -284,6 +299,10 @@ def main(argv=None) -> int:
             disk_gbps = batches * per_batch / disk_s / 1e9
             log(f"plain write + fsync                     {disk_gbps:6.2f} GB/s")
             res["plain_write_gbps"] = disk_gbps
+            behind_mb = MaterializeConfig().write_behind_mb
+            wb_s = min(plain_write(work / "plain.bin", batches * per_batch, behind_mb)[0] for _ in reps)
+            wb_gbps = res["plain_write_behind_gbps"] = batches * per_batch / wb_s / 1e9
+            log(f"  the same, synced every {behind_mb} MB meanwhile  {wb_gbps:6.2f} GB/s (as the write path syncs)")
             for codec in codecs:
                 for t in threads:
                     best, cpu = None, None
@@ -303,12 +322,12 @@ def main(argv=None) -> int:
                         f"{gbps / disk_gbps:5.2f} of the plain write  {r['disk'] / r['bytes']:.3f} bytes on disk "
                         f"per bf16 byte  {cpu / (r['bytes'] / 1e9):.2f} core-s per GB"
                     )
-            if "raw" in codecs:  # what the cores allow, however well the work overlaps: cores / (core-s per GB)
+            for codec in RAW_BITS & set(codecs):  # what the cores allow, however well the work overlaps
                 cores = len(os.sched_getaffinity(0))
-                ceiling = cores / res[f"write_raw_{max(threads)}t_core_s_per_gb"]
-                res["raw_cpu_ceiling_vs_disk_ratio"] = ceiling / disk_gbps
+                ceiling = cores / res[f"write_{codec}_{max(threads)}t_core_s_per_gb"]
+                res[f"{codec}_cpu_ceiling_vs_disk_ratio"] = ceiling / disk_gbps
                 log(
-                    f"  raw: the CPU work alone allows at most {ceiling:.2f} GB/s on {cores} cores, "
+                    f"  {codec}: the CPU work alone allows at most {ceiling:.2f} GB/s on {cores} cores, "
                     f"{ceiling / disk_gbps:.2f} of the plain write (plain write: {disk_cpu:.2f} core-s per GB)"
                 )
             for codec in codecs:
@@ -331,7 +350,7 @@ def main(argv=None) -> int:
             for t, g in pools.items():
                 log(f"encode pool {args.lossless} {t} thread(s), no I/O   {g:6.2f} GB/s")
             pubs = {}  # a boundary pair of --loader-mb for the reads, raw and lossless, written by the same path
-            for codec in ("raw", args.lossless):
+            for codec in dict.fromkeys(["raw", *sorted(RAW_BITS & set(codecs)), args.lossless]):
                 n = max(2, (args.loader_mb << 20) // (2 * xs[0].numel() * 2))
                 pubs[codec] = write_path(
                     work, xs, boundaries=2, batches=n, codec=codec, threads=max(threads), publish=True
@@ -355,6 +374,7 @@ def main(argv=None) -> int:
                 )
             lo = res.pop(f"loader_{args.lossless}")
             raw_lo = res.pop("loader_raw", None)
+            blob_lo = res.pop("loader_blob", None)
             if args.lossless != "raw":  # zstd alone, every core, no Lance, no join, no checksum: a bound, not a rate
                 dec = decode_ceiling(pub)
                 res["zstd_decode_ceiling_ratio"] = dec / lo["memmap_gbps"]
@@ -373,7 +393,17 @@ def main(argv=None) -> int:
             )
         t1, tn = min(threads), max(threads)
         res.update(
-            raw_vs_disk_ratio=res.get(f"write_raw_{tn}t_gbps", float("nan")) / disk_gbps,
+            # the raw bits' write path: the better of its two layouts, each also on its own line
+            raw_vs_disk_ratio=max(
+                (res[f"write_{c}_{tn}t_gbps"] for c in RAW_BITS if f"write_{c}_{tn}t_gbps" in res), default=float("nan")
+            )
+            / disk_gbps,
+            raw_list_vs_disk_ratio=res.get(f"write_raw_{tn}t_gbps", float("nan")) / disk_gbps,
+            raw_blob_vs_disk_ratio=res.get(f"write_blob_{tn}t_gbps", float("nan")) / disk_gbps,
+            raw_vs_disk_write_behind_ratio=max(
+                (res[f"write_{c}_{tn}t_gbps"] for c in RAW_BITS if f"write_{c}_{tn}t_gbps" in res), default=float("nan")
+            )
+            / wb_gbps,
             lossless_codec=args.lossless,
             lossless_gbps_per_thread=res[f"thread_{args.lossless}_xxh3_128_encode_gbps"],
             lossless_job_gbps_per_thread=res[f"thread_{args.lossless}_xxh3_128_job_gbps"],
@@ -386,6 +416,7 @@ def main(argv=None) -> int:
             loader_first_epoch_ratio=lo["first_gbps"] / lo["memmap_gbps"],
             loader_warm_ratio=lo["warm_gbps"] / lo["memmap_gbps"],
             loader_first_epoch_ratio_raw=raw_lo["first_gbps"] / raw_lo["memmap_gbps"] if raw_lo else float("nan"),
+            loader_first_epoch_ratio_blob=blob_lo["first_gbps"] / blob_lo["memmap_gbps"] if blob_lo else float("nan"),
             loader_first_epoch_vs_memmap_loader=lo["first_gbps"] / lo["memmap_loader_gbps"],
             loader_first_epoch_vs_memmap_loader_raw=(
                 raw_lo["first_gbps"] / raw_lo["memmap_loader_gbps"] if raw_lo else float("nan")

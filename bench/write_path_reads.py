@@ -138,7 +138,7 @@ def verify_full(pub: dict) -> dict:
     nbytes = sum(len(b.seq_ids) * b.row_bytes for b in sets)
     t0 = time.perf_counter()
     for b in sets:
-        _, bad = scan_checksums(b.ds, b.row_bytes, algo=b.checksum, columns=b.columns, decode=b.decode)
+        _, bad = scan_checksums(b.ds, b.row_bytes, algo=b.checksum, columns=b.scan_columns, decode=b.decode)
         assert not bad
     scan = nbytes / (time.perf_counter() - t0) / 1e9
     t0 = time.perf_counter()

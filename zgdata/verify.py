@@ -78,7 +78,11 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
     out, counts = [], {}
     for b in sets:
         counts[b.name], bad = scan_checksums(
-            b.ds, b.row_bytes, algo=b.checksum, columns=b.columns, decode=lambda rb, b=b: b.decode(rb, strict=False)
+            b.ds,
+            b.row_bytes,
+            algo=b.checksum,
+            columns=b.scan_columns,
+            decode=lambda rb, rows, b=b: b.decode(rb, rows, strict=False),
         )
         for row, seq_id in bad[:listed]:
             out.append(

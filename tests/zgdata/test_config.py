@@ -33,6 +33,7 @@ def test_defaults_live_in_the_dataclasses():
         "commit_seconds": 600.0,
         "file_mb": 16384,
         "queue_batches": 4,
+        "write_behind_mb": 32,
         "writer_threads": 0,
         "workers": 1,
         "worker_threads": 1,

@@ -176,7 +176,7 @@ def _schemas(plan: _Plan, cfg: MaterializeConfig, checksum: str) -> dict:
             "codec": codec_meta(cfg.codec),
             "complete": False,
         }
-        if fmt == CHECKSUM_FORMAT:  # formats 2 and 3 name no algorithm: blake2b
+        if fmt >= CHECKSUM_FORMAT:  # formats 2 and 3 name no algorithm: blake2b
             meta["checksum"] = checksum
         schemas[n] = boundary_schema(meta, plan.seq_len, plan.hidden, cfg.storage_dtype, cfg.codec)
     return schemas

@@ -124,7 +124,7 @@ def _run(spec: dict) -> dict:
     codec = spec.get("codec", "raw")
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
-    streams = Streams(stage, names, schema, rows_per_file=hi - lo)
+    streams = Streams(stage, names, schema, rows_per_file=hi - lo, write_behind=spec.get("write_behind_mb", 0) << 20)
     encoder = Encoder(
         threads=spec.get("writer_threads", 1),
         schema=schema,

@@ -99,6 +99,7 @@ def _base_spec(
         "checksum": checksum,
         # a shard's encoding threads: materialize.writer_threads when set; else 1, beside its worker_threads
         "writer_threads": cfg.writer_threads or 1,
+        "write_behind_mb": cfg.write_behind_mb,
         "compute_dtype": cfg.compute_dtype,
         "threads": cfg.worker_threads,
         "versions": VERSIONS,

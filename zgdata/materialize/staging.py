@@ -24,6 +24,7 @@ from zgdata.core import failpoints
 from zgdata.core.atomic import replace_path, write_text
 from zgdata.core.timing import span
 from zgdata.materialize import stats as boundary_stats
+from zgdata.materialize.write_behind import WriteBehind
 from zgdata.store.codec import hidden_fields
 from zgdata.store.integrity import CHECKSUM_BYTES, CHECKSUM_COLUMN
 from zgdata.store.lance_io import encode_meta
@@ -82,12 +83,21 @@ CACHE_BYTES_PER_COLUMN = 1 << 20
 
 
 class Streams:
-    """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread."""
+    """One ``lance.fragment.write_fragments`` per boundary, each fed batches through a small queue by a thread;
+    ``write_behind`` bytes: how often their new files are synced meanwhile (zgdata/materialize/write_behind.py)."""
 
     def __init__(
-        self, stage: Path, names: list[str], schema: pa.Schema, rows_per_file: int, depth: int = 2, mode: str = "append"
+        self,
+        stage: Path,
+        names: list[str],
+        schema: pa.Schema,
+        rows_per_file: int,
+        depth: int = 2,
+        mode: str = "append",
+        write_behind: int = 0,
     ):
         self.mode = mode
+        self.behind = WriteBehind([stage / f"{n}.lance" / "data" for n in names], write_behind)
         self.q = {n: queue.Queue(maxsize=depth) for n in names}
         self.out: dict[str, list] = {}
         self.err: dict[str, BaseException] = {}
@@ -126,9 +136,11 @@ class Streams:
                 raise self.err[name]
             try:
                 self.q[name].put(item, timeout=1)
-                return
+                break
             except queue.Full:
                 continue
+        if isinstance(item, pa.RecordBatch):
+            self.behind.add(item.nbytes)
 
     def close(self, *, abort: bool = False) -> dict[str, list]:
         for n in self.q:
@@ -136,6 +148,7 @@ class Streams:
                 self.put(n, _ABORT if abort else None)
         for t in self.threads:
             t.join()
+        self.behind.close()
         if self.err and not abort:
             raise next(iter(self.err.values()))
         return self.out
@@ -178,8 +191,13 @@ def remove_orphans(stage: Path, names: list[str]) -> None:
     for n in names:
         path = stage / f"{n}.lance"
         keep = {d.path for f in lance.dataset(str(path)).get_fragments() for d in f.data_files()}
+        keep |= {Path(k).stem for k in keep}  # a blob boundary's sidecar folder per data file (codec.py)
         for p in (path / "data").iterdir():
-            if p.name not in keep:
+            if p.name in keep:
+                continue
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
                 p.unlink()
 
 
@@ -237,6 +255,11 @@ def finalize(
         for f in frags:
             for d in f.data_files():
                 _link_or_copy(src / "data" / d.path, pub / "data" / d.path)
+                sidecars = src / "data" / Path(d.path).stem  # a blob boundary's packed rows (codec.py)
+                if sidecars.is_dir():
+                    (pub / "data" / sidecars.name).mkdir()
+                    for b in sorted(sidecars.iterdir()):
+                        _link_or_copy(b, pub / "data" / sidecars.name / b.name)
         schema = ds.schema.with_metadata(
             {
                 **ds.schema.metadata,

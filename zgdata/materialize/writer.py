@@ -85,7 +85,12 @@ class Writer(threading.Thread):
             fresh = not any((self.stage / f"{n}.lance" / "_versions").exists() for n in self.names)
             self.group = {
                 "streams": Streams(
-                    self.stage, self.names, self.bare, rows_per_file=2**31 - 1, mode="create" if fresh else "append"
+                    self.stage,
+                    self.names,
+                    self.bare,
+                    rows_per_file=2**31 - 1,
+                    mode="create" if fresh else "append",
+                    write_behind=self.cfg.write_behind_mb << 20,
                 ),
                 "lo": int(rows[0]),
                 "hi": int(rows[0]),

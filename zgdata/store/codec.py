@@ -17,7 +17,13 @@ strategy and small match tables (``zstandard``; ``ZSTD_FAST``): on bf16 high byt
 literals for the entropy coder, it measured 3-4x the speed of level 3 at the same size or smaller
 (bench/write_path.py, docs/results/write-path.md). Its frames are plain zstd frames; one decoder reads both.
 
-``int8`` and ``int6`` (boundary format 5, the checksum format) are lossy: zgdata/store/quant.py. Columns:
+``blob`` (boundary format 5) holds the same bits as ``raw``, each row as one Lance blob (Lance's blob v2 column,
+``lance.blob.blob_field``): the data file keeps a descriptor per row and the rows' bytes follow one another in a
+packed sidecar, ``data/<data file>/<blob id>.blob``, so writing them is a plain file write, not Lance's page encoder
+(about half the CPU per GB of a fixed-size list: docs/results/write-path.md). Lance reads the bytes with ``take_blobs``;
+zg maps the sidecars (zgdata/store/blobs.py). Rows never stay inline nor get a file each, whatever their size.
+
+``int8`` and ``int6`` (boundary format 4, the checksum format) are lossy: zgdata/store/quant.py. Columns:
 ``hidden_q`` the zstd frame (zstd_fast's parameters) of the row's T*C int8 values, ``hidden_scale`` T float32
 per-token scales, ``hidden_oidx`` / ``hidden_oval`` the T*k outlier channels (uint16) and their bf16 bits. The
 stored values are ``quant.dequantize`` of those; the checksum is of those decoded bits. A quantized codec IS
@@ -66,8 +72,8 @@ __all__ = [
     "planes",
 ]
 
-CODECS = ("raw", "zstd", "zstd_fast", *QUANT)
-LOSSLESS = ("raw", "zstd", "zstd_fast")
+CODECS = ("raw", "blob", "zstd", "zstd_fast", *QUANT)
+LOSSLESS = ("raw", "blob", "zstd", "zstd_fast")
 ZSTD_LEVEL = 3  # higher levels gained < 1% on bf16 high bytes at several times the encode cost
 # zstd_fast: the fast strategy with match tables that stay in L1/L2 (hash 2**10); the high bytes are mostly
 # literals, so the Huffman stage gives the size and a wide match search only costs time (bench/write_path.py)
@@ -78,11 +84,18 @@ FORMAT_OF = {"raw": BOUNDARY_FORMAT_VERSION, "zstd": BOUNDARY_FORMAT_VERSION + 1
 # format 4: the row checksum's algorithm is named in zg.checksum (zgdata/store/integrity.py), any codec; a zg that
 # predates it refuses it with "rematerialize" rather than report every row's (xxh3) checksum as a mismatch
 CHECKSUM_FORMAT = BOUNDARY_FORMAT_VERSION + 2
-FORMATS = (*FORMAT_OF.values(), CHECKSUM_FORMAT)
+# format 5: the blob layout (a zg that predates it would read the descriptors as values); its checksum is named too
+BLOB_FORMAT = BOUNDARY_FORMAT_VERSION + 3
+FORMATS = (*FORMAT_OF.values(), CHECKSUM_FORMAT, BLOB_FORMAT)
+# a blob row goes to the packed sidecar whatever its size: never inline (0), never a file of its own (an 8B teacher's
+# 2048 x 4096 bf16 row is 16 MiB; Lance's default gives each row over 4 MiB its own file)
+BLOB_INLINE_MAX, BLOB_DEDICATED_MIN = 0, 1 << 40
 
 
 def format_of(codec: str, checksum: str) -> int:
     """The boundary format a dataset of ``codec`` with row checksum ``checksum`` is written in."""
+    if codec == "blob":
+        return BLOB_FORMAT
     if checksum == "blake2b" and codec in FORMAT_OF:
         return FORMAT_OF[codec]  # exactly what zg wrote before format 4: same metadata, same bytes
     return CHECKSUM_FORMAT
@@ -112,6 +125,8 @@ def codec_meta(codec: str) -> dict:
     """What ``zg.codec`` records for ``codec``."""
     if codec == "raw":
         return {"name": "raw"}
+    if codec == "blob":
+        return {"name": codec, "layout": "blob", "sidecar": "packed"}
     if is_quantized(codec):
         return {**scheme(codec), "layout": "quantized", "compressed": "hidden_q", "zstd": ZSTD_FAST}
     if codec == "zstd_fast":
@@ -134,7 +149,7 @@ def codec_of(meta: dict) -> str:
 def hidden_columns(codec: str) -> list[str]:
     if is_quantized(codec):
         return ["hidden_q", "hidden_scale", "hidden_oidx", "hidden_oval"]
-    return ["hidden"] if codec == "raw" else ["hidden_hi", "hidden_lo"]
+    return ["hidden"] if codec in ("raw", "blob") else ["hidden_hi", "hidden_lo"]
 
 
 def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> list[pa.Field]:
@@ -143,6 +158,11 @@ def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> 
     n = seq_len * hidden
     if codec == "raw":
         return [pa.field("hidden", pa.list_(_ARROW[storage_dtype], n), metadata=meta)]
+    if codec == "blob":
+        from lance.blob import blob_field
+
+        f = blob_field("hidden", inline_size_threshold=BLOB_INLINE_MAX, dedicated_size_threshold=BLOB_DEDICATED_MIN)
+        return [f.with_metadata({**f.metadata, **{k.encode(): v.encode() for k, v in meta.items()}})]
     if is_quantized(codec):
         return [
             pa.field("hidden_q", pa.large_binary(), metadata=meta),
@@ -192,6 +212,8 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
     if codec == "raw":
         values = pa.array(rows.reshape(-1), type=_ARROW[storage_dtype])
         return [pa.FixedSizeListArray.from_arrays(values, n)], rows
+    if codec == "blob":
+        return [_blob_array(rows)], rows
     nbytes = rows.dtype.itemsize
     his, lo = _split(rows)
     if codec == "zstd_fast":
@@ -204,6 +226,21 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
         pa.array(hi, type=pa.large_binary()),
         pa.FixedSizeListArray.from_arrays(pa.array(lo, type=pa.uint8()), n * (nbytes - 1)),
     ], rows
+
+
+def _blob_array(rows: np.ndarray) -> pa.Array:
+    """(B, n) rows of bits -> a Lance blob column of B rows, each the row's bytes (one buffer, no copy)."""
+    from lance.blob import BlobType
+
+    b = len(rows)
+    rows = np.ascontiguousarray(rows)
+    offsets = np.arange(b + 1, dtype=np.int64) * rows[0].nbytes if b else np.zeros(1, dtype=np.int64)
+    data = pa.LargeBinaryArray.from_buffers(pa.large_binary(), b, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
+    typ = BlobType()
+    nulls = [pa.nulls(b, f.type) for f in list(typ.storage_type)[1:]]  # uri, position, size: bytes inline
+    return pa.ExtensionArray.from_storage(
+        typ, pa.StructArray.from_arrays([data, *nulls], fields=list(typ.storage_type))
+    )
 
 
 def _quantized_arrays(bits: np.ndarray, codec: str) -> tuple[list[pa.Array], np.ndarray]:
@@ -307,6 +344,8 @@ def decode_rows(
     n = seq_len * hidden
     if is_quantized(codec):
         return _decode_quantized(table, codec, seq_len, hidden, strict, out)
+    if codec == "blob":  # the table holds descriptors only: BoundaryDataset reads the sidecars (zgdata/store/blobs.py)
+        raise ValueError("a blob boundary's values are read from its sidecar files, not from a Lance table")
     if codec == "raw":
         flat = flat_values(table.column("hidden"), n)
         if out is None:

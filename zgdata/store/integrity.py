@@ -262,12 +262,14 @@ def scan_checksums(
 ) -> tuple[int, list[tuple[int, int]]]:
     """Check every row's checksum, streaming about ``batch_bytes`` at a time (never the whole dataset).
 
-    ``columns``/``decode``: the value columns and a batch -> (N, T*C) bits decoder (zgdata/store/codec.py);
-    default the raw ``hidden`` column. Returns (rows checked, [(row, seq_id) of each row that fails]).
+    ``columns``/``decode``: the value columns and a (batch, its row numbers) -> (N, T*C) bits decoder
+    (zgdata/store/codec.py); default the raw ``hidden`` column. Returns (rows checked, [(row, seq_id) of each row
+    that fails]).
     """
     n, bad = 0, []
     for rb in ds.to_batches(columns=["seq_id", *columns, CHECKSUM_COLUMN], batch_size=max(1, batch_bytes // row_bytes)):
         seq = rb.column("seq_id")
-        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb, decode(rb) if decode else None, algo=algo)]
+        values = decode(rb, np.arange(n, n + rb.num_rows)) if decode else None
+        bad += [(n + i, int(seq[i].as_py())) for i in mismatched_rows(rb, values, algo=algo)]
         n += rb.num_rows
     return n, bad

@@ -65,6 +65,10 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
         ) from e
     # The manifest opens lazily: a data file it lists may be gone (deleted, partial checkout, broken link).
     missing = [d.path for f in ds.get_fragments() for d in f.data_files() if not (path / "data" / d.path).exists()]
+    if not missing and isinstance(meta.get("codec"), dict) and meta["codec"].get("layout") == "blob":
+        from zgdata.store.blobs import sidecar_dirs  # a blob boundary's bytes: a sidecar folder per data file
+
+        missing = [f"{d.name}/" for d in sidecar_dirs(ds, path) if not d.is_dir() or not any(d.iterdir())]
     if missing:
         raise ZgError(
             f"{path} is corrupt: {len(missing)} data file(s) its manifest lists are missing (e.g. data/{missing[0]})",

@@ -65,13 +65,25 @@ class BoundaryDataset:
         return np.flatnonzero(self.splits == split)
 
     @property
+    def scan_columns(self) -> list[str]:
+        """The value columns a streaming scan reads for ``decode`` (a blob boundary's rows come from its sidecars)."""
+        return [] if self.codec == "blob" else self.columns
+
+    @property
     def row_bytes(self) -> int:
         """Bytes of one row's decoded values."""
         return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
 
     def decode(self, table, rows=None, *, strict: bool = True, out=None, lo=None) -> np.ndarray:
         """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error;
-        ``out``: an array to decode into, ``lo``: the low bytes already read (``codec.decode_rows``)."""
+        ``out``: an array to decode into, ``lo``: the low bytes already read (``codec.decode_rows``).
+        A blob boundary's table holds descriptors only: its rows are read from the sidecars (``rows`` required)."""
+        if self.codec == "blob":
+            values = self._page_reader()(np.asarray(rows, dtype=np.int64))
+            if out is None:
+                return values
+            out[...] = values
+            return out
         try:
             return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict, out=out, lo=lo)
         except ValueError as e:
@@ -111,12 +123,17 @@ class BoundaryDataset:
         return out
 
     def _page_reader(self):
-        """Mapped pages of a raw dataset (zgdata/store/pagemap.py), or the decoded-row cache of a compressed one
-        (zgdata/store/decoded_cache.py), built on first use; None: read with Lance take (and decode) every time."""
+        """Mapped pages of a raw dataset (zgdata/store/pagemap.py), mapped sidecars of a blob one
+        (zgdata/store/blobs.py), or the decoded-row cache of a compressed one (zgdata/store/decoded_cache.py), built
+        on first use; None: read with Lance take (and decode) every time."""
         if self._pages is False:
             self._pages = None
             fetch = lambda r: self.decode(self.ds.take(r, columns=self.columns), r)  # noqa: E731
-            if self.codec == "raw":
+            if self.codec == "blob":
+                from zgdata.store.blobs import blob_reader
+
+                self._pages = blob_reader(self.ds, self.path, self.seq_len * self.hidden, self._np_dtype)
+            elif self.codec == "raw":
                 from zgdata.store.pagemap import page_reader
 
                 self._pages = page_reader(
@@ -130,7 +147,7 @@ class BoundaryDataset:
                 self._pages = decoded_cache(
                     len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=read
                 )
-        if self.recheck and self.codec != "raw":
+        if self.recheck and self.codec not in ("raw", "blob"):
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
         return self._pages
 

@@ -1,0 +1,192 @@
+"""The ``blob`` codec: raw's bits, each row a Lance blob packed in sidecar files. The same values, fingerprint and
+stats as ``raw``; the bytes do not depend on the thread count, a sharded run or a killed one; the reader maps the
+sidecars and falls back to Lance's own read; a flipped or missing sidecar is reported, never trained on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import lance
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume
+from tests.helpers.projects import edit_params
+from tests.helpers.runners import zg_main
+from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.materialize.driver import materialize
+from zgdata.store import blobs
+from zgdata.store.lance_io import schema_meta
+from zgdata.store.reader import BoundaryDataset
+
+NAMES = ["h00", "h02", "h04"]
+
+
+def _materialize(root, **edits):
+    edit_params(root, materialize=edits)
+    shutil.rmtree(root / "data" / "boundaries", ignore_errors=True)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    cfg, part = section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
+    r = materialize(cfg, part, layout=Layout(root))
+    assert not r.skipped
+    return r
+
+
+def _files(root) -> dict[str, list]:
+    """Each boundary's data files in fragment order, each with the sha256 of every file in its sidecar folder."""
+    out = {}
+    for n in NAMES:
+        path = Layout(root).boundary(n)
+        ds = lance.dataset(str(path))
+        out[n] = [
+            (
+                data_file_digest(path / "data" / d.path),
+                [hashlib.sha256(b.read_bytes()).hexdigest() for b in sorted(blobs.sidecar_dirs(ds, path)[i].iterdir())],
+            )
+            for i, d in enumerate(x for f in ds.get_fragments() for x in f.data_files())
+        ]
+    return out
+
+
+def _values(root) -> dict:
+    out = {}
+    for n in NAMES:
+        b = BoundaryDataset(Layout(root).boundary(n), recheck=True)  # every row checked against its checksum
+        out[n] = (b.take(np.arange(len(b.seq_ids))).view(torch.int16).clone(), b.fingerprint, b.meta["stats"])
+    return out
+
+
+def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, tmp_path):
+    """The same bits, fingerprint and stats as raw; format 5 with its checksum named; every row packed in a sidecar
+    (no inline row, no file per row); `zg data inspect` and `zg data verify` read it."""
+    raw = shutil.copytree(tiny_project, tmp_path / "raw", symlinks=True)
+    _materialize(raw, codec="raw")
+    _materialize(tiny_project, codec="blob", writer_threads=2)
+    want, got = _values(raw), _values(tiny_project)
+    for n in NAMES:
+        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+
+    path = Layout(tiny_project).boundary("h02")
+    ds = lance.dataset(str(path))
+    meta = schema_meta(ds.schema)
+    assert meta["format_version"] == 5 and meta["checksum"] == "xxh3_128" and meta["codec"]["layout"] == "blob"
+    d = ds.to_table(columns=["hidden"]).column("hidden").combine_chunks()
+    b = BoundaryDataset(path)
+    assert set(d.field("kind").to_pylist()) == {blobs.PACKED} and set(d.field("size").to_pylist()) == {b.row_bytes}
+    sidecars = [f for s in blobs.sidecar_dirs(ds, path) for f in s.iterdir()]
+    assert sum(f.stat().st_size for f in sidecars) == len(b.seq_ids) * b.row_bytes  # the rows, back to back
+
+    infos = {i["name"]: i for i in json.loads(zg_main("data", "inspect", "--json", cwd=tiny_project).stdout)}
+    assert infos["h02"]["codec"] == "blob" and infos["h02"]["format_version"] == 5
+    zg_main("data", "verify", "--lineage-only", cwd=tiny_project)  # every row's checksum, streamed from sidecars
+
+
+def test_thread_counts_write_the_same_blob_bytes(tiny_project, tmp_path):
+    """One encoding thread against three: every data file and every sidecar hashes the same."""
+    other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
+    _materialize(tiny_project, codec="blob", writer_threads=1, commit_rows=16)
+    _materialize(other, codec="blob", writer_threads=3, commit_rows=16)
+    one = _files(tiny_project)
+    assert all(sidecar for n in NAMES for _, sidecar in one[n]) and one == _files(other)
+
+
+@pytest.mark.long
+def test_killed_blob_run_resumes_to_the_same_bytes(tiny_project, tmp_path):
+    """kill -9 after a journaled commit: the resumed run deletes the unreferenced data files and sidecar folders
+    and publishes what an uninterrupted run publishes."""
+    want = shutil.copytree(tiny_project, tmp_path / "want", symlinks=True)
+    _materialize(want, codec="blob", commit_rows=8, writer_threads=1)
+    edit_params(tiny_project, materialize={"codec": "blob", "commit_rows": 8, "writer_threads": 2})
+    shutil.rmtree(tiny_project / "data" / "boundaries")
+    kill_after_first_commit_then_resume(tiny_project)
+    assert _files(tiny_project) == _files(want)
+    for n in NAMES:  # nothing left over: one sidecar folder per data file
+        path = Layout(tiny_project).boundary(n)
+        ds = lance.dataset(str(path))
+        on_disk = sorted(p.name for p in (path / "data").iterdir())
+        listed = sorted(d.path for f in ds.get_fragments() for d in f.data_files())
+        assert on_disk == sorted([*listed, *(p.name for p in blobs.sidecar_dirs(ds, path))]), n
+
+
+def test_sharded_blob_run_equals_one_process(tiny_project, tmp_path, ray_session):
+    """Two Ray workers, each streaming its shard's sidecars: the published bits, stats and sidecar bytes are those
+    of one process."""
+    one = shutil.copytree(tiny_project, tmp_path / "one", symlinks=True)
+    _materialize(one, codec="blob")
+    r = _materialize(tiny_project, codec="blob", workers=2)
+    a, b = _values(one), _values(tiny_project)
+    for n in NAMES:
+        assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
+    assert r.stats == {n: b[n][2] for n in NAMES}
+    sidecar = {n: [s for _, s in _files(x)[n]] for x in (one, tiny_project) for n in ["h02"]}
+    assert sidecar["h02"]  # compacted into one file each way, whose sidecar holds the same bytes
+    assert [s for _, s in _files(one)["h02"]] == [s for _, s in _files(tiny_project)["h02"]]
+
+
+def test_lance_reads_the_same_rows_when_the_sidecars_cannot_be_mapped(tiny_project, monkeypatch):
+    """With the sidecar names unknown (another Lance version), the reader reads through Lance's take_blobs: the same
+    rows in any order, each checked."""
+    _materialize(tiny_project, codec="blob")
+    path = Layout(tiny_project).boundary("h04")
+    rows = np.array([5, 0, 55, 17, 17])
+    b = BoundaryDataset(path, recheck=True)
+    reader = lambda: blobs.blob_reader(lance.dataset(str(path)), path, b.seq_len * b.hidden, np.uint16)  # noqa: E731
+    assert reader().__name__ == "read"  # the sidecars mapped
+    mapped = b.take(rows)
+    monkeypatch.setattr(blobs, "_sidecar_name", lambda folder, blob_id: None)
+    assert reader().__name__ == "through_lance"
+    assert torch.equal(BoundaryDataset(path, recheck=True).take(rows).view(torch.int16), mapped.view(torch.int16))
+
+
+def test_a_flipped_sidecar_byte_or_a_missing_sidecar_is_reported(tiny_project):
+    """One changed byte in a sidecar: verify names the row and exits non-zero, and a read refuses the row. A data
+    file's sidecar folder gone: opening the dataset says so and how to recover."""
+    _materialize(tiny_project, codec="blob")
+    path = Layout(tiny_project).boundary("h02")
+    ds = lance.dataset(str(path))
+    b = BoundaryDataset(path)
+    sidecar = next(iter(blobs.sidecar_dirs(ds, path)[0].iterdir()))
+    raw = bytearray(sidecar.read_bytes())
+    raw[3 * b.row_bytes + 11] ^= 0x40  # row 3
+    sidecar.unlink()  # a new inode: the DVC cache's hardlinked copy keeps its bytes
+    sidecar.write_bytes(bytes(raw))
+
+    res = zg_main("data", "verify", "--lineage-only", "--json", cwd=tiny_project, check=False)
+    assert res.returncode != 0
+    bad = [f for f in json.loads(res.stdout)["failures"] if f["check"] == "checksum"]
+    assert [(p["boundary"], p["row"]) for p in bad] == [("h02", 3)]
+    with pytest.raises(ZgError, match="row 3 .*does not match its checksum"):
+        BoundaryDataset(path, version=ds.version).take([2, 3])
+
+    shutil.rmtree(sidecar.parent)
+    with pytest.raises(ZgError, match="missing") as e:
+        BoundaryDataset(path, version=ds.version)
+    assert "dvc" in e.value.fix
+
+
+def test_write_behind_syncs_each_new_file_and_changes_no_byte(tiny_project, tmp_path, monkeypatch):
+    """Write-behind after every record batch (data files and sidecars synced while the group streams) against
+    none: the same data files and sidecars."""
+    from zgdata.materialize.write_behind import WriteBehind
+
+    other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
+    _materialize(tiny_project, codec="blob", write_behind_mb=0, commit_rows=16)
+    made, init = [], WriteBehind.__init__
+
+    def every_batch(self, dirs, every_bytes):
+        init(self, dirs, 1 if every_bytes else 0)  # the tiny project's groups are far below 1 MB
+        made.append(self)
+
+    monkeypatch.setattr(WriteBehind, "__init__", every_batch)
+    _materialize(other, codec="blob", write_behind_mb=1, commit_rows=16)
+    # Lance writes each file under a temporary name and renames it: the folders each synced file was in
+    folders = {Path(p).parent.name == "data" for w in made for p in w.synced}
+    assert len(made) == 4 and sum(w.syncs for w in made) > 0 and folders == {True, False}  # data files, sidecars
+    assert _files(tiny_project) == _files(other)
