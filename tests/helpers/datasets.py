@@ -14,7 +14,15 @@ import torch
 
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta, tensor_column
 
-__all__ = ["boundary_bits", "token_table", "set_schema_meta", "overwrite_table", "journal_rows", "data_file_digest"]
+__all__ = [
+    "boundary_bits",
+    "read_boundaries",
+    "token_table",
+    "set_schema_meta",
+    "overwrite_table",
+    "journal_rows",
+    "data_file_digest",
+]
 
 
 def boundary_bits(root: Path) -> dict[str, dict]:
@@ -31,6 +39,21 @@ def boundary_bits(root: Path) -> dict[str, dict]:
             "seq_id": torch.from_numpy(table.column("seq_id").to_numpy().copy()),
             "dtype": x.dtype,
         }
+    return out
+
+
+def read_boundaries(root: Path, names) -> dict[str, tuple]:
+    """Each named boundary of ROOT read through zg's reader, every row checked against its checksum: (the stored bits
+    as int16, fingerprint, stats), whatever the codec."""
+    import numpy as np
+
+    from zgdata.layout import Layout
+    from zgdata.store.reader import BoundaryDataset
+
+    out = {}
+    for n in names:
+        b = BoundaryDataset(Layout(root).boundary(n), recheck=True)
+        out[n] = (b.take(np.arange(len(b.seq_ids))).view(torch.int16).clone(), b.fingerprint, b.meta["stats"])
     return out
 
 

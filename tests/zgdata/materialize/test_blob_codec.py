@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume
+from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume, read_boundaries
 from tests.helpers.projects import edit_params
 from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, section
@@ -55,21 +55,13 @@ def _files(root) -> dict[str, list]:
     return out
 
 
-def _values(root) -> dict:
-    out = {}
-    for n in NAMES:
-        b = BoundaryDataset(Layout(root).boundary(n), recheck=True)  # every row checked against its checksum
-        out[n] = (b.take(np.arange(len(b.seq_ids))).view(torch.int16).clone(), b.fingerprint, b.meta["stats"])
-    return out
-
-
 def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, tmp_path):
     """The same bits, fingerprint and stats as raw; format 5 with its checksum named; every row packed in a sidecar
     (no inline row, no file per row); `zg data inspect` and `zg data verify` read it."""
     raw = shutil.copytree(tiny_project, tmp_path / "raw", symlinks=True)
     _materialize(raw, codec="raw")
     _materialize(tiny_project, codec="blob", writer_threads=2)
-    want, got = _values(raw), _values(tiny_project)
+    want, got = read_boundaries(raw, NAMES), read_boundaries(tiny_project, NAMES)
     for n in NAMES:
         assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
 
@@ -121,13 +113,12 @@ def test_sharded_blob_run_equals_one_process(tiny_project, tmp_path, ray_session
     one = shutil.copytree(tiny_project, tmp_path / "one", symlinks=True)
     _materialize(one, codec="blob")
     r = _materialize(tiny_project, codec="blob", workers=2)
-    a, b = _values(one), _values(tiny_project)
+    a, b = read_boundaries(one, NAMES), read_boundaries(tiny_project, NAMES)
     for n in NAMES:
         assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
     assert r.stats == {n: b[n][2] for n in NAMES}
-    sidecar = {n: [s for _, s in _files(x)[n]] for x in (one, tiny_project) for n in ["h02"]}
-    assert sidecar["h02"]  # compacted into one file each way, whose sidecar holds the same bytes
-    assert [s for _, s in _files(one)["h02"]] == [s for _, s in _files(tiny_project)["h02"]]
+    single, sharded = ([s for _, s in _files(x)[n]] for x in (one, tiny_project) for n in ["h02"])
+    assert len(single) == 1 and single == sharded  # compacted into one file each way: its sidecar, the same bytes
 
 
 def test_lance_reads_the_same_rows_when_the_sidecars_cannot_be_mapped(tiny_project, monkeypatch):

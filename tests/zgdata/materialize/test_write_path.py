@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume
+from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume, read_boundaries
 from tests.helpers.projects import edit_params
 from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, section
@@ -49,14 +49,6 @@ def _data_files(root) -> dict[str, tuple]:
     return out
 
 
-def _values(root) -> dict:
-    out = {}
-    for n in NAMES:
-        b = BoundaryDataset(Layout(root).boundary(n), recheck=True)  # every row checked against its checksum
-        out[n] = (b.take(np.arange(len(b.seq_ids))).view(torch.int16).clone(), b.fingerprint, b.meta["stats"])
-    return out
-
-
 @pytest.mark.parametrize("codec", ["raw", "zstd_fast"])
 def test_thread_counts_write_the_same_bytes(tiny_project, tmp_path, codec):
     """One encoding thread against three (and one capture per batch as today): every data file hashes the same."""
@@ -65,7 +57,7 @@ def test_thread_counts_write_the_same_bytes(tiny_project, tmp_path, codec):
     _materialize(other, codec=codec, writer_threads=3)
     one, three = _data_files(tiny_project), _data_files(other)
     assert all(one[n][0] for n in NAMES) and one == three
-    a, b = _values(tiny_project), _values(other)
+    a, b = read_boundaries(tiny_project, NAMES), read_boundaries(other, NAMES)
     for n in NAMES:
         assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
 
@@ -107,7 +99,7 @@ def test_blake2b_datasets_still_read_and_verify(tiny_project, tmp_path, monkeypa
     new_infos = {i["name"]: i for i in json.loads(zg_main("data", "inspect", "--json", cwd=new).stdout)}
     assert new_infos["h02"]["checksum"] == "xxh3_128" and new_infos["h02"]["format_version"] == 4
 
-    old, cur = _values(tiny_project), _values(new)
+    old, cur = read_boundaries(tiny_project, NAMES), read_boundaries(new, NAMES)
     for n in NAMES:  # same values, same fingerprint, same stats: only the row checksum differs
         assert torch.equal(old[n][0], cur[n][0]) and old[n][1:] == cur[n][1:], n
 
