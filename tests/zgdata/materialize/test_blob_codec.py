@@ -55,13 +55,19 @@ def _files(root) -> dict[str, list]:
     return out
 
 
-def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, tmp_path):
+def _raw(root) -> dict:
+    """The project's boundaries as the tiny profile built them (codec raw), read through zg's reader."""
+    assert schema_meta(lance.dataset(str(Layout(root).boundary("h02"))).schema)["codec"] == {"name": "raw"}
+    return read_boundaries(root, NAMES)
+
+
+def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, monkeypatch):
     """The same bits, fingerprint and stats as raw; format 5 with its checksum named; every row packed in a sidecar
-    (no inline row, no file per row); `zg data inspect` and `zg data verify` read it."""
-    raw = shutil.copytree(tiny_project, tmp_path / "raw", symlinks=True)
-    _materialize(raw, codec="raw")
+    (no inline row, no file per row); `zg data inspect` and `zg data verify` read it; with the sidecar names
+    unknown (another Lance version), the reader reads the same rows through Lance's take_blobs."""
+    want = _raw(tiny_project)
     _materialize(tiny_project, codec="blob", writer_threads=2)
-    want, got = read_boundaries(raw, NAMES), read_boundaries(tiny_project, NAMES)
+    got = read_boundaries(tiny_project, NAMES)
     for n in NAMES:
         assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
 
@@ -70,7 +76,7 @@ def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, tmp_path):
     meta = schema_meta(ds.schema)
     assert meta["format_version"] == 5 and meta["checksum"] == "xxh3_128" and meta["codec"]["layout"] == "blob"
     d = ds.to_table(columns=["hidden"]).column("hidden").combine_chunks()
-    b = BoundaryDataset(path)
+    b = BoundaryDataset(path, recheck=True)
     assert set(d.field("kind").to_pylist()) == {blobs.PACKED} and set(d.field("size").to_pylist()) == {b.row_bytes}
     sidecars = [f for s in blobs.sidecar_dirs(ds, path) for f in s.iterdir()]
     assert sum(f.stat().st_size for f in sidecars) == len(b.seq_ids) * b.row_bytes  # the rows, back to back
@@ -79,12 +85,33 @@ def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, tmp_path):
     assert infos["h02"]["codec"] == "blob" and infos["h02"]["format_version"] == 5
     zg_main("data", "verify", "--lineage-only", cwd=tiny_project)  # every row's checksum, streamed from sidecars
 
+    reader = lambda: blobs.blob_reader(lance.dataset(str(path)), path, b.seq_len * b.hidden, np.uint16)  # noqa: E731
+    assert reader().__name__ == "read"  # the sidecars mapped
+    rows = np.array([5, 0, 55, 17, 17])
+    mapped = b.take(rows)
+    monkeypatch.setattr(blobs, "_sidecar_name", lambda folder, blob_id: None)
+    assert reader().__name__ == "through_lance"
+    assert torch.equal(BoundaryDataset(path, recheck=True).take(rows).view(torch.int16), mapped.view(torch.int16))
 
-def test_thread_counts_write_the_same_blob_bytes(tiny_project, tmp_path):
-    """One encoding thread against three: every data file and every sidecar hashes the same."""
+
+def test_thread_counts_and_write_behind_write_the_same_blob_bytes(tiny_project, tmp_path, monkeypatch):
+    """One encoding thread without write-behind against three with a sync after every record batch (data files
+    and sidecars synced while each group streams): every data file and every sidecar hashes the same."""
+    from zgdata.materialize.write_behind import WriteBehind
+
     other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
-    _materialize(tiny_project, codec="blob", writer_threads=1, commit_rows=16)
-    _materialize(other, codec="blob", writer_threads=3, commit_rows=16)
+    _materialize(tiny_project, codec="blob", writer_threads=1, write_behind_mb=0, commit_rows=16)
+    made, init = [], WriteBehind.__init__
+
+    def every_batch(self, dirs, every_bytes):
+        init(self, dirs, 1 if every_bytes else 0)  # the tiny project's groups are far below 1 MB
+        made.append(self)
+
+    monkeypatch.setattr(WriteBehind, "__init__", every_batch)
+    _materialize(other, codec="blob", writer_threads=3, write_behind_mb=1, commit_rows=16)
+    # Lance writes each file under a temporary name and renames it: the folders each synced file was in
+    folders = {Path(p).parent.name == "data" for w in made for p in w.synced}
+    assert len(made) == 4 and sum(w.syncs for w in made) > 0 and folders == {True, False}  # data files, sidecars
     one = _files(tiny_project)
     assert all(sidecar for n in NAMES for _, sidecar in one[n]) and one == _files(other)
 
@@ -107,33 +134,19 @@ def test_killed_blob_run_resumes_to_the_same_bytes(tiny_project, tmp_path):
         assert on_disk == sorted([*listed, *(p.name for p in blobs.sidecar_dirs(ds, path))]), n
 
 
-def test_sharded_blob_run_equals_one_process(tiny_project, tmp_path, ray_session):
-    """Two Ray workers, each streaming its shard's sidecars: the published bits, stats and sidecar bytes are those
-    of one process."""
-    one = shutil.copytree(tiny_project, tmp_path / "one", symlinks=True)
-    _materialize(one, codec="blob")
+def test_sharded_blob_run_equals_one_process(tiny_project, ray_session):
+    """Two Ray workers, each streaming its shard's sidecars: the published bits, fingerprint and stats are raw's,
+    and the compacted sidecar holds every row's bytes in row order, as one process writes it."""
+    want = _raw(tiny_project)
     r = _materialize(tiny_project, codec="blob", workers=2)
-    a, b = read_boundaries(one, NAMES), read_boundaries(tiny_project, NAMES)
+    got = read_boundaries(tiny_project, NAMES)
     for n in NAMES:
-        assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
-    assert r.stats == {n: b[n][2] for n in NAMES}
-    single, sharded = ([s for _, s in _files(x)[n]] for x in (one, tiny_project) for n in ["h02"])
-    assert len(single) == 1 and single == sharded  # compacted into one file each way: its sidecar, the same bytes
-
-
-def test_lance_reads_the_same_rows_when_the_sidecars_cannot_be_mapped(tiny_project, monkeypatch):
-    """With the sidecar names unknown (another Lance version), the reader reads through Lance's take_blobs: the same
-    rows in any order, each checked."""
-    _materialize(tiny_project, codec="blob")
-    path = Layout(tiny_project).boundary("h04")
-    rows = np.array([5, 0, 55, 17, 17])
-    b = BoundaryDataset(path, recheck=True)
-    reader = lambda: blobs.blob_reader(lance.dataset(str(path)), path, b.seq_len * b.hidden, np.uint16)  # noqa: E731
-    assert reader().__name__ == "read"  # the sidecars mapped
-    mapped = b.take(rows)
-    monkeypatch.setattr(blobs, "_sidecar_name", lambda folder, blob_id: None)
-    assert reader().__name__ == "through_lance"
-    assert torch.equal(BoundaryDataset(path, recheck=True).take(rows).view(torch.int16), mapped.view(torch.int16))
+        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    assert r.stats == {n: got[n][2] for n in NAMES}
+    path = Layout(tiny_project).boundary("h02")
+    (folder,) = blobs.sidecar_dirs(lance.dataset(str(path)), path)  # compacted into one data file
+    (sidecar,) = folder.iterdir()
+    assert sidecar.read_bytes() == want["h02"][0].numpy().tobytes()
 
 
 def test_a_flipped_sidecar_byte_or_a_missing_sidecar_is_reported(tiny_project):
@@ -160,24 +173,3 @@ def test_a_flipped_sidecar_byte_or_a_missing_sidecar_is_reported(tiny_project):
     with pytest.raises(ZgError, match="missing") as e:
         BoundaryDataset(path, version=ds.version)
     assert "dvc" in e.value.fix
-
-
-def test_write_behind_syncs_each_new_file_and_changes_no_byte(tiny_project, tmp_path, monkeypatch):
-    """Write-behind after every record batch (data files and sidecars synced while the group streams) against
-    none: the same data files and sidecars."""
-    from zgdata.materialize.write_behind import WriteBehind
-
-    other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
-    _materialize(tiny_project, codec="blob", write_behind_mb=0, commit_rows=16)
-    made, init = [], WriteBehind.__init__
-
-    def every_batch(self, dirs, every_bytes):
-        init(self, dirs, 1 if every_bytes else 0)  # the tiny project's groups are far below 1 MB
-        made.append(self)
-
-    monkeypatch.setattr(WriteBehind, "__init__", every_batch)
-    _materialize(other, codec="blob", write_behind_mb=1, commit_rows=16)
-    # Lance writes each file under a temporary name and renames it: the folders each synced file was in
-    folders = {Path(p).parent.name == "data" for w in made for p in w.synced}
-    assert len(made) == 4 and sum(w.syncs for w in made) > 0 and folders == {True, False}  # data files, sidecars
-    assert _files(tiny_project) == _files(other)
