@@ -6,8 +6,9 @@ box). A materialize run therefore leaves the disk idle while it encodes, and the
 up all at once: at a sync, or when the kernel throttles every writer. ``WriteBehind`` syncs the new files of
 the datasets a group writes every ``materialize.write_behind_mb`` of record batches, with ``os.fdatasync``
 in a thread of its own, so the disk writes while the cores encode and Lance streams (the syscall releases
-the GIL). Measured on the blob write path, the arms alternating in one process: 0.54 -> 0.66-0.75 GB/s (syncs every 32 MB; 8-32 MB measured alike, none 0.41-0.53),
-files fsynced at the end in both (docs/results/write-path.md, seventh pass).
+the GIL). Measured with the arms taking turns in one process (``python bench/write_behind.py``; files fsynced at
+the end in every arm): syncs every 8, 16 or 32 MB took the blob write path from 0.98 to 1.15-1.24 of each
+round's plain write, and raw's from 0.95 to 1.05-1.17 (docs/results/write-path.md, seventh pass).
 
 It changes no byte and promises no durability: a run is safe against kills through the journal
 (zgdata/materialize/staging.py), as before, not against power loss. A file that vanishes meanwhile (an
