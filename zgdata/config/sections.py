@@ -185,7 +185,7 @@ class MaterializeConfig(Section):
     codec: str = param(
         "raw",
         "How hidden states are stored: raw (one column of the dtype's bits, plain Lance), blob (the same bits, "
-        "each row a Lance blob in packed sidecar files: the cheapest write, about half raw's CPU per GB), zstd "
+        "each row a Lance blob in packed sidecar files: the cheapest write, 15-25% less CPU per GB than raw), zstd "
         "(lossless byte split: zstd level 3 of the sign/exponent bytes, ~0.72x raw on bf16) or zstd_fast "
         "(the same split with zstd's fast strategy: the same size, several times the encode speed): "
         "lossless, never lineage (the values, fingerprint and training bits are the same). Lossy, bf16 only: "
