@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zgdata.store.integrity import read_error
+from zgdata.store.integrity import _is_read_error, read_error
 
 __all__ = ["blob_reader", "sidecar_dirs"]
 
@@ -78,19 +78,23 @@ def blob_reader(ds, path: Path, row_values: int, dtype):
             return out
         try:
             blobs = lance_ds.take_blobs("hidden", indices=np.asarray(rows, dtype=np.int64).tolist())
+            if len(blobs) != len(rows):  # never leave rows of ``out`` unwritten: a missing blob is a damaged row
+                raise ValueError(f"{len(blobs)} blobs for {len(rows)} rows")
             for i, b in enumerate(blobs):
                 with b:
                     raw = b.read()
                 if len(raw) != row_bytes:
                     raise ValueError(f"a blob of {len(raw)} bytes, not {row_bytes}")
                 out[i] = np.frombuffer(raw, dtype=dtype)
-        except (OSError, ValueError, RuntimeError) as e:
+        except BaseException as e:
+            if not _is_read_error(e):
+                raise
             raise read_error(Path(path), "boundary", e) from e
         return out
 
     try:
         layout = _mapped(ds, path, row_bytes)
-    except (OSError, ValueError, RuntimeError, KeyError):  # an optimisation only: any surprise keeps Lance's read
+    except Exception:  # noqa: BLE001 - an optimisation only: any surprise keeps Lance's read
         layout = None
     if layout is None:
         return through_lance

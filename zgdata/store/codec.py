@@ -19,9 +19,10 @@ literals for the entropy coder, it measured 3-4x the speed of level 3 at the sam
 
 ``blob`` (boundary format 5) holds the same bits as ``raw``, each row as one Lance blob (Lance's blob v2 column,
 ``lance.blob.blob_field``): the data file keeps a descriptor per row and the rows' bytes follow one another in a
-packed sidecar, ``data/<data file>/<blob id>.blob``, so writing them is a plain file write, not Lance's page encoder
-(about half the CPU per GB of a fixed-size list: docs/results/write-path.md). Lance reads the bytes with ``take_blobs``;
-zg maps the sidecars (zgdata/store/blobs.py). Rows never stay inline nor get a file each, whatever their size.
+packed sidecar, ``data/<data file stem>/<blob file id>.blob`` (one per data file: zg sets Lance's pack threshold
+to 1 TiB), so writing them is a plain file write, not Lance's page encoder (15-25% less CPU per GB of the whole
+write path than a fixed-size list: docs/results/write-path.md). Lance reads the bytes with ``take_blobs``; zg maps
+the sidecars (zgdata/store/blobs.py). Rows never stay inline nor get a file each, whatever their size.
 
 ``int8`` and ``int6`` (boundary format 4, the checksum format) are lossy: zgdata/store/quant.py. Columns:
 ``hidden_q`` the zstd frame (zstd_fast's parameters) of the row's T*C int8 values, ``hidden_scale`` T float32
@@ -88,8 +89,9 @@ CHECKSUM_FORMAT = BOUNDARY_FORMAT_VERSION + 2
 BLOB_FORMAT = BOUNDARY_FORMAT_VERSION + 3
 FORMATS = (*FORMAT_OF.values(), CHECKSUM_FORMAT, BLOB_FORMAT)
 # a blob row goes to the packed sidecar whatever its size: never inline (0), never a file of its own (an 8B teacher's
-# 2048 x 4096 bf16 row is 16 MiB; Lance's default gives each row over 4 MiB its own file)
-BLOB_INLINE_MAX, BLOB_DEDICATED_MIN = 0, 1 << 40
+# 2048 x 4096 bf16 row is 16 MiB; Lance's default gives each row over 4 MiB its own file); and one sidecar per data
+# file (Lance's default starts a new one every GiB: a 64-GiB boundary would hold 64 open mapped files per reader)
+BLOB_INLINE_MAX, BLOB_DEDICATED_MIN, BLOB_PACK_MAX = 0, 1 << 40, 1 << 40
 
 
 def format_of(codec: str, checksum: str) -> int:
@@ -161,7 +163,12 @@ def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> 
     if codec == "blob":
         from lance.blob import blob_field
 
-        f = blob_field("hidden", inline_size_threshold=BLOB_INLINE_MAX, dedicated_size_threshold=BLOB_DEDICATED_MIN)
+        f = blob_field(
+            "hidden",
+            inline_size_threshold=BLOB_INLINE_MAX,
+            dedicated_size_threshold=BLOB_DEDICATED_MIN,
+            pack_file_size_threshold=BLOB_PACK_MAX,
+        )
         return [f.with_metadata({**f.metadata, **{k.encode(): v.encode() for k, v in meta.items()}})]
     if is_quantized(codec):
         return [

@@ -94,6 +94,28 @@ def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, monkeypatch):
     assert torch.equal(BoundaryDataset(path, recheck=True).take(rows).view(torch.int16), mapped.view(torch.int16))
 
 
+def test_one_sidecar_per_data_file_and_several_read_the_same(tiny_project, monkeypatch):
+    """zg asks Lance for one sidecar per data file (Lance's default starts one every GiB, so a reader of a 64-GiB
+    boundary would hold 64 open maps); a dataset with several (Lance's default, or an older zg's) reads the same
+    rows through the maps."""
+    from zgdata.store import codec
+
+    (field,) = codec.hidden_fields(8, 4, "bfloat16", "blob")
+    assert field.metadata[b"lance-encoding:blob-pack-file-size-threshold"] == str(1 << 40).encode()
+    want = _raw(tiny_project)
+    path = Layout(tiny_project).boundary("h02")
+    row_bytes = BoundaryDataset(path).row_bytes
+    monkeypatch.setattr(codec, "BLOB_PACK_MAX", 3 * row_bytes)  # a new sidecar every 3 rows
+    _materialize(tiny_project, codec="blob")
+    ds = lance.dataset(str(path))
+    assert min(len(list(s.iterdir())) for s in blobs.sidecar_dirs(ds, path)) > 1
+    b = BoundaryDataset(path)
+    assert blobs.blob_reader(ds, path, b.seq_len * b.hidden, np.uint16).__name__ == "read"  # mapped
+    got = read_boundaries(tiny_project, NAMES)
+    for n in NAMES:
+        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+
+
 def test_thread_counts_and_write_behind_write_the_same_blob_bytes(tiny_project, tmp_path, monkeypatch):
     """One encoding thread without write-behind against three with a sync after every record batch (data files
     and sidecars synced while each group streams): every data file and every sidecar hashes the same."""
