@@ -124,7 +124,6 @@ def _run(spec: dict) -> dict:
     codec = spec.get("codec", "raw")
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
-    streams = Streams(stage, names, schema, rows_per_file=hi - lo, write_behind=spec.get("write_behind_mb", 0) << 20)
     encoder = Encoder(
         threads=spec.get("writer_threads", 1),
         schema=schema,
@@ -132,6 +131,13 @@ def _run(spec: dict) -> dict:
         codec=codec,
         checksum=spec.get("checksum", "blake2b"),  # a driver without the key predates format 4: blake2b
     )
+    try:  # Ray reuses this process for the next shard: nothing of this one may outlive a failure
+        streams = Streams(
+            stage, names, schema, rows_per_file=hi - lo, write_behind=spec.get("write_behind_mb", 0) << 20
+        )
+    except BaseException:
+        encoder.close()
+        raise
 
     def stream(keep):
         for _, encoded in encoder.done(keep=keep):

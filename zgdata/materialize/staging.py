@@ -143,14 +143,23 @@ class Streams:
             self.behind.add(item.nbytes)
 
     def close(self, *, abort: bool = False) -> dict[str, list]:
-        for n in self.q:
-            if n not in self.err:
-                self.put(n, _ABORT if abort else None)
-        for t in self.threads:
-            t.join()
-        self.behind.close()
+        """End every stream (``abort``: drop what they hold) and join their threads and the write-behind thread,
+        even when a writer failed meanwhile: a Ray worker process that runs the next shard keeps no thread or
+        open file of this one. A writer's error, then write-behind's, is raised after that, unless aborting."""
+        try:
+            for n in self.q:
+                try:
+                    self.put(n, _ABORT if abort else None)
+                except BaseException:  # n's writer died: it takes no end marker, and its error is in self.err
+                    pass
+            for t in self.threads:
+                t.join()
+        finally:
+            behind = self.behind.close()
         if self.err and not abort:
             raise next(iter(self.err.values()))
+        if behind is not None and not abort:
+            raise behind
         return self.out
 
 

@@ -12,7 +12,9 @@ round's plain write, and raw's from 0.95 to 1.05-1.17 (docs/results/write-path.m
 
 It changes no byte and promises no durability: a run is safe against kills through the journal
 (zgdata/materialize/staging.py), as before, not against power loss. A file that vanishes meanwhile (an
-aborted group's orphans) is skipped.
+aborted group's orphans) is skipped; any other error of a sync (EIO, ENOSPC: the disk failed to write what the
+group handed it) is kept and raised by ``close``, so the group fails instead of committing rows that may not be
+on the disk.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class WriteBehind:
         self.before = {d: set(os.listdir(d)) if d.is_dir() else set() for d in self.dirs}
         self.synced: dict[str, int] = {}  # path -> its size when it was last synced
         self.syncs = 0  # fdatasync calls made (tests read it)
+        self.error: OSError | None = None  # the first sync that failed for another reason than a vanished file
         self._wake, self._stop = threading.Event(), False
         self._thread = None
         if self.every > 0:
@@ -50,13 +53,15 @@ class WriteBehind:
             self.pending = 0
             self._wake.set()
 
-    def close(self) -> None:
-        """Stop the thread (after the sync under way, if any); what is left is the kernel's to write."""
+    def close(self) -> OSError | None:
+        """Stop the thread (after the sync under way, if any); what is left is the kernel's to write. Returns the
+        first sync error (not a vanished file), for the caller to raise; None if every sync went through."""
         if self._thread is not None:
             self._stop = True
             self._wake.set()
             self._thread.join()
             self._thread = None
+        return self.error
 
     def _run(self) -> None:
         while True:
@@ -97,7 +102,10 @@ class WriteBehind:
                 _datasync(fd)
             finally:
                 os.close(fd)
-        except OSError:  # removed meanwhile: nothing to write
+        except FileNotFoundError:  # removed meanwhile: nothing to write
+            return
+        except OSError as e:  # the disk did not take the bytes: close() hands it on, later syncs still run
+            self.error = self.error or e
             return
         self.synced[path] = size
         self.syncs += 1

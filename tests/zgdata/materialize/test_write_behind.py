@@ -1,10 +1,17 @@
 """Write-behind (zgdata/materialize/write_behind.py): it syncs the files that appear after it starts, sidecar
-folders included, once enough bytes were reported, skips files that vanish, and does nothing when off."""
+folders included, once enough bytes were reported, skips files that vanish, hands any other sync error to the
+group's close, and does nothing when off."""
 
 from __future__ import annotations
 
+import errno
 import os
 
+import pyarrow as pa
+import pytest
+
+from zgdata.materialize import write_behind
+from zgdata.materialize.staging import Streams
 from zgdata.materialize.write_behind import WriteBehind
 
 
@@ -49,3 +56,30 @@ def test_off_starts_no_thread(tmp_path):
     w.add(1 << 30)
     w.close()
     assert w._thread is None and w.syncs == 0
+
+
+def test_a_failed_sync_fails_the_group_after_its_threads_are_joined(tmp_path, monkeypatch):
+    """EIO from fdatasync (the disk did not take the bytes; simulated: a real one needs a failing disk) is not
+    taken for a vanished file: the group's Streams.close raises it, after every writer and the write-behind
+    thread have ended, and an aborted group's close does not."""
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(write_behind, "_datasync", eio)
+    schema = pa.schema([pa.field("x", pa.int64())])
+    for abort in (False, True):
+        stage = tmp_path / f"stage-{abort}"
+        streams = Streams(stage, ["h00", "h02"], schema, rows_per_file=100, write_behind=1)
+        for n in ("h00", "h02"):
+            streams.put(n, pa.record_batch([pa.array(range(10))], schema=schema))
+        data = stage / "h00.lance" / "data"
+        data.mkdir(parents=True, exist_ok=True)  # a data file Lance has started (it buffers 10 rows in memory)
+        (data / "started.lance").write_bytes(b"x")
+        streams.behind.sync()  # what the thread does every write_behind bytes, here at once
+        if abort:
+            streams.close(abort=True)
+        else:
+            with pytest.raises(OSError, match="Input/output error"):
+                streams.close()
+        assert streams.behind._thread is None and not any(t.is_alive() for t in streams.threads)
