@@ -107,6 +107,25 @@ def _check(spec: dict, layout: Layout, stage: Path) -> None:
             )
 
 
+def _writers(spec: dict, stage: Path, schema, codec: str) -> tuple[Encoder, Streams]:
+    """The shard's encoding pool and its Lance streams (one per boundary, with write-behind)."""
+    encoder = Encoder(
+        threads=spec.get("writer_threads", 1),
+        schema=schema,
+        storage_dtype=spec["storage_dtype"],
+        codec=codec,
+        checksum=spec.get("checksum", "blake2b"),  # a driver without the key predates format 4: blake2b
+    )
+    try:  # Ray reuses this process for the next shard: nothing of this one may outlive a failure
+        rows = spec["hi"] - spec["lo"]
+        return encoder, Streams(
+            stage, spec["names"], schema, rows_per_file=rows, write_behind=spec.get("write_behind_mb", 0) << 20
+        )
+    except BaseException:
+        encoder.close()
+        raise
+
+
 def _run(spec: dict) -> dict:
     from zgdata.core.runtime import set_threads
     from zgdata.tokens.store import open_tokens, read_tokens
@@ -124,20 +143,7 @@ def _run(spec: dict) -> dict:
     codec = spec.get("codec", "raw")
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
-    encoder = Encoder(
-        threads=spec.get("writer_threads", 1),
-        schema=schema,
-        storage_dtype=spec["storage_dtype"],
-        codec=codec,
-        checksum=spec.get("checksum", "blake2b"),  # a driver without the key predates format 4: blake2b
-    )
-    try:  # Ray reuses this process for the next shard: nothing of this one may outlive a failure
-        streams = Streams(
-            stage, names, schema, rows_per_file=hi - lo, write_behind=spec.get("write_behind_mb", 0) << 20
-        )
-    except BaseException:
-        encoder.close()
-        raise
+    encoder, streams = _writers(spec, stage, schema, codec)
 
     def stream(keep):
         for _, encoded in encoder.done(keep=keep):

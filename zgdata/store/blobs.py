@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zgdata.store.integrity import _is_read_error, read_error
+from zgdata.store.integrity import is_read_error, read_error
 
 __all__ = ["blob_reader", "sidecar_dirs"]
 
@@ -87,7 +87,7 @@ def blob_reader(ds, path: Path, row_values: int, dtype):
                     raise ValueError(f"a blob of {len(raw)} bytes, not {row_bytes}")
                 out[i] = np.frombuffer(raw, dtype=dtype)
         except BaseException as e:
-            if not _is_read_error(e):
+            if not is_read_error(e):
                 raise
             raise read_error(Path(path), "boundary", e) from e
         return out

@@ -46,6 +46,7 @@ __all__ = [
     "check_format",
     "recover_fix",
     "read_error",
+    "is_read_error",
     "guarded",
     "scan_checksums",
 ]
@@ -191,7 +192,8 @@ def check_format(path: Path, schema: pa.Schema, meta: dict) -> None:
     )
 
 
-def _is_read_error(e: BaseException) -> bool:
+def is_read_error(e: BaseException) -> bool:
+    """Whether ``e`` is Lance's or Arrow's report of a damaged or missing file (its Rust panics included)."""
     # Lance raises OSError / ValueError (ArrowInvalid) for damaged or missing files, and pyo3
     # turns a Rust panic into PanicException, which derives from BaseException only.
     return isinstance(e, (OSError, ValueError, RuntimeError, pa.ArrowException)) or type(e).__name__ == "PanicException"
@@ -232,7 +234,7 @@ class _Guarded:
             try:
                 return fn(*a, **k)
             except BaseException as e:
-                if isinstance(e, ZgError) or not _is_read_error(e):
+                if isinstance(e, ZgError) or not is_read_error(e):
                     raise
                 raise read_error(self._path, self._kind, e) from e
 
@@ -243,7 +245,7 @@ class _Guarded:
             try:
                 yield from fn(*a, **k)
             except BaseException as e:
-                if isinstance(e, (ZgError, GeneratorExit)) or not _is_read_error(e):
+                if isinstance(e, (ZgError, GeneratorExit)) or not is_read_error(e):
                     raise
                 raise read_error(self._path, self._kind, e) from e
 
