@@ -150,8 +150,10 @@ class Streams:
             for n in self.q:
                 try:
                     self.put(n, _ABORT if abort else None)
-                except BaseException:  # n's writer died: it takes no end marker, and its error is in self.err
-                    pass
+                except BaseException as e:
+                    if e is not self.err.get(n):  # anything but n's writer's own error (a Ctrl-C) goes on up
+                        raise
+                    # n's writer died: it takes no end marker, and its error is raised below
             for t in self.threads:
                 t.join()
         finally:

@@ -83,3 +83,16 @@ def test_a_failed_sync_fails_the_group_after_its_threads_are_joined(tmp_path, mo
             with pytest.raises(OSError, match="Input/output error"):
                 streams.close()
         assert streams.behind._thread is None and not any(t.is_alive() for t in streams.threads)
+
+
+def test_a_dead_writer_fails_the_group_after_every_thread_is_joined(tmp_path):
+    """One boundary's Lance writer fails (a batch of another schema): Streams.close raises its error, after the
+    other writer and the write-behind thread have ended (Ray runs the next shard in the same process)."""
+    schema = pa.schema([pa.field("x", pa.int64())])
+    streams = Streams(tmp_path / "stage", ["h00", "h02"], schema, rows_per_file=100, write_behind=1)
+    streams.put("h00", pa.record_batch([pa.array(["not an int"])], names=["x"]))
+    streams.put("h02", pa.record_batch([pa.array(range(10))], schema=schema))
+    with pytest.raises(Exception) as e:
+        streams.close()
+    assert e.value is streams.err["h00"] and "h02" not in streams.err
+    assert streams.behind._thread is None and not any(t.is_alive() for t in streams.threads)
