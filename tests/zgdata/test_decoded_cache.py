@@ -103,3 +103,30 @@ def test_contiguous_runs_decode_straight_into_the_cache(monkeypatch):
     assert into and all(np.array_equal(r, np.arange(r[0], r[-1] + 1)) for r in into)
     done = np.concatenate(calls + into)
     assert np.array_equal(np.sort(done), np.arange(40))  # every row decoded exactly once
+
+
+def test_a_miss_reads_its_aligned_block_and_a_damaged_row_read_ahead_raises_only_when_asked(monkeypatch):
+    """A miss decodes the whole aligned block of READAHEAD_BYTES that holds it, as one run into the cache; a row
+    of that block that does not decode fails no read of the others, and raises when it is itself asked for."""
+    monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
+    monkeypatch.setattr(module, "READAHEAD_BYTES", 8 * 6 * 2)  # blocks of 8 rows
+    into = []
+
+    def fetch_into(rows, out):
+        into.append(rows.tolist())
+        if 13 in rows:
+            raise ValueError("row 13 does not decode")
+        out[...] = ROWS[rows]
+
+    def fetch(rows):
+        if 13 in rows:
+            raise ValueError("row 13 does not decode")
+        return ROWS[rows]
+
+    read = decoded_cache(40, 6, np.uint16, fetch, fetch_into=fetch_into)
+    assert np.array_equal(read(np.array([21, 3, 22])), ROWS[[21, 3, 22]])
+    assert into == [list(range(0, 8)), list(range(16, 24))]
+    assert np.array_equal(read(np.array([9])), ROWS[[9]])  # its block holds row 13: row 9 is read alone
+    with pytest.raises(ValueError, match="row 13"):
+        read(np.array([13]))
+    assert np.array_equal(read(np.array([14, 12])), ROWS[[14, 12]])

@@ -117,6 +117,25 @@ def test_zstd_low_bytes_are_read_from_their_mapped_pages(zstd_built):
     rows = np.array([50, 3, 7, 3])
     want = flat_values(b.ds.take(np.arange(56), columns=["hidden_lo"]).column("hidden_lo"), width)[rows]
     assert np.array_equal(lo(rows), want)
+    views = lo.views(rows)  # what the decoders join in place: views onto the maps, the same bytes
+    assert all(not v.flags.owndata and np.array_equal(v, w) for v, w in zip(views, want, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("codec", ["zstd", "zstd_fast"])
+def test_byte_split_decodes_the_same_bits_from_low_byte_views_and_into_a_given_array(codec, dtype):
+    from zgdata.store.codec import decode_rows, flat_values, hidden_arrays, hidden_columns
+
+    storage = str(dtype).removeprefix("torch.")
+    x = torch.randn(3, 8, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
+    cols, bits = hidden_arrays(x, storage, codec)
+    table = pa.table(cols, names=hidden_columns(codec))
+    lo = flat_values(table.column("hidden_lo"), table.schema.field("hidden_lo").type.list_size)
+    out = np.full_like(bits, 7)
+    assert np.array_equal(decode_rows(table, codec, storage, 8, 16), bits)
+    views = [lo[i] for i in range(3)]
+    assert np.array_equal(decode_rows(table.select(["hidden_hi"]), codec, storage, 8, 16, lo=views), bits)
+    assert decode_rows(table, codec, storage, 8, 16, out=out) is out and np.array_equal(out, bits)
 
 
 def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):

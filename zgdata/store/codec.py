@@ -346,8 +346,8 @@ def decode_rows(
     bytes are left zero instead, so its checksum fails and verify reports it with the others.
     ``out``: a C-contiguous (N, T*C) array of the storage dtype to decode into (and return), instead of a new one:
     the decoded-row cache passes its own rows, which spares a copy and fresh memory per read.
-    ``lo``: a byte-split codec's low bytes of the same rows, (N, T*C*(bytes-1)) uint8, already read (the reader maps
-    their pages, zgdata/store/pagemap.py); then ``table`` needs only ``hidden_hi``."""
+    ``lo``: a byte-split codec's low bytes of the same rows, (N, T*C*(bytes-1)) uint8 or a list of N such rows (views
+    onto the reader's mapped pages, zgdata/store/pagemap.py), already read; then ``table`` needs only ``hidden_hi``."""
     n = seq_len * hidden
     if is_quantized(codec):
         return _decode_quantized(table, codec, seq_len, hidden, strict, out)
@@ -360,14 +360,16 @@ def decode_rows(
         out[...] = flat
         return out
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
-    lo = (lo if lo is not None else flat_values(table.column("hidden_lo"), n * (nbytes - 1))).reshape(-1, n, nbytes - 1)
+    if lo is None:
+        lo = flat_values(table.column("hidden_lo"), n * (nbytes - 1))
+    n_rows = len(lo)
     if out is not None:
         want = out
-        out = out.view(np.uint8).reshape(len(lo), n, nbytes)
+        out = out.view(np.uint8).reshape(n_rows, n, nbytes)
     else:
         want = None
-        out = np.empty((len(lo), n, nbytes), dtype=np.uint8)
-    out16 = out.reshape(len(lo), n * nbytes).view(np.uint16) if nbytes == 2 else None
+        out = np.empty((n_rows, n, nbytes), dtype=np.uint8)
+    out16 = out.reshape(n_rows, n * nbytes).view(np.uint16) if nbytes == 2 else None
     bufs = _row_buffers(table.column("hidden_hi"))
 
     def one(i: int) -> str | None:
@@ -380,14 +382,7 @@ def decode_rows(
             err = None
         except (ValueError, OSError, pa.ArrowException) as e:
             hi, err = np.zeros(n, dtype=np.uint8), str(e)
-        if out16 is not None:  # bf16: (hi << 8) | lo, vectorized and per row in this thread (cache-sized)
-            o = out16[i]
-            o[:] = hi
-            o <<= 8
-            o |= lo[i, :, 0]
-        else:
-            out[i, :, :-1] = lo[i]
-            out[i, :, -1] = hi
+        _join_planes(hi, lo[i], out16[i] if out16 is not None else out[i])  # per row in this thread: cache-sized
         return err
 
     # zstd and numpy's copies release the GIL: rows decode in parallel threads
@@ -396,7 +391,17 @@ def decode_rows(
     if bad and strict:  # the reader names the dataset and the rows
         i, e = bad[0]
         raise ValueError(f"the compressed high bytes of the {i}th row read do not decode ({e})")
-    return want if want is not None else out.reshape(len(lo), n * nbytes).view(_NP[storage_dtype])
+    return want if want is not None else out.reshape(n_rows, n * nbytes).view(_NP[storage_dtype])
+
+
+def _join_planes(hi: np.ndarray, lo_row: np.ndarray, out_row: np.ndarray) -> None:
+    """One row's high bytes (n,) and other bytes into ``out_row``: (n,) uint16 for bf16, else (n, bytes) uint8."""
+    if out_row.dtype == np.uint16:  # bf16: (hi << 8) | lo in two vectorized passes
+        np.left_shift(hi, 8, out=out_row, dtype=np.uint16)
+        np.bitwise_or(out_row, lo_row, out=out_row, dtype=np.uint16)
+    else:
+        out_row[:, :-1] = lo_row.reshape(len(hi), -1)
+        out_row[:, -1] = hi
 
 
 _POOL = None

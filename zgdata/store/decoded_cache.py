@@ -50,11 +50,12 @@ READAHEAD_BYTES = 16 << 20  # decoded bytes a miss reads ahead: long sorted runs
 def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
     """rows (int64, any order) -> (N, row_values) array, each row decoded by ``fetch`` once; None if over budget.
 
-    ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows). A miss also
-    reads the uncached rows that follow the first missing one, about ``READAHEAD_BYTES`` in all: a first epoch in
-    random order then reads the dataset in contiguous runs, one Lance take each (a take of four scattered rows
-    costs about as much as one of thirty contiguous ones, bench/write_path.py). Those rows are checked against
-    their checksums when they are asked for, as every row is (zgdata/store/reader.py).
+    ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows). A miss reads
+    the whole aligned block of about ``READAHEAD_BYTES`` that holds it (rows ``[k * ahead, (k + 1) * ahead)``), one
+    Lance take each: a first epoch in random order then reads the dataset in contiguous runs (a take of four
+    scattered rows costs about as much as one of thirty contiguous ones, bench/write_path.py), and every run is
+    whole, so it decodes straight into the cache. Those rows are checked against their checksums when they are asked
+    for, as every row is (zgdata/store/reader.py).
 
     ``fetch_into(sorted rows, out)``, if given, decodes a contiguous run of rows straight into the cache's own rows
     (``out``), as ``fetch`` would return them: no copy, and no fresh buffer per read (on this VM, memory touched for
@@ -78,25 +79,22 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
             fetch_into(rows, cache[rows[0] : rows[-1] + 1])
         else:
             cache[rows] = fetch(rows)
+        have[rows] = True  # only after the values are in place
 
     def read(rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         if not have[rows].all():
             with lock:
                 miss = np.unique(rows[~have[rows]])
-                more = miss
-                if 0 < len(miss) < ahead:  # read ahead: the uncached rows after the first missing one
-                    run = np.arange(miss[0], min(n_rows, miss[0] + ahead))
-                    more = np.union1d(miss, np.setdiff1d(run[~have[run]], miss)[: ahead - len(miss)])
-                if len(more) > len(miss):
+                for k in np.unique(miss // ahead).tolist():  # read ahead: each missing row's whole block
+                    block = np.arange(k * ahead, min(n_rows, (k + 1) * ahead))
                     try:
-                        put(more)
-                        have[more] = True  # only after the values are in place
-                    except Exception:  # a damaged row read ahead: read what was asked for alone, and let it raise
+                        put(block[~have[block]])
+                    except Exception:  # a damaged row in the block: the rows asked for are read alone below (it raises)
                         pass
-                if len(miss) and not have[miss].all():
+                miss = miss[~have[miss]]
+                if len(miss):
                     put(miss)
-                    have[miss] = True
         return cache[rows]
 
     return read

@@ -20,7 +20,9 @@ __all__ = ["page_reader"]
 
 
 def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe):
-    """rows (int64, any order) -> (N, row_values) array read from mapped pages, or None if the layout is not flat."""
+    """rows (int64, any order) -> (N, row_values) array read from mapped pages, or None if the layout is not flat.
+
+    The reader's ``views(rows)`` gives the same rows as views onto the maps, a list of 1-D arrays, copying nothing."""
     try:
         from lance.file import LanceFileReader
 
@@ -55,13 +57,19 @@ def page_reader(ds, path: Path, column: str, row_values: int, dtype, take_probe)
         offsets_a = np.asarray(offsets, dtype=np.int64)
         which_a = np.asarray(which, dtype=np.int64)
 
-        def read(rows: np.ndarray) -> np.ndarray:
-            out = np.empty((len(rows), row_values), dtype)
+        def views(rows: np.ndarray) -> list[np.ndarray]:
+            """Each row as a read-only view onto its mapped page (no copy)."""
             page = np.searchsorted(starts_a, rows, side="right") - 1
             at = offsets_a[page] + (np.asarray(rows, dtype=np.int64) - starts_a[page]) * row_bytes
-            for i, (f, o) in enumerate(zip(which_a[page].tolist(), at.tolist())):
-                out[i] = files_[f][o : o + row_bytes].view(dtype)
+            return [files_[f][o : o + row_bytes].view(dtype) for f, o in zip(which_a[page].tolist(), at.tolist())]
+
+        def read(rows: np.ndarray) -> np.ndarray:
+            out = np.empty((len(rows), row_values), dtype)
+            for i, v in enumerate(views(rows)):
+                out[i] = v
             return out
+
+        read.views = views  # the decoders read a byte-split codec's low bytes in place (zgdata/store/codec.py)
 
         probe = np.unique([0, n // 2, n - 1])
         if not np.array_equal(read(probe), take_probe(probe)):

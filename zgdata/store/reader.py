@@ -164,7 +164,8 @@ class BoundaryDataset:
             lo_pages = page_reader(self.ds, self.path, "hidden_lo", width, np.uint8, self._lo_probe(width))
         if lo_pages is None:
             return lambda r, out: self.decode(self.ds.take(r, columns=self.columns), r, out=out)
-        return lambda r, out: self.decode(self.ds.take(r, columns=["hidden_hi"]), r, out=out, lo=lo_pages(r))
+        views = lo_pages.views  # the low bytes are read in place by the decode: no copy, no fresh buffer
+        return lambda r, out: self.decode(self.ds.take(r, columns=["hidden_hi"]), r, out=out, lo=views(r))
 
     def _lo_probe(self, width: int):
         """Lance's own read of some rows' low bytes: what the mapped pages must equal before they are used."""
