@@ -29,7 +29,7 @@ import torch
 
 from tests.helpers.assertions import assert_user_error
 from tests.helpers.datasets import journal_rows
-from tests.helpers.projects import read_json, tree_sha256
+from tests.helpers.projects import edit_params, read_json, tree_sha256
 from tests.helpers.runners import BIN, run, zg_main
 from zgdata.core.lock import BUSY_EXIT_CODE, lock_path, stage_lock
 from zgdata.errors import from_os_error
@@ -274,6 +274,38 @@ def test_full_disk_during_materialize_is_one_line_and_a_rerun_resumes(tiny_built
         _umount(data)
         data.rmdir()
         keep.rename(data)
+
+
+def test_a_disk_error_of_a_write_behind_sync_is_one_line_and_a_rerun_finishes(tiny_built, tiny_project, monkeypatch):
+    """EIO from a write-behind fdatasync (simulated: a real one needs a failing disk) fails materialize with one line
+    naming the file, publishes nothing, and a rerun once the disk is fine writes the same bits."""
+    from zgdata.materialize import write_behind
+
+    root = tiny_project
+    shutil.rmtree(root / "data" / "boundaries")
+    edit_params(root, materialize={"write_behind_mb": 1})  # syncs within the tiny project's few MB
+    synced = []
+
+    def eio(fd):
+        synced.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(write_behind, "_datasync", eio)
+    add = write_behind.WriteBehind.add
+
+    def add_then_sync(self, nbytes):  # the thread's sync, at once: the tiny run's rows would end before it wakes
+        add(self, nbytes)
+        self.sync()
+
+    monkeypatch.setattr(write_behind.WriteBehind, "add", add_then_sync)
+    res = zg_main("data", "materialize", cwd=root, check=False)
+    assert synced, "no write-behind sync ran: the test did not reach what it tests"
+    line = assert_user_error(res, "Input/output error (EIO) at data/.staging/", "check it", alone=True)
+    assert ".lance" in line, line
+    assert not (root / "data" / "boundaries").exists() or not any((root / "data" / "boundaries").iterdir()), line
+    monkeypatch.undo()
+    zg_main("data", "materialize", cwd=root)
+    _assert_boundaries_exact(root, tiny_built)
 
 
 def test_read_only_output_dir_is_one_line_and_changes_nothing(tiny_project):

@@ -40,6 +40,7 @@ _FIXES = {
     errno.EACCES: "fix the permissions (owner/mode) of that path, or work in a directory you can write",
     errno.EPERM: "fix the permissions (owner/mode) of that path, or work in a directory you can write",
     errno.EROFS: "choose a writable directory for the project (or remount that file system read-write)",
+    errno.EIO: "the disk failed a read or write: check it (dmesg, SMART) or move the project to another disk, then rerun",
 }
 # Libraries written in Rust or C++ (Lance, safetensors, torch, Arrow) raise RuntimeError/ValueError/
 # OSError without errno; their text carries the C library's strerror, often with "(os error N)".
@@ -86,7 +87,7 @@ def _show(path) -> str:
 
 
 def from_os_error(e: BaseException, path: str | os.PathLike | None = None) -> ZgError | None:
-    """A one-line ``ZgError`` for a full disk, a quota, missing permission or a read-only file system
+    """A one-line ``ZgError`` for a full disk, a quota, missing permission, a read-only file system or a disk I/O error
     (from ``e`` or the exception it was raised from), or None when ``e`` is something else.
 
     ``path``: where the failing stage writes, named when the error does not carry its own path

@@ -105,6 +105,8 @@ class WriteBehind:
         except FileNotFoundError:  # removed meanwhile: nothing to write
             return
         except OSError as e:  # the disk did not take the bytes: close() hands it on, later syncs still run
+            if e.filename is None:
+                e.filename = path  # fdatasync names no file: the user's message does (zgdata/errors.py)
             self.error = self.error or e
             return
         self.synced[path] = size
