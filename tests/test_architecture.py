@@ -382,3 +382,33 @@ def test_few_functions_are_long():
             f"{len(found)} functions are over {LONG_FUNCTION} lines, at most {MOST_LONG} may be (split one into "
             "named steps):\n" + "\n".join(f"{n:4d} {where}" for n, where in found)
         )
+
+
+def _reads_of(name: str, tree: ast.AST) -> list[int]:
+    """Lines where ``os.environ`` is read or written with the literal key ``name`` (``environ[name]``,
+    ``environ.get(name)``, ``environ.setdefault(name, ...)``, ``getenv(name)``)."""
+    lines = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
+            key = node.slice
+        elif isinstance(node, ast.Call) and node.args:
+            f = ast.unparse(node.func)
+            if f.endswith(("environ.get", "environ.setdefault", "environ.pop", "getenv")):
+                key = node.args[0]
+        if isinstance(key, ast.Constant) and key.value == name:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_device_selection_stays_in_runtime():
+    """ZG_DEVICE is read and set only by zgdata/core/runtime.py (the brief: device selection in one place)."""
+    assert _reads_of("ZG_DEVICE", ast.parse('import os\nos.environ.get("ZG_DEVICE", "cpu")\nos.environ["ZG_DEVICE"]'))
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for pkg in PACKAGES
+        for path in sorted((REPO / pkg).rglob("*.py"))
+        if path != REPO / "zgdata" / "core" / "runtime.py"
+        for line in _reads_of("ZG_DEVICE", ast.parse(path.read_text()))
+    ]
+    assert not found, f"ZG_DEVICE read outside zgdata/core/runtime.py (use device(), device_type()): {found}"

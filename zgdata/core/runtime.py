@@ -3,21 +3,30 @@
 Everything else takes tensors and explicit ``torch.Generator`` objects. The device is
 CPU unless ``ZG_DEVICE`` says otherwise (e.g. ``cuda`` or ``cuda:1``); tests and the
 default conversion never need a GPU. Bitwise guarantees hold per device: a run and its
-resume (or its cached/online twin) must use the same device.
+resume (or its cached/online twin) must use the same device. This module is the only one that reads ``ZG_DEVICE``.
+
+torch loads when a function here needs it, not with the module: a driver that runs no model (``zg repro``) asks
+for the device type on the CPU without paying for torch.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from zgdata.errors import ZgError
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
+    "DEVICE_ENV",
     "device",
+    "device_type",
+    "use_assigned_gpu",
     "seed_all",
     "rng_state",
     "set_rng_state",
@@ -28,8 +37,29 @@ __all__ = [
 ]
 
 
+DEVICE_ENV = "ZG_DEVICE"
+
+
+def device_type() -> str:
+    """The type ("cpu", "cuda") of the device ``ZG_DEVICE`` names, checked like ``device``; torch loads only for a
+    device other than the CPU."""
+    if os.environ.get(DEVICE_ENV, "cpu") == "cpu":
+        return "cpu"
+    return device().type
+
+
+def use_assigned_gpu() -> None:
+    """In a Ray task given a GPU: Ray made that GPU the only visible one (CUDA_VISIBLE_DEVICES), so ``cuda:N``
+    becomes ``cuda``."""
+    if os.environ.get(DEVICE_ENV, "cpu").startswith("cuda"):
+        os.environ[DEVICE_ENV] = "cuda"
+
+
 def device() -> torch.device:
-    name = os.environ.get("ZG_DEVICE", "cpu")
+    """The torch device ``ZG_DEVICE`` names (CPU by default), with CUDA's nondeterministic shortcuts turned off."""
+    import torch
+
+    name = os.environ.get(DEVICE_ENV, "cpu")
     try:
         dev = torch.device(name)
     except RuntimeError as e:
@@ -56,6 +86,8 @@ def set_threads(n: int) -> None:
     (measured: ``x.sum()`` of a 2048 x 1536 float32 tensor differs in its last bits between 1 and 2
     threads), so a run and its resume must use the same count.
     """
+    import torch
+
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
 
@@ -75,6 +107,8 @@ def serial_torch_thread() -> None:
     ``threadpoolctl``. Results do not change: the ops the pool runs (``stats.batch_stats``) reduce each token
     within one thread at any count (tests/zgdata/materialize/test_write_path.py compares them). Where torch uses
     no OpenMP (some builds), there is nothing to limit and this does nothing."""
+    import torch
+
     torch.get_num_threads()
     from threadpoolctl import threadpool_limits
 
@@ -93,6 +127,8 @@ def writer_threads(n: int) -> int:
     """Encoding threads of materialize's write path (``materialize.writer_threads``); 0: the cores left after the
     forward: every core but one beside a GPU (the thread that drives it), the cores beyond torch's threads on CPU;
     at least 1. The count changes no byte on disk (zgdata/materialize/encode.py)."""
+    import torch
+
     if n > 0:
         return n
     busy = torch.get_num_threads() if device().type == "cpu" else 1
@@ -103,6 +139,8 @@ def autocast(dev: torch.device, precision: str):
     """The ``train.precision`` context for a block's forward and loss: fp32 (no-op) or bf16 autocast."""
     import contextlib
 
+    import torch
+
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=dev.type, dtype=compute_dtype(precision))
@@ -110,6 +148,8 @@ def autocast(dev: torch.device, precision: str):
 
 def compute_dtype(precision: str) -> torch.dtype:
     """The matmul dtype of a ``precision`` setting: fp32 or bf16."""
+    import torch
+
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
@@ -119,6 +159,8 @@ def seed_all(seed: int) -> torch.Generator:
     Code that draws random numbers takes that generator explicitly; the global seeds only make
     any library code that draws implicitly deterministic too.
     """
+    import torch
+
     torch.manual_seed(seed % (2**63))
     np.random.seed(seed % (2**32))
     random.seed(seed)
@@ -127,6 +169,8 @@ def seed_all(seed: int) -> torch.Generator:
 
 def rng_state(gen: torch.Generator) -> tuple[dict[str, torch.Tensor], dict]:
     """Every random state a run depends on, as (tensors, JSON-able values): no pickles, so no code on load."""
+    import torch
+
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
     tensors = {
@@ -143,6 +187,8 @@ def rng_state(gen: torch.Generator) -> tuple[dict[str, torch.Tensor], dict]:
 
 def set_rng_state(gen: torch.Generator, tensors: dict[str, torch.Tensor], values: dict) -> None:
     """Restore what ``rng_state`` captured."""
+    import torch
+
     gen.set_state(tensors["block"])
     torch.set_rng_state(tensors["torch"])
     n = values["numpy"]

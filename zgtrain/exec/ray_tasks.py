@@ -23,6 +23,7 @@ import ray
 
 from zgdata.core import ray_cluster
 from zgdata.core.ray_cluster import MAX_RETRIES, last_line
+from zgdata.core.runtime import use_assigned_gpu
 from zgdata.errors import ZgError
 from zgtrain.exec.scratch import train_in_scratch
 from zgtrain.exec.stage import train_one
@@ -47,8 +48,7 @@ class _Inbox:
 
 def _block_task(root: str, key: str, env: dict, inbox, data: str, source: dict | None) -> dict:
     os.environ.update(env)
-    if os.environ.get("ZG_DEVICE", "cpu").startswith("cuda"):
-        os.environ["ZG_DEVICE"] = "cuda"  # Ray made the assigned GPU the only visible one
+    use_assigned_gpu()
     ctx = ray.get_runtime_context()
     here = {"node": f"{ray.util.get_node_ip_address()}/{ctx.get_node_id()[:8]}"}
 

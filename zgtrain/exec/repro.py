@@ -17,7 +17,6 @@ the same: same stage function, same params, same ``train.threads``).
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from zgdata.core import ray_cluster
 from zgdata.core.lock import project_lock
+from zgdata.core.runtime import device_type
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.exec import scratch
@@ -154,16 +154,6 @@ def _record(root: Path, key: str, at_start: ProjectConfig) -> None:
     dvc(root, "commit", "-f", f"train@{key}")
 
 
-def _device_type() -> str:
-    """ZG_DEVICE's device type ("cpu", "cuda"), checked before any stage runs. torch loads only for a device other
-    than the CPU: the driver itself runs no model, and a repro with nothing to train should not pay for torch."""
-    if os.environ.get("ZG_DEVICE", "cpu") == "cpu":
-        return "cpu"
-    from zgdata.core.runtime import device
-
-    return device().type
-
-
 def _use_ray(jobs: int, address: str | None, n: int, data: str) -> bool:
     return address is not None or data == "remote" or (jobs > 1 and n > 1)
 
@@ -181,7 +171,7 @@ def repro(
     if not (root / "dvc.yaml").exists():
         raise ZgError(f"{root} has no dvc.yaml", fix="run zg repro in a project root (see `zg init`)")
     project = ProjectConfig.load(layout.params)  # invalid params fail here, before any stage runs
-    dev = _device_type()
+    dev = device_type()  # checked before any stage runs; torch loads only for a device other than the CPU
     # one driver per project: a second `zg repro` is refused at once with the first one's pid
     with project_lock(layout, "repro", writes=root / "dvc.lock", errors_at=root):
         return _repro(root, layout, project, dev, targets, jobs=jobs, address=address, data=data)

@@ -273,7 +273,7 @@ def test_block_failing_for_good_leaves_the_others_recorded(serial, base, tmp_pat
 def test_invalid_per_block_value_fails_before_anything_runs(base, tmp_path):
     root = copy_project(base, tmp_path / "proj")
     before = tree_sha256(root)
-    # the driver checks ZG_DEVICE without loading torch on the CPU (zgtrain/exec/repro.py _device_type), but it checks
+    # the driver checks ZG_DEVICE without loading torch on the CPU (zgdata/core/runtime.py device_type), but it checks
     res = _repro(root, "--jobs", "2", env={"ZG_DEVICE": "nonsense"}, check=False)
     assert_user_error(res, "ZG_DEVICE='nonsense' is not a torch device", alone=True)
     assert tree_sha256(root) == before
