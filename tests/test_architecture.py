@@ -384,31 +384,44 @@ def test_few_functions_are_long():
         )
 
 
-def _reads_of(name: str, tree: ast.AST) -> list[int]:
-    """Lines where ``os.environ`` is read or written with the literal key ``name`` (``environ[name]``,
-    ``environ.get(name)``, ``environ.setdefault(name, ...)``, ``getenv(name)``)."""
+def _env_uses(name: str, tree: ast.AST) -> list[int]:
+    """Lines where the environment variable ``name`` is read or set by its literal key (``environ[name]``,
+    ``environ.get/setdefault/pop(name)``, ``getenv(name)``, ``environ.update({name: ...})``), or where runtime's
+    constant for it, ``DEVICE_ENV``, is used."""
     lines = []
     for node in ast.walk(tree):
-        key = None
+        keys = []
         if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
-            key = node.slice
+            keys = [node.slice]
         elif isinstance(node, ast.Call) and node.args:
             f = ast.unparse(node.func)
             if f.endswith(("environ.get", "environ.setdefault", "environ.pop", "getenv")):
-                key = node.args[0]
-        if isinstance(key, ast.Constant) and key.value == name:
+                keys = [node.args[0]]
+            elif f.endswith("environ.update") and isinstance(node.args[0], ast.Dict):
+                keys = node.args[0].keys
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.alias)):
+            named = (
+                node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else node.name
+            )
+            if named == "DEVICE_ENV":
+                lines.append(node.lineno)
+        if any(isinstance(k, ast.Constant) and k.value == name for k in keys):
             lines.append(node.lineno)
-    return lines
+    return sorted(set(lines))
 
 
 def test_device_selection_stays_in_runtime():
     """ZG_DEVICE is read and set only by zgdata/core/runtime.py (the brief: device selection in one place)."""
-    assert _reads_of("ZG_DEVICE", ast.parse('import os\nos.environ.get("ZG_DEVICE", "cpu")\nos.environ["ZG_DEVICE"]'))
+    probe = 'import os\nos.environ.get("ZG_DEVICE", "cpu")\nos.environ["ZG_DEVICE"] = "x"\nos.environ.update({"ZG_DEVICE": 1})\n'
+    probe += "from zgdata.core.runtime import DEVICE_ENV\nos.environ[DEVICE_ENV]\n"
+    assert _env_uses("ZG_DEVICE", ast.parse(probe)) == [2, 3, 4, 5, 6]
     found = [
         f"{path.relative_to(REPO)}:{line}"
         for pkg in PACKAGES
         for path in sorted((REPO / pkg).rglob("*.py"))
         if path != REPO / "zgdata" / "core" / "runtime.py"
-        for line in _reads_of("ZG_DEVICE", ast.parse(path.read_text()))
+        for line in _env_uses("ZG_DEVICE", ast.parse(path.read_text()))
     ]
-    assert not found, f"ZG_DEVICE read outside zgdata/core/runtime.py (use device(), device_type()): {found}"
+    assert not found, (
+        f"ZG_DEVICE used outside zgdata/core/runtime.py (use device(), device_type(), set_device()): {found}"
+    )

@@ -83,8 +83,8 @@ def test_caches_of_one_process_share_one_budget(monkeypatch):
 
 
 def test_contiguous_runs_decode_straight_into_the_cache(monkeypatch):
-    """With ``fetch_into``, a read-ahead run (contiguous rows) is decoded into the cache's own rows, scattered rows
-    still go through ``fetch``; the values and the caller's order are the same, each row decoded once."""
+    """With ``fetch_into``, a read-ahead run (contiguous rows) is decoded into the cache's own rows; the values and
+    the caller's order are the same, each row decoded once."""
     monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
     monkeypatch.setattr(module, "READAHEAD_BYTES", 8 * 6 * 2)  # 8 rows ahead
     calls, into = [], []
@@ -106,11 +106,12 @@ def test_contiguous_runs_decode_straight_into_the_cache(monkeypatch):
 
 
 def test_a_miss_reads_its_aligned_block_and_a_damaged_row_read_ahead_raises_only_when_asked(monkeypatch):
-    """A miss decodes the whole aligned block of READAHEAD_BYTES that holds it, as one run into the cache; a row
-    of that block that does not decode fails no read of the others, and raises when it is itself asked for."""
+    """A miss decodes the whole aligned block of READAHEAD_BYTES that holds it, as one run into the cache. A block
+    with a row that does not decode fails no read of its other rows, is not read ahead again (its rows are then read
+    as asked, each run into the cache), and the damaged row raises when it is itself asked for."""
     monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
     monkeypatch.setattr(module, "READAHEAD_BYTES", 8 * 6 * 2)  # blocks of 8 rows
-    into = []
+    into, scattered = [], []
 
     def fetch_into(rows, out):
         into.append(rows.tolist())
@@ -118,15 +119,12 @@ def test_a_miss_reads_its_aligned_block_and_a_damaged_row_read_ahead_raises_only
             raise ValueError("row 13 does not decode")
         out[...] = ROWS[rows]
 
-    def fetch(rows):
-        if 13 in rows:
-            raise ValueError("row 13 does not decode")
-        return ROWS[rows]
-
-    read = decoded_cache(40, 6, np.uint16, fetch, fetch_into=fetch_into)
+    read = decoded_cache(40, 6, np.uint16, _fetch(scattered), fetch_into=fetch_into)
     assert np.array_equal(read(np.array([21, 3, 22])), ROWS[[21, 3, 22]])
     assert into == [list(range(0, 8)), list(range(16, 24))]
-    assert np.array_equal(read(np.array([9])), ROWS[[9]])  # its block holds row 13: row 9 is read alone
+    assert np.array_equal(read(np.array([9, 10])), ROWS[[9, 10]])  # its block holds row 13: rows 9-10 alone
     with pytest.raises(ValueError, match="row 13"):
         read(np.array([13]))
-    assert np.array_equal(read(np.array([14, 12])), ROWS[[14, 12]])
+    assert np.array_equal(read(np.array([14, 12, 11])), ROWS[[14, 12, 11]])
+    assert into[2:] == [list(range(8, 16)), [9, 10], [13], [11, 12], [14]]  # the damaged block read ahead once
+    assert not scattered  # every read went straight into the cache

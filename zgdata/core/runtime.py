@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "DEVICE_ENV",
     "device",
     "device_type",
+    "set_device",
     "use_assigned_gpu",
     "seed_all",
     "rng_state",
@@ -46,6 +46,11 @@ def device_type() -> str:
     if os.environ.get(DEVICE_ENV, "cpu") == "cpu":
         return "cpu"
     return device().type
+
+
+def set_device(name: str) -> None:
+    """Make ``name`` this process's device (a Ray worker of a joined cluster does not inherit the driver's env)."""
+    os.environ[DEVICE_ENV] = name
 
 
 def use_assigned_gpu() -> None:

@@ -127,13 +127,13 @@ def _writers(spec: dict, stage: Path, schema, codec: str) -> tuple[Encoder, Stre
 
 
 def _run(spec: dict) -> dict:
-    from zgdata.core.runtime import DEVICE_ENV, set_threads
+    from zgdata.core.runtime import set_device, set_threads
     from zgdata.tokens.store import open_tokens, read_tokens
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     set_threads(spec["threads"])
     if spec.get("device"):
-        os.environ[DEVICE_ENV] = spec["device"]  # a joined cluster's workers do not inherit the driver's env
+        set_device(spec["device"])  # a joined cluster's workers do not inherit the driver's env
     layout, stage = Layout(Path(spec["root"])), Path(spec["stage"])
     _check(spec, layout, stage)
     model = _teacher(layout, spec["compute_dtype"], spec["expect"]["teacher_sha256"])

@@ -53,9 +53,11 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
     ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows). A miss reads
     the whole aligned block of about ``READAHEAD_BYTES`` that holds it (rows ``[k * ahead, (k + 1) * ahead)``), one
     Lance take each: a first epoch in random order then reads the dataset in contiguous runs (a take of four
-    scattered rows costs about as much as one of thirty contiguous ones, bench/write_path.py), and every run is
-    whole, so it decodes straight into the cache. Those rows are checked against their checksums when they are asked
-    for, as every row is (zgdata/store/reader.py).
+    scattered rows costs about as much as one of thirty contiguous ones, bench/write_path.py), each decoded straight
+    into the cache. A read whose misses fall in several blocks decodes all of them before it returns (the work the
+    epoch needs anyway, early). A block holding a row that does not decode is not read ahead again: its rows are
+    then read as they are asked for, and the damaged one raises when it is. Every row is checked against its
+    checksum when it is asked for (zgdata/store/reader.py).
 
     ``fetch_into(sorted rows, out)``, if given, decodes a contiguous run of rows straight into the cache's own rows
     (``out``), as ``fetch`` would return them: no copy, and no fresh buffer per read (on this VM, memory touched for
@@ -81,20 +83,24 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
             cache[rows] = fetch(rows)
         have[rows] = True  # only after the values are in place
 
+    failed: set[int] = set()  # blocks holding a row that did not decode: no more read-ahead there
+
     def read(rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         if not have[rows].all():
             with lock:
                 miss = np.unique(rows[~have[rows]])
                 for k in np.unique(miss // ahead).tolist():  # read ahead: each missing row's whole block
+                    if k in failed:
+                        continue
                     block = np.arange(k * ahead, min(n_rows, (k + 1) * ahead))
                     try:
-                        put(block[~have[block]])
-                    except Exception:  # a damaged row in the block: the rows asked for are read alone below (it raises)
-                        pass
+                        put(block)  # a block is cached whole or not at all, outside ``failed``
+                    except Exception:  # a row of it does not decode: its rows are read as asked for, below
+                        failed.add(k)
                 miss = miss[~have[miss]]
-                if len(miss):
-                    put(miss)
+                for run in np.split(miss, np.flatnonzero(np.diff(miss) != 1) + 1) if len(miss) else []:
+                    put(run)  # rows of failed blocks, each contiguous run into the cache; a damaged one raises
         return cache[rows]
 
     return read
