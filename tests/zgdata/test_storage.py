@@ -121,6 +121,31 @@ def test_zstd_low_bytes_are_read_from_their_mapped_pages(zstd_built):
     assert all(not v.flags.owndata and np.array_equal(v, w) for v, w in zip(views, want, strict=True))
 
 
+def test_without_its_cache_a_compressed_boundary_still_reads_low_bytes_from_the_maps(zstd_built, monkeypatch):
+    """Over the decoded cache's budget (here 0) every read decodes again: Lance reads only the high bytes' frames,
+    the low bytes come from the mapped pages, and each read is checked and equals Lance's read of both columns."""
+    monkeypatch.setenv("ZG_DECODED_CACHE_MB", "0")
+    b = BoundaryDataset(Layout(zstd_built).boundary("h02"))
+    rows = np.array([50, 3, 7, 3])
+    want = b.decode(b.ds.take(np.sort(rows), columns=b.columns), np.sort(rows))
+    asked = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(ds, name)
+
+        def take(self, r, columns=None):
+            asked.append(columns)
+            return ds.take(r, columns=columns)
+
+    ds, b.ds = b.ds, Recording()
+    for _ in range(2):  # the first read also probes the maps against Lance's read of a few rows' low bytes
+        asked.clear()
+        got = b.take(rows).view(torch.int16).reshape(len(rows), -1).numpy().view(np.uint16)
+        assert np.array_equal(got, want[np.searchsorted(np.sort(rows), rows)])
+    assert b._page_reader() is None and asked == [["hidden_hi"]], asked
+
+
 def test_float32_byte_split_reads_its_bits_through_the_mapped_low_bytes(tiny_built, tmp_path):
     """materialize.storage_dtype float32 with zstd_fast: three low bytes per value, read in place from the mapped
     pages and joined into the decoded cache; every row passes its checksum (the bits materialize wrote) and equals

@@ -50,7 +50,7 @@ class BoundaryDataset:
             )
         self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
         self._verified = np.zeros(len(self.seq_ids), dtype=bool)  # rows whose checksum this object has checked
-        self._pages, self._sums = False, None
+        self._pages, self._sums, self._split = False, None, None
         self._np_dtype = np.uint16 if self.dtype == "bfloat16" else np.float32
 
     @property
@@ -109,11 +109,10 @@ class BoundaryDataset:
                 values = pages(rows)
                 if need:
                     check_rows(self.path, self._checksums(rows), rows, self.seq_ids, values, algo=self.checksum)
-            else:
-                table = self.ds.take(srt, columns=self.columns + ([CHECKSUM_COLUMN] if need else []))
-                values = self.decode(table, rows)
+            else:  # read and decode every time (no cache, or recheck): low bytes from their mapped pages
+                values = self._decoder()(srt, None)
                 if need:
-                    check_rows(self.path, table, srt, self.seq_ids, values, algo=self.checksum)
+                    check_rows(self.path, self._checksums(srt), srt, self.seq_ids, values, algo=self.checksum)
                 if not np.array_equal(order, np.arange(len(rows))):
                     values = values[np.argsort(order)]
             if need:
@@ -125,7 +124,7 @@ class BoundaryDataset:
     def _page_reader(self):
         """Mapped pages of a raw dataset (zgdata/store/pagemap.py), mapped sidecars of a blob one
         (zgdata/store/blobs.py), or the decoded-row cache of a compressed one (zgdata/store/decoded_cache.py), built
-        on first use; None: read with Lance take (and decode) every time."""
+        on first use; None: read and decode every time (``_decoder``)."""
         if self._pages is False:
             self._pages = None
             fetch = lambda r: self.decode(self.ds.take(r, columns=self.columns), r)  # noqa: E731
@@ -142,7 +141,7 @@ class BoundaryDataset:
             else:
                 from zgdata.store.decoded_cache import decoded_cache
 
-                read = self._split_reader()
+                read = self._decoder()
                 fetch = lambda r: read(r, None)  # noqa: E731
                 self._pages = decoded_cache(
                     len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=read
@@ -150,6 +149,12 @@ class BoundaryDataset:
         if self.recheck and self.codec not in ("raw", "blob"):
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
         return self._pages
+
+    def _decoder(self):
+        """``_split_reader``'s reader, built once: what the decoded cache fills from and what reads without it use."""
+        if self._split is None:
+            self._split = self._split_reader()
+        return self._split
 
     def _split_reader(self):
         """(sorted rows, out or None) -> decoded rows of a compressed boundary. A byte-split codec's low bytes are
