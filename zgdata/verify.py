@@ -14,7 +14,7 @@ from zgdata.errors import ZgError
 from zgdata.families.capture import capture
 from zgdata.layout import Layout
 from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
-from zgdata.store.integrity import recover_fix, scan_checksums
+from zgdata.store.integrity import recover_fix
 from zgdata.store.quant import roundtrip_tensor
 from zgdata.store.reader import BoundaryDataset
 
@@ -77,13 +77,7 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
     """Every row of every boundary against its checksum, streamed; the first ``listed`` bad rows each get an entry."""
     out, counts = [], {}
     for b in sets:
-        counts[b.name], bad = scan_checksums(
-            b.ds,
-            b.row_bytes,
-            algo=b.checksum,
-            columns=b.scan_columns,
-            decode=lambda rb, rows, b=b: b.decode(rb, rows, strict=False),
-        )
+        counts[b.name], bad = b.scan()
         for row, seq_id in bad[:listed]:
             out.append(
                 {
