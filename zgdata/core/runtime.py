@@ -40,10 +40,14 @@ __all__ = [
 DEVICE_ENV = "ZG_DEVICE"
 
 
+def _device_name() -> str:
+    return os.environ.get(DEVICE_ENV, "cpu")
+
+
 def device_type() -> str:
     """The type ("cpu", "cuda") of the device ``ZG_DEVICE`` names, checked like ``device``; torch loads only for a
     device other than the CPU."""
-    if os.environ.get(DEVICE_ENV, "cpu") == "cpu":
+    if _device_name() == "cpu":
         return "cpu"
     return device().type
 
@@ -56,7 +60,7 @@ def set_device(name: str) -> None:
 def use_assigned_gpu() -> None:
     """In a Ray task given a GPU: Ray made that GPU the only visible one (CUDA_VISIBLE_DEVICES), so ``cuda:N``
     becomes ``cuda``."""
-    if os.environ.get(DEVICE_ENV, "cpu").startswith("cuda"):
+    if _device_name().startswith("cuda"):
         os.environ[DEVICE_ENV] = "cuda"
 
 
@@ -64,7 +68,7 @@ def device() -> torch.device:
     """The torch device ``ZG_DEVICE`` names (CPU by default), with CUDA's nondeterministic shortcuts turned off."""
     import torch
 
-    name = os.environ.get(DEVICE_ENV, "cpu")
+    name = _device_name()
     try:
         dev = torch.device(name)
     except RuntimeError as e:

@@ -132,7 +132,7 @@ class BoundaryDataset:
     def scan(self, batch_bytes: int = 16 << 20) -> tuple[int, list[tuple[int, int]]]:
         """Every row against its checksum, about ``batch_bytes`` at a time, never cached (`zg data verify`): (rows
         checked, [(row, seq_id) of each row that fails]); a compressed row that does not decode is reported too.
-        A raw boundary's rows are read through its mapped pages (2.3x Lance's streaming scan of the same rows,
+        A raw boundary's rows are read through its mapped pages (2.3-3.2x Lance's streaming scan of the same rows,
         docs/results/write-path.md); other layouts stream through Lance (``integrity.scan_checksums``)."""
         pages = self._page_reader() if self.codec == "raw" else None
         if pages is None:
@@ -160,7 +160,8 @@ class BoundaryDataset:
         on first use; None: read and decode every time (``_decoder``)."""
         if self._pages is False:
             self._pages = None
-            fetch = lambda r: self.decode(self.ds.take(r, columns=self.columns), r)  # noqa: E731
+            read = self._decoder()  # sorted rows read and decoded: what the maps are probed against, the cache's fill
+            fetch = lambda r: read(r, None)  # noqa: E731
             if self.codec == "blob":
                 from zgdata.store.blobs import blob_reader
 
@@ -174,8 +175,6 @@ class BoundaryDataset:
             else:
                 from zgdata.store.decoded_cache import decoded_cache
 
-                read = self._decoder()
-                fetch = lambda r: read(r, None)  # noqa: E731
                 self._pages = decoded_cache(
                     len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=read
                 )
