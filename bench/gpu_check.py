@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -244,9 +243,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    os.environ.setdefault("ZG_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
-    from zgdata.core.runtime import device
+    from zgdata.core.runtime import device, prefer_gpu
 
+    prefer_gpu()
     dev = device()  # refuses a ZG_DEVICE this torch cannot use, in one line
     checks = args.checks.split(",")
     if args.smoke:

@@ -411,13 +411,14 @@ def _env_uses(name: str, tree: ast.AST) -> list[int]:
 
 
 def test_device_selection_stays_in_runtime():
-    """ZG_DEVICE is read and set only by zgdata/core/runtime.py (the brief: device selection in one place)."""
+    """ZG_DEVICE is read and set only by zgdata/core/runtime.py (the brief: device selection in one place), in the
+    packages and in the bench scripts (the GPU script among them)."""
     probe = 'import os\nos.environ.get("ZG_DEVICE", "cpu")\nos.environ["ZG_DEVICE"] = "x"\nos.environ.update({"ZG_DEVICE": 1})\n'
     probe += "from zgdata.core.runtime import DEVICE_ENV\nos.environ[DEVICE_ENV]\n"
     assert _env_uses("ZG_DEVICE", ast.parse(probe)) == [2, 3, 4, 5, 6]
     found = [
         f"{path.relative_to(REPO)}:{line}"
-        for pkg in PACKAGES
+        for pkg in (*PACKAGES, "bench")
         for path in sorted((REPO / pkg).rglob("*.py"))
         if path != REPO / "zgdata" / "core" / "runtime.py"
         for line in _env_uses("ZG_DEVICE", ast.parse(path.read_text()))

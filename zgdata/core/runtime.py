@@ -26,6 +26,7 @@ __all__ = [
     "device",
     "device_type",
     "set_device",
+    "prefer_gpu",
     "use_assigned_gpu",
     "seed_all",
     "rng_state",
@@ -55,6 +56,15 @@ def device_type() -> str:
 def set_device(name: str) -> None:
     """Make ``name`` this process's device (a Ray worker of a joined cluster does not inherit the driver's env)."""
     os.environ[DEVICE_ENV] = name
+
+
+def prefer_gpu() -> None:
+    """Where ``ZG_DEVICE`` is unset, choose ``cuda`` if torch sees a GPU, else the CPU: what a script made for a
+    GPU machine wants (bench/gpu_check.py); the package's own default stays the CPU."""
+    if DEVICE_ENV not in os.environ:
+        import torch
+
+        set_device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def use_assigned_gpu() -> None:
