@@ -71,7 +71,7 @@ def use_assigned_gpu() -> None:
     """In a Ray task given a GPU: Ray made that GPU the only visible one (CUDA_VISIBLE_DEVICES), so ``cuda:N``
     becomes ``cuda``."""
     if _device_name().startswith("cuda"):
-        os.environ[DEVICE_ENV] = "cuda"
+        set_device("cuda")
 
 
 def device() -> torch.device:

@@ -1,0 +1,42 @@
+"""Device selection (zgdata/core/runtime.py): the one module that reads and sets ZG_DEVICE."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from zgdata.core import runtime
+from zgdata.errors import ZgError
+
+
+def test_cpu_is_the_default_and_a_bad_name_is_refused(monkeypatch):
+    monkeypatch.delenv(runtime.DEVICE_ENV, raising=False)
+    assert runtime.device_type() == "cpu" and runtime.device() == torch.device("cpu")
+    monkeypatch.setenv(runtime.DEVICE_ENV, "nonsense")
+    with pytest.raises(ZgError, match="ZG_DEVICE='nonsense' is not a torch device"):
+        runtime.device_type()
+
+
+def test_a_ray_task_given_a_gpu_uses_the_one_ray_made_visible(monkeypatch):
+    monkeypatch.setenv(runtime.DEVICE_ENV, "cuda:3")
+    runtime.use_assigned_gpu()
+    assert os.environ[runtime.DEVICE_ENV] == "cuda"
+    monkeypatch.setenv(runtime.DEVICE_ENV, "cpu")
+    runtime.use_assigned_gpu()
+    assert os.environ[runtime.DEVICE_ENV] == "cpu"
+
+
+def test_prefer_gpu_fills_in_only_an_unset_device(monkeypatch):
+    monkeypatch.setenv(runtime.DEVICE_ENV, "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    runtime.prefer_gpu()
+    assert os.environ[runtime.DEVICE_ENV] == "cpu"  # what the user set stays
+    monkeypatch.delenv(runtime.DEVICE_ENV)
+    runtime.prefer_gpu()
+    assert os.environ[runtime.DEVICE_ENV] == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(runtime.DEVICE_ENV)
+    runtime.prefer_gpu()
+    assert os.environ[runtime.DEVICE_ENV] == "cpu"
