@@ -13,7 +13,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -116,28 +115,37 @@ def team_b(local_remote, tmp_path) -> Path:
     return b
 
 
+# moto's server in a process of its own, on a port it binds itself (0: the kernel picks) and prints: a port picked
+# free beforehand can be taken by another process (a Ray worker's gRPC server) before moto binds it. It serves until
+# its stdin closes.
+MOTO_SERVER = """
+import sys
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer("127.0.0.1", 0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
 @pytest.fixture
 def moto_s3():
-    """A moto S3 server on a free port of 127.0.0.1 with one bucket; stopped afterwards."""
+    """A moto S3 server on 127.0.0.1 with one bucket; stopped afterwards."""
     import boto3
 
-    port = free_port()
     proc = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
+        [str(BIN / "python"), "-c", MOTO_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        text=True,
     )
-    endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on port {port}") from None
-                time.sleep(0.2)
+        line = proc.stdout.readline()  # the port once the server listens; "" if it died first
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the moto server did not start (exit code {proc.poll()})")
+        endpoint = f"http://127.0.0.1:{int(line)}"
         boto3.client(
             "s3",
             endpoint_url=endpoint,
@@ -147,7 +155,7 @@ def moto_s3():
         ).create_bucket(Bucket=BUCKET)
         yield endpoint
     finally:
-        proc.terminate()
+        proc.stdin.close()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
