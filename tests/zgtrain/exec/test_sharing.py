@@ -8,6 +8,7 @@ then clones it the way another team would. docs/SHARING.md documents these comma
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -66,10 +67,13 @@ def assert_only_block_inputs(root: Path) -> None:
         assert not (root / rel).exists(), f"{rel} was pulled but block b01 does not need it"
 
 
-def free_port() -> int:
+@contextlib.contextmanager
+def closed_port():
+    """A port of 127.0.0.1 that refuses connections while the block runs: bound by this process, never listening,
+    so no other process (a Ray worker's gRPC server) can start listening on it meanwhile."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -321,9 +325,11 @@ def test_unreachable_remote_fails_clearly_and_leaves_workspace_intact(local_remo
         args, env = [], None
     else:  # S3 endpoint on a closed port; one attempt, or botocore retries with backoff for minutes
         dvc("remote", "add", "--local", "broken", f"s3://{BUCKET}/zg", cwd=b)
-        dvc("remote", "modify", "--local", "broken", "endpointurl", f"http://127.0.0.1:{free_port()}", cwd=b)
         args, env = ["-r", "broken"], {**S3_ENV, "AWS_MAX_ATTEMPTS": "1"}
-    res = dvc("pull", *args, *B01_INPUTS[1:], cwd=b, check=False, env=env, timeout=120)
+    with closed_port() as port:
+        if kind == "s3":
+            dvc("remote", "modify", "--local", "broken", "endpointurl", f"http://127.0.0.1:{port}", cwd=b)
+        res = dvc("pull", *args, *B01_INPUTS[1:], cwd=b, check=False, env=env, timeout=120)
     msg = res.stderr + res.stdout
     assert res.returncode != 0, msg
     assert "failed to pull data from the cloud" in msg, msg
