@@ -159,8 +159,14 @@ def run_local(
                     continue
             advance(len(rows) * seq_len)
     finally:
-        if writer.is_alive():
-            writer.q.put(None)
-            writer.join()
+        # Ask the writer to finish what it holds; a failed writer no longer reads the queue (which may be full),
+        # so never block on it: it ends once it has dropped its in-flight work.
+        while writer.is_alive():
+            try:
+                writer.q.put(None, timeout=0.2)
+                break
+            except queue.Full:
+                continue
+        writer.join()
     if writer.error is not None:
         raise writer.error

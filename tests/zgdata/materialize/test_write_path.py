@@ -233,3 +233,61 @@ def test_stats_reuse_one_row_buffer_per_thread_and_leave_a_float32_batch_as_it_w
     rms = x.pow(2).mean(-1).sqrt().reshape(-1)
     assert first["tokens"] == again["tokens"] == 48 and first["absmax"] == float(x.abs().max())
     assert stats.summary(first)["mean_rms"] == float(sum(Fraction(v) for v in rms.tolist()) / 48)
+
+
+def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(tiny_project, monkeypatch):
+    """The first batch's encoding fails while the next batch's boundaries are still encoding and the forward,
+    ahead, is blocked on the full queue: the run raises that error once the writer has dropped its work (it used to
+    wait forever to hand the stopped writer its end-of-input), leaves no thread, publishes nothing, and a rerun
+    completes."""
+    import threading
+    import time
+
+    from zgdata.materialize import encode
+    from zgdata.materialize import writer as writer_mod
+
+    real_encode, real_capture = encode.encode_batch, writer_mod.capture
+    forwards, first_batch, encoding = [], [], threading.Event()
+
+    def counting(*args, **kw):
+        forwards.append(1)
+        return real_capture(*args, **kw)
+
+    def failing(x, rows, splits, **kw):
+        if rows[0] != 0:
+            encoding.set()
+            time.sleep(3)  # still encoding when the forward sees the failure
+            return real_encode(x, rows, splits, **kw)
+        first_batch.append(1)
+        if len(first_batch) > 1:
+            return real_encode(x, rows, splits, **kw)
+        # batch 0's first boundary fails once the writer holds batches 0 and 1 (queue_batches 1), the queue holds
+        # batch 2, the forward is blocked on batch 3, and the other encoding thread has started on batch 1
+        while len(forwards) < 4 or not encoding.is_set():
+            time.sleep(0.01)
+        time.sleep(0.2)
+        raise RuntimeError("injected encode failure")
+
+    monkeypatch.setattr(encode, "encode_batch", failing)
+    monkeypatch.setattr(writer_mod, "capture", counting)
+    outcome = {}
+
+    def run():
+        try:
+            _materialize(tiny_project, writer_threads=2, queue_batches=1, batch_size=4)
+        except BaseException as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=300)  # a guard against the hang under test, not a duration
+    assert not t.is_alive(), "materialize hung after its writer failed"
+    assert "injected encode failure" in str(outcome.get("error")), outcome
+    assert not any(t.name.startswith("zg-encode") for t in threading.enumerate()), "an encoding thread was left"
+    assert not Layout(tiny_project).boundary("h00").exists()
+
+    monkeypatch.setattr(encode, "encode_batch", real_encode)
+    params = yaml.safe_load((tiny_project / "params.yaml").read_text())
+    cfg, part = section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
+    assert not materialize(cfg, part, layout=Layout(tiny_project)).skipped
+    assert read_boundaries(tiny_project, NAMES)["h04"][0].shape[0] > 4
