@@ -224,6 +224,38 @@ def test_a_forged_cache_entry_cannot_switch_the_check_off(reproduced, tmp_path, 
             trust.verify(target)
 
 
+def test_a_file_replaced_after_the_parallel_hash_is_hashed_again_and_refused(reproduced, tmp_path, monkeypatch):
+    """A boundary's files are hashed together on the cores before they are compared; one file is replaced (same
+    size, other bytes: a `dvc checkout` or a rewrite) after its hash and before the comparison. The check hashes it
+    again and refuses it, and seals nothing that a later process would accept (it used to pair the new file's stat
+    with the old file's md5, in this process's memo and in .zg/trust.json)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = shutil.copytree(reproduced, tmp_path / "p", symlinks=True)
+    (root / trust.STATE).unlink(missing_ok=True)
+    trust._MEMO.clear()
+    dataset = root / "data/boundaries/h02.lance"
+    target = max((f for f in dataset.rglob("*.lance") if f.is_file()), key=lambda f: f.stat().st_size)
+    hashed = trust._stamped_md5s
+
+    def then_replaced(paths, **kw):
+        out = hashed(paths, **kw)
+        assert target in out  # hashed ahead with the dataset's other files
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        tmp = target.with_name(".replacement")
+        tmp.write_bytes(bytes(data))
+        os.replace(tmp, target)
+        return out
+
+    monkeypatch.setattr(trust, "_stamped_md5s", then_replaced)
+    with pytest.raises(ZgError, match="data/boundaries/h02.lance/.* does not match dvc.lock"):
+        trust.verify(dataset)
+    monkeypatch.setattr(trust, "_stamped_md5s", hashed)
+    trust._MEMO.clear()  # a new process: only the on-disk cache is left
+    with pytest.raises(ZgError, match="data/boundaries/h02.lance/.* does not match dvc.lock"):
+        trust.verify(dataset)
+
+
 def test_files_hashed_in_parallel_give_the_md5s_dvc_recorded(reproduced, tmp_path, monkeypatch):
     """Every file of every directory output dvc.lock records, hashed on 2 threads at once, has the md5 in DVC's own
     manifest of that directory (DVC wrote those, not zg); a full check on 1 and on 2 threads hashes the same."""

@@ -106,19 +106,30 @@ def _file_md5(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_md5s(paths, *, threads: int | None = None) -> dict[Path, str]:
-    """The md5 of each file, as DVC records it; the files are hashed at once on ``threads`` threads (default: the
-    cores). One file's md5 is sequential by definition, so a single file hashes on one core whatever the count."""
+def _stamped_md5(path: Path) -> tuple[list[int], str]:
+    """(the file's stat, taken before the read; its md5). A change while or after it is read shows in a later stat:
+    the pair may be trusted, and sealed into the cache, only while the file's stat is still this one."""
+    return _stat(path), _file_md5(path)
+
+
+def _stamped_md5s(paths, *, threads: int | None = None) -> dict[Path, tuple[list[int], str]]:
+    """``_stamped_md5`` of each file, the files hashed at once on ``threads`` threads (default: the cores). One
+    file's md5 is sequential by definition, so a single file hashes on one core whatever the count."""
     paths = list(dict.fromkeys(Path(p) for p in paths))
     n = min(len(paths), threads or cores())
     if n <= 1:
-        return {p: _file_md5(p) for p in paths}
+        return {p: _stamped_md5(p) for p in paths}
     from concurrent.futures import ThreadPoolExecutor
 
     # largest first, so that one big file does not start last and run alone
     order = sorted(paths, key=lambda p: -p.stat().st_size)
     with ThreadPoolExecutor(n, thread_name_prefix="zg-md5") as pool:
-        return dict(zip(order, pool.map(_file_md5, order)))
+        return dict(zip(order, pool.map(_stamped_md5, order)))
+
+
+def file_md5s(paths, *, threads: int | None = None) -> dict[Path, str]:
+    """The md5 of each file, as DVC records it, hashed in parallel (``_stamped_md5s``)."""
+    return {p: md5 for p, (_, md5) in _stamped_md5s(paths, threads=threads).items()}
 
 
 def _stat(path: Path) -> list[int]:
@@ -147,15 +158,14 @@ def _known(path: Path, state: dict) -> str | None:
 
 
 def _md5(path: Path, state: dict, counts: dict, pre: dict | None = None) -> str:
-    """The md5 of ``path``: known (counted as cached), hashed ahead by ``_verify`` (``pre``) or hashed now."""
+    """The md5 of ``path``: known (counted as cached), hashed ahead by ``_verify`` (``pre``: used only while the
+    file's stat is still the one taken before that read; a file replaced since is hashed again) or hashed now."""
     if (known := _known(path, state)) is not None:
         counts["cached"] += 1
         return known
-    stat, k = _stat(path), state_key.key()
-    key = (str(path), *stat)
-    digest = pre.get(path) if pre else None
-    if digest is None:
-        digest = _file_md5(path)
+    ahead = pre.get(path) if pre else None
+    stat, digest = ahead if ahead is not None and ahead[0] == _stat(path) else _stamped_md5(path)
+    k, key = state_key.key(), (str(path), *stat)
     counts["hashed"] += 1
     if k:
         state[str(path)] = [*stat, digest, state_key.seal(k, str(path), stat, digest)]
@@ -285,7 +295,7 @@ def _verify(paths, read: dict) -> Checked:
         before = counts["hashed"]
         # every file not known yet, hashed at once on the cores; the checks below then only compare
         unknown = [f for out in todo for f in _files(out) if _known(f, state) is None]
-        pre = file_md5s(unknown) if len(unknown) > 1 else {}
+        pre = _stamped_md5s(unknown) if len(unknown) > 1 else {}
         for out, (md5, by, fix) in todo.items():
             _check(root, out, md5, by, fix, state, counts, pre)
         if counts["hashed"] != before:
