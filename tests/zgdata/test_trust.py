@@ -228,7 +228,8 @@ def test_a_file_replaced_after_the_parallel_hash_is_hashed_again_and_refused(rep
     """A boundary's files are hashed together on the cores before they are compared; one file is replaced (same
     size, other bytes: a `dvc checkout` or a rewrite) after its hash and before the comparison. The check hashes it
     again and refuses it, and seals nothing that a later process would accept (it used to pair the new file's stat
-    with the old file's md5, in this process's memo and in .zg/trust.json)."""
+    with the old file's md5, in this process's memo and in .zg/trust.json). A file removed after it was listed
+    gives one clear error."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     root = shutil.copytree(reproduced, tmp_path / "p", symlinks=True)
     (root / trust.STATE).unlink(missing_ok=True)
@@ -253,6 +254,19 @@ def test_a_file_replaced_after_the_parallel_hash_is_hashed_again_and_refused(rep
     monkeypatch.setattr(trust, "_stamped_md5s", hashed)
     trust._MEMO.clear()  # a new process: only the on-disk cache is left
     with pytest.raises(ZgError, match="data/boundaries/h02.lance/.* does not match dvc.lock"):
+        trust.verify(dataset)
+
+    listed = trust._files
+
+    def then_removed(out):  # listed, then gone before it is read: one clear error, not a traceback
+        files = listed(out)
+        target.unlink(missing_ok=True)
+        return files
+
+    monkeypatch.setattr(trust, "_files", then_removed)
+    trust._MEMO.clear()
+    rel = target.relative_to(root).as_posix()
+    with pytest.raises(ZgError, match=f"{re.escape(rel)} disappeared while it was being checked"):
         trust.verify(dataset)
 
 

@@ -291,16 +291,28 @@ def _verify(paths, read: dict) -> Checked:
                 todo.setdefault(r.out, (r.md5, r.by, r.fix))
         if not todo:
             continue
-        state = _load_state(root)
-        before = counts["hashed"]
-        # every file not known yet, hashed at once on the cores; the checks below then only compare
-        unknown = [f for out in todo for f in _files(out) if _known(f, state) is None]
-        pre = _stamped_md5s(unknown) if len(unknown) > 1 else {}
-        for out, (md5, by, fix) in todo.items():
-            _check(root, out, md5, by, fix, state, counts, pre)
-        if counts["hashed"] != before:
-            _save_state(root, state)
+        try:
+            _check_root(root, todo, counts)
+        except FileNotFoundError as e:  # listed, then gone before it was read
+            gone = os.path.relpath(e.filename, root) if e.filename else "a file"
+            raise ZgError(
+                f"{gone} disappeared while it was being checked against git's record: another process (a `dvc "
+                f"checkout`, a `dvc pull`, a zg stage) changed the output meanwhile",
+                fix="run the command again once that process has finished",
+            ) from e
     return Checked(**counts)
+
+
+def _check_root(root: Path, todo: dict[Path, tuple[str, str, str]], counts: dict) -> None:
+    state = _load_state(root)
+    before = counts["hashed"]
+    # every file not known yet, hashed at once on the cores; the checks below then only compare
+    unknown = [f for out in todo for f in _files(out) if _known(f, state) is None]
+    pre = _stamped_md5s(unknown) if len(unknown) > 1 else {}
+    for out, (md5, by, fix) in todo.items():
+        _check(root, out, md5, by, fix, state, counts, pre)
+    if counts["hashed"] != before:
+        _save_state(root, state)
 
 
 def _check(root: Path, p: Path, md5: str, by: str, fix: str, state: dict, counts: dict, pre: dict) -> None:
