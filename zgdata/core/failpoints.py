@@ -11,6 +11,7 @@ never reads the environment itself. Unset, every failpoint is a no-op costing on
     ZG_FAILPOINT_SLEEP_IN_SHARD      seconds a materialize shard task sleeps after each fragment
     ZG_FAILPOINT_SLEEP_AFTER_COMMIT  seconds the sharded driver sleeps after committing a shard
     ZG_FAILPOINT_SLEEP_MID_COMMIT    seconds the sharded driver sleeps between a shard's boundaries
+    ZG_FAILPOINT_SLEEP_AFTER_PUBLISH seconds materialize sleeps after renaming each finished boundary into place
     ZG_FAILPOINT_SLEEP_AFTER_SAMPLE  seconds the sample stage sleeps after writing each batch
     ZG_TEST_SHARD_LOG                a file each shard task appends its (pid, node, rows) to
 """
@@ -26,6 +27,7 @@ __all__ = [
     "IN_SHARD",
     "AFTER_COMMIT",
     "MID_COMMIT",
+    "AFTER_PUBLISH",
     "SHARD_LOG",
     "AFTER_SAMPLE_BATCH",
     "seconds",
@@ -39,6 +41,7 @@ HOLD_AFTER_STEP = "ZG_FAILPOINT_HOLD_AFTER_STEP"
 IN_SHARD = "ZG_FAILPOINT_SLEEP_IN_SHARD"
 AFTER_COMMIT = "ZG_FAILPOINT_SLEEP_AFTER_COMMIT"
 MID_COMMIT = "ZG_FAILPOINT_SLEEP_MID_COMMIT"
+AFTER_PUBLISH = "ZG_FAILPOINT_SLEEP_AFTER_PUBLISH"
 SHARD_LOG = "ZG_TEST_SHARD_LOG"
 AFTER_SAMPLE_BATCH = "ZG_FAILPOINT_SLEEP_AFTER_SAMPLE"
 

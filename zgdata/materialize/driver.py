@@ -155,6 +155,17 @@ def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout, checksum: st
     return layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
 
 
+def _captured(stage: Path, names: list[str], n_rows: int) -> bool:
+    """Whether ``stage`` journals every row of the boundaries ``names``: a run's capture, finished and killed while
+    finalize published its boundaries one by one. The narrowed plan of a rerun keys another staging folder, which
+    would drop this one and capture those boundaries again."""
+    try:
+        state = json.loads((stage / "journal.json").read_text())
+        return state["rows_done"] == n_rows and all(n in state["versions"] for n in names)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def _schemas(plan: _Plan, cfg: MaterializeConfig, checksum: str) -> dict:
     """Each boundary's Lance schema with its metadata (lineage, fingerprint, format, row checksum; ``complete``
     false until finalize). The checksum is recorded beside the lineage, never in it: the fingerprint is the same
@@ -230,6 +241,8 @@ def materialize(
     finals = {n: layout.boundary(n) for n in names}
     checksum = integrity.WRITE_CHECKSUM  # read at run time: a test writes blake2b datasets as an older zg did
     stage = _stage_dir(plan, cfg, layout, checksum)
+    if names != full.names and _captured(whole := _stage_dir(full, cfg, layout, checksum), names, n_rows):
+        stage = whole  # a run killed while it renamed its boundaries into place: publish the rest of its capture
     remove_dead_staging(layout, keep=stage)
     if not names:
         return MaterializeResult(**done, seconds=time.perf_counter() - t0, skipped=True)
@@ -241,8 +254,12 @@ def materialize(
     need = estimate_bytes(n_rows, plan.seq_len, plan.hidden, cfg.storage_dtype, len(names), done=start)
     _check_disk(need, layout.staging)
     sharded = cfg.workers > 1 if sharded is None else sharded
-    shards = _capture(
-        plan, cfg, layout=layout, stage=stage, journal=journal, start=start, sharded=sharded, checksum=checksum
+    shards = (
+        _capture(
+            plan, cfg, layout=layout, stage=stage, journal=journal, start=start, sharded=sharded, checksum=checksum
+        )
+        if start < n_rows
+        else []  # captured before a kill in finalize: no teacher to load
     )
     remove_orphans(stage, names)  # files of a group (or shard) that a killed run wrote but never committed
     with span("materialize.finalize"):

@@ -290,4 +290,5 @@ def finalize(
         lance.LanceDataset.commit(str(pub), tx)
     for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
         replace_path(stage / f"{n}.publish.lance", finals[n])
+        failpoints.pause(failpoints.AFTER_PUBLISH)  # a kill here leaves some boundaries published (driver.py)
     return stats

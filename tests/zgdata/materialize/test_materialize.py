@@ -148,6 +148,38 @@ def test_kill_9_then_resume_is_bitwise_identical(tiny_built, tiny_project, failp
     assert not any(stage.parent.iterdir()), "staging was not cleaned up"
 
 
+def test_kill_9_between_publishes_finishes_the_capture_instead_of_redoing_it(tiny_built, tiny_project):
+    """Killed after the first boundary was renamed into place and before the others: the rerun, whose plan now
+    holds only the missing boundaries, publishes them from the killed run's finished capture (it used to drop
+    that staging folder, keyed by the whole plan, and run the teacher over every row again). The boundaries are
+    bitwise an uninterrupted run's; the published one keeps its files."""
+    root = tiny_project
+    want = boundary_bits(tiny_built)
+    boundaries = root / "data" / "boundaries"
+    shutil.rmtree(boundaries)
+    published = lambda: sorted(p.name for p in boundaries.glob("*.lance")) if boundaries.exists() else []  # noqa: E731
+    proc = kill_9_when(
+        lambda: bool(published()),
+        ["data", "materialize"],
+        root,
+        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_PUBLISH": "600"},
+        root.parent / "killed.stderr",
+        "the first published boundary",
+    )
+    assert proc.returncode == -signal.SIGKILL
+    first = published()
+    assert first == ["h00.lance"], first
+    kept = tree_sha256(boundaries / "h00.lance")
+
+    res = zg_main("data", "materialize", "--json", cwd=root)
+    out = json.loads(res.stdout)
+    assert out["resumed_from"] == len(want["h00"]["seq_id"]) and not out["skipped"], out  # no row captured again
+    assert published() == ["h00.lance", "h02.lance", "h04.lance"]
+    assert tree_sha256(boundaries / "h00.lance") == kept
+    _assert_same_boundaries(boundary_bits(root), want)
+    assert not any((root / "data" / ".staging").iterdir()), "staging was not cleaned up"
+
+
 def test_float16_storage_is_refused(tiny_project):
     edit_params(tiny_project, materialize={"storage_dtype": "float16"})
     before = tree_sha256(tiny_project / "data" / "boundaries")
