@@ -405,13 +405,16 @@ def _join_planes(hi: np.ndarray, lo_row: np.ndarray, out_row: np.ndarray) -> Non
 
 
 _POOL = None
+_POOL_LOCK = threading.Lock()
 _LOCAL = threading.local()
 
 
 def _pool():
+    """The process's decoding threads, made once (two readers' threads asking at once get the same pool)."""
     global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
+    with _POOL_LOCK:
+        if _POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-        _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="zg-zstd")
-    return _POOL
+            _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="zg-zstd")
+        return _POOL
