@@ -41,7 +41,7 @@ from zgtrain.block.kv_cache import kv_summary
 from zgtrain.block.objectives import Objective, nmse
 from zgtrain.block.targets import open_targets
 from zgtrain.fit import checkpoint, loop
-from zgtrain.fit.identity import resumable
+from zgtrain.fit.identity import matches, resumable
 from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.project.config import ProjectConfig, TrainConfig
 
@@ -235,9 +235,18 @@ def setup(
         fix="rerun with --restart to discard it, or restore the old params",
         auto=restart == "auto",
     )
+    # zg repro over a finished or another run trains beside it: an earlier attempt there (killed, or a Ray retry
+    # after a worker died) resumes from its last checkpoint instead of starting over
+    beside = (
+        loop.staged(d, checkpoint.read_meta, lambda m: matches(m, identity))
+        if prior is None and restart == "auto"
+        else None
+    )
     # read (and checksum) the data before anything in the block directory changes
     xs, ys = (t.float() for t in src.take(src.rows("train")[: cfg.importance_rows]))
-    d = loop.begin(d, prior)  # a restart builds beside the old folder; train_block swaps it in at the end
+    # a fresh start over what d holds builds beside it; train_block swaps that folder in at the end
+    d = loop.begin(d, prior, staged=beside is not None)
+    prior = prior or beside
 
     gen = seed_all(seed)
     block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())

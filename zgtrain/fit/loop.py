@@ -37,6 +37,7 @@ __all__ = [
     "end_step",
     "reset",
     "begin",
+    "staged",
     "publish",
     "clear_partials",
     "diverged",
@@ -120,11 +121,21 @@ def _aside(d: Path, what: str) -> Path:
     return Path(d).parent / f".{Path(d).name}.{what}"
 
 
-def begin(d: Path, prior: dict | None) -> Path:
+def staged(d: Path, read_meta: Callable[[Path], dict | None], same_run: Callable[[dict], bool]) -> dict | None:
+    """The checkpoint to resume in ``d``'s staging folder: one an earlier attempt of this very run (``same_run``
+    of its meta) left there, unfinished, when it started afresh beside what ``d`` holds (zg repro after a params
+    edit) and was killed or failed before it published. None when there is none; ``begin(staged=True)`` then
+    resumes in that folder instead of removing it."""
+    meta = read_meta(_aside(inside(d, what="run folder"), "staging"))
+    return meta if meta is not None and not meta.get("done") and same_run(meta) else None
+
+
+def begin(d: Path, prior: dict | None, *, staged: bool = False) -> Path:
     """The folder a run writes into: ``d`` itself, or a staging folder beside it when a fresh start would
     replace what ``d`` holds (``--restart`` over a finished or stopped run). ``publish`` swaps it in only when
     the run got as far as its last checkpoint, so a refused, failed or killed restart leaves ``d`` as it was.
-    A previous run's leftover staging folder is removed here.
+    A previous run's leftover staging folder is removed here, unless ``staged``: it holds the checkpoint this
+    run resumes (``staged``, the function).
 
     ``d`` must resolve inside its project (zgdata/core/paths_guard.py): every trainer's run folder passes here
     before anything in it is removed or written.
@@ -133,6 +144,9 @@ def begin(d: Path, prior: dict | None) -> Path:
     staging, old = _aside(d, "staging"), _aside(d, "old")
     if old.exists():  # killed between publish's two renames: the old folder is the one to keep
         shutil.rmtree(old) if d.exists() else old.rename(d)
+    if staged:
+        clear_partials(staging)
+        return staging
     shutil.rmtree(staging, ignore_errors=True)
     if prior is None and d.is_dir() and any(d.iterdir()):
         staging.mkdir(parents=True)
@@ -145,6 +159,9 @@ def publish(work: Path, d: Path) -> None:
     """Swap run folder ``work`` (from ``begin``) in as ``d``: two renames, then the old folder is removed."""
     work, d = Path(work), Path(d)
     if work == d:
+        return
+    if not d.exists():  # a staged run resumed after its old folder was removed
+        work.rename(d)
         return
     old = _aside(d, "old")
     d.rename(old)

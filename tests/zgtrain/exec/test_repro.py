@@ -26,7 +26,7 @@ import yaml
 
 from tests.helpers.assertions import assert_user_error
 from tests.helpers.projects import copy_project, project_of, read_json, set_params, tree_sha256
-from tests.helpers.runners import BIN, run, zg
+from tests.helpers.runners import BIN, kill_9_when, run, zg
 from zgdata.core.metrics_file import split_timed
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
@@ -250,6 +250,35 @@ def test_driver_killed_then_rerun_finishes_and_retrains_nothing_recorded(base, t
     st = (root / "models/blocks/b01/init.safetensors").stat()
     assert (st.st_ino, st.st_mtime_ns) == (init.st_ino, init.st_mtime_ns)  # b01 resumed, not restarted
     assert set(_status(root)) <= {"verify", "evaluate"}  # not among the targets
+
+
+def test_a_killed_retrain_beside_the_old_block_resumes_there(serial, tmp_path):
+    """After a params edit, `zg repro` trains b01 beside its recorded folder (now another run's), which stays until
+    the new run publishes. Killed after a checkpoint there, the rerun resumes from it (it used to remove it and
+    start over, on every retry too) and ends with a straight run's bits."""
+    root, straight = (copy_project(serial, tmp_path / n) for n in ("proj", "straight"))
+    for r in (root, straight):
+        set_params(r, {"blocks.b01.lr": 7e-4})
+    run(["git", "commit", "-qam", "b01 lr"], cwd=root)
+    beside = root / "models/blocks/.b01.staging"
+    proc = kill_9_when(
+        lambda: (read_json(beside / "meta.json") if (beside / "meta.json").exists() else {}).get("step", 0) > 0,
+        ["repro", "train@b01", "--jobs", "1"],
+        root,
+        {**os.environ, "ZG_FAILPOINT_SLEEP_AFTER_STEP": "0.5"},
+        tmp_path / "killed.stderr",
+        "b01's first checkpoint beside its old folder",
+    )
+    assert proc.returncode == -signal.SIGKILL and not read_json(beside / "meta.json")["done"]
+    assert _meta(root, "b01")["done"]  # the recorded run is still there
+    init = (beside / "init.safetensors").stat()
+
+    r = json.loads(_repro(root, "train@b01", "--jobs", "1").stdout)
+    assert r["blocks"]["b01"]["status"] == "done" and not beside.exists()
+    st = (root / "models/blocks/b01/init.safetensors").stat()
+    assert (st.st_ino, st.st_mtime_ns) == (init.st_ino, init.st_mtime_ns)  # resumed, not restarted
+    want = train_block(project_of(straight), "b01", restart=True, layout=Layout(straight))
+    assert r["blocks"]["b01"]["state_sha256"] == want.state_sha256
 
 
 def test_block_failing_for_good_leaves_the_others_recorded(serial, base, tmp_path, ray_session):
