@@ -6,6 +6,10 @@ it is being blocked by: (PID ...): zg repro"). So `zg repro` locks the outputs o
 through the same mechanism, in the driver process: a `dvc repro` started meanwhile stops at that stage before it
 deletes anything. A block's locks are released just before `zg repro` records it with `dvc commit`, which takes the
 same locks itself. DVC drops the entries of a process that died, so a killed driver blocks nothing.
+
+It also holds read locks on what those blocks depend on (boundaries, teacher slices, params.yaml, code), as `dvc
+repro` does for the stage it runs: a `dvc repro materialize` (or `dvc checkout`) started meanwhile stops before it
+rewrites a boundary a block is training on, which `dvc commit` would otherwise record as that block's input.
 """
 
 from __future__ import annotations
@@ -14,30 +18,39 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 
-__all__ = ["OutputLocks"]
+__all__ = ["OutputLocks", "stage_deps"]
 
 
 class OutputLocks:
-    """DVC write locks on groups of output paths, held by this process, released one group at a time."""
+    """DVC locks on groups of paths (outputs to write, inputs to read), held by this process, released one group
+    at a time."""
 
     def __init__(self, root: Path, cmd: str = "zg repro"):
         self.root, self.cmd, self._held = Path(root), cmd, {}
 
-    def hold(self, name: str, paths: list[Path]) -> None:
-        """Lock PATHS (absolute or relative to the project) as group NAME; a one-line error when DVC holds them."""
+    def hold(self, name: str, paths: list[Path], read: list[Path] = ()) -> None:
+        """Lock PATHS for writing and READ for reading (absolute or relative to the project) as group NAME; a
+        one-line error when another DVC process holds them."""
+        from dvc.exceptions import DvcException
         from dvc.fs import localfs
         from dvc.lock import LockError
         from dvc.rwlock import rwlock
 
         tmp = self.root / ".dvc" / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        cm = rwlock(str(tmp), localfs, self.cmd, [], [str(self.root / p) for p in paths], False)
+        absolute = lambda ps: [str(self.root / p) for p in ps]  # noqa: E731
+        cm = rwlock(str(tmp), localfs, self.cmd, absolute(read), absolute(paths), False)
         try:
             cm.__enter__()
         except LockError as e:
             raise ZgError(
-                f"{name}'s outputs are locked by another DVC process: {str(e).splitlines()[0]}",
+                f"{name} {'are' if read else 'is'} locked by another DVC process: {str(e).splitlines()[0]}",
                 fix="wait for that `dvc repro` (or `dvc commit`) to finish, then rerun `zg repro`",
+            ) from e
+        except DvcException as e:  # DVC rewrites the file in place: a process killed mid-write leaves it torn
+            raise ZgError(
+                f"DVC's lock file cannot be read ({e})",
+                fix=f"make sure no `dvc` or `zg repro` runs in {self.root}, then remove {tmp / 'rwlock'}",
             ) from e
         self._held[name] = cm
 
@@ -49,3 +62,18 @@ class OutputLocks:
     def close(self) -> None:
         for name in list(self._held):
             self.release(name)
+
+
+def stage_deps(root: Path, stages: list[str]) -> list[str]:
+    """The local paths STAGES depend on, as `dvc repro` read-locks them while it runs a stage (DVC's
+    ``rwlocked``: every dependency but another repository's), each once."""
+    from dvc.dependency.db import AbstractDependency
+    from dvc.dependency.repo import RepoDependency
+    from dvc.repo import Repo
+
+    out: list[str] = []
+    with Repo(str(root)) as repo:
+        for name in stages:
+            for stage in repo.stage.collect(name):
+                out += [d.fs_path for d in stage.deps if not isinstance(d, (RepoDependency, AbstractDependency))]
+    return list(dict.fromkeys(out))

@@ -29,7 +29,7 @@ from zgdata.core.runtime import device_type
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.exec import scratch
-from zgtrain.exec.dvc_locks import OutputLocks
+from zgtrain.exec.dvc_locks import OutputLocks, stage_deps
 from zgtrain.exec.progress_view import Monitor, summary_lines
 from zgtrain.exec.stage import dvc, train_one
 from zgtrain.project.config import ProjectConfig
@@ -220,6 +220,8 @@ def _train_blocks(root: Path, layout: Layout, project: ProjectConfig, dev, keys:
     cluster = None
     locks = OutputLocks(root)  # a `dvc repro` started meanwhile stops before it deletes a block being trained
     try:
+        if keys:  # ... or rewrites what a block reads (held until every block is recorded)
+            locks.hold("the blocks' inputs", [], read=stage_deps(root, [f"train@{k}" for k in keys]))
         for k in keys:
             locks.hold(f"train@{k}", [layout.block_dir(k), layout.block_metrics(k), layout.block_loss_curve(k)])
         if keys:

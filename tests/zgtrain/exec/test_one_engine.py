@@ -1,6 +1,7 @@
 """One engine at a time: a `dvc repro` started while `zg repro` trains a block is refused by DVC itself before it
-deletes anything (zg repro holds DVC's write locks on the outputs of the blocks it trains:
-zgtrain/exec/dvc_locks.py), and `zg repro` then finishes and records the block, with no traceback. Real `zg`,
+deletes anything (zg repro holds DVC's write locks on the outputs of the blocks it trains, and read locks on their
+inputs: zgtrain/exec/dvc_locks.py), a forced `dvc repro` of the stage that writes those inputs likewise, and `zg
+repro` then finishes and records the block, with no traceback. Real `zg`,
 `dvc` and `git` processes on a copy of the session's reproduced tiny project."""
 
 from __future__ import annotations
@@ -45,12 +46,18 @@ def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reprodu
             assert proc.poll() is None and _locked_by_zg(root), (tmp_path / "zg.err").read_text()
             other = run(["dvc", "repro"], cwd=root, check=False, env={"ZG_FAILPOINT_HOLD_AFTER_STEP": ""})
             after = tree_sha256(block)  # zg repro is held after a step: it has not swapped in its retrained block
+            # nor can a stage rewrite what a block being trained reads (its boundaries: materialize's outputs)
+            inputs = tree_sha256(root / "data" / "boundaries")
+            rewrite = run(["dvc", "repro", "-f", "-s", "materialize"], cwd=root, check=False)
+            assert tree_sha256(root / "data" / "boundaries") == inputs
             assert proc.poll() is None, "zg repro ended before the second engine was tried"
             gate.unlink()  # let zg repro go on
             assert other.returncode != 0
             said = other.stdout + other.stderr
             assert "is busy" in said and "zg repro" in said, said
             assert after == before  # dvc repro deleted nothing
+            said = rewrite.stdout + rewrite.stderr
+            assert rewrite.returncode != 0 and "is busy" in said and "zg repro" in said, said
             proc.wait(timeout=600)
         finally:
             if proc.poll() is None:
