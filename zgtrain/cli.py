@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run() -> None:
     """The `zg` script (pyproject.toml): ``main`` on ``sys.argv``, then an exit that does not walk the heap.
 
@@ -114,6 +118,11 @@ def run() -> None:
     returns, atexit handlers (Ray's disconnect, logging's flush) still run, and so does the flush of stdout and
     stderr; objects kept alive by a reference cycle are not finalized, which Python never promised at exit
     anyway. Not in ``main``: a process that calls ``main`` itself (the tests) goes on running and collecting."""
+    import signal
+
+    # SIGTERM (a scheduler's stop, `kill PID`) unwinds like Ctrl-C, so `finally` blocks run: a `zg repro` ends the
+    # `dvc` it started and releases its locks instead of leaving them to an orphan
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         main()
     finally:

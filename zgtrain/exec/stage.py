@@ -28,13 +28,20 @@ __all__ = ["dvc", "train_one"]
 def dvc(root: Path, *args: str, echo: bool = False) -> str:
     """Run `dvc ARGS` in ROOT with this interpreter's DVC; its output (echoed to stderr when ``echo``)."""
     cmd = [sys.executable, "-m", "dvc", *args]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a session of its own, so that stopping it reaches the stage command dvc runs too (dvc leaves it on SIGTERM)
+    proc = subprocess.Popen(
+        cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     out = []
-    for line in proc.stdout:
-        out.append(line)
-        if echo and os.environ.get("ZG_QUIET") != "1":
-            print(line, end="", file=sys.stderr, flush=True)
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if echo and os.environ.get("ZG_QUIET") != "1":
+                print(line, end="", file=sys.stderr, flush=True)
+        rc = proc.wait()
+    except BaseException:  # interrupted or terminated (zgtrain/cli.py): no dvc left running on its own
+        _stop(proc)
+        raise
     text = "".join(out)
     if rc:
         last = [ln for ln in text.splitlines() if ln.strip()][-3:]
@@ -43,6 +50,24 @@ def dvc(root: Path, *args: str, echo: bool = False) -> str:
             fix="fix what dvc says above, then rerun `zg repro` (recorded stages do not run again)",
         )
     return text
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a `dvc` child and what it runs (its process group): SIGINT, as Ctrl-C would (the stage command stops,
+    and dvc releases its locks on the way out), then SIGTERM and SIGKILL to what is left after 30 s each."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -66,3 +67,46 @@ def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reprodu
     assert proc.returncode == 0 and "Traceback" not in err_text, err_text
     assert not _locked_by_zg(root)
     assert "up to date" in run(["dvc", "status"], cwd=root).stdout
+
+
+def _alive_under(root) -> list[str]:
+    """Command lines of live processes working in ``root`` (zombies left out)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        if p.info["cwd"] == str(root) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(" ".join(p.info["cmdline"] or []))
+    return out
+
+
+def test_a_terminated_zg_repro_ends_the_dvc_it_started_and_its_stage(reproduced, tmp_path):
+    """SIGTERM to `zg repro` while its `dvc repro materialize` runs the stage: the driver stops that dvc and the
+    stage process under it as Ctrl-C would (a scheduler's stop used to leave both running, holding DVC's locks),
+    exits non-zero without a traceback, and DVC's lock file holds no entry."""
+    from tests.helpers.datasets import journal_rows
+
+    root = copy_project(reproduced, tmp_path / "proj")
+    set_params(root, {"materialize.codec": "zstd_fast"})  # materialize (and all after it) is stale
+    run(["git", "commit", "-qam", "codec"], cwd=root)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "600"}
+    with open(tmp_path / "zg.err", "w") as err:
+        proc = subprocess.Popen([str(BIN / "zg"), "repro", "--jobs", "1"], cwd=root, stderr=err, env=env)
+        try:
+            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
+            while proc.poll() is None and journal_rows(root) == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert proc.poll() is None and journal_rows(root) > 0, (tmp_path / "zg.err").read_text()
+            assert any("materialize" in c for c in _alive_under(root))
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    deadline = time.monotonic() + 60  # the stage process ends on its own SIGTERM; a hang guard
+    while _alive_under(root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive_under(root) == []
+    assert "Traceback" not in (tmp_path / "zg.err").read_text()
+    lock = json.loads((root / ".dvc" / "tmp" / "rwlock").read_text() or "{}")
+    assert not lock.get("write") and not lock.get("read"), lock  # dvc released its locks on its way out
