@@ -228,25 +228,11 @@ def setup(
     seed = block_seed(project.seed, cfg.seed, key)
     identity = _identity(key, spec, seed, cfg, src.fingerprints, smeta["teacher_sha256"])
     d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")
-    prior = resumable(
-        None if restart is True else checkpoint.read_meta(d),
-        identity,
-        where=f"models/blocks/{key}",
-        fix="rerun with --restart to discard it, or restore the old params",
-        auto=restart == "auto",
-    )
-    # zg repro over a finished or another run trains beside it: an earlier attempt there (killed, or a Ray retry
-    # after a worker died) resumes from its last checkpoint instead of starting over
-    beside = (
-        loop.staged(d, checkpoint.read_meta, lambda m: matches(m, identity))
-        if prior is None and restart == "auto"
-        else None
-    )
+    prior, staged = _prior(d, identity, restart, key)
     # read (and checksum) the data before anything in the block directory changes
     xs, ys = (t.float() for t in src.take(src.rows("train")[: cfg.importance_rows]))
     # a fresh start over what d holds builds beside it; train_block swaps that folder in at the end
-    d = loop.begin(d, prior, staged=beside is not None)
-    prior = prior or beside
+    d = loop.begin(d, prior, staged=staged)
 
     gen = seed_all(seed)
     block = convert(cfg.conversion, tensors, config_from_dict(smeta["config"]), cfg, xs, gen).to(device())
@@ -265,6 +251,24 @@ def setup(
         run.teacher.eval().requires_grad_(False)
     _start_or_resume(run, prior)
     return run
+
+
+def _prior(d: Path, identity: dict, restart: bool | str, key: str) -> tuple[dict | None, bool]:
+    """The checkpoint block KEY's run resumes (None: a fresh start), and whether it lies in the staging folder
+    beside ``d``: zg repro over a finished or another run trains beside it, and an earlier attempt there (killed,
+    or a Ray retry after its worker died) resumes from its last checkpoint instead of starting over."""
+    prior = resumable(
+        None if restart is True else checkpoint.read_meta(d),
+        identity,
+        where=f"models/blocks/{key}",
+        fix="rerun with --restart to discard it, or restore the old params",
+        auto=restart == "auto",
+    )
+    if prior is None and restart == "auto":
+        beside = loop.staged(d, checkpoint.read_meta, lambda m: matches(m, identity))
+        if beside is not None:
+            return beside, True
+    return prior, False
 
 
 def _start_or_resume(run: Run, prior: dict | None) -> None:

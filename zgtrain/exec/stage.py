@@ -53,20 +53,31 @@ def dvc(root: Path, *args: str, echo: bool = False) -> str:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End a `dvc` child and what it runs (its process group): SIGINT, as Ctrl-C would (the stage command stops,
-    and dvc releases its locks on the way out), then SIGTERM and SIGKILL to what is left after 30 s each."""
+    """End a `dvc` child and the stage command it runs (its process group) so that dvc releases its locks: SIGINT
+    to all, as Ctrl-C would (dvc ignores it while its command runs, then fails that stage and unwinds); after 30 s,
+    SIGKILL to the command (dvc then unwinds); after 30 s more, SIGKILL to whatever is left."""
     import signal
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    import psutil
+
+    def wait(s: float) -> bool:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=30)
-            break
+            proc.wait(timeout=s)
+            return True
         except subprocess.TimeoutExpired:
-            continue
+            return False
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+        if wait(30):
+            return
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+        if wait(30):
+            return
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 

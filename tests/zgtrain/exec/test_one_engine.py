@@ -89,7 +89,9 @@ def test_a_terminated_zg_repro_ends_the_dvc_it_started_and_its_stage(reproduced,
     root = copy_project(reproduced, tmp_path / "proj")
     set_params(root, {"materialize.codec": "zstd_fast"})  # materialize (and all after it) is stale
     run(["git", "commit", "-qam", "codec"], cwd=root)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "600"}
+    # materialize sleeps 3 s after each of its (up to 4) commits: the stop lands while it runs, and on Ctrl-C its
+    # writer finishes within dvc's grace (zgtrain/exec/stage.py: SIGINT, then SIGKILL to the stage after 30 s)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_SLEEP_AFTER_COMMIT": "3"}
     with open(tmp_path / "zg.err", "w") as err:
         proc = subprocess.Popen([str(BIN / "zg"), "repro", "--jobs", "1"], cwd=root, stderr=err, env=env)
         try:
