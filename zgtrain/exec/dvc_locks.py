@@ -43,8 +43,9 @@ class OutputLocks:
         try:
             cm.__enter__()
         except LockError as e:
+            what = name if read and not paths else f"{name}'s outputs"
             raise ZgError(
-                f"{name} {'are' if read else 'is'} locked by another DVC process: {str(e).splitlines()[0]}",
+                f"{what} are locked by another DVC process: {str(e).splitlines()[0]}",
                 fix="wait for that `dvc repro` (or `dvc commit`) to finish, then rerun `zg repro`",
             ) from e
         except DvcException as e:  # DVC rewrites the file in place: a process killed mid-write leaves it torn
