@@ -13,6 +13,7 @@ refused with one line before anything is written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import Any
 
 from zgdata.core.paths_guard import output
 
-__all__ = ["atomic_path", "replace_path", "write_json", "write_text"]
+__all__ = ["atomic_path", "replace_path", "sync", "write_json", "write_text"]
 
 
 def _remove(path: Path) -> None:
@@ -74,11 +75,28 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise
 
 
-def write_text(path: Path, text: str) -> None:
+def sync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') writes to the disk: what must outlive a power loss, not only a kill."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # a file system that cannot sync a folder (some network ones) says so; nothing to flush
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_text(path: Path, text: str, *, durable: bool = False) -> None:
+    """``text`` into ``path``, replaced atomically; ``durable``: on the disk (file and folder entry) on return."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+        if durable:
+            sync(tmp)
+    if durable:
+        sync(Path(path).parent)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Pretty, key-sorted JSON (deterministic bytes for DVC), replaced atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def write_json(path: Path, obj: Any, *, durable: bool = False) -> None:
+    """Pretty, key-sorted JSON (deterministic bytes for DVC), replaced atomically (``durable``: ``write_text``)."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", durable=durable)
