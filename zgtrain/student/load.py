@@ -172,15 +172,21 @@ def check_checksums(folder: Path) -> None:
 
 
 def _check_weight_files(folder: Path) -> None:
-    """Refuse a folder without safetensors weights (zg never unpickles: a pytorch_model.bin is not loaded) and a
-    weights file whose header is not safetensors', before transformers opens anything."""
+    """Refuse a folder without safetensors weights, or with a pickled weights file beside them (zg never
+    unpickles: transformers falls back to a pytorch_model.bin when no model.safetensors is there, and the
+    checksums cover safetensors files only), and a weights file whose header is not safetensors', before
+    transformers opens anything."""
     files = _weight_files(folder)
-    if not files:
-        other = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+    if not files or pickled:
         raise ZgError(
-            f"{folder} holds no .safetensors weights"
-            + (f" (only {', '.join(other)}, a pickle zg never loads)" if other else ""),
-            fix="convert them to safetensors, or rebuild the student with `dvc repro assemble`",
+            f"{folder} holds "
+            + (
+                f"pickled weights ({', '.join(pickled)}), which zg never loads"
+                if pickled
+                else "no .safetensors weights"
+            ),
+            fix="remove them, or convert them to safetensors; or rebuild the student with `dvc repro assemble`",
         )
     for p in files:
         check_header(p, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro assemble`")
@@ -202,7 +208,7 @@ def load_student(folder: Path, *, dtype=None, lineage: bool = True):
     check_checksums(folder)
     fam = family(json.loads((folder / "zerograph.json").read_text()).get("family", "llama"))  # read above
     return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype or torch.float32, trust_remote_code=remote, **fam.load_kwargs()
+        folder, dtype=dtype or torch.float32, trust_remote_code=remote, use_safetensors=True, **fam.load_kwargs()
     ).eval()
 
 
