@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from zgdata.core.progress import progress
+from zgdata.errors import ZgError
 from zgtrain.evaluate.bootstrap import per_sequence, ratio_interval
 from zgtrain.evaluate.metrics import context_targets, token_nll_top1, window_nll
 
@@ -20,8 +21,18 @@ __all__ = ["targets_for", "score", "figures"]
 
 
 def targets_for(evalset, cfg) -> torch.Tensor:
+    """The set's context-use targets (metrics.context_targets), refused before any model is scored when the set
+    has no position at or past ``eval.context_min_pos``."""
     ids = evalset.ids
-    return context_targets(
+    fix = f"lower eval.context_min_pos below the set's rows, or give {evalset.name} longer rows (its seq_len)"
+    if cfg.context_min_pos >= ids.shape[1]:
+        raise ZgError(
+            f"eval set {evalset.name} has rows of {ids.shape[1]} tokens, not more than eval.context_min_pos "
+            f"{cfg.context_min_pos}: no context-use target",
+            key="eval.context_min_pos",
+            fix=fix,
+        )
+    targets = context_targets(
         len(ids),
         ids.shape[1],
         k=evalset.context_targets or cfg.context_targets,
@@ -29,6 +40,14 @@ def targets_for(evalset, cfg) -> torch.Tensor:
         seed=cfg.seed,
         lengths=evalset.lengths,
     )
+    if not len(targets):
+        raise ZgError(
+            f"eval set {evalset.name} has no row longer than eval.context_min_pos {cfg.context_min_pos} (its rows "
+            f"are padded documents shorter than that): no context-use target",
+            key="eval.context_min_pos",
+            fix=fix,
+        )
+    return targets
 
 
 def score(model, label: str, evalset, targets: torch.Tensor, cfg) -> dict:

@@ -138,3 +138,24 @@ def test_context_targets_small_cases_by_hand():
     # only the last position allowed
     last = context_targets(3, 8, k=2, min_pos=7, seed=3)
     assert last[:, 1].tolist() == [7, 7] and len(set(last[:, 0].tolist())) == 2
+
+
+def test_a_set_without_context_targets_is_refused_with_its_key_before_scoring():
+    """A set whose rows are not longer than eval.context_min_pos, or whose padded rows all end before it, has no
+    context-use target: one error naming the set and the key (it was a traceback from torch after the models had
+    been scored)."""
+    from zgdata.errors import ZgError
+    from zgtrain.evaluate.set_metrics import targets_for
+    from zgtrain.evaluate.sets import EvalSet
+
+    cfg = SimpleNamespace(context_targets=8, context_min_pos=48, seed=0)
+    ids = torch.arange(2 * 64).reshape(2, 64)
+    assert len(targets_for(EvalSet(name="long", ids=ids, lengths=None, lineage={}), cfg)) == 8
+    short = EvalSet(name="short", ids=ids[:, :32], lengths=None, lineage={})
+    with pytest.raises(ZgError, match="eval set short has rows of 32 tokens") as e:
+        targets_for(short, cfg)
+    assert e.value.key == "eval.context_min_pos"
+    padded = EvalSet(name="padded", ids=ids, lengths=torch.tensor([40, 30]), lineage={})
+    with pytest.raises(ZgError, match="eval set padded has no row longer than eval.context_min_pos 48") as e:
+        targets_for(padded, cfg)
+    assert e.value.key == "eval.context_min_pos"
