@@ -121,6 +121,14 @@ def _check_standard(tm, standard: list[str]) -> None:
                 fix=f"use {NEXTLINE} or a task name `lm_eval --tasks list` shows (e.g. hellaswag, arc_easy, "
                 "piqa, lambada_openai)",
             )
+        if getattr(getattr(entry, "kind", None), "name", None) == "TAG":  # no score of its own: its tasks' only
+            members = sorted(n for n, e in tm.task_index.items() if name in (getattr(e, "tags", None) or ()))
+            raise ZgError(
+                f"lm-eval's {name!r} is a tag, a set of tasks with no score of its own ({', '.join(members[:6])}"
+                f"{', ...' if len(members) > 6 else ''})",
+                key="lm_eval.tasks",
+                fix=f"name the tasks themselves, e.g. {members[0] if members else 'lambada_openai'}",
+            )
         cfg = entry.cfg or {}
         data = "/".join(str(x) for x in (cfg.get("dataset_path"), cfg.get("dataset_name")) if x)
         try:

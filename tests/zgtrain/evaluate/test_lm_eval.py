@@ -138,8 +138,9 @@ def test_nextline_task_is_deterministic_and_true_to_the_heldout_text(tiny_projec
 
 
 def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
-    """hellaswag with an empty datasets cache, offline: one line saying how to provide the data; nothing written.
-    It is refused before any model is loaded: this project has no student yet."""
+    """hellaswag with an empty datasets cache, offline: one line saying how to provide the data; nothing written;
+    likewise a tag such as lambada, named as a task. It is refused before any model is loaded: this project has no
+    student yet."""
     before = tree_sha256(tiny_project)
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
     # a real process: `datasets` reads HF_DATASETS_CACHE once, when it is first imported
@@ -155,6 +156,10 @@ def test_standard_task_without_local_data_is_refused(tiny_project, tmp_path):
     )
     assert tree_sha256(tiny_project) == before
     assert not (tiny_project / "metrics" / "lm_eval.json").exists()
+    # a tag (lm-eval reports only its tasks' scores, so the figures would fail after every model was scored)
+    res = zg_main("train", "lm-eval", "lambada", cwd=tiny_project, check=False, env=env)
+    assert_user_error(res, "'lambada' is a tag", "lambada_openai", "[lm_eval.tasks]")
+    assert tree_sha256(tiny_project) == before
     # no student yet: refused before the task files are written
     res = zg_main("train", "lm-eval", cwd=tiny_project, check=False, env=env)
     assert_user_error(res, "models/student not found", "dvc repro assemble")
