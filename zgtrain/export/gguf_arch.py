@@ -15,9 +15,10 @@ convert_hf_to_gguf.py (conversion/*.py):
   StarCoder2 (``starcoder2``, LayerNorm), Phi (``phi2``, partial rotary) and OLMo (``olmo``, parameter-free LayerNorm
   of fixed epsilon, NORM rotary). Any other family is refused in one line (``spec_of``).
 - Windows: Gemma 2/3 read a per-layer ``sliding_window_pattern`` array, written from the student's
-  ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window and llama.cpp
-  switches Phi-3's off: a Mistral / Phi-3 window shorter than the context is written as the model's
-  ``context_length`` (= the window: within it sliding and full attention are the same computation).
+  ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window, llama.cpp
+  switches Phi-3's off and reads none for StarCoder2: a Mistral / Phi-3 / StarCoder2 window shorter than the
+  context is written as the model's ``context_length`` (= the window: within it sliding and full attention are
+  the same computation).
 - Mixtures of experts (zgtrain/export/gguf_moe.py): Mixtral as ``llama`` with experts (expert_count,
   expert_used_count, ffn_gate_inp and ffn_{gate,up,down}_exps), Qwen2-MoE as ``qwen2moe`` (with its shared expert
   and that expert's sigmoid gate), Qwen3-MoE as ``qwen3moe``, OLMoE as ``olmoe``: one expert count and top-k for
@@ -66,7 +67,7 @@ ARCHS = {
         ArchSpec("gemma3_text", "gemma3", norm_shift=1.0, window="pattern"),
         # verified at prepare (no record in zgdata/families/): Qwen3 is Qwen2's layer with q/k RMSNorms, no biases
         ArchSpec("qwen3", "qwen3"),
-        ArchSpec("starcoder2", "starcoder2", layer_norm_eps="norm_epsilon"),
+        ArchSpec("starcoder2", "starcoder2", layer_norm_eps="norm_epsilon", window="context"),
         ArchSpec("phi", "phi2", layer_norm_eps="layer_norm_eps", partial_rotary=True),
         ArchSpec("olmo", "olmo", norm_rotary=True, layer_norm_eps="-1e-5"),
         # mixture-of-experts families (experts, routing and refusals: zgtrain/export/gguf_moe.py)

@@ -228,3 +228,34 @@ def test_an_unknown_pre_tokenizer_is_refused(tmp_path):
     (student / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(ZgError, match="pre-tokenizer is not one zg knows"):
         check_gguf(student)
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3", "starcoder2"])
+def test_a_window_llama_cpp_does_not_read_is_written_as_the_context_length(family, tmp_path):
+    """StarCoder2's `sliding_window` (4,096 in its releases, against 16,384 positions) is one llama.cpp's
+    starcoder2 arch does not read: like Mistral's and Phi-3's, it becomes the GGUF's context_length, so llama.cpp
+    never attends past it (it wrote 16,384). Written and read back with the gguf library."""
+    import gguf
+
+    from zgtrain.export.gguf_arch import ARCHS, write_hparams
+
+    spec = ARCHS[family]
+    arch = "llama" if family == "mistral" else spec.arch
+    cfg = {
+        "max_position_embeddings": 16384,
+        "sliding_window": 4096,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "norm_epsilon": 1e-5,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+    }
+    path = tmp_path / "hparams.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    notes = write_hparams(w, cfg, spec, arch, [128, 128], None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    field = gguf.GGUFReader(str(path)).fields[f"{arch}.context_length"]
+    assert int(field.parts[field.data[0]][0]) == 4096 and notes["context_length_capped_to_window"] == 4096
