@@ -23,7 +23,7 @@ from typing import Any
 
 from zgdata.core.paths_guard import output
 
-__all__ = ["atomic_path", "replace_path", "sync", "write_json", "write_text"]
+__all__ = ["atomic_path", "replace_path", "write_json", "write_text"]
 
 
 def _remove(path: Path) -> None:
@@ -55,28 +55,8 @@ def _swap(src: Path, dst: Path) -> None:
         os.replace(src, dst)
 
 
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a scratch path for ``path``'s new content; publish it on success, drop it on failure."""
-    path = output(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    if tmp.exists() or tmp.is_symlink():
-        _remove(tmp)  # left by a killed run
-    try:
-        yield tmp
-        _swap(tmp, path)
-    except BaseException as e:
-        if isinstance(e, OSError) and e.filename is None:  # a failed write() does not say which file
-            e.filename = str(tmp)
-        with contextlib.suppress(OSError):  # e.g. a read-only file system refuses even this
-            if tmp.exists() or tmp.is_symlink():
-                _remove(tmp)
-        raise
-
-
-def sync(path: Path) -> None:
-    """Flush a file's (or a folder's entries') writes to the disk: what must outlive a power loss, not only a kill."""
+def _sync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') writes to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -87,14 +67,38 @@ def sync(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def atomic_path(path: Path, *, durable: bool = False) -> Iterator[Path]:
+    """Yield a scratch path for ``path``'s new content; publish it on success, drop it on failure.
+
+    ``durable``: what was written there (a file, or a folder's files and the folder) is on the disk before it is
+    published, and the publishing rename when this returns: it outlives a power loss, not only a kill."""
+    path = output(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    if tmp.exists() or tmp.is_symlink():
+        _remove(tmp)  # left by a killed run
+    try:
+        yield tmp
+        if durable:
+            for f in (*(tmp.iterdir() if tmp.is_dir() else ()), tmp):
+                _sync(f)
+        _swap(tmp, path)
+        if durable:
+            _sync(path.parent)
+    except BaseException as e:
+        if isinstance(e, OSError) and e.filename is None:  # a failed write() does not say which file
+            e.filename = str(tmp)
+        with contextlib.suppress(OSError):  # e.g. a read-only file system refuses even this
+            if tmp.exists() or tmp.is_symlink():
+                _remove(tmp)
+        raise
+
+
 def write_text(path: Path, text: str, *, durable: bool = False) -> None:
     """``text`` into ``path``, replaced atomically; ``durable``: on the disk (file and folder entry) on return."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=durable) as tmp:
         tmp.write_text(text)
-        if durable:
-            sync(tmp)
-    if durable:
-        sync(Path(path).parent)
 
 
 def write_json(path: Path, obj: Any, *, durable: bool = False) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from zgdata.core.atomic import atomic_path, sync, write_json
+from zgdata.core.atomic import atomic_path, write_json
 from zgdata.core.hashing import file_sha256, tensors_sha256
 from zgdata.core.paths_guard import inside
 from zgdata.core.runtime import rng_state, set_rng_state
@@ -66,10 +66,8 @@ def read_meta(d: Path) -> dict | None:
 def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=True) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
-        sync(tmp)
-    sync(path.parent)
 
 
 def load_tensors(path: Path, key: str) -> dict[str, torch.Tensor]:
@@ -122,7 +120,9 @@ def save(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, ste
     from safetensors.torch import save_file
 
     name = f"ckpt-{step:06d}"
-    with atomic_path(d / name) as tmp:
+    # on the disk before meta.json points at it, and meta.json before the older checkpoints go: a power loss leaves
+    # meta.json naming a whole checkpoint, the new one or the one before it
+    with atomic_path(d / name, durable=True) as tmp:
         tmp.mkdir(parents=True)
         save_file(
             {k: v.detach().cpu().contiguous() for k, v in block.weights().items()}, str(tmp / "model.safetensors")
@@ -135,11 +135,6 @@ def save(d: Path, meta: dict, block, opt, gen: torch.Generator, curve: list, ste
         (tmp / "rng.json").write_text(json.dumps(values, sort_keys=True))
         (tmp / "curve.json").write_text(json.dumps(curve))
         digests = {f.name: file_sha256(f) for f in sorted(tmp.iterdir())}
-        for f in (*tmp.iterdir(), tmp):
-            sync(f)
-    sync(d)
-    # on the disk before meta.json points at it, and meta.json before the older checkpoints go: a power loss leaves
-    # meta.json naming a whole checkpoint, the new one or the one before it
     record = {"step": step, "checkpoint": name, "checkpoint_format": FORMAT_VERSION, "checkpoint_sha256": digests}
     write_json(d / "meta.json", {**meta, **record}, durable=True)
     for old in d.glob("ckpt-*"):
