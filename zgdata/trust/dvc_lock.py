@@ -35,7 +35,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_added, state_key
 
-__all__ = ["verify", "verify_all", "recorded", "file_md5s", "Checked", "STATE"]
+__all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
 
 STATE = Layout(Path(".")).trust_cache  # relative to a project root
 _CHUNK = 1 << 22
@@ -125,11 +125,6 @@ def _stamped_md5s(paths, *, threads: int | None = None) -> dict[Path, tuple[list
     order = sorted(paths, key=lambda p: -p.stat().st_size)
     with ThreadPoolExecutor(n, thread_name_prefix="zg-md5") as pool:
         return dict(zip(order, pool.map(_stamped_md5, order)))
-
-
-def file_md5s(paths, *, threads: int | None = None) -> dict[Path, str]:
-    """The md5 of each file, as DVC records it, hashed in parallel (``_stamped_md5s``)."""
-    return {p: md5 for p, (_, md5) in _stamped_md5s(paths, threads=threads).items()}
 
 
 def _stat(path: Path) -> list[int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 
-__all__ = ["OutputLocks", "stage_deps"]
+__all__ = ["OutputLocks", "local_deps"]
 
 
 class OutputLocks:
@@ -65,16 +65,10 @@ class OutputLocks:
             self.release(name)
 
 
-def stage_deps(root: Path, stages: list[str]) -> list[str]:
-    """The local paths STAGES depend on, as `dvc repro` read-locks them while it runs a stage (DVC's
-    ``rwlocked``: every dependency but another repository's), each once."""
+def local_deps(stage) -> list[str]:
+    """The paths a DVC stage depends on, as `dvc repro` read-locks them while it runs the stage (DVC's
+    ``rwlocked``: every dependency but another repository's)."""
     from dvc.dependency.db import AbstractDependency
     from dvc.dependency.repo import RepoDependency
-    from dvc.repo import Repo
 
-    out: list[str] = []
-    with Repo(str(root)) as repo:
-        for name in stages:
-            for stage in repo.stage.collect(name):
-                out += [d.fs_path for d in stage.deps if not isinstance(d, (RepoDependency, AbstractDependency))]
-    return list(dict.fromkeys(out))
+    return [d.fs_path for d in stage.deps if not isinstance(d, (RepoDependency, AbstractDependency))]

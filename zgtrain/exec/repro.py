@@ -29,7 +29,7 @@ from zgdata.core.runtime import device_type
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.exec import scratch
-from zgtrain.exec.dvc_locks import OutputLocks, stage_deps
+from zgtrain.exec.dvc_locks import OutputLocks, local_deps
 from zgtrain.exec.progress_view import Monitor, summary_lines
 from zgtrain.exec.stage import dvc, train_one
 from zgtrain.project.config import ProjectConfig
@@ -47,6 +47,7 @@ class Plan:
     pre: list[str] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)
     post: list[str] = field(default_factory=list)
+    deps: dict[str, list[str]] = field(default_factory=dict)  # per block stage: what it reads (dvc_locks.local_deps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +91,8 @@ def plan(root: Path, targets: list[str]) -> Plan:
         name = {s: s.addressing for s in graph.nodes}
         blocks = [s for s in graph.nodes if name[s].startswith("train@") and name[s] in needed]
         after = {name[a] for b in blocks for a in nx.ancestors(graph, b)}  # stages that depend on a block
-    p = Plan()
+        deps = {name[b]: local_deps(b) for b in blocks}
+    p = Plan(deps=deps)
     for s in order:
         if s not in needed:
             continue
@@ -212,16 +214,19 @@ def _report(project: ProjectConfig, results: dict, keys: list[str], recorded: li
         raise _failure(project, failed, recorded, post)
 
 
-def _train_blocks(root: Path, layout: Layout, project: ProjectConfig, dev, keys: list[str], jobs, address, data):
-    """Train the stale blocks KEYS (on Ray, or one after another here) under DVC's locks on their outputs,
-    recording each finished one; (results by key, the stages recorded, the Ray cluster's summary)."""
+def _train_blocks(
+    root: Path, layout: Layout, project: ProjectConfig, dev, keys: list[str], reads: list[str], jobs, address, data
+):
+    """Train the stale blocks KEYS (on Ray, or one after another here) under DVC's locks on their outputs and on
+    what they read (READS), recording each finished one; (results by key, the stages recorded, the Ray cluster's
+    summary)."""
     results: dict[str, dict] = {}
     recorded: list[str] = []
     cluster = None
     locks = OutputLocks(root)  # a `dvc repro` started meanwhile stops before it deletes a block being trained
     try:
         if keys:  # ... or rewrites what a block reads (held until every block is recorded)
-            locks.hold("the blocks' inputs", [], read=stage_deps(root, [f"train@{k}" for k in keys]))
+            locks.hold("the blocks' inputs", [], read=reads)
         for k in keys:
             locks.hold(f"train@{k}", [layout.block_dir(k), layout.block_metrics(k), layout.block_loss_curve(k)])
         if keys:
@@ -278,7 +283,8 @@ def _repro(
         dvc_repro(*p.pre)
         stale = stale_stages(root, p.blocks + p.post)
     keys = [s.split("@", 1)[1] for s in stale if s in p.blocks]
-    results, recorded, cluster = _train_blocks(root, layout, project, dev, keys, jobs, address, data)
+    reads = list(dict.fromkeys(d for k in keys for d in p.deps[f"train@{k}"]))
+    results, recorded, cluster = _train_blocks(root, layout, project, dev, keys, reads, jobs, address, data)
     ran += recorded
     _report(project, results, keys, recorded, cluster, p.post)
     if ran or restored or set(stale) & set(p.post):
