@@ -287,7 +287,5 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
     assert not Layout(tiny_project).boundary("h00").exists()
 
     monkeypatch.setattr(encode, "encode_batch", real_encode)
-    params = yaml.safe_load((tiny_project / "params.yaml").read_text())
-    cfg, part = section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
-    assert not materialize(cfg, part, layout=Layout(tiny_project)).skipped
+    _materialize(tiny_project)  # the rerun completes (nothing was published to remove)
     assert read_boundaries(tiny_project, NAMES)["h04"][0].shape[0] > 4
