@@ -85,8 +85,9 @@ Arguments:
 Options:
   -j, --jobs <int range>  blocks trained at once (1: in this process, no Ray).
                           [default: 1; x>=1]
-  --address <str>         join this Ray cluster (default: start a local one
-                          sized by --jobs).
+  --address <str>         join this Ray cluster (default: ZG_RAY_ADDRESS or
+                          RAY_ADDRESS, else start a local one sized by
+                          --jobs).
   --data <str>            shared: workers see the project's file system;
                           remote: they clone it and use the DVC remote.
                           [default: shared]
@@ -216,9 +217,10 @@ Usage: zg data materialize [OPTIONS]
   (materialize.commit_mb / commit_seconds / commit_rows) and gives the same
   bits; each boundary is published compacted, as one Lance version.
   materialize.storage_dtype: bfloat16 (default) or float32.
-  materialize.compute_dtype: dtype of the forward. materialize.codec: raw,
-  zstd or zstd_fast (lossless, ~0.68-0.72x the bytes; same values and
-  fingerprint), or int8 / int7 / int6 (lossy, quantized: a share of the bytes,
+  materialize.compute_dtype: dtype of the forward. materialize.codec: raw or
+  blob (the raw bits; blob as packed Lance blobs), zstd or zstd_fast
+  (lossless, ~0.68-0.72x the bytes); all four give the same values and
+  fingerprint. Or int8 / int7 / int6 (lossy, quantized: a share of the bytes,
   a new fingerprint; inspect shows the measured error).
   materialize.writer_threads: threads that encode and checksum (0: the cores
   the forward leaves); same bytes. materialize.virtual_first: true stores no
@@ -299,8 +301,8 @@ Commands:
                 models/repair's checkpoint.
   evaluate      Held-out CE, context use and boundary shift of teacher vs
                 student; gates from `gates:`. Writes metrics/eval.json.
-  lm-eval       lm-evaluation-harness on teacher and student (HF model class,
-                local folders). Writes metrics/lm_eval.json.
+  lm-eval       lm-evaluation-harness on teacher, student and (with repair on)
+                repaired: HF model class, local folders.
 """,
     "zg train block": """\
 Usage: zg train block [OPTIONS] {key}
@@ -417,8 +419,10 @@ Options:
     "zg train lm-eval": """\
 Usage: zg train lm-eval [OPTIONS] [tasks]...
 
-  lm-evaluation-harness on teacher and student (HF model class, local
-  folders). Writes metrics/lm_eval.json.
+  lm-evaluation-harness on teacher, student and (with repair on) repaired: HF
+  model class, local folders.
+
+  Writes metrics/lm_eval.json.
 
 Arguments:
   tasks... <list[str]>  lm-eval tasks (default: lm_eval.tasks, else

@@ -84,7 +84,9 @@ def repro(
     targets: list[str] | None = typer.Argument(None, help="stages to bring up to date (default: all)."),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="blocks trained at once (1: in this process, no Ray)."),
     address: str | None = typer.Option(
-        None, "--address", help="join this Ray cluster (default: start a local one sized by --jobs)."
+        None,
+        "--address",
+        help="join this Ray cluster (default: ZG_RAY_ADDRESS or RAY_ADDRESS, else start a local one sized by --jobs).",
     ),
     data: str = typer.Option(
         "shared",
@@ -438,7 +440,9 @@ def train_lm_eval(
     params: Path = params_option,
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """lm-evaluation-harness on teacher and student (HF model class, local folders). Writes metrics/lm_eval.json."""
+    """lm-evaluation-harness on teacher, student and (with repair on) repaired: HF model class, local folders.
+
+    Writes metrics/lm_eval.json."""
     from zgdata.config import check_int
     from zgtrain.evaluate.lm_eval import run_lm_eval
     from zgtrain.project.config import ProjectConfig
