@@ -16,7 +16,7 @@ from zgdata.layout import Layout
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.tokens.packing import RowSpill
 
-__all__ = ["TokensResult", "write_tokens", "tokens_meta", "open_tokens", "read_tokens"]
+__all__ = ["TokensResult", "write_tokens", "tokens_meta", "open_tokens", "read_tokens", "read_lengths"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -135,3 +135,13 @@ def read_tokens(
     col = table.column("input_ids").combine_chunks()
     ids = torch.from_numpy(col.values.to_numpy().astype(np.int64)).reshape(len(table), -1)
     return ids, table.column("split").to_pylist()
+
+
+def read_lengths(layout: Layout, rows: np.ndarray | list[int], *, ds=None) -> torch.Tensor | None:
+    """(N,) int64 real tokens of the given rows under ``corpus.packing: pad`` (positions at or past a row's length
+    are padding, never scored); None when the token set has no ``length`` column (every position is real)."""
+    ds = ds if ds is not None else open_tokens(layout)
+    if "length" not in ds.schema.names:
+        return None
+    col = ds.take(np.asarray(rows, dtype=np.int64), columns=["length"]).column("length")
+    return torch.from_numpy(np.asarray(col.to_pylist(), dtype=np.int64))

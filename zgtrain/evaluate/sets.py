@@ -76,10 +76,9 @@ class EvalSet:
 
 def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]:
     """The in-domain held-out split (first ``heldout_seqs`` rows; 0: all) and its row numbers."""
-    import torch
 
     from zgdata.lineage import read_tokens_json
-    from zgdata.tokens.store import open_tokens, read_tokens
+    from zgdata.tokens.store import open_tokens, read_lengths, read_tokens
 
     ds = open_tokens(layout)
     splits = np.asarray(ds.to_table(columns=["split"]).column("split").to_pylist())
@@ -87,10 +86,7 @@ def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]
     if heldout_seqs:
         rows = rows[:heldout_seqs]
     ids, _ = read_tokens(layout, rows, ds=ds)
-    lengths = None
-    if "length" in ds.schema.names:  # pad packing: positions >= length are padding, never scored
-        col = ds.take(np.asarray(rows, dtype=np.int64), columns=["length"]).column("length")
-        lengths = torch.from_numpy(np.asarray(col.to_pylist(), dtype=np.int64))
+    lengths = read_lengths(layout, rows, ds=ds)  # pad packing: positions >= length are padding, never scored
     rec = read_tokens_json(layout)
     lineage = {
         "source": "data/tokens.lance split heldout",

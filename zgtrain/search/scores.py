@@ -18,11 +18,13 @@ from zgdata.families.registry import config_from_dict, family_of
 from zgdata.layout import Layout
 from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice
-from zgdata.tokens.store import read_tokens
+from zgdata.tokens.store import read_lengths, read_tokens
 from zgtrain.block.conversions import identity
 from zgtrain.block.load import load_block
 
 __all__ = ["score_variant", "head_module", "teacher_blocks"]
+
+IGNORE = -100  # torch cross_entropy's ignore_index: a padded target
 
 
 def head_module(layout: Layout):
@@ -87,6 +89,10 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
             f"rows of {layout.boundary(spec.input)} do not match data/tokens.lance",
             fix="restore both from one commit, or re-run `dvc repro tokens materialize`",
         )
+    lengths = read_lengths(layout, rows)
+    if lengths is not None:  # pad packing: targets at or past a row's length are padding, never scored (as evaluate)
+        ids = ids.clone()
+        ids[torch.arange(ids.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)] = IGNORE
     nll = {"replace": 0.0, "teacher": 0.0}
     count = 0
     for i in range(0, len(rows), cfg.batch_size):
@@ -98,7 +104,13 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
                 h = blk(h)
             logits = head(h)[:, :-1].float()
             nll[name] += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="sum"))
-        count += gold.numel()
+        count += int((gold != IGNORE).sum())
+    if not count:
+        raise ZgError(
+            f"the held-out rows of {layout.boundary(spec.input)} hold no real next-token target (all padding)",
+            key="corpus.heldout",
+            fix="hold out longer documents (corpus.heldout), or raise the variant's train.heldout_rows",
+        )
     replace_ce, teacher_ce = nll["replace"] / count, nll["teacher"] / count
     return {
         "replace_ce": replace_ce,

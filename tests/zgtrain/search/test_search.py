@@ -308,6 +308,59 @@ def test_replace_one_block_ce_of_the_teacher_block_is_the_teachers_ce(tiny_proje
     assert abs(m.ce_delta) < 0.02
 
 
+def test_a_variants_score_skips_padded_targets_as_evaluate_does(tiny_project):
+    """Under ``corpus.packing: pad`` the replace-one-block score counts only real next-token targets (positions
+    before each row's length), as evaluate's held-out CE does: its token count is theirs, and an untrained
+    identity variant's CE is the teacher's CE over them, not over the padding."""
+    import numpy as np
+
+    from zgdata.teacher.prepare import load_teacher
+    from zgdata.tokens.store import open_tokens, read_lengths, read_tokens
+    from zgtrain.search.variants import train_variant
+
+    rng = random.Random(0)
+    docs = [
+        {"id": f"d{i}", "text": " ".join(f"w{rng.randrange(500)}" for _ in range(rng.randrange(4, 40)))}
+        for i in range(60)
+    ]
+    (tiny_project / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    set_params(
+        tiny_project,
+        {
+            "corpus.source": "docs.jsonl",
+            "corpus.format": "jsonl",
+            "corpus.text_field": "text",
+            "corpus.id_field": "id",
+            "corpus.packing": "pad",
+            "corpus.pad_min_fill": 0.0,
+            "corpus.heldout": [],
+            "corpus.heldout_fraction": 0.2,
+            "corpus.documents": [],
+        },
+    )
+    for cmd in (("data", "tokenize"), ("data", "materialize")):
+        zg_main(*cmd, cwd=tiny_project)
+    layout = Layout(tiny_project)
+    ds = open_tokens(layout)
+    rows = np.flatnonzero(np.asarray(ds.to_table(columns=["split"]).column("split").to_pylist()) == "heldout")
+    ids, _ = read_tokens(layout, rows)
+    lengths = read_lengths(layout, rows)
+    real = torch.arange(1, ids.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)  # evaluate's EvalSet.mask
+    assert 0 < int(real.sum()) < real.numel()  # some targets are padding
+
+    params = load_params_of(tiny_project)
+    params["variants"] = {"ident": {"conversion": "identity", "steps": 0}}
+    m = train_variant(ProjectConfig.from_params(params), "b00", "ident", layout=layout)
+    assert m.score_tokens == int(real.sum())
+    teacher, _ = load_teacher(layout, with_tokenizer=False)
+    with torch.no_grad():
+        logits = teacher(input_ids=ids).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    ce_real, ce_all = float(nll[real].mean()), float(nll.mean())
+    assert abs(ce_real - ce_all) > 0.05  # the padding moves the CE: the check below tells the two apart
+    assert abs(m.replace_ce - ce_real) < 0.02 and abs(m.teacher_ce - ce_real) < 0.02, (m, ce_real, ce_all)
+
+
 def test_the_searched_mix_assembles_loads_and_generates(assembled):
     """`zg search assemble` (the ``assembled`` fixture's `dvc repro search_assemble`): the chosen variants (or
     teacher blocks) in one student, which zg's loader opens (per-layer widths: zg's own modeling code) and which
