@@ -220,3 +220,23 @@ def test_a_tokenizer_whose_pre_tokens_could_span_a_cut_is_not_split(tmp_path):
     from zgdata.tokens.encode import splittable
 
     assert not splittable(plain_backend(_metaspace(tmp_path / "m")))  # a normalizer, and '▁' joins a word's space
+
+
+def test_split_special_tokens_is_part_of_the_tokenizer_digest(tmp_path):
+    """``split_special_tokens`` in tokenizer_config.json encodes a special token's text as plain text (other ids),
+    so it changes the tokenizer's digest (and through it the token set's fingerprint); a tokenizer without it keeps
+    the digest it had."""
+    from transformers import AutoTokenizer
+
+    from zgdata.teacher.tokenizer import tokenizer_sha256
+
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    byte_level_tokenizer().save_pretrained(a_dir)
+    byte_level_tokenizer().save_pretrained(b_dir)
+    cfg = json.loads((b_dir / "tokenizer_config.json").read_text())
+    (b_dir / "tokenizer_config.json").write_text(json.dumps({**cfg, "split_special_tokens": True}))
+    a, b = AutoTokenizer.from_pretrained(a_dir), AutoTokenizer.from_pretrained(b_dir)
+    text = ["hello <|endoftext|> world"]
+    assert batch_encoder(a)(text)[0].tolist() != batch_encoder(b)(text)[0].tolist()
+    assert tokenizer_sha256(a) != tokenizer_sha256(b)
+    assert tokenizer_sha256(a) == tokenizer_sha256(byte_level_tokenizer())

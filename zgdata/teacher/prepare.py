@@ -296,16 +296,17 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
     model = model.eval()
     model.config.dtype = dtype
     sha = tensors_sha256(model.state_dict())
-    # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
-    layout.teacher_json.unlink(missing_ok=True)
     with atomic_path(layout.teacher_hf) as hf_tmp:  # a fresh folder: no stale file of an earlier teacher is recorded
         hf_tmp.mkdir(parents=True)
         with chunks_as_views():  # an MoE's experts written one by one, each a view of the fused tensor: no copy
             model.save_pretrained(hf_tmp, max_shard_size=HF_SHARD_SIZE)
         tok.save_pretrained(hf_tmp)
-    # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
-    # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
-    tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(layout.teacher_hf, trust_remote_code=False))
+        # Hash the tokenizer as every later stage loads it: transformers 5 rebuilds some families' tokenizers
+        # from their own class (any qwen2 directory gets Qwen2Tokenizer's pre-tokenizer), not the object saved.
+        # Before the swap: a tokenizer that cannot be hashed leaves the prepared teacher as it was.
+        tok_sha = tokenizer_sha256(AutoTokenizer.from_pretrained(hf_tmp, trust_remote_code=False))
+        # teacher.json goes last and marks the set complete: until then it is absent, never stale beside new weights
+        layout.teacher_json.unlink(missing_ok=True)
     n_params = sum(p.numel() for p in model.parameters())
     meta = {
         "source": cfg.source,

@@ -21,7 +21,10 @@ def tokenizer_sha256(tok) -> str:
         )
     spec = json.loads(backend.to_str())
     specials = {k: str(v) for k, v in sorted(tok.special_tokens_map.items())}
-    return sha256_bytes(canonical_json({"backend": spec, "specials": specials}).encode())
+    payload = {"backend": spec, "specials": specials}
+    if getattr(tok, "split_special_tokens", False):  # encodes special tokens' text as plain text: other ids
+        payload["split_special_tokens"] = True  # only when set, so every other tokenizer keeps its digest
+    return sha256_bytes(canonical_json(payload).encode())
 
 
 def byte_level_tokenizer():

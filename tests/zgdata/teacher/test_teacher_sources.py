@@ -306,3 +306,21 @@ def test_single_file_missing_a_tensor_is_refused(tmp_path):
         prepare(TeacherConfig(source=str(src)), TINY_PARTITION, layout=layout)
     assert "\n" not in str(e.value) and e.value.key == "teacher.source"
     assert tree_sha256(layout.teacher_dir) == before
+
+
+def test_a_prepare_that_fails_at_the_tokenizer_leaves_the_prepared_teacher_as_it_was(tmp_path):
+    """A source whose tokenizer has no fast backend (so no hash) fails in one line, after its weights were saved:
+    the teacher prepared before keeps its models/teacher/hf and teacher.json, byte for byte."""
+    from transformers import ByT5Tokenizer
+
+    model, _ = tiny_teacher("llama")
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    ByT5Tokenizer().save_pretrained(src)
+    layout = Layout(tmp_path / "proj")
+    prepare(TeacherConfig(source="random:tiny"), TINY_PARTITION, layout=layout)
+    before = tree_sha256(layout.teacher_dir)
+    with pytest.raises(ZgError, match="fast backend"):
+        prepare(TeacherConfig(source=str(src)), TINY_PARTITION, layout=layout)
+    assert tree_sha256(layout.teacher_dir) == before
+    load_teacher_checked(layout)
