@@ -43,7 +43,7 @@ from zgdata.layout import Layout
 from zgdata.teacher.identity import RESTORE, FilesCheck, check_files, record_files
 from zgdata.teacher.lowmem import chunks_as_views, unshared
 from zgdata.teacher.source import lean_load, load_dir
-from zgdata.teacher.tokenizer import byte_level_tokenizer, tokenizer_sha256
+from zgdata.teacher.tokenizer import byte_level_tokenizer, check_vocab, tokenizer_sha256
 from zgdata.trust import dvc_lock as trust
 from zgdata.trust.safetensors_check import check_header
 
@@ -286,6 +286,7 @@ def prepare(cfg: TeacherConfig, partition: PartitionConfig | None, *, layout: La
     fam = family_of(model.config)
     fam.check(model.config)
     fam.check_model(model)
+    check_vocab(tok, model.config.vocab_size)
     if partition is not None:
         partition.check_depth(model.config.num_hidden_layers)
     if cfg.dtype != "auto":  # a no-op for a model directory, which loaded in this dtype

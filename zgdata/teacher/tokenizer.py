@@ -6,7 +6,7 @@ import json
 
 from zgdata.core.hashing import canonical_json, sha256_bytes
 
-__all__ = ["tokenizer_sha256", "byte_level_tokenizer"]
+__all__ = ["tokenizer_sha256", "byte_level_tokenizer", "check_vocab"]
 
 
 def tokenizer_sha256(tok) -> str:
@@ -25,6 +25,23 @@ def tokenizer_sha256(tok) -> str:
     if getattr(tok, "split_special_tokens", False):  # encodes special tokens' text as plain text: other ids
         payload["split_special_tokens"] = True  # only when set, so every other tokenizer keeps its digest
     return sha256_bytes(canonical_json(payload).encode())
+
+
+def check_vocab(tok, vocab_size: int) -> None:
+    """Refuse a tokenizer that can give ids the model has no embedding row for (e.g. a ``<pad>`` added to the
+    tokenizer without resizing the embeddings): tokenize would accept them and the teacher's forward would fail."""
+    over = sorted((i, t) for t, i in tok.get_vocab().items() if i >= vocab_size) if len(tok) > vocab_size else []
+    if over:
+        from zgdata.errors import ZgError
+
+        shown = ", ".join(f"{t!r} ({i})" for i, t in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
+        raise ZgError(
+            f"the tokenizer has {len(tok)} tokens but the model embeds only {vocab_size}: ids {shown} have no "
+            f"embedding row",
+            key="teacher.source",
+            fix="resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and "
+            "save it again, or remove the added tokens from the tokenizer",
+        )
 
 
 def byte_level_tokenizer():

@@ -314,9 +314,9 @@ def test_a_prepare_that_fails_at_the_tokenizer_leaves_the_prepared_teacher_as_it
     from transformers import ByT5Tokenizer
 
     model, _ = tiny_teacher("llama")
-    src = tmp_path / "src"
-    model.save_pretrained(src)
-    ByT5Tokenizer().save_pretrained(src)
+    byt5 = ByT5Tokenizer()
+    model.resize_token_embeddings(len(byt5))
+    src = _save(model, byt5, tmp_path / "src")
     layout = Layout(tmp_path / "proj")
     prepare(TeacherConfig(source="random:tiny"), TINY_PARTITION, layout=layout)
     before = tree_sha256(layout.teacher_dir)
@@ -324,3 +324,18 @@ def test_a_prepare_that_fails_at_the_tokenizer_leaves_the_prepared_teacher_as_it
         prepare(TeacherConfig(source=str(src)), TINY_PARTITION, layout=layout)
     assert tree_sha256(layout.teacher_dir) == before
     load_teacher_checked(layout)
+
+
+def test_a_tokenizer_with_ids_past_the_embeddings_is_refused_at_prepare(tmp_path):
+    """A ``<pad>`` added to the tokenizer without resizing the embeddings: prepare refuses it in one line, naming
+    the token and its id (before, tokenize accepted its ids and materialize died in torch.embedding), and writes
+    nothing."""
+    model, tok = tiny_teacher("llama")
+    tok.add_special_tokens({"pad_token": "<pad>"})
+    assert len(tok) == model.config.vocab_size + 1
+    src = _save(model, tok, tmp_path / "src")
+    layout = Layout(tmp_path / "proj")
+    with pytest.raises(ZgError, match=r"'<pad>' \(257\) have no embedding row") as e:
+        prepare(TeacherConfig(source=str(src)), TINY_PARTITION, layout=layout)
+    assert e.value.key == "teacher.source"
+    assert not layout.teacher_json.exists() and not layout.teacher_hf.exists()
