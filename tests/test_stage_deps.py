@@ -123,3 +123,17 @@ def test_repair_stage_and_its_evaluate_read_only_declared_deps(reproduced, tmp_p
     stages = pipeline_stages(root)
     assert list(stages) == PIPELINE_STAGES[:-1] + ["repair", "evaluate"]
     _fail(_trace_stages(root, stages, ["repair", "evaluate"], tmp_path))
+
+
+@pytest.mark.long
+def test_a_block_with_online_targets_reads_only_declared_deps(reproduced, tmp_path):
+    """``targets: online`` for one block (`zg pipeline` after the edit): its stage recomputes the pair from the
+    tokens with the teacher, and every file it opens is declared."""
+    root = tmp_path / "proj"
+    shutil.copytree(reproduced, root, symlinks=True)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["blocks"]["b01"].update(targets="online", steps=2)  # a few steps: the reads are the same
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    zg("pipeline", cwd=root)
+    stages = pipeline_stages(root)
+    _fail(_trace_stages(root, stages, ["train@b01"], tmp_path))

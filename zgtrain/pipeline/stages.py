@@ -41,6 +41,7 @@ def dvc_yaml(project: ProjectConfig, *, code_deps: bool, corpus_deps: list[str] 
         if project.variants:
             stages.update(_search_stages(project, blocks, code))
         _virtual_first(stages, project, L, code)
+        _online_targets(stages, project, L)
         _add_export(stages, project, L, code)
         if reads_corpus(project.eval.sets):  # a corpus:heldout set reads the corpus files: deps of who scores sets
             for name in ("evaluate", "search_assemble", "search_repair"):
@@ -374,6 +375,21 @@ def _virtual_first(stages: dict, project: ProjectConfig, L: Layout, code) -> Non
             run["src"] = tokens if run["in"] == part.names[0] else str(L.boundary(run["in"]))
         do = stages["variant"]["do"]
         do["deps"] = ["${item.src}" if "${item.in}" in d else d for d in do["deps"]] + code("virtual")
+
+
+def _online_targets(stages: dict, project: ProjectConfig, L: Layout) -> None:
+    """``targets: online`` (``train:``, a block's or a variant's): the stage recomputes its pair with the teacher
+    from the token set (zgtrain/block/targets.py), so the teacher and the tokens are its deps. DVC gives every item
+    of a foreach the same deps, so every item gets them (and keeps its boundaries: `zg pipeline` after the edit)."""
+    runs = {
+        "train": [b.train for b in project.blocks.values()] or [project.train],
+        "variant": list(project.variants.values()),
+    }
+    for name, cfgs in runs.items():
+        if name in stages and any(c.targets == "online" for c in cfgs):
+            do = stages[name]["do"]
+            extra = [str(L.teacher_hf), str(L.teacher_json), str(L.tokens), str(L.tokens_json)]
+            do["deps"] = list(dict.fromkeys(do["deps"] + extra))
 
 
 def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:

@@ -146,7 +146,8 @@ class TrainConfig(Section):
     )
     targets: str = param(
         "cached",
-        "cached (read the stored boundaries) or online (recompute them with the teacher each batch).",
+        "cached (read the stored boundaries) or online (recompute them with the teacher each batch; run "
+        "`zg pipeline` after changing it: the train stages then depend on the teacher and the tokens).",
         choices=("cached", "online"),
     )
     steps: int = param(100, "Optimizer steps (0: keep the converted block untrained).", ge=0, le=MAX_STEPS)
