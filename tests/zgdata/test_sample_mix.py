@@ -190,3 +190,31 @@ def test_sample_stage_under_dvc_repro_reruns_only_what_changed(tiny_project):
     (parts / "000000.jsonl").write_text("{}\n")
     ignored = run(["git", "check-ignore", "data/.sample.parts/000000.jsonl"], cwd=tiny_project, check=False)
     assert ignored.returncode == 0 and ignored.stdout.strip() == "data/.sample.parts/000000.jsonl", ignored
+
+
+@pytest.mark.parametrize("as_mix", [False, True])
+def test_a_sample_of_another_teacher_is_refused_alone_or_in_a_mix(tmp_path, monkeypatch, as_mix):
+    """docs/tutorials/your-corpus.md: the tokens stage refuses a sample whose teacher is not the prepared one,
+    whether ``teacher:sample`` is the corpus or one source of a mix; the corpus alone records the sample's lineage."""
+    from zgdata.config import CorpusConfig, PartitionConfig, TeacherConfig
+    from zgdata.layout import Layout
+    from zgdata.teacher.prepare import prepare
+    from zgdata.tokens.sample import sample_corpus
+    from zgdata.tokens.tokenset import tokenize
+
+    monkeypatch.chdir(tmp_path)
+    layout, part = Layout(tmp_path), PartitionConfig(boundaries=[0, 2, 4])
+    s = {"documents": 16, "tokens": 40, "min_tokens": 1, "min_distinct": 0.0, "batch_size": 8}
+    plain = CorpusConfig(source="teacher:sample", heldout=[], heldout_fraction=0.25, seq_len=16, sample=s)
+    rule = {"heldout": [], "heldout_fraction": 0.25}
+    cfg = CorpusConfig(source=[{"source": "teacher:sample", **rule}], seq_len=16, sample=s) if as_mix else plain
+    prepare(TeacherConfig(source="random:tiny"), part, layout=layout)
+    sample_corpus(plain, layout=layout)
+    sampled = json.loads(layout.sample_json.read_text())["fingerprint"]
+    tokenize(cfg, layout=layout)  # this teacher's sample
+    if not as_mix:
+        assert json.loads(layout.tokens_json.read_text())["lineage"]["sample"]["fingerprint"] == sampled
+    prepare(TeacherConfig(source="random:tiny-mistral"), part, layout=layout)
+    with pytest.raises(ZgError, match="was sampled from teacher weights") as e:
+        tokenize(cfg, layout=layout)
+    assert e.value.key == "corpus.source"

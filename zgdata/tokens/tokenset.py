@@ -388,6 +388,8 @@ def _tokenize(
     cfg, layout, teacher, tok, tok_sha, walk: Walk, spill_dir: Path, chars: tuple[int, int], flush_tokens: int
 ) -> TokensResult:
     pad = cfg.packing == "pad"
+    # a sample of this teacher only, checked before any document is read (as a mix's sample is), and recorded
+    sample = sample_lineage(layout, teacher) if cfg.uses_sample() else None
     packers = _packers(cfg, tok, spill_dir, flush_tokens)
     digest_hex, held_ids_hex, held_docs = _pack(cfg, tok, walk, packers, chars)
     spills = _finish(cfg, packers)
@@ -402,4 +404,6 @@ def _tokenize(
         "heldout": sample_rows(spills["heldout"].rows, cfg.max_heldout_seqs, cfg.seed),
     }
     lineage = _lineage(cfg, teacher, tok_sha, walk, digest_hex, split_spec, held_docs, packers)
+    if sample is not None:
+        lineage["sample"] = sample
     return write_tokens(layout, cfg, fp, lineage, spills, keep)
