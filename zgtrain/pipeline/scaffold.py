@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from zgdata.config import PartitionConfig, ProjectKind, defaults, load_params, project_kind, section
@@ -16,6 +17,11 @@ from zgtrain.project.local import LocalConfig
 from zgtrain.project.sections import SearchConfig
 
 __all__ = ["init_project", "regenerate", "write_dvcignore"]
+
+
+BLOCKS_FIX = (
+    "give each block's own train keys as a mapping (blocks.b00: {lr: 0.001}), or delete blocks: to regenerate it"
+)
 
 
 def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
@@ -35,12 +41,17 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
         over = params["local"].get("blocks") or {}  # one params key per block stage
         params["local"]["blocks"] = {b.key: over.get(b.key) or {} for b in blocks}
     old = params.get("blocks") or {}
+    if not isinstance(old, Mapping):
+        raise ZgError("params section 'blocks' must be a mapping of block keys", key="blocks", fix=BLOCKS_FIX)
+    for key, body in old.items():
+        if body is not None and not isinstance(body, Mapping):
+            raise ZgError(f"blocks.{key} must be a mapping of train keys", key=f"blocks.{key}", fix=BLOCKS_FIX)
     params["blocks"] = (
         {}
         if kind is ProjectKind.LOCAL
         else {  # a local project's blocks are its partition's
             b.key: {
-                **{k: v for k, v in old.get(b.key, {}).items() if k not in ("in", "out")},
+                **{k: v for k, v in (old.get(b.key) or {}).items() if k not in ("in", "out")},
                 "in": b.input,
                 "out": b.output,
             }

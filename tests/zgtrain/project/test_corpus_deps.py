@@ -44,3 +44,24 @@ def test_editing_a_corpus_file_in_place_makes_tokens_stale(tmp_path):
         f.write("\nAnd one line more.\n")
     status = run(["dvc", "status", "tokens"], cwd=root).stdout
     assert "tokens:" in status and "corpus/hamlet.md" in status, status
+
+
+def test_zg_pipeline_regenerates_an_emptied_block_and_refuses_a_malformed_blocks_section(tmp_path):
+    """`blocks: {b00: null}` (its in/out deleted to be regenerated) comes back whole, its own keys kept for the
+    others; a blocks: that is not a mapping of mappings is one line naming the key, and params.yaml is unchanged."""
+    from tests.helpers.assertions import assert_user_error
+    from tests.helpers.projects import load_params_of
+
+    root = tmp_path / "proj"
+    zg_main("init", str(root), "--profile", "tiny", cwd=tmp_path)
+    params = load_params_of(root)
+    want = {k: dict(v) for k, v in params["blocks"].items()}
+    set_params(root, {"blocks.b00": None, "blocks.b01.lr": 0.002})
+    zg_main("pipeline", cwd=root)
+    want["b01"]["lr"] = 0.002
+    assert load_params_of(root)["blocks"] == want
+    for bad, key in (([1], "blocks"), ({"b00": 3}, "blocks.b00")):
+        set_params(root, {"blocks": bad})
+        before = (root / "params.yaml").read_text()
+        assert_user_error(zg_main("pipeline", cwd=root, check=False), f"[{key}]")
+        assert (root / "params.yaml").read_text() == before
