@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -199,8 +200,10 @@ class SearchConfig(Section):
                 raise ZgError(
                     f"search.limits names {name!r}", key="search.limits", fix=f"use costs of {', '.join(costs)}"
                 )
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
-                raise ZgError(f"search.limits.{name} is {bound!r}", key=f"search.limits.{name}", fix="use a number > 0")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < math.inf:
+                raise ZgError(
+                    f"search.limits.{name} is {bound!r}", key=f"search.limits.{name}", fix="use a finite number > 0"
+                )
 
     @property
     def served(self) -> WorkloadConfig:

@@ -67,6 +67,13 @@ def measure_table(project: ProjectConfig, *, layout: Layout = Layout()) -> dict:
             key="search.workload.batch",
             fix="use batch: 1 with runtime: llama.cpp",
         )
+    if w.runtime == "llama.cpp" and len(project.blocks) < 2:  # before any option is timed
+        raise ZgError(
+            f"partition.boundaries {project.partition.boundaries} makes one block: the llama.cpp runtime prices "
+            "the base (embedding and head) as the teacher less its first block, which is then the whole teacher",
+            key="partition.boundaries",
+            fix="split the teacher into two blocks or more, or use search.workload.runtime: torch",
+        )
     started = time.perf_counter()
     teacher_config = load_slice(layout.teacher_head)[1]["config"]
     runs, parts, why, factors = _timed_options(project, layout)

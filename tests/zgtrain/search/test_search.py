@@ -405,12 +405,22 @@ def test_the_searched_mix_assembles_loads_and_generates(assembled):
         ({"search.bogus": 1}, ["search", "run"], "search.bogus"),
         ({"search.limits": {"latency_ms": 1}}, ["search", "run"], "search.limits names 'latency_ms'"),
         ({"search.limits": {"params": 0}}, ["search", "run"], "search.limits.params is 0"),
+        ({"search.limits": {"kv_cache": float("inf")}}, ["search", "run"], "search.limits.kv_cache is inf"),
         ({"search.pool": 0}, ["search", "run"], "search.pool is 0"),
         ({"search.workload": {"batch": 0}}, ["search", "run"], "search.workload.batch is 0"),
         (
             {"search.workload": {"runtime": "llama.cpp", "batch": 2}},
             ["search", "costs", "--measure"],
             "the llama.cpp runtime times one sequence",
+        ),
+        (
+            {
+                "partition.boundaries": [0, 4],
+                "blocks": {"b00": {"in": "h00", "out": "h04"}},
+                "search.workload": {"runtime": "llama.cpp"},
+            },
+            ["search", "costs", "--measure"],
+            "[partition.boundaries] partition.boundaries [0, 4] makes one block",
         ),
         ({"variants.p50.lr": "fast"}, ["train", "variant", "b00", "p50"], "variants.p50.lr is 'fast'"),
         ({"variants.p50.steps": 1}, ["train", "variant", "b00", "p25"], "variant 'p25' is not in params.yaml"),
