@@ -239,12 +239,16 @@ def _over_budget(cfg, choices, budget: float, full: float, unit: str, base: floa
     def amount(x: float) -> str:  # counts as integers; milliseconds (a measured latency) to 4 significant digits
         return f"{x:.4g}" if unit == "ms" else f"{x:,.0f}"
 
+    limit = cfg.limits.get(cfg.cost)  # search.limits on search.cost binds when it is the tighter (constraints)
+    key, value = (
+        ("search.budget", cfg.budget) if limit is None or limit >= cfg.budget else (f"search.limits.{cfg.cost}", limit)
+    )
     return ZgError(
-        f"search.budget {cfg.budget} ({amount(budget)} {unit}, search.cost: {cfg.cost}) is below the "
+        f"{key} {value} ({amount(budget)} {unit}, search.cost: {cfg.cost}) is below the "
         f"cheapest mix of the variant library ({amount(least)} {unit}, {least / full:.4f} of the "
         f"teacher's {amount(full)})",
-        key="search.budget",
-        fix=f"set search.budget >= {smallest}, or add cheaper variants",
+        key=key,
+        fix=f"set {key} >= {smallest}, or add cheaper variants",
     )
 
 

@@ -235,6 +235,12 @@ def test_infeasible_budget_names_the_key_and_the_smallest_budget(searched, tmp_p
     set_params(root, {"search.budget": 40000, "search.budget_unit": "absolute"})
     code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
     assert code not in (0, None) and "search.budget 40000" in err and "budget_unit: absolute" in err, err
+    # a tighter search.limits on the same cost is what binds: the error names it, not the budget
+    set_params(root, {"search.budget": 0.9, "search.budget_unit": "fraction", "search.limits": {"params": 0.1}})
+    code, _, err = _zg_here(root, monkeypatch, capsys, "search", "run")
+    line = err.strip()
+    assert code not in (0, None) and line.startswith("error: [search.limits.params] search.limits.params 0.1 ("), err
+    assert "set search.limits.params >=" in line, line
 
 
 @pytest.mark.skipif(STRACE is None, reason="strace is not installed (apt-get install strace)")
