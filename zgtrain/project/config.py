@@ -243,7 +243,7 @@ def _block_train(base: TrainConfig, key: str, body: Mapping[str, Any], where: st
         return TrainConfig(**{**asdict(base), **over})
     except ZgError as e:  # name the per-block (per-variant) key the bad value came from
         name = (e.key or "").removeprefix("train.")
-        if name in over:
+        if name.split("[", 1)[0] in over:  # keep_layers[0]: an item of the key
             raise ZgError(
                 e.what.replace(f"train.{name}", f"{where}.{key}.{name}"), key=f"{where}.{key}.{name}", fix=e.fix
             ) from e

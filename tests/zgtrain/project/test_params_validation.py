@@ -146,6 +146,7 @@ def test_bad_value_is_one_line_and_writes_nothing(project, monkeypatch, capsys, 
         ({"blocks.b00.grad_clip": -1}, "blocks.b00.grad_clip"),
         ({"blocks.b00.bogus": 1}, "blocks.b00.bogus"),
         ({"blocks.b00.window": 0}, "blocks.b00.window"),
+        ({"blocks.b00.keep_layers": [[1]]}, "[blocks.b00.keep_layers[0]] blocks.b00.keep_layers[0] is [1]"),
         ({"trian.lr": 1e-3}, "trian"),
     ],
 )
