@@ -360,6 +360,8 @@ BAD = {
         ("d.lance is not a readable Lance dataset", "corpus.source"),
     ),
     "datasets-dict-directory": ("dict", {}, ("DatasetDict", "train")),
+    "datasets-arrow-cut-short": ("hf-cut", {}, ("is not a readable datasets Arrow file", "corpus.source")),
+    "datasets-state-not-json": ("hf-state", {}, ("state.json is not a readable datasets state file", "corpus.source")),
 }
 
 
@@ -379,6 +381,13 @@ def test_bad_input_is_one_line_and_publishes_nothing(published, tmp_path, monkey
         write_hf_disk(bad / "dd" / "train", pa.table({"text": ["x " * 50]}), shards=1)
         (bad / "dd" / "dataset_dict.json").write_text('{"splits": ["train"]}')
         source = ["bad/dd"]
+    elif files in ("hf-cut", "hf-state"):  # an interrupted copy of a save_to_disk folder, or its state.json
+        hf = write_hf_disk(bad / "hf", pa.table({"text": [f"doc {i} " * 40 for i in range(400)]}), shards=1)
+        if files == "hf-state":
+            (hf / "state.json").write_text("{")
+        for f in hf.glob("*.arrow") if files == "hf-cut" else ():
+            f.write_bytes(f.read_bytes()[: f.stat().st_size * 2 // 3])
+        source = ["bad/hf"]
     else:
         for name, data in files.items():
             (bad / name).parent.mkdir(parents=True, exist_ok=True)

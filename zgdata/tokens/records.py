@@ -21,6 +21,24 @@ def _unreadable(path: Path, what: str, e: BaseException, *, fix: str) -> ZgError
     return ZgError(f"{path} is not a readable {what}: {str(e)[:120]}", key=KEY, fix=fix)
 
 
+RESAVE = "save the dataset again with Dataset.save_to_disk (a copy cut short? copy it again)"
+
+
+def _guarded(batches, where: Path, what: str, fix: str) -> Iterator:
+    """``batches``, with a read error of one (a truncated or damaged file) as one line naming the file."""
+    import pyarrow as pa
+
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise _unreadable(where, what, e, fix=fix) from e
+        yield batch
+
+
 def _columns(names: list[str], where: Path, cfg: CorpusConfig) -> list[str]:
     if cfg.text_field not in names:
         raise ZgError(
@@ -64,19 +82,25 @@ def _batches(src: Source, cfg: CorpusConfig):
                 key=KEY,
                 fix="point corpus.source at the directory Dataset.save_to_disk wrote",
             )
-        state = json.loads((path / "state.json").read_text())
-        files = [path / d["filename"] for d in state.get("_data_files", [])]
+        try:
+            state = json.loads((path / "state.json").read_text())
+            files = [path / d["filename"] for d in state.get("_data_files", [])]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            raise _unreadable(path / "state.json", "datasets state file", e, fix=RESAVE) from e
         if not files or not all(f.is_file() for f in files):
             raise ZgError(
                 f"{path}/state.json lists data files that are missing or none at all",
                 key=KEY,
-                fix="save the dataset again with Dataset.save_to_disk",
+                fix=RESAVE,
             )
         for f in files:
             with pa.OSFile(str(f)) as stream:  # plain reads, not a memory map: resident memory stays one batch
-                reader = pa.ipc.open_stream(stream)
+                try:
+                    reader = pa.ipc.open_stream(stream)
+                except (pa.ArrowException, OSError) as e:
+                    raise _unreadable(f, "datasets Arrow file", e, fix=RESAVE) from e
                 cols = _columns(reader.schema.names, path, cfg)
-                yield f, (b.select(cols) for b in reader)
+                yield f, _guarded((b.select(cols) for b in reader), f, "datasets Arrow file", RESAVE)
     else:
         import lance
 
