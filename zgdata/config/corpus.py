@@ -242,6 +242,13 @@ class SampleConfig(Section):
     seed: int = param(0, "Seed of the sampling (each batch's seed derives from it).", ge=0)
 
     def validate(self):
+        if self.min_tokens > self.tokens:  # every document would be dropped, after the whole sampling run
+            raise ZgError(
+                f"corpus.sample.min_tokens is {self.min_tokens}, above corpus.sample.tokens ({self.tokens}): every "
+                "sampled document would be dropped as too short",
+                key="corpus.sample.min_tokens",
+                fix=f"set corpus.sample.min_tokens <= {self.tokens}",
+            )
         p = self.prompts
         if p in ("bos", "corpus"):
             return
