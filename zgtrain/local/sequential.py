@@ -125,6 +125,11 @@ def _sequential(project: ProjectConfig) -> None:
 
 
 def _open_input(path: Path, upstream: str, layer: int, tokens_fp: str):
+    if not path.exists():  # a local project has no materialize: the block before writes this boundary
+        raise ZgError(
+            f"{path} does not exist: block {upstream} writes it",
+            fix=f"train {upstream} first: `dvc repro local_{upstream}` (or `zg train local-block {upstream}`)",
+        )
     ds = open_dataset(path, kind=_KIND)
     meta = schema_meta(ds.schema)
     want = {"block": upstream, "layer": layer, "tokens_fingerprint": tokens_fp}

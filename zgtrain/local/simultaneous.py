@@ -248,7 +248,7 @@ def setup(project: ProjectConfig, *, restart: bool = False, layout: Layout = Lay
         raise ZgError(
             "local.mode is sequential: its blocks train one DVC stage each",
             key="local.mode",
-            fix="run `dvc repro` (stages local_bNN, local_export) or `zg train local-block KEY`",
+            fix="run `zg pipeline` if dvc.yaml has no local_bNN stages yet, then `dvc repro` (or `zg train local-block KEY`)",
         )
     run = build(project, layout)
     run.opts = [adamw(blk, c) for blk, c in zip(run.blocks, run.bcfgs)]

@@ -53,7 +53,7 @@ __all__ = [
 
 PHASES = ("prefill_ms", "decode_ms", "request_ms")
 TOTALS = ("prefill_total", "decode_total")  # a timed run's seconds: the prompt, and every decode step together
-FIX = "run `dvc repro search_cost` (or `zg search costs --measure`)"
+FIX = "run `dvc repro search_cost` (after `zg pipeline`, which adds that stage), or `zg search costs --measure`"
 
 
 def machine(runtime: str, threads: int) -> dict:

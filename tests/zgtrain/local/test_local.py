@@ -268,3 +268,11 @@ def test_local_block_params_are_checked(tmp_path):
     params["local"]["blocks"] = {"b01": {"aux": "mlp"}}
     with pytest.raises(ZgError, match="override only steps, lr"):
         project_of(params)
+
+
+def test_a_sequential_block_before_its_upstream_names_the_stage_to_run(local_repro, tmp_path):
+    """`zg train local-block b01` before b00 wrote its boundary: one line naming local_b00 (a local project has no
+    materialize stage to point at)."""
+    root = _copy(local_repro[0], tmp_path / "proj", {"local.mode": "sequential"})
+    line = assert_user_error(zg_main("train", "local-block", "b01", cwd=root, check=False), "block b00 writes it")
+    assert "`dvc repro local_b00`" in line and "materialize" not in line, line
