@@ -360,6 +360,11 @@ BAD = {
         ("d.lance is not a readable Lance dataset", "corpus.source"),
     ),
     "datasets-dict-directory": ("dict", {}, ("DatasetDict", "train")),
+    "folder-of-text-files": (
+        "txt-dir",
+        {},
+        ("cannot tell the format of corpus source 'bad/texts'", "'bad/texts/*.txt'"),
+    ),
     "datasets-arrow-cut-short": ("hf-cut", {}, ("is not a readable datasets Arrow file", "corpus.source")),
     "datasets-state-not-json": ("hf-state", {}, ("state.json is not a readable datasets state file", "corpus.source")),
 }
@@ -381,6 +386,10 @@ def test_bad_input_is_one_line_and_publishes_nothing(published, tmp_path, monkey
         write_hf_disk(bad / "dd" / "train", pa.table({"text": ["x " * 50]}), shards=1)
         (bad / "dd" / "dataset_dict.json").write_text('{"splits": ["train"]}')
         source = ["bad/dd"]
+    elif files == "txt-dir":  # a folder named as the source: its files need a glob
+        (bad / "texts").mkdir()
+        (bad / "texts" / "a.txt").write_text("some text " * 20)
+        source = ["bad/texts"]
     elif files in ("hf-cut", "hf-state"):  # an interrupted copy of a save_to_disk folder, or its state.json
         hf = write_hf_disk(bad / "hf", pa.table({"text": [f"doc {i} " * 40 for i in range(400)]}), shards=1)
         if files == "hf-state":

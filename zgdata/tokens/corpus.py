@@ -163,7 +163,12 @@ def _expand(cfg: CorpusConfig) -> list[Source]:
                     raise ZgError(
                         f"cannot tell the format of corpus source '{pat}'",
                         key="corpus.format",
-                        fix="name it: corpus.format: text|jsonl|parquet|hf_disk|lance",
+                        fix=(
+                            f"a folder of text or JSONL files: name them with a glob ('{pat.rstrip('/')}/*.txt'); "
+                            "a Parquet, datasets or Lance folder: corpus.format: parquet|hf_disk|lance"
+                            if hit.is_dir()
+                            else "name it: corpus.format: text|jsonl|parquet|hf_disk|lance"
+                        ),
                     )
                 continue
             found[hit] = fmt
