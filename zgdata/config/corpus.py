@@ -183,7 +183,7 @@ class MixPart(CorpusConfig):
     @classmethod
     def of(cls, top: CorpusConfig, i: int, item: Mapping) -> MixPart:
         where = f"corpus.source[{i}]"
-        unknown = sorted(set(item) - set(PART_KEYS))
+        unknown = sorted(map(str, set(item) - set(PART_KEYS)))
         if unknown or "source" not in item:
             raise ZgError(
                 f"{where} has {'unknown key(s) ' + ', '.join(map(str, unknown)) if unknown else 'no source'}",
@@ -201,7 +201,13 @@ class MixPart(CorpusConfig):
         base |= {
             k: v for k, v in item.items() if not (src == SAMPLE_SOURCE and k in ("format", "text_field", "id_field"))
         }
-        return cls(**base, index=i)
+        try:
+            return cls(**base, index=i)
+        except ZgError as e:  # a value this entry gave: name it as the entry's key, not the corpus's
+            name = (e.key or "").removeprefix("corpus.")
+            if name.split("[", 1)[0] not in item:
+                raise
+            raise ZgError(e.what.replace(f"corpus.{name}", f"{where}.{name}"), key=f"{where}.{name}", fix=e.fix) from e
 
     def holds_out(self) -> bool:
         return bool(self.heldout or self.heldout_field or self.heldout_fraction > 0)
