@@ -85,11 +85,12 @@ def _check_disk(need: int, where: Path) -> None:
         )
 
 
-def _complete(path: Path, fp: str, rows: int, codec: str) -> bool:
+def _complete(path: Path, fp: str, rows: int, codec: str, config_sha: str | None) -> bool:
     try:  # also refuses another boundary format version: an old-format dataset is rewritten
         ds = open_dataset(path, kind="boundary")
         meta = schema_meta(ds.schema)
-        return meta.get("fingerprint") == fp and codec_of(meta) == codec and ds.count_rows() == rows
+        same_config = meta.get(CONFIG_KEY, config_sha) == config_sha  # recorded since: older datasets do not say
+        return meta.get("fingerprint") == fp and codec_of(meta) == codec and ds.count_rows() == rows and same_config
     except ZgError:
         return False
 
@@ -144,6 +145,17 @@ def _only(plan: _Plan, names: list[str]) -> _Plan:
     )
 
 
+# The teacher's config.json (sha256, from teacher.json's files) is recorded beside the lineage: the fingerprint hashes
+# the weights, and an edited config (rms_norm_eps, rope) re-prepared with the same weights computes other boundaries.
+# DVC reruns materialize on it (models/teacher/hf is a dep); a direct `zg data materialize`, or a killed one's
+# staging, must not keep or resume boundaries of the other config.
+CONFIG_KEY = "teacher_config_sha256"
+
+
+def _config_sha(plan: _Plan) -> str | None:
+    return (plan.teacher.get("files") or {}).get("config.json")
+
+
 def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout, checksum: str) -> Path:
     """The staging folder of this run, keyed by every fingerprint and by the format: a run interrupted under an
     older format (or codec, or row checksum) must not be resumed into this one."""
@@ -152,6 +164,8 @@ def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout, checksum: st
         key["zg.codec"] = cfg.codec
     if checksum != "blake2b":
         key["zg.checksum"] = checksum
+    if _config_sha(plan):
+        key["zg.teacher_config"] = _config_sha(plan)
     return layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
 
 
@@ -189,6 +203,8 @@ def _schemas(plan: _Plan, cfg: MaterializeConfig, checksum: str) -> dict:
         }
         if fmt >= CHECKSUM_FORMAT:  # formats 2 and 3 name no algorithm: blake2b
             meta["checksum"] = checksum
+        if _config_sha(plan):
+            meta[CONFIG_KEY] = _config_sha(plan)
         schemas[n] = boundary_schema(meta, plan.seq_len, plan.hidden, cfg.storage_dtype, cfg.codec)
     return schemas
 
@@ -236,7 +252,9 @@ def materialize(
         tokens=n_rows * full.seq_len,
     )
     # only what is missing or stale: a complete boundary keeps its files, so the blocks that read it stay valid
-    plan = _only(full, [n for n in full.names if not _complete(layout.boundary(n), full.fps[n], n_rows, cfg.codec)])
+    config_sha = _config_sha(full)
+    stale = [n for n in full.names if not _complete(layout.boundary(n), full.fps[n], n_rows, cfg.codec, config_sha)]
+    plan = _only(full, stale)
     names = plan.names
     finals = {n: layout.boundary(n) for n in names}
     checksum = integrity.WRITE_CHECKSUM  # read at run time: a test writes blake2b datasets as an older zg did

@@ -333,3 +333,36 @@ def test_the_free_space_estimate_covers_what_a_real_run_holds_at_its_peak(tiny_p
         sum(tokens["rows"].values()), tokens["lineage"]["seq_len"], hidden, cfg.storage_dtype, len(peak["names"])
     )
     assert peak["bytes"] <= need <= 4 * peak["bytes"], (peak, need)
+
+
+def test_an_edited_teacher_config_with_the_same_weights_is_materialized_again(tmp_path, monkeypatch):
+    """Same weights, another config.json (rms_norm_eps): the fingerprint (weights, tokenizer, tokens, layer, ...) is
+    the same, but the boundaries are not. A direct `zg data materialize` after re-preparing must capture them again
+    (it said "up to date" and kept the old config's), and verify's teacher recompute then agrees with them."""
+    from zgdata.config import VerifyConfig
+    from zgdata.verify import verify
+
+    model, tok = tiny_teacher("llama")
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    root = tmp_path / "proj"
+    (root / "texts").mkdir(parents=True)
+    monkeypatch.chdir(root)
+    for i in range(6):
+        (root / "texts" / f"d{i}.txt").write_text(f"Document {i} talks about rivers, mills and old roads. " * 20)
+    layout, part, mcfg = Layout(root), PartitionConfig(boundaries=[0, 2, 4]), MaterializeConfig()
+    corpus = CorpusConfig(source=["texts/*.txt"], heldout=["d5"], seq_len=32)
+    prepare(TeacherConfig(source=str(src)), part, layout=layout)
+    tokenize(corpus, layout=layout)
+    first = materialize(mcfg, part, layout=layout)
+    before = BoundaryDataset(layout.boundary("h02")).take([0])
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 0.5}))
+    prepare(TeacherConfig(source=str(src)), part, layout=layout)
+    again = materialize(mcfg, part, layout=layout)
+    assert again.fingerprints == first.fingerprints and not again.skipped
+    assert not torch.equal(BoundaryDataset(layout.boundary("h02")).take([0]), before)
+    report = verify(VerifyConfig(), layout=layout, partition=part, mcfg=mcfg)
+    assert report.status == "ok", report.summary
+    assert materialize(mcfg, part, layout=layout).skipped  # and now it is up to date
