@@ -60,6 +60,9 @@ Usage: zg pipeline [OPTIONS]
   Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in
   params.yaml.
 
+  params.yaml is rewritten with the values it holds, in zg's layout: its YAML
+  comments are not kept.
+
 Options:
   --params <path>  params file of the project.  [default: params.yaml]
   --help           Show this message and exit.

@@ -56,7 +56,9 @@ def init(
 
 @app.command("pipeline")
 def pipeline(params: Path = params_option):
-    """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml."""
+    """Regenerate dvc.yaml (and blocks: keys) after editing partition.boundaries in params.yaml.
+
+    params.yaml is rewritten with the values it holds, in zg's layout: its YAML comments are not kept."""
     from zgdata.core.progress import stderr
     from zgtrain.pipeline.scaffold import regenerate
 

@@ -31,7 +31,8 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
     train overrides; local pretraining: none), ``local.blocks`` (local.mode: sequential: one entry per block, the
     params key of its stage), ``search:`` (its defaults, where a variant library needs one) and
     ``search.workload`` (an empty mapping, where a measured cost needs the key). Everything else is written back
-    as read. Nothing is written unless the result parses as a project.
+    with the values read, in zg's layout: YAML comments are not kept. Nothing is written unless the result parses
+    as a project.
     """
     params_path = Path(params_path)
     params = load_params(params_path)  # the document itself: its sections are rewritten, not only read
