@@ -74,25 +74,7 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
     for m in (swapped, *downstream):
         m.to(dev)
     x_ds, y_ds = open_pair_in(layout, spec, part, project.materialize)  # h00 may be virtual
-    rows = x_ds.rows("heldout")
-    if cfg.heldout_rows:
-        rows = rows[: cfg.heldout_rows]
-    if not len(rows):
-        raise ZgError(
-            f"{layout.boundary(spec.input)} has no held-out rows",
-            key="corpus.heldout",
-            fix="hold out some documents (corpus.heldout) and rerun tokenize and materialize",
-        )
-    ids, splits = read_tokens(layout, rows)
-    if set(splits) != {"heldout"}:
-        raise ZgError(
-            f"rows of {layout.boundary(spec.input)} do not match data/tokens.lance",
-            fix="restore both from one commit, or re-run `dvc repro tokens materialize`",
-        )
-    lengths = read_lengths(layout, rows)
-    if lengths is not None:  # pad packing: targets at or past a row's length are padding, never scored (as evaluate)
-        ids = ids.clone()
-        ids[torch.arange(ids.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)] = IGNORE
+    rows, ids = _heldout_targets(layout, layout.boundary(spec.input), x_ds.rows("heldout"), cfg.heldout_rows)
     nll = {"replace": 0.0, "teacher": 0.0}
     count = 0
     for i in range(0, len(rows), cfg.batch_size):
@@ -105,12 +87,6 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
             logits = head(h)[:, :-1].float()
             nll[name] += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="sum"))
         count += int((gold != IGNORE).sum())
-    if not count:
-        raise ZgError(
-            f"the held-out rows of {layout.boundary(spec.input)} hold no real next-token target (all padding)",
-            key="corpus.heldout",
-            fix="hold out longer documents (corpus.heldout), or raise the variant's train.heldout_rows",
-        )
     replace_ce, teacher_ce = nll["replace"] / count, nll["teacher"] / count
     return {
         "replace_ce": replace_ce,
@@ -120,3 +96,34 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
         "score_tokens": int(count),
         "downstream_blocks": keys[keys.index(block) + 1 :],
     }
+
+
+def _heldout_targets(layout: Layout, where, rows, cap: int):
+    """(rows, (N, T) token ids) of the held-out rows scored (the first ``cap``; 0: all), checked against
+    data/tokens.lance. Under pad packing a target at or past its row's length is ``IGNORE``: padding is never
+    scored, as evaluate scores it."""
+    if cap:
+        rows = rows[:cap]
+    if not len(rows):
+        raise ZgError(
+            f"{where} has no held-out rows",
+            key="corpus.heldout",
+            fix="hold out some documents (corpus.heldout) and rerun tokenize and materialize",
+        )
+    ids, splits = read_tokens(layout, rows)
+    if set(splits) != {"heldout"}:
+        raise ZgError(
+            f"rows of {where} do not match data/tokens.lance",
+            fix="restore both from one commit, or re-run `dvc repro tokens materialize`",
+        )
+    lengths = read_lengths(layout, rows)
+    if lengths is not None:
+        ids = ids.clone()
+        ids[torch.arange(ids.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)] = IGNORE
+        if not (ids[:, 1:] != IGNORE).any():
+            raise ZgError(
+                f"the held-out rows of {where} hold no real next-token target (all padding)",
+                key="corpus.heldout",
+                fix="hold out longer documents (corpus.heldout), or raise the variant's train.heldout_rows",
+            )
+    return rows, ids
