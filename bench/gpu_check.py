@@ -13,7 +13,7 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and boundary count, in
                 GB/s, / the boundary bytes the bf16 forward makes per second: >= 1 keeps up with the GPU;
                 for zstd_fast (the default conversion's codec) and blob (raw bits, the cheapest write)
-  repro         `zg repro --jobs N` (N: the GPUs, one block per GPU) / a serial `dvc repro`: wall time, and
+  repro         `zg repro --jobs N` (N: the GPUs, at least 2, one block per GPU) / a serial `dvc repro`: wall time, and
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
                 (bench/local_schedule.py on a local-tiny project)                                     [guarantee]
@@ -22,7 +22,9 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 share that changes under transformers' grouped_mm; the padded forward's time / grouped_mm's
                 (bench/moe_batch_invariance.py)                                                        [guarantee]
 
-No GPU was available when this script was written (docs/results/write-path.md says what ran where): its CPU smoke
+Each check runs on its own: one that fails to run is reported (`NAME ran` FAIL) and the others still run; every
+command has a timeout. Without --smoke and without a GPU the script refuses (exit 2) unless ZG_DEVICE names the
+device. No GPU was available when this script was written (docs/results/write-path.md says what ran where): its CPU smoke
 run is tests/test_bench_gpu_check.py. The last line is one JSON object with every figure and each check's result.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -47,8 +50,11 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+TIMEOUT = 3600  # seconds for one command: a hang fails its check instead of the whole run
+
+
 def zg(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["zg", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run(["zg", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
     if check and r.returncode:
         raise SystemExit(f"zg {' '.join(map(str, args))} failed in {cwd} (exit {r.returncode}):\n{r.stderr[-2000:]}")
     return r
@@ -69,19 +75,19 @@ def guarantee(name: str, ok: bool, detail: str) -> bool:
 
 
 def setup(work: Path, profile: str, smoke: bool) -> Path:
+    """The profile's project up to its boundaries, by `dvc repro materialize`: every stage before them (the
+    default conversion's `sample` too) and a dvc.lock, so the repro check reruns only the blocks."""
     root = work / "proj"
-    if not (root / "data" / "tokens.lance").exists():
+    if not (root / "dvc.lock").exists():
         shutil.rmtree(root, ignore_errors=True)
         zg("init", root, "--profile", profile, cwd=work)
         if smoke:
             edit(root, corpus={"max_train_seqs": 16, "max_heldout_seqs": 4})
-        zg("teacher", "prepare", cwd=root)
-        zg("data", "tokenize", cwd=root)
-    zg("data", "materialize", cwd=root)
+    subprocess.run(["dvc", "repro", "-q", "materialize"], cwd=root, check=True, timeout=TIMEOUT)
     return root
 
 
-def check_materialize(root: Path, work: Path, res: dict) -> None:
+def check_materialize(root: Path, work: Path, res: dict, dev) -> None:
     sys.path.insert(0, str(BENCH))
     import materialize as M  # bench/materialize.py: the measurements the CPU results page quotes
 
@@ -98,6 +104,8 @@ def check_materialize(root: Path, work: Path, res: dict) -> None:
     params = yaml.safe_load((scratch / "params.yaml").read_text())
     mcfg, part = section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
     layout = Layout(scratch)
+    if dev.type == "cuda":  # a first, cold pass: cuBLAS handles and kernel modules load lazily
+        M.forward_only(layout, mcfg, part)
     fwd = M.forward_only(layout, mcfg, part)
     mat = M.run_materialize(layout, mcfg, part)
     res.update(
@@ -154,7 +162,7 @@ def check_repro(root: Path, work: Path, res: dict, jobs: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
         shutil.copytree(root, d, symlinks=True)
     t0 = time.perf_counter()  # up to assemble: the blocks are what is compared (evaluate's gates are not)
-    subprocess.run(["dvc", "repro", "-q", "assemble"], cwd=serial, check=True)
+    subprocess.run(["dvc", "repro", "-q", "assemble"], cwd=serial, check=True, timeout=TIMEOUT)
     t_serial = time.perf_counter() - t0
     t0 = time.perf_counter()
     zg("repro", "--jobs", jobs, "assemble", cwd=par)
@@ -171,13 +179,14 @@ def check_schedule(work: Path, res: dict) -> None:
     if not (root / "data" / "tokens.lance").exists():
         shutil.rmtree(root, ignore_errors=True)
         zg("init", root, "--profile", "local-tiny", cwd=work)
-        subprocess.run(["dvc", "repro", "-q", "tokens"], cwd=root, check=True)
+        subprocess.run(["dvc", "repro", "-q", "tokens"], cwd=root, check=True, timeout=TIMEOUT)
     r = subprocess.run(
         [sys.executable, str(BENCH / "local_schedule.py"), "--project", str(root), "--steps", "5", "--repeats", "2"],
         capture_output=True,
         text=True,
+        timeout=TIMEOUT,
     )
-    log(r.stdout[-1500:])
+    log(r.stdout[-1500:] + (f"\nstderr:\n{r.stderr[-1500:]}" if r.returncode else ""))
     m = re.search(r"early_backward / phased = ([0-9.]+)", r.stdout)
     res["early_backward_vs_phased"] = float(m.group(1)) if m else None
     res["schedule_ok"] = guarantee("early_backward == phased weights", r.returncode == 0, f"exit {r.returncode}")
@@ -195,19 +204,29 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
 
     hidden, width, tokens = (128, 256, 64) if smoke else (4096, 14336, 2048)  # Mixtral 8x7B's layer shape
     x = torch.randn(1, tokens, hidden, generator=torch.Generator().manual_seed(1)).to(dev, torch.bfloat16)
-    times = {}
+    times, flat = {}, x.view(tokens, hidden)
     for impl in ("grouped_mm", EXPERTS_IMPLEMENTATION):
         block = M.experts_module(hidden, width, 8, 2, impl).to(dev, torch.bfloat16)
         with torch.no_grad():
-            whole = block(x)
-            sliced = torch.cat([block(x[:, i : i + M.SLICE]) for i in range(0, tokens, M.SLICE)], dim=1)
+            # The routing of the whole batch, given to the experts whole and in slices: what is compared is the
+            # experts' kernel. The router's own GEMM may change bits with the row count on a GPU (cuBLAS picks a
+            # kernel per shape); capture runs it at one shape, materialize's batch, and it is reported apart.
+            _, w, idx = block.gate(flat)
+            whole = block.experts(flat, idx, w)
+            cuts = range(0, tokens, M.SLICE)
+            sliced = torch.cat(
+                [block.experts(flat[i : i + M.SLICE], idx[i : i + M.SLICE], w[i : i + M.SLICE]) for i in cuts]
+            )
+            routed = torch.cat([block.gate(flat[i : i + M.SLICE])[1] for i in cuts])
             times[impl] = _best_time(lambda b=block: b(x), dev)
         res[f"moe_{impl}_tokens_changed"] = (sliced != whole).any(-1).float().mean().item()
+        res["moe_router_tokens_changed"] = (routed != w).any(-1).float().mean().item()
     res["moe_padded_time_vs_grouped_mm"] = times[EXPERTS_IMPLEMENTATION] / times["grouped_mm"]
     log(
         f"moe: tokens changed in slices of {M.SLICE}: grouped_mm {res['moe_grouped_mm_tokens_changed']:.1%}, "
         f"zg padded {res[f'moe_{EXPERTS_IMPLEMENTATION}_tokens_changed']:.1%}; "
-        f"padded time / grouped_mm {res['moe_padded_time_vs_grouped_mm']:.2f}"
+        f"padded time / grouped_mm {res['moe_padded_time_vs_grouped_mm']:.2f}; router weights changed in slices "
+        f"{res['moe_router_tokens_changed']:.1%} (not a guarantee: capture routes at one shape)"
     )
     res["moe_batch_invariant"] = guarantee(
         "MoE capture is batch-invariant",
@@ -243,10 +262,19 @@ def main(argv=None) -> int:
 
     import torch
 
-    from zgdata.core.runtime import device, prefer_gpu
+    from zgdata.core.runtime import DEVICE_ENV, device, prefer_gpu
 
+    # `zg` and `dvc` of this Python's environment, not whichever PATH finds first
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    chosen = DEVICE_ENV in os.environ
     prefer_gpu()
     dev = device()  # refuses a ZG_DEVICE this torch cannot use, in one line
+    if dev.type != "cuda" and not args.smoke and not chosen:
+        log(
+            f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda}): the full run is for a GPU box; "
+            "use --smoke for the CPU smoke run, or ZG_DEVICE=cpu to run every check on the CPU anyway"
+        )
+        return 2
     checks = args.checks.split(",")
     if args.smoke:
         checks = [c for c in checks if c not in ("repro", "schedule")]
@@ -260,18 +288,22 @@ def main(argv=None) -> int:
     else:
         root = setup(args.workdir, "tiny" if args.smoke else args.profile, args.smoke)
     res: dict = {"device": str(dev)}
-    if "materialize" in checks:
-        check_materialize(root, args.workdir, res)
-    if "cached_online" in checks:
-        check_cached_online(root, res)
-    if "write_path" in checks:
-        check_write_path(args.workdir, res, args.mb)
-    if "repro" in checks:
-        check_repro(root, args.workdir, res, max(1, torch.cuda.device_count()) if dev.type == "cuda" else 2)
-    if "schedule" in checks:
-        check_schedule(args.workdir, res)
-    if "moe" in checks:
-        check_moe(res, dev, args.smoke)
+    # at least two jobs, so the blocks run as Ray tasks (one GPU each, one at a time on a one-GPU box)
+    jobs = max(2, torch.cuda.device_count()) if dev.type == "cuda" else 2
+    runs = {
+        "materialize": lambda: check_materialize(root, args.workdir, res, dev),
+        "cached_online": lambda: check_cached_online(root, res),
+        "write_path": lambda: check_write_path(args.workdir, res, args.mb),
+        "repro": lambda: check_repro(root, args.workdir, res, jobs),
+        "schedule": lambda: check_schedule(args.workdir, res),
+        "moe": lambda: check_moe(res, dev, args.smoke),
+    }
+    for name in (c for c in runs if c in checks):
+        try:  # a check that fails to run is reported, and the others still run
+            runs[name]()
+        except (Exception, SystemExit) as e:
+            res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+            guarantee(f"{name} ran", False, res[f"{name}_error"])
     res["failed"] = FAILED
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
     return 1 if FAILED else 0

@@ -93,7 +93,11 @@ def device() -> torch.device:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # the deterministic kernels where torch has them (SDPA's memory-efficient and flash backward otherwise
+        # split their key reduction nondeterministically); an op with none warns instead of failing the run
+        torch.use_deterministic_algorithms(True, warn_only=True)
     return dev
 
 

@@ -60,6 +60,7 @@ class OnlineTargets:
         self.model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False, per_layer=True)
         self.storage = getattr(torch, mcfg.storage_dtype)
         self.codec = mcfg.codec
+        self.batch = mcfg.batch_size
         self.splits = np.asarray(self.tokens.to_table(columns=["split"]).column("split").to_pylist())
 
     def rows(self, split: str) -> np.ndarray:
@@ -73,9 +74,19 @@ class OnlineTargets:
         from zgdata.tokens.store import read_tokens
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
-        caps = capture(self.model, ids, list(self.layers), storage_dtype=self.storage)
+        # In forwards of materialize.batch_size rows, as materialize ran them (a short last one padded with copies
+        # of its last row): a GPU's GEMM kernels are chosen per shape, so a row's bits can depend on the batch's
+        # row count; on the CPU they do not, and the bits are the same either way.
+        parts = []
+        for i in range(0, len(ids), self.batch):
+            chunk = ids[i : i + self.batch]
+            n = len(chunk)
+            if n < self.batch:
+                chunk = torch.cat([chunk, chunk[-1:].expand(self.batch - n, -1)])
+            caps = capture(self.model, chunk, list(self.layers), storage_dtype=self.storage)
+            parts.append({x: caps[x][:n] for x in self.layers})
         # a quantized codec: the same quantize + dequantize as the stored path (zgdata/store/quant.py)
-        return tuple(roundtrip_tensor(caps[x], self.codec) for x in self.layers)
+        return tuple(roundtrip_tensor(torch.cat([p[x] for p in parts]), self.codec) for x in self.layers)
 
     def batches(self, split, *, start_step, steps, batch_size, seed):
         for step in range(start_step, steps):

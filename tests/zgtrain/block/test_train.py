@@ -85,6 +85,27 @@ def test_cached_and_online_targets_are_bitwise_identical(straight, tiny_project)
     ).read_text()
 
 
+def test_online_targets_run_the_teacher_in_materialize_batches(tiny_project, monkeypatch):
+    """Online targets capture in forwards of materialize.batch_size rows, a short last one padded (a GPU's kernels
+    are chosen per shape: the same row count as materialize keeps the bits); the rows equal the stored ones."""
+    import zgdata.families.capture as cap
+    from zgtrain.block.targets import open_targets
+
+    project = project_of(tiny_project)
+    spec, layout, mcfg = project.block("b01").spec, Layout(tiny_project), project.materialize
+    online = open_targets("online", layout, spec, project.partition, mcfg)
+    cached = open_targets("cached", layout, spec, project.partition, mcfg)
+    shapes, real = [], cap.capture
+    monkeypatch.setattr(
+        cap, "capture", lambda model, ids, *a, **k: shapes.append(tuple(ids.shape)) or real(model, ids, *a, **k)
+    )
+    rows = cached.rows("train")[: mcfg.batch_size + 1]
+    got = online.take(rows)
+    assert [s[0] for s in shapes] == [mcfg.batch_size, mcfg.batch_size], shapes
+    for a, b in zip(got, cached.take(rows), strict=True):
+        assert torch.equal(a, b)
+
+
 # --- guarantee 2: interrupt and resume -------------------------------------------------------------------
 
 
