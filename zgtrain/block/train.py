@@ -19,6 +19,7 @@ gradient in phase 1 get no AdamW update either.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -172,6 +173,7 @@ def _steps(run: Run) -> loop.Steps:
         save=lambda step: checkpoint.save(run.dir, run.meta, block, opt, run.gen, run.curve, step),
         checkpoint_every=cfg.checkpoint_every,
         on_step=on_step,
+        fail=fail,
     )
 
 
@@ -379,6 +381,8 @@ def train_block(
         )
     run.block.eval()
     heldout = _heldout(run.block, run.src, cfg)
+    if not math.isfinite(heldout):  # weights the last steps made useless (finite, but far out): never "done"
+        raise _diverged(key, d)(cfg.steps - 1, f"the held-out loss became {heldout}")
     run.meta.update(done=True, state_sha256=sha)
     if not run.finished:
         checkpoint.finish(d, run.meta, run.block, run.opt, run.gen, run.curve, cfg.steps)

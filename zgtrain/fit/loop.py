@@ -70,11 +70,13 @@ class Steps:
     save: Callable[[int], None]  # write the checkpoint of a step
     checkpoint_every: int
     on_step: Callable[[int], None] | None = None  # after each step (zg repro's progress); changes nothing
+    fail: Callable[[int, str], ZgError] | None = None  # (step, what) -> the trainer's divergence error
 
 
 def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> None:
     """Steps [run.step, end); ``timed`` names a timing span around them."""
     t0 = time.perf_counter()
+    step = None
     with progress(steps.name, end - run.step, unit="step") as advance, span(timed) if timed else nullcontext():
         for step, batch in steps.batches(run.step, end):
             for opt, lr in steps.lrs:
@@ -85,12 +87,28 @@ def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> N
             advance(1)
             run.step = step + 1
             if steps.checkpoint_every and run.step % steps.checkpoint_every == 0 and run.step < end:
+                _check_finite(steps, step)  # a checkpoint is never of broken weights: it is the one to go back to
                 steps.save(run.step)
             if steps.on_step is not None:
                 steps.on_step(run.step)
             failpoints.pause(failpoints.AFTER_STEP)  # a test's kill lands between steps
             failpoints.hold(failpoints.HOLD_AFTER_STEP)  # or the run waits there until the test lets it go
+    if step is not None:  # what the trainer saves and publishes next (its last checkpoint, or a stop's)
+        _check_finite(steps, step)
     run.seconds += time.perf_counter() - t0
+
+
+def _check_finite(steps: Steps, step: int) -> None:
+    """Refuse weights that an optimizer step made non-finite (the loss and gradient checks of ``update`` see only
+    the next step's loss): at each checkpoint and at the end, so no checkpoint and no finished run holds them."""
+    for opt, _ in steps.lrs:
+        for group in opt.param_groups:
+            if all(bool(torch.isfinite(p).all()) for p in group["params"]):
+                continue
+            what = "the weights became non-finite after the optimizer step"
+            if steps.fail is not None:
+                raise steps.fail(step, what)
+            raise diverged(steps.name, step, what, key=None, fix="lower the learning rate and rerun with --restart")
 
 
 def check_stop_after(stop_after: int | None) -> None:
@@ -169,7 +187,7 @@ def publish(work: Path, d: Path) -> None:
     shutil.rmtree(old)
 
 
-def diverged(who: str, step: int, what: str, *, key: str, fix: str, good: int | None = None) -> ZgError:
+def diverged(who: str, step: int, what: str, *, key: str | None, fix: str, good: int | None = None) -> ZgError:
     """The one error of a run whose loss, gradient or optimizer step stopped being finite."""
     last = "the last good checkpoint" + ("" if good is None else f" (step {good})")
     return ZgError(f"{who}: {what} at step {step}; {last} is intact", key=key, fix=fix)

@@ -306,6 +306,7 @@ def _steps(run: RepairRun) -> loop.Steps:
         batches=lambda start, end: ((s, step_rows(train_rows, s, cfg.batch_size, run.seed)) for s in range(start, end)),
         save=lambda step: checkpoint.save(d, run.meta, model, opt, run.gen, run.curve, step),
         checkpoint_every=cfg.checkpoint_every,
+        fail=fail,
     )
 
 

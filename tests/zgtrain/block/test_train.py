@@ -286,6 +286,19 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_project):
     assert not unexpected and all(k.startswith("rotary_emb.") for k in missing)
 
 
+def test_a_run_broken_by_its_last_step_is_not_recorded_as_done(tiny_project):
+    """The last optimizer step leaves weights that give a non-finite held-out loss (lr 1e30): one line naming the
+    block's key, and the run is not recorded as done (it was, with a NaN heldout_loss in its metrics)."""
+    set_params(tiny_project, {"train.lr": 1.0e30, "train.warmup": 0, "train.steps": 1, "train.checkpoint_every": 0})
+    line = assert_user_error(zg_main("train", "block", "b00", cwd=tiny_project, check=False), "blocks.b00", "--restart")
+    assert "held-out loss became" in line or "non-finite" in line, line
+    d = tiny_project / "models" / "blocks" / "b00"
+    meta = read_json(d / "meta.json")
+    assert meta["done"] is False and not (tiny_project / "metrics" / "blocks" / "b00.json").exists()
+    weights = load_file(str(d / meta["checkpoint"] / "model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in weights.values())
+
+
 def test_absurd_learning_rate_is_a_clear_error_not_a_traceback(tiny_project):
     # At lr 1e38 AdamW's Python-float step size overflows before any tensor turns non-finite.
     set_params(tiny_project, {"train.lr": 1.0e38, "train.checkpoint_every": 1, "train.grad_clip": 0})

@@ -67,6 +67,27 @@ def test_steps_set_the_lr_then_work_then_checkpoint_on_cadence_except_at_the_end
     assert events.index(("save", 3)) < events.index(("step", 3)) < events.index(("work", 3, lr_at(_Cfg(), 3)))
 
 
+@pytest.mark.parametrize("broken_at,saves", [(2, []), (5, [("save", 3)])])
+def test_weights_an_optimizer_step_made_non_finite_are_never_saved(broken_at, saves):
+    """A step whose update leaves a non-finite weight (its loss and gradient were finite) stops the run with the
+    trainer's error before the next checkpoint (at 3) or the end (6): neither is written."""
+    state, steps, events, model = _trainer(every=3)
+    work = steps.work
+
+    def breaking(step, batch):
+        n = work(step, batch)
+        if step == broken_at:
+            with torch.no_grad():
+                model.weight[0, 0] = float("inf")
+        return n
+
+    steps.work = breaking
+    steps.fail = lambda step, what: ZgError(f"step {step}: {what}")
+    with pytest.raises(ZgError, match=f"step {broken_at}: the weights became non-finite"):
+        loop.fit(state, 6, steps)
+    assert [e for e in events if e[0] == "save"] == saves
+
+
 def test_two_invocations_give_the_bits_of_one():
     _, _, whole = _run(8, every=0)
     state, steps, _, part = _trainer(every=0)
