@@ -386,6 +386,7 @@ def transfer_loss(teacher, block, x: torch.Tensor) -> torch.Tensor:
             a_in, a_kw, a_out, h = attention_call(fam, t_layer, h, inputs)
         if isinstance(s_layer.self_attn, LinearAttention):
             y = s_layer.self_attn(a_in, **a_kw)[0]
+            y, a_out = y.float(), a_out.float()  # under bf16 autocast both come out of bf16 linears
             losses.append((y - a_out).pow(2).mean() / a_out.pow(2).mean().clamp_min(1e-12))
     return torch.stack(losses).mean()
 

@@ -125,8 +125,9 @@ class TrainConfig(Section):
     )
     importance_rows: int = param(
         16,
-        "prune_mlp: train sequences used to score channel importance; attn_linear: the sample its maps are fitted "
-        "on; prune_experts / moe_to_dense: the sample routing mass and channel scores are measured on.",
+        "Train sequences of the sample every conversion sets its loss normalization and noise scale from (so it "
+        "changes the bits of any block); also prune_mlp: channel importance; attn_linear: the sample its maps are "
+        "fitted on; prune_experts / moe_to_dense: the sample routing mass and channel scores are measured on.",
         ge=1,
     )
     objective: str = param(
@@ -192,6 +193,13 @@ class TrainConfig(Section):
                     key=f"train.{key}",
                     fix=f"use one of {', '.join(registry)}",
                 )
+        if self.normalize == "delta" and not OBJECTIVES[self.objective].anchored:
+            raise ZgError(  # its target is its input: the update's variance is 0, every loss scaled by 1e8
+                f"train.normalize is 'delta' with objective {self.objective!r}, whose target is its own input: "
+                "there is no residual update to normalize by",
+                key="train.normalize",
+                fix="use normalize: target or none with this objective",
+            )
 
 
 # Every section of params.yaml, in file order, with the class that parses it.

@@ -116,6 +116,19 @@ def test_attention_transfer_trains_only_the_feature_maps_and_its_loss_falls():
         assert torch.equal(v, before[k]) != (k in names), k
 
 
+def test_attention_transfer_loss_is_float32_under_bf16_autocast():
+    """precision: bf16 changes the forward, not the loss: the student's and the teacher's attention outputs leave
+    bf16 linears, and their difference is taken in float32 (in bf16 it rounds away what transfer trains on)."""
+    from zgdata.core.runtime import autocast
+
+    model = _teacher("llama")
+    teacher = convert("identity", _slice(model, "llama", (0, 1)), model.config, TrainConfig(), _x(model), None)
+    block = _convert(model, window=2)
+    with autocast(torch.device("cpu"), "bf16"):
+        loss = transfer_loss(teacher.eval(), block, _x(model))
+    assert loss.dtype == torch.float32
+
+
 def test_refusals_are_one_line_and_kv_bytes_count_the_window_and_the_state():
     for name, what in (("gpt2", "no separate q/k/v/o"), ("olmo2", "q_norm"), ("gemma2", "softcapping")):
         model = _teacher(name)

@@ -147,6 +147,7 @@ def test_bad_value_is_one_line_and_writes_nothing(project, monkeypatch, capsys, 
         ({"blocks.b00.bogus": 1}, "blocks.b00.bogus"),
         ({"blocks.b00.window": 0}, "blocks.b00.window"),
         ({"blocks.b00.keep_layers": [[1]]}, "[blocks.b00.keep_layers[0]] blocks.b00.keep_layers[0] is [1]"),
+        ({"train.objective": "denoise", "train.normalize": "delta"}, "[train.normalize] train.normalize is 'delta'"),
         ({"trian.lr": 1e-3}, "trian"),
     ],
 )
