@@ -157,7 +157,7 @@ class TrainConfig(Section):
     beta1: float = param(0.9, "AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "AdamW beta2.", ge=0, lt=1)
     weight_decay: float = param(0.0, "AdamW weight decay.", ge=0)
-    warmup: int = param(10, "Linear warmup steps.", ge=0)
+    warmup: int = param(10, "Linear warmup steps (at or above steps, the peak lr is never reached).", ge=0)
     schedule: str = param(
         "cosine",
         "LR schedule after warmup: cosine (to 10%), linear (to 0) or constant.",
@@ -168,7 +168,12 @@ class TrainConfig(Section):
         0, "Block seed offset; the block's seed is a stable hash of (params seed, this, block key).", ge=0
     )
     checkpoint_every: int = param(50, "Steps between checkpoints (0: only at the end).", ge=0)
-    heldout_rows: int = param(0, "Held-out sequences for heldout_loss (0: all).", ge=0)
+    heldout_rows: int = param(
+        0,
+        "Held-out sequences for heldout_loss (0: all). heldout_loss divides the squared error by the target's spread "
+        "around each batch's mean: compare it between runs of the same batch_size.",
+        ge=0,
+    )
     threads: int = param(
         1,
         "torch CPU threads of a block's training; `zg repro` asks Ray for this many CPUs per "

@@ -261,7 +261,7 @@ class RepairConfig(Section):
     beta1: float = param(0.9, "Repair: AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "Repair: AdamW beta2.", ge=0, lt=1)
     weight_decay: float = param(0.0, "Repair: AdamW weight decay.", ge=0)
-    warmup: int = param(10, "Repair: linear warmup steps.", ge=0)
+    warmup: int = param(10, "Repair: linear warmup steps (at or above steps, the peak lr is never reached).", ge=0)
     schedule: str = param(
         "cosine",
         "Repair: LR schedule after warmup: cosine (to 10%), linear (to 0) or constant.",
