@@ -131,7 +131,7 @@ def _embedded_docs() -> Iterator[Doc]:
 
 
 def _documents(spec: EvalSetSpec, root: Path, corpus=None) -> Iterator[Doc]:
-    if spec.source in EMBEDDED:
+    if isinstance(spec.source, str) and spec.source in EMBEDDED:  # a list of paths is valid too
         yield from _embedded_docs()
         return
     if spec.source == CORPUS_HELDOUT:
@@ -262,7 +262,7 @@ def tokenize_set(
         ids, lengths = ids[keep], lengths[keep]
     lineage = _set_lineage(spec, read, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, seed=seed)
     lineage.update(tokens_total=total, rows_packed=int(packed), rows=int(len(ids)), tokens=int(lengths.sum()))
-    if spec.source in EMBEDDED:
+    if isinstance(spec.source, str) and spec.source in EMBEDDED:  # a list of paths is valid too
         lineage["embedded"] = EMBEDDED[spec.source]
     if spec.source == CORPUS_HELDOUT:
         lineage["heldout_documents"] = "the corpus's held-out documents (corpus.heldout, heldout_field or fraction)"

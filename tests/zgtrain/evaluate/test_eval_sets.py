@@ -102,7 +102,7 @@ def test_user_sets_gates_per_set_and_determinism(reproduced, tmp_path):
         {
             "eval.sets": [
                 {"name": "news", "source": "ood/news.jsonl", "max_seqs": 4, "context_targets": 16},
-                {"name": "notes", "source": "ood/*.txt", "format": "text"},
+                {"name": "notes", "source": ["ood/*.txt"], "format": "text"},  # a list, as the docs write it
             ],
             "gates.sets": ["heldout", "news"],
             "gates.max_ce_gap": -100,
