@@ -412,16 +412,21 @@ def train_evaluate(
 
     r = evaluate(ProjectConfig.load(params))
     verdict = "PASS" if r.gates_passed["all"] else "FAIL"
-    others = "".join(
-        f"; {n}: gap {f['ce_gap']:.3f}, retention {f['context_retention']:.2f}"
+    # the figures of the model the gates judge: the repaired one when repair is on (its own per-set figures)
+    gated, per_set = ("repaired", r.repaired["sets"]) if r.gated_model == "repaired" else ("student", None)
+    figs = {
+        n: (per_set[n]["ce"], per_set[n]["ce_gap"], per_set[n]["context_retention"])
+        if per_set
+        else (f["student_ce"], f["ce_gap"], f["context_retention"])
         for n, f in r.sets.items()
-        if n != "heldout"
-    )
+    }
+    ce, gap, retention = figs["heldout"]
+    others = "".join(f"; {n}: gap {g:.3f}, retention {k:.2f}" for n, (_, g, k) in figs.items() if n != "heldout")
     emit(
         r.metrics(),
         as_json=as_json,
-        summary=f"gates {verdict}: teacher CE {r.teacher_ce:.3f}, student CE "
-        f"{r.student_ce:.3f} (gap {r.ce_gap:.3f}), context retention {r.context_retention:.2f}{others}",
+        summary=f"gates {verdict} ({gated}): teacher CE {r.teacher_ce:.3f}, {gated} CE {ce:.3f} (gap {gap:.3f}), "
+        f"context retention {retention:.2f}{others}",
     )
     for set_name, gate, g in failures(r.gates_passed):
         print(

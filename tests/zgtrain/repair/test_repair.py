@@ -178,10 +178,14 @@ def test_resume_with_changed_config_is_refused_unless_restart(assembled, tmp_pat
 
 def test_evaluate_scores_the_repaired_model_and_gates_it(straight, tmp_path):
     root = copy_project(straight[0], tmp_path / "proj")
-    zg_main("train", "evaluate", cwd=root)
+    res = zg_main("train", "evaluate", cwd=root)
     ev = read_json(root / "metrics" / "eval.json")
     rep = ev["repaired"]
     assert ev["gated_model"] == "repaired"
+    # the summary line gives the figures of the model the gates judged (it gave the student's beside their verdict)
+    summary = next(line for line in (res.stdout + res.stderr).splitlines() if line.startswith("gates "))
+    assert summary.startswith(f"gates {'PASS' if ev['gates_passed']['all'] else 'FAIL'} (repaired): "), summary
+    assert f"repaired CE {rep['ce']:.3f} (gap {rep['ce_gap']:.3f})" in summary, summary
     assert ev["gates_passed"]["heldout"]["max_ce_gap"]["value"] == rep["ce_gap"] == rep["ce"] - ev["teacher_ce"]
     assert ev["student_gates_passed"]["heldout"]["max_ce_gap"]["value"] == ev["ce_gap"]
     for name, f in rep["sets"].items():  # every eval set scores the repaired model, and its gates judge it
