@@ -24,7 +24,10 @@ def repaired_loader(layout: Layout) -> Callable:
 
     folder = layout.repair.model
     if not (folder / "config.json").exists():
-        raise ZgError(f"{folder} not found (repair.steps > 0)", fix="run `dvc repro repair` (or `zg train repair`)")
+        raise ZgError(
+            f"{folder} not found (repair.steps > 0)",
+            fix="run `zg pipeline` if dvc.yaml has no repair stage yet, then `dvc repro repair` (or `zg train repair`)",
+        )
     try:
         started = json.loads((folder / "zerograph.json").read_text())["repair"]["student_sha256"]
     except (OSError, ValueError, KeyError, TypeError) as e:

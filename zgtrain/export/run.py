@@ -60,7 +60,7 @@ def resolve_student(student: str | Path, layout: Layout = Layout()) -> Path:
     if not path.is_dir():
         fix = {
             "student": "run `dvc repro assemble` (or `zg train assemble`)",
-            "repaired": "set repair.steps > 0 and run `dvc repro repair`",
+            "repaired": "set repair.steps > 0, run `zg pipeline`, then `dvc repro repair`",
             "search": "run `dvc repro search_assemble`",
         }.get(str(student), "name a student folder, or one of student, repaired, search")
         raise ZgError(f"no student folder at {path}", fix=fix)

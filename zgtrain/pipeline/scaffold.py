@@ -125,8 +125,9 @@ def init_project(root: Path, profile: str) -> Path:
     _dvc_init(root)
     write_text(root / "params.yaml", dump_params(params))
     write_pipeline(root, ProjectConfig.from_params(params), code_deps=False)
-    # .zg/: zgdata/core/lock.py's lock files; data/.sample.parts/: a running or killed sample stage's batches
-    (root / ".gitignore").write_text("/data/.staging/\n/data/.sample.parts/\n/.zg/\n__pycache__/\n")
+    # .zg/: zgdata/core/lock.py's lock files; data/.sample.parts/: a running or killed sample stage's batches;
+    # models/export/: `zg export`'s default output, a deployable copy of a student (the export stage's is DVC's)
+    (root / ".gitignore").write_text("/data/.staging/\n/data/.sample.parts/\n/.zg/\n__pycache__/\n/models/export/\n")
     write_dvcignore(root)
     return root
 

@@ -103,3 +103,7 @@ def test_export_stage_runs_under_dvc_only_when_enabled(project):
     assert "up to date" in status.stdout, status.stdout
     lock = __import__("yaml").safe_load((project / "dvc.lock").read_text())["stages"]["export"]
     assert [o["path"] for o in lock["outs"]] == ["models/export/student-bf16"]
+    # `zg init`'s .gitignore keeps every export out of git, the stage's and a by-hand `zg export`'s alike
+    zg_main("export", "student", cwd=project)
+    for f in ("models/export/student-bf16/config.json", "models/export/student-f32/model.safetensors"):
+        assert run(["git", "check-ignore", "-q", f], cwd=project, check=False).returncode == 0, f
