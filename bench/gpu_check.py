@@ -262,11 +262,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from zgdata.core.runtime import DEVICE_ENV, device, prefer_gpu
+    from zgdata.core.runtime import device, device_named, prefer_gpu
 
     # `zg` and `dvc` of this Python's environment, not whichever PATH finds first
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    chosen = DEVICE_ENV in os.environ
+    chosen = device_named()
     prefer_gpu()
     dev = device()  # refuses a ZG_DEVICE this torch cannot use, in one line
     if dev.type != "cuda" and not args.smoke and not chosen:

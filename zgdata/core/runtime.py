@@ -27,6 +27,7 @@ __all__ = [
     "device_type",
     "set_device",
     "prefer_gpu",
+    "device_named",
     "use_assigned_gpu",
     "seed_all",
     "rng_state",
@@ -56,6 +57,11 @@ def device_type() -> str:
 def set_device(name: str) -> None:
     """Make ``name`` this process's device (a Ray worker of a joined cluster does not inherit the driver's env)."""
     os.environ[DEVICE_ENV] = name
+
+
+def device_named() -> bool:
+    """Whether ``ZG_DEVICE`` names the device (a user's choice), rather than the default or ``prefer_gpu``'s."""
+    return DEVICE_ENV in os.environ
 
 
 def prefer_gpu() -> None:
