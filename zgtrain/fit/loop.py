@@ -69,8 +69,8 @@ class Steps:
     lrs: Sequence[tuple[torch.optim.Optimizer, Callable[[int], float]]]  # each optimizer and its lr schedule
     save: Callable[[int], None]  # write the checkpoint of a step
     checkpoint_every: int
+    fail: Callable[[int, str], ZgError]  # (step, what) -> the trainer's divergence error (``diverged``)
     on_step: Callable[[int], None] | None = None  # after each step (zg repro's progress); changes nothing
-    fail: Callable[[int, str], ZgError] | None = None  # (step, what) -> the trainer's divergence error
 
 
 def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> None:
@@ -101,14 +101,9 @@ def fit(run: RunState, end: int, steps: Steps, *, timed: str | None = None) -> N
 def _check_finite(steps: Steps, step: int) -> None:
     """Refuse weights that an optimizer step made non-finite (the loss and gradient checks of ``update`` see only
     the next step's loss): at each checkpoint and at the end, so no checkpoint and no finished run holds them."""
-    for opt, _ in steps.lrs:
-        for group in opt.param_groups:
-            if all(bool(torch.isfinite(p).all()) for p in group["params"]):
-                continue
-            what = "the weights became non-finite after the optimizer step"
-            if steps.fail is not None:
-                raise steps.fail(step, what)
-            raise diverged(steps.name, step, what, key=None, fix="lower the learning rate and rerun with --restart")
+    params = (p for opt, _ in steps.lrs for group in opt.param_groups for p in group["params"])
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise steps.fail(step, "the weights became non-finite after the optimizer step")
 
 
 def check_stop_after(stop_after: int | None) -> None:
@@ -187,7 +182,7 @@ def publish(work: Path, d: Path) -> None:
     shutil.rmtree(old)
 
 
-def diverged(who: str, step: int, what: str, *, key: str | None, fix: str, good: int | None = None) -> ZgError:
+def diverged(who: str, step: int, what: str, *, key: str, fix: str, good: int | None = None) -> ZgError:
     """The one error of a run whose loss, gradient or optimizer step stopped being finite."""
     last = "the last good checkpoint" + ("" if good is None else f" (step {good})")
     return ZgError(f"{who}: {what} at step {step}; {last} is intact", key=key, fix=fix)

@@ -232,6 +232,15 @@ def _steps(b: BlockRun) -> loop.Steps:
             y = run.ids[rows]
             yield s, (y if b.inputs is None else _take(b.inputs, rows), y, sha256_bytes(y.numpy().tobytes())[:16])
 
+    def fail(step: int, what: str) -> ZgError:
+        return loop.diverged(
+            f"local block {b.key}",
+            step,
+            what,
+            key=f"local.blocks.{b.key}.lr",
+            fix="lower its lr and rerun with --restart",
+        )
+
     def work(step: int, batch) -> int:
         x, y, digest = batch
         _, loss, terms = blk(x.to(dev), y.to(dev), mtp_weight=cfg.mtp_weight)
@@ -242,13 +251,7 @@ def _steps(b: BlockRun) -> loop.Steps:
         opt.zero_grad(set_to_none=True)
         value = float(loss.detach())
         if not math.isfinite(value):
-            raise loop.diverged(
-                f"local block {b.key}",
-                step,
-                f"loss became {value}",
-                key=f"local.blocks.{b.key}.lr",
-                fix="lower its lr and rerun with --restart",
-            )
+            raise fail(step, f"loss became {value}")
         b.curve.append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
         return y.numel()
 
@@ -259,6 +262,7 @@ def _steps(b: BlockRun) -> loop.Steps:
         lrs=[(opt, lambda s: local_lr(cfg, s))],
         save=b.save,
         checkpoint_every=cfg.checkpoint_every,
+        fail=fail,
     )
 
 

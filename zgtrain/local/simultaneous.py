@@ -285,19 +285,16 @@ def _steps(run: LocalRun) -> loop.Steps:
         for step in range(start, end):
             yield step, run.ids[step_rows(run.train_rows, step, cfg.batch_size, run.data_seed)]
 
+    def fail(step: int, what: str, who: str = "local blocks") -> ZgError:
+        return loop.diverged(who, step, what, key="local.lr", fix="lower local.lr and rerun with --restart")
+
     def work(step: int, batch: torch.Tensor) -> int:
         digest = sha256_bytes(batch.numpy().tobytes())[:16]
         results = schedule(run, batch.to(dev))
         for i, (loss, terms) in enumerate(results):  # one sync per step, after every block's work is issued
             value = float(loss.detach())
             if not math.isfinite(value):
-                raise loop.diverged(
-                    f"local block {run.keys[i]}",
-                    step,
-                    f"loss became {value}",
-                    key="local.lr",
-                    fix="lower local.lr and rerun with --restart",
-                )
+                raise fail(step, f"loss became {value}", who=f"local block {run.keys[i]}")
             run.curves[i].append({"loss": value, **{k: float(v) for k, v in terms.items()}, "batch": digest})
         return batch.numel()
 
@@ -308,6 +305,7 @@ def _steps(run: LocalRun) -> loop.Steps:
         save=lambda step: _save(run),
         lrs=[(opt, lambda s, c=c: local_lr(c, s)) for opt, c in zip(run.opts, run.bcfgs)],
         checkpoint_every=cfg.checkpoint_every,
+        fail=fail,
     )
 
 

@@ -48,6 +48,7 @@ def _trainer(every: int):
         save=lambda s: events.append(("save", s)),
         checkpoint_every=every,
         on_step=lambda s: events.append(("step", s)),
+        fail=lambda step, what: ZgError(f"step {step}: {what}"),
     )
     return state, steps, events, model
 
@@ -82,7 +83,6 @@ def test_weights_an_optimizer_step_made_non_finite_are_never_saved(broken_at, sa
         return n
 
     steps.work = breaking
-    steps.fail = lambda step, what: ZgError(f"step {step}: {what}")
     with pytest.raises(ZgError, match=f"step {broken_at}: the weights became non-finite"):
         loop.fit(state, 6, steps)
     assert [e for e in events if e[0] == "save"] == saves
