@@ -360,6 +360,7 @@ BAD = {
         ("d.lance is not a readable Lance dataset", "corpus.source"),
     ),
     "datasets-dict-directory": ("dict", {}, ("DatasetDict", "train")),
+    "parquet-damaged-mid-file": ("parquet-damaged", {}, ("c.parquet is not a readable Parquet file", "corpus.source")),
     "folder-of-text-files": (
         "txt-dir",
         {},
@@ -386,6 +387,14 @@ def test_bad_input_is_one_line_and_publishes_nothing(published, tmp_path, monkey
         write_hf_disk(bad / "dd" / "train", pa.table({"text": ["x " * 50]}), shards=1)
         (bad / "dd" / "dataset_dict.json").write_text('{"splits": ["train"]}')
         source = ["bad/dd"]
+    elif files == "parquet-damaged":  # a page overwritten mid-file: the footer reads, a batch does not
+        pq.write_table(
+            pa.table({"text": [f"doc {i} " * 40 for i in range(400)]}), bad / "c.parquet", row_group_size=100
+        )
+        data = bytearray((bad / "c.parquet").read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 2000] = b"\xff" * 2000
+        (bad / "c.parquet").write_bytes(bytes(data))
+        source = ["bad/c.parquet"]
     elif files == "txt-dir":  # a folder named as the source: its files need a glob
         (bad / "texts").mkdir()
         (bad / "texts" / "a.txt").write_text("some text " * 20)

@@ -22,6 +22,7 @@ def _unreadable(path: Path, what: str, e: BaseException, *, fix: str) -> ZgError
 
 
 RESAVE = "save the dataset again with Dataset.save_to_disk (a copy cut short? copy it again)"
+REWRITE = "rewrite it, or drop it from corpus.source"
 
 
 def _guarded(batches, where: Path, what: str, fix: str) -> Iterator:
@@ -72,9 +73,9 @@ def _batches(src: Source, cfg: CorpusConfig):
             try:
                 pf = pq.ParquetFile(f)
             except (pa.ArrowException, OSError) as e:
-                raise _unreadable(f, "Parquet file", e, fix="rewrite it, or drop it from corpus.source") from e
+                raise _unreadable(f, "Parquet file", e, fix=REWRITE) from e
             cols = _columns(pf.schema_arrow.names, f, cfg)
-            yield f, pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
+            yield f, _guarded(pf.iter_batches(batch_size=BATCH_ROWS, columns=cols), f, "Parquet file", REWRITE)
     elif src.format == "hf_disk":
         if detect(path) != "hf_disk":
             raise ZgError(
@@ -109,7 +110,11 @@ def _batches(src: Source, cfg: CorpusConfig):
         except Exception as e:  # lance raises several types for a non-dataset
             raise _unreadable(path, "Lance dataset", e, fix="point corpus.source at a Lance dataset directory") from e
         cols = _columns(ds.schema.names, path, cfg)
-        yield path, ds.scanner(columns=cols, batch_size=BATCH_ROWS, scan_in_order=True).to_batches()
+        scan = ds.scanner(columns=cols, batch_size=BATCH_ROWS, scan_in_order=True).to_batches()
+        yield (
+            path,
+            _guarded(scan, path, "Lance dataset", "restore it (a copy cut short?), or drop it from corpus.source"),
+        )
 
 
 def read_records(src: Source, cfg: CorpusConfig) -> Iterator[Doc]:
