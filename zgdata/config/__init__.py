@@ -25,6 +25,7 @@ from zgdata.config.base import (
     load_params,
     param,
     project_kind,
+    rekeyed,
     section,
 )
 from zgdata.config.corpus import SAMPLE_SOURCE, CorpusConfig, MixPart, SampleConfig
@@ -48,6 +49,7 @@ __all__ = [
     "defaults",
     "check_int",
     "check_field",
+    "rekeyed",
     "DTYPES",
     "MAX_STEPS",
     "MAX_BATCH",

@@ -32,6 +32,7 @@ __all__ = [
     "check_field",
     "allowed_values",
     "bad_value",
+    "rekeyed",
     "DTYPES",
     "MAX_STEPS",
     "MAX_BATCH",
@@ -78,6 +79,16 @@ def allowed_values(kind: str, m: Mapping) -> str:
     if hi:
         return f"{noun} {'<=' if hi[-1] == ']' else '<'} {hi[:-1]}"
     return noun
+
+
+def rekeyed(e: ZgError, section: str, where: str, given) -> ZgError | None:
+    """``e``, an error of ``section.NAME``, named ``where.NAME`` instead when NAME (or the key NAME[i] is an item
+    of) is among ``given``, the keys an entry set itself (a block's, a variant's, a mix source's); None when the
+    value came from elsewhere."""
+    name = (e.key or "").removeprefix(f"{section}.")
+    if name.split("[", 1)[0] not in given:
+        return None
+    return ZgError(e.what.replace(f"{section}.{name}", f"{where}.{name}"), key=f"{where}.{name}", fix=e.fix)
 
 
 def bad_value(key: str, value, want: str) -> ZgError:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-from zgdata.config.base import DTYPES, Section, bad_value, param, section
+from zgdata.config.base import DTYPES, Section, bad_value, param, rekeyed, section
 from zgdata.errors import ZgError
 
 __all__ = ["CorpusConfig", "MixPart", "SampleConfig", "SAMPLE_SOURCE"]
@@ -204,10 +204,9 @@ class MixPart(CorpusConfig):
         try:
             return cls(**base, index=i)
         except ZgError as e:  # a value this entry gave: name it as the entry's key, not the corpus's
-            name = (e.key or "").removeprefix("corpus.")
-            if name.split("[", 1)[0] not in item:
+            if (named := rekeyed(e, "corpus", where, item)) is None:
                 raise
-            raise ZgError(e.what.replace(f"corpus.{name}", f"{where}.{name}"), key=f"{where}.{name}", fix=e.fix) from e
+            raise named from e
 
     def holds_out(self) -> bool:
         return bool(self.heldout or self.heldout_field or self.heldout_fraction > 0)

@@ -29,6 +29,7 @@ from zgdata.config import (
     load_params,
     param,
     project_kind,
+    rekeyed,
     section,
 )
 from zgdata.errors import ZgError
@@ -255,12 +256,9 @@ def _block_train(base: TrainConfig, key: str, body: Mapping[str, Any], where: st
     try:
         return TrainConfig(**{**asdict(base), **over})
     except ZgError as e:  # name the per-block (per-variant) key the bad value came from
-        name = (e.key or "").removeprefix("train.")
-        if name.split("[", 1)[0] in over:  # keep_layers[0]: an item of the key
-            raise ZgError(
-                e.what.replace(f"train.{name}", f"{where}.{key}.{name}"), key=f"{where}.{key}.{name}", fix=e.fix
-            ) from e
-        raise
+        if (named := rekeyed(e, "train", f"{where}.{key}", over)) is None:
+            raise
+        raise named from e
 
 
 def _variants(base: TrainConfig, raw) -> dict:

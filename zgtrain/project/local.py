@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from zgdata.config import MAX_BATCH, MAX_STEPS, Section, param
+from zgdata.config import MAX_BATCH, MAX_STEPS, Section, param, rekeyed
 from zgdata.errors import ZgError
 
 __all__ = ["LocalConfig", "BLOCK_KEYS"]
@@ -136,10 +136,7 @@ class LocalConfig(Section):
         over = self.blocks.get(key) or {}
         try:
             return LocalConfig(**{**asdict(self), **over, "blocks": {}})
-        except ZgError as e:
-            name = (e.key or "").removeprefix("local.")
-            raise ZgError(
-                e.what.replace(f"local.{name}", f"local.blocks.{key}.{name}"),
-                key=f"local.blocks.{key}.{name}",
-                fix=e.fix,
-            ) from e
+        except ZgError as e:  # a block's own key: every value but its overrides was checked before
+            if (named := rekeyed(e, "local", f"local.blocks.{key}", over)) is None:
+                raise
+            raise named from e
