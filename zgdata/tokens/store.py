@@ -16,7 +16,7 @@ from zgdata.layout import Layout
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.tokens.packing import RowSpill
 
-__all__ = ["TokensResult", "write_tokens", "tokens_meta", "open_tokens", "read_tokens", "read_lengths"]
+__all__ = ["TokensResult", "write_tokens", "tokens_meta", "open_tokens", "read_tokens", "read_lengths", "real_targets"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -145,3 +145,8 @@ def read_lengths(layout: Layout, rows: np.ndarray | list[int], *, ds=None) -> to
         return None
     col = ds.take(np.asarray(rows, dtype=np.int64), columns=["length"]).column("length")
     return torch.from_numpy(np.asarray(col.to_pylist(), dtype=np.int64))
+
+
+def real_targets(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(N, seq_len - 1) bool: which next-token targets (positions 1..) are real tokens of rows of ``lengths``."""
+    return torch.arange(1, seq_len).unsqueeze(0) < lengths.unsqueeze(1)

@@ -68,10 +68,9 @@ class EvalSet:
         """(N, T-1) bool: which next-token targets are real tokens (None: all of them)."""
         if self.lengths is None:
             return None
-        import torch
+        from zgdata.tokens.store import real_targets
 
-        pos = torch.arange(1, self.ids.shape[1]).unsqueeze(0)
-        return pos < self.lengths.unsqueeze(1)
+        return real_targets(self.lengths, self.ids.shape[1])
 
 
 def heldout_set(layout: Layout, heldout_seqs: int) -> tuple[EvalSet, np.ndarray]:

@@ -18,7 +18,7 @@ from zgdata.families.registry import config_from_dict, family_of
 from zgdata.layout import Layout
 from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice
-from zgdata.tokens.store import read_lengths, read_tokens
+from zgdata.tokens.store import open_tokens, read_lengths, read_tokens, real_targets
 from zgtrain.block.conversions import identity
 from zgtrain.block.load import load_block
 
@@ -110,17 +110,19 @@ def _heldout_targets(layout: Layout, where, rows, cap: int):
             key="corpus.heldout",
             fix="hold out some documents (corpus.heldout) and rerun tokenize and materialize",
         )
-    ids, splits = read_tokens(layout, rows)
+    ds = open_tokens(layout)
+    ids, splits = read_tokens(layout, rows, ds=ds)
     if set(splits) != {"heldout"}:
         raise ZgError(
             f"rows of {where} do not match data/tokens.lance",
             fix="restore both from one commit, or re-run `dvc repro tokens materialize`",
         )
-    lengths = read_lengths(layout, rows)
+    lengths = read_lengths(layout, rows, ds=ds)
     if lengths is not None:
+        real = real_targets(lengths, ids.shape[1])
         ids = ids.clone()
-        ids[torch.arange(ids.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)] = IGNORE
-        if not (ids[:, 1:] != IGNORE).any():
+        ids[:, 1:][~real] = IGNORE
+        if not real.any():
             raise ZgError(
                 f"the held-out rows of {where} hold no real next-token target (all padding)",
                 key="corpus.heldout",
