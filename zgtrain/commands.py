@@ -413,13 +413,13 @@ def train_evaluate(
     r = evaluate(ProjectConfig.load(params))
     verdict = "PASS" if r.gates_passed["all"] else "FAIL"
     # the figures of the model the gates judge: the repaired one when repair is on (its own per-set figures)
-    gated, per_set = ("repaired", r.repaired["sets"]) if r.gated_model == "repaired" else ("student", None)
-    figs = {
-        n: (per_set[n]["ce"], per_set[n]["ce_gap"], per_set[n]["context_retention"])
-        if per_set
-        else (f["student_ce"], f["ce_gap"], f["context_retention"])
-        for n, f in r.sets.items()
-    }
+    if r.gated_model == "repaired":
+        gated, figs = (
+            "repaired",
+            {n: (f["ce"], f["ce_gap"], f["context_retention"]) for n, f in r.repaired["sets"].items()},
+        )
+    else:
+        gated, figs = "student", {n: (f["student_ce"], f["ce_gap"], f["context_retention"]) for n, f in r.sets.items()}
     ce, gap, retention = figs["heldout"]
     others = "".join(f"; {n}: gap {g:.3f}, retention {k:.2f}" for n, (_, g, k) in figs.items() if n != "heldout")
     emit(

@@ -164,8 +164,8 @@ def _stage_dir(plan: _Plan, cfg: MaterializeConfig, layout: Layout, checksum: st
         key["zg.codec"] = cfg.codec
     if checksum != "blake2b":
         key["zg.checksum"] = checksum
-    if _config_sha(plan):
-        key["zg.teacher_config"] = _config_sha(plan)
+    if config := _config_sha(plan):
+        key["zg.teacher_config"] = config
     return layout.staging / sha256_bytes(json.dumps(key, sort_keys=True).encode())[:16]
 
 
@@ -184,7 +184,7 @@ def _schemas(plan: _Plan, cfg: MaterializeConfig, checksum: str) -> dict:
     """Each boundary's Lance schema with its metadata (lineage, fingerprint, format, row checksum; ``complete``
     false until finalize). The checksum is recorded beside the lineage, never in it: the fingerprint is the same
     whichever algorithm guards the rows."""
-    fmt = format_of(cfg.codec, checksum)
+    fmt, config = format_of(cfg.codec, checksum), _config_sha(plan)
     schemas = {}
     for n, layer in zip(plan.names, plan.layers):
         meta = {
@@ -203,8 +203,8 @@ def _schemas(plan: _Plan, cfg: MaterializeConfig, checksum: str) -> dict:
         }
         if fmt >= CHECKSUM_FORMAT:  # formats 2 and 3 name no algorithm: blake2b
             meta["checksum"] = checksum
-        if _config_sha(plan):
-            meta[CONFIG_KEY] = _config_sha(plan)
+        if config:
+            meta[CONFIG_KEY] = config
         schemas[n] = boundary_schema(meta, plan.seq_len, plan.hidden, cfg.storage_dtype, cfg.codec)
     return schemas
 
