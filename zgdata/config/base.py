@@ -12,7 +12,7 @@ import copy
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -157,6 +157,9 @@ class Section:
     """Base of every params section: fields declared with ``param()`` are coerced and range-checked."""
 
     SECTION: ClassVar[str] = ""
+    # fields that change no trained bit (a checkpoint's period, a schedule of the same work): a resume may change
+    # them, and the stages that train depend on every other field only (``identity_keys``)
+    NOT_IDENTITY: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         for f in fields(self):
@@ -168,6 +171,16 @@ class Section:
     @classmethod
     def key(cls, name: str) -> str:
         return f"{cls.SECTION}.{name}" if cls.SECTION else name
+
+    @classmethod
+    def identity_keys(cls, *, without: tuple[str, ...] = ()) -> list[str]:
+        """The params keys (``train.lr``, ...) of every field but ``NOT_IDENTITY`` and ``without``: what a DVC
+        stage that trains lists, so an edit of a field that changes no bit reruns nothing."""
+        return [cls.key(f.name) for f in fields(cls) if f.name not in (*cls.NOT_IDENTITY, *without)]
+
+    def identity(self) -> dict:
+        """The fields that make the trained bits: every one but ``NOT_IDENTITY`` (a run's resume check)."""
+        return {k: v for k, v in asdict(self).items() if k not in self.NOT_IDENTITY}
 
     def validate(self) -> None:
         """Checks that span fields or need more than a range (overridden by sections that have them)."""

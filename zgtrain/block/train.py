@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -49,8 +49,6 @@ from zgtrain.project.config import ProjectConfig, TrainConfig
 __all__ = ["train_block", "setup", "fit", "Run", "BlockResult", "TRAINER_VERSION"]
 
 TRAINER_VERSION = 1
-# Keys that do not change the trained bits, so a resume may change them.
-_NOT_IDENTITY = ("targets", "checkpoint_every")
 
 
 def _heldout(block, targets, cfg: TrainConfig) -> float:
@@ -317,7 +315,7 @@ def _identity(key: str, spec, seed: int, cfg: TrainConfig, fingerprints: dict, t
         "out": spec.output,
         "seed": seed,
         "trainer_version": TRAINER_VERSION,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+        "config": cfg.identity(),
         "fingerprints": fingerprints,
         "teacher_sha256": teacher_sha256,
     }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ from zgdata.store.lance_io import (
 from zgdata.store.reader import step_rows
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
-from zgtrain.local.simultaneous import NOT_IDENTITY, LocalRun, adamw, build, heldout_scores, local_lr
+from zgtrain.local.simultaneous import LocalRun, adamw, build, heldout_scores, local_lr
 from zgtrain.project.config import ProjectConfig
 from zgtrain.project.local import LocalConfig
 
@@ -194,7 +194,7 @@ def _setup(project: ProjectConfig, key: str, *, restart: bool, layout: Layout) -
         "seq_version": SEQ_VERSION,
         "key": key,
         "input_fingerprint": in_fp,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY},
+        "config": cfg.identity(),
     }
     b = BlockRun(
         run=run,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,13 +52,9 @@ __all__ = [
     "LocalResult",
     "heldout_scores",
     "LOCAL_VERSION",
-    "NOT_IDENTITY",
 ]
 
 LOCAL_VERSION = 1
-# Keys that never change the trained bits, so a resume may change them (and `zg pipeline` leaves them out of the
-# per-block stages' params in sequential mode).
-NOT_IDENTITY = ("schedule", "checkpoint_every", "heldout_seqs", "eval_batch_size")
 
 
 def local_lr(cfg: LocalConfig, step: int) -> float:
@@ -215,7 +211,7 @@ def build(project: ProjectConfig, layout: Layout) -> LocalRun:
         "seed": project.seed,
         "boundaries": boundaries,
         "keys": keys,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in NOT_IDENTITY},
+        "config": cfg.identity(),
         "tokens_fingerprint": rec["fingerprint"],
         "tokenizer_sha256": teacher["tokenizer_sha256"],
     }

@@ -12,9 +12,9 @@ from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgtrain.pipeline.profiles import profile_params
 from zgtrain.pipeline.stages import dump_params, write_pipeline
-from zgtrain.project.config import ProjectConfig
+from zgtrain.project.config import ProjectConfig, TrainConfig
 from zgtrain.project.local import LocalConfig
-from zgtrain.project.sections import SearchConfig
+from zgtrain.project.sections import RepairConfig, SearchConfig
 
 __all__ = ["init_project", "regenerate", "write_dvcignore"]
 
@@ -29,10 +29,10 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
 
     Generated parts: ``blocks:`` (a conversion: one entry per block of partition.boundaries, each keeping its own
     train overrides; local pretraining: none), ``local.blocks`` (local.mode: sequential: one entry per block, the
-    params key of its stage), ``search:`` (its defaults, where a variant library needs one) and
-    ``search.workload`` (an empty mapping, where a measured cost needs the key). Everything else is written back
-    with the values read, in zg's layout: YAML comments are not kept. Nothing is written unless the result parses
-    as a project.
+    params key of its stage), and the defaults of every key a section lacks where dvc.yaml lists that section's
+    keys one by one (``train:``, ``repair:``, ``local:``, and ``search:`` where a variant library needs it): DVC
+    refuses a listed key that params.yaml lacks. Everything else is written back with the values read, in zg's
+    layout: YAML comments are not kept. Nothing is written unless the result parses as a project.
     """
     params_path = Path(params_path)
     params = load_params(params_path)  # the document itself: its sections are rewritten, not only read
@@ -60,10 +60,15 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
         }
     )
     project = ProjectConfig.from_params(params)
-    if project.variants and "search" not in params:  # the search stage depends on search:, so it must exist
-        params["search"] = defaults(SearchConfig)
-    if project.search.measured and "workload" not in params["search"]:  # search_cost's params dep must exist
-        params["search"]["workload"] = {}
+    listed = {  # the sections whose keys dvc.yaml lists one by one (zgtrain/pipeline/stages.py), where it does
+        TrainConfig: kind is not ProjectKind.LOCAL,
+        RepairConfig: project.repair.enabled,
+        LocalConfig: kind is ProjectKind.LOCAL,
+        SearchConfig: bool(project.variants),
+    }
+    for cls, used in listed.items():
+        if used:
+            params[cls.SECTION] = {**defaults(cls), **(params.get(cls.SECTION) or {})}
     write_text(params_path, dump_params(params))
     code_deps = (params_path.parent / "zgtrain" / "block" / "train.py").exists()  # a checkout of ZeroGraph itself
     write_dvcignore(params_path.parent)  # adds the model cards' lines where the project lacks them

@@ -1,6 +1,8 @@
 """The stage graph of a project, generated from params (the partition): DVC templates cannot compute k+1 or
 expand a list into outs, so `zg pipeline` regenerates dvc.yaml after the partition changes. Each stage lists only
-the data, code and params keys it uses."""
+the data, code and params keys it uses: a stage that trains lists its section's keys one by one, all but those
+that change no trained bit (``NOT_IDENTITY``: a checkpoint's period, ...), so editing one of those reruns nothing.
+DVC then needs every listed key in params.yaml: `zg pipeline` writes those sections' defaults where keys lack."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ from pathlib import Path
 
 import yaml
 
-from zgdata.config import ProjectKind, defaults
+from zgdata.config import ProjectKind
 from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.pipeline.code import CODE
-from zgtrain.project.config import ProjectConfig
+from zgtrain.project.config import ProjectConfig, TrainConfig
 from zgtrain.project.eval_sets import literal_paths, reads_corpus
+from zgtrain.project.local import LocalConfig
+from zgtrain.project.sections import RepairConfig, SearchConfig
 
 __all__ = ["HEADER", "Dumper", "dvc_yaml", "write_pipeline", "dump_params"]
 
@@ -133,7 +137,7 @@ def _student_stages(L: Layout, blocks, code) -> dict:
                 "cmd": "zg train block ${key}",
                 "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.teacher_slice("${key}"))]
                 + code("train"),
-                "params": ["seed", "train", "blocks.${key}"],
+                "params": ["seed", *TrainConfig.identity_keys(), "blocks.${key}"],
                 "outs": [str(L.block_dir("${key}"))],
                 "metrics": [{str(L.block_metrics("${key}")): {"cache": False}}],
                 "plots": [{str(L.block_loss_curve("${key}")): {"cache": False, "x": "step", "y": "loss"}}],
@@ -206,22 +210,26 @@ def _conversion_stages(project: ProjectConfig, L: Layout, code) -> dict:
 def _local_stages(project: ProjectConfig, L: Layout, blocks, code) -> dict:
     """Local pretraining: `local` (every block on every batch), or with local.mode: sequential one stage per
     block (input: the previous block's output dataset) and `local_export`."""
-    from zgtrain.local.simultaneous import NOT_IDENTITY
-    from zgtrain.project.local import LocalConfig
-
     data = [str(L.tokens), str(L.tokens_json), str(L.teacher_hf), str(L.teacher_json)]
     if project.local.mode != "sequential":
         return {
             "local": {
                 "cmd": "zg train local",
                 "deps": data + code("local"),
-                "params": ["seed", "partition", "local"],
+                # the held-out keys score the result, so this stage (which scores) depends on them
+                "params": [
+                    "seed",
+                    "partition",
+                    *LocalConfig.identity_keys(),
+                    "local.heldout_seqs",
+                    "local.eval_batch_size",
+                ],
                 "outs": [str(L.local_dir)],
                 "metrics": [{str(L.local_metrics): {"cache": False}}],
                 "plots": [{str(L.local_loss_curve): {"cache": False, "x": "step"}}],
             }
         }
-    shared = [f"local.{f}" for f in defaults(LocalConfig) if f not in (*NOT_IDENTITY, "blocks")]
+    shared = LocalConfig.identity_keys(without=("blocks",))
     bnd = [str(L.local_boundary(layer)) for layer in project.partition.boundaries]
     out = {}
     for i, b in enumerate(blocks):
@@ -259,7 +267,7 @@ def _search_stages(project: ProjectConfig, blocks, code) -> dict:
         "search": {
             "cmd": "zg search run",
             "deps": [str(L.variant_metrics(b.key, v)) for b in blocks for v in names] + code("search"),
-            "params": ["search"],
+            "params": SearchConfig.identity_keys(without=("max_tries",)),  # search_assemble's only
             "outs": [{str(L.search_choice): {"cache": False}}],
             "metrics": [{str(L.search_metrics): {"cache": False}}],
         },
@@ -316,7 +324,7 @@ def _variant_stage(L: Layout, blocks, code) -> dict:
         ]
         + [str(L.teacher_slice(b.key)) for b in blocks]
         + code("variant"),
-        "params": ["seed", "train", "variants.${item.variant}"],
+        "params": ["seed", *TrainConfig.identity_keys(), "variants.${item.variant}"],
         "outs": [str(L.variant_dir(*item))],
         "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
         "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}],
@@ -336,7 +344,13 @@ def _search_repair_stage(L: Layout, blocks, search_assemble: dict, code) -> dict
                 + code("search_repair")
             )
         ),
-        "params": ["seed", "repair", "partition", "eval", "gates"],  # search_assemble's, less max_tries
+        "params": [
+            "seed",
+            *RepairConfig.identity_keys(),
+            "partition",
+            "eval",
+            "gates",
+        ],  # search_assemble's, less max_tries
         "outs": [str(rp.run_dir), str(rp.model)],
         "metrics": [{str(rp.metrics): {"cache": False}}],
         "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],
@@ -412,7 +426,7 @@ def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
             str(L.tokens_json),
         ]
         + code("repair"),
-        "params": ["seed", "repair"],
+        "params": ["seed", *RepairConfig.identity_keys()],
         "outs": [str(rp.run_dir), str(rp.model)],
         "metrics": [{str(rp.metrics): {"cache": False}}],
         "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],

@@ -58,6 +58,7 @@ __all__ = [
 @dataclass(kw_only=True, frozen=True)
 class TrainConfig(Section):
     SECTION: ClassVar[str] = "train"
+    NOT_IDENTITY: ClassVar[tuple[str, ...]] = ("targets", "checkpoint_every")  # cached == online, bit for bit
     conversion: str = param(
         "prune_mlp",
         "How the student block starts: a conversion of zgtrain/block/conversions.py "

@@ -22,6 +22,8 @@ BLOCK_KEYS = ("steps", "lr", "warmup", "weight_decay", "grad_clip")
 @dataclass(kw_only=True, frozen=True)
 class LocalConfig(Section):
     SECTION: ClassVar[str] = "local"
+    # the schedule orders the same work (docs/concepts/guarantees.md); the held-out keys only score the result
+    NOT_IDENTITY: ClassVar[tuple[str, ...]] = ("schedule", "checkpoint_every", "heldout_seqs", "eval_batch_size")
     # the model (a transformers LlamaConfig; untied embeddings: the first and last block must not share a tensor)
     layers: int = param(
         8,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +48,6 @@ from zgtrain.student.load import CHECKSUMS, load_student, record_checksums, stud
 __all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "RepairResult", "REPAIR_VERSION"]
 
 REPAIR_VERSION = 1
-# Keys that do not change the trained bits, so a resume may change them (eval_rows does not either, but the
-# KL before/after must be measured on the same rows, so it stays in the identity).
-_NOT_IDENTITY = ("checkpoint_every",)
 _RESTART = "rerun with `zg train repair --restart` to start the repair afresh"
 
 
@@ -219,7 +216,7 @@ def setup(
     identity = {
         "repair_version": REPAIR_VERSION,
         "seed": seed,
-        "config": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IDENTITY},
+        "config": cfg.identity(),
         "student_sha256": student_sha,
         "boundary": {project.partition.names[-1]: data.boundary.fingerprint},
         "teacher_sha256": hmeta["teacher_sha256"],

@@ -195,6 +195,23 @@ def test_editing_one_block_reruns_that_block_only(reproduced):
     assert read_json(reproduced / "models" / "blocks" / "b01" / "meta.json")["config"]["lr"] == lr
 
 
+def test_editing_what_changes_no_trained_bit_reruns_nothing(reproduced):
+    """A checkpoint's period changes no trained bit (resume is bitwise, guarantee 3), so no block reruns for it: the
+    train stages list train's keys one by one, all but ``TrainConfig.NOT_IDENTITY``. Any other train key reruns
+    every block that inherits it."""
+    params = load_params_of(reproduced)
+    every = params["train"]["checkpoint_every"]
+    set_params(reproduced, {"train.checkpoint_every": every + 1, "repair.checkpoint_every": every + 1})
+    assert _status(reproduced) == {}
+    set_params(reproduced, {"train.weight_decay": params["train"]["weight_decay"] + 0.01})
+    assert _status(reproduced) == {
+        f"train@{b}": [{"changed deps": {"params.yaml": {"train.weight_decay": "modified"}}}] for b in ("b00", "b01")
+    }
+    set_params(reproduced, {"train.weight_decay": params["train"]["weight_decay"], "train.checkpoint_every": every})
+    set_params(reproduced, {"repair.checkpoint_every": params["repair"]["checkpoint_every"]})
+    assert _status(reproduced) == {}
+
+
 def test_editing_eval_reruns_evaluate_only(reproduced):
     set_params(reproduced, {"eval.window": 16})
     assert set(_status(reproduced)) == {"evaluate"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zgdata.config import ProjectKind
+from zgdata.config import ProjectKind, defaults
 from zgdata.errors import ZgError
 from zgtrain.block import conversions
 from zgtrain.pipeline.profiles import PROFILES, profile_params
@@ -112,6 +112,22 @@ def test_regenerate_refits_blocks_to_the_partition_and_writes_nothing_from_inval
     with pytest.raises(ZgError) as e:
         regenerate(path)
     assert e.value.key == "train.lr" and (path.read_text(), dvc.read_text()) == before
+
+
+def test_regenerate_writes_the_defaults_of_the_keys_dvc_yaml_lists(tmp_path):
+    """A hand-written params.yaml may leave out train keys (they take their defaults); dvc.yaml lists them one by
+    one (a checkpoint's period left out), and DVC refuses a listed key that params.yaml lacks, so `zg pipeline`
+    writes the missing ones with their defaults and keeps the ones given."""
+    params = profile_params("tiny")
+    params["train"] = {"steps": 3, "lr": 0.002}
+    path = tmp_path / "params.yaml"
+    path.write_text(dump_params(params))
+    dvc, _ = regenerate(path)
+    train = yaml.safe_load(path.read_text())["train"]
+    assert train == {**defaults(TrainConfig), "steps": 3, "lr": 0.002}
+    listed = yaml.safe_load(dvc.read_text())["stages"]["train"]["do"]["params"]
+    keys = [k.split(".", 1)[1] for k in listed if k.startswith("train.")]
+    assert set(keys) == set(train) - {"checkpoint_every", "targets"} and "seed" in listed
 
 
 def test_init_without_git_on_path_is_one_line_and_a_rerun_works(tmp_path, monkeypatch):

@@ -271,7 +271,17 @@ def test_editing_one_variant_reruns_only_its_stages(searched, monkeypatch, capsy
     """Keep last: it edits the shared project (and leaves it reproduced)."""
     drop = {b: read_json(searched / "metrics" / "variants" / b / "drop.json") for b in BLOCKS}
     p50 = {b: read_json(searched / "metrics" / "variants" / b / "p50.json") for b in BLOCKS}
-    set_params(searched, {"variants.p50.lr": 2 * load_params_of(searched)["train"]["lr"]})
+    # what changes no variant's bits (a checkpoint's period) nor the search (max_tries: search_assemble's) reruns none
+    params = load_params_of(searched)
+    set_params(
+        searched,
+        {
+            "train.checkpoint_every": params["train"]["checkpoint_every"] + 1,
+            "search.max_tries": params["search"]["max_tries"] + 1,
+        },
+    )
+    assert _status(searched) == {}
+    set_params(searched, {"variants.p50.lr": 2 * params["train"]["lr"]})
     assert _status(searched) == {
         f"variant@{b}-p50": [{"changed deps": {"params.yaml": {"variants.p50": "modified"}}}] for b in BLOCKS
     }
