@@ -14,7 +14,8 @@ from zgdata.store.codec import codec_of, value_info
 from zgdata.store.integrity import checksum_of
 from zgdata.store.lance_io import dir_bytes, open_dataset, schema_meta, version_rows
 from zgdata.store.quant import is_quantized
-from zgdata.yamlio import safe_load
+from zgdata.trust import dvc_added
+from zgdata.trust.dvc_lock import lock_stages
 
 __all__ = ["collect", "describe_dataset", "provenance", "render"]
 
@@ -39,13 +40,14 @@ def provenance(path: Path) -> dict:
         dvc_file = p.with_name(p.name + ".dvc")
         if not dvc_file.is_file():
             continue
-        spec = safe_load(dvc_file.read_text()) or {}
-        out = {"tracked_by": dvc_file.relative_to(root).as_posix(), "path": rel}
+        name = dvc_file.relative_to(root).as_posix()
+        spec = dvc_added.parse(_read(dvc_file, name), name)
+        out = {"tracked_by": name, "path": rel}
         dep = (spec.get("deps") or [{}])[0]
         sub = path.relative_to(p).as_posix()
         inner = dep.get("path") if sub == "." or not dep.get("path") else f"{dep['path']}/{sub}"
         repo = dep.get("repo")
-        if repo:
+        if isinstance(repo, dict):
             out["import"] = {
                 "url": repo.get("url"),
                 "path": inner,
@@ -55,15 +57,19 @@ def provenance(path: Path) -> dict:
         elif dep.get("path"):  # dvc import-url
             out["import"] = {"url": inner, "path": None, "rev": None, "rev_lock": None}
         return out
-    lock = root / "dvc.lock"
-    if lock.is_file():
-        stages = (safe_load(lock.read_text()) or {}).get("stages", {})
-        for name, st in stages.items():
-            for o in st.get("outs") or []:
-                op = str(o.get("path", "")).rstrip("/")
-                if op and (rel == op or rel.startswith(op + "/")):
-                    return {"tracked_by": "dvc.lock", "stage": name, "path": rel}
+    for name, st in lock_stages(root).items():
+        for o in st.get("outs") or []:
+            op = str(o.get("path", "")).rstrip("/")
+            if op and (rel == op or rel.startswith(op + "/")):
+                return {"tracked_by": "dvc.lock", "stage": name, "path": rel}
     return {"tracked_by": None, "path": rel}
+
+
+def _read(path: Path, name: str) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ZgError(f"{name} cannot be read ({e})", fix=f"restore it from git (`git checkout {name}`)") from e
 
 
 def describe_dataset(path: Path, *, version: int | None = None) -> dict:

@@ -281,6 +281,12 @@ class Layout:
         return self.state_dir / "cache" / "teacher_files.json"
 
     @property
+    def partial_verify_report(self) -> Path:
+        """The report of a `zg data verify` narrower than the verify stage's (--lineage-only, --boundaries): not
+        reports/verify.json, the stage's tracked output, which such a check would overwrite with a weaker one."""
+        return self.state_dir / "reports" / "verify.json"
+
+    @property
     def trust_cache(self) -> Path:
         """md5s of DVC-tracked files checked against dvc.lock, keyed by inode, size, mtime and ctime (zgdata/trust/dvc_lock.py)."""
         return self.state_dir / "trust.json"

@@ -318,5 +318,7 @@ def verify(
         teacher_files=identity,
         failures=failures,
     )
-    write_json(layout.verify_report, result.metrics())
+    # the verify stage's check writes its tracked report; a narrower one (a team's partial pull) its own
+    partial = lineage_only or boundaries_dir is not None
+    write_json(layout.partial_verify_report if partial else layout.verify_report, result.metrics())
     return result

@@ -242,9 +242,12 @@ Usage: zg data verify [OPTIONS]
   Check every row's checksum, lineage and alignment; recompute a sample with
   the teacher bit for bit.
 
-  Writes reports/verify.json. Exits non-zero on any mismatch, naming the
-  boundary and row, or when a boundary partition.boundaries needs is missing
-  (--lineage-only only lists it: a subset may be pulled).
+  Writes reports/verify.json (the verify stage's output, tracked in git); a
+  narrower check (--lineage-only, --boundaries) writes .zg/reports/verify.json
+  instead and leaves the stage's report as it is. Exits non-zero on any
+  mismatch, naming the boundary and row, or when a boundary
+  partition.boundaries needs is missing (--lineage-only only lists it: a
+  subset may be pulled).
 
 Options:
   --params <path>      params file of the project.  [default: params.yaml]

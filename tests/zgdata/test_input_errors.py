@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from tests.helpers.assertions import assert_user_error
 from tests.helpers.runners import zg_main
 
@@ -25,3 +27,30 @@ def test_an_invalid_teacher_slice_header_is_one_line(tiny_project):
     path.write_bytes(struct.pack("<Q", 2**62) + data[8:])
     res = zg_main("train", "block", "b00", cwd=tiny_project, check=False)
     assert_user_error(res, f"declares a {2**62}-byte header in a {len(data)}-byte file")
+
+
+# dvc.lock (or a .dvc file) that is YAML but not what DVC writes: each is git's record, so it is refused in one line
+# naming it, never skipped (a record that cannot be read must not switch the check off)
+BAD_LOCKS = {
+    "not-yaml": ("stages: [", "dvc.lock is not a readable DVC file"),
+    "a-string": ("hello", "dvc.lock is not what DVC writes (a YAML str, not a mapping)"),
+    "stages-a-list": ("stages: [1]", "dvc.lock is not what DVC writes: its stages are not a mapping"),
+    "outs-a-number": ("stages: {materialize: {outs: 5}}", "dvc.lock's stage materialize is not what DVC writes"),
+    "an-out-a-number": ("stages: {materialize: {outs: [7]}}", "its outs is not a list of entries"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LOCKS))
+def test_a_dvc_lock_of_another_shape_is_one_line_in_verify_and_inspect(tiny_project, case):
+    text, says = BAD_LOCKS[case]
+    (tiny_project / "dvc.lock").write_text(text + "\n")
+    for args in (("data", "verify", "--lineage-only"), ("data", "inspect", "data/boundaries/h02.lance")):
+        assert_user_error(zg_main(*args, cwd=tiny_project, check=False), says, "git checkout dvc.lock")
+
+
+def test_a_dvc_file_of_another_shape_is_one_line_in_inspect(tiny_project):
+    dvcfile = tiny_project / "data" / "boundaries" / "h04.lance.dvc"
+    for text, says in (("outs: [", "is not a readable DVC file"), ("deps: 5", "its deps is not a list of entries")):
+        dvcfile.write_text(text + "\n")
+        res = zg_main("data", "inspect", "data/boundaries", cwd=tiny_project, check=False)
+        assert_user_error(res, "data/boundaries/h04.lance.dvc", says, "git checkout data/boundaries/h04.lance.dvc")

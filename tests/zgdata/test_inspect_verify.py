@@ -105,11 +105,16 @@ def test_verify_catches_one_flipped_value(tiny_project):
 
 
 def test_verify_lineage_only_needs_no_teacher_and_catches_mismatch(tiny_project):
+    """... and writes its report to .zg/reports/verify.json: reports/verify.json is the verify stage's output,
+    tracked in git, which a team's narrower check of a partial pull must not overwrite."""
     layout = Layout(tiny_project)
+    zg_main("data", "verify", cwd=tiny_project)
+    stage_report = layout.verify_report.read_bytes()
     shutil.rmtree(layout.teacher_dir)
     res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project)
-    report = read_json(layout.verify_report)
+    report = read_json(layout.partial_verify_report)
     assert res.returncode == 0 and report["status"] == "ok" and report["lineage_only"] is True
+    assert layout.verify_report.read_bytes() == stage_report
 
     # h02 claims another teacher; h04's rows are reordered
     lineage = dict(BoundaryDataset(layout.boundary("h02")).meta["lineage"], teacher_sha256="0" * 64)
@@ -120,7 +125,8 @@ def test_verify_lineage_only_needs_no_teacher_and_catches_mismatch(tiny_project)
     res = zg_main("data", "verify", "--lineage-only", cwd=tiny_project, check=False)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "h02" in res.stderr
-    report = read_json(layout.verify_report)
+    assert layout.verify_report.read_bytes() == stage_report  # a failed check leaves it too
+    report = read_json(layout.partial_verify_report)
     got = {(f["boundary"], f["check"]) for f in report["failures"]}
     assert got == {("h02", "fingerprint"), ("h02", "lineage"), ("h04", "alignment")}
     assert all("materialize" in f["fix"] for f in report["failures"])

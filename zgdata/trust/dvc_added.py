@@ -16,7 +16,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 
-__all__ = ["Record", "holding", "outputs"]
+__all__ = ["Record", "holding", "outputs", "parse", "entry"]
 
 
 @dataclass(frozen=True)
@@ -45,32 +45,57 @@ def _text(dvcfile: Path) -> tuple[str, bool]:
         ) from e
 
 
-def outputs(dvcfile: Path, root: Path) -> list[Record]:
-    """The outputs ``dvcfile`` records. Only DVC 3 entries (``hash: md5``: the md5 of the bytes; DVC 2 hashed
-    text with its line endings changed, which zg does not redo)."""
+def parse(text: str, name: str, lists: tuple[str, ...] = ("outs", "deps")) -> dict:
+    """A DVC file's document (a ``.dvc`` file, dvc.lock): a mapping whose ``lists`` keys, where present, hold lists of
+    mappings, as DVC writes them. Anything else (not YAML, another shape) is one line naming ``name``: a record that
+    cannot be read is refused, never skipped, so a damaged one cannot switch a check off."""
     import yaml
 
     from zgdata.yamlio import safe_load
 
-    text, in_git = _text(dvcfile)
-    name = os.path.relpath(dvcfile, root)
     try:
         doc = safe_load(text)
     except yaml.YAMLError as e:
         raise ZgError(
-            f"{name} is not a readable .dvc file ({str(e).splitlines()[0]})",
+            f"{name} is not a readable DVC file ({str(e).splitlines()[0]})",
             fix=f"restore it from git (`git checkout {name}`)",
         ) from e
-    outs = doc.get("outs") if isinstance(doc, dict) else None
+    return entry(doc, name, name, lists)
+
+
+def entry(doc, what: str, file: str, lists: tuple[str, ...] = ("outs", "deps")) -> dict:
+    """``doc`` (``what``: a DVC file, or a stage of dvc.lock, in ``file``) as a mapping whose ``lists`` keys hold
+    lists of mappings; None is an empty mapping; any other shape is one line."""
+    fix = f"restore it from git (`git checkout {file}`)"
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise ZgError(f"{what} is not what DVC writes (a YAML {type(doc).__name__}, not a mapping)", fix=fix)
+    for key in lists:
+        entries = doc.get(key)
+        if entries is not None and not (isinstance(entries, list) and all(isinstance(e, dict) for e in entries)):
+            raise ZgError(f"{what} is not what DVC writes: its {key} is not a list of entries", fix=fix)
+    return doc
+
+
+def outputs(dvcfile: Path, root: Path) -> list[Record]:
+    """The outputs ``dvcfile`` records. Only DVC 3 entries (``hash: md5``: the md5 of the bytes; DVC 2 hashed
+    text with its line endings changed, which zg does not redo)."""
+    text, in_git = _text(dvcfile)
+    name = os.path.relpath(dvcfile, root)
+    doc = parse(text, name)
+    deps = doc.get("deps") or []
+    imported = any(isinstance(d.get("repo"), dict) for d in deps)
     by = f"{name} (git HEAD)" if in_git else name
     records = []
-    for o in outs or []:
-        if isinstance(o, dict) and o.get("path") and o.get("md5") and o.get("hash") == "md5":
+    for o in doc.get("outs") or []:
+        if o.get("path") and o.get("md5") and o.get("hash") == "md5":
             out = Path(os.path.normpath(dvcfile.parent / o["path"]))
             rel = os.path.relpath(out, root)
-            fix = (
-                f"restore what git records: `git checkout {name} && dvc checkout {rel}` (or `dvc pull {rel}` from a "
-                f"remote you trust); if you changed it on purpose, record it: `dvc add {rel} && git commit {name}`"
+            fix = f"restore what git records: `git checkout {name} && dvc checkout {rel}` (or `dvc pull {rel}`" + (
+                # `dvc add` over an import would record these bytes as the source repository's at its commit
+                ", which fetches it from its source again); never `dvc add` an imported output"
+                if imported
+                else f" from a remote you trust); if you changed it on purpose, record it: `dvc add {rel} && git commit {name}`"
             )
             records.append(Record(out, str(o["md5"]), by, fix))
     return records

@@ -35,7 +35,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_added, state_key
 
-__all__ = ["verify", "verify_all", "recorded", "Checked", "STATE"]
+__all__ = ["verify", "verify_all", "recorded", "lock_stages", "Checked", "STATE"]
 
 STATE = Layout(Path(".")).trust_cache  # relative to a project root
 _CHUNK = 1 << 22
@@ -52,31 +52,37 @@ class Checked:
 
 
 def _project_root(path: Path) -> Path | None:
+    """The nearest folder holding the path that is a DVC project: its dvc.yaml, dvc.lock or .dvc/ (a repository
+    that only `dvc import`s or `dvc add`s has no dvc.yaml, and its ``.dvc`` files are still git's record)."""
     for d in [path, *path.parents]:
-        if (d / "dvc.yaml").is_file() or (d / "dvc.lock").is_file():
+        if (d / "dvc.yaml").is_file() or (d / "dvc.lock").is_file() or (d / ".dvc").is_dir():
             return d
     return None
 
 
-def recorded(root: Path) -> dict[str, str]:
-    """Every output ``root/dvc.lock`` records: its path (relative to root) -> md5 (``....dir`` for a directory)."""
-    import yaml
-
-    from zgdata.yamlio import safe_load
-
+def lock_stages(root: Path) -> dict[str, dict]:
+    """The stages ``root/dvc.lock`` records ({} without one), each a mapping whose ``outs`` and ``deps`` are lists of
+    entries; a dvc.lock of another shape, or not YAML, is one line (``dvc_added.parse``)."""
     lock = root / "dvc.lock"
     if not lock.is_file():
         return {}
+    fix = "restore it from git (`git checkout dvc.lock`)"
     try:
-        doc = safe_load(lock.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ZgError(
-            f"{lock} is not valid YAML ({str(e).splitlines()[0]})", fix="restore it from git (`git checkout dvc.lock`)"
-        ) from e
+        text = lock.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ZgError(f"{lock} cannot be read ({e})", fix=fix) from e
+    stages = dvc_added.parse(text, "dvc.lock", lists=()).get("stages") or {}
+    if not isinstance(stages, dict):
+        raise ZgError("dvc.lock is not what DVC writes: its stages are not a mapping", fix=fix)
+    return {name: dvc_added.entry(st, f"dvc.lock's stage {name}", "dvc.lock") for name, st in stages.items()}
+
+
+def recorded(root: Path) -> dict[str, str]:
+    """Every output ``root/dvc.lock`` records: its path (relative to root) -> md5 (``....dir`` for a directory)."""
     out = {}
-    for stage in (doc.get("stages") or {}).values():
-        for o in (stage or {}).get("outs") or []:
-            if isinstance(o, dict) and o.get("path") and o.get("md5"):
+    for stage in lock_stages(root).values():
+        for o in stage.get("outs") or []:
+            if o.get("path") and o.get("md5"):
                 out[os.path.normpath(o["path"])] = str(o["md5"])
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.assertions import assert_user_error
 from tests.helpers.runners import BIN, run, zg_main
 from zgtrain.project.config import TrainConfig
 
@@ -192,7 +194,7 @@ def test_s3_remote_repro_pull_allow_missing_trains_one_block(team_a, moto_s3, tm
     assert "endpointurl" in (b / ".dvc" / "config").read_text()  # the clone sees the remote; keys come from env
 
     # Unchanged stage: dvc.lock already records team A's result, so --allow-missing skips it and pulls nothing.
-    out = dvc("repro", "--pull", "--allow-missing", "train@b01", cwd=b, env=S3_ENV)
+    out = dvc("repro", "--pull", "--allow-missing", "--no-run-cache", "train@b01", cwd=b, env=S3_ENV)
     assert "Running stage" not in out.stdout, out.stdout
     assert (
         not list(b.glob("data/boundaries/*.lance"))
@@ -205,7 +207,7 @@ def test_s3_remote_repro_pull_allow_missing_trains_one_block(team_a, moto_s3, tm
     params["blocks"]["b01"]["checkpoint_every"] = 6
     (b / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (b / "metrics" / "blocks" / "b01.json").unlink()
-    out = dvc("repro", "--pull", "--allow-missing", "train@b01", cwd=b, env=S3_ENV, timeout=600)
+    out = dvc("repro", "--pull", "--allow-missing", "--no-run-cache", "train@b01", cwd=b, env=S3_ENV, timeout=600)
     assert "Running stage 'train@b01'" in out.stdout, out.stdout
     for upstream in ("teacher", "tokens", "materialize"):
         assert f"Running stage '{upstream}'" not in out.stdout
@@ -245,6 +247,23 @@ def test_dvc_import_into_another_project_trains_block(team_a, tmp_path):
     zg_main("train", "block", "b01", cwd=c)
     assert state_of(c) == team_a["b01_state"]
     assert_only_block_inputs(c)
+
+    # C has no dvc.yaml: its imports' .dvc files, as git's HEAD has them, are its record, and every read checks
+    # them. A data file of h02 replaced with other bytes is refused, and the fix never says `dvc add` (that would
+    # record these bytes as team A's at rev_lock)
+    data = max((c / "data" / "boundaries" / "h02.lance" / "data").glob("*.lance"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    data.with_name("flipped").write_bytes(raw)
+    os.replace(data.with_name("flipped"), data)  # a new file: the cache's copy stays intact
+    for args in (("data", "verify", "--lineage-only"), ("train", "block", "b01", "--restart")):
+        line = assert_user_error(
+            zg_main(*args, cwd=c, check=False),
+            "does not match data/boundaries/h02.lance.dvc (git HEAD)",
+            "dvc checkout data/boundaries/h02.lance",
+        )
+        assert "never `dvc add`" in line and "dvc add data" not in line
+    assert state_of(c) == team_a["b01_state"]  # the refused run changed nothing
 
 
 # -- bad input ---------------------------------------------------------------------------------------
