@@ -33,11 +33,19 @@ def teacher_layers(model, name: str, layers) -> dict:
 
 
 def make_student(
-    folder: Path, name: str, widths: list, windows: list | None = None, keep: list | None = None, *, tie=False
+    folder: Path,
+    name: str,
+    widths: list,
+    windows: list | None = None,
+    keep: list | None = None,
+    *,
+    tie=False,
+    config: dict | None = None,
 ):
     """A student folder of family ``name`` at ``folder``: teacher layers ``keep`` (default the first len(widths))
     with MLP widths ``widths`` and zg windows ``windows`` (default none); ``tie``: the LM head tied to the
-    embeddings (set on the teacher config, its own head weight dropped), as released Gemma 2 models are."""
+    embeddings (set on the teacher config, its own head weight dropped), as released Gemma 2 models are.
+    ``config``: fields set on the tiny teacher's config before it is built (as ``make_moe_student``'s)."""
     import torch
 
     from zgdata.families.registry import family_of
@@ -45,7 +53,7 @@ def make_student(
     from zgtrain.student.assemble import needs_modeling_code, student_model, write_student_files
     from zgtrain.student.load import record_checksums
 
-    teacher, tok = tiny_teacher(name)
+    teacher, tok = _configured(*tiny_teacher(name), config)
     fam = family_of(teacher.config)
     layers, head = fam.split_state(teacher.state_dict())
     keep = keep or list(range(len(widths)))
@@ -72,6 +80,20 @@ def make_student(
     return folder
 
 
+def _configured(teacher, tok, config: dict | None):
+    """The tiny teacher rebuilt with ``config``'s fields set (its weights follow the fields: a bias flag adds biases)."""
+    import torch
+
+    if config:
+        cfg = teacher.config
+        for key, value in config.items():
+            setattr(cfg, key, value)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(20240601)
+            teacher = type(teacher)(cfg).eval()
+    return teacher, tok
+
+
 def make_moe_student(
     folder: Path, name: str, experts: list, top_k: list, keep: list, *, config: dict | None = None
 ) -> Path:
@@ -87,14 +109,7 @@ def make_moe_student(
     from zgtrain.student.assemble import needs_modeling_code, student_model, write_student_files
     from zgtrain.student.load import record_checksums
 
-    teacher, tok = tiny_teacher(name)
-    if config:
-        cfg = teacher.config
-        for key, value in config.items():
-            setattr(cfg, key, value)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(20240601)
-            teacher = type(teacher)(cfg).eval()
+    teacher, tok = _configured(*tiny_teacher(name), config)
     fam = family_of(teacher.config)
     layers, head = fam.split_state(teacher.state_dict())
     state = {fam.head_key(k): v for k, v in head.items()}

@@ -23,6 +23,7 @@ from zgdata.errors import ZgError
 from zgtrain.export.gguf_arch import (
     HF_FIX,
     ArchSpec,
+    check_options,
     check_rope,
     edit_tensor,
     gemma_scale_check,
@@ -125,6 +126,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
             )
         arch = spec.per_layer_arch
     check_rope(cfg, family)
+    check_options(cfg, spec)
     if spec.arch == "gemma2" and not cfg.get("tie_word_embeddings", True):
         raise ZgError(
             "this Gemma 2 student has an LM head of its own (tie_word_embeddings: false); llama.cpp's gemma2 "

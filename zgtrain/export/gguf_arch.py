@@ -16,9 +16,11 @@ convert_hf_to_gguf.py (conversion/*.py):
   of fixed epsilon, NORM rotary). Any other family is refused in one line (``spec_of``).
 - Windows: Gemma 2/3 read a per-layer ``sliding_window_pattern`` array, written from the student's
   ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window, llama.cpp
-  switches Phi-3's off and reads none for StarCoder2: a Mistral / Phi-3 / StarCoder2 window shorter than the
-  context is written as the model's ``context_length`` (= the window: within it sliding and full attention are
-  the same computation).
+  switches Phi-3's off and reads none for StarCoder2, qwen2 or qwen3: a Mistral / Phi-3 / StarCoder2 window, or a
+  Qwen2 / Qwen3 one where ``layer_types`` has sliding layers, shorter than the context is written as the model's
+  ``context_length`` (= the window: within it sliding and full attention are the same computation).
+- OLMo's ``clip_qkv`` (q, k and v clamped) is ``attention.clamp_kqv``; llama.cpp's olmoe does not apply it, so an
+  OLMoE student with ``clip_qkv`` is refused (``check_options``), as are bias tensors an arch does not load.
 - Mixtures of experts (zgtrain/export/gguf_moe.py): Mixtral as ``llama`` with experts (expert_count,
   expert_used_count, ffn_gate_inp and ffn_{gate,up,down}_exps), Qwen2-MoE as ``qwen2moe`` (with its shared expert
   and that expert's sigmoid gate), Qwen3-MoE as ``qwen3moe``, OLMoE as ``olmoe``: one expert count and top-k for
@@ -34,7 +36,7 @@ from gguf import RopeScalingType
 
 from zgdata.errors import ZgError
 
-__all__ = ["ArchSpec", "ARCHS", "spec_of", "write_hparams", "edit_tensor", "permute_qk"]
+__all__ = ["ArchSpec", "ARCHS", "spec_of", "check_options", "write_hparams", "edit_tensor", "permute_qk"]
 
 HF_FIX = "use `zg export --format hf` (transformers loads it), or rebuild the student with uniform MLP widths"
 
@@ -51,6 +53,9 @@ class ArchSpec:
     needs_output: bool = False  # arch has no tied-embedding fallback (OLMo 2): write output.weight
     layer_norm_eps: str | None = None  # LayerNorm (not RMSNorm) layers: the config field of their epsilon
     partial_rotary: bool = False  # rotary over partial_rotary_factor of each head
+    # the bias tensors the arch's loader takes: "optional" (any), "none" (a bias tensor fails the load: the
+    # config's attention_bias / mlp_bias must be off), "required" (StarCoder2: use_bias must be on)
+    biases: str = "optional"
 
 
 ARCHS = {
@@ -61,20 +66,20 @@ ARCHS = {
         ArchSpec("qwen2", "qwen2", "deci"),
         ArchSpec("gpt2", "gpt2", conv1d=True),
         ArchSpec("granite", "granite", norm_rotary=True),
-        ArchSpec("olmo2", "olmo2", needs_output=True),
+        ArchSpec("olmo2", "olmo2", needs_output=True, biases="none"),
         ArchSpec("phi3", "phi3", window="context"),
-        ArchSpec("gemma2", "gemma2", norm_shift=1.0, window="pattern"),
-        ArchSpec("gemma3_text", "gemma3", norm_shift=1.0, window="pattern"),
+        ArchSpec("gemma2", "gemma2", norm_shift=1.0, window="pattern", biases="none"),
+        ArchSpec("gemma3_text", "gemma3", norm_shift=1.0, window="pattern", biases="none"),
         # verified at prepare (no record in zgdata/families/): Qwen3 is Qwen2's layer with q/k RMSNorms, no biases
-        ArchSpec("qwen3", "qwen3"),
-        ArchSpec("starcoder2", "starcoder2", layer_norm_eps="norm_epsilon", window="context"),
+        ArchSpec("qwen3", "qwen3", biases="none"),
+        ArchSpec("starcoder2", "starcoder2", layer_norm_eps="norm_epsilon", window="context", biases="required"),
         ArchSpec("phi", "phi2", layer_norm_eps="layer_norm_eps", partial_rotary=True),
-        ArchSpec("olmo", "olmo", norm_rotary=True, layer_norm_eps="-1e-5"),
+        ArchSpec("olmo", "olmo", norm_rotary=True, layer_norm_eps="-1e-5", biases="none"),
         # mixture-of-experts families (experts, routing and refusals: zgtrain/export/gguf_moe.py)
         ArchSpec("mixtral", "llama", norm_rotary=True, window="context"),
         ArchSpec("qwen2_moe", "qwen2moe", needs_output=True),
-        ArchSpec("qwen3_moe", "qwen3moe"),
-        ArchSpec("olmoe", "olmoe", needs_output=True),
+        ArchSpec("qwen3_moe", "qwen3moe", biases="none"),
+        ArchSpec("olmoe", "olmoe", needs_output=True, biases="none"),
     )
 }
 
@@ -112,6 +117,31 @@ def check_rope(cfg: dict, family: str) -> None:
             )
 
 
+def check_options(cfg: dict, spec: ArchSpec) -> None:
+    """Config options the arch cannot carry: bias tensors its loader does not take, or lacks (llama.cpp fails the
+    load: a wrong tensor count), and a q/k/v clamp (``clip_qkv``) it does not apply (only ``olmo`` reads
+    attention.clamp_kqv; measured: llama.cpp's olmoe left the values unclamped, logits 4.4 away)."""
+    if cfg.get("clip_qkv") is not None and spec.arch != "olmo":
+        raise ZgError(
+            f"this {spec.family} student clamps q, k and v (clip_qkv: {cfg['clip_qkv']}), which llama.cpp's "
+            f"'{spec.arch}' architecture does not",
+            fix="use `zg export --format hf` (transformers runs it)",
+        )
+    on = next((f for f in ("attention_bias", "mlp_bias") if cfg.get(f)), None)
+    if spec.biases == "none" and on:
+        raise ZgError(
+            f"this {spec.family} student has {on}: true, and llama.cpp's '{spec.arch}' architecture loads no bias "
+            "tensors (the file would not load)",
+            fix="use `zg export --format hf` (transformers runs it)",
+        )
+    if spec.biases == "required" and cfg.get("use_bias") is False:
+        raise ZgError(
+            f"this {spec.family} student has use_bias: false, and llama.cpp's '{spec.arch}' architecture needs its "
+            "bias tensors (the file would not load)",
+            fix="use `zg export --format hf` (transformers runs it)",
+        )
+
+
 def head_dim(cfg: dict) -> int:
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
@@ -147,7 +177,10 @@ def write_hparams(
         return notes
     ctx = cfg["max_position_embeddings"]
     window = cfg.get("sliding_window")
-    if spec.window == "context" and window and window < ctx:
+    # an arch without windows runs sliding layers (Qwen2's and Qwen3's use_sliding_window) as full attention:
+    # equal within the window, so the window becomes the context, as for the "context" archs
+    slides = spec.window == "context" or (spec.window is None and "sliding_attention" in (layer_types or []))
+    if slides and window and window < ctx:
         notes["context_length_capped_to_window"] = window
         ctx = window
     w.add_context_length(ctx)
@@ -177,6 +210,9 @@ def write_hparams(
         w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) * hd))
     else:
         w.add_rope_dimension_count(hd)
+    if fam == "olmo" and cfg.get("clip_qkv") is not None:  # q, k and v clamped to +-clip_qkv (check_options)
+        w.add_clamp_kqv(float(cfg["clip_qkv"]))
+        notes["clamp_kqv"] = float(cfg["clip_qkv"])
     if fam == "granite":
         for key, add in (
             ("attention_multiplier", w.add_attention_scale),

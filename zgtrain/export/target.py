@@ -123,4 +123,17 @@ def check_target(out: Path, root: Path) -> Path:
     if (out.exists() or out.is_symlink()) and not is_export(out):
         what = "folder" if out.is_dir() else "file"
         raise ZgError(f"--out {out} is a {what} that is not a previous export of zg (no {RECORD} lists it)", fix=_FIX)
+    side = record_path(out)
+    if out.suffix == ".gguf" and (side.exists() or side.is_symlink()) and not _sidecar_of(side, out):
+        raise ZgError(
+            f"{side}, where the export of --out {out} writes its record, is a "
+            f"{'folder' if side.is_dir() else 'file'} that is not zg's record of that export",
+            fix=_FIX,
+        )
     return out
+
+
+def _sidecar_of(side: Path, out: Path) -> bool:
+    """Is SIDE zg's record of a single-file export OUT (the file itself may be gone: a record left behind)?"""
+    rec = None if side.is_symlink() or not side.is_file() else _record(side)
+    return rec is not None and list(rec["files"]) == [out.name]

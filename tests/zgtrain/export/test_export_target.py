@@ -121,6 +121,23 @@ def test_gguf_to_a_file_path_anywhere_with_its_record_beside_it(tmp_path):
     assert_user_error(res, "is a file that is not a previous export of zg")
     assert out.read_bytes() == before
 
+    # the record's place beside a new .gguf is held to the same rule: a user's file there stays, a folder there
+    # is refused before anything is written (it was overwritten, or the export ended in a traceback beside a .gguf)
+    other = home / "other" / "m.gguf"
+    other.parent.mkdir()
+    side = other.with_name("m.gguf.export.json")
+    for make, what in ((lambda: side.write_text("precious\n"), "a file"), (lambda: side.mkdir(), "a folder")):
+        make()
+        res = zg_main("export", str(student), "--format", "gguf", "--out", str(other), cwd=tmp_path, check=False)
+        assert_user_error(res, f"m.gguf.export.json, where the export of --out {other} writes its record, is {what}")
+        assert not other.exists() and (side.is_dir() or side.read_text() == "precious\n")
+        side.unlink() if side.is_file() else side.rmdir()
+    # a record left behind by a deleted export is zg's own: replaced
+    zg_main("export", str(student), "--format", "gguf", "--out", str(other), cwd=tmp_path)
+    other.unlink()
+    zg_main("export", str(student), "--format", "gguf", "--out", str(other), cwd=tmp_path)
+    assert read_json(side)["files"] == {"m.gguf": hashlib.sha256(other.read_bytes()).hexdigest()}
+
 
 @pytest.mark.parametrize(
     ("value", "says"),

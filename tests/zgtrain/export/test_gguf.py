@@ -47,15 +47,16 @@ def llama_cpp():
     return import_llama_cpp()
 
 
-def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie=False):
+def make_student(folder, name: str, *, widths=None, windows=None, keep=KEEP, tie=False, config=None):
     """A student folder of family ``name``: teacher layers ``keep`` with MLP widths ``widths`` (first channels,
     default half the teacher's); ``tie``: the LM head tied to the embeddings (as released Gemma 2 models are; the
-    tiny teacher's is its own). Written by the production code (tests/helpers/models.py)."""
+    tiny teacher's is its own); ``config``: fields set on the teacher's config first. Written by the production
+    code (tests/helpers/models.py)."""
     from zgdata.teacher.prepare import tiny_teacher
 
-    config = tiny_teacher(name)[0].config
-    widths = widths or [family_of(config).width(config) // 2] * len(keep)
-    return models.make_student(folder, name, widths, windows, keep, tie=tie)
+    teacher = tiny_teacher(name)[0].config
+    widths = widths or [family_of(teacher).width(teacher) // 2] * len(keep)
+    return models.make_student(folder, name, widths, windows, keep, tie=tie, config=config)
 
 
 def _ids(folder, n: int) -> list[int]:
@@ -259,3 +260,57 @@ def test_a_window_llama_cpp_does_not_read_is_written_as_the_context_length(famil
     w.close()
     field = gguf.GGUFReader(str(path)).fields[f"{arch}.context_length"]
     assert int(field.parts[field.data[0]][0]) == 4096 and notes["context_length_capped_to_window"] == 4096
+
+
+# config options that change what llama.cpp must compute or load (each found by review: the file was written, then
+# computed other logits or did not load)
+OPTIONS = {
+    # OLMo's q, k and v clamped to +-clip_qkv (attention.clamp_kqv); 0.05 clamps most of the tiny model's values
+    "olmo-clip_qkv": ("olmo", {"clip_qkv": 0.05}),
+    # Qwen3's own sliding layers: the qwen3 arch has no window, so the window (8) becomes the context
+    "qwen3-sliding": (
+        "qwen3",
+        {
+            "use_sliding_window": True,
+            "sliding_window": 8,
+            "max_window_layers": 0,
+            "layer_types": ["sliding_attention"] * 4,
+        },
+    ),
+    "llama-biases": ("llama", {"attention_bias": True, "mlp_bias": True}),  # llama's loader takes optional biases
+}
+
+
+@pytest.mark.parametrize("case", OPTIONS)
+def test_config_options_llama_cpp_computes_the_same(case, tmp_path, llama_cpp):
+    from zgtrain.export.gguf import export_gguf
+
+    name, config = OPTIONS[case]
+    student = make_student(tmp_path / "student", name, config=config)
+    out = tmp_path / "student.gguf"
+    info = export_gguf(student, out, dtype="f32")
+    assert info.get("context_length_capped_to_window") == (8 if case == "qwen3-sliding" else None)
+    assert info.get("clamp_kqv") == config.get("clip_qkv")
+    ids = _ids(student, info.get("context_length_capped_to_window", 32))
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids))
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "says"),
+    [
+        ("qwen3", {"attention_bias": True}, "attention_bias: true, and llama.cpp's 'qwen3' architecture loads no bias"),
+        ("olmo", {"attention_bias": True}, "llama.cpp's 'olmo' architecture loads no bias"),
+        ("olmo2", {"attention_bias": True}, "llama.cpp's 'olmo2' architecture loads no bias"),
+        ("starcoder2", {"use_bias": False}, "use_bias: false, and llama.cpp's 'starcoder2' architecture needs"),
+    ],
+)
+def test_bias_tensors_the_arch_does_not_load_are_refused_before_writing(name, config, says, tmp_path):
+    from zgtrain.export.gguf import check_gguf, export_gguf
+
+    student = make_student(tmp_path / "student", name, config=config)
+    out = tmp_path / "student.gguf"
+    for call in (lambda: check_gguf(student), lambda: export_gguf(student, out)):
+        with pytest.raises(ZgError) as e:
+            call()
+        assert says in str(e.value) and "--format hf" in e.value.fix and "\n" not in str(e.value)
+    assert not out.exists()

@@ -131,3 +131,20 @@ def test_routing_llama_cpp_weighs_otherwise_is_refused_unless_every_expert_runs(
 def test_olmoe_with_grouped_query_attention_is_refused(tmp_path):
     student = make_moe_student(tmp_path / "student", "olmoe", *CASES["identity"], KEEP)  # 2 KV heads for 4
     _refused(student, tmp_path / "student.gguf", "2 KV heads for 4 query heads", "'olmoe'", "--format hf")
+
+
+def test_olmoe_clip_qkv_is_refused_before_writing(tmp_path):
+    """OLMoE's clip_qkv (q, k, v clamped): llama.cpp's olmoe does not apply attention.clamp_kqv (written, its
+    logits were 4.4 away from the student's, against 3e-3 allowed), so the export is refused."""
+    config = {**RUNNABLE["olmoe"], "clip_qkv": 0.05}
+    student = make_moe_student(tmp_path / "student", "olmoe", [4] * 3, [2] * 3, KEEP, config=config)
+    _refused(student, tmp_path / "student.gguf", "clamps q, k and v (clip_qkv: 0.05)", "'olmoe'", "--format hf")
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "olmoe"])
+def test_attention_biases_the_arch_does_not_load_are_refused(name, tmp_path):
+    config = {**RUNNABLE[name], "attention_bias": True}
+    student = make_moe_student(tmp_path / "student", name, [4] * 3, [2] * 3, KEEP, config=config)
+    _refused(
+        student, tmp_path / "student.gguf", f"llama.cpp's '{ARCH[name]}' architecture loads no bias", "--format hf"
+    )
