@@ -16,8 +16,8 @@ convert_hf_to_gguf.py (conversion/*.py):
   of fixed epsilon, NORM rotary). Any other family is refused in one line (``spec_of``).
 - Windows: Gemma 2/3 read a per-layer ``sliding_window_pattern`` array, written from the student's
   ``layer_types`` (a dropped layer keeps its own type). The llama arch has no sliding window, llama.cpp
-  switches Phi-3's off and reads none for StarCoder2, qwen2 or qwen3: a Mistral / Phi-3 / StarCoder2 window, or a
-  Qwen2 / Qwen3 one where ``layer_types`` has sliding layers, shorter than the context is written as the model's
+  switches Phi-3's off and reads none for StarCoder2 or qwen3: a Mistral / Phi-3 / StarCoder2 window, or a Qwen3
+  one where ``layer_types`` has sliding layers, shorter than the context is written as the model's
   ``context_length`` (= the window: within it sliding and full attention are the same computation).
 - OLMo's ``clip_qkv`` (q, k and v clamped) is ``attention.clamp_kqv``; llama.cpp's olmoe does not apply it, so an
   OLMoE student with ``clip_qkv`` is refused (``check_options``), as are bias tensors an arch does not load.
@@ -177,7 +177,7 @@ def write_hparams(
         return notes
     ctx = cfg["max_position_embeddings"]
     window = cfg.get("sliding_window")
-    # an arch without windows runs sliding layers (Qwen2's and Qwen3's use_sliding_window) as full attention:
+    # an arch without windows runs sliding layers (Qwen3's use_sliding_window) as full attention:
     # equal within the window, so the window becomes the context, as for the "context" archs
     slides = spec.window == "context" or (spec.window is None and "sliding_attention" in (layer_types or []))
     if slides and window and window < ctx:
