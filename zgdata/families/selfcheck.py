@@ -4,7 +4,9 @@ On a probe batch (several sequences, one ending in the tokenizer's padding, as p
 own forward is recorded with hooks: the input of every decoder layer (boundary k), the input and output of the final
 norm, and the logits. Then the adapter (zgdata/families/verified.py) must give the same bits, part by part:
 - ``embedding``: boundary 0 from the model's embedding module, and from the head slice's tensors (evaluate, shift);
-- ``layer i``: boundary i+1 from boundary i through the layer called as the adapter calls it;
+- ``layer i``: boundary i+1 from boundary i through the layer called as the adapter calls it; and, for i > 0, through
+  the layer rebuilt as a block's first (index 0, as zgtrain/block/model.py builds a block): a layer whose forward
+  depends on its index (DiffLlama's ``lambda_init``) computes another function in every block but the first;
 - ``norm`` and ``head``: the final norm of the last boundary, then the logits;
 - ``student``: the identity student's config (``student_config``) built and loaded with the teacher's tensors
   gives the teacher's logits (the assembled student of identity blocks);
@@ -89,9 +91,35 @@ def _round_trip(model, fam, ids, ref) -> None:
     logits = fam.finish_logits(model.get_output_embeddings()(normed))
     if not torch.equal(logits, ref["logits"]):
         raise _differ("head", "the logits of the final norm's output")
-    _, head = fam.split_state(model.state_dict())
+    layers, head = fam.split_state(model.state_dict())
     if not torch.equal(fam.embed_head(head, ids), got[0]):
         raise _differ("embedding", "boundary 0 from the head slice's tensors")
+    _renumbered(model, fam, layers, got)
+
+
+@torch.no_grad()
+def _renumbered(model, fam, layers: list[dict], got: list[torch.Tensor]) -> None:
+    """Each layer but the first, rebuilt at index 0 with its tensors, gives its own boundary bit for bit: a block's
+    layers are numbered from 0, and an assembled student renumbers them again after dropped layers."""
+    config = model.config
+    cfg = fam.layer_config(config, fam.width(config))
+    dtype = next(model.parameters()).dtype
+    inputs = fam.layer_inputs(fam.rotary(cfg), got[0])
+    for k in range(1, len(layers)):
+        try:
+            types = fam.layer_types(config, [k])
+            layer = fam.make_layer(cfg, 0, types and types[0]).to(dtype).eval()
+            layer.load_state_dict(layers[k], strict=True)
+            out = fam.call_layer(layer, got[k], inputs)
+        except Exception as e:
+            raise _raised(f"layer {k}", e) from e
+        if not torch.equal(out, got[k + 1]):
+            raise PartError(
+                f"layer {k}",
+                "its result depends on its index in the model: rebuilt as a block's first layer it differs from the "
+                "teacher's own forward (zg's blocks number their layers from 0)",
+                fix=FIX,
+            )
 
 
 @torch.no_grad()

@@ -127,6 +127,12 @@ def check_options(cfg: dict, spec: ArchSpec) -> None:
             f"'{spec.arch}' architecture does not",
             fix="use `zg export --format hf` (transformers runs it)",
         )
+    if spec.family == "phi" and cfg.get("qk_layernorm"):  # found at write time before: check_gguf now says it
+        raise ZgError(
+            "this phi student normalizes q and k (qk_layernorm: true), which llama.cpp's 'phi2' architecture has no "
+            "tensors for",
+            fix="use `zg export --format hf` (transformers runs it)",
+        )
     on = next((f for f in ("attention_bias", "mlp_bias") if cfg.get(f)), None)
     if spec.biases == "none" and on:
         raise ZgError(

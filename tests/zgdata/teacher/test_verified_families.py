@@ -58,6 +58,8 @@ def test_a_verified_decoder_records_its_verdict_probe_and_parts():
         ("doge", "layer 0:"),  # its layers take inputs the generic call does not give
         ("smollm3", "layers:"),  # no_rope_layers: a per-layer config list that renumbered blocks would misread
         ("afmoe", "layer 1:"),  # dense layer 0, experts from layer 1 on: discovery reads layer 0 only
+        # lambda_init = 0.8 - 0.6 exp(-0.3 layer_idx) inside the attention: a block's layers are numbered from 0
+        ("diffllama", "layer 1: its result depends on its index"),
     ],
 )
 def test_a_decoder_that_fails_the_check_is_refused_naming_the_part(model_type, part):

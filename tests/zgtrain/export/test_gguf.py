@@ -302,9 +302,10 @@ def test_config_options_llama_cpp_computes_the_same(case, tmp_path, llama_cpp):
         ("olmo", {"attention_bias": True}, "llama.cpp's 'olmo' architecture loads no bias"),
         ("olmo2", {"attention_bias": True}, "llama.cpp's 'olmo2' architecture loads no bias"),
         ("starcoder2", {"use_bias": False}, "use_bias: false, and llama.cpp's 'starcoder2' architecture needs"),
+        ("phi", {"qk_layernorm": True}, "qk_layernorm: true), which llama.cpp's 'phi2' architecture has no"),
     ],
 )
-def test_bias_tensors_the_arch_does_not_load_are_refused_before_writing(name, config, says, tmp_path):
+def test_options_the_arch_cannot_carry_are_refused_before_writing(name, config, says, tmp_path):
     from zgtrain.export.gguf import check_gguf, export_gguf
 
     student = make_student(tmp_path / "student", name, config=config)

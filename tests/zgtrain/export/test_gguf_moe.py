@@ -142,7 +142,7 @@ def test_olmoe_clip_qkv_is_refused_before_writing(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "olmoe"])
-def test_attention_biases_the_arch_does_not_load_are_refused(name, tmp_path):
+def test_attention_biases_the_arch_does_not_load_are_refused_before_writing(name, tmp_path):
     config = {**RUNNABLE[name], "attention_bias": True}
     student = make_moe_student(tmp_path / "student", name, [4] * 3, [2] * 3, KEEP, config=config)
     _refused(
