@@ -68,12 +68,20 @@ Options:
   --help           Show this message and exit.
 """,
     "zg params": """\
-Usage: zg params [OPTIONS]
+Usage: zg params [OPTIONS] [keys]...
 
   Explain every params.yaml key: its default (from the config dataclasses) and
   allowed values.
 
+  A table on a terminal; piped, one tab-separated line per key (key, default,
+  meaning), nothing cut short.
+
+Arguments:
+  keys... <list[str]>  keys or sections to show (e.g. train, train.lr;
+                       default: all).
+
 Options:
+  --json  a JSON list of {key, default, meaning}.
   --help  Show this message and exit.
 """,
     "zg repro": """\

@@ -67,18 +67,37 @@ def pipeline(params: Path = params_option):
 
 
 @app.command("params")
-def params_doc():
-    """Explain every params.yaml key: its default (from the config dataclasses) and allowed values."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+def params_doc(
+    keys: list[str] | None = typer.Argument(
+        None, help="keys or sections to show (e.g. train, train.lr; default: all)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="a JSON list of {key, default, meaning}."),
+):
+    """Explain every params.yaml key: its default (from the config dataclasses) and allowed values.
 
+    A table on a terminal; piped, one tab-separated line per key (key, default, meaning), nothing cut short."""
+    from zgdata.errors import ZgError
     from zgtrain.project.config import params_rows  # one source for this table and docs/reference/params.md
 
-    table = Table("key", "default", "meaning", show_lines=False)
-    for key, default, doc in params_rows():
-        table.add_row(key, escape(default), escape(doc))
-    Console().print(table)
+    rows = params_rows()
+    if keys:
+        rows = [r for r in rows if any(r[0] == k or r[0].startswith(k.rstrip(".") + ".") for k in keys)]
+        if not rows:
+            raise ZgError(f"no params key or section {', '.join(keys)}", fix="run `zg params` for every key")
+    if as_json:
+        emit([{"key": k, "default": d, "meaning": m} for k, d, m in rows], as_json=True, summary="")
+    elif not sys.stdout.isatty():
+        for row in rows:
+            print("\t".join(row))
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table("key", "default", "meaning", show_lines=False)
+        for key, default, doc in rows:
+            table.add_row(key, escape(default), escape(doc))
+        Console().print(table)
 
 
 @app.command("repro")

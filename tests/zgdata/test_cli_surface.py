@@ -20,7 +20,7 @@ EXPECTED = {
     "zg data verify": ["--boundaries", "--full", "--json", "--lineage-only", "--params", "--sample"],
     "zg export": ["--dtype", "--format", "--json", "--out", "ARG:student"],
     "zg init": ["--profile", "ARG:directory"],
-    "zg params": [],
+    "zg params": ["--json", "ARG:keys"],
     "zg pipeline": ["--params"],
     "zg repro": ["--address", "--data", "--jobs", "--json", "-j", "ARG:targets"],
     "zg search": [],

@@ -199,3 +199,24 @@ def test_usage_errors_are_one_line(tiny_project, args, needles):
     res = zg(*args, cwd=tiny_project, check=False)
     assert_user_error(res, *needles, alone=True)
     assert tree_sha256(tiny_project) == before
+
+
+def test_zg_params_piped_keeps_every_cell_whole_and_filters_by_key(tmp_path):
+    """Piped (not a terminal), `zg params` prints one tab-separated line per key: a long meaning is whole, where a
+    table 80 columns wide cut it; KEYS keep the keys and sections named; --json is the same rows; an unknown key is
+    one line."""
+    import json
+
+    from zgtrain.project.config import params_rows
+
+    rows = params_rows()
+    out = zg_main("params", cwd=tmp_path).stdout
+    assert [tuple(line.split("\t")) for line in out.splitlines()] == rows
+    assert any(len(line) > 200 for line in out.splitlines())  # no cell cut to the table's width
+    some = zg_main("params", "train.lr", "corpus.sample", cwd=tmp_path).stdout.splitlines()
+    assert [line.split("\t")[0] for line in some] == [
+        k for k, *_ in rows if k == "train.lr" or k.startswith("corpus.sample")
+    ]
+    listed = json.loads(zg_main("params", "repair", "--json", cwd=tmp_path).stdout)
+    assert listed == [{"key": k, "default": d, "meaning": m} for k, d, m in rows if k.startswith("repair.")]
+    assert_user_error(zg_main("params", "train.nope", cwd=tmp_path, check=False), "no params key or section train.nope")
