@@ -60,7 +60,8 @@ class CorpusConfig(Section):
     packing: str = param(
         "eos",
         "eos: documents joined with EOS and cut into seq_len rows. pad: each document starts "
-        "a row; its last row is padded (a `length` column counts real tokens).",
+        "a row; its last row is padded (a `length` column counts real tokens; a conversion only: local "
+        "pretraining refuses it).",
         choices=("eos", "pad"),
     )
     pad_min_fill: float = param(

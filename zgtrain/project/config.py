@@ -327,6 +327,13 @@ class ProjectConfig:
             )
         kind = project_kind(params)
         sections = {name: section(params, cls_) for name, cls_ in {**SECTIONS, **OPTIONAL_SECTIONS}.items()}
+        if kind is ProjectKind.LOCAL and sections["corpus"].packing == "pad":
+            raise ZgError(  # its losses and held-out figures count every position of a row
+                "local pretraining trains and scores every position of a row, so with corpus.packing: pad it would "
+                "learn to predict the padding",
+                key="corpus.packing",
+                fix="use corpus.packing: eos for local pretraining",
+            )
         blocks_raw = params.get("blocks") or {}
         if not isinstance(blocks_raw, Mapping):
             raise ZgError("params section 'blocks' must be a mapping", key="blocks", fix="run `zg pipeline`")

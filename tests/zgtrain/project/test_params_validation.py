@@ -220,3 +220,17 @@ def test_zg_params_piped_keeps_every_cell_whole_and_filters_by_key(tmp_path):
     listed = json.loads(zg_main("params", "repair", "--json", cwd=tmp_path).stdout)
     assert listed == [{"key": k, "default": d, "meaning": m} for k, d, m in rows if k.startswith("repair.")]
     assert_user_error(zg_main("params", "train.nope", cwd=tmp_path, check=False), "no params key or section train.nope")
+
+
+def test_local_pretraining_refuses_pad_packing(tmp_path):
+    """Local pretraining's losses and held-out figures count every position of a row: padded rows would teach the
+    model to predict padding, so `zg pipeline` (and every local stage, through ProjectConfig) refuses it."""
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dump_params
+
+    params = profile_params("local-tiny")
+    params["corpus"]["packing"] = "pad"
+    (tmp_path / "params.yaml").write_text(dump_params(params))
+    res = zg_main("pipeline", cwd=tmp_path, check=False)
+    assert_user_error(res, "[corpus.packing]", "learn to predict the padding", "packing: eos")
+    assert not (tmp_path / "dvc.yaml").exists()
