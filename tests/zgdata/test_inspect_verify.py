@@ -181,3 +181,16 @@ def test_reader_api(tiny_built):
     assert [np.array_equal(r1, r2) for (_, r1, *_), (_, r2, *_) in zip(a[3:], resumed)] == [True] * 3
     with pytest.raises(ZgError, match="seq_id 999"):
         ds.by_seq_id([999])
+
+
+def test_open_boundary_of_a_name_says_to_give_the_datasets_folder(tiny_built):
+    """A boundary's name (or its folder without .lance) is not a dataset: the fix names the folder to give, not a
+    `dvc checkout` of a path nothing tracks."""
+    from zgdata.boundaries import open_boundary
+
+    h02 = Layout(tiny_built).boundary("h02")
+    with pytest.raises(ZgError, match=rf"give the dataset's folder, {h02}") as e:
+        open_boundary(h02.with_suffix(""))
+    assert "dvc checkout" not in str(e.value)
+    with pytest.raises(ZgError, match=r"a path ending in \.lance, e\.g\. data/boundaries/h03\.lance"):
+        open_boundary(tiny_built / "h03")

@@ -49,6 +49,14 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
     path = Path(path)
     recover = recover_fix(path, kind)
     if not path.exists():
+        if path.suffix != ".lance":  # a name (h02), not a dataset's folder: restoring "h02" would not help
+            near = path.with_name(path.name + ".lance")
+            fix = (
+                f"give the dataset's folder, {near}"
+                if near.exists()
+                else f"give a dataset's folder (a path ending in .lance, e.g. data/boundaries/{path.name}.lance)"
+            )
+            raise ZgError(f"dataset {path} does not exist", fix=fix)
         raise ZgError(f"dataset {path} does not exist", fix=recover)
     try:
         ds = lance.dataset(str(path), version=version)
