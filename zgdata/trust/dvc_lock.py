@@ -35,7 +35,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_added, state_key
 
-__all__ = ["verify", "verify_all", "recorded", "lock_stages", "Checked", "STATE"]
+__all__ = ["verify", "verify_all", "recorded", "lock_stages", "cache_object", "Checked", "STATE"]
 
 STATE = Layout(Path(".")).trust_cache  # relative to a project root
 _CHUNK = 1 << 22
@@ -102,6 +102,11 @@ def _cache_dir(root: Path) -> Path:
             d = d.strip().strip("'\"")
             return (root / ".dvc" / d).resolve() if not os.path.isabs(d) else Path(d)
     return root / ".dvc" / "cache"
+
+
+def cache_object(root: Path, md5: str) -> Path:
+    """Where ROOT's DVC cache keeps the object of ``md5`` (``....dir``: a directory's file list)."""
+    return _cache_dir(root) / "files" / "md5" / md5[:2] / md5[2:]
 
 
 def _file_md5(path: Path) -> str:
@@ -183,7 +188,7 @@ def _fix(rel: str) -> str:
 
 def _cached_manifest(root: Path, h: str) -> list[dict] | None:
     """The DVC cache's file list of a directory output with md5 ``h``, when the cache holds an intact one."""
-    path = _cache_dir(root) / "files" / "md5" / h[:2] / (h[2:] + ".dir")
+    path = cache_object(root, h + ".dir")
     try:
         raw = path.read_bytes()
         return json.loads(raw) if hashlib.md5(raw).hexdigest() == h else None

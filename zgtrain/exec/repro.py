@@ -238,7 +238,7 @@ def _train_blocks(
                 if r.get("status") == "done":
                     try:
                         if data == "remote":
-                            scratch.receive(root, r)
+                            scratch.receive(root, r, project)
                             r = {k: v for k, v in r.items() if k not in ("lock_entry", "uncached")}
                         _record(root, r["key"], project)
                         recorded.append(f"train@{r['key']}")

@@ -9,10 +9,15 @@ The DVC remote carries the data (the sharing path of docs/SHARING.md, reused):
 - ``train_in_scratch`` (worker): clones the repository at that commit into a scratch directory, lays the
   driver's pipeline files over it, `dvc pull`s only its pair and slice, trains with ``train_one``
   (zgtrain/exec/stage.py), records the block in the clone (`dvc commit`) and `dvc push`es it. It returns the block's dvc.lock entry and the small
-  uncached outputs (metrics, loss curve). The scratch directory is keyed by (URL, commit, block), so a retried
-  task on the same node resumes from the block's checkpoint; it is removed once the block is pushed.
-- ``receive`` (driver): writes the uncached outputs, enters the worker's dvc.lock entry, `dvc pull`s the block
-  directory from the remote and records it with `dvc commit` (which rehashes what it pulled).
+  uncached outputs (metrics, loss curve). The scratch directory is keyed by (URL, commit, the pipeline files laid
+  over it, block), so a retried task on the same node resumes from the block's checkpoint, and two drivers at one
+  commit with other uncommitted params never share one; it is removed once the block is pushed.
+- ``receive`` (driver): writes the uncached outputs, enters the worker's dvc.lock entry and `dvc pull`s the block
+  directory from the remote, then checks what came: the folder's files against the worker's entry (zg hashes
+  them: a remote that serves another file list under the entry's md5 is caught), and its meta.json against what
+  the worker reported (state) and what the driver's params ask (config, seed). Anything wrong, or a failed
+  pull, puts back the driver's dvc.lock, uncached outputs and block folder as they were. The caller then records
+  it with `dvc commit` (which rehashes what it pulled).
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ def prepare(root: Path, keys: list[str], project: ProjectConfig) -> dict:
 
 def _scratch(source: dict, key: str) -> Path:
     base = Path(os.environ.get("ZG_SCRATCH") or Path(tempfile.gettempdir()) / "zg-scratch")
-    tag = hashlib.sha256(f"{source['url']}\0{source['rev']}\0{key}".encode()).hexdigest()[:16]
+    files = "\0".join(f"{name}\0{text}" for name, text in sorted(source["files"].items()))
+    tag = hashlib.sha256(f"{source['url']}\0{source['rev']}\0{files}\0{key}".encode()).hexdigest()[:16]
     return base / f"{key}-{tag}"
 
 
@@ -129,18 +135,73 @@ def train_in_scratch(source: dict, key: str, report: Callable[[dict], None] | No
     return {**r, "scratch": str(d), "lock_entry": entry, "uncached": uncached}
 
 
-def receive(root: Path, r: dict) -> None:
-    """Bring a block trained in a scratch clone into the project: its files, then its dvc.lock entry."""
-    key = r["key"]
-    for rel, text in r["uncached"].items():
+def receive(root: Path, r: dict, project: ProjectConfig) -> None:
+    """Bring a block trained in a scratch clone into the project: its files, its dvc.lock entry, the block folder
+    from the DVC remote, checked; on any failure the project is put back as it was."""
+    key, layout = r["key"], Layout(root)
+    files = {}
+    for rel in r["uncached"]:
         p = (root / rel).resolve()
         if root.resolve() not in p.parents:  # a lock entry names paths inside the project, nothing else
             raise ZgError(f"block {key} came back with an output outside the project: {rel}", key=f"blocks.{key}")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    lock_path = root / "dvc.lock"
-    lock = safe_load(lock_path.read_text()) if lock_path.exists() else None
-    lock = lock or {"schema": "2.0", "stages": {}}
-    lock.setdefault("stages", {})[f"train@{key}"] = r["lock_entry"]
-    write_text(lock_path, yaml.safe_dump(lock, sort_keys=False))  # `dvc commit` rewrites it in DVC's own format
-    dvc(root, "pull", f"train@{key}")
+        files[rel] = p
+    lock_path, block = root / "dvc.lock", layout.block_dir(key)
+    saved = {p: p.read_bytes() if p.exists() else None for p in [lock_path, *files.values()]}
+    aside = layout.state_dir / "receive" / key  # the recorded block, kept until the new one is checked
+    shutil.rmtree(aside, ignore_errors=True)
+    if block.exists():
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(block, aside)
+    try:
+        for rel, p in files.items():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(r["uncached"][rel])
+        lock = safe_load(lock_path.read_text()) if lock_path.exists() else None
+        lock = lock or {"schema": "2.0", "stages": {}}
+        lock.setdefault("stages", {})[f"train@{key}"] = r["lock_entry"]
+        write_text(lock_path, yaml.safe_dump(lock, sort_keys=False))  # `dvc commit` rewrites it in DVC's own format
+        dvc(root, "pull", f"train@{key}")
+        _check_received(root, r, project)
+    except BaseException:
+        shutil.rmtree(block, ignore_errors=True)
+        if aside.exists():
+            os.replace(aside, block)
+        for p, data in saved.items():
+            p.unlink(missing_ok=True) if data is None else p.write_bytes(data)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _check_received(root: Path, r: dict, project: ProjectConfig) -> None:
+    """The pulled block folder is the one the worker trained (its files hash to the worker's dvc.lock entry, its
+    meta.json holds the state the worker reported) under the driver's params (config and seed)."""
+    import json
+
+    from zgdata.trust import dvc_lock
+    from zgtrain.fit.schedule import block_seed
+
+    key = r["key"]
+    fix = (
+        "check who else writes the DVC remote (its objects for this block are not the worker's), then rerun `zg repro`"
+    )
+    try:
+        dvc_lock.verify(Layout(root).block_dir(key))
+    except ZgError as e:
+        # the file list the remote served stays in the cache under the entry's md5: dropped, so a retry fetches it
+        for o in r["lock_entry"].get("outs") or []:
+            if str(o.get("md5", "")).endswith(".dir"):
+                dvc_lock.cache_object(root, o["md5"]).unlink(missing_ok=True)
+        raise ZgError(
+            f"block {key} pulled from the DVC remote is not the one the worker pushed: {e.what}", fix=fix
+        ) from e
+    meta = json.loads((Layout(root).block_dir(key) / "meta.json").read_text())
+    cfg = project.block(key).train
+    want = json.loads(json.dumps(cfg.identity()))  # as meta.json holds it (lists, not tuples)
+    if meta.get("state_sha256") != r.get("state_sha256"):
+        raise ZgError(f"block {key} pulled from the DVC remote holds another state than the worker reported", fix=fix)
+    if meta.get("config") != want or meta.get("seed") != block_seed(project.seed, cfg.seed, key):
+        raise ZgError(
+            f"block {key} came back trained with other params than this project's (its meta.json's config or seed)",
+            key=f"blocks.{key}",
+            fix="rerun `zg repro` once no other driver trains this block from the same commit",
+        )

@@ -28,6 +28,7 @@ from tests.helpers.assertions import assert_user_error
 from tests.helpers.projects import copy_project, project_of, read_json, set_params, tree_sha256
 from tests.helpers.runners import BIN, kill_9_when, run, zg
 from zgdata.core.metrics_file import split_timed
+from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.block.train import train_block
 
@@ -371,3 +372,87 @@ def test_remote_data_plane_workers_clone_pull_train_and_push(serial, base, tmp_p
     assert not set(_status(root)) & {"train@b00", "train@b01"}
     pushed = run(["dvc", "status", "--cloud", "--json", "train@b00", "train@b01"], cwd=root).stdout
     assert json.loads(pushed or "{}") == {}  # the remote holds both blocks
+
+
+def _driver_state(root: Path) -> tuple:
+    """What a receive of b01 may change in the driver's project: dvc.lock, b01's uncached outputs, its folder."""
+    files = ("dvc.lock", "metrics/blocks/b01.json", "plots/loss/b01.csv")
+    return tuple((root / f).read_bytes() for f in files) + (tree_sha256(root / "models" / "blocks" / "b01"),)
+
+
+def test_a_received_block_is_checked_and_a_failed_receive_leaves_the_project_as_it_was(serial, tmp_path):
+    """The driver's side of `--data remote` (scratch.receive), given what a worker returns for b01 (its dvc.lock
+    entry, uncached outputs and state) with a driver that has nothing cached: the remote serving b00's file list
+    under b01's md5, a block trained with other params and a failed pull are refused, each leaving dvc.lock, the
+    uncached outputs and the recorded block as they were (before, the lock entry and metrics were written and the
+    block folder deleted; the planted list was recorded); the real one is received."""
+    from zgtrain.exec import scratch
+    from zgtrain.project.config import ProjectConfig
+
+    remote = tmp_path / "dvc-remote"
+
+    def driver(name: str) -> Path:
+        """A copy of ``serial`` whose DVC cache is empty: it has only what the remote serves (each its own copy:
+        DVC also keeps what it fetched in an index outside the project, keyed by the project's path)."""
+        root = copy_project(serial, tmp_path / name)
+        run(["dvc", "remote", "add", "-d", "shared", str(remote)], cwd=root)
+        if not remote.exists():
+            run(["dvc", "push", "-q", "train@b00", "train@b01"], cwd=root)
+        shutil.rmtree(root / ".dvc" / "cache")
+        return root
+
+    root = driver("planted")
+    lock = _lock(root)
+    r = {
+        "key": "b01",
+        "lock_entry": lock["train@b01"],
+        "uncached": {p: (root / p).read_text() for p in ("metrics/blocks/b01.json", "plots/loss/b01.csv")},
+        "state_sha256": read_json(root / "metrics" / "blocks" / "b01.json")["state_sha256"],
+    }
+    r["uncached"]["metrics/blocks/b01.json"] += " "  # the worker's copy differs: a failed receive must not keep it
+    project = ProjectConfig.load(root / "params.yaml")
+    before = _driver_state(root)
+
+    def obj(stage: str) -> Path:
+        h = next(o["md5"] for o in lock[stage]["outs"] if o["path"].startswith("models/blocks/"))
+        return remote / "files" / "md5" / h[:2] / h[2:]
+
+    real = obj("train@b01").read_bytes()
+    obj("train@b01").write_bytes(obj("train@b00").read_bytes())
+    with pytest.raises(ZgError, match="b01 pulled from the DVC remote is not the one the worker pushed"):
+        scratch.receive(root, r, project)
+    assert _driver_state(root) == before
+    obj("train@b01").write_bytes(real)
+
+    root = driver("other-params")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["blocks"]["b01"]["lr"] = 0.5
+    with pytest.raises(ZgError, match="b01 came back trained with other params"):
+        scratch.receive(root, r, ProjectConfig.from_params(params))
+    assert _driver_state(root) == before
+
+    root = driver("no-remote")
+    shutil.move(remote, tmp_path / "away")
+    with pytest.raises(ZgError, match="dvc pull train@b01"):
+        scratch.receive(root, r, project)
+    assert _driver_state(root) == before
+    shutil.move(tmp_path / "away", remote)
+
+    root = driver("received")
+    block = tree_sha256(root / "models" / "blocks" / "b01")
+    shutil.rmtree(root / "models" / "blocks" / "b01")
+    scratch.receive(root, r, project)
+    assert tree_sha256(root / "models" / "blocks" / "b01") == block
+    assert (root / "metrics" / "blocks" / "b01.json").read_text() == r["uncached"]["metrics/blocks/b01.json"]
+
+
+def test_two_drivers_at_one_commit_with_other_params_train_in_other_scratch_folders():
+    """The scratch folder is keyed by the pipeline files laid over the clone too: two drivers at one commit with
+    other uncommitted params never share one (one block then trained on the other's params); the same source on
+    a retry gets the same folder (it resumes from the block's checkpoint)."""
+    from zgtrain.exec.scratch import _scratch
+
+    source = {"url": "/srv/origin.git", "rev": "a" * 40, "files": {"params.yaml": "seed: 0\n", "dvc.lock": "x\n"}}
+    other = {**source, "files": {**source["files"], "params.yaml": "seed: 1\n"}}
+    assert _scratch(source, "b01") == _scratch(dict(source), "b01") != _scratch(other, "b01")
+    assert _scratch(source, "b01") != _scratch(source, "b00")
