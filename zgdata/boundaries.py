@@ -36,8 +36,11 @@ class Boundary:
         from zgdata.materialize.virtual import virtual_from_params
 
         # a project's h00 under materialize.virtual_first is not on disk: it is computed from tokens + embedding
-        vb = virtual_from_params(Path(path)) if not Path(path).exists() and version is None else None
+        # (found from the path's project, so a relative path is made absolute first)
+        absent = not Path(path).exists() and version is None
+        vb = virtual_from_params(Path(path).absolute()) if absent else None
         self._b = vb if vb is not None else BoundaryDataset(Path(path), version=version)
+        self.version = version
 
     name = property(lambda self: self._b.name)
     path = property(lambda self: self._b.path)
@@ -55,17 +58,38 @@ class Boundary:
 
     def rows(self, split: str | None = None) -> np.ndarray:
         """Row numbers of a split ("train", "heldout"), or of every row."""
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)} (or None: every row)")
         return np.arange(len(self)) if split is None else self._b.rows(split)
 
     def take(self, rows) -> torch.Tensor:
-        """(N, seq_len, hidden) tensor of the given row numbers, in their order."""
-        return self._b.take(rows)
+        """(N, seq_len, hidden) tensor of the given row numbers (integers, or a boolean mask over every row), in
+        their order."""
+        return self._b.take(_row_numbers(rows, len(self)))
 
     def rows_dataset(self, split: str | None = None) -> RowDataset:
-        return RowDataset(self._b.path, split)
+        self.rows(split)  # an unknown split is refused here, not as an empty dataset
+        return RowDataset(self._b.path, split, self.version)
 
     def tokens_dataset(self, split: str | None = None) -> TokenDataset:
-        return TokenDataset(self._b.path, split)
+        self.rows(split)
+        return TokenDataset(self._b.path, split, self.version)
+
+
+SPLITS = ("train", "heldout")
+
+
+def _row_numbers(rows, n: int) -> np.ndarray:
+    """Row numbers as int64: integers as given, a boolean mask of length ``n`` as the rows it selects (numpy's
+    meaning); anything else (floats: a truncated 5.9 would read row 5) is refused."""
+    r = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows)
+    if r.dtype == bool:
+        if r.shape != (n,):
+            raise IndexError(f"a boolean mask of shape {r.shape} over {n} rows")
+        return np.flatnonzero(r)
+    if r.size and not np.issubdtype(r.dtype, np.integer):
+        raise TypeError(f"row numbers must be integers, not {r.dtype}")
+    return r.astype(np.int64).reshape(-1)
 
 
 def open_boundary(path, *, version: int | None = None) -> Boundary:
@@ -76,16 +100,16 @@ def open_boundary(path, *, version: int | None = None) -> Boundary:
 class _Lazy(Dataset):
     """Holds a path; opens the boundary on first use in each process (Lance handles do not pickle)."""
 
-    def __init__(self, path, split: str | None):
-        self.path, self.split = Path(path), split
+    def __init__(self, path, split: str | None, version: int | None = None):
+        self.path, self.split, self.version = Path(path), split, version
         self._open()
 
     def _open(self) -> None:
-        self._b = Boundary(self.path)
+        self._b = Boundary(self.path, version=self.version)
         self._rows = self._b.rows(self.split)
 
     def __getstate__(self):
-        return {"path": self.path, "split": self.split}
+        return {"path": self.path, "split": self.split, "version": self.version}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -117,7 +141,8 @@ class TokenDataset(_Lazy):
     (row ``i // seq_len`` of the split, position ``i % seq_len``)."""
 
     def __len__(self) -> int:
-        return len(self._rows) * self._boundary().seq_len
+        b = self._boundary()  # reopens, and restores _rows, in a process that unpickled this dataset
+        return len(self._rows) * b.seq_len
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return self.__getitems__([i])[0]

@@ -180,3 +180,19 @@ def test_a_spill_folder_symlinked_outside_is_refused_and_one_inside_is_replaced(
     spill.symlink_to(target)
     zg_main("data", "tokenize", cwd=tiny_project)
     assert target.is_dir() and not spill.exists()
+
+
+def test_a_replace_killed_between_its_renames_leaves_no_old_copy_after_the_next_one(tmp_path):
+    """replace_path renames the old folder aside, the new one in, then removes the old one: a kill between the
+    renames leaves ``.NAME.old`` and no NAME. The next replace (materialize's rerun publishing the boundary) took the
+    plain branch and left the old copy for good (a whole boundary's bytes nothing tracks); it is removed now."""
+    dst = tmp_path / "data" / "boundaries" / "h00.lance"
+    old = dst.with_name(".h00.lance.old")
+    old.mkdir(parents=True)
+    (old / "a.lance").write_bytes(b"old rows")
+    src = tmp_path / "new.lance"
+    src.mkdir()
+    (src / "b.lance").write_bytes(b"new rows")
+    replace_path(src, dst)
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["h00.lance"]
+    assert (dst / "b.lance").read_bytes() == b"new rows"

@@ -243,3 +243,41 @@ def test_public_api_rows_tokens_and_dataloader(zstd_built, tiny_built):
         assert torch.equal(
             first.view(torch.int16), want[torch.from_numpy(train[:2])].reshape(-1, 64)[:100].view(torch.int16)
         )
+
+
+def test_public_api_under_dataloader_workers_versions_masks_and_pickles(zstd_built, tmp_path):
+    """What a review found (each failed on the old code): forked DataLoader workers of a zstd boundary waited
+    forever once the parent had decoded several rows (they inherited the decoding pool without its threads; the
+    DataLoader's timeout turns a hang into a failure here, it asserts no duration); ``rows_dataset`` of
+    ``open_boundary(p, version=N)`` read the latest version; ``len`` of an unpickled TokenDataset raised; a boolean
+    mask read rows 0 and 1, a float index truncated; an unknown split was an empty dataset."""
+    import pickle
+
+    import lance
+    from torch.utils.data import DataLoader
+
+    src = zstd_built / "data" / "boundaries" / "h02.lance"
+    b = open_boundary(src)
+    want = b.take(np.arange(len(b)))  # the parent decodes several rows on its pool before the workers fork
+    train = b.rows("train")
+    loader = DataLoader(b.rows_dataset("train"), batch_size=8, num_workers=2, timeout=120)
+    got = torch.cat(list(loader))
+    assert torch.equal(got.view(torch.int16), want[torch.from_numpy(train)].view(torch.int16))
+
+    toks = pickle.loads(pickle.dumps(b.tokens_dataset("train")))
+    assert len(toks) == len(train) * b.seq_len
+
+    mask = b.rows() == 5
+    assert torch.equal(b.take(mask).view(torch.int16), want[[5]].view(torch.int16))
+    for bad, error in (([5.9], TypeError), (np.ones(3, dtype=bool), IndexError)):
+        with pytest.raises(error):
+            b.take(bad)
+    for make in (b.rows_dataset, b.tokens_dataset):
+        with pytest.raises(ValueError, match="'tranin' is not one of train, heldout"):
+            make("tranin")
+
+    copy = shutil.copytree(src, tmp_path / "h02.lance")
+    lance.dataset(str(copy)).delete("seq_id >= 40")  # version 2: fewer rows (the metadata promises more)
+    v1 = open_boundary(copy, version=1)
+    assert len(v1.rows_dataset("train")) == len(train)
+    assert torch.equal(v1.rows_dataset("train")[4].view(torch.int16), want[train[4]].view(torch.int16))

@@ -4,6 +4,7 @@ train@b00 depends on those files (traced with strace) and trains to the same sta
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -58,6 +59,12 @@ def test_virtual_h00_is_bitwise_the_stored_one_and_trains_b00_to_the_same_state(
     pub = open_boundary(layout.boundary("h00"))
     assert pub.codec == "virtual" and torch.equal(pub.take([5, 0]), stored.take([5, 0]))
     assert torch.equal(pub.tokens_dataset("train")[70], stored.take(stored.rows("train")[1:2])[0, 6])
+    here = os.getcwd()
+    try:  # ... a relative path too, from inside the boundaries folder (it pointed at `dvc checkout h00.lance`)
+        os.chdir(layout.boundaries_dir)
+        assert torch.equal(open_boundary("h00.lance").take([5, 0]), stored.take([5, 0]))
+    finally:
+        os.chdir(here)
 
     # dvc.yaml: no h00 out; train@b00 reads the tokens and the head slice, and nothing undeclared
     stages = pipeline_stages(root)

@@ -44,8 +44,8 @@ def replace_path(src: Path, dst: Path) -> None:
 
 def _swap(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
+    old = dst.with_name(f".{dst.name}.old")
     if src.is_dir() and (dst.exists() or dst.is_symlink()):
-        old = dst.with_name(f".{dst.name}.old")
         if old.exists() or old.is_symlink():
             _remove(old)
         os.replace(dst, old)
@@ -53,6 +53,8 @@ def _swap(src: Path, dst: Path) -> None:
         _remove(old)
     else:
         os.replace(src, dst)
+        if old.exists() or old.is_symlink():  # a swap killed between its renames left the old one aside
+            _remove(old)
 
 
 def _sync(path: Path) -> None:

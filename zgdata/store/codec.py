@@ -409,6 +409,16 @@ _POOL_LOCK = threading.Lock()
 _LOCAL = threading.local()
 
 
+def _after_fork() -> None:
+    """A forked child (a DataLoader worker) inherits the pool object but none of its threads: a map on it would
+    wait forever. The child makes its own pool, under a lock no thread of the parent can hold."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _pool():
     """The process's decoding threads, made once (two readers' threads asking at once get the same pool)."""
     global _POOL

@@ -30,6 +30,15 @@ _reserved = 0  # bytes held by this process's live caches
 _reserved_lock = threading.Lock()
 
 
+def _after_fork() -> None:
+    """A forked child gets a lock no thread of the parent can hold (a reader thread may hold it at the fork)."""
+    global _reserved_lock
+    _reserved_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def budget_bytes() -> int:
     """Bytes all decoded caches of this process may hold: ``ZG_DECODED_CACHE_MB``, default 1/16 of memory."""
     env = os.environ.get("ZG_DECODED_CACHE_MB")
