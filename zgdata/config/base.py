@@ -158,8 +158,12 @@ class Section:
 
     SECTION: ClassVar[str] = ""
     # fields that change no trained bit (a checkpoint's period, a schedule of the same work): a resume may change
-    # them, and the stages that train depend on every other field only (``identity_keys``)
+    # them (``identity``)
     NOT_IDENTITY: ClassVar[tuple[str, ...]] = ()
+    # fields that change none of a stage's outputs, neither a bit nor a figure it writes (a checkpoint's period;
+    # not cached vs online targets, which the metrics record): the stage depends on every other field only
+    # (``stage_keys``), so editing one of these reruns nothing
+    UNRECORDED: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         for f in fields(self):
@@ -173,10 +177,10 @@ class Section:
         return f"{cls.SECTION}.{name}" if cls.SECTION else name
 
     @classmethod
-    def identity_keys(cls, *, without: tuple[str, ...] = ()) -> list[str]:
-        """The params keys (``train.lr``, ...) of every field but ``NOT_IDENTITY`` and ``without``: what a DVC
-        stage that trains lists, so an edit of a field that changes no bit reruns nothing."""
-        return [cls.key(f.name) for f in fields(cls) if f.name not in (*cls.NOT_IDENTITY, *without)]
+    def stage_keys(cls, *, without: tuple[str, ...] = ()) -> list[str]:
+        """The params keys (``train.lr``, ...) of every field but ``UNRECORDED`` and ``without``: what a DVC stage
+        lists, one by one, so an edit of a field that changes none of its outputs reruns nothing."""
+        return [cls.key(f.name) for f in fields(cls) if f.name not in (*cls.UNRECORDED, *without)]
 
     def identity(self) -> dict:
         """The fields that make the trained bits: every one but ``NOT_IDENTITY`` (a run's resume check)."""

@@ -207,19 +207,32 @@ def write_hparams(
     if hd != cfg["hidden_size"] // heads or spec.window == "pattern":
         w.add_key_length(hd)
         w.add_value_length(hd)
-    rp = _rope(cfg, "full_attention" if fam == "gemma3_text" else None)
+    _rope_hparams(w, cfg, spec, hd)
+    _family_hparams(w, cfg, spec, notes)
+    if spec.window == "pattern":
+        _gemma_hparams(w, cfg, spec, n_layer, layer_types, notes)
+    return notes
+
+
+def _rope_hparams(w, cfg: dict, spec: ArchSpec, hd: int) -> None:
+    """The rotary base, its linear scaling and the rotated dimensions (partial for Phi and Phi-3)."""
+    rp = _rope(cfg, "full_attention" if spec.family == "gemma3_text" else None)
     w.add_rope_freq_base(float(rp.get("rope_theta", 10000.0)))
     if rp.get("rope_type") == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rp["factor"]))
-    if fam == "phi3" or spec.partial_rotary:
+    if spec.family == "phi3" or spec.partial_rotary:
         w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) * hd))
     else:
         w.add_rope_dimension_count(hd)
-    if fam == "olmo" and cfg.get("clip_qkv") is not None:  # q, k and v clamped to +-clip_qkv (check_options)
+
+
+def _family_hparams(w, cfg: dict, spec: ArchSpec, notes: dict) -> None:
+    """One family's own keys: OLMo's q/k/v clamp, Granite's multipliers."""
+    if spec.family == "olmo" and cfg.get("clip_qkv") is not None:  # q, k and v clamped to +-clip_qkv
         w.add_clamp_kqv(float(cfg["clip_qkv"]))
         notes["clamp_kqv"] = float(cfg["clip_qkv"])
-    if fam == "granite":
+    if spec.family == "granite":
         for key, add in (
             ("attention_multiplier", w.add_attention_scale),
             ("embedding_multiplier", w.add_embedding_scale),
@@ -228,9 +241,6 @@ def write_hparams(
         ):
             if cfg.get(key) is not None:
                 add(float(cfg[key]))
-    if spec.window == "pattern":
-        _gemma_hparams(w, cfg, spec, n_layer, layer_types, notes)
-    return notes
 
 
 def _gemma_hparams(w, cfg: dict, spec: ArchSpec, n_layer: int, layer_types: list | None, notes: dict) -> None:

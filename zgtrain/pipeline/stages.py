@@ -1,7 +1,7 @@
 """The stage graph of a project, generated from params (the partition): DVC templates cannot compute k+1 or
 expand a list into outs, so `zg pipeline` regenerates dvc.yaml after the partition changes. Each stage lists only
 the data, code and params keys it uses: a stage that trains lists its section's keys one by one, all but those
-that change no trained bit (``NOT_IDENTITY``: a checkpoint's period, ...), so editing one of those reruns nothing.
+that change none of its outputs (``UNRECORDED``: a checkpoint's period), so editing one of those reruns nothing.
 DVC then needs every listed key in params.yaml: `zg pipeline` writes those sections' defaults where keys lack."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _student_stages(L: Layout, blocks, code) -> dict:
                 "cmd": "zg train block ${key}",
                 "deps": [str(L.boundary("${item.in}")), str(L.boundary("${item.out}")), str(L.teacher_slice("${key}"))]
                 + code("train"),
-                "params": ["seed", *TrainConfig.identity_keys(), "blocks.${key}"],
+                "params": ["seed", *TrainConfig.stage_keys(), "blocks.${key}"],
                 "outs": [str(L.block_dir("${key}"))],
                 "metrics": [{str(L.block_metrics("${key}")): {"cache": False}}],
                 "plots": [{str(L.block_loss_curve("${key}")): {"cache": False, "x": "step", "y": "loss"}}],
@@ -216,20 +216,14 @@ def _local_stages(project: ProjectConfig, L: Layout, blocks, code) -> dict:
             "local": {
                 "cmd": "zg train local",
                 "deps": data + code("local"),
-                # the held-out keys score the result, so this stage (which scores) depends on them
-                "params": [
-                    "seed",
-                    "partition",
-                    *LocalConfig.identity_keys(),
-                    "local.heldout_seqs",
-                    "local.eval_batch_size",
-                ],
+                "params": ["seed", "partition", *LocalConfig.stage_keys()],
                 "outs": [str(L.local_dir)],
                 "metrics": [{str(L.local_metrics): {"cache": False}}],
                 "plots": [{str(L.local_loss_curve): {"cache": False, "x": "step"}}],
             }
         }
-    shared = LocalConfig.identity_keys(without=("blocks",))
+    # a block's stage trains (local_export scores, with the held-out keys) and records no schedule
+    shared = LocalConfig.stage_keys(without=(*LocalConfig.NOT_IDENTITY, "blocks"))
     bnd = [str(L.local_boundary(layer)) for layer in project.partition.boundaries]
     out = {}
     for i, b in enumerate(blocks):
@@ -267,7 +261,7 @@ def _search_stages(project: ProjectConfig, blocks, code) -> dict:
         "search": {
             "cmd": "zg search run",
             "deps": [str(L.variant_metrics(b.key, v)) for b in blocks for v in names] + code("search"),
-            "params": SearchConfig.identity_keys(without=("max_tries",)),  # search_assemble's only
+            "params": SearchConfig.stage_keys(without=("max_tries",)),  # search_assemble's only
             "outs": [{str(L.search_choice): {"cache": False}}],
             "metrics": [{str(L.search_metrics): {"cache": False}}],
         },
@@ -324,7 +318,7 @@ def _variant_stage(L: Layout, blocks, code) -> dict:
         ]
         + [str(L.teacher_slice(b.key)) for b in blocks]
         + code("variant"),
-        "params": ["seed", *TrainConfig.identity_keys(), "variants.${item.variant}"],
+        "params": ["seed", *TrainConfig.stage_keys(), "variants.${item.variant}"],
         "outs": [str(L.variant_dir(*item))],
         "metrics": [{str(L.variant_metrics(*item)): {"cache": False}}],
         "plots": [{str(L.variant_loss_curve(*item)): {"cache": False, "x": "step", "y": "loss"}}],
@@ -346,7 +340,7 @@ def _search_repair_stage(L: Layout, blocks, search_assemble: dict, code) -> dict
         ),
         "params": [
             "seed",
-            *RepairConfig.identity_keys(),
+            *RepairConfig.stage_keys(),
             "partition",
             "eval",
             "gates",
@@ -426,7 +420,7 @@ def _add_repair(stages: dict, project: ProjectConfig, L: Layout, code) -> None:
             str(L.tokens_json),
         ]
         + code("repair"),
-        "params": ["seed", *RepairConfig.identity_keys()],
+        "params": ["seed", *RepairConfig.stage_keys()],
         "outs": [str(rp.run_dir), str(rp.model)],
         "metrics": [{str(rp.metrics): {"cache": False}}],
         "plots": [{str(rp.loss_curve): {"cache": False, "x": "step", "y": "loss"}}],

@@ -59,6 +59,7 @@ __all__ = [
 class TrainConfig(Section):
     SECTION: ClassVar[str] = "train"
     NOT_IDENTITY: ClassVar[tuple[str, ...]] = ("targets", "checkpoint_every")  # cached == online, bit for bit
+    UNRECORDED: ClassVar[tuple[str, ...]] = ("checkpoint_every",)
     conversion: str = param(
         "prune_mlp",
         "How the student block starts: a conversion of zgtrain/block/conversions.py "

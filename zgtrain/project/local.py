@@ -24,6 +24,7 @@ class LocalConfig(Section):
     SECTION: ClassVar[str] = "local"
     # the schedule orders the same work (docs/concepts/guarantees.md); the held-out keys only score the result
     NOT_IDENTITY: ClassVar[tuple[str, ...]] = ("schedule", "checkpoint_every", "heldout_seqs", "eval_batch_size")
+    UNRECORDED: ClassVar[tuple[str, ...]] = ("checkpoint_every",)  # the metrics record the schedule
     # the model (a transformers LlamaConfig; untied embeddings: the first and last block must not share a tensor)
     layers: int = param(
         8,

@@ -232,6 +232,7 @@ class RepairConfig(Section):
     SECTION: ClassVar[str] = "repair"
     # eval_rows changes no trained bit either, but the KL before/after must be measured on the same rows
     NOT_IDENTITY: ClassVar[tuple[str, ...]] = ("checkpoint_every",)
+    UNRECORDED: ClassVar[tuple[str, ...]] = ("checkpoint_every",)
     steps: int = param(
         0,
         "Repair: optimizer steps of global distillation after assemble (0: no repair stage, the "

@@ -215,8 +215,8 @@ def test_s3_remote_repro_pull_allow_missing_trains_one_block(team_a, moto_s3, tm
     assert state_of(b) == team_a["b01_state"]
     lock = yaml.safe_load((b / "dvc.lock").read_text())["stages"]["train@b01"]
     assert sorted(d["path"] for d in lock["deps"]) == sorted(B01_INPUTS)  # its pair and its slice, nothing else
-    # and its own params: train's keys one by one, but those that change no trained bit
-    assert sorted(lock["params"]["params.yaml"]) == sorted(["blocks.b01", "seed", *TrainConfig.identity_keys()])
+    # and its own params: train's keys one by one, but the one that changes none of its outputs
+    assert sorted(lock["params"]["params.yaml"]) == sorted(["blocks.b01", "seed", *TrainConfig.stage_keys()])
 
 
 def test_dvc_import_into_another_project_trains_block(team_a, tmp_path):

@@ -197,7 +197,7 @@ def test_editing_one_block_reruns_that_block_only(reproduced):
 
 def test_editing_what_changes_no_trained_bit_reruns_nothing(reproduced):
     """A checkpoint's period changes no trained bit (resume is bitwise, guarantee 3), so no block reruns for it: the
-    train stages list train's keys one by one, all but ``TrainConfig.NOT_IDENTITY``. Any other train key reruns
+    train stages list train's keys one by one, all but ``TrainConfig.UNRECORDED``. Any other train key reruns
     every block that inherits it."""
     params = load_params_of(reproduced)
     every = params["train"]["checkpoint_every"]

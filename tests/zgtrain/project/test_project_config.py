@@ -127,7 +127,7 @@ def test_regenerate_writes_the_defaults_of_the_keys_dvc_yaml_lists(tmp_path):
     assert train == {**defaults(TrainConfig), "steps": 3, "lr": 0.002}
     listed = yaml.safe_load(dvc.read_text())["stages"]["train"]["do"]["params"]
     keys = [k.split(".", 1)[1] for k in listed if k.startswith("train.")]
-    assert set(keys) == set(train) - {"checkpoint_every", "targets"} and "seed" in listed
+    assert set(keys) == set(train) - {"checkpoint_every"} and "seed" in listed
 
 
 def test_init_without_git_on_path_is_one_line_and_a_rerun_works(tmp_path, monkeypatch):
