@@ -194,3 +194,14 @@ def test_open_boundary_of_a_name_says_to_give_the_datasets_folder(tiny_built):
     assert "dvc checkout" not in str(e.value)
     with pytest.raises(ZgError, match=r"a path ending in \.lance, e\.g\. data/boundaries/h03\.lance"):
         open_boundary(tiny_built / "h03")
+
+
+def test_open_boundary_of_a_version_below_1_is_named_as_such(tiny_built):
+    """Lance numbers versions from 1: version 0 or -1 was reported as a corrupt dataset to restore."""
+    from zgdata.boundaries import open_boundary
+
+    for v in (0, -1):
+        with pytest.raises(ZgError, match=rf"has no version {v}: versions count from 1") as e:
+            open_boundary(Layout(tiny_built).boundary("h02"), version=v)
+        assert "dvc checkout" not in str(e.value)
+    assert len(open_boundary(Layout(tiny_built).boundary("h02"), version=1)) == 56

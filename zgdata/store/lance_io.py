@@ -48,6 +48,8 @@ def open_dataset(path: Path, *, version: int | str | None = None, kind: str | No
 
     path = Path(path)
     recover = recover_fix(path, kind)
+    if version is not None and not isinstance(version, str) and (isinstance(version, bool) or version < 1):
+        raise ZgError(f"{path} has no version {version}: versions count from 1", fix="list them with `zg data inspect`")
     if not path.exists():
         if path.suffix != ".lance":  # a name (h02), not a dataset's folder: restoring "h02" would not help
             near = path.with_name(path.name + ".lance")
