@@ -12,12 +12,15 @@ stored one (``b.codec == "virtual"``; zgdata/materialize/virtual.py).
 
 Every read of a stored boundary checks each row's checksum (a ZgError names a damaged row). Values are the stored
 bits: bf16 boundaries come back as bf16 (``.float()`` for fp32 math). The datasets reopen the
-Lance dataset lazily in each process, so they work with ``DataLoader(num_workers > 0)``, and
-they define ``__getitems__``, so a DataLoader batch is one sorted Lance read, not one per item.
+Lance dataset lazily in each process, so they work with ``DataLoader(num_workers > 0)``: pass
+``multiprocessing_context="spawn"`` (or ``"forkserver"``), since Lance is not fork-safe (a forked worker can
+wait forever on a lock one of the parent's Lance threads held at the fork; a forked worker at least opens its
+own handle). They define ``__getitems__``, so a DataLoader batch is one sorted Lance read, not one per item.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +110,7 @@ class _Lazy(Dataset):
     def _open(self) -> None:
         self._b = Boundary(self.path, version=self.version)
         self._rows = self._b.rows(self.split)
+        self._pid = os.getpid()
 
     def __getstate__(self):
         return {"path": self.path, "split": self.split, "version": self.version}
@@ -116,7 +120,7 @@ class _Lazy(Dataset):
         self._b = None
 
     def _boundary(self) -> Boundary:
-        if self._b is None:
+        if self._b is None or self._pid != os.getpid():  # unpickled, or inherited by a forked process
             self._open()
         return self._b
 

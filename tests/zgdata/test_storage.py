@@ -4,6 +4,7 @@ version, a killed materialize with the codec resumes bitwise, and the public rea
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import lance
@@ -246,9 +247,9 @@ def test_public_api_rows_tokens_and_dataloader(zstd_built, tiny_built):
 
 
 def test_public_api_under_dataloader_workers_versions_masks_and_pickles(zstd_built, tmp_path):
-    """What a review found (each failed on the old code): forked DataLoader workers of a zstd boundary waited
-    forever once the parent had decoded several rows (they inherited the decoding pool without its threads; the
-    DataLoader's timeout turns a hang into a failure here, it asserts no duration); ``rows_dataset`` of
+    """What a review found (each failed on the old code): DataLoader workers of a zstd boundary read the rows the
+    parent reads (spawned, as the docs say: Lance is not fork-safe; the forked decoding pool is the test below);
+    ``rows_dataset`` of
     ``open_boundary(p, version=N)`` read the latest version; ``len`` of an unpickled TokenDataset raised; a boolean
     mask read rows 0 and 1, a float index truncated; an unknown split was an empty dataset."""
     import pickle
@@ -260,7 +261,7 @@ def test_public_api_under_dataloader_workers_versions_masks_and_pickles(zstd_bui
     b = open_boundary(src)
     want = b.take(np.arange(len(b)))  # the parent decodes several rows on its pool before the workers fork
     train = b.rows("train")
-    loader = DataLoader(b.rows_dataset("train"), batch_size=8, num_workers=2, timeout=120)
+    loader = DataLoader(b.rows_dataset("train"), batch_size=8, num_workers=2, multiprocessing_context="spawn")
     got = torch.cat(list(loader))
     assert torch.equal(got.view(torch.int16), want[torch.from_numpy(train)].view(torch.int16))
 
@@ -281,3 +282,29 @@ def test_public_api_under_dataloader_workers_versions_masks_and_pickles(zstd_bui
     v1 = open_boundary(copy, version=1)
     assert len(v1.rows_dataset("train")) == len(train)
     assert torch.equal(v1.rows_dataset("train")[4].view(torch.int16), want[train[4]].view(torch.int16))
+
+
+def _map_in_child() -> None:
+    from zgdata.store import codec
+
+    os._exit(0 if list(codec._pool().map(abs, [-3, -4])) == [3, 4] else 1)
+
+
+def test_a_forked_child_decodes_on_a_pool_of_its_own():
+    """A forked child (a DataLoader worker under fork) inherited the parent's decoding pool without its threads,
+    so its first multi-row decode waited forever (a review found it on zstd and quantized boundaries); the child
+    now makes its own. No Lance here: the join's limit is a guard against a hang, not a timing assertion."""
+    import multiprocessing
+    import time
+
+    from zgdata.store import codec
+
+    pool = codec._pool()
+    list(pool.map(time.sleep, [0.05] * 2 * pool._max_workers))  # every thread of the parent's pool started
+    child = multiprocessing.get_context("fork").Process(target=_map_in_child)
+    child.start()
+    child.join(120)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+    assert not hung and child.exitcode == 0
