@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["app", "help_page", "main", "run"]  # noqa: F822 - app comes from __getattr__ below
+__all__ = ["app", "help_page", "main", "run", "subfolder_hint"]  # noqa: F822 - app comes from __getattr__ below
 
 
 def __getattr__(name: str):
@@ -62,6 +62,24 @@ def _quiet_hf_progress() -> None:
         hf_logging.disable_progress_bar()
 
 
+def subfolder_hint() -> str:
+    """When the working folder lies inside a project but is not its root, where to run from: every `zg` command
+    reads params.yaml, dvc.yaml and the data from the folder it runs in (as the stages do), so an error there
+    ("params.yaml not found", "data/tokens.lance does not exist") would otherwise send the user to `zg init` or
+    `dvc repro`. Empty anywhere else."""
+    from pathlib import Path
+
+    from zgdata.core.paths_guard import MARKERS, project_root
+
+    try:
+        here = Path.cwd()
+    except OSError:  # the working folder was deleted
+        return ""
+    if any((here / m).exists() for m in MARKERS) or (root := project_root(here)) is None:
+        return ""
+    return f"(this folder is inside the project at {root}; zg's project commands run from its root: `cd {root}`)"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
@@ -84,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     except ZgError as e:
         if debug:
             raise
-        print(f"error: {e.render()}", file=sys.stderr)
+        hint = subfolder_hint()
+        print(f"error: {e.render()}{' ' + hint if hint else ''}", file=sys.stderr)
         sys.exit(e.code)
     except click_exc.NoArgsIsHelpError as e:  # a group without a command: its help (on a narrow terminal)
         print(e.format_message())

@@ -54,3 +54,23 @@ def test_a_dvc_file_of_another_shape_is_one_line_in_inspect(tiny_project):
         dvcfile.write_text(text + "\n")
         res = zg_main("data", "inspect", "data/boundaries", cwd=tiny_project, check=False)
         assert_user_error(res, "data/boundaries/h04.lance.dvc", says, "git checkout data/boundaries/h04.lance.dvc")
+
+
+def test_a_command_run_from_a_project_subfolder_names_the_root_to_run_from(tiny_project, tmp_path):
+    """Every zg command reads params.yaml and data/ from the folder it runs in: from a subfolder the error says
+    where the project's root is (it said only "create one with `zg init`" or "run `dvc repro` first"); outside any
+    project it does not."""
+    sub = tiny_project / "notes" / "week1"
+    sub.mkdir(parents=True)
+    for args, what in (
+        (("pipeline",), "params.yaml not found"),
+        (("data", "inspect"), "data/tokens.lance does not exist"),
+    ):
+        res = zg_main(*args, cwd=sub, check=False)
+        assert_user_error(res, what, f"inside the project at {tiny_project.absolute()}; zg's project commands run")
+        assert f"`cd {tiny_project.absolute()}`" in res.stderr, res.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = zg_main("pipeline", cwd=elsewhere, check=False)
+    assert_user_error(res, "params.yaml not found")
+    assert "inside the project" not in res.stderr, res.stderr
