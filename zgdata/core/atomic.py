@@ -23,7 +23,7 @@ from typing import Any
 
 from zgdata.core.paths_guard import output
 
-__all__ = ["atomic_path", "replace_path", "write_json", "write_text"]
+__all__ = ["atomic_path", "replace_path", "sync_entries", "sync_tree", "write_json", "write_text"]
 
 
 def _remove(path: Path) -> None:
@@ -67,6 +67,24 @@ def _sync(path: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def sync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (a file: itself) and every folder's entries, ``path``'s own last: what a
+    rename then publishes outlives a power loss, not only a kill."""
+    path = Path(path)
+    if path.is_dir():
+        for folder, _, files in os.walk(path, topdown=False):
+            for f in files:
+                _sync(Path(folder) / f)
+            _sync(Path(folder))
+    else:
+        _sync(path)
+
+
+def sync_entries(folder: Path) -> None:
+    """Flush a folder's entries (the renames into it), not its files."""
+    _sync(Path(folder))
 
 
 @contextlib.contextmanager

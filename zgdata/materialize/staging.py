@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from zgdata.core import failpoints
-from zgdata.core.atomic import replace_path, write_text
+from zgdata.core.atomic import replace_path, sync_entries, sync_tree, write_text
 from zgdata.core.timing import span
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.write_behind import WriteBehind
@@ -288,7 +288,10 @@ def finalize(
             transaction_properties={"zg.message": msg},
         )
         lance.LanceDataset.commit(str(pub), tx)
+        sync_tree(pub)  # compact_files' files and the manifest: on the disk before the rename publishes them
     for n in names:  # each rename is atomic: data/boundaries/ never holds a half-written dataset
         replace_path(stage / f"{n}.publish.lance", finals[n])
         failpoints.pause(failpoints.AFTER_PUBLISH)  # a kill here leaves some boundaries published (driver.py)
+    for folder in sorted({finals[n].parent for n in names}):
+        sync_entries(folder)
     return stats
