@@ -41,7 +41,7 @@ def provenance(path: Path) -> dict:
         if not dvc_file.is_file():
             continue
         name = dvc_file.relative_to(root).as_posix()
-        spec = dvc_added.parse(_read(dvc_file, name), name)
+        spec = dvc_added.parse(dvc_added.read_text(dvc_file, name), name)
         out = {"tracked_by": name, "path": rel}
         dep = (spec.get("deps") or [{}])[0]
         sub = path.relative_to(p).as_posix()
@@ -63,13 +63,6 @@ def provenance(path: Path) -> dict:
             if op and (rel == op or rel.startswith(op + "/")):
                 return {"tracked_by": "dvc.lock", "stage": name, "path": rel}
     return {"tracked_by": None, "path": rel}
-
-
-def _read(path: Path, name: str) -> str:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ZgError(f"{name} cannot be read ({e})", fix=f"restore it from git (`git checkout {name}`)") from e
 
 
 def describe_dataset(path: Path, *, version: int | None = None) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from zgdata.errors import ZgError
 
-__all__ = ["Record", "holding", "outputs", "parse", "entry"]
+__all__ = ["Record", "holding", "outputs", "parse", "entry", "read_text"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,14 @@ class Record:
     md5: str  # "....dir" for a folder
     by: str  # for messages: "corpus.dvc (git HEAD)"
     fix: str
+
+
+def read_text(path: Path, name: str) -> str:
+    """A DVC file's text (``name``: as messages call it, relative to its project); unreadable: one line."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ZgError(f"{name} cannot be read ({e})", fix=f"restore it from git (`git checkout {name}`)") from e
 
 
 def _text(dvcfile: Path) -> tuple[str, bool]:
@@ -37,12 +45,7 @@ def _text(dvcfile: Path) -> tuple[str, bool]:
             return res.stdout.decode("utf-8"), True
     except (OSError, UnicodeDecodeError):
         pass
-    try:
-        return dvcfile.read_text(), False
-    except (OSError, UnicodeDecodeError) as e:
-        raise ZgError(
-            f"{dvcfile} cannot be read ({e})", fix=f"restore it from git (`git checkout {dvcfile.name}`)"
-        ) from e
+    return read_text(dvcfile, dvcfile.name), False
 
 
 def parse(text: str, name: str, lists: tuple[str, ...] = ("outs", "deps")) -> dict:

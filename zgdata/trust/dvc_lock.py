@@ -66,14 +66,12 @@ def lock_stages(root: Path) -> dict[str, dict]:
     lock = root / "dvc.lock"
     if not lock.is_file():
         return {}
-    fix = "restore it from git (`git checkout dvc.lock`)"
-    try:
-        text = lock.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ZgError(f"{lock} cannot be read ({e})", fix=fix) from e
-    stages = dvc_added.parse(text, "dvc.lock", lists=()).get("stages") or {}
+    stages = dvc_added.parse(dvc_added.read_text(lock, "dvc.lock"), "dvc.lock", lists=()).get("stages") or {}
     if not isinstance(stages, dict):
-        raise ZgError("dvc.lock is not what DVC writes: its stages are not a mapping", fix=fix)
+        raise ZgError(
+            "dvc.lock is not what DVC writes: its stages are not a mapping",
+            fix="restore it from git (`git checkout dvc.lock`)",
+        )
     return {name: dvc_added.entry(st, f"dvc.lock's stage {name}", "dvc.lock") for name, st in stages.items()}
 
 
