@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 import yaml
@@ -19,6 +20,7 @@ from tests.helpers.datasets import data_file_digest, kill_after_first_commit_the
 from tests.helpers.projects import edit_params
 from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, section
+from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
 from zgdata.store import integrity
@@ -102,6 +104,19 @@ def test_blake2b_datasets_still_read_and_verify(tiny_project, tmp_path, monkeypa
     old, cur = read_boundaries(tiny_project, NAMES), read_boundaries(new, NAMES)
     for n in NAMES:  # same values, same fingerprint, same stats: only the row checksum differs
         assert torch.equal(old[n][0], cur[n][0]) and old[n][1:] == cur[n][1:], n
+
+    # and its rows are really checked with blake2b: one row's stored digest changed is caught by a read and a scan
+    whole = lance.dataset(str(path)).to_table()
+    sums = whole.column("checksum").to_pylist()
+    sums[1] = bytes(b ^ 1 for b in sums[1])
+    bad = tmp_path / "bad" / "h02.lance"
+    col = whole.schema.get_field_index("checksum")
+    lance.write_dataset(whole.set_column(col, whole.schema.field(col), pa.array(sums, whole.column(col).type)), bad)
+    damaged = BoundaryDataset(bad)
+    assert damaged.checksum == "blake2b" and damaged.scan()[1] == [(1, int(damaged.seq_ids[1]))]
+    damaged.take([0, 2])  # the other rows still read
+    with pytest.raises(ZgError, match="row 1"):
+        damaged.take([1])
 
 
 def test_a_flipped_byte_fails_the_checksum_of_either_algorithm(tiny_project):
