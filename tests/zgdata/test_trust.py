@@ -94,8 +94,10 @@ def test_verify_caches_hashes_by_stat_and_notices_an_in_place_edit(reproduced, t
 
     target = root / "models/teacher/teacher.json"
     assert "models/teacher/teacher.json" in lock
-    text = target.read_text()
-    target.write_text(text.replace("float32", "float16", 1))  # an edit of the same size
+    text, st = target.read_text(), target.stat()
+    target.write_text(text.replace("float32", "float16", 1))  # an edit of the same size, in place (same inode)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # with its mtime put back: only the ctime tells
+    assert target.stat().st_mtime_ns == st.st_mtime_ns and target.stat().st_ino == st.st_ino
     trust._MEMO.clear()
     with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock"):
         trust.verify(target)
