@@ -33,6 +33,7 @@ from tests.helpers.runners import kill_after_first_checkpoint, zg_main
 from zgdata.core.metrics_file import read_timings
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.lineage import LINEAGE_KEYS
 from zgdata.store.lance_io import schema_meta
 from zgtrain.block.load import load_block
 from zgtrain.block.train import train_block
@@ -242,18 +243,20 @@ def test_each_objective_lowers_its_own_loss(tiny_project, objective):
 # --- guard rails --------------------------------------------------------------------------------------
 
 
-def test_boundary_pair_with_mismatched_lineage_is_refused(tiny_project):
+@pytest.mark.parametrize("key", LINEAGE_KEYS)
+def test_boundary_pair_with_mismatched_lineage_is_refused(tiny_project, key):
+    """Each lineage key of the pair is compared: one changed in the target boundary alone is refused, naming it."""
     path = tiny_project / "data" / "boundaries" / "h02.lance"
     ds = lance.dataset(str(path))
     lineage = dict(schema_meta(ds.schema)["lineage"])
-    original = lineage["tokens_fingerprint"]
-    lineage["tokens_fingerprint"] = "deadbeef" * 8
+    original = str(lineage[key])
+    lineage[key] = "deadbeef" * 8
     ds.update_schema_metadata({"zg.lineage": json.dumps(lineage, sort_keys=True)})
-    assert schema_meta(lance.dataset(str(path)).schema)["lineage"]["tokens_fingerprint"] == "deadbeef" * 8
+    assert schema_meta(lance.dataset(str(path)).schema)["lineage"][key] == "deadbeef" * 8
 
     with pytest.raises(ZgError) as err:
         train_block(project_of(tiny_project), "b00", layout=Layout(tiny_project))
-    for needle in ("tokens_fingerprint", "h00", "h02", original[:16], "deadbeefdeadbeef"):
+    for needle in (key, "h00", "h02", original[:16], "deadbeefdeadbeef"):
         assert needle in str(err.value), (needle, str(err.value))
     assert not (tiny_project / "models" / "blocks" / "b00").exists()
 
