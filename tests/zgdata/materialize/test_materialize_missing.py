@@ -65,3 +65,20 @@ def test_a_damaged_boundary_is_captured_again_not_called_up_to_date(reproduced, 
         assert torch.equal(after["h02"]["bits"], before["h02"]["bits"])
         res = zg_main("data", "materialize", "--json", cwd=tiny_project)  # intact now: nothing to do
         assert json.loads(res.stdout)["skipped"] is True
+
+
+def test_a_boundary_with_rows_deleted_is_captured_again(tiny_project):
+    """A complete boundary that lost rows (a Lance delete: a new, valid version) is not up to date: materialize
+    captures it again, to the rows and bits it had."""
+    import lance
+
+    folder = tiny_project / "data" / "boundaries"
+    before = boundary_bits(tiny_project)
+    n = len(before["h02"]["seq_id"])
+    lance.dataset(str(folder / "h02.lance")).delete(f"seq_id >= {int(before['h02']['seq_id'][n // 2])}")
+    assert lance.dataset(str(folder / "h02.lance")).count_rows() < n
+    res = zg_main("data", "materialize", "--json", cwd=tiny_project)
+    assert json.loads(res.stdout)["skipped"] is False, res.stdout
+    after = boundary_bits(tiny_project)
+    assert torch.equal(after["h02"]["seq_id"], before["h02"]["seq_id"])
+    assert torch.equal(after["h02"]["bits"], before["h02"]["bits"])
