@@ -1,0 +1,91 @@
+"""eval.json's per-set figures from scores made by hand (zgtrain/evaluate/set_metrics.py ``figures``) and the
+bootstrap's percentile interval (zgtrain/evaluate/bootstrap.py): signs, grouping and level, each recomputed here
+from its definition, so a flipped sign, intervals resampled over the wrong unit or a 90% interval called 95% fail."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from zgtrain.evaluate.bootstrap import CHUNK, ratio_interval
+from zgtrain.evaluate.set_metrics import figures
+
+N, T, K = 12, 9, 20  # sequences, tokens per sequence, context targets
+
+
+def _replicates(num, den, *, resamples: int, seed: int) -> np.ndarray:
+    """The documented scheme: default_rng(seed), CHUNK draws at a time of N sequences with replacement."""
+    rng, n, out = np.random.default_rng(seed), len(num), []
+    for start in range(0, resamples, CHUNK):
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=min(CHUNK, resamples - start)).astype(np.float64)
+        out.append((counts @ num) / (counts @ den))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("level", [0.95, 0.8])
+def test_the_interval_holds_its_level_of_the_replicates(level):
+    g = np.random.default_rng(3)
+    num, den = g.normal(1.0, 0.5, 40), g.uniform(0.5, 1.5, 40)
+    got = ratio_interval(num, den, resamples=2000, seed=7, level=level)
+    reps = _replicates(num, den, resamples=2000, seed=7)
+    tail = 100 * (1 - level) / 2
+    assert (got["lo"], got["hi"]) == tuple(np.percentile(reps, [tail, 100 - tail]))
+    inside = float(np.mean((reps >= got["lo"]) & (reps <= got["hi"])))
+    assert abs(inside - level) <= 0.002, inside
+    assert got["lo"] < num.sum() / den.sum() < got["hi"] and got["level"] == level and got["resamples"] == 2000
+
+
+def _scores(g: torch.Generator, *, full: float, window: float) -> dict:
+    """NLLs around ``full`` at every position, and each context target's window NLL around ``window``."""
+    nll = full + 0.3 * torch.rand(N, T - 1, generator=g, dtype=torch.float64)
+    return {
+        "nll": nll,
+        "top1": torch.randint(0, 3, (N, T - 1), generator=g),
+        "window": window + 0.3 * torch.rand(K, generator=g, dtype=torch.float64),
+    }
+
+
+def test_figures_from_hand_made_scores():
+    """Context use is the window NLL minus the full-context NLL of the same target (positive: the model uses its
+    context), retention the student's over the teacher's, its interval resampled over sequences, not targets."""
+    g = torch.Generator().manual_seed(0)
+    scores = {
+        "teacher": _scores(g, full=2.0, window=3.0),
+        "untrained": _scores(g, full=4.0, window=4.2),
+        "student": _scores(g, full=2.5, window=3.1),
+    }
+    # targets (sequence, position), several per sequence, so grouping by sequence and by position differ
+    targets = torch.stack([torch.randint(0, N, (K,), generator=g), torch.randint(2, T, (K,), generator=g)], 1)
+    evalset = SimpleNamespace(ids=torch.zeros(N, T, dtype=torch.long), mask=None)
+    cfg = SimpleNamespace(bootstrap=500, seed=11)
+    f = figures(evalset, scores, targets, cfg)
+
+    use = {}
+    for m, sc in scores.items():
+        per_target = [float(sc["window"][i] - sc["nll"][s, p - 1]) for i, (s, p) in enumerate(targets.tolist())]
+        use[m] = per_target
+        assert f[f"{m}_context_use"] == pytest.approx(np.mean(per_target), rel=1e-12, abs=0)
+    assert f["teacher_context_use"] > 0.5 and f["student_context_use"] > 0.2
+    assert f["context_retention"] == f["student_context_use"] / f["teacher_context_use"]
+
+    by_seq = {m: np.zeros(N) for m in use}
+    for m, per_target in use.items():
+        for (s, _), v in zip(targets.tolist(), per_target):
+            by_seq[m][s] += v
+    ci = ratio_interval(by_seq["student"], by_seq["teacher"], resamples=500, seed=11)
+    assert f["context_retention_ci95"] == pytest.approx({"lo": ci["lo"], "hi": ci["hi"]}, rel=1e-12, abs=0)
+
+    ce = {m: float(sc["nll"].mean()) for m, sc in scores.items()}
+    assert (
+        f["teacher_ce"] == ce["teacher"] and f["student_ce"] == ce["student"] and f["untrained_ce"] == ce["untrained"]
+    )
+    assert f["ce_gap"] == ce["student"] - ce["teacher"] > 0
+    assert f["ce_recovered"] == (ce["untrained"] - ce["student"]) / (ce["untrained"] - ce["teacher"])
+    diff = (scores["student"]["nll"] - scores["teacher"]["nll"]).sum(1).numpy()
+    gap = ratio_interval(diff, np.full(N, T - 1.0), resamples=500, seed=11)
+    assert f["ce_gap_ci95"] == {"lo": gap["lo"], "hi": gap["hi"]} and gap["lo"] < f["ce_gap"] < gap["hi"]
+    agree = (scores["student"]["top1"] == scores["teacher"]["top1"]).double().mean()
+    assert f["top1_agreement"] == float(agree) and f["ce_tokens"] == N * (T - 1) and f["context_targets"] == K
