@@ -293,3 +293,26 @@ def test_the_repaired_student_leaves_zg_as_gguf_and_runs_in_llama_cpp(straight, 
     assert len(set(sizes)) > 1 and record["info"]["arch"] == "deci" and record["info"]["n_ff"] == sizes
     ids = read_tokens(Layout(root), [0])[0][0, :32].tolist()
     assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out / "repaired.gguf"), ids), student_logits(repaired, ids))
+
+
+def test_the_repair_loss_is_hintons_kl_teacher_to_student_plus_weighted_ce():
+    """token_kl is KL(teacher || student) of the softmaxes at T, recomputed from its definition; distill_loss is
+    T^2 x its mean over real positions plus ce_weight x the next-token CE over real targets (the direction and
+    the T^2 factor were untested: both losses still fell with either wrong)."""
+    from zgtrain.repair.model import distill_loss, token_kl
+
+    g = torch.Generator().manual_seed(0)
+    s, t = (3 * torch.randn(2, 5, 11, generator=g, dtype=torch.float64) for _ in range(2))
+    ids = torch.randint(0, 11, (2, 5), generator=g)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    for temp in (1.0, 2.0):
+        ps, pt = torch.softmax(s / temp, -1), torch.softmax(t / temp, -1)
+        want = (pt * (pt.log() - ps.log())).sum(-1)
+        assert torch.allclose(token_kl(s, t, temp), want, rtol=1e-12, atol=1e-15)
+        assert not torch.allclose(token_kl(s, t, temp), (ps * (ps.log() - pt.log())).sum(-1), rtol=1e-3)
+        for w in (0.0, 0.5):
+            kl = want[mask].mean()
+            logp = torch.log_softmax(s[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+            ce = -logp[mask[:, 1:]].mean()
+            got = distill_loss(s, t, ids, mask, temperature=temp, ce_weight=w)
+            assert torch.allclose(got, temp**2 * kl + w * ce, rtol=1e-12), (temp, w)
