@@ -40,12 +40,29 @@ def llama_cpp_logits(llm, ids: list[int]):
     return np.asarray(llm.scores[: len(ids)], dtype=np.float64)
 
 
-def assert_close_to_f32(got, want) -> None:
-    """llama.cpp's f32 logits against transformers' f32: the same computation up to summation order (ggml's
-    blocked dot products, its own softmax and RMSNorm), so they agree to float32 round-off amplified through the
-    layers: max |diff| <= 1e-3 x (1 + max |logit|) (tests/zgtrain/export/test_gguf.py's docstring)."""
+# max |diff| / (1 + max |logit|) of llama.cpp's f32 logits against transformers' f32, 3-layer tiny students (AMD
+# EPYC, 2026-12-06, every family and option of tests/zgtrain/export and the attention students): at most 8e-7 where
+# the MLP's activation is SiLU, 1.2e-4 to 2.8e-4 where it is a GELU, which ggml computes from an f16 table. The bounds
+# are about 25x and 4x those: an RMSNorm epsilon of 1e-5 written for 1e-6 moved Llama's by 5e-4.
+F32_BOUND = 2e-5
+F32_BOUND_GELU = 1e-3
+
+
+def f32_bound(student) -> float:
+    """The student folder's bound: F32_BOUND_GELU when its config names a GELU activation, else F32_BOUND."""
+    import json
+
+    cfg = json.loads((Path(student) / "config.json").read_text())
+    acts = [cfg.get(k) for k in ("hidden_act", "hidden_activation", "activation_function")]
+    return F32_BOUND_GELU if any(isinstance(a, str) and "gelu" in a for a in acts) else F32_BOUND
+
+
+def assert_close_to_f32(got, want, student) -> None:
+    """llama.cpp's f32 logits against transformers' f32 of the ``student`` folder: the same computation up to
+    summation order (ggml's blocked dot products, its own softmax and RMSNorm) and, for GELU, ggml's table, so they
+    agree to max |diff| <= f32_bound(student) x (1 + max |logit|) (tests/zgtrain/export/test_gguf.py's docstring)."""
     import numpy as np
 
     assert got.shape == want.shape, (got.shape, want.shape)
     diff = np.abs(got - want).max()
-    assert diff <= 1e-3 * (1 + np.abs(want).max()), diff
+    assert diff <= f32_bound(student) * (1 + np.abs(want).max()), diff

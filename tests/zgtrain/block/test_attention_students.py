@@ -146,7 +146,7 @@ def test_kv_heads_students_assemble_load_and_export(kv_project, tmp_path):
     ids = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(2)).tolist()
     for gguf_file, folder in ((mixed, mixed_student), (tmp_path / "s.gguf", layout.student)):
         want = student_logits(folder, ids)
-        assert_close_to_f32(llama_cpp_logits(llama_cpp_model(gguf_file), ids), want)
+        assert_close_to_f32(llama_cpp_logits(llama_cpp_model(gguf_file), ids), want, folder)
 
 
 def test_attn_linear_block_trains_assembles_and_export_refuses(tiny_built, tmp_path):

@@ -10,8 +10,10 @@ and model card that need a project; the export reads it only through ``load_stud
 
 Tolerances. The student runs in transformers at f32; llama.cpp runs the f32 GGUF with an f32 KV cache. The
 computations are the same up to summation order (ggml's blocked dot products, its own softmax and RMSNorm), so
-the f32 logits agree to float32 round-off amplified through 3 layers: max |diff| <= 1e-3 x (1 + max |logit|)
-(measured well under it). f16 rounds every weight to 11 significant bits (relative 2^-12 ~ 2.4e-4 each) and q8_0
+the f32 logits agree to float32 round-off amplified through 3 layers: max |diff| <= 2e-5 x (1 + max |logit|) (measured
+at most 8e-7), or 1e-3 x for a GELU family, whose GELU ggml computes from an f16 table (measured 1.2e-4 to 2.8e-4):
+tests/helpers/llama_cpp_run.py ``f32_bound``. The uniform students carry a norm epsilon and a RoPE base off every
+default, and the GGUF's values are read back too. f16 rounds every weight to 11 significant bits (relative 2^-12 ~ 2.4e-4 each) and q8_0
 to 8-bit blocks of 32 (relative ~ 1/254 of the block's max): for random weights the logits then move by a small
 fraction of their spread, bounded by max |diff| <= 0.05 (f16) / 0.25 (q8_0) x std(logits) with the same argmax
 on >= 90% of positions.
@@ -65,25 +67,61 @@ def _ids(folder, n: int) -> list[int]:
     return AutoTokenizer.from_pretrained(folder).encode(TEXT)[:n]
 
 
+def _off_default(name: str) -> dict:
+    """The norm epsilon and the RoPE base set off every default (the tiny teachers use 10,000, the writer's
+    fallback), so a value read from the wrong config key shows in the logits (f32_bound: an epsilon of 1e-5 written
+    for 1e-6 moved Llama's by 25x the bound)."""
+    from zgdata.teacher.prepare import tiny_teacher
+
+    cfg = tiny_teacher(name)[0].config.to_dict()
+    out = {k: 3e-6 for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon") if k in cfg}
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:  # gemma3_text's are per layer type: 10,000 and 1,000,000
+        out["rope_parameters"] = {**rope, "rope_theta": 30000.0}
+    return out
+
+
+def _assert_written(path, arch: str, off: dict) -> None:
+    """The GGUF's norm epsilon and RoPE base are the config's (read back with the gguf library): a GELU family's
+    logits alone would not show a wrong epsilon under its bound."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(path)).fields
+
+    def value(key):
+        f = fields[f"{arch}.{key}"]
+        return float(f.parts[f.data[0]][0])
+
+    eps = [v for k, v in off.items() if k != "rope_parameters"]
+    if eps:
+        key = next(k for k in ("layer_norm_rms_epsilon", "layer_norm_epsilon") if f"{arch}.attention.{k}" in fields)
+        assert value(f"attention.{key}") == float(np.float32(eps[0])), (key, value(f"attention.{key}"))
+    if "rope_parameters" in off:
+        assert value("rope.freq_base") == off["rope_parameters"]["rope_theta"]
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_uniform_student_with_a_dropped_layer_runs_in_llama_cpp(name, tmp_path, llama_cpp):
     from zgtrain.export.gguf import export_gguf
 
-    student = make_student(tmp_path / "student", name, tie=name == "gemma2")
+    student = make_student(tmp_path / "student", name, tie=name == "gemma2", config=_off_default(name))
+    cfg = json.loads((student / "config.json").read_text())
+    assert all(cfg.get(k) == v for k, v in _off_default(name).items()), cfg  # the student carries them
     out = tmp_path / "student.gguf"
     info = export_gguf(student, out, dtype="f32")
     assert info["n_layers"] == 3 and len(set(info["n_ff"])) == 1 and info["arch"] != "deci"
+    _assert_written(out, info["arch"], _off_default(name))
     n = info.get("context_length_capped_to_window", 32)  # Mistral: window 16 is the context; Gemma: 32 > window 16
     ids = _ids(student, n)
     want = student_logits(student, ids)
-    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), want)
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), want, student)
     if name in HF_GGUF:  # a second, independent reader of the same file
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
         with torch.no_grad():
             again = hf(torch.tensor([ids])).logits[0].double().numpy()
-        assert_close_to_f32(again, want)
+        assert_close_to_f32(again, want, student)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -109,7 +147,7 @@ def test_mixed_widths_export_as_deci_or_are_refused(name, tmp_path, llama_cpp):
     n = info.get("context_length_capped_to_window", 32)
     ids = _ids(student, n)
     want = student_logits(student, ids)
-    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), want)
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), want, student)
 
 
 def test_f16_and_q8_0_load_and_stay_close(tmp_path, llama_cpp):
@@ -292,7 +330,7 @@ def test_config_options_llama_cpp_computes_the_same(case, tmp_path, llama_cpp):
     assert info.get("context_length_capped_to_window") == (8 if case == "qwen3-sliding" else None)
     assert info.get("clamp_kqv") == config.get("clip_qkv")
     ids = _ids(student, info.get("context_length_capped_to_window", 32))
-    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids))
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids), student)
 
 
 @pytest.mark.parametrize(

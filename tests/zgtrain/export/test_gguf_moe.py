@@ -72,7 +72,7 @@ def test_uniform_moe_student_runs_in_llama_cpp(name, case, tmp_path, llama_cpp):
         info["n_layers"] == 3 and len(set(info["n_ff"])) == 1 and ("shared_expert_ff" in info) == (name == "qwen2_moe")
     )
     ids = _ids(student)
-    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids))
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids), student)
 
 
 def test_moe_f16_and_q8_0_stay_close_with_f32_routers(tmp_path, llama_cpp):
@@ -125,7 +125,7 @@ def test_routing_llama_cpp_weighs_otherwise_is_refused_unless_every_expert_runs(
     student = make_moe_student(tmp_path / "all", "qwen3_moe", [2] * 3, [2] * 3, KEEP)
     export_gguf(student, out, dtype="f32")
     ids = _ids(student)
-    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids))
+    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out), ids), student_logits(student, ids), student)
 
 
 def test_olmoe_with_grouped_query_attention_is_refused(tmp_path):

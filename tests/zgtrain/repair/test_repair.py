@@ -292,7 +292,9 @@ def test_the_repaired_student_leaves_zg_as_gguf_and_runs_in_llama_cpp(straight, 
     sizes = read_json(repaired / "zerograph.json")["intermediate_sizes"]
     assert len(set(sizes)) > 1 and record["info"]["arch"] == "deci" and record["info"]["n_ff"] == sizes
     ids = read_tokens(Layout(root), [0])[0][0, :32].tolist()
-    assert_close_to_f32(llama_cpp_logits(llama_cpp_model(out / "repaired.gguf"), ids), student_logits(repaired, ids))
+    assert_close_to_f32(
+        llama_cpp_logits(llama_cpp_model(out / "repaired.gguf"), ids), student_logits(repaired, ids), repaired
+    )
 
 
 def test_the_repair_loss_is_hintons_kl_teacher_to_student_plus_weighted_ce():
