@@ -144,13 +144,29 @@ def _failure(project: ProjectConfig, failed: list[dict], recorded: list[str], po
     )
 
 
+def _changed(key: str, at_start: ProjectConfig, now: ProjectConfig) -> list[str]:
+    """The params keys of block KEY's stage that differ between the two loads of params.yaml (none: it may be
+    recorded). A train field counts unless the stage leaves it out (``TrainConfig.UNRECORDED``)."""
+    if key not in now.blocks:
+        return [f"blocks.{key}"]
+    a, b = at_start.blocks[key], now.blocks[key]
+    out = ["seed"] if now.seed != at_start.seed else []
+    out += [
+        f"blocks.{key}.{k}" for k, f in (("in", "input"), ("out", "output")) if getattr(a.spec, f) != getattr(b.spec, f)
+    ]
+    for f in fields(a.train):
+        if f.name not in type(a.train).UNRECORDED and getattr(a.train, f.name) != getattr(b.train, f.name):
+            out.append(f"blocks.{key}.{f.name}" if f.name in b.overrides else f"train.{f.name}")
+    return out
+
+
 def _record(root: Path, key: str, at_start: ProjectConfig) -> None:
     """`dvc commit -f train@KEY`, after checking that the block's params did not change while it trained."""
-    now = ProjectConfig.load(Layout(root).params)
-    if key not in now.blocks or now.blocks[key] != at_start.blocks[key] or now.seed != at_start.seed:
+    if changed := _changed(key, at_start, ProjectConfig.load(Layout(root).params)):
         raise ZgError(
-            f"params of block {key} changed in params.yaml while zg repro trained it; not recording it",
-            key=f"blocks.{key}",
+            f"params of block {key} changed in params.yaml while zg repro trained it ({', '.join(changed)}); not "
+            f"recording it",
+            key=changed[0],
             fix="rerun `zg repro`: it retrains the block with the params now there",
         )
     dvc(root, "commit", "-f", f"train@{key}")

@@ -112,3 +112,40 @@ def test_a_terminated_zg_repro_ends_the_dvc_it_started_and_its_stage(reproduced,
     assert "Traceback" not in (tmp_path / "zg.err").read_text()
     lock = json.loads((root / ".dvc" / "tmp" / "rwlock").read_text() or "{}")
     assert not lock.get("write") and not lock.get("read"), lock  # dvc released its locks on its way out
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(("edit", "value"), [("seed", 1), ("blocks.b00.lr", 0.003)])
+def test_params_edited_while_zg_repro_trains_a_block_are_named_and_the_block_is_not_recorded(
+    reproduced, tmp_path, edit, value
+):
+    """params.yaml edited while `zg repro` trains b00 (held after a step): the block trained on the old params is
+    not recorded in dvc.lock (the global seed's edit was never tested), the error names the key that changed (it
+    named the block's own overrides whatever changed), and `dvc status` still calls train@b00 changed."""
+    root = copy_project(reproduced, tmp_path / "proj")
+    set_params(root, {"blocks.b00.lr": 0.002})  # train@b00 (and what follows) is stale
+    run(["git", "commit", "-qam", "b00 lr"], cwd=root)
+    gate = tmp_path / "hold"
+    gate.touch()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_HOLD_AFTER_STEP": str(gate)}
+    with open(tmp_path / "zg.err", "w") as err:
+        proc = subprocess.Popen(
+            [str(BIN / "zg"), "repro", "--jobs", "1"], cwd=root, stdout=subprocess.DEVNULL, stderr=err, env=env
+        )
+        try:
+            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
+            while proc.poll() is None and not _locked_by_zg(root) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert proc.poll() is None and _locked_by_zg(root), (tmp_path / "zg.err").read_text()
+            set_params(root, {edit: value})
+            gate.unlink()
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    said = (tmp_path / "zg.err").read_text()
+    assert proc.returncode not in (0, None) and "Traceback" not in said, said
+    line = next(x for x in said.splitlines() if x.startswith("error: "))
+    assert f"[{edit}]" in line and f"changed in params.yaml while zg repro trained it ({edit}); not recording" in line
+    status = run(["dvc", "status", "train@b00"], cwd=root).stdout
+    assert "train@b00" in status and "changed" in status, status
