@@ -6,6 +6,7 @@ repro` then finishes and records the block, with no traceback. Real `zg`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,14 +27,11 @@ def _locked_by_zg(root) -> bool:
     return any("zg repro" in info["cmd"] for info in lock.get("write", {}).values())
 
 
-@pytest.mark.long
-def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reproduced, tmp_path):
-    root = copy_project(reproduced, tmp_path / "proj")
-    set_params(root, {"blocks.b00.lr": 0.002})  # train@b00 (and what follows) is stale
-    run(["git", "commit", "-qam", "b00 lr"], cwd=root)
-    block = root / "models" / "blocks" / "b00"
-    before = tree_sha256(block)
-    gate = tmp_path / "hold"  # train@b00 waits after each step while this file exists: zg repro cannot finish first
+@contextlib.contextmanager
+def _held_zg_repro(root, tmp_path):
+    """`zg repro --jobs 1` in ROOT, held after a step of its first block while the yielded gate file exists (its
+    stderr in tmp_path/zg.err); yields (process, gate) once zg repro holds DVC's locks. Killed if still running."""
+    gate = tmp_path / "hold"
     gate.touch()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_HOLD_AFTER_STEP": str(gate)}
     with open(tmp_path / "zg.err", "w") as err:
@@ -45,24 +43,36 @@ def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reprodu
             while proc.poll() is None and not _locked_by_zg(root) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert proc.poll() is None and _locked_by_zg(root), (tmp_path / "zg.err").read_text()
-            other = run(["dvc", "repro"], cwd=root, check=False, env={"ZG_FAILPOINT_HOLD_AFTER_STEP": ""})
-            after = tree_sha256(block)  # zg repro is held after a step: it has not swapped in its retrained block
-            # nor can a stage rewrite what a block being trained reads (its boundaries: materialize's outputs)
-            inputs = tree_sha256(root / "data" / "boundaries")
-            rewrite = run(["dvc", "repro", "-f", "-s", "materialize"], cwd=root, check=False)
-            assert tree_sha256(root / "data" / "boundaries") == inputs
-            assert proc.poll() is None, "zg repro ended before the second engine was tried"
-            gate.unlink()  # let zg repro go on
-            assert other.returncode != 0
-            said = other.stdout + other.stderr
-            assert "is busy" in said and "zg repro" in said, said
-            assert after == before  # dvc repro deleted nothing
-            said = rewrite.stdout + rewrite.stderr
-            assert rewrite.returncode != 0 and "is busy" in said and "zg repro" in said, said
-            proc.wait(timeout=600)
+            yield proc, gate
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+@pytest.mark.long
+def test_dvc_repro_during_zg_repro_is_refused_before_it_deletes_anything(reproduced, tmp_path):
+    root = copy_project(reproduced, tmp_path / "proj")
+    set_params(root, {"blocks.b00.lr": 0.002})  # train@b00 (and what follows) is stale
+    run(["git", "commit", "-qam", "b00 lr"], cwd=root)
+    block = root / "models" / "blocks" / "b00"
+    before = tree_sha256(block)
+    # train@b00 waits after each step while the gate exists: zg repro cannot finish first
+    with _held_zg_repro(root, tmp_path) as (proc, gate):
+        other = run(["dvc", "repro"], cwd=root, check=False, env={"ZG_FAILPOINT_HOLD_AFTER_STEP": ""})
+        after = tree_sha256(block)  # zg repro is held after a step: it has not swapped in its retrained block
+        # nor can a stage rewrite what a block being trained reads (its boundaries: materialize's outputs)
+        inputs = tree_sha256(root / "data" / "boundaries")
+        rewrite = run(["dvc", "repro", "-f", "-s", "materialize"], cwd=root, check=False)
+        assert tree_sha256(root / "data" / "boundaries") == inputs
+        assert proc.poll() is None, "zg repro ended before the second engine was tried"
+        gate.unlink()  # let zg repro go on
+        assert other.returncode != 0
+        said = other.stdout + other.stderr
+        assert "is busy" in said and "zg repro" in said, said
+        assert after == before  # dvc repro deleted nothing
+        said = rewrite.stdout + rewrite.stderr
+        assert rewrite.returncode != 0 and "is busy" in said and "zg repro" in said, said
+        proc.wait(timeout=600)
     err_text = (tmp_path / "zg.err").read_text()
     assert proc.returncode == 0 and "Traceback" not in err_text, err_text
     assert not _locked_by_zg(root)
@@ -125,24 +135,10 @@ def test_params_edited_while_zg_repro_trains_a_block_are_named_and_the_block_is_
     root = copy_project(reproduced, tmp_path / "proj")
     set_params(root, {"blocks.b00.lr": 0.002})  # train@b00 (and what follows) is stale
     run(["git", "commit", "-qam", "b00 lr"], cwd=root)
-    gate = tmp_path / "hold"
-    gate.touch()
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ZG_FAILPOINT_HOLD_AFTER_STEP": str(gate)}
-    with open(tmp_path / "zg.err", "w") as err:
-        proc = subprocess.Popen(
-            [str(BIN / "zg"), "repro", "--jobs", "1"], cwd=root, stdout=subprocess.DEVNULL, stderr=err, env=env
-        )
-        try:
-            deadline = time.monotonic() + 300  # a guard against hanging, not a timing assertion
-            while proc.poll() is None and not _locked_by_zg(root) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert proc.poll() is None and _locked_by_zg(root), (tmp_path / "zg.err").read_text()
-            set_params(root, {edit: value})
-            gate.unlink()
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with _held_zg_repro(root, tmp_path) as (proc, gate):
+        set_params(root, {edit: value})
+        gate.unlink()
+        proc.wait(timeout=600)
     said = (tmp_path / "zg.err").read_text()
     assert proc.returncode not in (0, None) and "Traceback" not in said, said
     line = next(x for x in said.splitlines() if x.startswith("error: "))
