@@ -161,7 +161,7 @@ def receive(root: Path, r: dict, project: ProjectConfig) -> None:
         lock.setdefault("stages", {})[f"train@{key}"] = r["lock_entry"]
         write_text(lock_path, yaml.safe_dump(lock, sort_keys=False))  # `dvc commit` rewrites it in DVC's own format
         dvc(root, "pull", f"train@{key}")
-        _check_received(root, r, project)
+        _check_received(root, block, r, project)
     except BaseException:
         shutil.rmtree(block, ignore_errors=True)
         if aside.exists():
@@ -172,8 +172,8 @@ def receive(root: Path, r: dict, project: ProjectConfig) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _check_received(root: Path, r: dict, project: ProjectConfig) -> None:
-    """The pulled block folder is the one the worker trained (its files hash to the worker's dvc.lock entry, its
+def _check_received(root: Path, block: Path, r: dict, project: ProjectConfig) -> None:
+    """The pulled block folder (``block``, in ``root``) is the one the worker trained (its files hash to the worker's dvc.lock entry, its
     meta.json holds the state the worker reported) under the driver's params (config and seed)."""
     import json
 
@@ -185,7 +185,7 @@ def _check_received(root: Path, r: dict, project: ProjectConfig) -> None:
         "check who else writes the DVC remote (its objects for this block are not the worker's), then rerun `zg repro`"
     )
     try:
-        dvc_lock.verify(Layout(root).block_dir(key))
+        dvc_lock.verify(block)
     except ZgError as e:
         # the file list the remote served stays in the cache under the entry's md5: dropped, so a retry fetches it
         for o in r["lock_entry"].get("outs") or []:
@@ -194,7 +194,7 @@ def _check_received(root: Path, r: dict, project: ProjectConfig) -> None:
         raise ZgError(
             f"block {key} pulled from the DVC remote is not the one the worker pushed: {e.what}", fix=fix
         ) from e
-    meta = json.loads((Layout(root).block_dir(key) / "meta.json").read_text())
+    meta = json.loads((block / "meta.json").read_text())
     cfg = project.block(key).train
     want = json.loads(json.dumps(cfg.identity()))  # as meta.json holds it (lists, not tuples)
     if meta.get("state_sha256") != r.get("state_sha256"):
