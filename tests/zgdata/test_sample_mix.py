@@ -8,6 +8,7 @@ rows of a mix whose other sources hold nothing out are the plain corpus's, row f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -56,6 +57,28 @@ def test_shares_split_the_cap_by_weight_and_refuse_a_short_source():
     assert shares([2, 1, 0], [100, 30, 5], 0, "abc") == [60, 30, 0]
     with pytest.raises(ZgError, match=r"b \(\w*\)|source b has 30 train sequences but its weight asks for 50"):
         shares([1, 1], [500, 30], 100, ["a", "b"])
+
+
+def test_a_sampled_record_is_judged_on_its_new_tokens_not_its_prompt(tiny_built):
+    """A long prompt does not make a short or looping continuation pass the rule (prompts: corpus): the record
+    holds the prompt's text and the new tokens', its token count and drop reason are the new tokens' alone."""
+    from transformers import AutoTokenizer
+
+    from zgdata.tokens.sample import _records
+
+    tok = AutoTokenizer.from_pretrained(tiny_built / "models" / "teacher" / "hf")
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    prompt = [tok.bos_token_id, *ids("Once upon a time, in a quiet village by the grey northern sea, there lived")]
+    new = [ids(" Yes."), ids(" ha") * 24, ids(" an old fisherman who mended his nets each evening and sang to gulls.")]
+    assert len(new[0]) < 8 <= len(prompt) - 1 and len(new[2]) >= 8
+    recs = _records(7, [prompt] * 3, new, tok, SampleConfig(min_tokens=8, min_distinct=0.5))
+    assert [r["drop"] for r in recs] == ["short", "repetitive", None]
+    assert [r["tokens"] for r in recs] == [len(n) for n in new]
+    assert [r["id"] for r in recs] == ["s0000007", "s0000008", "s0000009"]
+    assert all(r["text"] == tok.decode(prompt[1:] + n, skip_special_tokens=True) for r, n in zip(recs, new))
 
 
 def test_degenerate_rule():
@@ -111,6 +134,16 @@ def test_sample_is_seeded_resumes_after_kill_9_and_feeds_a_mix(tiny_built, tmp_p
     assert rec["lineage"]["teacher_sha256"] == read_json(a / "models/teacher/teacher.json")["weights_sha256"]
     lines = _sampled(a).decode().splitlines()
     assert len(lines) == rec["documents"]["kept"] and all(set(json.loads(x)) == {"id", "text"} for x in lines)
+    # every batch draws with its own seed: from the same BOS prompts, no two batches give the same documents
+    by_batch: dict[int, list[str]] = {}
+    for x in map(json.loads, lines):
+        by_batch.setdefault(int(x["id"][1:]) // SAMPLE["batch_size"], []).append(x["text"])
+    assert len(by_batch) >= 2 and len({tuple(v) for v in by_batch.values()}) == len(by_batch), by_batch
+    # the prompts are lineage (prompts: corpus takes them from the corpus): bos alone here
+    from transformers import AutoTokenizer
+
+    bos = AutoTokenizer.from_pretrained(a / "models" / "teacher" / "hf").bos_token_id
+    assert rec["lineage"]["prompts_sha256"] == hashlib.sha256(json.dumps([[bos]]).encode()).hexdigest()
     assert _sampled(c) != _sampled(a)
     # c's sample recorded as another teacher's: the tokens stage refuses it, naming both teachers, writing nothing
     rec_c = read_json(c / "data" / "sample.json")
