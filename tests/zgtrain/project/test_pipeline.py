@@ -234,3 +234,24 @@ def test_objective_study_arms_as_dvc_experiments(reproduced, tmp_path):
     names = {e.get("name") for rev in shown for e in (rev.get("experiments") or []) for e in (e.get("revs") or [e])}
     assert "online" in names, names
     assert "student_ce" in json.dumps(shown)
+
+
+def test_stages_list_every_param_their_outputs_depend_on():
+    """materialize lists each materialize key that is boundary lineage (an edit of compute_dtype must rerun it), and
+    each variant stage lists what a block's train stage lists (seed and every recorded train key), with its own
+    variants.NAME for blocks.KEY: a key left out lets `dvc repro` keep outputs made under the old value."""
+    from dataclasses import fields
+
+    from zgdata.config import MaterializeConfig
+    from zgdata.lineage import COMPARED_KEYS
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.pipeline.stages import dvc_yaml
+    from zgtrain.project.config import ProjectConfig
+
+    stages = dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
+    owned = {f.name for f in fields(MaterializeConfig)}
+    lineage = {f"materialize.{k}" for k in COMPARED_KEYS if k in owned}
+    assert {"materialize.compute_dtype", "materialize.storage_dtype"} <= lineage <= set(stages["materialize"]["params"])
+    train, variant = stages["train"]["do"]["params"], stages["variant"]["do"]["params"]
+    assert "seed" in train and "train.lr" in train and "train.checkpoint_every" not in train
+    assert set(train) - {"blocks.${key}"} == set(variant) - {"variants.${item.variant}"}
