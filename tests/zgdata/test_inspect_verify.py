@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers.datasets import overwrite_table, set_schema_meta
-from tests.helpers.projects import read_json
+from tests.helpers.projects import read_json, set_params
 from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -64,6 +64,14 @@ def test_verify_passes(tiny_project):
     assert report["lineage_only"] is False
     assert len(report["checked_seq_ids"]) == 4  # verify.sample of the tiny profile
     assert sorted(report["boundaries"]) == ["h00", "h02", "h04"]
+    # the recomputed rows are a sample drawn with verify.seed: the same again, others under another seed
+    drawn = {}
+    for seed in (0, 0, 1):
+        set_params(tiny_project, {"verify.seed": seed})
+        zg_main("data", "verify", cwd=tiny_project)
+        got = read_json(tiny_project / "reports" / "verify.json")["checked_seq_ids"]
+        assert drawn.setdefault(seed, got) == got
+    assert drawn[0] != drawn[1] and len(set(drawn[0] + drawn[1])) > 4, drawn
 
 
 def _flip_one_value(path, row: int, index: int) -> int:
