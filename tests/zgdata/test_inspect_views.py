@@ -75,3 +75,20 @@ def test_cli_views_and_json(tiny_project):
     for i in infos:
         assert i["fingerprint"][:12] in plain and i["lineage"]["tokenizer_sha256"][:12] in wide
     assert "lineage" in wide and "materialized rows" in wide and "materialized rows" not in plain
+
+
+def test_the_source_of_a_dataset_inside_an_imported_folder_names_its_own_path(tmp_path):
+    """`dvc import A data/boundaries` brings the whole folder: inspect of one boundary in it names the boundary's
+    path in the source repository, not the folder's (each boundary imported alone is test_sharing.py's case)."""
+    from zgdata.inspect import provenance
+
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "data" / "boundaries" / "h02.lance").mkdir(parents=True)
+    (tmp_path / "data" / "boundaries.dvc").write_text(
+        "md5: 0123\nfrozen: true\ndeps:\n- path: data/boundaries\n  repo:\n    url: /teams/a\n    rev_lock: 89ab\n"
+        "outs:\n- md5: cdef.dir\n  path: boundaries\n"
+    )
+    for rel, inner in (("data/boundaries/h02.lance", "data/boundaries/h02.lance"), ("data/boundaries", None)):
+        info = provenance(tmp_path / rel)
+        assert info["tracked_by"] == "data/boundaries.dvc" and info["path"] == rel, info
+        assert info["import"] == {"url": "/teams/a", "path": inner or rel, "rev": None, "rev_lock": "89ab"}, info
