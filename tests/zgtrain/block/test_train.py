@@ -10,6 +10,7 @@ errors raised before any write are exercised in-process with the same functions 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -375,3 +376,19 @@ def test_block_seed_is_stable_and_keyed():
     assert block_seed(0, 0, "b00") == 273867478539702659
     seeds = {block_seed(0, 0, "b00"), block_seed(0, 0, "b01"), block_seed(1, 0, "b00"), block_seed(0, 1, "b00")}
     assert len(seeds) == 4
+
+
+def test_each_block_trains_under_its_own_seed(reproduced):
+    """A block's seed is a stable hash of the global seed, train.seed and its key (zgtrain/fit/schedule.py
+    ``block_seed``): two blocks of one project train under different seeds, each the one its meta.json records."""
+    from zgtrain.fit.schedule import block_seed
+
+    project = project_of(reproduced)
+    seeds = {}
+    for key in project.blocks:
+        meta = json.loads((reproduced / "models" / "blocks" / key / "meta.json").read_text())
+        seeds[key] = meta["seed"]
+        assert meta["seed"] == block_seed(project.seed, project.block(key).train.seed, key), key
+    assert len(seeds) >= 2 and len(set(seeds.values())) == len(seeds), seeds
+    assert block_seed(0, 0, "b00") != block_seed(1, 0, "b00") != block_seed(1, 1, "b00")
+    assert block_seed(0, 0, "b00") == int(hashlib.sha256(b"0/0/b00").hexdigest()[:15], 16)  # no process state
