@@ -233,6 +233,20 @@ def _compacted(src: Path, *, n_rows: int, rows_per_file: int):
     return ds
 
 
+def _link_files(src: Path, pub: Path, frags) -> None:
+    """A fresh ``pub`` folder holding (linked, or copied) the data files of ``frags`` and their blob sidecars."""
+    shutil.rmtree(pub, ignore_errors=True)
+    (pub / "data").mkdir(parents=True)
+    for f in frags:
+        for d in f.data_files():
+            _link_or_copy(src / "data" / d.path, pub / "data" / d.path)
+            sidecars = src / "data" / Path(d.path).stem  # a blob boundary's packed rows (codec.py)
+            if sidecars.is_dir():
+                (pub / "data" / sidecars.name).mkdir()
+                for b in sorted(sidecars.iterdir()):
+                    _link_or_copy(b, pub / "data" / sidecars.name / b.name)
+
+
 def finalize(
     stage: Path,
     names: list[str],
@@ -261,16 +275,7 @@ def finalize(
         src, pub = stage / f"{n}.lance", stage / f"{n}.publish.lance"
         ds = _compacted(src, n_rows=n_rows, rows_per_file=max(1, file_mb * 2**20 // row_bytes))
         frags = ds.get_fragments()
-        shutil.rmtree(pub, ignore_errors=True)
-        (pub / "data").mkdir(parents=True)
-        for f in frags:
-            for d in f.data_files():
-                _link_or_copy(src / "data" / d.path, pub / "data" / d.path)
-                sidecars = src / "data" / Path(d.path).stem  # a blob boundary's packed rows (codec.py)
-                if sidecars.is_dir():
-                    (pub / "data" / sidecars.name).mkdir()
-                    for b in sorted(sidecars.iterdir()):
-                        _link_or_copy(b, pub / "data" / sidecars.name / b.name)
+        _link_files(src, pub, frags)
         schema = ds.schema.with_metadata(
             {
                 **ds.schema.metadata,
