@@ -151,3 +151,51 @@ def test_round_robin_runs_each_in_turn_with_the_warm_ups_in_the_first_round():
     assert calls == [("a", 2, 1), ("b", 2, 1), ("a", 0, 1), ("b", 0, 1), ("a", 0, 1), ("b", 0, 1)]
     assert [r["n"] for r in out["a"]] == [1, 3, 5] and [r["n"] for r in out["b"]] == [2, 4, 6]
     assert rounds == [0, 1, 2]
+
+
+def test_the_table_charges_each_block_its_own_layers(tmp_path, monkeypatch):
+    """measure_table maps each block to its own layers of the timed runs: with layer j taking j+1 ms (per run, the
+    same every run) b01's cost is layers 2 and 3, not b00's 0 and 1, and each uniform model's prediction is its
+    measured total exactly (additivity 0). Synthetic runs stand in for the timing; the mapping is the real code's."""
+    from types import SimpleNamespace
+
+    from zgdata.layout import Layout
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.search import table as table_mod
+    from zgtrain.search.cost import options
+
+    params = profile_params("tiny-search")
+    params["search"]["cost"] = "latency"
+    project = ProjectConfig.from_params(params)
+    keys = list(project.blocks)
+    assert len(keys) >= 2
+    width = 2  # layers per block here
+    n_layers = width * len(keys)
+
+    def run(option_index: int) -> dict:
+        prefill = [(j + 1) * 1e-3 * (1 + option_index) for j in range(n_layers)]
+        decode = [(j + 1) * 2e-3 for j in range(n_layers)]
+        return {
+            "prefill": prefill,
+            "decode": decode,
+            "prefill_total": sum(prefill) + 0.5e-3,
+            "decode_total": sum(decode) + 1e-3,
+        }
+
+    opts = options(project)
+    runs = {o: [run(i)] * 3 for i, o in enumerate(opts)}
+    parts = {o: [(SimpleNamespace(key=k), SimpleNamespace(layers=[None] * width), None) for k in keys] for o in opts}
+    monkeypatch.setattr(
+        table_mod, "_timed_options", lambda project, layout: (runs, parts, {}, dict.fromkeys(opts, 1.0))
+    )
+    monkeypatch.setattr(table_mod, "_kv_cache", lambda *a: 0.0)
+    monkeypatch.setattr("zgdata.teacher.prepare.load_slice", lambda path: (None, {"config": {}}))
+    table = table_mod.measure_table(project, layout=Layout(tmp_path))
+    for o in opts:
+        for b, key in enumerate(keys):
+            layers = range(width * b, width * (b + 1))
+            want = 1e3 * sum(runs[o][0]["prefill"][j] for j in layers)
+            assert table["blocks"][key][o]["prefill_ms"]["median"] == pytest.approx(want, rel=1e-12), (o, key)
+            assert table["blocks"][key][o]["layers"] == width
+        assert all(abs(v) < 1e-12 for v in table["models"][o]["additivity"].values()), table["models"][o]
