@@ -284,29 +284,20 @@ def test_the_mtp_term_predicts_t_plus_2_to_mtp_depth_as_defined(depth):
     through norm(z + proj_d(z)) and the block's head (recomputed here from that definition); under `first` only
     block 0 has it. One offset short (D = 2 training no MTP at all) passed the schedule tests, which compare runs."""
     import torch.nn.functional as F
-    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from zgdata.teacher.prepare import tiny_teacher
     from zgtrain.local.model import make_blocks
     from zgtrain.project.local import LocalConfig
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_teacher("llama")[0].eval()
+    vocab = model.config.vocab_size
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     blocks = make_blocks(model, [0, 2, 4], LocalConfig(mtp="all", mtp_depth=depth), gens)
     assert [b.mtp_offsets for b in blocks] == [list(range(2, depth + 1))] * 2
     first = make_blocks(model, [0, 2, 4], LocalConfig(mtp="first", mtp_depth=depth), gens)
     assert [b.mtp_offsets for b in first] == [list(range(2, depth + 1)), []]
 
-    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(1))
     last = blocks[1]
     x = blocks[0].boundary(ids)
     with torch.no_grad():
@@ -314,7 +305,7 @@ def test_the_mtp_term_predicts_t_plus_2_to_mtp_depth_as_defined(depth):
         z = last.boundary(x)  # the last block's z is its output
         want = torch.stack(
             [
-                F.cross_entropy(last.lm_head(last.norm(z + proj(z)))[:, :-d].reshape(-1, 64), ids[:, d:].reshape(-1))
+                F.cross_entropy(last.lm_head(last.norm(z + proj(z)))[:, :-d].reshape(-1, vocab), ids[:, d:].reshape(-1))
                 for proj, d in zip(last.mtp, range(2, depth + 1))
             ]
         ).mean()
