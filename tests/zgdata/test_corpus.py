@@ -479,3 +479,15 @@ def test_real_datasets_save_to_disk(tiny_built, tmp_path):
     datasets.Dataset.from_list(_records()).save_to_disk(str(path), num_shards=2)
     real = tokenize(_cfg(str(path)), layout=layout).fingerprint
     assert real == tokenize(_cfg(write_source("hf_disk", tmp_path / "mine")), layout=layout).fingerprint
+
+
+def test_max_train_seqs_is_lineage(tiny_built, tmp_path):
+    """corpus.max_train_seqs changes which rows train: the token set's fingerprint changes with it (it was caught
+    only through a pinned old fingerprint); the same params give the same fingerprint again."""
+    layout = teacher_linked_project(tiny_built, tmp_path / "proj")
+    src = write_source("text", tmp_path / "c")
+    full = tokenize(_cfg(src), layout=layout)
+    capped = tokenize(_cfg(src, max_train_seqs=full.rows["train"] - 1), layout=layout)
+    assert capped.rows["train"] == full.rows["train"] - 1 and capped.rows["heldout"] == full.rows["heldout"]
+    assert capped.fingerprint != full.fingerprint
+    assert tokenize(_cfg(src), layout=layout).fingerprint == full.fingerprint
