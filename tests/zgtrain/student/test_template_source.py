@@ -81,3 +81,24 @@ def test_template_paths_exist_and_regions_name_the_block_sources():
         assert "zgtrain/block/window.py" in paths and "zgtrain/student/template_source.py" in paths, name
         assert [p for p in sorted(paths) if not (ROOT / p).exists()] == [], name
         assert "verbatim" not in text.lower(), name  # the hand-copied sections' old comments
+
+
+def test_a_student_ships_zgs_modeling_file_only_for_what_a_stock_config_cannot_say():
+    """Uniform widths, no window, one KV-head count, full attention, one expert count and top-k: the stock class.
+    Each per-layer difference alone (or any sliding window, or any linear layer) needs zg's modeling file; the
+    window clause was caught only through a released fixture's logits."""
+    from zgtrain.student.assemble import needs_modeling_code
+
+    stock = dict(sizes=[64, 64], windows=[None, None], kv_heads=[2, 2], attention=["full", "full"])
+    stock |= dict(experts=[4, 4], top_k=[2, 2])
+    assert not needs_modeling_code(**stock)
+    for key, value in {
+        "sizes": [64, 32],
+        "windows": [None, 16],
+        "kv_heads": [2, 1],
+        "attention": ["full", "linear"],
+        "experts": [4, 2],
+        "top_k": [2, 1],
+    }.items():
+        assert needs_modeling_code(**{**stock, key: value}), key
+    assert needs_modeling_code(**{**stock, "windows": [16, 16]})  # a uniform window too (any window, as documented)
