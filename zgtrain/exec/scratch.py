@@ -173,8 +173,9 @@ def receive(root: Path, r: dict, project: ProjectConfig) -> None:
 
 
 def _check_received(root: Path, block: Path, r: dict, project: ProjectConfig) -> None:
-    """The pulled block folder (``block``, in ``root``) is the one the worker trained (its files hash to the worker's dvc.lock entry, its
-    meta.json holds the state the worker reported) under the driver's params (config and seed)."""
+    """The pulled block folder (``block``, in ``root``) is the one the worker trained (its files hash to the
+    worker's dvc.lock entry, its meta.json holds the state the worker reported) under the driver's params (config
+    and seed)."""
     import json
 
     from zgdata.trust import dvc_lock

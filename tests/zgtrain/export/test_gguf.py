@@ -13,8 +13,8 @@ computations are the same up to summation order (ggml's blocked dot products, it
 the f32 logits agree to float32 round-off amplified through 3 layers: max |diff| <= 2e-5 x (1 + max |logit|) (measured
 at most 8e-7), or 1e-3 x for a GELU family, whose GELU ggml computes from an f16 table (measured 1.2e-4 to 2.8e-4):
 tests/helpers/llama_cpp_run.py ``f32_bound``. The uniform students carry a norm epsilon and a RoPE base off every
-default, and the GGUF's values are read back too. f16 rounds every weight to 11 significant bits (relative 2^-12 ~ 2.4e-4 each) and q8_0
-to 8-bit blocks of 32 (relative ~ 1/254 of the block's max): for random weights the logits then move by a small
+default, and the GGUF's values are read back too. f16 rounds every weight to 11 significant bits (relative
+2^-12 ~ 2.4e-4 each) and q8_0 to 8-bit blocks of 32 (relative ~ 1/254 of the block's max): for random weights the logits then move by a small
 fraction of their spread, bounded by max |diff| <= 0.05 (f16) / 0.25 (q8_0) x std(logits) with the same argmax
 on >= 90% of positions.
 """

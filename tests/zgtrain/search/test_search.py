@@ -657,7 +657,8 @@ def test_a_latency_budget_with_a_params_limit_uses_the_measured_cost_table(searc
     """search.cost: latency with search.limits {params}: `zg pipeline` adds search_cost, whose table (every option
     timed at search.workload) `dvc repro search` writes first; the choice is the enumerated optimum over the
     table's medians under both constraints; the pool (up to 3 mixes) is the greedy one enumerated from the table;
-    the budget is no dep of search_cost, the workload is. Then `zg search assemble` (one try) judges the pool's first mix and times the kept student."""
+    the budget is no dep of search_cost, the workload is. Then `zg search assemble` (one try) judges the pool's
+    first mix and times the kept student."""
     import yaml
 
     from zgtrain.search.cost import predict
