@@ -14,8 +14,9 @@ just before its command runs.
 A path the command opened counts as a read of the project when it is inside the project, existed
 before the command opened it (files the command creates itself, such as `*.tmp` and `*.partial`
 siblings of its outputs, are its own) and is not under `.git/`, `.dvc/`, `.zg/`, `data/.staging/` or
-a `__pycache__` folder. It must then be under a declared dep, under the stage's own outputs, or be
-params.yaml for a stage with `params:`. Opening a folder that holds a declared dep (listing it) is
+a `__pycache__` folder. It must then be under a declared dep, under the stage's own outputs, be
+params.yaml for a stage with `params:`, or be dvc.yaml, which every stage that DVC starts compares with params.yaml
+before it runs (zgtrain/pipeline/current.py: it refuses or goes on, and changes no output). Opening a folder that holds a declared dep (listing it) is
 allowed; any file opened inside it is checked on its own.
 """
 

@@ -98,6 +98,12 @@ def main(argv: list[str] | None = None) -> None:
 
     debug = os.environ.get("ZG_DEBUG") == "1" or "--debug" in args
     try:
+        if os.environ.get("DVC_STAGE"):  # a stage command that DVC started: its graph must match params.yaml
+            from pathlib import Path
+
+            from zgtrain.pipeline.current import check
+
+            check(Path.cwd(), experiment=os.environ.get("DVC_EXP_NAME"))  # set for the stages of `dvc exp run`
         rc = typer.main.get_command(app).main(args=args, prog_name="zg", standalone_mode=False)
     except ZgError as e:
         if debug:

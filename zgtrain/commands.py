@@ -118,7 +118,9 @@ def repro(
 ):
     """Like `dvc repro`, with up to --jobs stale blocks trained at once (Ray); each is recorded in dvc.lock."""
     from zgtrain.exec.repro import repro as run
+    from zgtrain.pipeline.current import check
 
+    check(Path.cwd())  # a stale dvc.yaml is refused before any stage runs
     r = run(Path.cwd(), list(targets or []), jobs=jobs, address=address, data=data)
     restored = f"; restored from DVC's run cache: {', '.join(r.restored)}" if r.restored else ""
     emit(r.metrics(), as_json=as_json, summary=f"ran: {', '.join(r.ran) or 'nothing'}{restored} in {r.seconds:.0f} s")

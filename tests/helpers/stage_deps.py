@@ -3,8 +3,8 @@ tests/zgdata/test_virtual.py and tests/zgtrain/search/test_search.py).
 
 A path the command opened counts as a read of the project when it is inside the project, existed before the
 command opened it (``stage_trace.reads``) and is not under `.git/`, `.dvc/`, `.zg/`, `data/.staging/` or a
-`__pycache__` folder. It must then be under a declared dep, under the stage's own outputs, or be params.yaml for
-a stage with `params:`. Opening a folder that holds a declared dep (listing it) is allowed; any file opened inside
+`__pycache__` folder. It must then be under a declared dep, under the stage's own outputs, be params.yaml for
+a stage with `params:`, or be dvc.yaml (the staleness check, zgtrain/pipeline/current.py). Opening a folder that holds a declared dep (listing it) is allowed; any file opened inside
 it is checked on its own.
 """
 
@@ -102,6 +102,8 @@ def undeclared(stage: dict, read: dict[str, bool]) -> list[str]:
             continue  # its own output, or declared (what the command created itself is not in ``read``)
         if p == "params.yaml" and stage.get("params"):
             continue
+        if p == "dvc.yaml":  # the graph itself: each stage DVC starts checks it against params.yaml, and refuses
+            continue  # or runs; it changes no output (zgtrain/pipeline/current.py)
         if read[p] and any(d.startswith(p + "/") for d in deps):
             continue  # listing the folder that holds a declared dep
         bad.append(p)

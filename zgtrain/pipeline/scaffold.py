@@ -16,7 +16,7 @@ from zgtrain.project.config import ProjectConfig, TrainConfig
 from zgtrain.project.local import LocalConfig
 from zgtrain.project.sections import RepairConfig, SearchConfig
 
-__all__ = ["init_project", "regenerate", "write_dvcignore"]
+__all__ = ["has_code", "init_project", "regenerate", "regenerated", "write_dvcignore"]
 
 
 BLOCKS_FIX = (
@@ -25,17 +25,30 @@ BLOCKS_FIX = (
 
 
 def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
-    """`zg pipeline`: rewrite the generated parts of params.yaml after an edit, then dvc.yaml from the result.
+    """`zg pipeline`: rewrite the generated parts of params.yaml after an edit (``regenerated``), then dvc.yaml
+    from the result. Nothing is written unless the result parses as a project."""
+    params_path = Path(params_path)
+    params, project = regenerated(load_params(params_path))
+    write_text(params_path, dump_params(params))
+    write_dvcignore(params_path.parent)  # adds the model cards' lines where the project lacks them
+    return write_pipeline(params_path.parent, project, code_deps=has_code(params_path.parent)), project
+
+
+def has_code(root: Path) -> bool:
+    """Is ROOT a checkout of ZeroGraph itself? Its stages then list the code they run (``code_deps``)."""
+    return (Path(root) / "zgtrain" / "block" / "train.py").exists()
+
+
+def regenerated(params: dict) -> tuple[dict, ProjectConfig]:
+    """PARAMS (a params.yaml document, changed in place) with its generated parts rewritten, and its project.
 
     Generated parts: ``blocks:`` (a conversion: one entry per block of partition.boundaries, each keeping its own
     train overrides; local pretraining: none), ``local.blocks`` (local.mode: sequential: one entry per block, the
     params key of its stage), and the defaults of every key a section lacks where dvc.yaml lists that section's
     keys one by one (``train:``, ``repair:``, ``local:``, and ``search:`` where a variant library needs it): DVC
-    refuses a listed key that params.yaml lacks. Everything else is written back with the values read, in zg's
-    layout: YAML comments are not kept. Nothing is written unless the result parses as a project.
+    refuses a listed key that params.yaml lacks. Everything else keeps the values read; written back, it takes
+    zg's layout: YAML comments are not kept.
     """
-    params_path = Path(params_path)
-    params = load_params(params_path)  # the document itself: its sections are rewritten, not only read
     kind = project_kind(params)
     blocks = section(params, PartitionConfig).blocks()
     if kind is ProjectKind.LOCAL and section(params, LocalConfig).mode == "sequential":
@@ -69,10 +82,7 @@ def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:
     for cls, used in listed.items():
         if used:
             params[cls.SECTION] = {**defaults(cls), **(params.get(cls.SECTION) or {})}
-    write_text(params_path, dump_params(params))
-    code_deps = (params_path.parent / "zgtrain" / "block" / "train.py").exists()  # a checkout of ZeroGraph itself
-    write_dvcignore(params_path.parent)  # adds the model cards' lines where the project lacks them
-    return write_pipeline(params_path.parent, project, code_deps=code_deps), project
+    return params, project
 
 
 def _dvc_init(root: Path) -> None:
