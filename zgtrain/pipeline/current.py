@@ -1,11 +1,11 @@
 """Is a project's pipeline what `zg pipeline` would write from its params.yaml now?
 
 dvc.yaml and params.yaml's generated parts (``blocks:``, ``local.blocks``, the listed sections' defaults) follow
-params.yaml only when `zg pipeline` runs after an edit. An edit without it leaves a stale graph, and each stale
-case went wrong its own way: a stage from the old partition trained a block the new one lacks, a stage that
-params turned on never ran, DVC refused a listed key that params.yaml lacked. Every stage command and `zg repro`
-now check first (``check``) and refuse a stale pipeline by name. Where `dvc repro` finds no stage changed, no zg
-command runs and nothing can refuse: docs/TUTORIAL.md says which edits need `zg pipeline`.
+params.yaml only when `zg pipeline` runs after an edit. Without it DVC runs the old graph: a stage that params turn
+on never runs, the deps an edit adds are neither fetched nor watched, a listed key the edit removed fails inside
+DVC. Every stage command that DVC starts, and `zg repro`, check first (``check``) and refuse a stale graph by
+name. Where `dvc repro` finds no stage changed, no zg command runs and nothing can refuse:
+docs/tutorials/convert-your-model.md says which edits need `zg pipeline`.
 
 Only zg's own stages are compared: a stage the user added to dvc.yaml, whose command is not `zg`, is left alone.
 """
