@@ -35,7 +35,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_added, state_key
 
-__all__ = ["verify", "verify_all", "recorded", "lock_stages", "cache_object", "Checked", "STATE"]
+__all__ = ["verify", "verify_all", "recorded", "lock_stages", "cache_object", "file_md5", "Checked", "STATE"]
 
 STATE = Layout(Path(".")).trust_cache  # relative to a project root
 _CHUNK = 1 << 22
@@ -107,7 +107,8 @@ def cache_object(root: Path, md5: str) -> Path:
     return _cache_dir(root) / "files" / "md5" / md5[:2] / md5[2:]
 
 
-def _file_md5(path: Path) -> str:
+def file_md5(path: Path) -> str:
+    """The md5 of a file, as DVC records it."""
     h = hashlib.md5()
     with open(path, "rb", buffering=0) as f:  # unbuffered: each 4 MiB read lands straight in the hash's input
         while chunk := f.read(_CHUNK):
@@ -118,7 +119,7 @@ def _file_md5(path: Path) -> str:
 def _stamped_md5(path: Path) -> tuple[list[int], str]:
     """(the file's stat, taken before the read; its md5). A change while or after it is read shows in a later stat:
     the pair may be trusted, and sealed into the cache, only while the file's stat is still this one."""
-    return _stat(path), _file_md5(path)
+    return _stat(path), file_md5(path)
 
 
 def _stamped_md5s(paths, *, threads: int | None = None) -> dict[Path, tuple[list[int], str]]:

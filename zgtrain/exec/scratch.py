@@ -188,10 +188,7 @@ def _check_received(root: Path, block: Path, r: dict, project: ProjectConfig) ->
     try:
         dvc_lock.verify(block)
     except ZgError as e:
-        # the file list the remote served stays in the cache under the entry's md5: dropped, so a retry fetches it
-        for o in r["lock_entry"].get("outs") or []:
-            if str(o.get("md5", "")).endswith(".dir"):
-                dvc_lock.cache_object(root, o["md5"]).unlink(missing_ok=True)
+        _forget_fetched(root, r["lock_entry"].get("outs") or [])
         raise ZgError(
             f"block {key} pulled from the DVC remote is not the one the worker pushed: {e.what}", fix=fix
         ) from e
@@ -206,3 +203,42 @@ def _check_received(root: Path, block: Path, r: dict, project: ProjectConfig) ->
             key=f"blocks.{key}",
             fix="rerun `zg repro` once no other driver trains this block from the same commit",
         )
+
+
+def _forget_fetched(root: Path, outs: list[dict]) -> None:
+    """After a pull of OUTS failed zg's check, make a retry fetch them again once the remote is put right.
+
+    DVC does not hash what it downloads, so what the remote served stays in ROOT's cache under the names it was
+    asked for: each directory's file list (dropped) and every object that list names whose bytes do not hash to
+    its name (dropped; an intact object is kept). DVC also remembers the remote's listing in its data index,
+    outside the project (keyed by the project's path); with that dropped too, the next `dvc pull` lists the remote
+    afresh. Without both, a retry in the same project failed with DVC's "Is your cache up to date?"."""
+    import json
+    import logging
+
+    from dvc.repo import Repo
+
+    from zgdata.trust import dvc_lock
+
+    for o in outs:
+        md5 = str(o.get("md5", ""))
+        listing = dvc_lock.cache_object(root, md5)
+        names = [md5]
+        if md5.endswith(".dir"):
+            try:
+                names = [str(e["md5"]) for e in json.loads(listing.read_bytes())]
+            except (OSError, ValueError, TypeError, KeyError):
+                names = []
+            listing.unlink(missing_ok=True)
+        for name in names:
+            obj = dvc_lock.cache_object(root, name)
+            if obj.is_file() and dvc_lock.file_md5(obj) != name:
+                obj.unlink()
+    log = logging.getLogger("dvc")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # it logs, at debug level with a traceback, each tree it no longer finds
+    try:
+        with Repo(str(root)) as repo:
+            repo.drop_data_index()
+    finally:
+        log.setLevel(level)

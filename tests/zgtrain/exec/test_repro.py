@@ -385,7 +385,9 @@ def test_a_received_block_is_checked_and_a_failed_receive_leaves_the_project_as_
     entry, uncached outputs and state) with a driver that has nothing cached: the remote serving b00's file list
     under b01's md5, a block trained with other params and a failed pull are refused, each leaving dvc.lock, the
     uncached outputs and the recorded block as they were (before, the lock entry and metrics were written and the
-    block folder deleted; the planted list was recorded); the real one is received."""
+    block folder deleted; the planted list was recorded); the real one is received. Once the remote serves the real
+    objects, a retry in the same project receives the block: what the refused pull left in the DVC cache, and the
+    listing DVC remembered, are forgotten (before, the retry failed with DVC's "Is your cache up to date?")."""
     from zgtrain.exec import scratch
     from zgtrain.project.config import ProjectConfig
 
@@ -423,6 +425,20 @@ def test_a_received_block_is_checked_and_a_failed_receive_leaves_the_project_as_
         scratch.receive(root, r, project)
     assert _driver_state(root) == before
     obj("train@b01").write_bytes(real)
+    scratch.receive(root, r, project)  # a retry in the same project, once the remote serves the real objects
+    assert tree_sha256(root / "models" / "blocks" / "b01") == before[-1]
+
+    root = driver("planted-file")  # the real file list, one of its files served with other bytes
+    weights = next(e["md5"] for e in json.loads(real) if e["relpath"] == "model.safetensors")
+    weights = remote / "files" / "md5" / weights[:2] / weights[2:]
+    good = weights.read_bytes()
+    weights.write_bytes(good[::-1])
+    with pytest.raises(ZgError, match="b01 pulled from the DVC remote is not the one the worker pushed"):
+        scratch.receive(root, r, project)
+    assert _driver_state(root) == before
+    weights.write_bytes(good)
+    scratch.receive(root, r, project)
+    assert tree_sha256(root / "models" / "blocks" / "b01") == before[-1]
 
     root = driver("other-params")
     params = yaml.safe_load((root / "params.yaml").read_text())
