@@ -94,6 +94,30 @@ def test_incremental_decoding_equals_the_parallel_forward_in_float64(window):
     assert all(s == [(2, 2, 32, 16), (2, 2, 32), (2, 2, w, 16), (2, 2, w, 16)] for s in shapes)
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_a_window_covering_the_sequence_is_the_teachers_softmax_attention(name):
+    """With ``linear_window`` at least the sequence length no key is linear: each query's weights are
+    sigmoid(window_factor) exp(q . k * scaling - m) over its causal keys, normalized by their own sum, which is the
+    teacher's softmax attention (the factor cancels). So on the teacher's own attention inputs (``attention_call``)
+    the layer's output equals the teacher attention's output within float32 rounding; the window's scores carry the
+    teacher's ``scaling``."""
+    from zgtrain.block.attention import attention_call
+
+    model = _teacher(name)
+    teacher = convert("identity", _slice(model, name, (0, 1)), model.config, TrainConfig(), _x(model), None)
+    teacher.eval()
+    block = _convert(model, name, window=24).eval()  # _x: 24 positions, so every key is inside the window
+    x = _x(model, seed=5)
+    with torch.no_grad():
+        inputs = teacher.family.layer_inputs(teacher.rotary_emb, x)
+        h = x
+        for t_layer, s_layer in zip(teacher.layers, block.layers):
+            a_in, a_kw, a_out, h = attention_call(teacher.family, t_layer, h, inputs)
+            y = s_layer.self_attn(a_in, **a_kw)[0]
+            assert a_out.abs().max() > 1e-2  # not a trivially small output
+            torch.testing.assert_close(y, a_out, rtol=0, atol=1e-5)
+
+
 def test_attention_transfer_trains_only_the_feature_maps_and_its_loss_falls():
     model = _teacher("llama")
     teacher = convert("identity", _slice(model, "llama", (0, 1)), model.config, TrainConfig(), _x(model), None)
