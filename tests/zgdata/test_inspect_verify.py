@@ -20,7 +20,7 @@ from zgdata.layout import Layout
 from zgdata.lineage import boundary_fingerprint
 from zgdata.store.integrity import checksum_array, checksum_of
 from zgdata.store.lance_io import dir_bytes, schema_meta
-from zgdata.store.reader import BoundaryDataset, BoundaryPair
+from zgdata.store.reader import BoundaryDataset, BoundaryPair, epoch_order, step_rows
 
 
 def test_inspect_boundaries_json(tiny_project):
@@ -189,6 +189,45 @@ def test_reader_api(tiny_built):
     assert [np.array_equal(r1, r2) for (_, r1, *_), (_, r2, *_) in zip(a[3:], resumed)] == [True] * 3
     with pytest.raises(ZgError, match="seq_id 999"):
         ds.by_seq_id([999])
+
+
+def test_step_rows_are_seeded_epoch_permutations_concatenated():
+    """The training order: epoch e's draws are ``rows`` in the order ``epoch_order(n, e, seed)``, and the epochs
+    follow each other in one stream cut into batches, so a batch straddling an epoch boundary is the tail of one
+    epoch's permutation then the head of the next one's. Each epoch is its own permutation (not the first one
+    again), and (seed, epoch) is mixed so that seed s + 1's epoch 0 is not seed s's epoch 1."""
+    rows = np.arange(48) * 3 + 5  # row numbers, not positions: step_rows maps the permutation through them
+    for seed in (0, 1, 7):
+        epochs = [np.concatenate([step_rows(rows, s, 4, seed) for s in range(12 * e, 12 * (e + 1))]) for e in (0, 1)]
+        for e, drawn in enumerate(epochs):
+            assert np.array_equal(drawn, rows[epoch_order(48, e, seed).numpy()])
+            assert sorted(drawn.tolist()) == rows.tolist()  # each row once per epoch
+        assert not np.array_equal(epochs[0], epochs[1])
+
+    rows = np.arange(10) + 100
+    for seed in (0, 1, 7):
+        stream = np.concatenate([rows[epoch_order(10, e, seed).numpy()] for e in range(4)])
+        o0, o1 = epoch_order(10, 0, seed).numpy(), epoch_order(10, 1, seed).numpy()
+        assert not np.array_equal(o0[:2], o1[:2])  # so the straddling batch below tells the epochs apart
+        assert np.array_equal(step_rows(rows, 2, 4, seed), np.concatenate([rows[o0[8:]], rows[o1[:2]]]))
+        for batch in (3, 4, 7):  # 7: a batch of most of an epoch straddles every boundary
+            drawn = np.concatenate([step_rows(rows, s, batch, seed) for s in range(40 // batch)])
+            assert np.array_equal(drawn, stream[: len(drawn)]), batch
+
+    for n in (10, 48):
+        for s in (0, 1, 2, 41):
+            assert not torch.equal(epoch_order(n, 1, s), epoch_order(n, 0, s + 1)), (n, s)
+
+
+def test_boundary_pair_refuses_an_input_that_does_not_precede_its_output(tiny_built):
+    """A block's input boundary must come from an earlier layer than its target: the same boundary twice, or the
+    two swapped, is refused by name with the fix, though the rows align and the lineage matches."""
+    layout = Layout(tiny_built)
+    for a, b in (("h02", "h02"), ("h04", "h02")):
+        with pytest.raises(ZgError, match=rf"{a} \(layer \d+\) does not precede {b} \(layer \d+\)") as e:
+            BoundaryPair(layout.boundary(a), layout.boundary(b))
+        assert "blocks.KEY.in" in e.value.fix
+    assert BoundaryPair(layout.boundary("h02"), layout.boundary("h04")).rows("train").shape == (48,)
 
 
 def test_open_boundary_of_a_name_says_to_give_the_datasets_folder(tiny_built):
