@@ -8,6 +8,10 @@ import pytest
 
 from tests.helpers.assertions import assert_user_error
 from tests.helpers.runners import zg_main
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.store.lance_io import open_dataset
+from zgdata.store.reader import BoundaryDataset
 
 
 def test_a_non_utf8_byte_in_params_yaml_is_one_line(tiny_project):
@@ -74,3 +78,17 @@ def test_a_command_run_from_a_project_subfolder_names_the_root_to_run_from(tiny_
     res = zg_main("pipeline", cwd=elsewhere, check=False)
     assert_user_error(res, "params.yaml not found")
     assert "inside the project" not in res.stderr, res.stderr
+
+
+def test_a_dataset_of_the_other_kind_is_refused_by_its_kind(tiny_built):
+    """A boundary opened as tokens, or the tokens dataset given where a boundary is read, is refused by what it is
+    (its schema's zg.kind), not read as the other kind's columns."""
+    layout = Layout(tiny_built)
+    h02 = layout.boundary("h02")
+    with pytest.raises(ZgError, match=r"is not a ZeroGraph tokens dataset \(kind='boundary'\)") as e:
+        open_dataset(h02, kind="tokens")
+    assert str(h02) in str(e.value)
+    with pytest.raises(ZgError, match=r"is not a ZeroGraph boundary dataset \(kind='tokens'\)") as e:
+        BoundaryDataset(layout.tokens)
+    assert str(layout.tokens) in str(e.value)
+    assert len(open_dataset(h02, kind="boundary").to_table(columns=["seq_id"])) == 56  # the right kind opens
