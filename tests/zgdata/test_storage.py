@@ -107,6 +107,27 @@ def test_verify_and_training_reader_accept_zstd(zstd_built, tiny_built):
         )
 
 
+def test_a_raw_boundary_of_several_data_files_is_read_from_the_maps_of_each(tiny_built, tmp_path):
+    """A raw boundary in several data files (fragments of 20 rows: what finalize publishes past ``file_mb``, or
+    sharded workers' ``rows_per_file``) keeps the mapped read path: each page's first row counts the rows of the
+    files before it, so rows of the second and third files come back as Lance's take of the same rows, and the
+    reader's checked ``take`` gives the one-file dataset's bits."""
+    src = Layout(tiny_built).boundary("h02")
+    ds = lance.dataset(str(src))
+    dst = tmp_path / "h02.lance"
+    lance.write_dataset(ds.to_table(), str(dst), schema=ds.schema, max_rows_per_file=20)  # schema: zg's metadata
+    assert [f.count_rows() for f in lance.dataset(str(dst)).get_fragments()] == [20, 20, 16]
+    b = BoundaryDataset(dst)
+    read = b._page_reader()
+    assert read is not None  # the maps, not a fallback to Lance's take
+    rows = np.array([25, 20, 39, 40, 55, 0, 19, 33])  # each file's first and last rows among them
+    want = b.decode(b.ds.take(rows, columns=["hidden"]))
+    assert np.array_equal(read(rows), want)
+    assert all(not v.flags.owndata and np.array_equal(v, w) for v, w in zip(read.views(rows), want, strict=True))
+    one_file = BoundaryDataset(src)
+    assert torch.equal(b.take(rows).view(torch.int16), one_file.take(rows).view(torch.int16))
+
+
 def test_zstd_low_bytes_are_read_from_their_mapped_pages(zstd_built):
     from zgdata.store.codec import flat_values
     from zgdata.store.pagemap import page_reader
