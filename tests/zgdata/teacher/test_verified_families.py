@@ -88,6 +88,54 @@ def test_a_layer_that_reads_outside_its_inputs_is_refused_by_its_index():
     assert e.value.part == "layer 2" and len(calls) == 2
 
 
+def test_a_student_config_that_is_not_the_teachers_is_refused_as_the_student_part(monkeypatch):
+    """The ``student`` part builds the identity student from ``student_config`` and compares its logits with the
+    teacher's: a config that changes the forward (here an rms_norm_eps of 0.5), though every boundary, the norm and
+    the head round-trip, is refused naming the student."""
+    model, tok, fam = _checked("qwen3")
+    student_config = fam.student_config
+
+    def wrong_eps(*args, **kwargs):
+        config = student_config(*args, **kwargs)
+        config.rms_norm_eps = 0.5
+        return config
+
+    monkeypatch.setattr(fam, "student_config", wrong_eps)
+    with pytest.raises(PartError) as e:
+        self_check(model, fam, tok)
+    assert e.value.part == "student" and "\n" not in str(e.value)
+    assert str(e.value).startswith(
+        "[teacher.source] student: the adapter's result differs from the teacher's own forward "
+        "(the identity student's logits)"
+    )
+
+
+def test_a_prune_that_mismatches_the_mlp_channels_is_refused_as_the_mlp_part(monkeypatch):
+    """The ``mlp`` part prunes layer 0's MLP: every channel must give the same tensors, and half of them (a layer
+    built at half width) the layer's output with the other channels silenced. A half-width prune whose down
+    projection keeps the right channels in reversed order (its full-width prune is left right, so the first check
+    passes) is refused naming the mlp; the same prune without the reversal passes."""
+    model, tok, fam = _checked("qwen3")
+    prune_mlp = fam.prune_mlp
+    width = fam.width(model.config)
+
+    def reversed_down(layer, keep):
+        out = prune_mlp(layer, keep)
+        if len(keep) < width:
+            out["mlp.down_proj.weight"] = out["mlp.down_proj.weight"].flip(1)
+        return out
+
+    monkeypatch.setattr(fam, "prune_mlp", reversed_down)
+    with pytest.raises(PartError) as e:
+        self_check(model, fam, tok)
+    assert e.value.part == "mlp" and str(e.value).startswith(
+        "[teacher.source] mlp: the adapter's result differs from the teacher's own forward "
+        "(a half-width prune does not equal the layer with those channels silenced)"
+    )
+    monkeypatch.setattr(fam, "prune_mlp", lambda layer, keep: {k: v.clone() for k, v in prune_mlp(layer, keep).items()})
+    assert self_check(model, fam, tok)["verdict"] == "pass"  # the same tensors, copied: passes
+
+
 def test_refusals_at_prepare_are_one_line_and_write_nothing(tmp_path):
     """Through `zg teacher prepare`: a Cohere checkpoint (its logit_scale is outside the head) and a model type
     transformers does not know stop with one line, the project untouched."""
