@@ -225,6 +225,44 @@ def test_prune_mlp_and_too_many_experts_are_refused_on_a_moe_teacher(built, tmp_
     assert_user_error(res, "train.keep_experts", "4 experts per layer")
 
 
+def test_a_teacher_whose_layers_do_not_all_route_experts_or_that_slides_is_refused():
+    """``MoeFamily.check`` on Qwen2-MoE configs: dense MLP layers among the expert ones (``decoder_sparse_step`` 2, or
+    ``mlp_only_layers``) cannot be described by per-layer expert counts, and Qwen2-MoE's sliding-window layers are
+    not captured bit-exactly: each is refused in one line keyed to teacher.source; every layer routing experts with
+    full attention passes."""
+    from transformers import Qwen2MoeConfig
+
+    from zgdata.errors import ZgError
+
+    def config(**extra):
+        return Qwen2MoeConfig(
+            vocab_size=257,
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            **extra,
+        )
+
+    family_of(config()).check(config())
+    mixed = "this qwen2_moe teacher mixes dense and expert MLP layers \\(mlp_only_layers / decoder_sparse_step\\)"
+    sliding = "this qwen2_moe teacher uses sliding-window attention layers"
+    for extra, what in (
+        ({"decoder_sparse_step": 2}, mixed),
+        ({"mlp_only_layers": [0]}, mixed),
+        ({"use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention"] * 2}, sliding),
+    ):
+        cfg = config(**extra)
+        with pytest.raises(ZgError, match=what) as e:
+            family_of(cfg).check(cfg)
+        assert e.value.key == "teacher.source" and "\n" not in str(e.value), extra
+
+
 def test_expert_conversions_are_refused_on_a_dense_teacher(tiny_built, tmp_path):
     dense = copy_project(tiny_built, tmp_path / "dense")
     set_params(dense, {"train.conversion": "moe_to_dense"})
