@@ -132,6 +132,60 @@ def test_prune_experts_keeps_the_most_routed_experts(built, tmp_path):
         assert torch.equal(three.layers[j].mlp.gate.weight, teacher.layers[j].mlp.gate.weight[keep])
 
 
+@pytest.mark.parametrize("init", ["merge", "top"])
+def test_moe_to_dense_takes_the_chosen_expert_channels_and_scales_down_by_routing_weight(init):
+    """moe_to_dense on two layers of a tiny Mixtral teacher: each dense channel j is channel c_j of expert e_j, its
+    gate and up rows the teacher's rows bit for bit and its down-projection column the teacher's scaled by p_e (the
+    expert's mean routing weight per token on the sample, ``routing``), so the dense MLP starts as the expected MoE
+    output. The channels are the top-k x expert-width best: merge, by p_e * mean |act_{e,c}| over all experts
+    (recomputed here in float64); top, the experts of most routing mass, whole."""
+    import torch.nn.functional as F
+
+    from tests.helpers.models import teacher_layers, tiny_family_teacher
+    from zgtrain.block.conversions import convert
+    from zgtrain.block.experts import routing
+    from zgtrain.project.config import TrainConfig
+
+    model = tiny_family_teacher("mixtral")
+    config, fam = model.config, family_of(model.config)
+    tensors = teacher_layers(model, "mixtral", (1, 2))
+    sample = torch.randn(2, 12, config.hidden_size, generator=torch.Generator().manual_seed(4))
+    gen = torch.Generator().manual_seed(0)
+    teacher = convert("identity", tensors, config, TrainConfig(), sample, gen)
+    block = convert("moe_to_dense", tensors, config, TrainConfig(dense_init=init), sample, gen)
+    width_e, n_experts, k = fam.width(config), fam.experts(config), fam.top_k(config)
+    assert config.hidden_act == "silu" and block.experts == [1, 1] and block.intermediate_sizes == [k * width_e] * 2
+    for j, (x, weights) in enumerate(routing(teacher, sample)):
+        p = weights.mean(0)
+        up = tensors[f"layers.{1 + j}.mlp.experts.gate_up_proj"]  # (E, 2I, C): gate rows, then up rows
+        down = tensors[f"layers.{1 + j}.mlp.experts.down_proj"]  # (E, C, I)
+        dense = block.layers[j].mlp.experts
+        gate_rows, up_rows = dense.gate_up_proj[0].chunk(2)
+        # each dense channel's gate row is exactly one teacher channel's: that is its (expert, channel)
+        match = (gate_rows[:, None, None, :] == up[None, :, :width_e, :]).all(-1)  # (W, E, I)
+        assert (match.flatten(1).sum(1) == 1).all()
+        flat = match.flatten(1).float().argmax(1)
+        e, c = flat // width_e, flat % width_e
+        assert torch.equal(flat, torch.sort(flat).values) and len(set(flat.tolist())) == len(flat)
+        assert torch.equal(up_rows, up[e, width_e + c])
+        for col in range(len(flat)):
+            want = down[e[col], :, c[col]] * p[e[col]].float()
+            assert torch.equal(dense.down_proj[0][:, col], want), col
+        assert torch.equal(block.layers[j].mlp.gate.weight, torch.zeros(1, config.hidden_size))
+        chosen = torch.zeros(n_experts * width_e, dtype=torch.bool).index_fill_(0, flat, True)
+        if init == "merge":
+            h = torch.einsum("nd,eid->eni", x.double(), up.double())
+            act = F.silu(h[..., :width_e]) * h[..., width_e:]
+            score = (act.abs().mean(1) * p[:, None]).flatten()
+            assert score[chosen].min() > score[~chosen].max() * (1 + 1e-9)
+        else:
+            top = torch.sort(-weights.sum(0), stable=True).indices[:k]
+            assert torch.equal(
+                chosen.view(n_experts, width_e).all(1),
+                torch.zeros(n_experts, dtype=torch.bool).index_fill_(0, top, True),
+            )
+
+
 def test_per_layer_expert_counts_ship_the_modeling_file(pruned, tmp_path):
     """b01 re-converted by prune_experts (3 of 4 experts, 1 per token) beside b00's dense MLPs: per-layer widths and
     counts, which only zg's pinned modeling file says; a stock export is refused in one line naming the layer."""
