@@ -6,6 +6,7 @@ with a real torch model and optimizer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -108,6 +109,21 @@ def test_lr_shapes_and_stop_after():
     with pytest.raises(ZgError) as e:
         loop.check_stop_after(0)
     assert e.value.key == "--stop-after"
+
+
+def test_the_cosine_schedule_peaks_when_warmup_ends_and_decays_to_a_tenth_of_lr():
+    """train.schedule's cosine (docs/reference/params.md): linear warmup, the peak lr at the first step after it
+    (step == warmup), then lr * (0.1 + 0.9 * (1 + cos(pi * p)) / 2) over p = (step - warmup) / (steps - warmup),
+    down to the floor 10% of lr at steps and after."""
+    cfg = _Cfg()  # lr 1e-2, warmup 2, steps 10: 8 decay steps
+    assert [lr_at(cfg, s) for s in range(cfg.warmup)] == [cfg.lr * (s + 1) / cfg.warmup for s in range(cfg.warmup)]
+    assert lr_at(cfg, cfg.warmup) == cfg.lr  # the peak, not warmup's line continued past it
+    for step in range(cfg.warmup, cfg.steps + 1):
+        p = (step - cfg.warmup) / (cfg.steps - cfg.warmup)
+        floor, rest = 0.1 * cfg.lr, 0.9 * cfg.lr
+        assert lr_at(cfg, step) == pytest.approx(floor + rest * (1 + math.cos(math.pi * p)) / 2, rel=1e-12, abs=0)
+    assert lr_at(cfg, 6) == pytest.approx(0.55 * cfg.lr, rel=1e-12, abs=0)  # halfway: halfway to the floor
+    assert lr_at(cfg, cfg.steps) == lr_at(cfg, cfg.steps + 7) == cfg.lr * 0.1
 
 
 def test_a_checkpoint_of_another_run_is_refused_naming_the_keys():
