@@ -12,6 +12,7 @@ import torch
 
 from zgtrain.evaluate.bootstrap import CHUNK, ratio_interval
 from zgtrain.evaluate.set_metrics import figures
+from zgtrain.evaluate.sets import EvalSet
 
 N, T, K = 12, 9, 20  # sequences, tokens per sequence, context targets
 
@@ -89,3 +90,32 @@ def test_figures_from_hand_made_scores():
     assert f["ce_gap_ci95"] == {"lo": gap["lo"], "hi": gap["hi"]} and gap["lo"] < f["ce_gap"] < gap["hi"]
     agree = (scores["student"]["top1"] == scores["teacher"]["top1"]).double().mean()
     assert f["top1_agreement"] == float(agree) and f["ce_tokens"] == N * (T - 1) and f["context_targets"] == K
+
+
+def test_padded_targets_count_in_no_figure_of_a_pad_packed_set():
+    """A pad-packed set (``lengths``): its mask keeps the targets before each row's length, and only those are
+    scored. The student disagrees with the teacher, with huge NLLs, on padded targets only: its top-1 agreement
+    is 1, ce_tokens counts the real targets and each CE is the mean over them."""
+    g = torch.Generator().manual_seed(1)
+    scores = {
+        "teacher": _scores(g, full=2.0, window=3.0),
+        "untrained": _scores(g, full=4.0, window=4.2),
+        "student": _scores(g, full=2.5, window=3.1),
+    }
+    lengths = torch.tensor([T, 2, 5, T, 1, 7, 3, T, 4, 6, 8, 2])  # rows of 1..T real tokens (1: no target)
+    real = torch.tensor([[p + 1 < n for p in range(T - 1)] for n in lengths.tolist()])  # target p + 1 is real
+    assert 0 < int(real.sum()) < N * (T - 1)
+    scores["student"]["top1"] = torch.where(real, scores["teacher"]["top1"], scores["teacher"]["top1"] + 1)
+    scores["student"]["nll"][~real] = 1e6
+    # K context targets (sequence, position), each before its row's length, as metrics.context_targets draws them
+    real_pairs = [(s, p) for s, n in enumerate(lengths.tolist()) for p in range(2, n)]
+    targets = torch.tensor([real_pairs[i] for i in torch.randperm(len(real_pairs), generator=g)[:K].tolist()])
+    evalset = EvalSet(name="padded", ids=torch.zeros(N, T, dtype=torch.long), lengths=lengths, lineage={})
+    assert torch.equal(evalset.mask, real)
+    f = figures(evalset, scores, targets, SimpleNamespace(bootstrap=200, seed=11))
+
+    assert f["top1_agreement"] == 1.0 and f["ce_tokens"] == int(real.sum()) == int(lengths.sum()) - N
+    for m, sc in scores.items():
+        kept = [v for v, r in zip(sc["nll"].flatten().tolist(), real.flatten().tolist()) if r]
+        assert f[f"{m}_ce"] == pytest.approx(sum(kept) / len(kept), rel=1e-12, abs=0)
+    assert f["student_ce"] < 3.0 and f["ce_gap"] == f["student_ce"] - f["teacher_ce"]
