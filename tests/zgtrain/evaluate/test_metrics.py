@@ -1,4 +1,5 @@
-"""zgtrain.evaluate.metrics on models built in the test: hand-computed NLLs, window/full-context agreement, seeded targets."""
+"""zgtrain.evaluate.metrics on models built in the test: hand-computed NLLs, window/full-context agreement, seeded targets;
+and the generation check's matching prefix (zgtrain/evaluate/generation.py) on rows made by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from zgtrain.evaluate.generation import matching_prefix
 from zgtrain.evaluate.metrics import context_targets, token_nll, window_nll
 
 V = 4  # vocabulary of the bigram model
@@ -159,3 +161,12 @@ def test_a_set_without_context_targets_is_refused_with_its_key_before_scoring():
     with pytest.raises(ZgError, match="eval set padded has no row longer than eval.context_min_pos 48") as e:
         targets_for(padded, cfg)
     assert e.value.key == "eval.context_min_pos"
+
+
+def test_matching_prefix_counts_the_leading_run_of_agreeing_tokens_only():
+    """Per row, the tokens the two continuations share before their first difference: agreement after it (a
+    differing first token, one differing token inside) adds nothing."""
+    a = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [1, 1, 1, 1], [3, 3, 3, 3]])
+    b = torch.tensor([[9, 2, 3, 4], [5, 6, 0, 8], [1, 1, 1, 1], [3, 3, 3, 0]])
+    assert matching_prefix(a, b) == [0, 2, 4, 3]
+    assert matching_prefix(b, a) == [0, 2, 4, 3]
