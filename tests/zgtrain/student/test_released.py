@@ -197,6 +197,14 @@ def test_a_released_file_loads_only_under_its_own_name_pinned_and_for_its_family
     _pin(s, "modeling_zg_dense.py", "llama")
     refused(s, "modeling_zg_dense.py", "not the modeling file zg wrote", "dvc repro -f assemble")
 
+    # this zg's dense file under the Llama family's own name: this zg writes it as modeling_zg_dense.py only, and its
+    # sha256 is released under that name only
+    s = _copy("llama_widths", tmp_path / "dense_as_llama")
+    shutil.copyfile(TEMPLATES / "modeling_zg_dense.py", s / "modeling_zg_llama.py")
+    _pin(s, "modeling_zg_llama.py", "llama")
+    assert modeling_file("llama") != "modeling_zg_llama.py" and "modeling_zg_llama.py" in accepted_files("llama")
+    refused(s, "modeling_zg_llama.py", "not the modeling file zg wrote")
+
     # a released file with a payload appended, pinned to its new sha256: not released
     s = _copy("llama_widths", tmp_path / "tampered")
     with open(s / "modeling_zg_llama.py", "a") as f:
