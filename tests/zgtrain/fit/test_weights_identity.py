@@ -90,3 +90,15 @@ def test_a_student_without_checksums_is_refused_with_how_to_re_record_it(project
     (old / CHECKSUMS).unlink()
     with pytest.raises(ZgError, match="checksums.json is missing.*dvc repro -f assemble"):
         load_student(old)
+
+
+def test_a_weights_file_checksums_json_does_not_list_is_refused_by_name(assembled, tmp_path):
+    """Every ``*.safetensors`` in the folder must be one checksums.json records: an extra copy of the weights under
+    another name (a file transformers might read, which no digest covers) is refused, naming it."""
+    folder = tmp_path / "student"
+    shutil.copytree(Layout(assembled).student, folder)
+    assert list(json.loads((folder / CHECKSUMS).read_text())) == ["model.safetensors"]
+    shutil.copyfile(folder / "model.safetensors", folder / "extra.safetensors")
+    with pytest.raises(ZgError, match=r"extra\.safetensors is not the weights file zg wrote") as e:
+        load_student(folder)
+    assert "\n" not in str(e.value)
