@@ -385,7 +385,8 @@ def test_a_received_block_is_checked_and_a_failed_receive_leaves_the_project_as_
     entry, uncached outputs and state) with a driver that has nothing cached: the remote serving b00's file list
     under b01's md5, a block trained with other params and a failed pull are refused, each leaving dvc.lock, the
     uncached outputs and the recorded block as they were (before, the lock entry and metrics were written and the
-    block folder deleted; the planted list was recorded); the real one is received. Once the remote serves the real
+    block folder deleted; the planted list was recorded), as are a block trained under another seed, one whose
+    state is not the one the worker reported and an output outside the project; the real one is received. Once the remote serves the real
     objects, a retry in the same project receives the block: what the refused pull left in the DVC cache, and the
     listing DVC remembered, are forgotten (before, the retry failed with DVC's "Is your cache up to date?")."""
     from zgtrain.exec import scratch
@@ -446,6 +447,17 @@ def test_a_received_block_is_checked_and_a_failed_receive_leaves_the_project_as_
     with pytest.raises(ZgError, match="b01 came back trained with other params"):
         scratch.receive(root, r, ProjectConfig.from_params(params))
     assert _driver_state(root) == before
+    params = {**yaml.safe_load((root / "params.yaml").read_text()), "seed": 1}  # the same config, another seed
+    with pytest.raises(ZgError, match="b01 came back trained with other params"):
+        scratch.receive(root, r, ProjectConfig.from_params(params))
+    assert _driver_state(root) == before
+    with pytest.raises(ZgError, match="b01 pulled from the DVC remote holds another state than the worker reported"):
+        scratch.receive(root, {**r, "state_sha256": "0" * 64}, project)
+    assert _driver_state(root) == before
+    outside = {**r, "uncached": {**r["uncached"], "../outside.json": "{}"}}
+    with pytest.raises(ZgError, match="b01 came back with an output outside the project: ../outside.json"):
+        scratch.receive(root, outside, project)
+    assert _driver_state(root) == before and not (root.parent / "outside.json").exists()
 
     root = driver("no-remote")
     shutil.move(remote, tmp_path / "away")
