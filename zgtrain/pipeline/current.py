@@ -20,7 +20,7 @@ import yaml
 from zgdata.config import load_params
 from zgdata.errors import ZgError
 from zgtrain.pipeline.scaffold import has_code, regenerated
-from zgtrain.pipeline.stages import Dumper, dump_params, dvc_yaml
+from zgtrain.pipeline.stages import HEADER, Dumper, dump_params, dvc_yaml
 
 __all__ = ["check", "differences"]
 
@@ -42,20 +42,28 @@ def _is_zg(body) -> bool:
 def differences(root: Path) -> list[str]:
     """What differs between ROOT's dvc.yaml and params.yaml and what `zg pipeline` would write from params.yaml:
     one phrase per section or stage ("params.yaml blocks", "stage repair missing", "stage evaluate changed", "stage
-    train_b09 not in params"). Empty where they agree, or where ROOT has no dvc.yaml."""
+    repair not in params"). Empty where they agree, and where ROOT's dvc.yaml is not one `zg pipeline` wrote (no
+    dvc.yaml, or not its header line: another project's stage that runs a `zg` command, such as `zg data verify` of
+    imported boundaries, has its own params.yaml)."""
     from zgdata.tokens.corpus import dep_paths
 
     root = Path(root)
-    if not (root / "dvc.yaml").exists():
+    try:
+        text = (root / "dvc.yaml").read_text(encoding="utf-8")
+    except FileNotFoundError:
         return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise ZgError(f"{root / 'dvc.yaml'} cannot be read: {e}", fix="regenerate it with `zg pipeline`") from e
+    if not text.startswith(HEADER):
+        return []
+    try:
+        on_disk = (yaml.safe_load(text) or {}).get("stages") or {}
+    except (yaml.YAMLError, AttributeError) as e:
+        raise ZgError(f"{root / 'dvc.yaml'} is not a DVC pipeline: {e}", fix="regenerate it with `zg pipeline`") from e
     params = load_params(root / "params.yaml")
     new, project = regenerated(copy.deepcopy(params))
     have, want = yaml.safe_load(dump_params(params)), yaml.safe_load(dump_params(new))
     out = [f"params.yaml {key}" for key in want if have.get(key) != want[key]]
-    try:
-        on_disk = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
-    except (yaml.YAMLError, UnicodeDecodeError, AttributeError) as e:
-        raise ZgError(f"{root / 'dvc.yaml'} is not a DVC pipeline: {e}", fix="regenerate it with `zg pipeline`") from e
     generated = _plain(dvc_yaml(project, code_deps=has_code(root), corpus_deps=dep_paths(project.corpus, root)))
     stages = generated["stages"]
     for name in stages:

@@ -15,7 +15,7 @@ from zgdata.errors import ZgError
 from zgtrain.pipeline.current import check, differences
 from zgtrain.pipeline.profiles import profile_params
 from zgtrain.pipeline.scaffold import regenerate
-from zgtrain.pipeline.stages import dump_params
+from zgtrain.pipeline.stages import HEADER, dump_params
 
 
 @pytest.fixture
@@ -31,7 +31,8 @@ def _stages(root) -> dict:
 
 
 def _write_stages(root, stages: dict) -> None:
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    """STAGES as dvc.yaml, under the header `zg pipeline` writes (a hand edit keeps it)."""
+    (root / "dvc.yaml").write_text(HEADER + yaml.safe_dump({"stages": stages}, sort_keys=False))
 
 
 def test_a_regenerated_pipeline_is_current_and_so_is_a_value_edit(project):
@@ -81,9 +82,17 @@ def test_a_listed_key_removed_from_params_is_named(project):
     assert differences(project) == ["params.yaml train"]
 
 
-def test_no_dvc_yaml_is_no_pipeline_to_check(tmp_path):
-    (tmp_path / "params.yaml").write_text(dump_params(profile_params("tiny")))
+def test_a_pipeline_zg_did_not_write_is_not_checked(tmp_path):
+    """Another project's stage may run a `zg` command (`zg data verify` of imported boundaries) beside its own
+    params.yaml and dvc.yaml: no zg header, no check."""
+    assert differences(tmp_path) == []  # no dvc.yaml
+    (tmp_path / "params.yaml").write_text("lr: 0.1\n")
+    stages = {"verify": {"cmd": "zg data verify data/h02.lance", "deps": ["data/h02.lance"]}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
     assert differences(tmp_path) == []
+    _write_stages(tmp_path, stages)  # the same with zg's header: zg's project, whose params are not zg's
+    with pytest.raises(ZgError):
+        differences(tmp_path)
 
 
 def test_dvc_repro_and_zg_repro_refuse_a_stale_graph_and_dvc_checkout_restores(reproduced, tmp_path):
