@@ -25,7 +25,7 @@ import yaml
 from tests.helpers.datasets import token_table
 from tests.helpers.legacy_tokens import legacy_tokens
 from tests.helpers.projects import read_json, teacher_linked_project, tree_sha256
-from tests.helpers.runners import run
+from tests.helpers.runners import run, zg_main
 from zgdata.config import CorpusConfig
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
@@ -444,7 +444,8 @@ def test_empty_documents_are_skipped_and_counted(published, tmp_path, monkeypatc
 
 @pytest.mark.long
 def test_jsonl_and_parquet_corpora_feed_dvc_repro(tiny_project):
-    """`dvc repro` of the tokens stage in a real project, on a JSONL then a Parquet corpus."""
+    """`dvc repro` of the tokens stage in a real project, on a JSONL then a Parquet corpus (each edit followed by
+    `zg pipeline`, which makes the project's corpus files deps of tokens; without it the stage refuses to run)."""
     write_source("jsonl", tiny_project / "corpus")
     write_source("parquet", tiny_project / "corpus")
     _set_corpus(
@@ -458,12 +459,15 @@ def test_jsonl_and_parquet_corpora_feed_dvc_repro(tiny_project):
             "max_heldout_seqs": 0,
         },
     )
+    zg_main("pipeline", cwd=tiny_project)
+    assert "corpus/corpus.jsonl" in yaml.safe_load((tiny_project / "dvc.yaml").read_text())["stages"]["tokens"]["deps"]
     run(["dvc", "repro", "-s", "tokens"], cwd=tiny_project)
     first = read_json(tiny_project / "data" / "tokens.json")
     assert first["lineage"]["documents"] == len(DOCS) and first["lineage"]["order"] == "stored"
     assert lance.dataset(str(tiny_project / "data" / "tokens.lance")).count_rows() == sum(first["rows"].values())
 
     _set_corpus(tiny_project, {"source": ["corpus/corpus.parquet"]})
+    zg_main("pipeline", cwd=tiny_project)
     res = run(["dvc", "repro", "-s", "tokens"], cwd=tiny_project)
     assert "Running stage 'tokens'" in res.stdout
     assert read_json(tiny_project / "data" / "tokens.json") == first  # same documents, same order: same token set
