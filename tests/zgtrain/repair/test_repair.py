@@ -318,3 +318,50 @@ def test_the_repair_loss_is_hintons_kl_teacher_to_student_plus_weighted_ce():
             ce = -logp[mask[:, 1:]].mean()
             got = distill_loss(s, t, ids, mask, temperature=temp, ce_weight=w)
             assert torch.allclose(got, temp**2 * kl + w * ce, rtol=1e-12), (temp, w)
+
+
+def test_a_merged_lora_adapter_computes_what_the_adapter_did():
+    """LoRALinear's output is base(x) + scale * B A x (scale = alpha / rank); merging folds scale * B A into the
+    base weight, so the merged nn.Linear gives the adapter's output (the repaired model is the trained one). B is
+    set non-zero, as after training, and alpha / rank = 4 so a dropped scale shows."""
+    from torch import nn
+
+    from zgtrain.repair.model import LoRALinear
+
+    g = torch.Generator().manual_seed(0)
+    base = nn.Linear(12, 10, dtype=torch.float64)
+    lora = LoRALinear(base, rank=2, alpha=8.0, gen=g)
+    with torch.no_grad():
+        lora.lora_b.copy_(torch.randn(10, 2, generator=g, dtype=torch.float64))
+    x = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        want = base(x) + 4.0 * (x @ lora.lora_a.T @ lora.lora_b.T)
+        assert torch.allclose(lora(x), want, rtol=1e-12, atol=1e-12)
+        merged = lora.merged()
+        assert type(merged) is nn.Linear
+        assert torch.allclose(merged(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_trainable_norms_are_every_layers_norms_and_the_final_norm():
+    """repair.trainable: norms trains the RMSNorm weights and nothing else: both norms of every decoder layer and
+    the final norm before the head (the teacher's logits go through it too); embeddings, attention and MLP stay
+    frozen."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zgtrain.repair.model import RepairModel
+
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    lm = LlamaForCausalLM(config)
+    norms = {f"lm.{n}" for n, _ in lm.named_parameters() if "norm" in n.split(".")[-2]}
+    assert len(norms) == 2 * 3 + 1 and "lm.model.norm.weight" in norms
+    model = RepairModel(lm, "norms")
+    assert set(model.weights()) == norms
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == norms
