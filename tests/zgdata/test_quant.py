@@ -102,3 +102,13 @@ def test_the_scale_is_the_largest_other_channel_and_the_massive_channels_stay_ex
     err = np.abs(y - others)
     assert (err <= 0.5 * scale[..., None] + np.abs(others) * 2.0**-8 + 1e-7).all(), float(err.max())
     assert np.array_equal(f32(dequantize(q, scale, idx, val))[..., massive], f32(bits)[..., massive])
+
+
+def test_the_worst_channel_is_named_by_its_index_from_0():
+    """``quant_error`` names the channel with the largest error relative to its signal by its index in the
+    boundary's hidden vector, counted from 0: errors 1, 9, 2 over equal signals make channel 1 the worst."""
+    from zgdata.materialize.stats import quant_error
+
+    got = quant_error([1, 9, 2], [100, 100, 100])
+    assert got["worst_channel"] == 1
+    assert got["worst_channel_rel_rms"] == (9 / 100) ** 0.5 and got["rel_rms"] == (12 / 300) ** 0.5

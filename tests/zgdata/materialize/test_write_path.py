@@ -304,3 +304,16 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
     monkeypatch.setattr(encode, "encode_batch", real_encode)
     _materialize(tiny_project)  # the rerun completes (nothing was published to remove)
     assert read_boundaries(tiny_project, NAMES)["h04"][0].shape[0] > 4
+
+
+def test_a_shard_that_would_leave_a_gap_is_never_committed(tmp_path):
+    """Commit groups (or shards) are committed in row order: a shard of rows 8-16 on a journal with no row done
+    would leave rows 0-7 missing, so ``commit`` refuses it before anything is committed or journaled."""
+    from zgdata.materialize.staging import Journal, commit
+
+    journal = Journal(tmp_path / "journal.json")
+    shard = {"lo": 8, "hi": 16, "fragments": {}, "stats": {}}
+    with pytest.raises(RuntimeError, match=r"shard 8-16 committed after row 0"):
+        commit(tmp_path, [], {}, journal, shard, 16)
+    assert journal.state["rows_done"] == 0 and "shards" not in journal.state
+    assert not (tmp_path / "journal.json").exists()
