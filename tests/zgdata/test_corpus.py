@@ -442,6 +442,17 @@ def test_empty_documents_are_skipped_and_counted(published, tmp_path, monkeypatc
     assert rec["fingerprint"] == read_json(published / "data" / "tokens.json")["fingerprint"]  # same documents
 
 
+def test_an_id_of_0_or_empty_is_the_records_own_id():
+    """A record names its document by ``corpus.id_field`` whatever its value, 0 and "" included (as text): only a
+    record without the field (or with null) falls back to its place in the file."""
+    from zgdata.tokens.documents import record_doc
+
+    cfg = CorpusConfig()
+    for ident, want in ((0, "0"), ("", ""), (7, "7"), ("a", "a"), (None, "c#3")):
+        assert record_doc({"text": "t", "id": ident}, "c.jsonl line 3", "c#3", cfg).id == want, ident
+    assert record_doc({"text": "t"}, "c.jsonl line 3", "c#3", cfg).id == "c#3"
+
+
 @pytest.mark.long
 def test_jsonl_and_parquet_corpora_feed_dvc_repro(tiny_project):
     """`dvc repro` of the tokens stage in a real project, on a JSONL then a Parquet corpus (each edit followed by

@@ -240,3 +240,16 @@ def test_split_special_tokens_is_part_of_the_tokenizer_digest(tmp_path):
     assert batch_encoder(a)(text)[0].tolist() != batch_encoder(b)(text)[0].tolist()
     assert tokenizer_sha256(a) != tokenizer_sha256(b)
     assert tokenizer_sha256(a) == tokenizer_sha256(byte_level_tokenizer())
+
+
+def test_special_tokens_are_part_of_the_tokenizer_digest():
+    """Two tokenizers with the same backend (vocabulary, merges, normalizer) but other special tokens (here one
+    without a pad token) pad and end documents differently, so their digests differ."""
+    from zgdata.teacher.tokenizer import tokenizer_sha256
+
+    a, b = byte_level_tokenizer(), byte_level_tokenizer()
+    b.pad_token = None
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+    assert a.special_tokens_map != b.special_tokens_map
+    assert tokenizer_sha256(a) != tokenizer_sha256(b)
+    assert tokenizer_sha256(a) == tokenizer_sha256(byte_level_tokenizer())

@@ -59,6 +59,16 @@ def test_shares_split_the_cap_by_weight_and_refuse_a_short_source():
         shares([1, 1], [500, 30], 100, ["a", "b"])
 
 
+def test_shares_give_a_tied_remainder_to_the_earlier_source():
+    """Largest remainder, ties to the earlier source: 5 rows over two equal weights are 2.5 each, and the spare row
+    goes to the first; 10 over three equal weights are 3 1/3 each, and the spare row goes to the first."""
+    assert shares([1, 1], [100, 100], 5, "ab") == [3, 2]
+    assert shares([1, 1, 1], [100] * 3, 10, "abc") == [4, 3, 3]
+    assert shares([1, 1, 1], [100] * 3, 11, "abc") == [4, 4, 3]
+    # a larger remainder still wins over an earlier source: 7 over weights 1, 2 is 2 1/3 and 4 2/3
+    assert shares([1, 2], [100, 100], 7, "ab") == [2, 5]
+
+
 def test_a_sampled_record_is_judged_on_its_new_tokens_not_its_prompt(tiny_built):
     """A long prompt does not make a short or looping continuation pass the rule (prompts: corpus): the record
     holds the prompt's text and the new tokens', its token count and drop reason are the new tokens' alone."""

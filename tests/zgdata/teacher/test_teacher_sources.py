@@ -287,6 +287,27 @@ def test_damaged_shard_is_refused(tmp_path, case):
     assert tree_sha256(layout.teacher_dir) == before
 
 
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path):
+    """The index's shards are plain file names in the checkpoint's own folder: one that names a path out of it
+    (``../other/...``) is refused in one line before any file is read, even where that file exists and holds the
+    tensor."""
+    from safetensors.torch import save_file
+
+    from zgdata.teacher.source import weight_files
+
+    shard = "model-00001-of-00001.safetensors"
+    (tmp_path / "other").mkdir()
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "other" / shard), metadata={"format": "pt"})
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": {"w": f"../other/{shard}"}}))
+    with pytest.raises(ZgError) as e:
+        weight_files(src)
+    line = str(e.value)
+    assert "\n" not in line and e.value.key == "teacher.source", line
+    assert f"maps tensors to '../other/{shard}', which is not a file name in {src}" in line, line
+
+
 def test_single_file_missing_a_tensor_is_refused(tmp_path):
     """Without an index the check is transformers' own report of missing weights (it would initialize them)."""
     from safetensors import safe_open
