@@ -92,3 +92,21 @@ def test_the_source_of_a_dataset_inside_an_imported_folder_names_its_own_path(tm
         info = provenance(tmp_path / rel)
         assert info["tracked_by"] == "data/boundaries.dvc" and info["path"] == rel, info
         assert info["import"] == {"url": "/teams/a", "path": inner or rel, "rev": None, "rev_lock": "89ab"}, info
+
+
+def test_a_path_that_only_starts_like_a_tracked_output_is_not_tracked(tmp_path):
+    """dvc.lock tracks an output and what lies inside it: ``data/tokens.lance.old`` beside the tracked
+    ``data/tokens.lance`` shares its name's first characters but is neither, so nothing tracks it."""
+    from zgdata.inspect import provenance
+
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "data" / "tokens.lance" / "data").mkdir(parents=True)
+    (tmp_path / "data" / "tokens.lance.old").mkdir()
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  tokenize:\n    cmd: zg data tokenize\n    outs:\n"
+        "    - path: data/tokens.lance\n      md5: 0123.dir\n      size: 10\n      nfiles: 1\n"
+    )
+    tracked = {"tracked_by": "dvc.lock", "stage": "tokenize"}
+    assert provenance(tmp_path / "data" / "tokens.lance") == {**tracked, "path": "data/tokens.lance"}
+    assert provenance(tmp_path / "data" / "tokens.lance" / "data") == {**tracked, "path": "data/tokens.lance/data"}
+    assert provenance(tmp_path / "data" / "tokens.lance.old") == {"tracked_by": None, "path": "data/tokens.lance.old"}

@@ -107,3 +107,27 @@ def test_export_stage_runs_under_dvc_only_when_enabled(project):
     zg_main("export", "student", cwd=project)
     for f in ("models/export/student-bf16/config.json", "models/export/student-f32/model.safetensors"):
         assert run(["git", "check-ignore", "-q", f], cwd=project, check=False).returncode == 0, f
+
+
+def test_the_record_names_the_projects_teacher_only_when_it_is_the_students(tmp_path):
+    """export.json's teacher source and tokenizer digest come from the project's teacher.json only where that
+    teacher is the student's own (its weights_sha256 is the student's teacher_sha256): a project that now holds
+    teacher B records neither for a student of teacher A, rather than naming B's."""
+    from zgtrain.export.run import _lineage
+
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "zerograph.json").write_text(json.dumps({"family": "llama", "teacher_sha256": "a" * 64}))
+    (student / "tokenizer.json").write_text("{}")
+    layout = Layout(tmp_path / "proj")
+    layout.teacher_json.parent.mkdir(parents=True)
+    b = {"weights_sha256": "b" * 64, "source": "teachers/b", "tokenizer_sha256": "2" * 64}
+    layout.teacher_json.write_text(json.dumps(b))
+    got = _lineage(student, layout)
+    assert got["teacher_sha256"] == "a" * 64 and got["family"] == "llama"
+    assert got["teacher_source"] is None and got["tokenizer_sha256"] is None
+    assert set(got["tokenizer_files"]) == {"tokenizer.json"}
+    a = {"weights_sha256": "a" * 64, "source": "teachers/a", "tokenizer_sha256": "1" * 64}
+    layout.teacher_json.write_text(json.dumps(a))  # the student's own teacher: named
+    got = _lineage(student, layout)
+    assert got["teacher_source"] == "teachers/a" and got["tokenizer_sha256"] == "1" * 64

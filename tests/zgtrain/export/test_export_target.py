@@ -139,6 +139,34 @@ def test_gguf_to_a_file_path_anywhere_with_its_record_beside_it(tmp_path):
     assert read_json(side)["files"] == {"m.gguf": hashlib.sha256(other.read_bytes()).hexdigest()}
 
 
+def test_a_previous_export_holds_only_plain_files(tmp_path):
+    """A folder is a previous export of zg (``is_export``: replaced as a whole) only when every file its record
+    lists is a plain file: a recorded name that is a link (to data the user holds elsewhere) or a folder is not
+    zg's to replace, even with the record's names all present."""
+    from zgtrain.export.target import RECORD, is_export
+
+    def folder(name: str) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        files = {"config.json": b"{}", "model.safetensors": b"weights"}
+        for n, data in files.items():
+            (out / n).write_bytes(data)
+        record = {"files": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}, "student_sha256": "s"}
+        (out / RECORD).write_text(json.dumps(record))
+        return out
+
+    assert is_export(folder("plain"))
+    linked = folder("linked")
+    (tmp_path / "mine.json").write_text("{}")
+    (linked / "config.json").unlink()
+    (linked / "config.json").symlink_to(tmp_path / "mine.json")
+    assert not is_export(linked)
+    nested = folder("nested")
+    (nested / "model.safetensors").unlink()
+    (nested / "model.safetensors").mkdir()
+    assert not is_export(nested)
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
