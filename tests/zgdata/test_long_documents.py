@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 import zgdata.tokens.corpus as corpus
+import zgdata.tokens.jsonl as jsonl
 from tests.helpers.datasets import token_table
 from tests.helpers.projects import read_json, teacher_linked_project
 from zgdata.config import CorpusConfig
@@ -125,7 +126,10 @@ LINES = [
 
 @pytest.mark.parametrize("chunk", [1, 2, 5, 13, 1 << 20])
 def test_a_long_jsonl_line_reads_as_json_loads_reads_it(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(corpus, "CHUNK", chunk)
+    """Read in chunks of CHUNK bytes (each module that reads holds its own copy of the constant: all are set, or
+    the JSONL reader went on reading 1 MiB at a time and a surrogate pair split across two reads was never met)."""
+    for module in (corpus, jsonl):
+        monkeypatch.setattr(module, "CHUNK", chunk)
     cfg = SimpleNamespace(text_field="text", id_field="id", heldout_field="")
     path = tmp_path / "c.jsonl"
     raw = [json.dumps(r, ensure_ascii=i % 2 == 1) for i, r in enumerate(LINES)]
