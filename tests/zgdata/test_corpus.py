@@ -125,6 +125,30 @@ def _cfg(source, **kw) -> CorpusConfig:
 KINDS = ["text", "jsonl", "jsonl.gz", "parquet", "parquet-dir", "hf_disk", "lance"]
 
 
+@pytest.mark.parametrize("kind", ["parquet-dir", "hf_disk"])
+def test_records_without_ids_are_numbered_across_the_files_of_their_source(tmp_path, kind):
+    """A source of several files whose records carry no id: record N of the source (from 0, in stored order) is
+    STEM#N, so no two records share an id (a row number per file gave the first record of every file one id, and
+    naming it in corpus.heldout held out one record per file); a message still names the file and its row there."""
+    from zgdata.tokens.corpus import Source, read
+
+    docs = [(f"doc-{i}", f"text number {i}.", "en") for i in range(12)]
+    where = tmp_path / "src"
+    if kind == "parquet-dir":
+        where.mkdir()
+        for part in range(3):  # three files of four records, no id column
+            rows = [{"text": t} for _, t, _ in docs[4 * part : 4 * part + 4]]
+            pq.write_table(pa.Table.from_pylist(rows), where / f"part-{part}.parquet")
+    else:
+        datasets = pytest.importorskip("datasets")
+        rows = [{"text": t} for _, t, _ in docs]
+        datasets.Dataset.from_list(rows).save_to_disk(str(where), num_shards=3)
+    got = list(read(Source(where, kind.split("-")[0]), _cfg(str(where))))
+    assert [d.text for d in got] == [t for _, t, _ in docs]
+    assert [d.id for d in got] == [f"src#{n}" for n in range(12)]
+    assert got[4].where.endswith(" row 0") and got[4].where != got[0].where  # the second file's first record
+
+
 def test_every_format_gives_the_token_set_of_the_text_files(tiny_built, tmp_path):
     """One corpus in seven formats: same digest, fingerprint, rows, row names and ids; text = the pre-streaming code."""
     layout = teacher_linked_project(tiny_built, tmp_path / "proj")

@@ -33,7 +33,7 @@ class CorpusConfig(Section):
     id_field: str = param(
         "id",
         "Record sources: the field naming a document; without it a record is STEM#N "
-        "(jsonl line N from 1, otherwise row N from 0).",
+        "(jsonl line N from 1, otherwise row N of the source from 0, counted across its files).",
     )
     documents: list = param(
         [], "Use only these documents (ids: file stems or id_field values); empty uses every document.", item="str"

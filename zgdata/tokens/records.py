@@ -118,11 +118,15 @@ def _batches(src: Source, cfg: CorpusConfig):
 
 
 def read_records(src: Source, cfg: CorpusConfig) -> Iterator[Doc]:
+    """SRC's records as documents. A record without an id is ``STEM#N``, N its row in the whole source (from 0,
+    across its files: a row number per file gave the first row of every file one id); messages name the file and
+    its row there."""
     name = stem(src.path)
+    n = 0
     for where, batches in _batches(src, cfg):
         row = 0
         for batch in batches:
             cols = {c: batch.column(c).to_pylist() for c in batch.schema.names}
             for i in range(batch.num_rows):
-                yield record_doc({c: v[i] for c, v in cols.items()}, f"{where} row {row}", f"{name}#{row}", cfg)
-                row += 1
+                yield record_doc({c: v[i] for c, v in cols.items()}, f"{where} row {row}", f"{name}#{n}", cfg)
+                row, n = row + 1, n + 1
