@@ -146,6 +146,38 @@ def test_verify_lineage_only_needs_no_teacher_and_catches_mismatch(tiny_project)
         BoundaryPair(layout.boundary("h00"), layout.boundary("h04"))
 
 
+def test_verify_of_boundaries_from_another_teacher_reports_the_teacher_once(tiny_project):
+    """A teacher prepared again in another dtype (other weights_sha256) no longer matches the boundaries' lineage:
+    verify names that one cause, ("*", "teacher"), and recomputes no row (each would differ, for the same reason)."""
+    layout = Layout(tiny_project)
+    before = read_json(layout.teacher_json)["weights_sha256"]
+    set_params(tiny_project, {"teacher.dtype": "bfloat16"})
+    zg_main("teacher", "prepare", cwd=tiny_project)
+    assert read_json(layout.teacher_json)["weights_sha256"] != before  # the guard has something to see
+
+    res = zg_main("data", "verify", cwd=tiny_project, check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    report = read_json(layout.verify_report)
+    assert report["status"] == "fail"
+    assert [(f["boundary"], f["check"]) for f in report["failures"]] == [("*", "teacher")]
+    assert report["checked_seq_ids"] == []
+
+
+def test_verify_recomputes_nothing_when_lineage_already_failed(tiny_project):
+    """A boundary whose lineage names another teacher fails the lineage checks; the full verify then stops there:
+    it loads no teacher and recomputes no row (the rows of mismatched boundaries prove nothing)."""
+    layout = Layout(tiny_project)
+    lineage = dict(BoundaryDataset(layout.boundary("h02")).meta["lineage"], teacher_sha256="0" * 64)
+    set_schema_meta(layout.boundary("h02"), lineage=lineage)
+
+    res = zg_main("data", "verify", cwd=tiny_project, check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    report = read_json(layout.verify_report)
+    assert report["status"] == "fail" and report["lineage_only"] is False
+    assert report["checked_seq_ids"] == [] and report["teacher_files"] == {}
+    assert {(f["boundary"], f["check"]) for f in report["failures"]} == {("h02", "fingerprint"), ("h02", "lineage")}
+
+
 def _collect(pair, *, seed: int, steps: int = 6, batch_size: int = 5):
     return list(pair.batches("train", start_step=0, steps=steps, batch_size=batch_size, seed=seed))
 
