@@ -366,3 +366,30 @@ def test_an_edited_teacher_config_with_the_same_weights_is_materialized_again(tm
     report = verify(VerifyConfig(), layout=layout, partition=part, mcfg=mcfg)
     assert report.status == "ok", report.summary
     assert materialize(mcfg, part, layout=layout).skipped  # and now it is up to date
+
+
+def test_the_staging_folder_is_keyed_by_the_codec():
+    """The staging key names the codec: a zstd run killed midway must not be resumed by a raw run (or the reverse),
+    whose staged rows would be stored in the other codec under the same fingerprints."""
+    from zgdata.materialize.driver import _Plan, _stage_dir
+
+    plan = _Plan({}, {}, ["h02"], [2], {}, {"h02": "f" * 64}, 4, 8, 8)
+    raw = _stage_dir(plan, MaterializeConfig(codec="raw"), Layout(), "xxh3_128")
+    zstd = _stage_dir(plan, MaterializeConfig(codec="zstd"), Layout(), "xxh3_128")
+    assert raw.parent == zstd.parent == Layout().staging
+    assert raw != zstd
+
+
+def test_a_changed_lossless_codec_rewrites_the_boundaries(tiny_project):
+    """A lossless codec keeps the fingerprint, so only the stored codec tells the raw boundaries of the tiny project
+    from what materialize.codec zstd asks for: materialize rewrites them in zstd instead of calling them up to date."""
+    layout = Layout(tiny_project)
+    assert BoundaryDataset(layout.boundary("h02")).codec == "raw"
+    fp = BoundaryDataset(layout.boundary("h02")).fingerprint
+    edit_params(tiny_project, materialize={"codec": "zstd"})
+    res = zg_main("data", "materialize", "--json", cwd=tiny_project)
+    out = json.loads(res.stdout)
+    assert out["skipped"] is False
+    for name in ("h00", "h02", "h04"):
+        assert BoundaryDataset(layout.boundary(name)).codec == "zstd", name
+    assert BoundaryDataset(layout.boundary("h02")).fingerprint == fp  # lossless: the same boundary, other bytes
