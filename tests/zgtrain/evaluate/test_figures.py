@@ -119,3 +119,13 @@ def test_padded_targets_count_in_no_figure_of_a_pad_packed_set():
         kept = [v for v, r in zip(sc["nll"].flatten().tolist(), real.flatten().tolist()) if r]
         assert f[f"{m}_ce"] == pytest.approx(sum(kept) / len(kept), rel=1e-12, abs=0)
     assert f["student_ce"] < 3.0 and f["ce_gap"] == f["student_ce"] - f["teacher_ce"]
+
+
+def test_replicates_with_a_zero_denominator_are_dropped_not_poisoning_the_interval():
+    """num = [1, 1], den = [1, 0]: a replicate draws (c0, c1) copies with c0 + c1 = 2, so its ratio is 2 / c0.
+    c0 = 0 (no copy of the only sequence with a denominator) is undefined and must be dropped; the defined replicates
+    are 2 / 2 = 1 (c0 = 2) and 2 / 1 = 2 (c0 = 1), both frequent in 200 draws, so the 95% interval is [1, 2],
+    finite, not NaN from the undefined ones."""
+    got = ratio_interval(np.array([1.0, 1.0]), np.array([1.0, 0.0]), resamples=200, seed=0)
+    assert (got["lo"], got["hi"]) == (1.0, 2.0)
+    assert got["resamples"] == 200
