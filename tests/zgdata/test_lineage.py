@@ -79,3 +79,11 @@ def test_expected_fingerprints_from_teacher_and_tokens_json(tmp_path):
         n: boundary_fingerprint(boundary_lineage(TEACHER, TOKENS, layer, MaterializeConfig()))
         for n, layer in (("h00", 0), ("h02", 2))
     }
+
+
+def test_check_names_the_first_mismatching_key():
+    """``check`` raises the one error for the FIRST key (in ``keys`` order) on which the two records disagree: with
+    both k1 and k2 differing, the message is about k1, with each side's name and value."""
+    with pytest.raises(ZgError, match=r"^lineage mismatch on k1: a has 1 but b has 2") as e:
+        check("a", {"k1": 1, "k2": 1}, "b", {"k1": 2, "k2": 2}, keys=("k1", "k2"))
+    assert "k2" not in str(e.value)
