@@ -151,3 +151,13 @@ def test_remote_workers_pull_what_train_at_b00_declares():
         ]
         assert sorted(set(deps)) == sorted(_inputs(project, key)), key
     assert _inputs(project, "b00")[:2] == ["data/tokens.lance", "models/teacher/blocks/head.safetensors"]
+
+
+def test_take_refuses_the_row_number_one_past_the_end(tiny_project):
+    """Row numbers are 0..n-1 for n rows: row n is out of range and must be refused with an IndexError naming the
+    range [0, n), while row n-1, the last row, is read like any other."""
+    vb = _virtual(tiny_project)
+    n = len(vb.seq_ids)
+    with pytest.raises(IndexError, match=rf"row numbers must be in \[0, {n}\)"):
+        vb.take([n])
+    assert tuple(vb.take([n - 1]).shape) == (1, vb.seq_len, vb.hidden)
