@@ -346,22 +346,12 @@ def test_trainable_norms_are_every_layers_norms_and_the_final_norm():
     """repair.trainable: norms trains the RMSNorm weights and nothing else: both norms of every decoder layer and
     the final norm before the head (the teacher's logits go through it too); embeddings, attention and MLP stay
     frozen."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    from tests.helpers.models import tiny_family_teacher
     from zgtrain.repair.model import RepairModel
 
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    lm = LlamaForCausalLM(config)
+    lm = tiny_family_teacher("llama")
     norms = {f"lm.{n}" for n, _ in lm.named_parameters() if "norm" in n.split(".")[-2]}
-    assert len(norms) == 2 * 3 + 1 and "lm.model.norm.weight" in norms
+    assert len(norms) == 2 * lm.config.num_hidden_layers + 1 and "lm.model.norm.weight" in norms
     model = RepairModel(lm, "norms")
     assert set(model.weights()) == norms
     assert {n for n, p in model.named_parameters() if p.requires_grad} == norms
