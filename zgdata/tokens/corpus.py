@@ -12,8 +12,8 @@ match is one *source*, whose format ``corpus.format`` names or ``auto`` infers:
 
 In record formats a record is one document: its text is ``corpus.text_field``, its id is
 ``corpus.id_field`` or, when a record has none, ``STEM#N`` (jsonl: line N, from 1;
-the others: row N of the source, from 0, counted across its files). Ids are not checked for uniqueness across records (that
-would hold every id in memory).
+the others: row N of the source, from 0, counted across its files). Ids are not checked
+for uniqueness across records (that would hold every id in memory).
 
 Order (it decides the packed rows and ``corpus_digest``): sources sorted by stem then
 path, each source's records in stored order. A corpus of text files is therefore read in

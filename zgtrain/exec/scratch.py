@@ -36,7 +36,7 @@ from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.yamlio import safe_load
-from zgtrain.exec.stage import dvc, train_one
+from zgtrain.exec.stage import dvc, dvc_logging, train_one
 from zgtrain.project.config import ProjectConfig
 
 __all__ = ["prepare", "train_in_scratch", "receive", "PIPELINE_FILES"]
@@ -234,11 +234,6 @@ def _forget_fetched(root: Path, outs: list[dict]) -> None:
             obj = dvc_lock.cache_object(root, name)
             if obj.is_file() and dvc_lock.file_md5(obj) != name:
                 obj.unlink()
-    log = logging.getLogger("dvc")
-    level = log.level
-    log.setLevel(logging.CRITICAL)  # it logs, at debug level with a traceback, each tree it no longer finds
-    try:
-        with Repo(str(root)) as repo:
-            repo.drop_data_index()
-    finally:
-        log.setLevel(level)
+    # DVC logs each tree it no longer finds, with a traceback
+    with dvc_logging(logging.CRITICAL), Repo(str(root)) as repo:
+        repo.drop_data_index()

@@ -22,7 +22,21 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.config import ProjectConfig
 
-__all__ = ["dvc", "train_one"]
+__all__ = ["dvc", "dvc_logging", "train_one"]
+
+
+@contextlib.contextmanager
+def dvc_logging(level: int):
+    """DVC's logger at LEVEL while DVC's Python API runs in this process (its CLI sets its own), then as it was."""
+    import logging
+
+    log = logging.getLogger("dvc")
+    before = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
 
 
 def dvc(root: Path, *args: str, echo: bool = False) -> str:

@@ -20,14 +20,14 @@ import yaml
 from zgdata.config import load_params
 from zgdata.errors import ZgError
 from zgtrain.pipeline.scaffold import has_code, regenerated
-from zgtrain.pipeline.stages import HEADER, Dumper, dump_params, dvc_yaml
+from zgtrain.pipeline.stages import HEADER, dump_params, dvc_yaml
 
 __all__ = ["check", "differences"]
 
 
 def _plain(doc) -> object:
-    """DOC as YAML gives it back: tuples become lists, as they do in the files."""
-    return yaml.safe_load(yaml.dump(doc, Dumper=Dumper, sort_keys=False))
+    """DOC as the file zg writes gives it back: tuples become lists (params.yaml and dvc.yaml share a Dumper)."""
+    return yaml.safe_load(dump_params(doc))
 
 
 def _stage_names(stages: dict) -> list[str]:
@@ -62,7 +62,7 @@ def differences(root: Path) -> list[str]:
         raise ZgError(f"{root / 'dvc.yaml'} is not a DVC pipeline: {e}", fix="regenerate it with `zg pipeline`") from e
     params = load_params(root / "params.yaml")
     new, project = regenerated(copy.deepcopy(params))
-    have, want = yaml.safe_load(dump_params(params)), yaml.safe_load(dump_params(new))
+    have, want = _plain(params), _plain(new)
     out = [f"params.yaml {key}" for key in want if have.get(key) != want[key]]
     generated = _plain(dvc_yaml(project, code_deps=has_code(root), corpus_deps=dep_paths(project.corpus, root)))
     stages = generated["stages"]

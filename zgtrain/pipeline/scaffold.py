@@ -94,20 +94,21 @@ def _dvc_init(root: Path) -> None:
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
-    log = logging.getLogger("dvc")
-    level = log.level
-    log.setLevel(logging.WARNING)  # Repo.init logs "Initialized DVC repository." at INFO; `dvc init -q` did not
-    try:
-        repo = Repo(root) if (root / ".dvc").exists() else Repo.init(root)
-        with repo:
-            # never hardlink/symlink: an in-place edit of a linked workspace file would change the cache object
-            # itself, and `dvc status` would call it clean (docs/SHARING.md, bench/out/dvc_cache_type.txt)
-            with repo.config.edit() as conf:
-                conf["cache"]["type"] = "reflink,copy"
-    except DvcException as e:
-        raise ZgError(f"DVC could not set up {root}: {e}", fix="check the folder's .dvc/ and .git/, then retry") from e
-    finally:
-        log.setLevel(level)
+    from zgtrain.exec.stage import dvc_logging
+
+    # Repo.init logs "Initialized DVC repository." at INFO; `dvc init -q` did not
+    with dvc_logging(logging.WARNING):
+        try:
+            repo = Repo(root) if (root / ".dvc").exists() else Repo.init(root)
+            with repo:
+                # never hardlink/symlink: an in-place edit of a linked workspace file would change the cache
+                # object itself, and `dvc status` would call it clean (docs/SHARING.md, bench/out/dvc_cache_type.txt)
+                with repo.config.edit() as conf:
+                    conf["cache"]["type"] = "reflink,copy"
+        except DvcException as e:
+            raise ZgError(
+                f"DVC could not set up {root}: {e}", fix="check the folder's .dvc/ and .git/, then retry"
+            ) from e
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
