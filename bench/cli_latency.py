@@ -15,9 +15,11 @@ Not a test; prints, in one run:
    import of each module that is not imported by another (the CPU time of the importing thread), not by
    `python -X importtime`, whose wall times count the waits of a loaded machine as imports.
 
-3. The CPU seconds of a process that imports transformers' Llama modeling code and exits, with and without
-   ``gc.freeze()`` before its exit (what the `zg` script, ``zgtrain.cli.run``, does), the two taking turns
-   (--repeats runs each): the interpreter's shutdown walks the ~390,000 objects the collector tracks.
+3. The CPU seconds of a process that imports transformers' Llama modeling code and exits: with Python's
+   defaults, with ``gc.freeze()`` before its exit, and as the `zg` script (``zgtrain.cli.run``) runs: the
+   collector's first threshold raised before the imports (``GC_FIRST_THRESHOLD``) and ``gc.freeze()`` before the
+   exit; the arms take turns (--repeats runs each). The imports create, and the interpreter's shutdown walks,
+   the ~390,000 objects the collector tracks.
 
 Without --project it builds a tiny project (`zg init --profile tiny`) in a temporary folder; the stages
 of part 2 build its teacher, tokens and boundaries, which `zg data inspect` then reads. With --project
@@ -139,15 +141,24 @@ def _cpu(cmd: list[str]) -> float:
 
 
 def exit_cost(repeats: int) -> None:
+    from zgtrain.cli import GC_FIRST_THRESHOLD
+
     load = "from transformers.models.llama import modeling_llama"
-    arms = (load, f"{load}; import gc; gc.freeze()")  # plain exit; gc.freeze() then exit
-    cpu: list[list[float]] = [[] for _ in arms]
+    raise_first = f"import gc; gc.set_threshold({GC_FIRST_THRESHOLD}, *gc.get_threshold()[1:]); "
+    arms = {  # Python's defaults; gc.freeze() before the exit; what the `zg` script does (both)
+        "plain exit": load,
+        "gc.freeze() then exit": f"{load}; import gc; gc.freeze()",
+        f"first threshold {GC_FIRST_THRESHOLD:,}, gc.freeze() then exit (zg)": f"{raise_first}{load}; gc.freeze()",
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(repeats):  # the arms take turns
-        for runs, code in zip(cpu, arms, strict=True):
-            runs.append(_cpu([sys.executable, "-c", code]))
-    plain, frozen = (statistics.median(runs) for runs in cpu)
+        for name, code in arms.items():
+            cpu[name].append(_cpu([sys.executable, "-c", code]))
+    med = {name: statistics.median(runs) for name, runs in cpu.items()}
+    plain = med["plain exit"]
     print(f"\nimport transformers' Llama modeling code, then exit: median CPU s of {repeats} runs each")
-    print(f"plain exit {plain:.2f} s, gc.freeze() then exit {frozen:.2f} s: {plain - frozen:.2f} s less per process")
+    for name, s in med.items():
+        print(f"{name:<52} {s:5.2f} s" + (f"  ({plain - s:.2f} s less per process)" if s != plain else ""))
 
 
 def main() -> None:
@@ -155,7 +166,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--project", type=Path, help="a project whose tokens and boundaries exist (default: build one)")
     ap.add_argument("--no-stages", action="store_true", help="skip part 2 (the stage processes' imports)")
-    ap.add_argument("--no-exit", action="store_true", help="skip part 3 (the exit's cost, with and without gc.freeze)")
+    ap.add_argument("--no-exit", action="store_true", help="skip part 3 (the collector's cost at import and at exit)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="zg-cli-latency-") as tmp:
         scratch = Path(tmp)

@@ -16,6 +16,7 @@ tests/helpers/xdist_order.py, registered here (``pytest_plugins`` is honoured on
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 from tests.helpers.projects import reproduce
 from tests.helpers.runners import BIN, remember_fresh_threads, zg_main
 from tests.helpers.xdist_order import SHARED_FIXTURES
+from zgtrain.cli import GC_FIRST_THRESHOLD
 
 pytest_plugins = ["tests.helpers.xdist_order"]
 
@@ -46,6 +48,10 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # likewise Ray's usage report at ea
 # 288 ms on 2). Bits hold per thread count (docs/concepts/guarantees.md); every run a test compares runs with this
 # count, and train.threads / materialize.worker_threads still set their own where a test's params say so.
 os.environ["OMP_NUM_THREADS"] = "1"
+# The collector's first threshold of a `zg` process (zgtrain.cli.run), here too: the workers run stages in process
+# (``zg_main``) and import what the stage processes import (test_families.py and test_encode.py together, one
+# process: 64 CPU-s at Python's default, 61 at this threshold).
+gc.set_threshold(GC_FIRST_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def pytest_configure(config):

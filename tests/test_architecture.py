@@ -10,6 +10,7 @@ The walker itself is checked first on a small package written to ``tmp_path``.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,13 +45,21 @@ def _known(name: str, mods: dict[str, Path]) -> str | None:
     return name or None
 
 
-def edges(root: Path, packages: tuple[str, ...]) -> list[Edge]:
+@functools.cache
+def nodes(f: Path) -> tuple[ast.AST, ...]:
+    """Every node of the file's syntax tree (parsed once per run: the repo's checks below walk each module
+    several times)."""
+    return tuple(ast.walk(ast.parse(f.read_text(), filename=str(f))))
+
+
+@functools.cache
+def edges(root: Path, packages: tuple[str, ...]) -> tuple[Edge, ...]:
     """Every import between modules of the packages, at any depth of each module's syntax tree."""
     mods = modules(root, packages)
     out = []
     for mod, f in mods.items():
         pkg = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+        for node in nodes(f):
             where = f"{f.relative_to(root)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -68,14 +77,14 @@ def edges(root: Path, packages: tuple[str, ...]) -> list[Edge]:
                             out.append(Edge(mod, sub, where))
                     elif (dst := _known(base, mods)) and dst != mod:
                         out.append(Edge(mod, dst, where, (a.name,)))
-    return out
+    return tuple(out)
 
 
 def importers(root: Path, packages: tuple[str, ...], name: str) -> set[str]:
     """The modules of the packages that import NAME (or a submodule of it), at any depth."""
     out = set()
     for mod, f in modules(root, packages).items():
-        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+        for node in nodes(f):
             got = (
                 [a.name for a in node.names]
                 if isinstance(node, ast.Import)
@@ -88,7 +97,7 @@ def importers(root: Path, packages: tuple[str, ...], name: str) -> set[str]:
     return out
 
 
-def cycles(es: list[Edge]) -> list[list[Edge]]:
+def cycles(es: tuple[Edge, ...]) -> list[list[Edge]]:
     """One cycle (as its edges) through each strongly connected group of modules (Tarjan's algorithm)."""
     graph: dict[str, dict[str, Edge]] = {}
     for e in es:
@@ -144,7 +153,7 @@ def _describe(cycle: list[Edge]) -> str:
     return " -> ".join([cycle[0].src, *(f"{e.dst} ({e.where})" for e in cycle)])
 
 
-def _private(es: list[Edge]) -> list[str]:
+def _private(es: tuple[Edge, ...]) -> list[str]:
     return [
         f"{e.where}: {e.src} imports {n} from {e.dst}"
         for e in es
@@ -241,7 +250,7 @@ def rooms_of(root: Path, pkg: str) -> set[str]:
     return {room(m) for m in modules(root, (pkg,))} - {"__init__"}
 
 
-def upward(es: list[Edge], order: dict[str, list[str]]) -> list[str]:
+def upward(es: tuple[Edge, ...], order: dict[str, list[str]]) -> list[str]:
     """Every import from a room to a room at or above it (by the declared order) inside one package."""
     bad = []
     for e in es:
@@ -313,7 +322,7 @@ STAGE_ENTRY = {
 }
 
 
-def reachable(es: list[Edge], start: list[str]) -> set[str]:
+def reachable(es: tuple[Edge, ...], start: list[str]) -> set[str]:
     """The modules START imports, at any depth (function-level imports included), START among them."""
     graph: dict[str, set[str]] = {}
     for e in es:
@@ -359,7 +368,7 @@ def long_functions(root: Path, packages: tuple[str, ...]) -> list[tuple[int, str
     for f in modules(root, packages).values():
         if "templates" in f.parts:
             continue
-        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+        for node in nodes(f):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = node.end_lineno - node.lineno + 1
                 if n > LONG_FUNCTION:

@@ -121,8 +121,9 @@ def test_the_moe_kernel_registers_when_a_model_is_built_not_at_import(tmp_path):
     assert res.stdout.split()[-2:] == ["False", "True"], res.stdout + res.stderr
 
 
-# Runs the `zg` script's function on ARGS in this interpreter, then prints its exit code and whether the objects the
-# collector tracked were moved out of its sight (gc.freeze) for the interpreter's shutdown.
+# Runs the `zg` script's function on ARGS in this interpreter, then prints its exit code, whether the objects the
+# collector tracked were moved out of its sight (gc.freeze) for the interpreter's shutdown, and the collector's
+# first threshold (set before the command's imports).
 SCRIPT = """
 import gc, sys
 from zgtrain.cli import run
@@ -130,16 +131,20 @@ sys.argv = ["zg", *sys.argv[1:]]
 try:
     run()
 except SystemExit as e:
-    print(e.code, gc.get_freeze_count() > 0)
+    print(e.code, gc.get_freeze_count() > 0, gc.get_threshold()[0])
 """
 
 
 def test_the_zg_script_keeps_mains_exit_code_and_freezes_the_heap_for_its_exit(tmp_path):
-    """The installed `zg` is ``zgtrain.cli.run``: ``main``'s exit code, unchanged, and then ``gc.freeze()`` (the
-    shutdown's collections skip what is frozen: about 1 CPU-second less per process that imported transformers)."""
+    """The installed `zg` is ``zgtrain.cli.run``: ``main``'s exit code, unchanged, the collector's first threshold
+    raised for the command's imports (``GC_FIRST_THRESHOLD``), and then ``gc.freeze()`` (the shutdown's collections
+    skip what is frozen: about 1 CPU-second less per process that imported transformers)."""
     from importlib.metadata import entry_points
 
+    from zgtrain.cli import GC_FIRST_THRESHOLD
+
     assert entry_points(group="console_scripts")["zg"].value == "zgtrain.cli:run"
+    assert GC_FIRST_THRESHOLD > 700  # Python's default, which the threshold raises
     for args, code in ((["params"], "0"), (["train", "block", "--no-such-option"], "2")):
         res = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, capture_output=True, text=True)
-        assert res.stdout.split()[-2:] == [code, "True"], (args, res.stdout, res.stderr)
+        assert res.stdout.split()[-3:] == [code, "True", str(GC_FIRST_THRESHOLD)], (args, res.stdout, res.stderr)

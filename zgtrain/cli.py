@@ -133,8 +133,18 @@ def _terminated(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+# The cyclic collector's first threshold in a `zg` process (Python's default: 700 allocations). Imports are most of a
+# stage process's CPU (bench/cli_latency.py, part 2). Importing transformers' Llama code, lance and zg's teacher
+# module (~420,000 objects) at the default ran the collector 1,085 times, 7 of them over the whole heap: 0.85 of the
+# process's 7.6 CPU-s on a slow 2-core host (AMD EPYC family 23, 2026-12-06, gc.callbacks). At 10,000: 74 times, none
+# over the whole heap, 0.30 CPU-s (part 3 of the bench measures the whole process). A reference cycle is still
+# reclaimed within 10,000 allocations.
+GC_FIRST_THRESHOLD = 10_000
+
+
 def run() -> None:
-    """The `zg` script (pyproject.toml): ``main`` on ``sys.argv``, then an exit that does not walk the heap.
+    """The `zg` script (pyproject.toml): ``main`` on ``sys.argv`` with the collector's first threshold at
+    ``GC_FIRST_THRESHOLD``, then an exit that does not walk the heap.
 
     A process that imported torch and transformers holds about 390,000 objects that the cyclic garbage collector
     tracks, and the interpreter's shutdown collects several times while it tears the modules down, a cost every
@@ -143,14 +153,14 @@ def run() -> None:
     returns, atexit handlers (Ray's disconnect, logging's flush) still run, and so does the flush of stdout and
     stderr; objects kept alive by a reference cycle are not finalized, which Python never promised at exit
     anyway. Not in ``main``: a process that calls ``main`` itself (the tests) goes on running and collecting."""
+    import gc
     import signal
 
+    gc.set_threshold(GC_FIRST_THRESHOLD, *gc.get_threshold()[1:])
     # SIGTERM (a scheduler's stop, `kill PID`) unwinds like Ctrl-C, so `finally` blocks run: a `zg repro` ends the
     # `dvc` it started and releases its locks instead of leaving them to an orphan
     signal.signal(signal.SIGTERM, _terminated)
     try:
         main()
     finally:
-        import gc
-
         gc.freeze()
