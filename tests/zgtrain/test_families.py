@@ -198,6 +198,36 @@ def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_pat
     # b00's upstream is boundary 0 in both cases: the head slice's embedding equals the teacher's
     assert m.shift["b00"]["student_input"] == pytest.approx(m.shift["b00"]["teacher_input"], rel=1e-2)
     assert np.isfinite(m.student_ce) and np.isfinite(m.teacher_ce)
+    assert m.shift == _shift_by_definition(root, 2)
+
+
+def _shift_by_definition(root, n: int) -> dict:
+    """Each block's boundary shift recomputed from its definition on the first ``n`` held-out rows: the block's
+    normalized error against teacher boundary k+1 when fed teacher boundary k, and when fed the student's own
+    upstream (the embedding, then every earlier block in turn). A swap of the two inputs, or a chain that restarts
+    from the teacher's boundary, changes the figures of every block after the first."""
+    from zgdata.materialize.virtual import open_pair_in
+    from zgdata.teacher.prepare import load_slice
+    from zgdata.tokens.store import read_tokens
+    from zgtrain.block.load import load_block
+    from zgtrain.block.objectives import nmse
+    from zgtrain.evaluate.sets import heldout_set
+
+    layout, project = Layout(root), project_of(root)
+    _, rows = heldout_set(layout, n)
+    head, meta = load_slice(layout.teacher_head)
+    with torch.no_grad():
+        upstream = family_of(meta["config"]).embed_head(
+            {k: v.float() for k, v in head.items()}, read_tokens(layout, rows)[0]
+        )
+        out = {}
+        for spec in project.partition.blocks():
+            block, _ = load_block(layout, spec.key)
+            x, y = (ds.take(rows).float() for ds in open_pair_in(layout, spec, project.partition, project.materialize))
+            upstream = block(upstream)
+            (fed_teacher, d), (fed_student, _) = nmse(block(x), y), nmse(upstream, y)
+            out[spec.key] = {"teacher_input": fed_teacher / d, "student_input": fed_student / d}
+    return out
 
 
 def test_per_layer_widths_ship_the_family_modeling_file(pruned, tmp_path):
