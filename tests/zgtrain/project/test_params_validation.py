@@ -234,3 +234,20 @@ def test_local_pretraining_refuses_pad_packing(tmp_path):
     res = zg_main("pipeline", cwd=tmp_path, check=False)
     assert_user_error(res, "[corpus.packing]", "learn to predict the padding", "packing: eos")
     assert not (tmp_path / "dvc.yaml").exists()
+
+
+def test_an_eval_window_as_long_as_context_min_pos_is_allowed():
+    """The boundary of the eval check: eval.window equal to eval.context_min_pos is accepted (the error's fix says
+    window <= context_min_pos), one token longer is refused, naming eval.window."""
+    from zgdata.errors import ZgError
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.project.config import ProjectConfig
+
+    params = profile_params("tiny")
+    params["eval"].update(window=32, context_min_pos=32)
+    ev = ProjectConfig.from_params(params).eval
+    assert (ev.window, ev.context_min_pos) == (32, 32)
+    params["eval"]["window"] = 33
+    with pytest.raises(ZgError, match="need 1 <= window <= context_min_pos") as e:
+        ProjectConfig.from_params(params)
+    assert e.value.key == "eval.window"

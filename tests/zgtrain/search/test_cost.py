@@ -199,3 +199,53 @@ def test_the_table_charges_each_block_its_own_layers(tmp_path, monkeypatch):
             assert table["blocks"][key][o]["prefill_ms"]["median"] == pytest.approx(want, rel=1e-12), (o, key)
             assert table["blocks"][key][o]["layers"] == width
         assert all(abs(v) < 1e-12 for v in table["models"][o]["additivity"].values()), table["models"][o]
+
+
+def test_the_tables_kv_cache_holds_prompt_and_generated_tokens(tmp_path, monkeypatch):
+    """A workload's context is prompt + generate, and measure_table's kv_cache (bytes) is priced at it: K and V of
+    every cached token of each full-attention layer, so 32 more generated tokens add their bytes. Timing is
+    synthetic; the KV arithmetic is the real code's, on a stand-in teacher config (2 KV heads of 8 float32)."""
+    from types import SimpleNamespace
+
+    from zgdata.layout import Layout
+    from zgtrain.pipeline.profiles import profile_params
+    from zgtrain.project.config import ProjectConfig
+    from zgtrain.project.workload import WorkloadConfig
+    from zgtrain.search import table as table_mod
+    from zgtrain.search.cost import options
+
+    assert WorkloadConfig(prompt=64, generate=16).context == 80
+    teacher = SimpleNamespace(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        hidden_size=32,
+        max_position_embeddings=512,
+        dtype="float32",
+    )
+    monkeypatch.setattr("zgdata.teacher.prepare.load_slice", lambda path: (None, {"config": teacher}))
+    width, kv_heads, head_dim, dtype_bytes, batch = 2, 2, 8, 4, 2
+
+    def kv_of(generate: int) -> dict:
+        params = profile_params("tiny-search")
+        params["search"].update(cost="kv_cache", workload={"prompt": 64, "generate": generate, "batch": batch})
+        project = ProjectConfig.from_params(params)
+        opts, keys = options(project), list(project.blocks)
+        run = {"prefill": [1e-3] * width * len(keys), "decode": [1e-3] * width * len(keys)}
+        run |= {"prefill_total": sum(run["prefill"]), "decode_total": sum(run["decode"])}
+        block = SimpleNamespace(
+            layers=[None] * width,
+            kv_heads=[None] * width,
+            attention=[None] * width,
+            cache_windows=lambda: [None] * width,
+        )
+        parts = {o: [(SimpleNamespace(key=k), block, None) for k in keys] for o in opts}
+        runs = {o: [run] * 3 for o in opts}
+        monkeypatch.setattr(table_mod, "_timed_options", lambda p, layout: (runs, parts, {}, dict.fromkeys(opts, 1.0)))
+        table = table_mod.measure_table(project, layout=Layout(tmp_path / str(generate)))
+        return {(k, o): table["blocks"][k][o]["kv_cache"] for k in keys for o in opts}
+
+    for generate in (16, 48):
+        want = 2 * width * kv_heads * head_dim * dtype_bytes * (64 + generate) * batch  # 2: a key and a value
+        got = kv_of(generate)
+        assert got and all(v == pytest.approx(want, rel=1e-12) for v in got.values()), (generate, want, got)

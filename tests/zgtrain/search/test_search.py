@@ -90,6 +90,7 @@ def test_solver_is_optimal_against_brute_force():
         ({"P-50": {"steps": 1}}, "variants.P-50"),
         ({"teacher": {"steps": 1}}, "variants.teacher"),
         ([{"steps": 1}], "variants"),
+        ({"p0": {}}, "variants.p0"),  # an empty body overrides nothing: a copy of the base train config
     ],
 )
 def test_bad_variants_name_their_key(variants, key):
@@ -109,6 +110,16 @@ def test_a_variant_carries_any_train_key_and_inherits_the_rest():
     assert (v.conversion, v.prune_ratio, v.steps, v.batch_size, v.lr) == ("prune_mlp", 0.5, 4, 2, 0.004)
     with pytest.raises(ZgError, match="variant 'p25' is not in params.yaml variants"):
         project.variant("b00", "p25")
+
+
+def test_a_search_limit_on_the_budgets_own_cost_only_tightens_it():
+    """search.limits on search.cost's own key is an extra bound: the tighter of it and search.budget holds, so a
+    looser limit never raises the budget."""
+    params = profile_params("tiny-search")
+    params["search"].update(cost="params", budget=0.5, limits={"params": 0.9})
+    assert ProjectConfig.from_params(params).search.constraints == {"params": 0.5}
+    params["search"]["limits"] = {"params": 0.3}
+    assert ProjectConfig.from_params(params).search.constraints == {"params": 0.3}
 
 
 def test_variants_are_off_by_default():
@@ -809,6 +820,17 @@ def test_zg_pipeline_adds_the_cost_stage_and_the_workload_key_it_depends_on(tmp_
         "search_cost"
         not in dvc_yaml(ProjectConfig.from_params(profile_params("tiny-search")), code_deps=False)["stages"]
     )
+
+
+def test_a_measured_limit_beside_a_params_cost_adds_the_cost_stage():
+    """search.cost params with a kv_cache limit: the limit is priced from the measured table, so the search is
+    `measured` and the generated dvc.yaml has the search_cost stage (search.cost alone does not decide it)."""
+    params = profile_params("tiny-search")
+    params["search"].update(cost="params", limits={"kv_cache": 0.9})
+    project = ProjectConfig.from_params(params)
+    assert project.search.measured
+    stages = dvc_yaml(project, code_deps=False)["stages"]
+    assert "search_cost" in stages and "search/cost/table.json" in stages["search"]["deps"]
 
 
 def test_the_llama_cpp_runtime_times_every_option_and_the_kept_student(searched, tmp_path, monkeypatch, capsys):
