@@ -391,3 +391,33 @@ def test_lock_nests_in_one_thread_and_refuses_another_thread(tmp_path):
     assert _holder_pid(tmp_path, "tokens") is None
     with stage_lock(layout, "tokens"):  # free again once released
         pass
+
+
+def test_a_refused_block_lock_leaves_the_holders_partial_checkpoint_alone(tmp_path):
+    """The block's cleanup of ``.*.partial`` runs only once the lock is taken: a refused second run must not delete
+    the checkpoint the holder is writing right now."""
+    import threading
+
+    from zgdata.errors import ZgError
+
+    layout = Layout(tmp_path)
+    d = layout.block_dir("b00")
+    refused = []
+
+    def other():
+        try:
+            with stage_lock(layout, "block", "b00"):
+                refused.append(False)
+        except ZgError as e:
+            refused.append(str(e))
+
+    with stage_lock(layout, "block", "b00"):
+        partial = d / ".ckpt-000008.partial"
+        partial.mkdir(parents=True)
+        (partial / "model.safetensors").write_bytes(b"being written")
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert refused and refused[0] and "is writing" in refused[0]
+        assert sorted(x.name for x in d.iterdir()) == [".ckpt-000008.partial"]
+        assert (partial / "model.safetensors").read_bytes() == b"being written"

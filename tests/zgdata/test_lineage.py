@@ -87,3 +87,19 @@ def test_check_names_the_first_mismatching_key():
     with pytest.raises(ZgError, match=r"^lineage mismatch on k1: a has 1 but b has 2") as e:
         check("a", {"k1": 1, "k2": 1}, "b", {"k1": 2, "k2": 2}, keys=("k1", "k2"))
     assert "k2" not in str(e.value)
+
+
+def test_tensors_sha256_covers_each_tensors_dtype_and_name():
+    """Same bytes and shape under another dtype (float16 vs bfloat16) or another name are other weights."""
+    import torch
+
+    from zgdata.core.hashing import tensors_sha256
+
+    t = torch.arange(12, dtype=torch.float16).reshape(3, 4)
+    same_bytes = t.view(torch.bfloat16)
+    assert same_bytes.shape == t.shape and bytes(same_bytes.view(torch.uint8).numpy()) == bytes(
+        t.view(torch.uint8).numpy()
+    )
+    assert tensors_sha256({"w": t}) == tensors_sha256({"w": t.clone()})
+    assert tensors_sha256({"w": t}) != tensors_sha256({"w": same_bytes})
+    assert tensors_sha256({"w": t}) != tensors_sha256({"v": t})

@@ -196,3 +196,20 @@ def test_a_replace_killed_between_its_renames_leaves_no_old_copy_after_the_next_
     replace_path(src, dst)
     assert sorted(p.name for p in dst.parent.iterdir()) == ["h00.lance"]
     assert (dst / "b.lance").read_bytes() == b"new rows"
+
+
+def test_a_link_to_a_sibling_whose_name_starts_with_the_roots_name_is_outside(tmp_path):
+    """``p/out -> ../p2`` leaves the project ``p``: containment compares path components, not string prefixes."""
+    root, sibling = tmp_path / "p", tmp_path / "p2"
+    root.mkdir()
+    (root / "params.yaml").write_text("{}\n")
+    sibling.mkdir()
+    (root / "out").symlink_to(sibling)
+    for bad in (root / "out", root / "out" / "f.json"):
+        with pytest.raises(ZgError, match=f"outside {root.resolve()}"):
+            inside(bad, root, what="x")
+        with pytest.raises(ZgError, match=f"outside {root.resolve()}"):
+            output(bad, what="x")
+    with pytest.raises(ZgError, match="outside"):
+        write_text(root / "out" / "f.json", "{}")
+    assert list(sibling.iterdir()) == []

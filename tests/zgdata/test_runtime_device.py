@@ -40,3 +40,16 @@ def test_prefer_gpu_fills_in_only_an_unset_device(monkeypatch):
     monkeypatch.delenv(runtime.DEVICE_ENV)
     runtime.prefer_gpu()
     assert os.environ[runtime.DEVICE_ENV] == "cpu"
+
+
+def test_set_threads_sets_torch_s_thread_count():
+    """``set_threads(n)`` leaves torch on exactly ``n`` CPU threads (a run's bits depend on the count)."""
+    before = torch.get_num_threads()
+    n = 2 if before != 2 else 1
+    try:
+        runtime.set_threads(n)
+        assert torch.get_num_threads() == n
+        runtime.set_threads(n)  # already n: unchanged
+        assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
