@@ -1,4 +1,5 @@
-"""zgdata/core/atomic.py: a failed write leaves the old version and no scratch; a directory swap leaves no old copy."""
+"""zgdata/core/atomic.py: a failed write leaves the old version and no scratch (the directory swap:
+tests/zgdata/test_paths_guard.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from zgdata.core.atomic import atomic_path, replace_path, write_text
+from zgdata.core.atomic import atomic_path, write_text
 
 
 def test_a_failure_inside_atomic_path_removes_the_scratch_and_keeps_the_old_file(tmp_path):
@@ -46,18 +47,3 @@ def test_a_durable_write_raises_a_disk_error_of_fsync_and_tolerates_only_einval(
     monkeypatch.setattr(os, "fsync", fsync_failing(errno.EINVAL))
     write_text(p, "new", durable=True)
     assert p.read_text() == "new"
-
-
-def test_replacing_a_directory_leaves_only_the_new_one(tmp_path):
-    """The old directory, renamed aside to ``.NAME.old`` during the swap, is removed once the new one is in."""
-    dst = tmp_path / "out" / "h00.lance"
-    dst.mkdir(parents=True)
-    (dst / "a.lance").write_bytes(b"old rows")
-    src = tmp_path / "new.lance"
-    src.mkdir()
-    (src / "b.lance").write_bytes(b"new rows")
-    replace_path(src, dst)
-    assert sorted(x.name for x in dst.parent.iterdir()) == ["h00.lance"]
-    assert sorted(x.name for x in dst.iterdir()) == ["b.lance"]
-    assert (dst / "b.lance").read_bytes() == b"new rows"
-    assert not src.exists()

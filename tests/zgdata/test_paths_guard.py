@@ -182,19 +182,32 @@ def test_a_spill_folder_symlinked_outside_is_refused_and_one_inside_is_replaced(
     assert target.is_dir() and not spill.exists()
 
 
-def test_a_replace_killed_between_its_renames_leaves_no_old_copy_after_the_next_one(tmp_path):
-    """replace_path renames the old folder aside, the new one in, then removes the old one: a kill between the
-    renames leaves ``.NAME.old`` and no NAME. The next replace (materialize's rerun publishing the boundary) took the
-    plain branch and left the old copy for good (a whole boundary's bytes nothing tracks); it is removed now."""
-    dst = tmp_path / "data" / "boundaries" / "h00.lance"
-    old = dst.with_name(".h00.lance.old")
+def _folders(tmp_path, old: Path) -> Path:
+    """``old`` holding old rows, and a new folder to publish (returned)."""
     old.mkdir(parents=True)
     (old / "a.lance").write_bytes(b"old rows")
     src = tmp_path / "new.lance"
     src.mkdir()
     (src / "b.lance").write_bytes(b"new rows")
-    replace_path(src, dst)
+    return src
+
+
+def test_a_replace_killed_between_its_renames_leaves_no_old_copy_after_the_next_one(tmp_path):
+    """replace_path renames the old folder aside, the new one in, then removes the old one: a kill between the
+    renames leaves ``.NAME.old`` and no NAME. The next replace (materialize's rerun publishing the boundary) took the
+    plain branch and left the old copy for good (a whole boundary's bytes nothing tracks); it is removed now."""
+    dst = tmp_path / "data" / "boundaries" / "h00.lance"
+    replace_path(_folders(tmp_path, dst.with_name(".h00.lance.old")), dst)
     assert sorted(p.name for p in dst.parent.iterdir()) == ["h00.lance"]
+    assert (dst / "b.lance").read_bytes() == b"new rows"
+
+
+def test_replacing_a_directory_leaves_only_the_new_one(tmp_path):
+    """The old directory, renamed aside to ``.NAME.old`` during the swap, is removed once the new one is in."""
+    dst = tmp_path / "out" / "h00.lance"
+    replace_path(_folders(tmp_path, dst), dst)
+    assert sorted(x.name for x in dst.parent.iterdir()) == ["h00.lance"]
+    assert sorted(x.name for x in dst.iterdir()) == ["b.lance"]
     assert (dst / "b.lance").read_bytes() == b"new rows"
 
 
