@@ -98,16 +98,21 @@ def edit_params(root: Path, **sections) -> dict:
     return params
 
 
-def set_params(root: Path, updates: dict) -> dict:
-    """Set dotted keys (``{"train.steps": 30, "blocks.b01.lr": 1e-3}``) in ROOT/params.yaml; returns the params."""
-    path = Path(root) / "params.yaml"
-    params = safe_load(path.read_text())
+def set_keys(params: dict, updates: dict) -> dict:
+    """Set dotted keys (``{"train.steps": 30, "blocks.b01.lr": 1e-3}``) in the params dict; returns it."""
     for dotted, value in updates.items():
         *parents, leaf = dotted.split(".")
         node = params
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
+    return params
+
+
+def set_params(root: Path, updates: dict) -> dict:
+    """Set dotted keys (``set_keys``) in ROOT/params.yaml; returns the params."""
+    path = Path(root) / "params.yaml"
+    params = set_keys(safe_load(path.read_text()), updates)
     path.write_text(_dump(params))
     return params
 

@@ -198,11 +198,11 @@ def test_evaluate_runs_the_family_student_and_its_boundary_shift(pruned, tmp_pat
     # b00's upstream is boundary 0 in both cases: the head slice's embedding equals the teacher's
     assert m.shift["b00"]["student_input"] == pytest.approx(m.shift["b00"]["teacher_input"], rel=1e-2)
     assert np.isfinite(m.student_ce) and np.isfinite(m.teacher_ce)
-    assert m.shift == _shift_by_definition(root, 2)
+    assert m.shift == _shift_by_definition(root)
 
 
-def _shift_by_definition(root, n: int) -> dict:
-    """Each block's boundary shift recomputed from its definition on the first ``n`` held-out rows: the block's
+def _shift_by_definition(root) -> dict:
+    """Each block's boundary shift recomputed from its definition on evaluate's held-out rows: the block's
     normalized error against teacher boundary k+1 when fed teacher boundary k, and when fed the student's own
     upstream (the embedding, then every earlier block in turn). A swap of the two inputs, or a chain that restarts
     from the teacher's boundary, changes the figures of every block after the first."""
@@ -214,7 +214,7 @@ def _shift_by_definition(root, n: int) -> dict:
     from zgtrain.evaluate.sets import heldout_set
 
     layout, project = Layout(root), project_of(root)
-    _, rows = heldout_set(layout, n)
+    _, rows = heldout_set(layout, project.eval.heldout_seqs)
     head, meta = load_slice(layout.teacher_head)
     with torch.no_grad():
         upstream = family_of(meta["config"]).embed_head(

@@ -18,7 +18,7 @@ def _edited(**train) -> ProjectConfig:
 def test_an_unrecorded_key_is_no_change_and_a_trained_one_is_named():
     """train.checkpoint_every only sets how often a checkpoint is written (documented to rerun nothing), so a block
     trained before its edit may still be recorded; train.lr, or b00's own lr override, is named by its key."""
-    at_start = ProjectConfig.from_params(profile_params("tiny"))
+    at_start = _edited()
     every = at_start.train.checkpoint_every
     assert _changed("b00", at_start, _edited(checkpoint_every=every + 1)) == []
     assert _changed("b00", at_start, _edited(lr=at_start.train.lr * 2)) == ["train.lr"]

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from tests.helpers.projects import project_of
+from tests.helpers.projects import project_of, set_keys
 from zgtrain.pipeline.profiles import PROFILES, profile_params
 from zgtrain.pipeline.stages import dvc_yaml
 
@@ -65,36 +65,29 @@ def dangling(stages: dict[str, dict]) -> list[str]:
     ]
 
 
-def _with(profile: str, **keys) -> dict:
-    """The profile's params with dotted keys set ("repair.steps": 3 as repair__steps=3)."""
-    params = profile_params(profile)
-    for dotted, value in keys.items():
-        *path, last = dotted.split("__")
-        node = params
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return params
+def _with(profile: str, keys: dict) -> dict:
+    """The profile's params with dotted keys set (``{"repair.steps": 3}``)."""
+    return set_keys(profile_params(profile), keys)
 
 
 OPTIONS = {
     **{name: (name, {}) for name in PROFILES},
-    "tiny-search, virtual_first": ("tiny-search", {"materialize__virtual_first": True}),
-    "tiny-search, repair": ("tiny-search", {"repair__steps": 3}),
-    "tiny-search, online variant": ("tiny-search", {"variants__p50__targets": "online"}),
+    "tiny-search, virtual_first": ("tiny-search", {"materialize.virtual_first": True}),
+    "tiny-search, repair": ("tiny-search", {"repair.steps": 3}),
+    "tiny-search, online variant": ("tiny-search", {"variants.p50.targets": "online"}),
     "tiny, export repaired": (
         "tiny",
-        {"repair__steps": 3, "export__enabled": True, "export__student": "repaired"},
+        {"repair.steps": 3, "export.enabled": True, "export.student": "repaired"},
     ),
-    "tiny-search, export search": ("tiny-search", {"export__enabled": True, "export__student": "search"}),
-    "local-tiny, sequential": ("local-tiny", {"local__mode": "sequential"}),
+    "tiny-search, export search": ("tiny-search", {"export.enabled": True, "export.student": "search"}),
+    "local-tiny, sequential": ("local-tiny", {"local.mode": "sequential"}),
 }
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_every_data_dep_is_some_stages_output(option):
     profile, keys = OPTIONS[option]
-    stages = resolved(_with(profile, **keys))
+    stages = resolved(_with(profile, keys))
     assert not dangling(stages), dangling(stages)
 
 
@@ -123,7 +116,7 @@ def test_search_variants_under_virtual_first_read_the_tokens_or_their_input_boun
 
 def test_an_online_variant_declares_the_teacher_and_the_tokens():
     """``targets: online`` on one variant: its stage recomputes its pair with the teacher from the token set."""
-    stages = resolved(_with("tiny-search", variants__p50__targets="online"))
+    stages = resolved(_with("tiny-search", {"variants.p50.targets": "online"}))
     for key in ("b00-p50", "b01-p50"):
         deps = stages[f"variant@{key}"]["deps"]
         assert {"models/teacher/hf", "models/teacher/teacher.json", "data/tokens.lance"} <= set(deps), key
@@ -133,7 +126,7 @@ def test_an_online_variant_declares_the_teacher_and_the_tokens():
 
 def test_search_repair_depends_on_the_last_boundary_and_the_kept_mix():
     """search_repair trains the kept mix against the teacher's last boundary (its distillation target)."""
-    params = _with("tiny-search", repair__steps=3)
+    params = _with("tiny-search", {"repair.steps": 3})
     last = params["blocks"][list(params["blocks"])[-1]]["out"]
     deps = resolved(params)["search_repair"]["deps"]
     assert f"data/boundaries/{last}.lance" in deps and "models/search/student" in deps
@@ -142,7 +135,7 @@ def test_search_repair_depends_on_the_last_boundary_and_the_kept_mix():
 def test_sequential_local_blocks_are_ordered_by_their_boundaries():
     """local.mode sequential: block k+1 trains on what block k wrote, so it depends on it (an edit of block k
     reruns block k+1, and DVC runs them in order); block 0 reads only the tokens."""
-    stages = resolved(_with("local-tiny", local__mode="sequential"))
+    stages = resolved(_with("local-tiny", {"local.mode": "sequential"}))
     blocks = sorted(n for n in stages if n.startswith("local_b"))
     assert len(blocks) >= 2
     for up, down in zip(blocks, blocks[1:], strict=False):
@@ -155,13 +148,13 @@ def test_sequential_local_blocks_are_ordered_by_their_boundaries():
     "student, folder, keys",
     [
         ("student", "models/student", {}),
-        ("repaired", "models/repaired", {"repair__steps": 3}),
+        ("repaired", "models/repaired", {"repair.steps": 3}),
         ("search", "models/search/student", {}),
     ],
 )
 def test_export_depends_on_the_student_it_exports(student, folder, keys):
     profile = "tiny-search" if student == "search" else "tiny"
-    stages = resolved(_with(profile, export__enabled=True, export__student=student, **keys))
+    stages = resolved(_with(profile, {"export.enabled": True, "export.student": student, **keys}))
     deps = stages["export"]["deps"]
     assert folder in deps and f"zg export {student} " in stages["export"]["cmd"]
     others = {"models/student", "models/repaired", "models/search/student"} - {folder}
