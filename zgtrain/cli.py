@@ -7,6 +7,7 @@ fails when it is stale). Importing typer and building the tree alone took longer
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -80,6 +81,18 @@ def subfolder_hint() -> str:
     return f"(this folder is inside the project at {root}; zg's project commands run from its root: `cd {root}`)"
 
 
+@functools.cache
+def _command():
+    """The click command typer builds from the tree, once per process: building it inspects every command's
+    signature, about 15 ms, which a process that calls ``main`` many times (the tests) would pay on every call.
+    click makes a new context for each invocation, so the command itself keeps no state between calls."""
+    import typer
+
+    from zgtrain.commands import app
+
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights never come from a hub here
@@ -94,7 +107,6 @@ def main(argv: list[str] | None = None) -> None:
     from typer._click import exceptions as click_exc  # typer raises its own copy of click's exceptions
 
     from zgdata.errors import ZgError, from_os_error
-    from zgtrain.commands import app
 
     debug = os.environ.get("ZG_DEBUG") == "1" or "--debug" in args
     try:
@@ -104,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             from zgtrain.pipeline.current import check
 
             check(Path.cwd(), experiment=os.environ.get("DVC_EXP_NAME"))  # set for the stages of `dvc exp run`
-        rc = typer.main.get_command(app).main(args=args, prog_name="zg", standalone_mode=False)
+        rc = _command().main(args=args, prog_name="zg", standalone_mode=False)
     except ZgError as e:
         if debug:
             raise

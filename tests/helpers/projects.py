@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -63,10 +64,26 @@ def tree_sha256(path: Path) -> str:
 
     ``.zg/`` (lock files and caches: runtime state, gitignored, never an output) is left out."""
     h = hashlib.sha256()
-    path = Path(path)
-    for p in sorted(x for x in path.rglob("*") if x.is_file() and ".zg" not in x.relative_to(path).parts):
-        h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
+    for rel in _files(str(path)):
+        with open(os.path.join(path, rel), "rb") as f:
+            h.update(rel.encode() + b"\0" + f.read() + b"\0")
     return h.hexdigest()
+
+
+def _files(root: str) -> list[str]:
+    """The relative names of the regular files under ``root`` (links followed, as ``Path.is_file`` does; links to
+    folders not entered, as ``Path.rglob`` does not), ``.zg`` folders left out, in ``sorted(Path)`` order: os.walk,
+    about 3x faster than pathlib's rglob, which the many unchanged-ness checks called twice per case."""
+    out = []
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".zg" and not os.path.islink(os.path.join(top, d))]
+        rel = os.path.relpath(top, root)
+        out.extend(
+            n if rel == "." else os.path.join(rel, n)
+            for n in files
+            if n != ".zg" and os.path.isfile(os.path.join(top, n))
+        )
+    return sorted(out, key=lambda r: Path(r).parts)
 
 
 def copy_project(src: Path, dst: Path) -> Path:

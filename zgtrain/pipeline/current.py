@@ -19,6 +19,7 @@ import yaml
 
 from zgdata.config import load_params
 from zgdata.errors import ZgError
+from zgdata.yamlio import safe_load
 from zgtrain.pipeline.scaffold import has_code, regenerated
 from zgtrain.pipeline.stages import HEADER, dump_params, dvc_yaml
 
@@ -27,7 +28,7 @@ __all__ = ["check", "differences"]
 
 def _plain(doc) -> object:
     """DOC as the file zg writes gives it back: tuples become lists (params.yaml and dvc.yaml share a Dumper)."""
-    return yaml.safe_load(dump_params(doc))
+    return safe_load(dump_params(doc))
 
 
 def _stage_names(stages: dict) -> list[str]:
@@ -57,7 +58,7 @@ def differences(root: Path) -> list[str]:
     if not text.startswith(HEADER):
         return []
     try:
-        on_disk = (yaml.safe_load(text) or {}).get("stages") or {}
+        on_disk = (safe_load(text) or {}).get("stages") or {}
     except (yaml.YAMLError, AttributeError) as e:
         raise ZgError(f"{root / 'dvc.yaml'} is not a DVC pipeline: {e}", fix="regenerate it with `zg pipeline`") from e
     params = load_params(root / "params.yaml")

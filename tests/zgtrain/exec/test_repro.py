@@ -30,6 +30,7 @@ from tests.helpers.runners import BIN, kill_9_when, run, zg
 from zgdata.core.metrics_file import split_timed
 from zgdata.errors import ZgError
 from zgdata.layout import Layout
+from zgdata.yamlio import safe_load
 from zgtrain.block.train import train_block
 
 METRICS = ("metrics/blocks/b00.json", "metrics/blocks/b01.json", "metrics/eval.json")
@@ -37,13 +38,15 @@ LATER = ["train@b00", "train@b01", "assemble", "evaluate"]
 
 
 def _lock(root) -> dict:
-    return yaml.safe_load((Path(root) / "dvc.lock").read_text())["stages"]
+    return safe_load((Path(root) / "dvc.lock").read_text())["stages"]
 
 
 def _recorded(root) -> set[str]:
-    """Stages in dvc.lock now (for polling: DVC rewrites the file in place, so a read may catch it half-written)."""
+    """Stages in dvc.lock now (for polling: DVC rewrites the file in place, so a read may catch it half-written).
+    libyaml's parser (zgdata.yamlio): PyYAML's pure-Python one, polled every 20 ms, kept a core busy for the
+    whole wait (30 CPU-s in one test) on a machine the other tests share."""
     try:
-        return set((yaml.safe_load((Path(root) / "dvc.lock").read_text()) or {}).get("stages") or {})
+        return set((safe_load((Path(root) / "dvc.lock").read_text()) or {}).get("stages") or {})
     except (FileNotFoundError, yaml.YAMLError):
         return set()
 
@@ -73,7 +76,7 @@ def _wait(cond, what: str, proc=None, limit: float = 300):
     while not cond():
         assert proc is None or proc.poll() is None, f"{what}: the process ended first (rc {proc.returncode})"
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
+        time.sleep(0.05)  # the failpoints sleep 0.3 s or more after each step: a kill still lands mid-run
 
 
 def _meta(root, key) -> dict | None:
