@@ -54,6 +54,18 @@ def test_counts_rows_bytes_nesting_and_errors():
     assert t["inner"] is not t["inner"]  # copies: a reader never sees a half-updated Stat
 
 
+def test_window_is_the_earliest_start_and_the_latest_end_in_any_closing_order():
+    """Spans close in any order across threads (materialize's writer, the loader's prefetch): ``first_start`` is the
+    earliest start and ``last_end`` the latest end of all of them, not the last span's."""
+    t = timing.Timings(samples=True)
+    for start, end in ((5.0, 6.0), (1.0, 2.0), (3.0, 9.0), (4.0, 4.5)):
+        t.add("x", start, end, rows=1, nbytes=2)
+    s = t["x"]
+    assert (s.first_start, s.last_end) == (1.0, 9.0)
+    assert (s.count, s.seconds, s.rows, s.nbytes) == (4, 8.5, 4, 8)
+    assert s.samples == [1.0, 1.0, 6.0, 0.5]
+
+
 def test_spans_from_many_threads_all_count():
     n_threads, per_thread = 8, 500
     start = threading.Barrier(n_threads)
