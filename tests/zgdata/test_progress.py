@@ -54,6 +54,15 @@ def test_plain_lines_every_tenth_every_30_s_and_at_the_end(clock, out):
     ]
 
 
+def test_the_last_line_comes_even_under_a_tenth_since_the_one_before(clock, out):
+    with progress_mod.progress("rows", 100, unit="row") as advance:
+        clock[0] = 1.0
+        advance(95)
+        clock[0] = 2.0
+        advance(5)  # under a tenth and 1 s since the last line, but the end
+    assert _lines(out) == ["rows: 95/100 row (95%), 95 row/s, ETA 0s", "rows: 100/100 row (100%), 50 row/s, ETA 0s"]
+
+
 def test_a_resumed_run_counts_only_its_own_work_in_the_rate(clock, out):
     with progress_mod.progress("train b00", 1000, unit="step", completed=500) as advance:
         clock[0] = 2.0

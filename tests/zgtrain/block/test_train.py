@@ -166,8 +166,9 @@ def test_resume_with_changed_config_is_refused_unless_restart(tiny_project):
     assert f"lr: {old_lr} -> {old_lr / 4}" in line  # the diff names the old and the new value
     assert tree_sha256(tiny_project / "models" / "blocks" / "b00") == before  # checkpoint untouched
 
-    again = train_block(project_of(tiny_project), "b00", stop_after=1, restart=True, layout=layout)
-    assert again.status == "stopped" and again.step == 1
+    # through the CLI, so that --restart is checked to reach train_block's restart
+    again = _train_json(tiny_project, "--restart", "--stop-after", "1")
+    assert again["status"] == "stopped" and again["step"] == 1
     meta = read_json(tiny_project / "models" / "blocks" / "b00" / "meta.json")
     assert meta["config"]["lr"] == old_lr / 4 and meta["step"] == 1
 

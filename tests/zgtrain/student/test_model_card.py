@@ -145,3 +145,101 @@ def test_search_and_repaired_cards(reproduced, tmp_path):
     want |= {(n, "teacher_ce"): metrics["sets"][n]["teacher_ce"] for n in sets}
     assert got == want and full.data.model_name == "repaired" and "(its `repaired` entry)" in full.text
     assert "Gate verdict (repaired, over the sets" in full.text and "## Repair" in full.text
+
+
+def test_repaired_card_gives_the_repaired_verdict_not_the_students():
+    """metrics/eval.json with a repaired model: ``gates_passed`` is the repaired model's verdict and
+    ``student_gates_passed`` the student's. The repaired card states the former (pure, no project needed)."""
+    figs = dict.fromkeys(EVAL_METRICS, 1.0)
+    gates = {"ce_gap": {"passed": True}, "judged": True}
+    metrics = {
+        "sets": {"heldout": figs},
+        "repaired": {"sets": {"heldout": {**figs, "ce": 0.5}}},
+        "gates_passed": {"heldout": gates, "all": True},
+        "student_gates_passed": {"heldout": {**gates, "ce_gap": {"passed": False}}, "all": False},
+    }
+    card = "---\nlibrary_name: transformers\n---\n# x\n\n## Evaluation\n\npending\n\n## Reproduce\n\nr\n"
+    repaired = eval_card(card, metrics, model="repaired").text
+    assert "| heldout | 1.000 | 0.500 | 1.000 | 1.000 | 1.000 | 1.000 | PASS |" in repaired
+    assert "Gate verdict (repaired, over the sets `gates.sets` judges): **PASS**." in repaired
+    student = eval_card(card, metrics).text
+    assert "| heldout | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | FAIL |" in student
+    assert "Gate verdict (student, over the sets `gates.sets` judges): **FAIL**." in student
+
+
+def test_export_card_lineage_rows_come_from_their_own_record_fields():
+    """export_card's lineage table: each row states its own export.json field (distinct values, so a row taken from
+    another field shows), and the base model is the known teacher's (pure, no project needed)."""
+    from zgtrain.student.card import export_card
+
+    record = {
+        "format": "hf",
+        "dtype": "f32",
+        "name": "student",
+        "student": "models/student",
+        "student_sha256": "1" * 64,
+        "family": "llama",
+        "teacher_source": "smollm2-135m",
+        "teacher_sha256": "2" * 64,
+        "tokenizer_sha256": "3" * 64,
+        "zg_version": "9.9.9",
+        "files": {"model.safetensors": "4" * 64},
+    }
+    card = export_card(record)
+    for row in (
+        f"| source student sha256 | `{'1' * 64}` |",
+        f"| teacher weights_sha256 | `{'2' * 64}` |",
+        f"| tokenizer_sha256 | `{'3' * 64}` |",
+        "| teacher source | `smollm2-135m` |",
+        "| zg version | `9.9.9` |",
+        f"| file model.safetensors | `{'4' * 64}` |",
+    ):
+        assert row in card, row
+    assert ModelCard(card).data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_a_sets_verdict_needs_every_gate_and_the_table_gives_both_ends_of_each_interval():
+    """A set passes only if every one of its gates passed; a set the gates do not judge says so; an interval is
+    printed lo to hi (pure, no project needed)."""
+    figs = {**dict.fromkeys(EVAL_METRICS, 1.0), "ce_gap": 0.15, "ce_gap_ci95": {"lo": 0.1, "hi": 0.2}}
+    metrics = {
+        "sets": {"a": figs, "b": dict.fromkeys(EVAL_METRICS, 1.0)},
+        "gates_passed": {
+            "a": {"ce_gap": {"passed": True}, "context_retention": {"passed": False}, "judged": True},
+            "b": {"ce_gap": {"passed": True}, "judged": False},
+            "all": False,
+        },
+    }
+    card = "---\nlibrary_name: transformers\n---\n# x\n\n## Evaluation\n\npending\n\n## Reproduce\n\nr\n"
+    text = eval_card(card, metrics).text
+    assert "| a | 1.000 | 1.000 | 0.150 (0.100 to 0.200) | 1.000 | 1.000 | 1.000 | FAIL |" in text
+    assert "| b | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | PASS (not judged) |" in text
+    assert "Gate verdict (student, over the sets `gates.sets` judges): **FAIL**." in text
+
+
+def test_blocks_table_gives_each_block_its_own_layers_widths_windows_and_boundaries():
+    """Each block's row takes its own slice of the per-layer widths and windows (pure)."""
+    from zgtrain.student.card import _blocks_table
+
+    summary = {
+        "intermediate_sizes": [64, 64, 32, 32],
+        "layer_windows": [None, None, 8, 16],
+        "blocks": {
+            "b00": {
+                "teacher_layers": [0, 1],
+                "fingerprints": {"h00": "a" * 64, "h02": "b" * 64},
+                "state_sha256": "c" * 64,
+            },
+            "b01": {
+                "teacher_layers": [2, 3],
+                "fingerprints": {"h02": "b" * 64, "h04": "d" * 64},
+                "state_sha256": "e" * 64,
+            },
+        },
+    }
+    rows = _blocks_table(summary, {"architecture": {"intermediate_size": 64}}).splitlines()
+    assert rows[0].startswith("| block | teacher layers | MLP widths (teacher: 64) |")
+    assert rows[2:] == [
+        f"| b00 | 0-1 | 64, 64 | full, full | `h00` `{'a' * 16}` -> `h02` `{'b' * 16}` | `{'c' * 16}` |",
+        f"| b01 | 2-3 | 32, 32 | 8, 16 | `h02` `{'b' * 16}` -> `h04` `{'d' * 16}` | `{'e' * 16}` |",
+    ]
