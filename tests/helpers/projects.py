@@ -73,7 +73,8 @@ def tree_sha256(path: Path) -> str:
 def _files(root: str) -> list[str]:
     """The relative names of the regular files under ``root`` (links followed, as ``Path.is_file`` does; links to
     folders not entered, as ``Path.rglob`` does not), ``.zg`` folders left out, in ``sorted(Path)`` order: os.walk,
-    about 3x faster than pathlib's rglob, which the many unchanged-ness checks called twice per case."""
+    1.3-2.3x faster than pathlib's rglob over trees of this suite's size (the unchanged-ness checks run twice per
+    case)."""
     out = []
     for top, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".zg" and not os.path.islink(os.path.join(top, d))]

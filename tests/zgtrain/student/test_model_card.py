@@ -18,6 +18,9 @@ from tests.helpers.runners import run, zg_main
 from zgdata.layout import Layout
 from zgtrain.student.card import DVC_IGNORED, EVAL_METRICS, eval_card, repaired_card, student_card
 
+# a card with an Evaluation section to fill and a Reproduce section to keep, for eval_card alone
+BARE_CARD = "---\nlibrary_name: transformers\n---\n# x\n\n## Evaluation\n\npending\n\n## Reproduce\n\nr\n"
+
 
 def test_student_card_header_and_lineage(reproduced):
     card = ModelCard.load(reproduced / "models" / "student" / "README.md")
@@ -158,11 +161,10 @@ def test_repaired_card_gives_the_repaired_verdict_not_the_students():
         "gates_passed": {"heldout": gates, "all": True},
         "student_gates_passed": {"heldout": {**gates, "ce_gap": {"passed": False}}, "all": False},
     }
-    card = "---\nlibrary_name: transformers\n---\n# x\n\n## Evaluation\n\npending\n\n## Reproduce\n\nr\n"
-    repaired = eval_card(card, metrics, model="repaired").text
+    repaired = eval_card(BARE_CARD, metrics, model="repaired").text
     assert "| heldout | 1.000 | 0.500 | 1.000 | 1.000 | 1.000 | 1.000 | PASS |" in repaired
     assert "Gate verdict (repaired, over the sets `gates.sets` judges): **PASS**." in repaired
-    student = eval_card(card, metrics).text
+    student = eval_card(BARE_CARD, metrics).text
     assert "| heldout | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | FAIL |" in student
     assert "Gate verdict (student, over the sets `gates.sets` judges): **FAIL**." in student
 
@@ -210,8 +212,7 @@ def test_a_sets_verdict_needs_every_gate_and_the_table_gives_both_ends_of_each_i
             "all": False,
         },
     }
-    card = "---\nlibrary_name: transformers\n---\n# x\n\n## Evaluation\n\npending\n\n## Reproduce\n\nr\n"
-    text = eval_card(card, metrics).text
+    text = eval_card(BARE_CARD, metrics).text
     assert "| a | 1.000 | 1.000 | 0.150 (0.100 to 0.200) | 1.000 | 1.000 | 1.000 | FAIL |" in text
     assert "| b | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | PASS (not judged) |" in text
     assert "Gate verdict (student, over the sets `gates.sets` judges): **FAIL**." in text
