@@ -192,6 +192,9 @@ def test_duplicate_yaml_key_is_refused(tiny_project):
         (["train", "block", "b00", "--stop-after", "-1"], ["--stop-after", "-1"]),
         (["data", "verify", "--sample", "0"], ["--sample"]),
         (["train", "block", "b00", "--targets", "somewhere"], ["--targets", "somewhere", "cached, online"]),
+        (["train", "lm-eval", "--limit", "-1"], ["--limit", "-1"]),
+        (["repro", "--data", "elsewhere"], ["--data", "'elsewhere'", "shared", "remote"]),
+        (["repro", "--jobs", "0"], ["--jobs", "greater than or equal to 1"]),
     ],
 )
 def test_usage_errors_are_one_line(tiny_project, args, needles):
