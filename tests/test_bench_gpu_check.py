@@ -52,17 +52,17 @@ def _gpu_check(*args, tmp_path) -> subprocess.CompletedProcess:
 def test_gpu_check_builds_a_teacher_at_an_8b_layer_shape(tmp_path):
     """--teacher-shape: a teacher of random weights at Llama-3.1-8B's layer shape (in the smoke run, the same code at
     a CPU's size) goes through `zg teacher prepare`, tokenize and materialize under `dvc repro`, with a boundary
-    every 4 layers, and the materialize check measures it. Nothing is downloaded."""
+    every 4 layers (h00 recomputed, not stored), and the materialize check measures it and counts the stored
+    boundaries. Nothing is downloaded."""
     r = _gpu_check("--smoke", "--teacher-shape", "llama-3.1-8b", "--checks", "materialize", tmp_path=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["failed"] == [] and res["materialize_tok_s"] > 0 and res["forward_tok_s"] > 0
-    assert res["hidden"] == 128 and res["boundaries"] == 3  # the smoke shape; h00, h04 and h08 of 8 layers
+    assert res["hidden"] == 128 and res["boundaries"] == 2  # the smoke shape; h04 and h08 stored (h00 virtual)
     proj = tmp_path / "work" / "proj"
     arch = read_json(proj / "models" / "teacher" / "teacher.json")["architecture"]
     assert (arch["model_type"], arch["num_layers"], arch["num_heads"], arch["num_kv_heads"]) == ("llama", 8, 4, 1)
     assert sorted(p.name for p in (proj / "data" / "boundaries").glob("h*.lance")) == [
-        "h00.lance",
         "h04.lance",
         "h08.lance",
     ]
