@@ -4,18 +4,35 @@ the families and the registry, zgdata/families/dense.py the dense families descr
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
+import inspect
 from typing import ClassVar
 
 import torch
 
-__all__ = ["Family", "RotaryFamily", "positions", "WHERE"]
+__all__ = ["Family", "RotaryFamily", "cache_arg", "mask_kwargs", "positions", "WHERE"]
 
 WHERE = "zgdata/families/registry.py"
 
 
 def positions(h: torch.Tensor) -> torch.Tensor:
     return torch.arange(h.shape[1], device=h.device).unsqueeze(0)  # (1, T): every sequence starts at 0
+
+
+def mask_kwargs(config, h: torch.Tensor, pos: torch.Tensor) -> dict:
+    """Keyword arguments of transformers' mask builders (``masking_utils.create_causal_mask`` and its siblings) for a
+    forward over whole sequences, with no cache and no padding (the cache argument's name: ``cache_arg``)."""
+    return {"config": config, "inputs_embeds": h, "attention_mask": None, cache_arg(): None, "position_ids": pos}
+
+
+@functools.cache
+def cache_arg() -> str:
+    """The name transformers' forwards and mask builders take a KV cache by: ``cache`` in the release zg's CI runs,
+    ``past_key_values`` in earlier 5.x releases (5.17, the GPU image's; the rename came with every model's forward)."""
+    from transformers.masking_utils import create_causal_mask
+
+    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 class Family:

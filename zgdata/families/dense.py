@@ -10,7 +10,7 @@ import inspect
 import torch
 
 from zgdata.errors import ZgError
-from zgdata.families.base import WHERE, RotaryFamily, positions
+from zgdata.families.base import WHERE, RotaryFamily, mask_kwargs, positions
 from zgdata.families.traits import Traits
 
 __all__ = ["DenseFamily", "tiny_fields"]
@@ -123,7 +123,7 @@ class DenseFamily(RotaryFamily):
         always a mask, having no implicit causal one."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-        kw = {"config": config, "inputs_embeds": h, "attention_mask": None, "cache": None, "position_ids": pos}
+        kw = mask_kwargs(config, h, pos)
         if not self.traits.attention_types:
             return {None: create_sliding_window_causal_mask(**kw)}
         return {

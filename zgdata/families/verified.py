@@ -21,7 +21,7 @@ import inspect
 import torch
 
 from zgdata.errors import ZgError
-from zgdata.families.base import positions
+from zgdata.families.base import mask_kwargs, positions
 from zgdata.families.dense import DenseFamily, tiny_fields
 from zgdata.families.discover import PartError, Parts, causal_lm_name, config_name, discover_config
 from zgdata.families.traits import Traits
@@ -175,7 +175,7 @@ class VerifiedFamily(DenseFamily):
     def _masks(self, cfg, h, pos, types) -> dict:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-        kw = {"config": cfg, "inputs_embeds": h, "attention_mask": None, "cache": None, "position_ids": pos}
+        kw = mask_kwargs(cfg, h, pos)
         if not types:  # one kind for every layer: the sliding mask where the config sets a window, as Mistral's
             windowed = getattr(cfg, "sliding_window", None) is not None
             return {None: (create_sliding_window_causal_mask if windowed else create_causal_mask)(**kw)}

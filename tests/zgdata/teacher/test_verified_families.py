@@ -5,6 +5,8 @@ discovery, and the conversions a discovered layout cannot run."""
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import pytest
 import torch
 
@@ -16,6 +18,10 @@ from zgdata.families.discover import PartError
 from zgdata.families.registry import FAMILIES, family, family_of, known
 from zgdata.families.selfcheck import probe_ids, self_check
 from zgdata.teacher.prepare import tiny_teacher
+
+# Doge's layers take inputs the generic call does not give in the transformers CI runs (5.25); in 5.17's they take only
+# what it gives, so the self-check passes there.
+DOGE_REFUSED = tuple(int(x) for x in version("transformers").split(".")[:2]) >= (5, 25)
 
 
 def _checked(model_type: str):
@@ -55,7 +61,9 @@ def test_a_verified_decoder_records_its_verdict_probe_and_parts():
     [
         ("cohere", "head:"),  # logits scaled by logit_scale outside the head module
         ("gemma", "embedding:"),  # the embedding scales by sqrt(hidden) inside the model's forward path
-        ("doge", "layer 0:"),  # its layers take inputs the generic call does not give
+        pytest.param(  # its layers take inputs the generic call does not give
+            "doge", "layer 0:", marks=pytest.mark.skipif(not DOGE_REFUSED, reason="5.17's Doge passes the check")
+        ),
         ("smollm3", "layers:"),  # no_rope_layers: a per-layer config list that renumbered blocks would misread
         ("afmoe", "layer 1:"),  # dense layer 0, experts from layer 1 on: discovery reads layer 0 only
         # lambda_init = 0.8 - 0.6 exp(-0.3 layer_idx) inside the attention: a block's layers are numbered from 0

@@ -14,6 +14,7 @@ import torch
 from tests.helpers.models import teacher_layers as _slice
 from tests.helpers.models import tiny_family_teacher as _teacher
 from zgdata.errors import ZgError
+from zgdata.families.base import cache_arg
 from zgdata.families.registry import FAMILIES, family, family_of
 from zgtrain.block.attention import AttentionLinear, AttentionLinearState, attention_io, fit_linear
 from zgtrain.block.conversions import convert
@@ -156,7 +157,7 @@ def test_modeling_file_with_linear_layers_equals_the_blocks_and_caches_nothing_t
         assert torch.equal(loaded(input_ids=ids).logits, blockwise)
 
         cache = DynamicCache(config=loaded.config)
-        loaded(input_ids=ids[:1, :6], cache=cache, use_cache=True)
+        loaded(input_ids=ids[:1, :6], **{cache_arg(): cache}, use_cache=True)
         assert [cache.layers[i].keys.shape[1] for i in range(4)] == [2, 0, 0, 2]  # KV heads cached per layer
         assert cache.get_seq_length() == 6
 
@@ -204,11 +205,13 @@ def test_a_cache_driven_by_hand_counts_the_positions_of_linear_layers_in_float64
         cache = DynamicCache(config=model.config)
         worst, lengths = 0.0, []
         for i in range(ids.shape[1]):
-            logits = model(input_ids=ids[:, i : i + 1], cache=cache, use_cache=True).logits[:, 0]
+            logits = model(input_ids=ids[:, i : i + 1], **{cache_arg(): cache}, use_cache=True).logits[:, 0]
             worst = max(worst, float((logits - full[:, i]).abs().max()))
             lengths.append([cache.get_seq_length()] + [cache.get_seq_length(j) for j in range(4)])
         chunked = DynamicCache(config=model.config)  # a prompt of 5, then 4 tokens at once
-        step = [model(input_ids=ids[:, a:b], cache=chunked, use_cache=True).logits for a, b in ((0, 5), (5, 9))]
+        step = [
+            model(input_ids=ids[:, a:b], **{cache_arg(): chunked}, use_cache=True).logits for a, b in ((0, 5), (5, 9))
+        ]
         worst_chunked = float((torch.cat(step, 1) - full).abs().max())
     assert worst < 1e-10 and worst_chunked < 1e-10, (worst, worst_chunked)
     assert lengths == [[i + 1] * 5 for i in range(ids.shape[1])]

@@ -19,6 +19,7 @@ from tests.helpers.models import tiny_family_teacher as _teacher
 from tests.helpers.projects import b00_converted, b00_weights, copy_project, project_of, read_json
 from tests.helpers.runners import zg_main
 from zgdata.errors import ZgError
+from zgdata.families.base import cache_arg
 from zgdata.layout import Layout
 from zgtrain.block.attention import (
     LinearAttention,
@@ -210,7 +211,7 @@ def test_modeling_file_generates_with_its_constant_state_in_float64():
         cache = DynamicCache(config=model.config)
         shapes, worst = [], 0.0
         for i in range(seq.shape[1]):
-            logits = model(input_ids=seq[:, i : i + 1], cache=cache, use_cache=True).logits[0, 0]
+            logits = model(input_ids=seq[:, i : i + 1], **{cache_arg(): cache}, use_cache=True).logits[0, 0]
             worst = max(worst, float((logits - full[i]).abs().max()))
             shapes.append(tuple(tuple(t.shape) for j in (1, 2) for t in cache.layers[j].state))
     assert worst < 1e-10
