@@ -11,9 +11,10 @@ the spread across repeats (noise from a shared machine included) next to the med
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
+
+from zgdata.families.base import cache_arg
 
 __all__ = ["timed_runs"]
 
@@ -41,11 +42,12 @@ def _one_run(model, ids, generate: int, clock: dict, n: int) -> dict:
     prefill_total = time.perf_counter() - t
     prefill = list(clock["acc"])
     clock["acc"] = [0.0] * n
-    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    name = cache_arg()  # the installed transformers' name, so no deprecated alias warns inside the timed loop
+    past, nxt = getattr(out, name), out.logits[:, -1:].argmax(-1)
     t = time.perf_counter()
     for _ in range(generate):
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        out = model(input_ids=nxt, **{name: past}, use_cache=True)
+        past, nxt = getattr(out, name), out.logits[:, -1:].argmax(-1)
     decode_total = time.perf_counter() - t
     return {
         "prefill": prefill,
@@ -65,8 +67,7 @@ def timed_runs(model, layers, *, batch: int, prompt: int, generate: int, warmup:
     handles = _hooks(layers, clock)
     torch.set_num_threads(threads)
     try:
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # transformers' past_key_values rename, once per step
+        with torch.inference_mode():
             for _ in range(warmup):
                 _one_run(model, ids, generate, clock, len(layers))
             return [_one_run(model, ids, generate, clock, len(layers)) for _ in range(repeats)]
