@@ -321,7 +321,8 @@ def test_read_only_output_dir_is_one_line_and_changes_nothing(tiny_project):
 
 
 def test_os_errors_of_the_libraries_become_zg_errors(tmp_path):
-    """The real exceptions Lance, safetensors, torch and Python raise on a full and on a read-only disk."""
+    """The real exceptions Lance, safetensors and Python raise on a full and on a read-only disk: the libraries zg
+    writes with (checkpoints and weights are safetensors; nothing zg writes goes through torch.save)."""
     from safetensors.torch import save_file
 
     full, ro = tmp_path / "full", tmp_path / "ro"
@@ -331,7 +332,6 @@ def test_os_errors_of_the_libraries_become_zg_errors(tmp_path):
     writers = {
         "lance": lambda d: lance.write_dataset(table, str(d / "x.lance")),
         "safetensors": lambda d: save_file({"a": torch.zeros(200_000)}, str(d / "x.safetensors")),
-        "torch.save": lambda d: torch.save({"a": torch.zeros(200_000)}, d / "x.pt"),
         "python": lambda d: (d / "x.txt").write_bytes(b"\0" * 2_000_000),
     }
     _mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full))
@@ -352,10 +352,6 @@ def test_os_errors_of_the_libraries_become_zg_errors(tmp_path):
     # anything else stays a bug with its traceback
     assert from_os_error(ValueError("bad value")) is None
     assert from_os_error(FileNotFoundError(errno.ENOENT, "No such file or directory", "x")) is None
-    assert (
-        from_os_error(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2"), tmp_path)
-        is None
-    )  # torch's short write counts as ENOSPC only on a full disk
     # raised from an OS error: the cause decides
     try:
         try:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
-from pathlib import Path
 
 __all__ = ["ZgError", "from_os_error"]
 
@@ -66,20 +64,6 @@ def _errno_of(e: BaseException) -> int | None:
     return None
 
 
-def _torch_write_failed(e: BaseException, path: Path | None) -> bool:
-    """torch.save reports a short write only as "unexpected pos" / "file write failed" (no errno):
-    count it as ENOSPC only when the disk it wrote to is really (nearly) full."""
-    if not isinstance(e, RuntimeError) or "inline_container.cc" not in str(e) or path is None:
-        return False
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return shutil.disk_usage(p).free < (1 << 20)
-    except OSError:
-        return False
-
-
 def _show(path) -> str:
     p = os.fspath(path)
     rel = os.path.relpath(p) if os.path.isabs(p) else p
@@ -96,8 +80,6 @@ def from_os_error(e: BaseException, path: str | os.PathLike | None = None) -> Zg
     seen, cause = 0, e
     while cause is not None and seen < 5:
         n = _errno_of(cause)
-        if n is None and _torch_write_failed(cause, path):
-            n = errno.ENOSPC
         if n is not None:
             where = getattr(cause, "filename", None)  # exact when Python raised it
             if where is None and path is None:  # the stage's own path beats a library's temp name
