@@ -7,7 +7,8 @@ JSONL corpus, and data/sample.json, its lineage: the teacher's weights and token
 param, the prompts' digest, and what was dropped.
 
 **How.** ``corpus.sample.documents`` documents in batches of ``batch_size`` through transformers' ``generate``
-(the teacher's KV cache, prompts left-padded), with temperature and top-p and no top-k. Document ``i`` starts
+(the teacher's KV cache, prompts left-padded), with temperature and top-p and no top-k (transformers' warpers;
+top-p's sort by zgdata/tokens/nucleus.py, bit for bit). Document ``i`` starts
 from prompt ``i mod P`` (BOS alone; the strings given; or, in a mix, the first ``prompt_tokens`` tokens of the
 other sources' train documents: never a held-out one). It ends at EOS or after ``tokens`` new tokens.
 
@@ -107,7 +108,10 @@ def _prompts(cfg: CorpusConfig, scfg: SampleConfig, tok) -> tuple[list[list[int]
 
 def _generate(model, prompts: list[list[int]], scfg: SampleConfig, seed: int, eos: int, pad: int) -> list[list[int]]:
     """New token ids per prompt (left-padded into one batch), cut before the first EOS."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList
+    from transformers.generation.logits_process import TemperatureLogitsWarper
+
+    from zgdata.tokens.nucleus import NucleusFilter
 
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -115,10 +119,15 @@ def _generate(model, prompts: list[list[int]], scfg: SampleConfig, seed: int, eo
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
+    # transformers' temperature then top-p warpers, in that order: generate puts a custom processor before the
+    # warpers it builds, so both come from here (zgdata/tokens/nucleus.py: top-p's bits in about a quarter of the time)
+    warpers = [TemperatureLogitsWarper(scfg.temperature)] if scfg.temperature != 1.0 else []
+    if scfg.top_p < 1.0:
+        warpers.append(NucleusFilter(scfg.top_p))
     gen = GenerationConfig(
         do_sample=True,
-        temperature=scfg.temperature,
-        top_p=scfg.top_p,
+        temperature=1.0,
+        top_p=1.0,
         top_k=0,
         max_new_tokens=scfg.tokens,
         eos_token_id=eos,
@@ -128,7 +137,12 @@ def _generate(model, prompts: list[list[int]], scfg: SampleConfig, seed: int, eo
     model.generation_config = GenerationConfig()  # a checkpoint's own defaults (top_k, penalties) never mix in
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), generation_config=gen)
+        out = model.generate(
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            generation_config=gen,
+            logits_processor=LogitsProcessorList(warpers),
+        )
     rows = out[:, width:].tolist()
     return [r[: r.index(eos)] if eos in r else r for r in rows]
 

@@ -17,7 +17,7 @@ CODE = {
         "zgdata/teacher/tokenizer.py",
         "zgdata/families/registry.py",
     ],
-    "sample": ["zgdata/tokens/sample.py"],
+    "sample": ["zgdata/tokens/sample.py", "zgdata/tokens/nucleus.py"],
     "tokens": [
         "zgdata/tokens/tokenset.py",
         "zgdata/tokens/store.py",
