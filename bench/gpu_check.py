@@ -30,7 +30,10 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 (bench/moe_batch_invariance.py)                                                        [guarantee]
 
 Each check runs on its own: one that fails to run is reported (`NAME ran` FAIL) and the others still run; every
-command has a timeout. Without --smoke and without a GPU the script refuses (exit 2) unless ZG_DEVICE names the
+command has a timeout. The project is built only for the checks that run in it (materialize, cached_online, repro);
+if building it fails, or git (which `zg init` and DVC need) is not on PATH, that fails the run, named, and the
+checks that need no project (write_path at the --teacher-shape's rows, moe) still run. An unknown name in
+--checks is refused. Without --smoke and without a GPU the script refuses (exit 2) unless ZG_DEVICE names the
 device. No GPU was available when this script was written (docs/results/write-path.md says what ran where): its CPU smoke
 run is tests/test_bench_gpu_check.py. The last line is one JSON object with every figure and each check's result.
 """
@@ -328,13 +331,50 @@ def _best_time(fn, dev, repeats: int = 3) -> float:
     return best
 
 
+CHECKS = ("materialize", "cached_online", "write_path", "repro", "schedule", "moe")
+PROJECT_CHECKS = {"materialize", "cached_online", "repro"}  # run in the profile's project, which setup builds
+GIT_CHECKS = PROJECT_CHECKS | {"schedule"}  # `zg init` and DVC need git (schedule builds a project of its own)
+
+
+def preflight(checks: list[str]) -> list[str]:
+    """The checks this machine can run: without git on PATH (a bare GPU image may lack it), the checks that build
+    a DVC project fail the run here, named, and the others still run."""
+    if shutil.which("git") or not GIT_CHECKS & set(checks):
+        return checks
+    skipped = [c for c in checks if c in GIT_CHECKS]
+    guarantee(
+        "git on PATH", False, f"`zg init` and DVC need git; skipped: {', '.join(skipped)} (install git and rerun)"
+    )
+    return [c for c in checks if c not in GIT_CHECKS]
+
+
+def project(args, checks: list[str], res: dict, dev) -> tuple[Path | None, list[str]]:
+    """The project the checks run in, built (or copied from --project) only when one of them needs it, and the
+    checks that can run: when building it fails, those that need it are named as skipped and the others still run."""
+    if not PROJECT_CHECKS & set(checks):
+        return None, checks
+    try:
+        if args.project:
+            root = args.workdir / "proj"
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(args.project, root, symlinks=True)
+            return root, checks
+        profile = "tiny" if args.smoke else args.profile
+        return setup(args.workdir, profile, args.smoke, args.teacher_shape, args.layers, dev), checks
+    except (Exception, SystemExit) as e:
+        res["setup_error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+        skipped = [c for c in checks if c in PROJECT_CHECKS]
+        guarantee("project set up", False, f"{res['setup_error']}; skipped: {', '.join(skipped)}")
+        return None, [c for c in checks if c not in PROJECT_CHECKS]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/zg-gpu-check"))
     ap.add_argument("--project", type=Path, help="an existing materialized project to copy (skips setup)")
     ap.add_argument("--profile", default="smollm2")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny sizes, no repro or schedule check")
-    ap.add_argument("--checks", default="materialize,cached_online,write_path,repro,schedule,moe")
+    ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated, of: {', '.join(CHECKS)}")
     ap.add_argument("--mb", type=int, default=1024, help="MB of boundary bytes for the write-path check")
     ap.add_argument(
         "--teacher-shape",
@@ -347,6 +387,13 @@ def main(argv=None) -> int:
         ap.error("--project and --teacher-shape: the project already has its teacher; give one of them")
     if args.teacher_shape and (args.layers < BLOCK_LAYERS or args.layers % BLOCK_LAYERS):
         ap.error(f"--layers must be a multiple of {BLOCK_LAYERS} (one block every {BLOCK_LAYERS} layers)")
+    if args.project and not (args.project / "dvc.yaml").is_file():
+        ap.error(
+            f"--project {args.project}: no dvc.yaml there; give a zg project (`zg init`) that has been materialized"
+        )
+    unknown = [c for c in args.checks.split(",") if c not in CHECKS]
+    if unknown:  # a misspelt name would otherwise run nothing and pass, on the one GPU run there may be
+        ap.error(f"unknown check {', '.join(map(repr, unknown))} in --checks; choose from {', '.join(CHECKS)}")
 
     import torch
 
@@ -369,14 +416,11 @@ def main(argv=None) -> int:
         args.mb = min(args.mb, 16)
     log(f"device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}), checks {checks}")
     args.workdir.mkdir(parents=True, exist_ok=True)
-    if args.project:
-        root = args.workdir / "proj"
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.copytree(args.project, root, symlinks=True)
-    else:
-        profile = "tiny" if args.smoke else args.profile
-        root = setup(args.workdir, profile, args.smoke, args.teacher_shape, args.layers, dev)
     res: dict = {"device": str(dev)}
+    if args.teacher_shape:  # the write path's rows without the materialize check: the shape's, not SmolLM2's
+        dims = SMOKE_SHAPE if args.smoke else SHAPES[args.teacher_shape]
+        res.update(hidden=dims["hidden_size"], boundaries=args.layers // BLOCK_LAYERS)  # h00 recomputed, not stored
+    root, checks = project(args, preflight(checks), res, dev)
     # at least two jobs, so the blocks run as Ray tasks (one GPU each, one at a time on a one-GPU box)
     jobs = max(2, torch.cuda.device_count()) if dev.type == "cuda" else 2
     runs = {

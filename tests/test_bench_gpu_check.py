@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,12 @@ from tests.helpers.runners import run
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gpu_check(*args, tmp_path) -> subprocess.CompletedProcess:
+def _gpu_check(*args, tmp_path, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--workdir", str(tmp_path / "work"), *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "ZG_DEVICE": "cpu"},
+        env={**os.environ, "ZG_DEVICE": "cpu", **(env or {})},
         timeout=600,
     )
 
@@ -63,12 +64,31 @@ def test_gpu_check_builds_a_teacher_at_an_8b_layer_shape(tmp_path):
     assert json.loads(run(["dvc", "status", "--json", "materialize"], cwd=proj).stdout or "{}") == {}
 
 
+def test_without_git_the_project_checks_fail_by_name_and_the_others_still_run(tmp_path):
+    """A GPU image without git: `zg init` and DVC cannot run, so the checks that build a project are skipped and
+    named, the run fails (exit 1), and the write path still runs at the --teacher-shape's rows. Nothing is built."""
+    path = str(Path(sys.executable).parent)  # this venv's python, zg and dvc; no git
+    assert shutil.which("git", path=path) is None
+    checks = "materialize,cached_online,write_path"
+    r = _gpu_check(
+        "--smoke", "--teacher-shape", "llama-3.1-8b", "--checks", checks, tmp_path=tmp_path, env={"PATH": path}
+    )
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "FAIL git on PATH: `zg init` and DVC need git; skipped: materialize, cached_online" in r.stdout
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["failed"] == ["git on PATH"] and "materialize_tok_s" not in res and "cached_equals_online" not in res
+    assert res["hidden"] == 128 and res["boundaries"] == 2 and res["write_path_gbps"] > 0  # the smoke shape's rows
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []  # no project, no teacher
+
+
 @pytest.mark.parametrize(
     "args, error",
     [
         (["--teacher-shape", "llama-3.1-8b", "--layers", "6"], "--layers must be a multiple of 4"),
         (["--teacher-shape", "llama-3.1-8b", "--project", "x"], "--project and --teacher-shape"),
         (["--teacher-shape", "llama-3"], "invalid choice: 'llama-3'"),
+        (["--checks", "write_path,materialise"], "unknown check 'materialise' in --checks; choose from materialize,"),
+        (["--project", "nowhere"], "--project nowhere: no dvc.yaml there"),
     ],
 )
 def test_gpu_check_refuses_a_teacher_shape_it_cannot_build(args, error, tmp_path):
