@@ -71,7 +71,12 @@ class CorpusConfig(Section):
         ge=0,
         le=1,
     )
-    max_train_seqs: int = param(0, "Keep at most this many train sequences (a seeded sample); 0 keeps all.", ge=0)
+    max_train_seqs: int = param(
+        0,
+        "Keep at most this many train sequences (a seeded sample); 0 keeps all (in a mix: as many as the "
+        "scarcest source allows at its weight).",
+        ge=0,
+    )
     max_heldout_seqs: int = param(0, "Keep at most this many held-out sequences (a seeded sample); 0 keeps all.", ge=0)
     seed: int = param(0, "Seed of the sequence sample and of heldout_fraction.", ge=0)
     sample: dict = param(

@@ -29,7 +29,8 @@ class TeacherConfig(Section):
         "float32, bfloat16, or auto (the source's stored dtype, e.g. a bf16 checkpoint "
         "stays bf16). A model directory loads straight in it, shard by shard, never as a "
         "whole fp32 copy: use auto or bfloat16 for a teacher too big for memory in fp32. "
-        "Every forward computes in materialize.compute_dtype.",
+        "Materialize, verify and online targets compute in materialize.compute_dtype; evaluate, lm-eval, the "
+        "search's judging and repair's teacher in float32; the sample stage in corpus.sample.dtype.",
         choices=(*DTYPES, "auto"),
     )
 
@@ -128,8 +129,8 @@ class MaterializeConfig(Section):
     )
     compute_dtype: str = param(
         "float32",
-        "dtype every teacher forward computes in (materialize, verify, online "
-        "targets; part of the boundary fingerprint). float32 over a bf16 teacher "
+        "dtype the teacher forwards of materialize, verify and online targets compute in "
+        "(part of the boundary fingerprint; evaluate's run in float32). float32 over a bf16 teacher "
         "keeps the teacher bf16 and widens one layer at a time (same bits as a "
         "whole fp32 copy, without it).",
         choices=DTYPES,
@@ -143,21 +144,21 @@ class MaterializeConfig(Section):
     )
     commit_mb: int = param(
         2048,
-        "A commit group closes once it holds this many MB of hidden states (all boundaries); "
+        "A commit group closes once it holds this many MiB of hidden states (all boundaries); "
         "each group is one Lance version and one data file per boundary.",
         ge=1,
     )
     commit_seconds: float = param(600.0, "A commit group also closes after this many seconds.", gt=0)
     file_mb: int = param(
         16384,
-        "Finalize compacts each boundary into data files of about this many MB (decoded values) "
+        "Finalize compacts each boundary into data files of about this many MiB (decoded values) "
         "and publishes it as one Lance version.",
         ge=1,
     )
     queue_batches: int = param(4, "Bound on batches waiting for the background writer (caps memory).", ge=1)
     write_behind_mb: int = param(
         32,
-        "Sync a commit group's new files every this many MB of record batches, in a thread of its own, so the disk "
+        "Sync a commit group's new files every this many MiB of record batches, in a thread of its own, so the disk "
         "writes while the next batches encode instead of after the kernel's 30 s or 10% of RAM of dirty pages "
         "(no byte changes, no durability promised; 0: leave it to the kernel).",
         ge=0,
@@ -166,7 +167,7 @@ class MaterializeConfig(Section):
         0,
         "Threads that encode, checksum and take stats of captured boundaries (zstd, xxhash and numpy release "
         "the GIL). 0: the cores left after the forward (all but one beside a GPU; beyond torch's threads on "
-        "CPU), at least 1. The bytes written do not depend on it.",
+        "CPU), at least 1; with workers > 1, 1 per shard task. The bytes written do not depend on it.",
         ge=0,
     )
     workers: int = param(

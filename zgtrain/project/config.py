@@ -160,7 +160,11 @@ class TrainConfig(Section):
     beta1: float = param(0.9, "AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "AdamW beta2.", ge=0, lt=1)
     weight_decay: float = param(0.0, "AdamW weight decay.", ge=0)
-    warmup: int = param(10, "Linear warmup steps (at or above steps, the peak lr is never reached).", ge=0)
+    warmup: int = param(
+        10,
+        "Linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never).",
+        ge=0,
+    )
     schedule: str = param(
         "cosine",
         "LR schedule after warmup: cosine (to 10%), linear (to 0) or constant.",

@@ -80,7 +80,11 @@ class LocalConfig(Section):
         8, "Sequences per step (at most the train split's); every arm sees the same seeded batches.", ge=1, le=MAX_BATCH
     )
     lr: float = param(1e-3, "Peak learning rate (AdamW), linear warmup then cosine to 10%.", gt=0)
-    warmup: int = param(50, "Linear warmup steps (at or above steps, the peak lr is never reached).", ge=0)
+    warmup: int = param(
+        50,
+        "Linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never).",
+        ge=0,
+    )
     beta1: float = param(0.9, "AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "AdamW beta2.", ge=0, lt=1)
     weight_decay: float = param(0.1, "AdamW weight decay.", ge=0)

@@ -140,7 +140,10 @@ class SearchConfig(Section):
         gt=0,
     )
     budget_unit: str = param(
-        "fraction", "fraction (of the teacher's summed block cost) or absolute.", choices=("fraction", "absolute")
+        "fraction",
+        "fraction (of the teacher's summed block cost; for latency, of its whole time, embedding and head "
+        "included) or absolute (for latency, the whole model's ms).",
+        choices=("fraction", "absolute"),
     )
     cost: str = param(
         "params",
@@ -264,7 +267,11 @@ class RepairConfig(Section):
     beta1: float = param(0.9, "Repair: AdamW beta1.", ge=0, lt=1)
     beta2: float = param(0.95, "Repair: AdamW beta2.", ge=0, lt=1)
     weight_decay: float = param(0.0, "Repair: AdamW weight decay.", ge=0)
-    warmup: int = param(10, "Repair: linear warmup steps (at or above steps, the peak lr is never reached).", ge=0)
+    warmup: int = param(
+        10,
+        "Repair: linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never).",
+        ge=0,
+    )
     schedule: str = param(
         "cosine",
         "Repair: LR schedule after warmup: cosine (to 10%), linear (to 0) or constant.",
