@@ -209,7 +209,8 @@ def data_verify(
     full: bool = typer.Option(
         False,
         "--full",
-        help="also check every output dvc.lock or a .dvc file (git) records against its md5 (hashes cached in .zg/trust.json).",
+        help="also check every DVC-cached output that dvc.lock or a .dvc file (git) records and that is present "
+        "here against its md5; absent ones are skipped (hashes cached in .zg/trust.json).",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -259,8 +260,8 @@ def data_inspect(
     versions: bool = typer.Option(False, "--versions", help="also every dataset's full version history."),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Show token and boundary datasets: rows per split, codec, size, fingerprint, completeness and history (one line
-    each, fits 80 columns); --wide adds lineage and storage, --versions every version, --json everything."""
+    """Show token and boundary datasets: rows per split, codec, size, fingerprint, completeness and history (a table
+    row each); --wide adds lineage and storage, --versions every version, --json everything."""
     from zgdata.inspect import collect, render
     from zgdata.layout import Layout
 

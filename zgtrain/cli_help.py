@@ -27,7 +27,8 @@ Commands:
             (Ray); each is recorded in dvc.lock.
   export    Export STUDENT as a deployable model: a stock transformers folder
             (loads without trust_remote_code) or a GGUF file, with export.json
-            (lineage) and a model card beside it. Refuses with one line,
+            (lineage) and a model card beside it (--out FILE.gguf:
+            FILE.gguf.export.json beside it, no card). Refuses with one line,
             writing nothing, what the format cannot express (e.g. per-layer
             MLP widths in a stock config).
   teacher   Prepare the frozen teacher (weights, tokenizer, hashes, per-block
@@ -94,8 +95,9 @@ Arguments:
   targets... <list[str]>  stages to bring up to date (default: all).
 
 Options:
-  -j, --jobs <int range>  blocks trained at once (1: in this process, no Ray).
-                          [default: 1; x>=1]
+  -j, --jobs <int range>  blocks trained at once (1, without --address or
+                          --data remote: in this process, no Ray).  [default:
+                          1; x>=1]
   --address <str>         join this Ray cluster (default: ZG_RAY_ADDRESS or
                           RAY_ADDRESS, else start a local one sized by
                           --jobs).
@@ -110,8 +112,9 @@ Usage: zg export [OPTIONS] [student]
 
   Export STUDENT as a deployable model: a stock transformers folder (loads
   without trust_remote_code) or a GGUF file, with export.json (lineage) and a
-  model card beside it. Refuses with one line, writing nothing, what the
-  format cannot express (e.g. per-layer MLP widths in a stock config).
+  model card beside it (--out FILE.gguf: FILE.gguf.export.json beside it, no
+  card). Refuses with one line, writing nothing, what the format cannot
+  express (e.g. per-layer MLP widths in a stock config).
 
 Arguments:
   student <str>  student, repaired, search (the project's folders) or a
@@ -177,9 +180,9 @@ Commands:
   verify       Check every row's checksum, lineage and alignment; recompute a
                sample with the teacher bit for bit.
   inspect      Show token and boundary datasets: rows per split, codec, size,
-               fingerprint, completeness and history (one line each, fits 80
-               columns); --wide adds lineage and storage, --versions every
-               version, --json everything.
+               fingerprint, completeness and history (a table row each);
+               --wide adds lineage and storage, --versions every version,
+               --json everything.
 """,
     "zg data sample": """\
 Usage: zg data sample [OPTIONS]
@@ -263,9 +266,10 @@ Options:
   --lineage-only       check lineage, row alignment and every row's checksum
                        only; needs no teacher.
   --boundaries <path>  folder of boundary datasets (default data/boundaries).
-  --full               also check every output dvc.lock or a .dvc file (git)
-                       records against its md5 (hashes cached in
-                       .zg/trust.json).
+  --full               also check every DVC-cached output that dvc.lock or a
+                       .dvc file (git) records and that is present here
+                       against its md5; absent ones are skipped (hashes cached
+                       in .zg/trust.json).
   --json
   --help               Show this message and exit.
 """,
@@ -273,8 +277,8 @@ Options:
 Usage: zg data inspect [OPTIONS] [paths]...
 
   Show token and boundary datasets: rows per split, codec, size, fingerprint,
-  completeness and history (one line each, fits 80 columns); --wide adds
-  lineage and storage, --versions every version, --json everything.
+  completeness and history (a table row each); --wide adds lineage and
+  storage, --versions every version, --json everything.
 
 Arguments:
   paths... <list[Path]>  datasets or folders (default: data/tokens.lance and
@@ -331,7 +335,9 @@ Options:
   --targets <str>     cached or online (default train.targets).
   --stop-after <int>  run at most N (>= 1) more steps, checkpoint, exit 0;
                       rerun to resume.
-  --restart           discard a checkpoint whose config differs.
+  --restart           discard the checkpoint, of this config or another, and
+                      start at step 0 (without it, one of another config is
+                      refused).
   --params <path>     params file of the project.  [default: params.yaml]
   --json
   --help              Show this message and exit.
@@ -345,7 +351,9 @@ Usage: zg train local [OPTIONS]
 Options:
   --stop-after <int>  run at most N (>= 1) more steps, checkpoint, exit 0;
                       rerun to resume.
-  --restart           discard a checkpoint whose config differs.
+  --restart           discard the checkpoint, of this config or another, and
+                      start at step 0 (without it, one of another config is
+                      refused).
   --params <path>     params file of the project.  [default: params.yaml]
   --json
   --help              Show this message and exit.
@@ -361,7 +369,9 @@ Arguments:
 
 Options:
   --stop-after <int>  run at most N (>= 1) more steps, checkpoint, exit 0.
-  --restart           discard a checkpoint of another run.
+  --restart           discard the checkpoint, of this run or another, and
+                      start at step 0 (without it, one of another run is
+                      refused).
   --params <path>     params file of the project.  [default: params.yaml]
   --json
   --help              Show this message and exit.
@@ -388,7 +398,9 @@ Arguments:
   variant <str>  variant name (params.yaml variants:).  [required]
 
 Options:
-  --restart        discard a checkpoint whose config differs.
+  --restart        discard the checkpoint, of this config or another, and
+                   start at step 0 (without it, one of another config is
+                   refused).
   --params <path>  params file of the project.  [default: params.yaml]
   --json
   --help           Show this message and exit.

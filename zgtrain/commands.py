@@ -11,6 +11,12 @@ import typer
 
 from zgdata.cli import GROUP, data_app, emit, params_option, teacher_app
 
+# --restart of the commands that resume a training checkpoint: it never reads the old one, whichever run wrote it
+RESTART_HELP = (
+    "discard the checkpoint, of this {what} or another, and start at step 0 (without it, one of another {what} "
+    "is refused)."
+)
+
 __all__ = ["app"]
 
 app = typer.Typer(
@@ -103,7 +109,13 @@ def params_doc(
 @app.command("repro")
 def repro(
     targets: list[str] | None = typer.Argument(None, help="stages to bring up to date (default: all)."),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="blocks trained at once (1: in this process, no Ray)."),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        "-j",
+        min=1,
+        help="blocks trained at once (1, without --address or --data remote: in this process, no Ray).",
+    ),
     address: str | None = typer.Option(
         None,
         "--address",
@@ -133,7 +145,7 @@ def train_block(
     stop_after: int | None = typer.Option(
         None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."
     ),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+    restart: bool = typer.Option(False, "--restart", help=RESTART_HELP.format(what="config")),
     params: Path = params_option,
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -160,7 +172,7 @@ def train_local(
     stop_after: int | None = typer.Option(
         None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0; rerun to resume."
     ),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+    restart: bool = typer.Option(False, "--restart", help=RESTART_HELP.format(what="config")),
     params: Path = params_option,
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -186,7 +198,7 @@ def train_local_block(
     stop_after: int | None = typer.Option(
         None, "--stop-after", help="run at most N (>= 1) more steps, checkpoint, exit 0."
     ),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint of another run."),
+    restart: bool = typer.Option(False, "--restart", help=RESTART_HELP.format(what="run")),
     params: Path = params_option,
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -219,7 +231,7 @@ def train_local_export(params: Path = params_option, as_json: bool = typer.Optio
 def train_variant(
     key: str = typer.Argument(..., help="block key, e.g. b00."),
     variant: str = typer.Argument(..., help="variant name (params.yaml variants:)."),
-    restart: bool = typer.Option(False, "--restart", help="discard a checkpoint whose config differs."),
+    restart: bool = typer.Option(False, "--restart", help=RESTART_HELP.format(what="config")),
     params: Path = params_option,
     as_json: bool = typer.Option(False, "--json"),
 ):
@@ -504,7 +516,8 @@ def export_student(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Export STUDENT as a deployable model: a stock transformers folder (loads without trust_remote_code) or a
-    GGUF file, with export.json (lineage) and a model card beside it. Refuses with one line, writing nothing,
+    GGUF file, with export.json (lineage) and a model card beside it (--out FILE.gguf: FILE.gguf.export.json beside
+    it, no card). Refuses with one line, writing nothing,
     what the format cannot express (e.g. per-layer MLP widths in a stock config)."""
     from zgtrain.export.run import export
 

@@ -106,7 +106,9 @@ def cli_page() -> str:
         "# `zg` commands\n\n",
         (
             "Every command, its help text, arguments and options (`zg COMMAND --help` prints the same). "
-            "Results go to stdout (`--json` where a script reads them), progress and errors to stderr.\n"
+            "With --json a command prints its result to stdout as JSON; without it, its one-line summary goes to "
+            "stderr with progress and errors (`data inspect`, `params` and `search show` / `costs` print their tables to "
+            "stdout).\n"
         ),
     ]
     return "".join(head + _command_section(typer.main.get_command(app), "zg"))
