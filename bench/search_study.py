@@ -18,7 +18,7 @@ figures before repair from the same runs. study.json gains search+repair@B and u
 
 Arms already in OUT/study.json for other budgets are kept, so budgets can be run in separate invocations: e.g.
 0.625 and 0.75 without repair, then 0.5 with --repair-steps. The runs are bitwise deterministic on one machine;
-on another CPU model the figures can move in the last digits (about 1e-6 nats, docs/RESULTS.md).
+on another CPU model the figures can move in the last digits (about 1e-6 nats, docs/results/search-study.md).
 
 Every arm runs in the one workspace, so it reuses the one materialize and every variant stage (`dvc exp run`
 restores what is up to date). OUT gets study.json (every arm's figures and wall time), pareto.csv and
@@ -72,11 +72,11 @@ from pathlib import Path
 
 from harness import run
 
-# Training tokens/s of each default block, cached against online targets, measured on the default teacher
-# (prune_mlp 0.5, 100 steps of 4 x 512 tokens, one idle 2-core machine): docs/RESULTS.md, "Cached == online on
+# Training tokens/s of each default block, cached against online targets, measured on the default teacher (prune_mlp
+# 0.5, 100 steps of 4 x 512 tokens, one idle 2-core machine): docs/results/objective-study.md, "Cached == online on
 # the default teacher, bitwise" (`dvc exp run -n online -S train.targets=online`). Online targets rerun the
-# teacher's layers 0..end of the block every step, whatever the student is, so each step of a variant of that
-# block pays the same extra seconds: tokens_per_step * (1 / online - 1 / cached).
+# teacher's layers 0..end of the block every step, whatever the student is, so each step of a variant of that block
+# pays the same extra seconds: tokens_per_step * (1 / online - 1 / cached).
 ONLINE_RATES = {
     "b00": (1755, 1185),
     "b01": (1650, 878),

@@ -1,4 +1,4 @@
-"""Corpus sources, held-out splits, streaming packing and bad input (zgdata/tokens/corpus.py, packing.py, tokens.py).
+"""Corpus sources, held-out splits, streaming packing and bad input (zgdata/tokens/corpus.py, packing.py, tokenset.py).
 
 Tiny corpora written by the tests, tokenized with the tiny byte-level teacher of the shared
 session project (its models/ is linked, never written). The same documents stored as text

@@ -3,7 +3,7 @@
 Real BPE tokenizers with merges are trained here in a fraction of a second (no hub): a
 GPT-2 style byte-level one and a SentencePiece style one with a normalizer, both with
 special and added tokens. Each is saved and reloaded through AutoTokenizer, the way
-tokens.py gets the teacher's. The reference is transformers' own call, text by text.
+zgdata/tokens/tokenset.py gets the teacher's. The reference is transformers' own call, text by text.
 """
 
 from __future__ import annotations

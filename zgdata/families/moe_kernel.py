@@ -5,7 +5,7 @@ Why not transformers' own ``grouped_mm``: a matrix product's bits for one row ca
 holds. On these CPUs ``F.linear`` of 1 to 7 rows takes another kernel path than 8 or more and rounds differently
 (bench/moe_batch_invariance.py prints where), and an expert's group is often that small. Which tokens an expert gets
 depends on the rest of the batch, so a token's boundary would depend on its batch: materialize's batch and a
-block's online batch would disagree (``cached == online``, DESIGN.md's guarantee, failed for Qwen3-MoE that way).
+block's online batch would disagree (``cached == online``, docs/concepts/guarantees.md, failed for Qwen3-MoE that way).
 Padding every group to a multiple of ``CHUNK`` keeps every product in the many-row regime, where a row's result is
 its own; padded rows are zero and are never read back. Measured (``python bench/moe_batch_invariance.py``: a
 Mixtral-shaped block, hidden 1024, 8 experts of 2816, top 2, 256 tokens against slices of 16): 63% of the tokens

@@ -20,7 +20,7 @@ path, each source's records in stored order. A corpus of text files is therefore
 sorted document-id order; for record sources the stored order is
 the order, and tokens.json records it as ``lineage.order: stored``.
 
-Long documents (asked for by tokens.py through ``stream_bytes``): a text file, or a JSONL
+Long documents (asked for by tokenset.py through ``stream_bytes``): a text file, or a JSONL
 line, longer than that is read twice in chunks, never whole. The first pass (in ``read``)
 checks it as the whole read would (UTF-8; for JSONL the line's object, parsed by ``json``'s
 own scanner value by value, a string of any length in bounded segments) and finds its id,

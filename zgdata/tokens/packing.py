@@ -13,7 +13,7 @@
   real tokens are dropped (and counted).
 
 Rows go to an Arrow IPC stream file (``RowSpill``) in chunks, so memory holds at most
-one chunk whatever the corpus size; tokens.py then picks the kept rows from it.
+one chunk whatever the corpus size; tokenset.py then picks the kept rows from it.
 
 A long document may arrive in parts (``add(..., first=, last=)``: its ids in order, EOS after
 the last part): the rows are exactly those of the whole document added at once.

@@ -51,7 +51,7 @@ PROFILES = {
         # h00 is not stored: recomputed from the tokens and the embedding, the same bits and state_sha256 (docs/concepts/stages.md)
         "materialize": {"codec": "zstd_fast", "virtual_first": True},
         # both cores of the 2-core demo machine, as torch used before train.threads existed: the
-        # demo's blocks keep their speed (25-minute budget) and the bits recorded in docs/RESULTS.md
+        # demo's blocks keep their speed (25-minute budget) and the bits recorded in docs/results/default-conversion.md
         "train": {"threads": 2},
         # 4,062 tokens (8 rows) and 128 context windows: about 75 s more evaluate on the demo machine (estimated)
         "eval": {"sets": [DOCS_SET]},

@@ -142,7 +142,7 @@ def parse_sets(raw: list) -> list[EvalSetSpec]:
 
 def reads_corpus(raw_sets) -> bool:
     """Does a set of ``eval.sets`` read the project's corpus (source corpus:heldout)? Then the corpus files are
-    deps of every stage that scores the sets (zgtrain/project/pipeline.py)."""
+    deps of every stage that scores the sets (zgtrain/pipeline/stages.py)."""
     return any(isinstance(s, dict) and s.get("source") == CORPUS_HELDOUT for s in raw_sets or [])
 
 

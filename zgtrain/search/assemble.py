@@ -5,9 +5,10 @@ teacher's own block from its slice. The model is built and saved exactly as `zg 
 (zgtrain/student/assemble.py), so mixed MLP widths and windows ship zg's modeling code and `from_pretrained` loads it.
 
 The constraint-aware loop: the best mix of search/choice.json is evaluated on every eval set
-(zgtrain/search/judge.py); if it fails a gate, the next-best mixes within the budget (choice.json's ``ranked``)
-are built and judged in turn, up to ``search.max_tries``. The first that passes is the student. If none does,
-the closest miss is written instead, and the report names the budget and gates that cannot be met together.
+(zgtrain/search/judge.py); if it fails a gate, the next-best mixes within the budget (choice.json's ``pool``;
+``ranked`` in one written before it) are built and judged in turn, up to ``search.max_tries``. The first that passes
+is the student. If none does, the closest miss is written instead, and the report names the budget and gates that
+cannot be met together.
 """
 
 from __future__ import annotations

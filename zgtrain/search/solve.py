@@ -277,7 +277,8 @@ def _run(project: ProjectConfig, layout: Layout) -> SearchResult:
         raise unmet_limits(cfg)
     pick = members[0]
     chosen = {b: opts[b][j] for b, j in zip(blocks, pick)}
-    # the next-best feasible mixes, for the loop that tries another mix when the assembled one fails a gate
+    # the next-best feasible mixes, listed in choice.json (the loop that tries another mix when the assembled one
+    # fails a gate reads "pool", below; "ranked" only in a choice.json written before it)
     best = ranked(choices, budget, RANKED) if len(names) == 1 else diverse_pool(vec, list(bound.values()), RANKED)
     alternatives = [entry(opts, blocks, idx, _key(choices, idx)[0]) for idx in best]
     got = totals(opts, pick)

@@ -68,7 +68,7 @@ def search_student(layout: Layout) -> Path:
 
 
 def stage_name(block: str, variant: str) -> str:
-    """The DVC stage of (block, variant): zgtrain/project/pipeline.py's ``variant`` foreach keys."""
+    """The DVC stage of (block, variant): zgtrain/pipeline/stages.py's ``variant`` foreach keys."""
     return f"variant@{block}-{variant}"
 
 
