@@ -92,7 +92,8 @@ def device() -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ZgError(
             f"ZG_DEVICE={name} but this torch has no CUDA device",
-            fix="unset ZG_DEVICE, or install a CUDA build of torch (make setup TORCH_SPEC=...)",
+            fix="unset ZG_DEVICE, or replace this torch with a CUDA build (`make clean-venv`, then `make setup "
+            "TORCH_SPEC='torch==VERSION --index-url <your CUDA wheel index>'`)",
         )
     if dev.type == "cuda":
         # determinism over speed: the guarantees are bitwise

@@ -284,7 +284,9 @@ class BoundaryPair:
             raise ZgError(
                 f"{self.input.name} (layer {self.input.meta['lineage']['layer']}) does not precede "
                 f"{self.output.name} (layer {self.output.meta['lineage']['layer']})",
-                fix="set blocks.KEY.in to the earlier boundary and out to the later one",
+                fix="give the earlier boundary as the input and the later one as the target; in a pipeline (whose "
+                "blocks.KEY.in/out follow partition.boundaries) a dataset's recorded layer disagrees with its name: "
+                f"restore it with `dvc checkout {self.input.path} {self.output.path}`",
             )
 
     def rows(self, split: str) -> np.ndarray:

@@ -28,7 +28,7 @@ __all__ = ["FilesCheck", "record_files", "check_files", "cache_path", "RESTORE"]
 
 CACHE_VERSION = 1
 RESTORE = (
-    "restore it with `dvc checkout models/teacher` (or `dvc pull models/teacher`), "
+    "restore it with `dvc checkout teacher` (or `dvc pull teacher`: the teacher stage's outputs), "
     "or re-run `dvc repro -f teacher` if the teacher is meant to change"
 )
 

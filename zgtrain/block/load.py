@@ -11,6 +11,7 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgdata.trust import dvc_lock as trust
 from zgtrain.fit.checkpoint import check_weights, load_tensors, read_meta, reload_fix
+from zgtrain.fit.rerun import rerun_of
 
 __all__ = ["load_block"]
 
@@ -24,15 +25,15 @@ def load_block(layout: Layout, key: str, *, which: str = "final", lineage: bool 
     d = inside(layout.block_dir(key), layout.root, what=f"block {key}'s folder")  # never a folder elsewhere
     if lineage:  # an input: against git's dvc.lock, where it records the folder (meta.json's digest: below)
         trust.verify(d)
-    meta = read_meta(d)
+    meta, run = read_meta(d), rerun_of(d)  # a block's folder, or a variant's (VariantLayout)
     if meta is None:
         raise ZgError(
-            f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro train@{key}`"
+            f"block {key} has not been trained ({d / 'meta.json'} missing)", fix=f"run `dvc repro {run.stage}`"
         )
     if which == "final" and not meta.get("done"):
         raise ZgError(
-            f"block {key} stopped at step {meta['step']} of {meta['config']['steps']}",
-            fix=f"finish it with `zg train block {key}` or `dvc repro train@{key}`",
+            f"block {key} stopped at step {meta['step']} of {meta['config']['steps']} ({d})",
+            fix=f"finish it with `{run.command}` or `dvc repro {run.stage}`",
         )
     config = config_from_dict(meta["teacher_config"])
     # no "windows": full attention; "layer_types" only where the family has several (zgdata/families/registry.py);
@@ -50,8 +51,8 @@ def load_block(layout: Layout, key: str, *, which: str = "final", lineage: bool 
     )
     if which == "final":
         check_weights(d, meta)
-    weights = load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), key)
+    weights = load_tensors(d / ("model.safetensors" if which == "final" else "init.safetensors"), d)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
-        raise ZgError(f"the weights in {d} do not fit block {key}'s shape", fix=reload_fix(key))
+        raise ZgError(f"the weights in {d} do not fit block {key}'s shape", fix=reload_fix(d))
     return block.eval(), meta

@@ -43,6 +43,7 @@ from zgtrain.block.objectives import Objective, nmse
 from zgtrain.block.targets import open_targets
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import matches, resumable
+from zgtrain.fit.rerun import rerun_of
 from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.project.config import ProjectConfig, TrainConfig
 
@@ -65,6 +66,13 @@ def _heldout(block, targets, cfg: TrainConfig) -> float:
     return err / max(spread, 1e-30)
 
 
+def _lr_key(d: Path) -> str:
+    """The params key of a block's own lr: blocks.KEY.lr, or a variant's variants.NAME.lr."""
+    r = rerun_of(d)
+    name = r.folder.rsplit("/", 1)[-1]  # the block's key, or the variant's name
+    return f"variants.{name}.lr" if r.stage.startswith("variant@") else f"blocks.{name}.lr"
+
+
 def _diverged(key: str, d: Path):
     def fail(step: int, what: str) -> ZgError:
         return loop.diverged(
@@ -73,7 +81,7 @@ def _diverged(key: str, d: Path):
             what,
             key=f"blocks.{key}",
             good=checkpoint.read_meta(d)["step"],
-            fix="lower train.lr (or blocks.KEY.lr) and rerun with --restart",
+            fix=f"lower train.lr (or {_lr_key(d)}) and rerun with `{rerun_of(d).restart}`",
         )
 
     return fail

@@ -118,7 +118,7 @@ def _check_standard(tm, standard: list[str]) -> None:
             raise ZgError(
                 f"lm-eval has no task {name!r}",
                 key="lm_eval.tasks",
-                fix=f"use {NEXTLINE} or a task name `lm_eval --tasks list` shows (e.g. hellaswag, arc_easy, "
+                fix=f"use {NEXTLINE} or a task name `lm-eval ls tasks` lists (e.g. hellaswag, arc_easy, "
                 "piqa, lambada_openai)",
             )
         if getattr(getattr(entry, "kind", None), "name", None) == "TAG":  # no score of its own: its tasks' only

@@ -94,7 +94,9 @@ def _check_nodes(needs: dict[str, dict]) -> dict:
             raise ZgError(
                 f"block {k} needs {what} but no node of the Ray cluster has that many",
                 key=f"blocks.{k}.threads" if not n["gpus"] else "ZG_DEVICE",
-                fix="lower train.threads (or blocks.KEY.threads), or add bigger nodes",
+                fix="unset ZG_DEVICE to train on the CPU, or join a cluster with a GPU node"
+                if n["gpus"] and not total.get("GPU")
+                else "lower train.threads (or blocks.KEY.threads), or add bigger nodes",
             )
     return {"address": ray.get_runtime_context().gcs_address, "nodes": len(nodes)}
 

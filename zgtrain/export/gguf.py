@@ -21,7 +21,7 @@ import numpy as np
 
 from zgdata.errors import ZgError
 from zgtrain.export.gguf_arch import (
-    HF_FIX,
+    WIDTHS_FIX,
     ArchSpec,
     check_options,
     check_rope,
@@ -32,6 +32,7 @@ from zgtrain.export.gguf_arch import (
 )
 from zgtrain.export.gguf_moe import MoePlan, expert_tensors, is_router, moe_plan, write_moe_hparams
 from zgtrain.export.gguf_vocab import VocabInfo, read_vocab, write_vocab
+from zgtrain.fit.rerun import model_of
 
 __all__ = ["DTYPES", "check_gguf", "export_gguf"]
 
@@ -71,8 +72,8 @@ def _refuse_attention(summary: dict, spec: ArchSpec, n_layer: int) -> None:
             raise ZgError(
                 f"layer {i} has a zg sliding window of {win} tokens (conversion window_attention), which llama.cpp's "
                 f"'{spec.arch}' architecture cannot express",
-                fix="use `zg export --format hf` (zg's modeling file runs it), or rebuild that block without "
-                "window_attention",
+                fix="keep the student folder (zg's modeling file runs it; `zg export --format hf` takes windows for "
+                "mistral, phi3, qwen2 and gemma students), or rebuild that block without window_attention",
             )
     linear = next((i for i, a in enumerate(summary.get("layer_attention") or []) if a == "linear"), None)
     if linear is not None:
@@ -110,7 +111,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
     for i, width in enumerate(sizes):
         if width <= 0:
             raise ZgError(
-                f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=HF_FIX
+                f"layer {i} has no MLP (width {width}); zg does not write MLP-free layers to GGUF", fix=WIDTHS_FIX
             )
     arch = spec.arch
     moe = moe_plan(summary, cfg, family, arch, sizes)  # per-layer expert counts refused before per-layer widths
@@ -122,7 +123,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
             raise ZgError(
                 f"layer {first} has MLP width {sizes[first]} but layer 0 has {sizes[0]}: llama.cpp's '{spec.arch}' "
                 f"architecture ({family}) reads one width for all layers",
-                fix=HF_FIX,
+                fix=WIDTHS_FIX,
             )
         arch = spec.per_layer_arch
     check_rope(cfg, family)
@@ -139,7 +140,7 @@ def _plan(student: Path, dtype: str) -> _Plan:
     if spec.window == "pattern" and layer_types is not None and len(layer_types) != len(sizes):
         raise ZgError(
             f"config.json lists {len(layer_types)} layer types for {len(sizes)} layers",
-            fix="rebuild the student with `dvc repro assemble`",
+            fix=f"rebuild the student with `dvc repro -f {model_of(student).stage}`",
         )
     vocab = read_vocab(student, int(cfg["vocab_size"]))
     return _Plan(family, spec, arch, cfg, sizes, layer_types, vocab, kv or None, moe)

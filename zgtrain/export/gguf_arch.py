@@ -38,7 +38,7 @@ from zgdata.errors import ZgError
 
 __all__ = ["ArchSpec", "ARCHS", "spec_of", "check_options", "write_hparams", "edit_tensor", "permute_qk"]
 
-HF_FIX = "use `zg export --format hf` (transformers loads it), or rebuild the student with uniform MLP widths"
+WIDTHS_FIX = "keep the student folder (zg's modeling file runs it), or rebuild the student with uniform MLP widths"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from hashlib import sha256
 from pathlib import Path
 
 from zgdata.errors import ZgError
+from zgtrain.fit.rerun import model_of
 
 __all__ = ["CHECK_TEXT", "KNOWN_PRE", "VocabInfo", "read_vocab", "write_vocab"]
 
@@ -77,7 +78,8 @@ def read_vocab(student: Path, n_vocab: int) -> VocabInfo:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(
             f"{path} is missing or unreadable ({e})".split("\n")[0],
-            fix="rebuild the student with `dvc repro assemble` (it saves the teacher's tokenizer.json)",
+            fix=f"rebuild the student with `dvc repro -f {model_of(student).stage}` (it saves the teacher's "
+            "tokenizer.json)",
         ) from e
     if not _is_byte_level_bpe(spec):
         kind = (spec.get("model") or {}).get("type")
@@ -100,7 +102,7 @@ def read_vocab(student: Path, n_vocab: int) -> VocabInfo:
     if len(tok) > n_vocab:
         raise ZgError(
             f"the student's tokenizer has {len(tok)} tokens but its embedding only {n_vocab} rows",
-            fix="rebuild the student with `dvc repro assemble`",
+            fix=f"rebuild the student with `dvc repro -f {model_of(student).stage}`",
         )
     return VocabInfo(tok, pre, merges, n_vocab)
 

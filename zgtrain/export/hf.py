@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 
 from zgdata.errors import ZgError
+from zgtrain.fit.rerun import model_of
 
 __all__ = ["DTYPES", "TORCH_DTYPES", "read_student", "stock_config", "check_hf", "export_hf"]
 
@@ -55,7 +56,8 @@ def _json(path: Path) -> dict:
         raise
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(
-            f"{path} is unreadable ({e})".split("\n")[0], fix="rebuild the student with `dvc repro -f assemble`"
+            f"{path} is unreadable ({e})".split("\n")[0],
+            fix=f"rebuild the student with `dvc repro -f {model_of(path.parent).stage}`",
         ) from e
 
 

@@ -25,6 +25,7 @@ from zgdata.core.hashing import file_sha256, tensors_sha256
 from zgdata.core.paths_guard import inside
 from zgdata.core.runtime import rng_state, set_rng_state
 from zgdata.errors import ZgError
+from zgtrain.fit.rerun import rerun_of
 
 __all__ = [
     "FORMAT_VERSION",
@@ -44,12 +45,10 @@ __all__ = [
 FORMAT_VERSION = 2  # 1: optimizer.pt / rng.pt pickles (no longer loaded)
 
 
-def reload_fix(key: str) -> str:
-    """The fix of every refusal of a block's files: restore them from DVC, or retrain the block."""
-    return (
-        f"restore it with `dvc checkout models/blocks/{key}` (or `dvc pull`), or retrain with "
-        f"`zg train block {key} --restart`"
-    )
+def reload_fix(d: Path) -> str:
+    """The fix of every refusal of a run folder's files: restore them from DVC, or retrain the run (its own
+    command and stage: a block's, a variant's, a local block's, a repair's; zgtrain/fit/rerun.py)."""
+    return rerun_of(d).restore()
 
 
 def read_meta(d: Path) -> dict | None:
@@ -60,7 +59,7 @@ def read_meta(d: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{path} is not valid JSON ({e})", fix=reload_fix(Path(d).name)) from e
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=reload_fix(d)) from e
 
 
 def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -70,24 +69,25 @@ def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
 
 
-def load_tensors(path: Path, key: str) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path, run: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file of the run folder ``run`` (named in the advice of a refusal)."""
     from safetensors.torch import load_file
 
     if not path.exists():
-        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=reload_fix(key))
+        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=reload_fix(run))
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for a damaged header or body
-        raise ZgError(f"{path} is not a readable safetensors file ({str(e)[:120]})", fix=reload_fix(key)) from e
+        raise ZgError(f"{path} is not a readable safetensors file ({str(e)[:120]})", fix=reload_fix(run)) from e
 
 
-def _load_json(path: Path, key: str):
+def _load_json(path: Path, run: Path):
     if not path.exists():
-        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=reload_fix(key))
+        raise ZgError(f"{path} is missing (the checkpoint's meta.json points at it)", fix=reload_fix(run))
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{path} is not valid JSON ({e})", fix=reload_fix(key)) from e
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=reload_fix(run)) from e
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -149,29 +149,29 @@ def checkpoint_dir(d: Path, meta: dict, *, fix: str) -> Path:
 
 def restore(d: Path, meta: dict, block, opt, gen: torch.Generator) -> list:
     """Load the checkpoint ``meta`` names into block, optimizer and generator; return the loss curve so far."""
-    key = Path(d).name
+    afresh = f"rerun with `{rerun_of(d).restart}` to start it afresh"
     if meta.get("checkpoint_format") != FORMAT_VERSION:
         raise ZgError(
             f"{d} holds a checkpoint in an older format ({meta.get('checkpoint_format', 1)}, pickled "
             f"optimizer/RNG state) that zg no longer loads",
-            fix=f"rerun with `zg train block {key} --restart` to start it afresh",
+            fix=afresh,
         )
-    c = checkpoint_dir(d, meta, fix=f"rerun with `zg train block {key} --restart` to start it afresh")
+    c = checkpoint_dir(d, meta, fix=afresh)
     check_checkpoint(c, meta)
-    weights = load_tensors(c / "model.safetensors", key)
+    weights = load_tensors(c / "model.safetensors", d)
     missing, unexpected = block.load_state_dict(weights, strict=False)
     if unexpected or any(not m.startswith("rotary_emb.") for m in missing):
-        raise ZgError(f"{c / 'model.safetensors'} does not fit block {key}", fix=reload_fix(key))
-    _set_optimizer_state(opt, load_tensors(c / "optimizer.safetensors", key), _load_json(c / "optimizer.json", key))
-    set_rng_state(gen, load_tensors(c / "rng.safetensors", key), _load_json(c / "rng.json", key))
-    return _load_json(c / "curve.json", key)
+        raise ZgError(f"{c / 'model.safetensors'} does not fit the model of {d}", fix=reload_fix(d))
+    _set_optimizer_state(opt, load_tensors(c / "optimizer.safetensors", d), _load_json(c / "optimizer.json", d))
+    set_rng_state(gen, load_tensors(c / "rng.safetensors", d), _load_json(c / "rng.json", d))
+    return _load_json(c / "curve.json", d)
 
 
 def check_checkpoint(c: Path, meta: dict) -> None:
     """Refuse checkpoint folder C unless every file a resume reads is the one its save wrote (meta.json's
     ``checkpoint_sha256``): a damaged checkpoint is named as such, never resumed into a run that then diverges."""
-    want, key = meta.get("checkpoint_sha256"), Path(c).parent.name
-    fix = f"rerun with `zg train block {key} --restart` (or restore the folder: `dvc checkout models/blocks/{key}`)"
+    want, run = meta.get("checkpoint_sha256"), rerun_of(c)
+    fix = f"rerun with `{run.restart}` (or restore the folder: `dvc checkout {run.folder}`)"
     if not isinstance(want, dict) or not want:
         raise ZgError(f"{c} has no recorded digests (a checkpoint of an older zg)", fix=fix)
     for name, sha in sorted(want.items()):  # what a resume reads; any other file there is never read
@@ -212,12 +212,11 @@ def check_weights(d: Path, meta: dict) -> None:
     if want is None:  # fail closed: a finished block of an older zg recorded no digest
         raise ZgError(
             f"{Path(d) / 'meta.json'} records no weights_sha256 for {path.name} (a block finished by an older zg)",
-            fix=f"re-record it by training it again: `zg train block {Path(d).name} --restart` "
-            f"(or `dvc repro -f train@{Path(d).name}`)",
+            fix=f"re-record it by training it again: `{rerun_of(d).restart}` (or `dvc repro -f {rerun_of(d).stage}`)",
         )
     got = file_sha256(path) if path.exists() else None
     if got != want:
         raise ZgError(
             f"{path} is not the file its training wrote (sha256 {str(got)[:12]}, meta.json records {want[:12]})",
-            fix=reload_fix(Path(d).name),
+            fix=reload_fix(d),
         )

@@ -12,16 +12,11 @@ from zgdata.core.atomic import write_text
 from zgdata.errors import ZgError
 from zgtrain.pipeline.profiles import profile_params
 from zgtrain.pipeline.stages import dump_params, write_pipeline
-from zgtrain.project.config import ProjectConfig, TrainConfig
+from zgtrain.project.config import BLOCKS_FIX, ProjectConfig, TrainConfig
 from zgtrain.project.local import LocalConfig
 from zgtrain.project.sections import RepairConfig, SearchConfig
 
 __all__ = ["has_code", "init_project", "regenerate", "regenerated", "write_dvcignore"]
-
-
-BLOCKS_FIX = (
-    "give each block's own train keys as a mapping (blocks.b00: {lr: 0.001}), or delete blocks: to regenerate it"
-)
 
 
 def regenerate(params_path: Path) -> tuple[Path, ProjectConfig]:

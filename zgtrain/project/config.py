@@ -44,6 +44,12 @@ from zgtrain.project.sections import (
 )
 from zgtrain.project.workload import WorkloadConfig
 
+# params' blocks: section, or one block's entry, that is not a mapping (`zg pipeline` refuses it too)
+BLOCKS_FIX = (
+    "give each block's own train keys as a mapping (blocks.b00: {lr: 0.001}), or delete blocks: and run "
+    "`zg pipeline` to regenerate it"
+)
+
 __all__ = [
     "TrainConfig",
     "BlockRun",
@@ -341,14 +347,14 @@ class ProjectConfig:
             )
         blocks_raw = params.get("blocks") or {}
         if not isinstance(blocks_raw, Mapping):
-            raise ZgError("params section 'blocks' must be a mapping", key="blocks", fix="run `zg pipeline`")
+            raise ZgError("params section 'blocks' must be a mapping", key="blocks", fix=BLOCKS_FIX)
         blocks = {}
         for key, body in blocks_raw.items():
             if not isinstance(body, Mapping):
                 raise ZgError(
                     f"blocks.{key} must be a mapping with in/out",
                     key=f"blocks.{key}",
-                    fix="run `zg pipeline` to regenerate blocks:",
+                    fix=BLOCKS_FIX,
                 )
             spec = sections["partition"].block(str(key), body)
             blocks[spec.key] = BlockRun(

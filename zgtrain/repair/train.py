@@ -38,6 +38,7 @@ from zgdata.teacher.prepare import load_slice
 from zgdata.tokens.store import open_tokens
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import resumable
+from zgtrain.fit.rerun import rerun_of
 from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.project.config import ProjectConfig
 from zgtrain.project.sections import RepairConfig
@@ -48,7 +49,11 @@ from zgtrain.student.load import CHECKSUMS, load_student, record_checksums, stud
 __all__ = ["repair", "setup", "fit", "RepairRun", "RepairData", "RepairResult", "REPAIR_VERSION"]
 
 REPAIR_VERSION = 1
-_RESTART = "rerun with `zg train repair --restart` to start the repair afresh"
+
+
+def _afresh(d: Path) -> str:
+    """Start the repair in run folder ``d`` over: `zg train repair --restart`, or the search repair's own command."""
+    return f"rerun with `{rerun_of(d).restart}` to start the repair afresh"
 
 
 class RepairData:
@@ -222,7 +227,7 @@ def setup(
         "teacher_sha256": hmeta["teacher_sha256"],
     }
     d = paths.run_dir
-    prior = resumable(None if restart else checkpoint.read_meta(d), identity, where=str(d), fix=_RESTART)
+    prior = resumable(None if restart else checkpoint.read_meta(d), identity, where=str(d), fix=_afresh(d))
     gen = seed_all(seed)
     dev = device()
     head = TeacherHead(head_tensors, lm).to(dev)
@@ -266,7 +271,7 @@ def _start_or_resume(run: RepairRun, prior: dict | None) -> None:
         try:
             run.curve = checkpoint.restore(d, prior, run.model, run.opt, run.gen)
         except ZgError as e:
-            raise ZgError(e.what, fix=_RESTART) from e
+            raise ZgError(e.what, fix=_afresh(d)) from e
         run.step = prior["step"]
 
 
@@ -283,7 +288,7 @@ def _steps(run: RepairRun) -> loop.Steps:
             what,
             key="repair.lr",
             good=checkpoint.read_meta(d)["step"],
-            fix="lower repair.lr and rerun with `zg train repair --restart`",
+            fix=f"lower repair.lr and rerun with `{rerun_of(d).restart}`",
         )
 
     def work(step: int, rows) -> int:
@@ -326,18 +331,21 @@ def _publish(run: RepairRun, summary: dict) -> None:
                 or p.name.endswith(".safetensors.index.json")
             ):
                 shutil.copyfile(p, tmp / p.name)
-        zg = _read_json(tmp / "zerograph.json")
+        zg = _read_json(tmp / "zerograph.json", src)
         zg["repair"] = summary
         write_json(tmp / "zerograph.json", zg)
         write_repaired_card(tmp, summary)  # the student's card, copied above, becomes the repaired model's
         record_checksums(tmp)  # the repaired weights' digests, checked by load_student
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, student: Path) -> dict:
+    """A JSON file copied from ``student`` (the folder the repair started from, named in the advice)."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ZgError(f"{path} is unreadable ({e})", fix="rebuild the student with `dvc repro -f assemble`") from e
+        raise ZgError(
+            f"{path} is unreadable ({e})", fix=f"rebuild the student with `dvc repro -f {rerun_of(student).stage}`"
+        ) from e
 
 
 def repair(

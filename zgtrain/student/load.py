@@ -28,6 +28,7 @@ from zgdata.families.registry import family
 from zgdata.families.registry import known as known_family
 from zgdata.trust import dvc_lock as trust
 from zgdata.trust.safetensors_check import check_header
+from zgtrain.fit.rerun import model_of
 from zgtrain.student.released import released_name
 
 __all__ = [
@@ -49,7 +50,11 @@ __all__ = [
 CHECKSUMS = "checksums.json"
 
 _TEMPLATES = Path(__file__).parent / "templates"
-_FIX = "rebuild the student with `dvc repro -f assemble` (zg never runs modeling code it did not write)"
+
+
+def _fix(folder: Path) -> str:
+    """Rebuild the model in ``folder`` with its own stage (assemble, repair, search_assemble ...)."""
+    return f"rebuild it with `dvc repro -f {model_of(folder).stage}` (zg never runs modeling code it did not write)"
 
 
 def modeling_file(model_type: str) -> str:
@@ -106,24 +111,25 @@ def _remote_code_allowed(folder: Path) -> bool:
         summary = json.loads((folder / "zerograph.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(
-            f"{folder} is not a student zg assembled (config.json / zerograph.json unreadable: {e})", fix=_FIX
+            f"{folder} is not a student zg assembled (config.json / zerograph.json unreadable: {e})", fix=_fix(folder)
         ) from e
     model_type = summary.get("family", "llama")
     if not isinstance(model_type, str) or not known_family(model_type):
         raise ZgError(
-            f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})", fix=_FIX
+            f"{folder / 'zerograph.json'} names a model family zg does not know ({str(model_type)[:40]})",
+            fix=_fix(folder),
         )
     found = cfg.get("auto_map")
     named = next((n for n in accepted_files(model_type) if found == auto_map(model_type, n)), None)
     allowed = {named} if named else set(accepted_files(model_type))  # zg's auto_map: only the file it names
     extra_code = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.name not in allowed)
     if extra_code:
-        raise ZgError(f"{folder} holds Python files zg did not write ({', '.join(extra_code)})", fix=_FIX)
+        raise ZgError(f"{folder} holds Python files zg did not write ({', '.join(extra_code)})", fix=_fix(folder))
     if not found:
         return False
     if named is None:
         raise ZgError(
-            f"{folder / 'config.json'} has an auto_map zg did not write ({json.dumps(found)[:120]})", fix=_FIX
+            f"{folder / 'config.json'} has an auto_map zg did not write ({json.dumps(found)[:120]})", fix=_fix(folder)
         )
     code = folder / named
     pinned, ours = summary.get("modeling_sha256"), template_sha256(model_type)
@@ -133,7 +139,7 @@ def _remote_code_allowed(folder: Path) -> bool:
         raise ZgError(
             f"{code} is not the modeling file zg wrote (sha256 {str(got)[:12]}, pinned {str(pinned)[:12]}; "
             f"this zg's is {ours[:12]}, and no released one has that name and sha256)",
-            fix=_FIX,
+            fix=_fix(folder),
         )
     return True
 
@@ -155,19 +161,19 @@ def check_checksums(folder: Path) -> None:
     if not path.exists():
         raise ZgError(
             f"{path} is missing: nothing records which weights files {Path(folder)} should hold",
-            fix="re-record it by assembling it again: `dvc repro -f assemble` (or `zg train assemble`)",
+            fix=f"re-record it by building it again: `dvc repro -f {model_of(folder).stage}`",
         )
     try:
         want = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZgError(f"{path} is not valid JSON ({e})", fix=_FIX) from e
+        raise ZgError(f"{path} is not valid JSON ({e})", fix=_fix(folder)) from e
     got = {p.name: file_sha256(p) for p in _weight_files(folder)}
     bad = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
     if bad:
         raise ZgError(
             f"{Path(folder) / bad[0]} is not the weights file zg wrote (sha256 "
             f"{str(got.get(bad[0]))[:12]}, {CHECKSUMS} records {str(want.get(bad[0]))[:12]})",
-            fix="restore it with `dvc checkout` (or `dvc pull`), or " + _FIX.split(" (")[0],
+            fix=model_of(folder).restore(),
         )
 
 
@@ -186,10 +192,10 @@ def _check_weight_files(folder: Path) -> None:
                 if pickled
                 else "no .safetensors weights"
             ),
-            fix="remove them, or convert them to safetensors; or rebuild the student with `dvc repro assemble`",
+            fix=f"remove them, or convert them to safetensors; or rebuild it with `dvc repro -f {model_of(folder).stage}`",
         )
     for p in files:
-        check_header(p, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro assemble`")
+        check_header(p, fix=model_of(folder).restore())
 
 
 def load_student(folder: Path, *, dtype=None, lineage: bool = True):
@@ -200,7 +206,7 @@ def load_student(folder: Path, *, dtype=None, lineage: bool = True):
 
     folder = Path(folder)
     if not (folder / "config.json").exists():
-        raise ZgError(f"{folder} not found", fix="run `dvc repro assemble`")
+        raise ZgError(f"{folder} not found", fix=f"run `dvc repro {model_of(folder).stage}`")
     if lineage:  # an input: against git's dvc.lock, where it records the folder; the digests beside it come next
         trust.verify(folder)
     remote = _remote_code_allowed(folder)
