@@ -63,7 +63,7 @@ def rerun_of(folder) -> Rerun:
     if head[:2] == ("local", "blocks") and len(head) == 3:
         return Rerun(f"zg train local-block {head[2]}", f"local_{head[2]}", f"models/local/blocks/{head[2]}")
     if head[:2] == ("local", "hf"):
-        return Rerun("dvc repro local_export", "local_export", "models/local/hf", restartable=False)
+        return Rerun("zg train local-export", "local_export", "models/local/hf", restartable=False)
     if head[:1] == ("local",):
         return Rerun("zg train local", "local", "models/local")
     if head[:2] == ("search", "repair"):

@@ -35,6 +35,7 @@ RUNS = [
     ("models/student", "zg train assemble", "assemble", "models/student"),
     ("models/repaired", "zg train repair --restart", "repair", "models/repaired"),
     ("models/search/student", "zg search assemble", "search_assemble", "models/search/student"),
+    ("models/local/hf", "zg train local-export", "local_export", "models/local/hf"),
     ("elsewhere/b07", "zg train block b07 --restart", "train@b07", "models/blocks/b07"),  # outside models/: a block's
 ]
 
