@@ -27,8 +27,10 @@ from zgdata.layout import Layout
 __all__ = ["FilesCheck", "record_files", "check_files", "cache_path", "RESTORE"]
 
 CACHE_VERSION = 1
+# the teacher stage's name restores all its outputs (models/teacher is none); --force: a changed file is what these
+# refusals find, and `dvc checkout` leaves one in place without it (checked with DVC 3.67)
 RESTORE = (
-    "restore it with `dvc checkout teacher` (or `dvc pull teacher`: the teacher stage's outputs), "
+    "restore it with `dvc checkout --force teacher` (or `dvc pull teacher`: the teacher stage's outputs), "
     "or re-run `dvc repro -f teacher` if the teacher is meant to change"
 )
 

@@ -84,7 +84,7 @@ def test_swapped_weights_are_refused_by_every_stage(tiny_project, tmp_path):
             zg_main(*cmd, cwd=root, check=False),
             WEIGHTS,
             "does not match teacher.json",
-            "dvc checkout models/teacher",
+            "dvc checkout --force teacher",
             "dvc repro -f teacher",
             alone=False,
         )
