@@ -109,7 +109,7 @@ def test_flipped_row_fails_verify_reader_and_training(tiny_project):
         res,
         f"data/boundaries/h02.lance row {ROW} (seq_id {ROW})",
         "checksum",
-        "dvc checkout data/boundaries/h02.lance",
+        "dvc checkout --force data/boundaries/h02.lance",
         "dvc repro -f materialize",
     )
     assert [p for p in layout.block_dir("b00").rglob("*") if p.is_file()] == []
@@ -133,7 +133,7 @@ def test_truncated_data_file_is_one_line_error(tiny_project, name, command):
         res,
         rel,
         "truncated",
-        f"dvc checkout {rel}",
+        f"dvc checkout --force {rel}",
         "dvc repro -f " + ("tokens" if name == "tokens" else "materialize"),
     )
     assert "h00" not in line and "h04" not in line

@@ -99,8 +99,15 @@ def test_verify_caches_hashes_by_stat_and_notices_an_in_place_edit(reproduced, t
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # with its mtime put back: only the ctime tells
     assert target.stat().st_mtime_ns == st.st_mtime_ns and target.stat().st_ino == st.st_ino
     trust._MEMO.clear()
-    with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock"):
+    with pytest.raises(ZgError, match="models/teacher/teacher.json does not match dvc.lock") as e:
         trust.verify(target)
+    # the advice, run as it is written, restores git's record (DVC keeps a changed file without --force)
+    advice = re.search(r"`(dvc checkout [^`]+)`", e.value.fix).group(1)
+    assert advice == "dvc checkout --force models/teacher/teacher.json"
+    run(advice.split(), cwd=root)
+    assert target.read_text() == text
+    trust._MEMO.clear()
+    trust.verify(target)  # passes
 
 
 def test_paths_dvc_lock_does_not_record_are_not_checked(tiny_project):
@@ -132,7 +139,7 @@ def test_zg_data_verify_full_checks_every_recorded_output_and_names_an_edited_fi
         failure["what"] == f"data/tokens.lance/data/{shard.name} does not match dvc.lock (its md5 differs from "
         "the one git records)"
     )
-    assert "dvc checkout data/tokens.lance" in failure["fix"]
+    assert "dvc checkout --force data/tokens.lance" in failure["fix"]
     plain = zg_main(
         "data", "verify", "--lineage-only", cwd=root, check=False
     )  # without --full: the tokens are not read
@@ -177,7 +184,7 @@ def test_a_corpus_added_with_dvc_is_checked_against_gits_dvc_file_before_tokeniz
 
     wrong = "corpus/hamlet.md does not match corpus.dvc (git HEAD)"
     res = zg_main("data", "tokenize", cwd=root, check=False)
-    assert_user_error(res, wrong, "git checkout corpus.dvc && dvc checkout corpus")
+    assert_user_error(res, wrong, "git checkout corpus.dvc && dvc checkout --force corpus")
     assert tree_sha256(root / "data") == tokens  # the token set written from the recorded text is untouched
     with pytest.raises(ZgError, match=re.escape(wrong)):
         trust.verify_all(root)  # `zg data verify --full` checks what .dvc files record too

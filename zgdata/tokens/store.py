@@ -116,7 +116,7 @@ def open_tokens(layout: Layout = Layout()):
         str(layout.tokens),
         schema_meta(ds.schema),
         keys=("fingerprint",),
-        fix="restore both from one commit (`dvc checkout data/tokens.lance data/tokens.json`) "
+        fix="restore both from one commit (`dvc checkout --force data/tokens.lance data/tokens.json`) "
         "or re-run `dvc repro tokens`",
     )
     return ds

@@ -94,7 +94,10 @@ def outputs(dvcfile: Path, root: Path) -> list[Record]:
         if o.get("path") and o.get("md5") and o.get("hash") == "md5":
             out = Path(os.path.normpath(dvcfile.parent / o["path"]))
             rel = os.path.relpath(out, root)
-            fix = f"restore what git records: `git checkout {name} && dvc checkout {rel}` (or `dvc pull {rel}`" + (
+            restore = (
+                f"restore what git records: `git checkout {name} && dvc checkout --force {rel}` (or `dvc pull {rel}`"
+            )
+            fix = restore + (
                 # `dvc add` over an import would record these bytes as the source repository's at its commit
                 ", which fetches it from its source again); never `dvc add` an imported output"
                 if imported

@@ -180,8 +180,8 @@ def _md5(path: Path, state: dict, counts: dict, pre: dict | None = None) -> str:
 
 def _fix(rel: str) -> str:
     return (
-        f"restore it from git's record with `dvc checkout {rel}` (or `dvc pull {rel}` from a remote you trust); "
-        f"if you rebuilt it yourself on purpose, record it with `dvc commit`"
+        f"restore it from git's record with `dvc checkout --force {rel}` (or `dvc pull {rel}` from a remote you "
+        f"trust); if you rebuilt it yourself on purpose, record it with `dvc commit`"
     )
 
 

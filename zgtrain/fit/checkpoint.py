@@ -171,7 +171,7 @@ def check_checkpoint(c: Path, meta: dict) -> None:
     """Refuse checkpoint folder C unless every file a resume reads is the one its save wrote (meta.json's
     ``checkpoint_sha256``): a damaged checkpoint is named as such, never resumed into a run that then diverges."""
     want, run = meta.get("checkpoint_sha256"), rerun_of(c)
-    fix = f"rerun with `{run.restart}` (or restore the folder: `dvc checkout {run.folder}`)"
+    fix = f"rerun with `{run.restart}` (or restore the folder: `dvc checkout --force {run.folder}`)"
     if not isinstance(want, dict) or not want:
         raise ZgError(f"{c} has no recorded digests (a checkpoint of an older zg)", fix=fix)
     for name, sha in sorted(want.items()):  # what a resume reads; any other file there is never read

@@ -34,7 +34,9 @@ class Rerun:
 
     def restore(self) -> str:
         """Restore the folder from DVC, or rebuild it from scratch."""
-        return f"restore it with `dvc checkout {self.folder}` (or `dvc pull {self.folder}`), or {self.rebuild()}"
+        return (
+            f"restore it with `dvc checkout --force {self.folder}` (or `dvc pull {self.folder}`), or {self.rebuild()}"
+        )
 
     def rebuild(self) -> str:
         return f"rebuild it with `{self.restart}` (or `dvc repro -f {self.stage}`)"

@@ -260,7 +260,7 @@ def test_dvc_import_into_another_project_trains_block(team_a, tmp_path):
         line = assert_user_error(
             zg_main(*args, cwd=c, check=False),
             "does not match data/boundaries/h02.lance.dvc (git HEAD)",
-            "dvc checkout data/boundaries/h02.lance",
+            "dvc checkout --force data/boundaries/h02.lance",
         )
         assert "never `dvc add`" in line and "dvc add data" not in line
     assert state_of(c) == team_a["b01_state"]  # the refused run changed nothing
@@ -320,7 +320,7 @@ def test_partially_pulled_dataset_says_rerun_dvc_pull_or_checkout(team_b):
     victim.unlink()
     res = zg_main("train", "block", "b01", cwd=team_b, check=False)
     assert res.returncode != 0
-    assert f"dvc checkout {rel}" in res.stderr and "dvc pull" in res.stderr, res.stderr
+    assert f"dvc checkout --force {rel}" in res.stderr and "dvc pull" in res.stderr, res.stderr
     assert "missing" in res.stderr and "Traceback" not in res.stderr
     dvc("checkout", rel, cwd=team_b)
     assert victim.exists()
@@ -330,7 +330,7 @@ def test_partially_pulled_dataset_says_rerun_dvc_pull_or_checkout(team_b):
     shutil.rmtree(team_b / ".dvc" / "cache")
     res = zg_main("data", "verify", "--lineage-only", cwd=team_b, check=False)
     assert res.returncode != 0
-    assert f"dvc checkout {rel}" in res.stderr and "dvc pull" in res.stderr, res.stderr
+    assert f"dvc checkout --force {rel}" in res.stderr and "dvc pull" in res.stderr, res.stderr
     dvc("pull", rel, cwd=team_b)
     assert json.loads(zg_main("data", "verify", "--lineage-only", "--json", cwd=team_b).stdout)["status"] == "ok"
 

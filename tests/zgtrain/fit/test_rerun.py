@@ -68,14 +68,14 @@ def test_a_damaged_variant_checkpoint_names_the_variant_command(tmp_path):
     assert "is missing" in e.value.what
     assert e.value.fix == (
         "rerun with `zg train variant b01 window64 --restart` (or restore the folder: "
-        "`dvc checkout models/variants/b01/window64`)"
+        "`dvc checkout --force models/variants/b01/window64`)"
     )
-    assert "`dvc checkout models/search/repair`" in reload_fix(tmp_path / "models" / "search" / "repair")
+    assert "`dvc checkout --force models/search/repair`" in reload_fix(tmp_path / "models" / "search" / "repair")
 
 
 def test_a_damaged_local_boundary_is_recreated_by_its_local_stage():
     fix = recover_fix("data/local/h04.lance", "local_boundary")
-    assert "dvc checkout data/local/h04.lance" in fix and "dvc repro -f local_bNN" in fix
+    assert "dvc checkout --force data/local/h04.lance" in fix and "dvc repro -f local_bNN" in fix
     assert "materialize" not in fix
     assert recover_fix("data/boundaries/h04.lance", "boundary").endswith("`dvc repro -f materialize`")
     assert recover_fix("data/tokens.lance", "tokens").endswith("`dvc repro -f tokens`")

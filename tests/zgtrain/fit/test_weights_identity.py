@@ -60,7 +60,7 @@ def test_flipped_block_weights_are_refused_by_assemble_and_training(project):
     assert_user_error(
         zg_main("train", "assemble", cwd=project, check=False),
         "models/blocks/b01/model.safetensors",
-        "dvc checkout models/blocks/b01",
+        "dvc checkout --force models/blocks/b01",
     )
     assert_user_error(zg_main("train", "block", "b01", cwd=project, check=False), "b01/model.safetensors")
     assert _outputs(project) == before  # metrics not rewritten, student not replaced
