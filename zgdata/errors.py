@@ -10,7 +10,7 @@ import errno
 import os
 import re
 
-__all__ = ["ZgError", "from_os_error"]
+__all__ = ["ZgError", "from_os_error", "dvc_checkout"]
 
 
 class ZgError(Exception):
@@ -28,6 +28,13 @@ class ZgError(Exception):
         if self.fix:
             parts.append(self.fix)
         return " ".join(p.rstrip(".") + "." for p in parts)
+
+
+def dvc_checkout(*paths) -> str:
+    """The command that restores DVC-tracked ``paths`` from the cache. ``--force``: DVC leaves a
+    changed output in place without it (exit 255, "Can't remove the following unsaved files without
+    confirmation"; checked with DVC 3.67), and a changed file is what most refusals find."""
+    return "dvc checkout --force " + " ".join(str(p) for p in paths)
 
 
 # The OS conditions a user fixes outside zg: errno -> (what happened, what to do).

@@ -107,8 +107,8 @@ def cli_page() -> str:
         (
             "Every command, its help text, arguments and options (`zg COMMAND --help` prints the same). "
             "With --json a command prints its result to stdout as JSON; without it, its one-line summary goes to "
-            "stderr with progress and errors (`data inspect`, `params` and `search show` / `costs` print their tables to "
-            "stdout).\n"
+            "stderr with progress and errors (`data inspect`, `params` and `search show` / `costs` print their "
+            "tables to stdout).\n"
         ),
     ]
     return "".join(head + _command_section(typer.main.get_command(app), "zg"))

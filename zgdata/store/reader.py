@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from zgdata.core.timing import span
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, dvc_checkout
 from zgdata.lineage import check
 from zgdata.store.codec import codec_of, decode_rows, hidden_columns, value_info
 from zgdata.store.integrity import (
@@ -54,7 +54,7 @@ class BoundaryDataset:
         if len(self.seq_ids) != expected:
             raise ZgError(
                 f"{self.path} has {len(self.seq_ids)} rows but its metadata promises {expected}",
-                fix=f"restore it with `dvc checkout --force {self.path}` or re-run `dvc repro -f materialize`",
+                fix=recover_fix(self.path),
             )
         self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
         self._verified = np.zeros(len(self.seq_ids), dtype=bool)  # rows whose checksum this object has checked
@@ -286,7 +286,7 @@ class BoundaryPair:
                 f"{self.output.name} (layer {self.output.meta['lineage']['layer']})",
                 fix="give the earlier boundary as the input and the later one as the target; in a pipeline (whose "
                 "blocks.KEY.in/out follow partition.boundaries) a dataset's recorded layer disagrees with its name: "
-                f"restore it with `dvc checkout --force {self.input.path} {self.output.path}`",
+                f"restore it with `{dvc_checkout(self.input.path, self.output.path)}`",
             )
 
     def rows(self, split: str) -> np.ndarray:

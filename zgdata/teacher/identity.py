@@ -21,16 +21,15 @@ from pathlib import Path
 
 from zgdata.core.hashing import file_sha256
 from zgdata.core.paths_guard import inside
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, dvc_checkout
 from zgdata.layout import Layout
 
 __all__ = ["FilesCheck", "record_files", "check_files", "cache_path", "RESTORE"]
 
 CACHE_VERSION = 1
-# the teacher stage's name restores all its outputs (models/teacher is none); --force: a changed file is what these
-# refusals find, and `dvc checkout` leaves one in place without it (checked with DVC 3.67)
+# the teacher stage's name restores all its outputs (models/teacher is none)
 RESTORE = (
-    "restore it with `dvc checkout --force teacher` (or `dvc pull teacher`: the teacher stage's outputs), "
+    f"restore it with `{dvc_checkout('teacher')}` (or `dvc pull teacher`: the teacher stage's outputs), "
     "or re-run `dvc repro -f teacher` if the teacher is meant to change"
 )
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import torch
 
 from zgdata.core.atomic import atomic_path, write_json
+from zgdata.errors import dvc_checkout
 from zgdata.layout import Layout
 from zgdata.store.lance_io import encode_meta, open_dataset, schema_meta
 from zgdata.tokens.packing import RowSpill
@@ -116,7 +117,7 @@ def open_tokens(layout: Layout = Layout()):
         str(layout.tokens),
         schema_meta(ds.schema),
         keys=("fingerprint",),
-        fix="restore both from one commit (`dvc checkout --force data/tokens.lance data/tokens.json`) "
+        fix=f"restore both from one commit (`{dvc_checkout('data/tokens.lance', 'data/tokens.json')}`) "
         "or re-run `dvc repro tokens`",
     )
     return ds

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, dvc_checkout
 
 __all__ = ["Record", "holding", "outputs", "parse", "entry", "read_text"]
 
@@ -94,9 +94,7 @@ def outputs(dvcfile: Path, root: Path) -> list[Record]:
         if o.get("path") and o.get("md5") and o.get("hash") == "md5":
             out = Path(os.path.normpath(dvcfile.parent / o["path"]))
             rel = os.path.relpath(out, root)
-            restore = (
-                f"restore what git records: `git checkout {name} && dvc checkout --force {rel}` (or `dvc pull {rel}`"
-            )
+            restore = f"restore what git records: `git checkout {name} && {dvc_checkout(rel)}` (or `dvc pull {rel}`"
             fix = restore + (
                 # `dvc add` over an import would record these bytes as the source repository's at its commit
                 ", which fetches it from its source again); never `dvc add` an imported output"

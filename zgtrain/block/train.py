@@ -43,7 +43,7 @@ from zgtrain.block.objectives import Objective, nmse
 from zgtrain.block.targets import open_targets
 from zgtrain.fit import checkpoint, loop
 from zgtrain.fit.identity import matches, resumable
-from zgtrain.fit.rerun import rerun_of
+from zgtrain.fit.rerun import Rerun, rerun_of
 from zgtrain.fit.schedule import block_seed, lr_at
 from zgtrain.project.config import ProjectConfig, TrainConfig
 
@@ -66,14 +66,15 @@ def _heldout(block, targets, cfg: TrainConfig) -> float:
     return err / max(spread, 1e-30)
 
 
-def _lr_key(d: Path) -> str:
+def _lr_key(r: Rerun) -> str:
     """The params key of a block's own lr: blocks.KEY.lr, or a variant's variants.NAME.lr."""
-    r = rerun_of(d)
     name = r.folder.rsplit("/", 1)[-1]  # the block's key, or the variant's name
     return f"variants.{name}.lr" if r.stage.startswith("variant@") else f"blocks.{name}.lr"
 
 
 def _diverged(key: str, d: Path):
+    run = rerun_of(d)
+
     def fail(step: int, what: str) -> ZgError:
         return loop.diverged(
             f"block {key}",
@@ -81,7 +82,7 @@ def _diverged(key: str, d: Path):
             what,
             key=f"blocks.{key}",
             good=checkpoint.read_meta(d)["step"],
-            fix=f"lower train.lr (or {_lr_key(d)}) and rerun with `{rerun_of(d).restart}`",
+            fix=f"lower train.lr (or {_lr_key(run)}) and rerun with `{run.restart}`",
         )
 
     return fail

@@ -24,7 +24,7 @@ from zgdata.core.atomic import atomic_path, write_json
 from zgdata.core.hashing import file_sha256, tensors_sha256
 from zgdata.core.paths_guard import inside
 from zgdata.core.runtime import rng_state, set_rng_state
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, dvc_checkout
 from zgtrain.fit.rerun import rerun_of
 
 __all__ = [
@@ -171,7 +171,7 @@ def check_checkpoint(c: Path, meta: dict) -> None:
     """Refuse checkpoint folder C unless every file a resume reads is the one its save wrote (meta.json's
     ``checkpoint_sha256``): a damaged checkpoint is named as such, never resumed into a run that then diverges."""
     want, run = meta.get("checkpoint_sha256"), rerun_of(c)
-    fix = f"rerun with `{run.restart}` (or restore the folder: `dvc checkout --force {run.folder}`)"
+    fix = f"rerun with `{run.restart}` (or restore the folder: `{dvc_checkout(run.folder)}`)"
     if not isinstance(want, dict) or not want:
         raise ZgError(f"{c} has no recorded digests (a checkpoint of an older zg)", fix=fix)
     for name, sha in sorted(want.items()):  # what a resume reads; any other file there is never read
@@ -212,7 +212,7 @@ def check_weights(d: Path, meta: dict) -> None:
     if want is None:  # fail closed: a finished block of an older zg recorded no digest
         raise ZgError(
             f"{Path(d) / 'meta.json'} records no weights_sha256 for {path.name} (a block finished by an older zg)",
-            fix=f"re-record it by training it again: `{rerun_of(d).restart}` (or `dvc repro -f {rerun_of(d).stage}`)",
+            fix=f"re-record it by training it again: {rerun_of(d).commands()}",
         )
     got = file_sha256(path) if path.exists() else None
     if got != want:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from zgdata.errors import dvc_checkout
+
 __all__ = ["Rerun", "rerun_of", "model_of"]
 
 MODELS = ("models/student", "models/repaired", "models/search/student", "models/search/repaired", "models/local/hf")
@@ -34,12 +36,14 @@ class Rerun:
 
     def restore(self) -> str:
         """Restore the folder from DVC, or rebuild it from scratch."""
-        return (
-            f"restore it with `dvc checkout --force {self.folder}` (or `dvc pull {self.folder}`), or {self.rebuild()}"
-        )
+        return f"restore it with `{dvc_checkout(self.folder)}` (or `dvc pull {self.folder}`), or {self.rebuild()}"
 
     def rebuild(self) -> str:
-        return f"rebuild it with `{self.restart}` (or `dvc repro -f {self.stage}`)"
+        return f"rebuild it with {self.commands()}"
+
+    def commands(self) -> str:
+        """Its command from scratch, or its stage forced."""
+        return f"`{self.restart}` (or `dvc repro -f {self.stage}`)"
 
 
 def _run_name(part: str) -> str:

@@ -35,6 +35,7 @@ from zgdata.config import (
 from zgdata.errors import ZgError
 from zgtrain.project.local import LocalConfig
 from zgtrain.project.sections import (
+    WARMUP_HELP,
     EvalConfig,
     ExportConfig,
     GatesConfig,
@@ -168,7 +169,7 @@ class TrainConfig(Section):
     weight_decay: float = param(0.0, "AdamW weight decay.", ge=0)
     warmup: int = param(
         10,
-        "Linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never).",
+        WARMUP_HELP,
         ge=0,
     )
     schedule: str = param(

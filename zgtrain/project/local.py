@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from zgdata.config import MAX_BATCH, MAX_STEPS, Section, param, rekeyed
 from zgdata.errors import ZgError
+from zgtrain.project.sections import WARMUP_HELP
 
 __all__ = ["LocalConfig", "BLOCK_KEYS"]
 
@@ -82,7 +83,7 @@ class LocalConfig(Section):
     lr: float = param(1e-3, "Peak learning rate (AdamW), linear warmup then cosine to 10%.", gt=0)
     warmup: int = param(
         50,
-        "Linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never).",
+        WARMUP_HELP,
         ge=0,
     )
     beta1: float = param(0.9, "AdamW beta1.", ge=0, lt=1)

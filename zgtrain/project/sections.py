@@ -17,6 +17,11 @@ from zgdata.errors import ZgError
 from zgdata.layout import Layout
 from zgtrain.project.workload import TABLE_COSTS, WorkloadConfig
 
+# train.warmup, repair.warmup and local.warmup: what zgtrain/fit/schedule.py lr_at does with it
+WARMUP_HELP = (
+    "Linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never)."
+)
+
 __all__ = ["EvalConfig", "GatesConfig", "LmEvalConfig", "SearchConfig", "RepairConfig", "ExportConfig", "DEFAULT_DTYPE"]
 
 
@@ -269,7 +274,7 @@ class RepairConfig(Section):
     weight_decay: float = param(0.0, "Repair: AdamW weight decay.", ge=0)
     warmup: int = param(
         10,
-        "Repair: linear warmup steps (at warmup = steps the peak lr is reached on the last step only; above steps, never).",
+        "Repair: " + WARMUP_HELP,
         ge=0,
     )
     schedule: str = param(

@@ -192,7 +192,8 @@ def _check_weight_files(folder: Path) -> None:
                 if pickled
                 else "no .safetensors weights"
             ),
-            fix=f"remove them, or convert them to safetensors; or rebuild it with `dvc repro -f {model_of(folder).stage}`",
+            fix="remove them, or convert them to safetensors; or rebuild it with "
+            f"`dvc repro -f {model_of(folder).stage}`",
         )
     for p in files:
         check_header(p, fix=model_of(folder).restore())
