@@ -18,7 +18,7 @@ from typing import Any
 from zgdata.capture_version import QUANT_CODECS, quant_scheme
 from zgdata.config import MaterializeConfig, PartitionConfig
 from zgdata.core.hashing import fingerprint
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, dvc_checkout
 from zgdata.families.capture import ATTN_IMPLEMENTATION, CAPTURE_VERSION
 from zgdata.families.registry import family
 from zgdata.layout import Layout
@@ -69,7 +69,7 @@ def read_tokens_json(layout: Layout = Layout()) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ZgError(
             f"{path} is not valid JSON ({e})",
-            fix="restore it with `dvc checkout data/tokens.json` or re-run `dvc repro tokens`",
+            fix=f"restore it with `{dvc_checkout('data/tokens.json')}` or re-run `dvc repro tokens`",
         ) from e
     if not isinstance(rec, dict) or not {"fingerprint", "rows", "lineage"} <= set(rec):
         raise ZgError(f"{path} lacks fingerprint/rows/lineage", fix="re-run `dvc repro tokens`")

@@ -71,8 +71,9 @@ def test_expected_fingerprints_from_teacher_and_tokens_json(tmp_path):
         expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
     layout.tokens_json.parent.mkdir(parents=True)
     layout.tokens_json.write_text("{not json")
-    with pytest.raises(ZgError, match="not valid JSON"):
+    with pytest.raises(ZgError, match="not valid JSON") as e:
         read_tokens_json(layout)
+    assert "`dvc checkout --force data/tokens.json`" in e.value.fix  # DVC keeps a changed file without --force
     layout.tokens_json.write_text(json.dumps(TOKENS))
     got = expected_fingerprints(layout, PartitionConfig(boundaries=[0, 2]), MaterializeConfig())
     assert got == {

@@ -35,7 +35,7 @@ from zgdata.config import BlockSpec, PartitionConfig, TeacherConfig
 from zgdata.core.atomic import atomic_path, write_json
 from zgdata.core.hashing import canonical_json, sha256_bytes, tensors_sha256
 from zgdata.core.lock import locked
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, dvc_checkout
 from zgdata.families.registry import FAMILIES, family, family_of, known
 from zgdata.families.selfcheck import self_check
 from zgdata.families.widen import COMPUTE_ATTR
@@ -453,7 +453,11 @@ def load_slice(path: Path) -> tuple[dict, dict]:
             fix="run `dvc repro teacher`, or `dvc pull` that slice from your team's remote",
         )
     trust.verify(path)
-    check_header(path, fix="restore it with `dvc checkout` (or `dvc pull`), or rebuild it with `dvc repro -f teacher`")
+    check_header(
+        path,
+        fix=f"restore it with `{dvc_checkout('teacher')}` (or `dvc pull teacher`), "
+        "or rebuild it with `dvc repro -f teacher`",
+    )
     with safe_open(str(path), framework="pt") as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
         tensors = {k: f.get_tensor(k) for k in f.keys()}

@@ -324,7 +324,7 @@ def _check(root: Path, p: Path, md5: str, by: str, fix: str, state: dict, counts
     rel = os.path.normpath(os.path.relpath(p, root))
     if not p.exists():
         raise ZgError(
-            f"{rel} is missing ({by} records it)", fix=f"restore it with `dvc checkout {rel}` or `dvc pull {rel}`"
+            f"{rel} is missing ({by} records it)", fix=f"restore it with `{dvc_checkout(rel)}` or `dvc pull {rel}`"
         )
     counts["outputs"] += 1
     if md5.endswith(".dir"):

@@ -12,6 +12,7 @@ output file's sha256, zg's version) and a model card that records the export (zg
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -105,6 +106,18 @@ def _check_choice(fmt: str, dtype: str | None) -> str:
     return dtype
 
 
+def _naming(e: ZgError, student: str | Path) -> ZgError:
+    """``e`` with its advice to run `zg export --format hf` naming ``student``: the writers check a folder and do
+    not know which argument named it, and without one `zg export` takes models/student."""
+    if str(student) == "student" or _HF not in e.fix:
+        return e
+    named = f"`zg export {shlex.quote(str(student))} --format hf`"
+    return ZgError(e.what, fix=e.fix.replace(_HF, named), key=e.key, code=e.code)
+
+
+_HF = "`zg export --format hf`"
+
+
 def _backend(fmt: str):
     """(check, write) of a format; the writers import torch, transformers or gguf only when called."""
     if fmt == "hf":
@@ -186,7 +199,10 @@ def export(
     if single and out.is_dir():
         raise ZgError(f"--out {out} is a folder (a previous export of zg)", fix="name a .gguf file or that folder")
     check, write = _backend(fmt)
-    check(src, dtype=dtype)  # a refusal here has written nothing
+    try:
+        check(src, dtype=dtype)  # a refusal here has written nothing
+    except ZgError as e:
+        raise _naming(e, student) from None
     root = layout.root.resolve()
     inside = b == root or root in b.parents
     # the lock guards the output's folder where it is the project's; a path outside it is the user's to name

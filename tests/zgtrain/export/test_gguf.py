@@ -259,6 +259,24 @@ def test_zg_windows_untied_gemma2_and_unknown_dtypes_are_refused_before_writing(
     assert "\n" not in str(e.value) and not out.exists()
 
 
+def test_zg_export_of_a_named_student_advises_the_hf_export_of_that_student(tmp_path):
+    """A GGUF refusal through `zg export STUDENT` advises `zg export STUDENT --format hf`: without STUDENT it would
+    export models/student, not the folder that was refused. The default student's advice needs no argument."""
+    from zgdata.layout import Layout
+    from zgtrain.export.run import export
+
+    layout = Layout(tmp_path / "proj")
+    named = make_student(tmp_path / "glm", "glm")
+    with pytest.raises(ZgError, match="no llama.cpp architecture mapping for family 'glm'") as e:
+        export(named, "gguf", layout=layout)
+    assert f"use `zg export {named} --format hf`" in e.value.fix, e.value.fix
+    make_student(layout.root / "models" / "student", "glm")
+    with pytest.raises(ZgError) as e:
+        export("student", "gguf", layout=layout)
+    assert "use `zg export --format hf`" in e.value.fix, e.value.fix
+    assert not (layout.root / "models" / "export").exists()
+
+
 def test_an_unknown_pre_tokenizer_is_refused(tmp_path):
     """A byte-level BPE whose check-text hash is not known (here: lower-casing first) is refused, not guessed."""
     from zgtrain.export.gguf import check_gguf
