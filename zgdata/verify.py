@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgdata.config import PartitionConfig, VerifyConfig
+from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig
 from zgdata.core.atomic import write_json
 from zgdata.errors import ZgError
-from zgdata.families.capture import capture
+from zgdata.families.capture import capture_rows
 from zgdata.layout import Layout
 from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
 from zgdata.store.integrity import recover_fix
@@ -103,7 +103,9 @@ def _checksum_failures(sets: list[BoundaryDataset], *, listed: int = 10) -> tupl
     return out, counts
 
 
-def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) -> tuple[list[dict], list[int], dict]:
+def _recompute_failures(
+    sets, cfg: VerifyConfig, sample: int, layout: Layout, batch: int
+) -> tuple[list[dict], list[int], dict]:
     from zgdata.lineage import read_tokens_json
     from zgdata.teacher.prepare import load_teacher_checked, read_teacher_json
     from zgdata.tokens.store import open_tokens, read_tokens
@@ -139,30 +141,40 @@ def _recompute_failures(sets, cfg: VerifyConfig, sample: int, layout: Layout) ->
         layout, dtype=lin["compute_dtype"], with_tokenizer=False, rehash=True, per_layer=True
     )
     storage = getattr(torch, lin["storage_dtype"])
+    layers = [b.meta["layer"] for b in sets]
     failures = []
-    for r in rows:
-        ids, _ = read_tokens(layout, [int(sets[0].seq_ids[r])], ds=tok_ds)
-        caps = capture(model, ids, [b.meta["layer"] for b in sets], storage_dtype=storage)
-        for b in sets:
-            stored = b.take([r], check=False)  # checksums were checked above; report, don't raise
-            fresh = roundtrip_tensor(caps[b.meta["layer"]], _values_codec(b))  # a quantized codec's stored values
-            if not torch.equal(
-                stored.view(torch.int16) if storage == torch.bfloat16 else stored,
-                fresh.view(torch.int16) if storage == torch.bfloat16 else fresh,
-            ):
-                diff = int((stored.float() != fresh.float()).sum())
-                failures.append(
-                    {
-                        "boundary": b.name,
-                        "check": "recompute",
-                        "row": int(r),
-                        "seq_id": int(b.seq_ids[r]),
-                        "what": f"{b.name} row {r} (seq_id {int(b.seq_ids[r])}): {diff} values differ from "
-                        f"a fresh teacher pass",
-                        "fix": REMAT,
-                    }
-                )
+    for lo in range(0, len(rows), batch):  # in forwards of materialize's row count, as it captured them
+        chunk = rows[lo : lo + batch]
+        ids, _ = read_tokens(layout, [int(sets[0].seq_ids[r]) for r in chunk], ds=tok_ds)
+        caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=batch)
+        for j, r in enumerate(chunk):
+            failures += _row_failures(sets, r, {layer: caps[layer][j : j + 1] for layer in layers}, storage)
     return failures, [int(sets[0].seq_ids[r]) for r in rows], identity
+
+
+def _row_failures(sets, r, caps: dict, storage) -> list[dict]:
+    """Row ``r`` of each boundary in ``sets`` against ``caps`` ({layer: its fresh capture}), bit for bit."""
+    failures = []
+    for b in sets:
+        stored = b.take([r], check=False)  # checksums were checked above; report, don't raise
+        fresh = roundtrip_tensor(caps[b.meta["layer"]], _values_codec(b))  # a quantized codec's stored values
+        if not torch.equal(
+            stored.view(torch.int16) if storage == torch.bfloat16 else stored,
+            fresh.view(torch.int16) if storage == torch.bfloat16 else fresh,
+        ):
+            diff = int((stored.float() != fresh.float()).sum())
+            failures.append(
+                {
+                    "boundary": b.name,
+                    "check": "recompute",
+                    "row": int(r),
+                    "seq_id": int(b.seq_ids[r]),
+                    "what": f"{b.name} row {r} (seq_id {int(b.seq_ids[r])}): {diff} values differ from "
+                    f"a fresh teacher pass",
+                    "fix": REMAT,
+                }
+            )
+    return failures
 
 
 def _values_codec(b) -> str:
@@ -302,7 +314,9 @@ def verify(
     failures += trust_failures + lineage_failures + sums
     checked, identity = [], {}
     if not lineage_only and not lineage_failures:
-        more, checked, identity = _recompute_failures(sets, cfg, cfg.sample if sample is None else sample, layout)
+        n = cfg.sample if sample is None else sample
+        batch = (mcfg or MaterializeConfig()).batch_size
+        more, checked, identity = _recompute_failures(sets, cfg, n, layout, batch)
         failures += more
     result = VerifyResult(
         status="ok" if not failures else "fail",

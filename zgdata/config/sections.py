@@ -135,7 +135,12 @@ class MaterializeConfig(Section):
         "whole fp32 copy, without it).",
         choices=DTYPES,
     )
-    batch_size: int = param(4, "Sequences per teacher forward.", ge=1)
+    batch_size: int = param(
+        4,
+        "Sequences per teacher forward: materialize, online targets and verify all run this many, a short last "
+        "batch padded with copies (a GPU chooses its kernels by shape, so a row's bits follow the count).",
+        ge=1,
+    )
     commit_rows: int = param(
         0,
         "Most sequences per commit group (0: no row bound; commit_mb and commit_seconds decide). "

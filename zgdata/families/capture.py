@@ -17,7 +17,7 @@ from zgdata.errors import ZgError
 from zgdata.families.registry import family_of
 from zgdata.families.widen import compute_dtype, widened
 
-__all__ = ["capture", "CAPTURE_VERSION", "ATTN_IMPLEMENTATION"]
+__all__ = ["capture", "capture_rows", "CAPTURE_VERSION", "ATTN_IMPLEMENTATION"]
 
 ATTN_IMPLEMENTATION = "sdpa"
 
@@ -58,3 +58,28 @@ def capture(
         if i + 1 in want:
             out[i + 1] = h.to(storage_dtype)
     return {k: v.cpu() for k, v in out.items()}
+
+
+def capture_rows(
+    model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype, rows: int
+) -> dict[int, torch.Tensor]:
+    """``capture`` in forwards of exactly ``rows`` sequences (``materialize.batch_size``), a short last one padded
+    with copies of its last sequence, whose outputs are dropped.
+
+    A GPU's GEMM and attention kernels are chosen per shape, so a row's bits can depend on how many rows its forward
+    held. Materialize (one process or shards), online targets and verify all capture through here, so a row gets
+    the same bits whichever of them computes it and wherever its batch ends. On the CPU the bits are the same
+    either way (tests/zgdata/materialize/test_capture_rows.py)."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    parts = []
+    for i in range(0, len(input_ids), rows):
+        chunk = input_ids[i : i + rows]
+        n = len(chunk)
+        if n < rows:
+            chunk = torch.cat([chunk, chunk[-1:].expand(rows - n, -1)])
+        caps = capture(model, chunk, layers, storage_dtype=storage_dtype)
+        parts.append({k: v[:n] for k, v in caps.items()})
+    if len(parts) == 1:
+        return parts[0]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -27,7 +27,7 @@ import torch
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
 from zgdata.errors import ZgError, from_os_error
-from zgdata.families.capture import capture
+from zgdata.families.capture import capture_rows
 from zgdata.layout import Layout
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.encode import Encoder
@@ -155,7 +155,7 @@ def _run(spec: dict) -> dict:
         for b in range(lo, hi, spec["batch_size"]):
             rows = np.arange(b, min(b + spec["batch_size"], hi))
             ids, splits = read_tokens(layout, rows, ds=tokens)
-            caps = capture(model, ids, layers, storage_dtype=storage)
+            caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=spec["batch_size"])
             encoder.submit(rows, splits, {n: caps[layer] for n, layer in zip(names, layers)})
             stream(None)
         stream(0)

@@ -17,7 +17,7 @@ import torch
 
 from zgdata.core.runtime import writer_threads
 from zgdata.core.timing import span
-from zgdata.families.capture import capture
+from zgdata.families.capture import capture_rows
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.encode import Encoder
 from zgdata.materialize.staging import Streams, boundary_schema, commit
@@ -148,7 +148,7 @@ def run_local(
             with span("materialize.read_tokens", rows=len(rows)):
                 ids, splits = read_tokens(layout, rows, ds=tokens_ds)
             with span("materialize.capture", rows=len(rows)):
-                caps = capture(model, ids, layers, storage_dtype=storage)
+                caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=cfg.batch_size)
             while True:  # never block forever on a dead writer
                 if writer.error is not None:
                     raise writer.error

@@ -70,23 +70,14 @@ class OnlineTargets:
         return step_rows(self.rows(split), step, batch_size, seed)
 
     def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        from zgdata.families.capture import capture
+        from zgdata.families.capture import capture_rows
         from zgdata.tokens.store import read_tokens
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
-        # In forwards of materialize.batch_size rows, as materialize ran them (a short last one padded with copies
-        # of its last row): a GPU's GEMM kernels are chosen per shape, so a row's bits can depend on the batch's
-        # row count; on the CPU they do not, and the bits are the same either way.
-        parts = []
-        for i in range(0, len(ids), self.batch):
-            chunk = ids[i : i + self.batch]
-            n = len(chunk)
-            if n < self.batch:
-                chunk = torch.cat([chunk, chunk[-1:].expand(self.batch - n, -1)])
-            caps = capture(self.model, chunk, list(self.layers), storage_dtype=self.storage)
-            parts.append({x: caps[x][:n] for x in self.layers})
+        # in forwards of materialize.batch_size rows, as materialize ran them (zgdata.families.capture.capture_rows)
+        caps = capture_rows(self.model, ids, list(self.layers), storage_dtype=self.storage, rows=self.batch)
         # a quantized codec: the same quantize + dequantize as the stored path (zgdata/store/quant.py)
-        return tuple(roundtrip_tensor(torch.cat([p[x] for p in parts]), self.codec) for x in self.layers)
+        return tuple(roundtrip_tensor(caps[x], self.codec) for x in self.layers)
 
     def batches(self, split, *, start_step, steps, batch_size, seed):
         for step in range(start_step, steps):

@@ -261,7 +261,7 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
     from zgdata.materialize import encode
     from zgdata.materialize import writer as writer_mod
 
-    real_encode, real_capture = encode.encode_batch, writer_mod.capture
+    real_encode, real_capture = encode.encode_batch, writer_mod.capture_rows
     forwards, first_batch, encoding = [], [], threading.Event()
 
     def counting(*args, **kw):
@@ -284,7 +284,7 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
         raise RuntimeError("injected encode failure")
 
     monkeypatch.setattr(encode, "encode_batch", failing)
-    monkeypatch.setattr(writer_mod, "capture", counting)
+    monkeypatch.setattr(writer_mod, "capture_rows", counting)
     outcome = {}
 
     def run():

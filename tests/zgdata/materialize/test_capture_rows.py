@@ -1,0 +1,104 @@
+"""Every teacher forward that makes or checks a boundary holds exactly materialize.batch_size rows
+(zgdata.families.capture.capture_rows): materialize in one process, a Ray shard's task, and verify's recompute, a
+short last batch padded with copies of its last row. A GPU chooses its GEMM and attention kernels per shape, so a
+row's bits can depend on its forward's row count; with one row count everywhere they cannot. On the CPU they do
+not depend on it at all: the boundaries captured 5 rows at a time equal those captured 8 at a time, bit for bit.
+(Online targets: tests/zgtrain/block/test_train.py::test_online_targets_run_the_teacher_in_materialize_batches.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+
+import zgdata.families.capture as cap
+from tests.helpers.datasets import boundary_bits
+from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
+from zgdata.layout import Layout
+from zgdata.materialize.driver import materialize
+from zgdata.materialize.shard_task import run_shard
+from zgdata.materialize.sharded import _base_spec
+from zgdata.store import integrity
+from zgdata.verify import verify
+
+BATCH = 5  # the tiny profile's 56 rows are 11 batches of 5 and one of 1
+
+
+@pytest.fixture
+def forwards(monkeypatch) -> list[int]:
+    """The row count of every teacher forward ``capture`` runs in this process."""
+    rows, real = [], cap.capture
+    monkeypatch.setattr(cap, "capture", lambda model, ids, *a, **k: rows.append(len(ids)) or real(model, ids, *a, **k))
+    return rows
+
+
+def _configs(root, **materialize):
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["materialize"] = {**params.get("materialize", {}), **materialize}
+    return section(params, MaterializeConfig, "materialize"), section(params, PartitionConfig, "partition")
+
+
+def test_materialize_and_verify_run_every_forward_at_the_batch_size(tiny_built, tiny_project, forwards):
+    want = boundary_bits(tiny_built)  # captured 8 rows at a time
+    shutil.rmtree(tiny_project / "data" / "boundaries")
+    cfg, part = _configs(tiny_project, batch_size=BATCH)
+    layout = Layout(tiny_project)
+    materialize(cfg, part, layout=layout, sharded=False)
+    n_rows = len(next(iter(want.values()))["seq_id"])
+    assert n_rows % BATCH  # the last batch is short, and padded
+    assert forwards == [BATCH] * -(-n_rows // BATCH)
+    got = boundary_bits(tiny_project)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.equal(got[name]["bits"], want[name]["bits"]), name
+
+    forwards.clear()
+    report = verify(VerifyConfig(sample=7), layout=layout, partition=part, mcfg=cfg)
+    assert report.ok, report.failures
+    assert len(report.checked_seq_ids) == 7 and forwards == [BATCH, BATCH]
+
+
+def test_a_shard_task_runs_every_forward_at_the_batch_size(tiny_project, forwards, tmp_path):
+    """A shard whose rows end mid-batch (rows 0-11 in batches of 5) pads its last forward like one process does."""
+    layout = Layout(tiny_project)
+    cfg, part = _configs(tiny_project, batch_size=BATCH)
+    teacher = json.loads(layout.teacher_json.read_text())
+    tokens = json.loads(layout.tokens_json.read_text())
+    names = [n for n in part.names if n != "h00"]
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    spec = _base_spec(
+        cfg,
+        layout,
+        stage,
+        names,
+        [part.layer_of(n) for n in names],
+        tokens["tokens"]["train"] // tokens["rows"]["train"],  # the sequence length
+        teacher["architecture"]["hidden_size"],
+        integrity.WRITE_CHECKSUM,
+        {"teacher_sha256": teacher["weights_sha256"], "tokens_fingerprint": tokens["fingerprint"]},
+        torch.device("cpu"),
+        0,
+    )
+    res = json.loads(run_shard(json.dumps({**spec, "lo": 0, "hi": 12})))
+    assert "error" not in res, res
+    assert forwards == [BATCH, BATCH, BATCH]
+
+
+def test_capture_rows_pads_a_short_forward_and_keeps_each_rows_bits(tiny_built):
+    from zgdata.teacher.prepare import load_teacher
+    from zgdata.tokens.store import read_tokens
+
+    layout = Layout(tiny_built)
+    model, _ = load_teacher(layout, dtype="float32", with_tokenizer=False, per_layer=True)
+    ids, _ = read_tokens(layout, list(range(7)))
+    whole = cap.capture(model, ids, [2, 4], storage_dtype=torch.bfloat16)
+    got = cap.capture_rows(model, ids, [2, 4], storage_dtype=torch.bfloat16, rows=3)
+    for k in (2, 4):
+        assert got[k].shape == whole[k].shape
+        assert torch.equal(got[k].view(torch.int16), whole[k].view(torch.int16)), k
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        cap.capture_rows(model, ids, [2], storage_dtype=torch.bfloat16, rows=0)
