@@ -106,13 +106,16 @@ def _check_choice(fmt: str, dtype: str | None) -> str:
     return dtype
 
 
-def _naming(e: ZgError, student: str | Path) -> ZgError:
-    """``e`` with its advice to run `zg export --format hf` naming ``student``: the writers check a folder and do
-    not know which argument named it, and without one `zg export` takes models/student."""
-    if str(student) == "student" or _HF not in e.fix:
-        return e
-    named = f"`zg export {shlex.quote(str(student))} --format hf`"
-    return ZgError(e.what, fix=e.fix.replace(_HF, named), key=e.key, code=e.code)
+def _refusal(check, src: Path, dtype: str, student: str | Path) -> None:
+    """The writer's ``check`` of ``src``; its advice to run `zg export --format hf` names ``student``: the writers
+    check a folder and do not know which argument named it, and without one `zg export` takes models/student."""
+    try:
+        check(src, dtype=dtype)
+    except ZgError as e:
+        if str(student) == "student" or _HF not in e.fix:
+            raise
+        named = f"`zg export {shlex.quote(str(student))} --format hf`"
+        raise ZgError(e.what, fix=e.fix.replace(_HF, named), key=e.key, code=e.code) from None
 
 
 _HF = "`zg export --format hf`"
@@ -199,10 +202,7 @@ def export(
     if single and out.is_dir():
         raise ZgError(f"--out {out} is a folder (a previous export of zg)", fix="name a .gguf file or that folder")
     check, write = _backend(fmt)
-    try:
-        check(src, dtype=dtype)  # a refusal here has written nothing
-    except ZgError as e:
-        raise _naming(e, student) from None
+    _refusal(check, src, dtype, student)  # a refusal here has written nothing
     root = layout.root.resolve()
     inside = b == root or root in b.parents
     # the lock guards the output's folder where it is the project's; a path outside it is the user's to name
