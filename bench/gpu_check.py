@@ -27,7 +27,8 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
   moe           a Mixtral-shaped MoE block in bf16 on the device, a batch against slices of it: no token's output
                 bits change under zg's padded experts (zgdata/families/moe_kernel.py, what capture runs), and the
                 share that changes under transformers' grouped_mm; the padded forward's time / grouped_mm's
-                (bench/moe_batch_invariance.py)                                                        [guarantee]
+                (bench/moe_batch_invariance.py); the padded experts again in float32, materialize's default
+                compute dtype, which a GPU's grouped_mm runs through another path                     [guarantee]
 
 Each check runs on its own: one that fails to run is reported (`NAME ran` FAIL) and the others still run; every
 command has a timeout. The project is built only for the checks that run in it (materialize, cached_online, repro);
@@ -314,6 +315,29 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
         res[f"moe_{EXPERTS_IMPLEMENTATION}_tokens_changed"] == 0.0,
         f"hidden {hidden}, 8 experts of {width}, top 2, {tokens} tokens, bf16",
     )
+    # float32, materialize's default compute_dtype: on CUDA, grouped_mm takes the CUTLASS path for bf16 only, and
+    # float32 goes through ATen's fallback, one GEMM per expert group, whose kernel cuBLAS picks by the group's shape
+    changed = _moe_slices_changed(M.experts_module(hidden, width, 8, 2, EXPERTS_IMPLEMENTATION), flat, dev, M.SLICE)
+    res["moe_padded_fp32_tokens_changed"] = changed
+    res["moe_batch_invariant_fp32"] = guarantee(
+        "MoE capture is batch-invariant in float32",
+        changed == 0.0,
+        f"zg padded experts, {tokens} tokens, float32: {changed:.1%} of tokens changed in slices of {M.SLICE}",
+    )
+
+
+def _moe_slices_changed(block, flat, dev, size: int) -> float:
+    """The share of tokens whose float32 expert output changes when the experts get the routed batch in slices of
+    ``size`` rows rather than whole (one routing for both)."""
+    import torch
+
+    block, x = block.to(dev, torch.float32), flat.float()
+    with torch.no_grad():
+        _, w, idx = block.gate(x)
+        whole = block.experts(x, idx, w)
+        cuts = range(0, len(x), size)
+        sliced = torch.cat([block.experts(x[i : i + size], idx[i : i + size], w[i : i + size]) for i in cuts])
+    return (sliced != whole).any(-1).float().mean().item()
 
 
 def _best_time(fn, dev, repeats: int = 3) -> float:

@@ -53,3 +53,30 @@ def test_set_threads_sets_torch_s_thread_count():
         assert torch.get_num_threads() == n
     finally:
         torch.set_num_threads(before)
+
+
+def test_cuda_runs_in_torchs_strict_deterministic_mode(monkeypatch):
+    """What `device()` sets up for CUDA (run here on the CPU, and undone): torch's deterministic kernels, strictly.
+    Under ``warn_only`` SDPA's memory-efficient and flash backward only warn and keep adding their key blocks in any
+    order, so a block trained on a GPU would miss its own resume's bits; the strict mode makes them deterministic
+    and stops an op that has no deterministic kernel with torch's error naming it."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+    )
+    try:
+        runtime.deterministic_cuda()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[2], before[3]
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[4], before[5]

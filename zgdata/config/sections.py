@@ -138,7 +138,8 @@ class MaterializeConfig(Section):
     batch_size: int = param(
         4,
         "Sequences per teacher forward: materialize, online targets and verify all run this many, a short last "
-        "batch padded with copies (a GPU chooses its kernels by shape, so a row's bits follow the count).",
+        "batch padded with copies. On a GPU a row's bits can follow the count (kernels are chosen by shape), "
+        "and the count is not lineage: after changing it there, rematerialize (`dvc repro -f materialize`).",
         ge=1,
     )
     commit_rows: int = param(

@@ -3,7 +3,7 @@
 Two modules run work on Ray and, with this one, are the only modules of zg that import ``ray``:
 zgdata/materialize/ray_shards.py (materialize shards, ``materialize.workers`` > 1) and
 zgtrain/exec/ray_tasks.py (blocks of `zg repro --jobs N`). Each is imported only when Ray is asked for,
-and this module imports ``ray`` only inside ``connect`` and ``cancel``, so `dvc repro`, `zg repro --jobs 1`
+and this module imports ``ray`` only inside ``connect``, ``remote`` and ``cancel``, so `dvc repro`, `zg repro --jobs 1`
 and a one-worker materialize never import it.
 
 - Cluster: the Ray instance this process already runs (a test's) is used as it is; else the one at
@@ -37,6 +37,7 @@ __all__ = [
     "connect",
     "first_line",
     "last_line",
+    "remote",
     "task_options",
     "worker_env",
 ]
@@ -140,6 +141,18 @@ def task_options(*, cpus: int, gpus: int, name: str, **more) -> dict:
         "name": name,
         **more,
     }
+
+
+def remote(fn: Callable, *, gpus: float):
+    """``fn`` as a Ray remote function; where its tasks hold a GPU, each runs in a fresh worker process.
+
+    A process keeps the CUDA device it first used, whatever ``CUDA_VISIBLE_DEVICES`` Ray sets for its next task, so a
+    reused worker on a box of several GPUs would run on its old GPU beside another task, and keep its memory there.
+    Ray makes GPU tasks single-use (``max_calls=1``) only when ``num_gpus`` is given to ``ray.remote`` itself; zg
+    gives each task its resources through ``.options()`` (``task_options``), where ``max_calls`` cannot be set."""
+    import ray
+
+    return ray.remote(max_calls=1)(fn) if gpus else ray.remote(fn)
 
 
 def cancel(refs: Iterable) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "prefer_gpu",
     "device_named",
     "use_assigned_gpu",
+    "deterministic_cuda",
     "seed_all",
     "rng_state",
     "set_rng_state",
@@ -96,16 +97,24 @@ def device() -> torch.device:
             "TORCH_SPEC='torch==VERSION --index-url <your CUDA wheel index>'`)",
         )
     if dev.type == "cuda":
-        # determinism over speed: the guarantees are bitwise
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        # the deterministic kernels where torch has them (SDPA's memory-efficient and flash backward otherwise
-        # split their key reduction nondeterministically); an op with none warns instead of failing the run
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        deterministic_cuda()
     return dev
+
+
+def deterministic_cuda() -> None:
+    """Turn off CUDA's nondeterministic shortcuts for this process: determinism over speed, the guarantees are
+    bitwise (TF32 off, cuDNN without benchmarking, cuBLAS's fixed workspace, torch's deterministic kernels)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # the deterministic kernels where torch has them, and an error naming the op where it has none. Strict, not
+    # warn_only: SDPA's memory-efficient and flash backward keep their nondeterministic split of the key
+    # reduction under warn_only (they only warn); only the strict mode makes them take one split
+    torch.use_deterministic_algorithms(True)
 
 
 def set_threads(n: int) -> None:

@@ -90,7 +90,8 @@ def run_ordered(specs: list[dict], *, workers: int, cpus: int, gpus: int) -> Ite
     import ray
 
     _check_resources(cpus, gpus)
-    task = ray.remote(run_shard).options(**ray_cluster.task_options(cpus=cpus, gpus=gpus, name="zg-materialize-shard"))
+    opts = ray_cluster.task_options(cpus=cpus, gpus=gpus, name="zg-materialize-shard")
+    task = ray_cluster.remote(run_shard, gpus=gpus).options(**opts)
     running: dict = {}  # ref -> index
     done: dict[int, dict] = {}
     submitted = following = 0

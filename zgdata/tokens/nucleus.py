@@ -14,6 +14,10 @@ token at or below the ``m``-th sorted value, unless that value is tied with the 
 the choice to the sort's order of equal values: such a row, and any tensor that is not float32 on the CPU, go
 through transformers' own warper. The result is ``torch.equal`` to the warper's (tests/zgdata/
 test_nucleus.py, with ties planted at the cut).
+
+**On a GPU** the scores are filtered on the CPU (one row of 49,152 float32 logits is 192 KiB each way): the warper's
+``cumsum`` of CUDA floats has no deterministic kernel, and zg runs CUDA in torch's strict deterministic mode
+(zgdata/core/runtime.py), where it raises.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ class NucleusFilter(LogitsProcessor):
         self.filter_value = filter_value
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        if scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() != 2 or scores.shape[1] < 2:
+        if scores.device.type != "cpu":  # a GPU's running sum of floats has no deterministic kernel (see below)
+            return self(input_ids.cpu(), scores.cpu()).to(scores.device)
+        if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[1] < 2:
             return self.exact(input_ids, scores)
         values = torch.from_numpy(np.sort(scores.numpy(), axis=-1))
         removed = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)

@@ -136,7 +136,7 @@ def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source
         inbox, pending = None, {}
         try:
             inbox = _Inbox.remote()
-            task = ray.remote(_block_task)
+            tasks = {g: ray_cluster.remote(_block_task, gpus=g) for g in {needs[k]["gpus"] for k in keys}}
             env, queue = ray_cluster.worker_env(), list(keys)
             while queue or pending:
                 while queue and len(pending) < jobs:
@@ -144,6 +144,7 @@ def _run(root, keys, *, needs, jobs, address, on_update, on_result, data, source
                     opts = ray_cluster.task_options(
                         cpus=needs[k]["cpus"], gpus=needs[k]["gpus"], name=f"train@{k}", scheduling_strategy="SPREAD"
                     )
+                    task = tasks[needs[k]["gpus"]]
                     pending[task.options(**opts).remote(str(root), k, env, inbox, data, source)] = k
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
                 with contextlib.suppress(ray.exceptions.RayError):  # progress only: results still arrive without it

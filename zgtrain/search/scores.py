@@ -85,7 +85,9 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
             for blk in downstream:
                 h = blk(h)
             logits = head(h)[:, :-1].float()
-            nll[name] += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="sum"))
+            # summed here, not by cross_entropy: its summing reduction of (B, V, T) logits adds with atomics on CUDA
+            ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="none")
+            nll[name] += float(ce.sum())
         count += int((gold != IGNORE).sum())
     replace_ce, teacher_ce = nll["replace"] / count, nll["teacher"] / count
     return {
