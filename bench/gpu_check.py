@@ -15,6 +15,8 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
 
   materialize   materialize with compute_dtype bfloat16 (tokens/s) / the same forwards and captures alone
                 (bench/materialize.py's two measurements), in a scratch copy of the project
+  verify        `zg data verify` in the project: rows the device's teacher pass recomputes (in forwards of
+                materialize.batch_size rows, as materialize ran them) equal the stored boundaries      [guarantee]
   cached_online block b00 trained with cached targets and with online targets (recomputed by the teacher
                 on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and stored boundary count, in
@@ -31,9 +33,9 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 compute dtype, which a GPU's grouped_mm runs through another path                     [guarantee]
 
 Each check runs on its own: one that fails to run is reported (`NAME ran` FAIL) and the others still run; every
-command has a timeout. The project is built only for the checks that run in it (materialize, cached_online, repro);
-if building it fails, or git (which `zg init` and DVC need) is not on PATH, that fails the run, named, and the
-checks that need no project (write_path at the --teacher-shape's rows, moe) still run. An unknown name in
+command has a timeout. The project is built only for the checks that run in it (materialize, verify,
+cached_online, repro); if building it fails, or git (which `zg init` and DVC need) is not on PATH, that fails the
+run, named, and the checks that need no project (write_path at the --teacher-shape's rows, moe) still run. An unknown name in
 --checks is refused. Without --smoke and without a GPU the script refuses (exit 2) unless ZG_DEVICE names the
 device. No GPU was available when this script was written (docs/results/write-path.md says what ran where): its CPU smoke
 run is tests/test_bench_gpu_check.py. The last line is one JSON object with every figure and each check's result.
@@ -203,6 +205,23 @@ def check_materialize(root: Path, work: Path, res: dict, dev) -> None:
     shutil.rmtree(scratch)
 
 
+def check_verify(root: Path, res: dict) -> None:
+    sample = 8  # two of the tiny and smollm2 profiles' forwards of 4 rows, 8B's too
+    r = zg("data", "verify", "--sample", sample, "--json", cwd=root, check=False)
+    try:
+        report = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"zg data verify printed no report (exit {r.returncode}):\n{r.stderr[-2000:]}") from None
+    failures = report.get("failures", [])
+    res["verify_failures"] = len(failures)
+    res["verify_ok"] = guarantee(
+        "verify: a fresh teacher pass equals the stored boundaries",
+        r.returncode == 0 and report.get("status") == "ok",
+        f"{len(report.get('checked_seq_ids', []))} rows recomputed on the device, {len(failures)} failures"
+        + (f": {failures[0].get('what')}" if failures else ""),
+    )
+
+
 def state(root: Path, key: str) -> str:
     return json.loads((root / "metrics" / "blocks" / f"{key}.json").read_text())["state_sha256"]
 
@@ -355,8 +374,8 @@ def _best_time(fn, dev, repeats: int = 3) -> float:
     return best
 
 
-CHECKS = ("materialize", "cached_online", "write_path", "repro", "schedule", "moe")
-PROJECT_CHECKS = {"materialize", "cached_online", "repro"}  # run in the profile's project, which setup builds
+CHECKS = ("materialize", "verify", "cached_online", "write_path", "repro", "schedule", "moe")
+PROJECT_CHECKS = {"materialize", "verify", "cached_online", "repro"}  # run in the profile's project, which setup builds
 GIT_CHECKS = PROJECT_CHECKS | {"schedule"}  # `zg init` and DVC need git (schedule builds a project of its own)
 
 
@@ -449,6 +468,7 @@ def main(argv=None) -> int:
     jobs = max(2, torch.cuda.device_count()) if dev.type == "cuda" else 2
     runs = {
         "materialize": lambda: check_materialize(root, args.workdir, res, dev),
+        "verify": lambda: check_verify(root, res),
         "cached_online": lambda: check_cached_online(root, res),
         "write_path": lambda: check_write_path(args.workdir, res, args.mb),
         "repro": lambda: check_repro(root, args.workdir, res, jobs),
