@@ -230,7 +230,8 @@ def data_verify(
     p = load_params(params) if params.exists() or not lineage_only else {}
     cfg = section(p, VerifyConfig, "verify")
     part = section(p, PartitionConfig, "partition") if "partition" in p else None
-    mcfg = section(p, MaterializeConfig, "materialize") if part is not None else None  # virtual_first: h00 computed
+    # virtual_first (with a partition): h00 computed; batch_size: the row count of verify's forwards
+    mcfg = section(p, MaterializeConfig, "materialize") if p else None
     report = verify(
         cfg,
         sample=sample,

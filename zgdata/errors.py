@@ -10,7 +10,7 @@ import errno
 import os
 import re
 
-__all__ = ["ZgError", "from_os_error", "dvc_checkout"]
+__all__ = ["ZgError", "from_os_error", "from_nondeterministic", "dvc_checkout"]
 
 
 class ZgError(Exception):
@@ -97,3 +97,21 @@ def from_os_error(e: BaseException, path: str | os.PathLike | None = None) -> Zg
             return ZgError(f"{os.strerror(n)} ({errno.errorcode[n]}){at}", fix=_FIXES[n])
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
     return None
+
+
+# torch's refusal of an op without a deterministic kernel, under torch.use_deterministic_algorithms(True)
+_NONDETERMINISTIC = re.compile(r"^(\S+) does not have a deterministic implementation")
+
+
+def from_nondeterministic(e: BaseException) -> ZgError | None:
+    """A one-line ``ZgError`` for torch's refusal of an op that has no deterministic kernel (zg runs CUDA in torch's
+    strict deterministic mode: zgdata/core/runtime.py), or None when ``e`` is something else."""
+    m = _NONDETERMINISTIC.match(str(e)) if isinstance(e, RuntimeError) else None
+    if m is None:
+        return None
+    return ZgError(
+        f"torch has no deterministic kernel for {m.group(1)} on this device, and zg runs CUDA in torch's strict "
+        "deterministic mode (the bitwise guarantees need it)",
+        fix="run this stage on the CPU (unset ZG_DEVICE), or rerun it with `zg --debug` and report the op with its "
+        "traceback",
+    )

@@ -296,10 +296,12 @@ def verify(
 ) -> VerifyResult:
     """``partition``: the boundaries the project needs. A missing one fails the full verify (the DVC stage
     depends on all of them); ``lineage_only`` lists it without failing, since a team that pulled one
-    block's pair runs that mode on a subset. ``mcfg`` (materialize): with virtual_first, h00 is computed from
-    the tokens and the head slice (zgdata/materialize/virtual.py); its lineage and alignment are checked and the sample is
-    recomputed with the teacher like a stored boundary's (it has no checksums: nothing is stored). ``full``: first
-    check every output dvc.lock records against its md5 (the counts go to the report's ``trust``)."""
+    block's pair runs that mode on a subset. ``mcfg`` (materialize): its batch_size is the row count of the
+    recompute's forwards, as materialize ran them (default: the default's); with virtual_first, h00 is computed
+    from the tokens and the head slice (zgdata/materialize/virtual.py); its lineage and alignment are checked and
+    the sample is recomputed with the teacher like a stored boundary's (it has no checksums: nothing is stored).
+    ``full``: first check every output dvc.lock records against its md5 (the counts go to the report's
+    ``trust``)."""
     trust_failures, trusted = _trust_failures(full)
     folder = Path(boundaries_dir) if boundaries_dir else layout.boundaries_dir
     virtual, unbuilt = _virtual(layout, partition, mcfg, lineage_only) if boundaries_dir is None else ([], [])

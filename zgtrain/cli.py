@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     import typer
     from typer._click import exceptions as click_exc  # typer raises its own copy of click's exceptions
 
-    from zgdata.errors import ZgError, from_os_error
+    from zgdata.errors import ZgError, from_nondeterministic, from_os_error
 
     debug = os.environ.get("ZG_DEBUG") == "1" or "--debug" in args
     try:
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         print("aborted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # full disk, quota, permissions, read-only file system: one line; anything else is a bug
-        if debug or (err := from_os_error(e)) is None:
+        if debug or (err := from_os_error(e) or from_nondeterministic(e)) is None:
             raise
         print(f"error: {err.render()}", file=sys.stderr)
         sys.exit(err.code)

@@ -22,3 +22,27 @@ def test_a_gpu_task_gets_a_fresh_worker_process_each_time(ray_session):
     pids = [ray.get(single.remote()) for _ in range(3)]
     assert len(set(pids)) == 3, pids
     assert isinstance(ray.get(ray_cluster.remote(pid, gpus=0).options(**opts).remote()), int)  # a CPU task as before
+
+
+def test_zgs_ray_tasks_are_made_by_ray_cluster_remote():
+    """Every remote function zg makes from a plain function goes through ``ray_cluster.remote`` (an actor class may
+    use the decorator: it holds no GPU). A bare ``ray.remote(fn)`` would bring back reused GPU workers."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    bare = []
+    for path in [*(root / "zgdata").rglob("*.py"), *(root / "zgtrain").rglob("*.py")]:
+        if path.name == "ray_cluster.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "remote"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "ray"
+                and node.args
+            ):
+                bare.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert bare == []

@@ -80,3 +80,34 @@ def test_cuda_runs_in_torchs_strict_deterministic_mode(monkeypatch):
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[2], before[3]
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[4], before[5]
+
+
+def test_an_op_without_a_deterministic_kernel_is_one_line():
+    """Under the strict mode torch refuses such an op with a RuntimeError; `zg` prints it as one line that names the
+    op (zgdata.errors.from_nondeterministic, tried by zgtrain.cli.main). The refusal here is torch's own: `put_`
+    has no deterministic kernel on any device."""
+    from zgdata.errors import from_nondeterministic
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError) as e:
+            torch.zeros(3).put_(torch.tensor([0]), torch.tensor([1.0]))
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    err = from_nondeterministic(e.value)
+    assert err is not None and "no deterministic kernel for put_" in err.what and "ZG_DEVICE" in err.fix
+    assert "\n" not in err.render()
+    assert from_nondeterministic(RuntimeError("CUDA out of memory")) is None
+    assert from_nondeterministic(ValueError("put_ does not have a deterministic implementation")) is None
+
+
+def test_device_sets_up_cuda_determinism(monkeypatch):
+    """`device()` for a CUDA name calls deterministic_cuda (recorded here; the CPU has no CUDA to set up)."""
+    calls = []
+    monkeypatch.setattr(runtime, "deterministic_cuda", lambda: calls.append(1))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(runtime.DEVICE_ENV, "cpu")
+    assert runtime.device() == torch.device("cpu") and calls == []
+    monkeypatch.setenv(runtime.DEVICE_ENV, "cuda")
+    assert runtime.device() == torch.device("cuda") and calls == [1]

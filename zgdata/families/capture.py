@@ -70,8 +70,8 @@ def capture_rows(
     held. Materialize (one process or shards), online targets and verify all capture through here, so a row gets
     the same bits whichever of them computes it and wherever its batch ends. On the CPU the bits are the same
     either way (tests/zgdata/materialize/test_capture_rows.py)."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
+    if rows < 1 or not len(input_ids):
+        raise ValueError(f"capture_rows needs rows >= 1 and at least one sequence, got rows={rows}, {len(input_ids)}")
     parts = []
     for i in range(0, len(input_ids), rows):
         chunk = input_ids[i : i + rows]

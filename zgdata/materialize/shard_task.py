@@ -45,7 +45,7 @@ VERSIONS = {
     "codecs": list(CODECS),
     "checksums": list(CHECKSUMS),
 }
-_TEACHER: dict = {}  # this worker process's teacher, kept for its next shard: {key: model}
+_TEACHER: dict = {}  # this worker process's teacher, kept for its next shard (CPU; a GPU task's process runs one)
 
 
 def run_shard(spec_json: str) -> str:
@@ -116,7 +116,7 @@ def _writers(spec: dict, stage: Path, schema, codec: str) -> tuple[Encoder, Stre
         codec=codec,
         checksum=spec.get("checksum", "blake2b"),  # a driver without the key predates format 4: blake2b
     )
-    try:  # Ray reuses this process for the next shard: nothing of this one may outlive a failure
+    try:  # Ray may reuse this process for the next shard (CPU tasks): nothing of this one may outlive a failure
         rows = spec["hi"] - spec["lo"]
         return encoder, Streams(
             stage, spec["names"], schema, rows_per_file=rows, write_behind=spec.get("write_behind_mb", 0) << 20

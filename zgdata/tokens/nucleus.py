@@ -11,8 +11,8 @@ and removes the lowest tokens whose sum is at most ``1 - top_p`` (never the last
 whatever sorts them, and so are their softmax and running sum (the same kernels on the same contiguous values). The
 running sum of non-negative values never decreases, so the removed tokens are the first ``m`` sorted ones: every
 token at or below the ``m``-th sorted value, unless that value is tied with the first kept one. Only a tie leaves
-the choice to the sort's order of equal values: such a row, and any tensor that is not float32 on the CPU, go
-through transformers' own warper. The result is ``torch.equal`` to the warper's (tests/zgdata/
+the choice to the sort's order of equal values: such a row, and any tensor that is not float32, go through
+transformers' own warper (on the CPU). The result is ``torch.equal`` to the warper's (tests/zgdata/
 test_nucleus.py, with ties planted at the cut).
 
 **On a GPU** the scores are filtered on the CPU (one row of 49,152 float32 logits is 192 KiB each way): the warper's
@@ -41,7 +41,7 @@ class NucleusFilter(LogitsProcessor):
         self.filter_value = filter_value
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        if scores.device.type != "cpu":  # a GPU's running sum of floats has no deterministic kernel (see below)
+        if scores.device.type != "cpu":  # a GPU's running sum of floats has no deterministic kernel (docstring)
             return self(input_ids.cpu(), scores.cpu()).to(scores.device)
         if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[1] < 2:
             return self.exact(input_ids, scores)

@@ -85,9 +85,7 @@ def score_variant(project, block: str, variant: str, *, layout: Layout) -> dict:
             for blk in downstream:
                 h = blk(h)
             logits = head(h)[:, :-1].float()
-            # summed here, not by cross_entropy: its summing reduction of (B, V, T) logits adds with atomics on CUDA
-            ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="none")
-            nll[name] += float(ce.sum())
+            nll[name] += _nll_sum(logits, gold)
         count += int((gold != IGNORE).sum())
     replace_ce, teacher_ce = nll["replace"] / count, nll["teacher"] / count
     return {
@@ -131,3 +129,12 @@ def _heldout_targets(layout: Layout, where, rows, cap: int):
                 fix="hold out longer documents (corpus.heldout), or raise the variant's train.heldout_rows",
             )
     return rows, ids
+
+
+def _nll_sum(logits: torch.Tensor, gold: torch.Tensor) -> float:
+    """The summed CE of ``gold`` (B, T) under ``logits`` (B, T, V). On a GPU the per-token losses are summed here:
+    cross_entropy's own summing reduction of (B, V, T) logits adds with atomics on CUDA, which torch's strict
+    deterministic mode refuses (zgdata/core/runtime.py); on the CPU its reduction stays, and so do the scores' bits."""
+    if logits.device.type == "cpu":
+        return float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="sum"))
+    return float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="none").sum())

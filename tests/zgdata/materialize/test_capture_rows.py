@@ -16,6 +16,7 @@ import yaml
 
 import zgdata.families.capture as cap
 from tests.helpers.datasets import boundary_bits
+from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
 from zgdata.layout import Layout
 from zgdata.materialize.driver import materialize
@@ -100,5 +101,18 @@ def test_capture_rows_pads_a_short_forward_and_keeps_each_rows_bits(tiny_built):
     for k in (2, 4):
         assert got[k].shape == whole[k].shape
         assert torch.equal(got[k].view(torch.int16), whole[k].view(torch.int16)), k
-    with pytest.raises(ValueError, match="rows must be >= 1"):
+    with pytest.raises(ValueError, match="needs rows >= 1 and at least one sequence, got rows=0, 7"):
         cap.capture_rows(model, ids, [2], storage_dtype=torch.bfloat16, rows=0)
+    with pytest.raises(ValueError, match="got rows=4, 0"):
+        cap.capture_rows(model, ids[:0], [2], storage_dtype=torch.bfloat16, rows=4)
+
+
+def test_zg_data_verify_takes_the_batch_size_from_params_without_a_partition(tiny_project, forwards):
+    """`zg data verify` in a folder whose params.yaml names no partition still recomputes in forwards of its
+    materialize.batch_size rows (the virtual h00's settings are what needs the partition, not the row count)."""
+    params = yaml.safe_load((tiny_project / "params.yaml").read_text())
+    params.pop("partition", None)
+    params["materialize"] = {**params.get("materialize", {}), "batch_size": 3}
+    (tiny_project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    zg_main("data", "verify", "--sample", "4", cwd=tiny_project)
+    assert forwards == [3, 3]
