@@ -33,7 +33,6 @@ from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice, load_teacher
 from zgdata.tokens.store import read_tokens
 from zgtrain.block.load import load_block
-from zgtrain.block.objectives import nmse
 from zgtrain.evaluate.gates import judge_sets
 from zgtrain.evaluate.generation import greedy, matching_prefix, prompts, report
 from zgtrain.evaluate.repaired import add_repaired, repaired_loader
@@ -98,25 +97,41 @@ class EvalResult:
         }
 
 
-def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg) -> dict:
-    """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output."""
+def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg, batch: int) -> dict:
+    """Per block: normalized error fed teacher boundary k vs fed the assembled student's own upstream output.
+
+    ``nmse``'s two sums over every held-out token, taken ``batch`` rows at a time: one block and one batch of rows
+    on the device at once (an 8B teacher's 256 held-out rows of 2,048 tokens would not fit whole), the student's
+    upstream kept on the CPU between blocks; the normalizer's per-dimension mean is the whole set's."""
     head, hmeta = load_slice(layout.teacher_head)
     ids, _ = read_tokens(layout, rows)
     dev = device()
     fam = family_of(hmeta["config"])  # GPT-2 adds learned positions to the token embeddings
-    h = fam.embed_head({k: v.float() for k, v in head.items()}, ids).to(dev)  # (N, T, C) student upstream
+    h = fam.embed_head({k: v.float() for k, v in head.items()}, ids)  # (N, T, C) student upstream, on the CPU
+    cuts = [slice(i, i + batch) for i in range(0, len(rows), batch)]
     out = {}
     with torch.no_grad():
         for spec in part.blocks():
             block, _ = load_block(layout, spec.key)
             block = block.to(dev)
             # h00 may be virtual (materialize.virtual_first: zgdata/materialize/virtual.py)
-            x, y = (ds.take(rows).float().to(dev) for ds in open_pair_in(layout, spec, part, mcfg))
-            e_t, d = nmse(block(x), y)
-            h = block(h)
-            e_s, _ = nmse(h, y)
+            x_ds, y_ds = open_pair_in(layout, spec, part, mcfg)
+            mean = sum(y_ds.take(rows[c]).to(dev).double().sum((0, 1)) for c in cuts) / h.shape[0] / h.shape[1]
+            e_t = e_s = d = 0.0
+            for c in cuts:
+                y = y_ds.take(rows[c]).float().to(dev)
+                e_t += _squared_error(block(x_ds.take(rows[c]).float().to(dev)), y)
+                h_c = block(h[c].to(dev))
+                h[c] = h_c.cpu()
+                e_s += _squared_error(h_c, y)
+                d += float((y.double() - mean).pow(2).sum())
             out[spec.key] = {"teacher_input": e_t / d, "student_input": e_s / d}
     return out
+
+
+def _squared_error(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """``nmse``'s numerator (zgtrain/block/objectives.py): the summed squared error, in float64."""
+    return float((pred.double() - target.double()).pow(2).sum())
 
 
 def _csv(rows: list[list]) -> str:
@@ -366,7 +381,7 @@ def evaluate(project: ProjectConfig, *, layout: Layout = Layout()) -> EvalResult
     sets = eval_sets(project, layout, held, tok)
     targets = {s.name: targets_for(s, cfg) for s in sets}
     scores, continuations = _score_models(_models(project, layout), sets, targets, cfg, gen_prompt, gen_rows)
-    shift = _shift(part, layout, rows, project.materialize)
+    shift = _shift(part, layout, rows, project.materialize, cfg.batch_size)
     figs = {s.name: {**figures(s, scores[s.name], targets[s.name], cfg), "lineage": s.lineage} for s in sets}
     h = figs[HELDOUT]
     result = {k: h[k] for k in _HEADLINE}
