@@ -313,18 +313,11 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
         # transformers' grouped_mm counts tokens per expert with torch.histc, which CUDA's strict deterministic mode
         # (zgdata/core/runtime.py) refuses; its integer counts are exact in any order, so that arm only warns
         with torch.no_grad(), _histc_allowed(impl == "grouped_mm"):
-            # The routing of the whole batch, given to the experts whole and in slices: what is compared is the
-            # experts' kernel. The router's own GEMM may change bits with the row count on a GPU (cuBLAS picks a
-            # kernel per shape); capture runs it at one shape, materialize's batch, and it is reported apart.
-            _, w, idx = block.gate(flat)
-            whole = block.experts(flat, idx, w)
-            cuts = range(0, tokens, M.SLICE)
-            sliced = torch.cat(
-                [block.experts(flat[i : i + M.SLICE], idx[i : i + M.SLICE], w[i : i + M.SLICE]) for i in cuts]
-            )
-            routed = torch.cat([block.gate(flat[i : i + M.SLICE])[1] for i in cuts])
+            # The router's own GEMM may change bits with the row count on a GPU (cuBLAS picks a kernel per shape);
+            # capture runs it at one shape, materialize's batch, and it is reported apart.
+            res[f"moe_{impl}_tokens_changed"], w = _moe_slices_changed(block, flat, M.SLICE)
+            routed = torch.cat([block.gate(flat[i : i + M.SLICE])[1] for i in range(0, tokens, M.SLICE)])
             times[impl] = _best_time(lambda b=block: b(x), dev)
-        res[f"moe_{impl}_tokens_changed"] = (sliced != whole).any(-1).float().mean().item()
         res["moe_router_tokens_changed"] = (routed != w).any(-1).float().mean().item()
     res["moe_padded_time_vs_grouped_mm"] = times[EXPERTS_IMPLEMENTATION] / times["grouped_mm"]
     log(
@@ -340,7 +333,9 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
     )
     # float32, materialize's default compute_dtype: on CUDA, grouped_mm takes the CUTLASS path for bf16 only, and
     # float32 goes through ATen's fallback, one GEMM per expert group, whose kernel cuBLAS picks by the group's shape
-    changed = _moe_slices_changed(M.experts_module(hidden, width, 8, 2, EXPERTS_IMPLEMENTATION), flat, dev, M.SLICE)
+    with torch.no_grad():
+        block = M.experts_module(hidden, width, 8, 2, EXPERTS_IMPLEMENTATION).to(dev, torch.float32)
+        changed, _ = _moe_slices_changed(block, flat.float(), M.SLICE)
     res["moe_padded_fp32_tokens_changed"] = changed
     res["moe_batch_invariant_fp32"] = guarantee(
         "MoE capture is batch-invariant in float32",
@@ -366,18 +361,17 @@ def _histc_allowed(allow: bool):
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-def _moe_slices_changed(block, flat, dev, size: int) -> float:
-    """The share of tokens whose float32 expert output changes when the experts get the routed batch in slices of
-    ``size`` rows rather than whole (one routing for both)."""
+def _moe_slices_changed(block, x, size: int):
+    """(the share of tokens whose expert output changes when the experts get the batch's routing in slices of
+    ``size`` rows rather than whole, the routing weights): one routing for both, so what is compared is the experts'
+    kernel."""
     import torch
 
-    block, x = block.to(dev, torch.float32), flat.float()
-    with torch.no_grad():
-        _, w, idx = block.gate(x)
-        whole = block.experts(x, idx, w)
-        cuts = range(0, len(x), size)
-        sliced = torch.cat([block.experts(x[i : i + size], idx[i : i + size], w[i : i + size]) for i in cuts])
-    return (sliced != whole).any(-1).float().mean().item()
+    _, w, idx = block.gate(x)
+    whole = block.experts(x, idx, w)
+    cuts = range(0, len(x), size)
+    sliced = torch.cat([block.experts(x[i : i + size], idx[i : i + size], w[i : i + size]) for i in cuts])
+    return (sliced != whole).any(-1).float().mean().item(), w
 
 
 def _best_time(fn, dev, repeats: int = 3) -> float:

@@ -14,7 +14,7 @@ import torch
 
 from zgtrain.project.names import OBJECTIVES, ObjectiveSpec  # the names and specs, torch-free for params validation
 
-__all__ = ["Objective", "ObjectiveSpec", "OBJECTIVES", "nmse"]
+__all__ = ["Objective", "ObjectiveSpec", "OBJECTIVES", "nmse", "squared_error"]
 
 
 class Objective:
@@ -52,9 +52,13 @@ class Objective:
         return ((pred - target).pow(2) / self.scale).mean()
 
 
+def squared_error(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """The summed squared error, in float64: ``nmse``'s numerator."""
+    return float((pred.double() - target.double()).pow(2).sum())
+
+
 def nmse(pred: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
     """(sum of squared error, sum of squared deviation of target from its per-dim mean), for a ratio."""
     t = target.double()
-    err = (pred.double() - t).pow(2).sum()
     dev = (t - t.flatten(0, 1).mean(0)).pow(2).sum()
-    return float(err), float(dev)
+    return squared_error(pred, target), float(dev)

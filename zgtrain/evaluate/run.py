@@ -33,6 +33,7 @@ from zgdata.materialize.virtual import open_pair_in
 from zgdata.teacher.prepare import load_slice, load_teacher
 from zgdata.tokens.store import read_tokens
 from zgtrain.block.load import load_block
+from zgtrain.block.objectives import squared_error
 from zgtrain.evaluate.gates import judge_sets
 from zgtrain.evaluate.generation import greedy, matching_prefix, prompts, report
 from zgtrain.evaluate.repaired import add_repaired, repaired_loader
@@ -120,18 +121,13 @@ def _shift(part: PartitionConfig, layout: Layout, rows: np.ndarray, mcfg, batch:
             e_t = e_s = d = 0.0
             for c in cuts:
                 y = y_ds.take(rows[c]).float().to(dev)
-                e_t += _squared_error(block(x_ds.take(rows[c]).float().to(dev)), y)
+                e_t += squared_error(block(x_ds.take(rows[c]).float().to(dev)), y)
                 h_c = block(h[c].to(dev))
                 h[c] = h_c.cpu()
-                e_s += _squared_error(h_c, y)
+                e_s += squared_error(h_c, y)
                 d += float((y.double() - mean).pow(2).sum())
             out[spec.key] = {"teacher_input": e_t / d, "student_input": e_s / d}
     return out
-
-
-def _squared_error(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """``nmse``'s numerator (zgtrain/block/objectives.py): the summed squared error, in float64."""
-    return float((pred.double() - target.double()).pow(2).sum())
 
 
 def _csv(rows: list[list]) -> str:
