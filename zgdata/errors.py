@@ -9,8 +9,9 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 
-__all__ = ["ZgError", "from_os_error", "from_nondeterministic", "dvc_checkout"]
+__all__ = ["ZgError", "from_os_error", "from_nondeterministic", "dvc_checkout", "shell_arg"]
 
 
 class ZgError(Exception):
@@ -30,11 +31,17 @@ class ZgError(Exception):
         return " ".join(p.rstrip(".") + "." for p in parts)
 
 
+def shell_arg(path) -> str:
+    """``path`` as one shell word, so advice that names it runs as written when pasted into a shell (a corpus file
+    a user added with `dvc add` may have a space in its name). A plain path is unchanged."""
+    return shlex.quote(str(path))
+
+
 def dvc_checkout(*paths) -> str:
     """The command that restores DVC-tracked ``paths`` from the cache. ``--force``: DVC leaves a
     changed output in place without it (exit 255, "Can't remove the following unsaved files without
     confirmation"; checked with DVC 3.67), and a changed file is what most refusals find."""
-    return "dvc checkout --force " + " ".join(str(p) for p in paths)
+    return "dvc checkout --force " + " ".join(shell_arg(p) for p in paths)
 
 
 # The OS conditions a user fixes outside zg: errno -> (what happened, what to do).

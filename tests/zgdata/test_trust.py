@@ -303,3 +303,29 @@ def test_files_hashed_in_parallel_give_the_md5s_dvc_recorded(reproduced, tmp_pat
         trust._MEMO.clear()
         counts.append(trust.verify_all(root))
     assert counts[0] == counts[1] and counts[0].hashed > 0
+
+
+def test_advice_for_a_path_with_a_space_runs_as_written_in_a_shell(tmp_path):
+    """A user's own `dvc add`-ed file may have a space in its name: the refusal's restore command quotes it, so
+    pasted into a shell it restores the file (unquoted, `dvc checkout --force` would get two paths and fail)."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    run(["git", "init", "-q"], cwd=root)
+    run(["dvc", "init", "-q"], cwd=root)
+    (root / "corpus").mkdir()
+    doc = root / "corpus/my plays.txt"
+    doc.write_text("Who's there?\n")
+    run(["dvc", "add", "-q", "corpus/my plays.txt"], cwd=root)
+    run(["git", "add", "-A"], cwd=root)
+    run(["git", "commit", "-qm", "a corpus file with a space in its name"], cwd=root)
+    trust.verify(doc)  # the recorded bytes pass
+    doc.unlink()
+    doc.write_text("Nay, answer me.\n")
+
+    with pytest.raises(ZgError, match=re.escape("corpus/my plays.txt does not match corpus/my plays.txt.dvc")) as e:
+        trust.verify(doc)
+    advice = re.search(r"`(git checkout [^`]+)`", e.value.fix).group(1)
+    assert advice == "git checkout 'corpus/my plays.txt.dvc' && dvc checkout --force 'corpus/my plays.txt'"
+    run(["bash", "-c", advice], cwd=root)
+    assert doc.read_text() == "Who's there?\n"
+    trust.verify(doc)

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from zgdata.errors import ZgError, dvc_checkout
+from zgdata.errors import ZgError, dvc_checkout, shell_arg
 
 __all__ = ["Record", "holding", "outputs", "parse", "entry", "read_text"]
 
@@ -32,7 +32,9 @@ def read_text(path: Path, name: str) -> str:
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ZgError(f"{name} cannot be read ({e})", fix=f"restore it from git (`git checkout {name}`)") from e
+        raise ZgError(
+            f"{name} cannot be read ({e})", fix=f"restore it from git (`git checkout {shell_arg(name)}`)"
+        ) from e
 
 
 def _text(dvcfile: Path) -> tuple[str, bool]:
@@ -61,7 +63,7 @@ def parse(text: str, name: str, lists: tuple[str, ...] = ("outs", "deps")) -> di
     except yaml.YAMLError as e:
         raise ZgError(
             f"{name} is not a readable DVC file ({str(e).splitlines()[0]})",
-            fix=f"restore it from git (`git checkout {name}`)",
+            fix=f"restore it from git (`git checkout {shell_arg(name)}`)",
         ) from e
     return entry(doc, name, name, lists)
 
@@ -69,7 +71,7 @@ def parse(text: str, name: str, lists: tuple[str, ...] = ("outs", "deps")) -> di
 def entry(doc, what: str, file: str, lists: tuple[str, ...] = ("outs", "deps")) -> dict:
     """``doc`` (``what``: a DVC file, or a stage of dvc.lock, in ``file``) as a mapping whose ``lists`` keys hold
     lists of mappings; None is an empty mapping; any other shape is one line."""
-    fix = f"restore it from git (`git checkout {file}`)"
+    fix = f"restore it from git (`git checkout {shell_arg(file)}`)"
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ZgError(f"{what} is not what DVC writes (a YAML {type(doc).__name__}, not a mapping)", fix=fix)
@@ -94,12 +96,12 @@ def outputs(dvcfile: Path, root: Path) -> list[Record]:
         if o.get("path") and o.get("md5") and o.get("hash") == "md5":
             out = Path(os.path.normpath(dvcfile.parent / o["path"]))
             rel = os.path.relpath(out, root)
-            restore = f"restore what git records: `git checkout {name} && {dvc_checkout(rel)}` (or `dvc pull {rel}`"
+            restore = f"restore what git records: `git checkout {shell_arg(name)} && {dvc_checkout(rel)}` (or `dvc pull {shell_arg(rel)}`"
             fix = restore + (
                 # `dvc add` over an import would record these bytes as the source repository's at its commit
                 ", which fetches it from its source again); never `dvc add` an imported output"
                 if imported
-                else f" from a remote you trust); if you changed it on purpose, record it: `dvc add {rel} && git commit {name}`"
+                else f" from a remote you trust); if you changed it on purpose, record it: `dvc add {shell_arg(rel)} && git commit {shell_arg(name)}`"
             )
             records.append(Record(out, str(o["md5"]), by, fix))
     return records
