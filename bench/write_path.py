@@ -273,7 +273,20 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--quiet", type=float, default=0, help="first wait up to this many seconds for other processes to go quiet"
     )
+    ap.add_argument(
+        "--loader-cold",
+        action="store_true",
+        help="do not fault the decoded caches' memory in before each first epoch: the epoch pays the host's first "
+        "touch of fresh memory, as a training process does",
+    )
+    ap.add_argument(
+        "--no-huge-pages",
+        action="store_true",
+        help="turn off numpy's madvise(MADV_HUGEPAGE) on large arrays (the decoded cache's among them) for this run",
+    )
     args = ap.parse_args(argv)
+    if args.no_huge_pages:
+        np._core.multiarray._set_madvise_hugepage(False)
 
     torch.set_num_threads(1)  # the forward's threads are the GPU's; the cores are the writer's
     xs = real(args.rows_from, 16) if args.rows_from else synthetic(4, args.seq_len, args.hidden)
@@ -357,7 +370,7 @@ def main(argv=None) -> int:
                 )["published"]
             pub = pubs[args.lossless]
             for codec, datasets in pubs.items():
-                runs = [loader(datasets) for _ in reps]
+                runs = [loader(datasets, prefault=not args.loader_cold) for _ in reps]
                 lo = {k: max(r[k] for r in runs) for k in runs[0]}
                 lo["first_touch_gbps"] = min(r["first_touch_gbps"] for r in runs)
                 res[f"loader_{codec}"] = lo
@@ -365,7 +378,7 @@ def main(argv=None) -> int:
                     f"loader {codec:<10} first epoch {lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap "
                     f"{lo['memmap_gbps']:.2f}: ratios {lo['first_gbps'] / lo['memmap_gbps']:.2f} and "
                     f"{lo['warm_gbps'] / lo['memmap_gbps']:.2f} (this VM's first touch of fresh memory: "
-                    f"{lo['first_touch_gbps']:.2f} GB/s, faulted in before the epoch)"
+                    f"{lo['first_touch_gbps']:.2f} GB/s, {'not ' if args.loader_cold else ''}faulted in before the epoch)"
                 )
                 log(
                     f"  np.memmap through the same loader {lo['memmap_loader_gbps']:.2f} GB/s: first epoch "
