@@ -128,3 +128,37 @@ def test_a_miss_reads_its_aligned_block_and_a_damaged_row_read_ahead_raises_only
     assert np.array_equal(read(np.array([14, 12, 11])), ROWS[[14, 12, 11]])
     assert into[2:] == [list(range(8, 16)), [9, 10], [13], [11, 12], [14]]  # the damaged block read ahead once
     assert not scattered  # every read went straight into the cache
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
+    inside, lines = False, open("/proc/self/smaps").read().splitlines()
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("mmap"), "MADV_NOHUGEPAGE") or not __import__("os").path.exists("/proc/self/smaps"),
+    reason="MADV_NOHUGEPAGE and /proc/self/smaps are Linux's",
+)
+def test_the_cache_lives_on_small_pages_and_holds_the_rows(monkeypatch):
+    """numpy advises huge pages for large arrays; the cache's memory is advised against them (``nh``), since its
+    first write is the first epoch's cost (small_pages' docstring has the measurement), and it still holds the rows."""
+    big = module.small_pages((64, 1 << 16), np.uint16)  # 8 MiB: numpy would advise huge pages for np.empty
+    assert big.flags.writeable and big.flags.c_contiguous and big.shape == (64, 1 << 16)
+    assert "nh" in _vm_flags(big.ctypes.data) and "hg" not in _vm_flags(big.ctypes.data)
+    big[...] = 7
+    assert int(big[-1, -1]) == 7
+
+    made, real = [], module.small_pages
+    monkeypatch.setattr(module, "small_pages", lambda *a: made.append(real(*a)) or made[-1])  # records, then the real
+    monkeypatch.setenv("ZG_DECODED_CACHE_MB", "1")
+    read = decoded_cache(40, 6, np.uint16, _fetch([]))
+    assert np.array_equal(read(np.arange(40)), ROWS)
+    assert len(made) == 1 and np.array_equal(made[0], ROWS)  # the rows live in the array small_pages made

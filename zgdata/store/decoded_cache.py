@@ -9,7 +9,7 @@ mapped pages sitting in the OS page cache.
 Only the first read of a row decodes it; the bits are the decoded bits (the checksums check
 them on that read, zgdata/store/reader.py), and the order of rows is the caller's: no bit and no
 sample order changes. The cache is one array sized for the whole boundary, reserved lazily by
-the OS (``np.empty`` touches no page until a row lands in it). All caches of one process share one
+the OS (no page is touched until a row lands in it), on 4 KiB pages (``small_pages``). All caches of one process share one
 budget, ``ZG_DECODED_CACHE_MB`` (default: a sixteenth of the machine's memory, so that N blocks
 trained at once by `zg repro --jobs N` stay bounded too); a boundary that does not fit in what is
 left is not cached and decodes on every read.
@@ -17,6 +17,7 @@ left is not cached and decodes on every read.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import weakref
@@ -53,6 +54,26 @@ def budget_bytes() -> int:
         return 0
 
 
+def small_pages(shape: tuple[int, int], dtype) -> np.ndarray:
+    """An uninitialized array like ``np.empty``, in an anonymous map advised ``MADV_NOHUGEPAGE``.
+
+    numpy advises ``MADV_HUGEPAGE`` for every array of 4 MB or more. The cache is written once, row by row, in the
+    first epoch, so its cost there is the first write to fresh memory, and on a host that hands freed guest memory
+    back lazily (the 2-core VMs this project is measured on) a huge page's first write ran at about 0.5 GB/s against
+    about 2.5 for 4 KiB pages: a fresh process's first epoch of a 512 MB ``zstd_fast`` pair took 0.46-0.70 GB/s
+    against 1.07-1.08 with small pages, warm epochs the same (bench/first_epoch_parts.py, docs/results/write-path.md).
+    Where the guest had backed the memory recently, huge pages' first write was faster (6-7 GB/s against about
+    2.5, bench/write_path.py's probe); a training process's cache is new memory: the smaller risk is taken.
+    Elsewhere (no such advice on this OS) it is ``np.empty``."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes < mmap.PAGESIZE or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return np.empty(shape, dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(m, dtype).reshape(shape)  # the array holds the map; it is unmapped with the last view
+
+
 READAHEAD_BYTES = 16 << 20  # decoded bytes a miss reads ahead: long sorted runs, not a few rows per Lance take
 
 
@@ -78,7 +99,7 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
         if n_rows == 0 or _reserved + size > budget_bytes():
             return None
         _reserved += size
-    cache = np.empty((n_rows, row_values), dtype)
+    cache = small_pages((n_rows, row_values), dtype)
     weakref.finalize(cache, _release, size)  # the reservation lives as long as the array
     have = np.zeros(n_rows, dtype=bool)
     lock = threading.Lock()  # two threads asking for the same missing row decode it once

@@ -1,0 +1,126 @@
+"""Where a compressed boundary's first epoch goes, part by part, in user and system CPU-seconds per GB. Not a test.
+
+    python bench/first_epoch_parts.py                   # numpy's default: huge pages for arrays of 4 MB or more
+    python bench/first_epoch_parts.py --no-huge-pages   # 4 KiB pages for every array
+
+In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows with the real write path
+(bench/write_path.py), then time, on one of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as
+the decoded cache reads them), the decode and join of the planes (zstd's pool) into memory written before and into
+fresh memory (numpy's allocation, and ``decoded_cache.small_pages``: 4 KiB pages), the row checksums, the copy out of
+batches of 4; before them, the pair's first and warm epochs through ``BoundaryPair.batches`` (first, so that
+no part has written and freed the memory the decoded caches then get). System time is the kernel's:
+on a host that backs guest memory lazily, the first write to fresh memory is most of it (docs/results/write-path.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _cpu() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def timed(name: str, f, nbytes: int) -> None:
+    (u0, s0), t0 = _cpu(), time.perf_counter()
+    f()
+    dt, (u1, s1) = time.perf_counter() - t0, _cpu()
+    gb = nbytes / 1e9
+    print(f"{name:44s} {gb / dt:6.2f} GB/s   user {(u1 - u0) / gb:.2f}  sys {(s1 - s0) / gb:.2f} core-s per GB")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=int, default=512, help="MB of bf16 in the pair")
+    ap.add_argument("--hidden", type=int, default=576)
+    ap.add_argument("--no-huge-pages", action="store_true", help="turn off numpy's madvise(MADV_HUGEPAGE)")
+    args = ap.parse_args(argv)
+    if args.no_huge_pages:
+        np._core.multiarray._set_madvise_hugepage(False)
+    import torch
+    from write_path import synthetic, write_path  # bench/: this script's folder is on sys.path
+    from write_path_reads import B
+
+    from zgdata.store.codec import decode_rows
+    from zgdata.store.decoded_cache import small_pages
+    from zgdata.store.integrity import mismatched_rows
+    from zgdata.store.pagemap import page_reader
+    from zgdata.store.reader import BoundaryDataset, BoundaryPair
+
+    torch.set_num_threads(1)
+    xs = synthetic(4, 512, args.hidden)
+    work = Path(tempfile.mkdtemp(prefix="zg-first-epoch-"))
+    try:
+        n = max(2, (args.mb << 20) // (2 * xs[0].numel() * 2))
+        pub = write_path(work, xs, boundaries=2, batches=n, codec="zstd_fast", threads=2, publish=True)["published"]
+        a, b = list(pub.values())[:2]
+        ds = BoundaryDataset(a)
+        rows, width, row_bytes = len(ds.seq_ids), ds.seq_len * ds.hidden, ds.row_bytes
+        nbytes = rows * row_bytes
+        print(
+            f"one boundary: {rows} rows of {ds.seq_len} x {ds.hidden} bf16, {nbytes / 1e9:.2f} GB; huge pages "
+            f"{'off' if args.no_huge_pages else 'on (numpy default)'}"
+        )
+        pair = BoundaryPair(a, b)
+        steps = rows // B
+        pair_bytes = steps * B * row_bytes * 2
+
+        def epoch():
+            for _ in pair.batches("train", start_step=0, steps=steps, batch_size=B, seed=0):
+                pass
+
+        timed("the pair's first epoch (a fresh BoundaryPair)", epoch, pair_bytes)
+        timed("the pair's warm epoch", epoch, pair_bytes)
+        ahead = (16 << 20) // row_bytes
+        blocks = [np.arange(k, min(rows, k + ahead)) for k in range(0, rows, ahead)]
+        tables: list = []
+        timed(
+            "Lance take of the high bytes, 16 MB blocks",
+            lambda: tables.extend(ds.ds.take(r, columns=["hidden_hi"]) for r in blocks),
+            nbytes,
+        )
+        lo = page_reader(ds.ds, ds.path, "hidden_lo", width, np.uint8, ds._lo_probe(width))
+
+        def decode_into(out):
+            for t, r in zip(tables, blocks):
+                decode_rows(
+                    t, "zstd_fast", "bfloat16", ds.seq_len, ds.hidden, out=out[r[0] : r[-1] + 1], lo=lo.views(r)
+                )
+
+        touched = np.empty((rows, width), np.uint16)
+        touched[...] = 1
+        timed("decode + join into memory written before", lambda: decode_into(touched), nbytes)
+        timed(
+            "decode + join into fresh memory (np.empty)",
+            lambda: decode_into(np.empty((rows, width), np.uint16)),
+            nbytes,
+        )
+        small = small_pages((rows, width), np.uint16)
+        timed("decode + join into fresh memory, 4 KiB pages", lambda: decode_into(small), nbytes)
+        sums = ds._checksums(np.arange(rows))
+        timed("row checksums", lambda: mismatched_rows(sums, touched, algo=ds.checksum), nbytes)
+        order = np.random.default_rng(0).permutation(rows)
+
+        def copy_out():  # each batch dropped before the next, as the training loop does
+            for i in range(0, rows, B):
+                touched[np.sort(order[i : i + B])]
+
+        timed("copy out batches of 4", copy_out, nbytes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
