@@ -6,7 +6,7 @@
 In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows with the real write path
 (bench/write_path.py), then time, on one of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as
 the decoded cache reads them), the decode and join of the planes (zstd's pool) into memory written before and into
-fresh memory (numpy's allocation, and ``decoded_cache.small_pages``: 4 KiB pages), the row checksums, the copy out of
+fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation), the row checksums, the copy out of
 batches of 4; before them, the pair's first and warm epochs through ``BoundaryPair.batches`` (first, so that
 no part has written and freed the memory the decoded caches then get). System time is the kernel's:
 on a host that backs guest memory lazily, the first write to fresh memory is most of it (docs/results/write-path.md).
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-huge-pages", action="store_true", help="turn off numpy's madvise(MADV_HUGEPAGE)")
     args = ap.parse_args(argv)
     if args.no_huge_pages:
-        np._core.multiarray._set_madvise_hugepage(False)
+        (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # numpy 2, or 1.26
     import torch
     from write_path import synthetic, write_path  # bench/: this script's folder is on sys.path
     from write_path_reads import B
@@ -101,13 +101,13 @@ def main(argv=None) -> int:
         touched = np.empty((rows, width), np.uint16)
         touched[...] = 1
         timed("decode + join into memory written before", lambda: decode_into(touched), nbytes)
+        small = small_pages((rows, width), np.uint16)  # before np.empty's: no memory freed just before to reuse
+        timed("decode + join into fresh memory, 4 KiB pages", lambda: decode_into(small), nbytes)
         timed(
             "decode + join into fresh memory (np.empty)",
             lambda: decode_into(np.empty((rows, width), np.uint16)),
             nbytes,
         )
-        small = small_pages((rows, width), np.uint16)
-        timed("decode + join into fresh memory, 4 KiB pages", lambda: decode_into(small), nbytes)
         sums = ds._checksums(np.arange(rows))
         timed("row checksums", lambda: mismatched_rows(sums, touched, algo=ds.checksum), nbytes)
         order = np.random.default_rng(0).permutation(rows)

@@ -282,11 +282,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--no-huge-pages",
         action="store_true",
-        help="turn off numpy's madvise(MADV_HUGEPAGE) on large arrays (the decoded cache's among them) for this run",
+        help="turn off numpy's madvise(MADV_HUGEPAGE) on large arrays for this run (zg's decoded cache is on 4 KiB "
+        "pages either way: zgdata/store/decoded_cache.py small_pages)",
     )
     args = ap.parse_args(argv)
     if args.no_huge_pages:
-        np._core.multiarray._set_madvise_hugepage(False)
+        (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # numpy 2, or 1.26
 
     torch.set_num_threads(1)  # the forward's threads are the GPU's; the cores are the writer's
     xs = real(args.rows_from, 16) if args.rows_from else synthetic(4, args.seq_len, args.hidden)

@@ -291,13 +291,16 @@ def test_a_disk_error_of_a_write_behind_sync_is_one_line_and_a_rerun_finishes(ti
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(write_behind, "_datasync", eio)
-    add = write_behind.WriteBehind.add
+    close = write_behind.WriteBehind.close
 
-    def add_then_sync(self, nbytes):  # the thread's sync, at once: the tiny run's rows would end before it wakes
-        add(self, nbytes)
+    def sync_then_close(self):
+        # the thread's sync, made once the group's writers have put their files on disk: the tiny run's rows end
+        # before the thread wakes, and a sync right after a batch is handed over can find its file not yet written
+        # (a race that failed this test once under load)
         self.sync()
+        return close(self)
 
-    monkeypatch.setattr(write_behind.WriteBehind, "add", add_then_sync)
+    monkeypatch.setattr(write_behind.WriteBehind, "close", sync_then_close)
     res = zg_main("data", "materialize", cwd=root, check=False)
     assert synced, "no write-behind sync ran: the test did not reach what it tests"
     line = assert_user_error(res, "Input/output error (EIO) at data/.staging/", "check it", alone=True)

@@ -78,7 +78,12 @@ def subfolder_hint() -> str:
         return ""
     if any((here / m).exists() for m in MARKERS) or (root := project_root(here)) is None:
         return ""
-    return f"(this folder is inside the project at {root}; zg's project commands run from its root: `cd {root}`)"
+    import shlex
+
+    return (
+        f"(this folder is inside the project at {root}; zg's project commands run from its root: "
+        f"`cd {shlex.quote(str(root))}`)"
+    )
 
 
 @functools.cache

@@ -59,19 +59,25 @@ def small_pages(shape: tuple[int, int], dtype) -> np.ndarray:
 
     numpy advises ``MADV_HUGEPAGE`` for every array of 4 MB or more. The cache is written once, row by row, in the
     first epoch, so its cost there is the first write to fresh memory, and on a host that hands freed guest memory
-    back lazily (the 2-core VMs this project is measured on) a huge page's first write ran at about 0.5 GB/s against
-    about 2.5 for 4 KiB pages: a fresh process's first epoch of a 512 MB ``zstd_fast`` pair took 0.46-0.70 GB/s
-    against 1.07-1.08 with small pages, warm epochs the same (bench/first_epoch_parts.py, docs/results/write-path.md).
-    Where the guest had backed the memory recently, huge pages' first write was faster (6-7 GB/s against about
-    2.5, bench/write_path.py's probe); a training process's cache is new memory: the smaller risk is taken.
+    back lazily (the 2-core VMs this project is measured on) huge pages made that write the epoch's largest cost: a
+    decode into fresh numpy memory ran at 0.52-0.55 GB/s (2.8-3.2 system core-s per GB) against 1.8-1.9 on small
+    pages, and a fresh process's first epoch of a 512 MB ``zstd_fast`` pair at 0.46-0.70 GB/s against 1.02-1.08, warm
+    epochs the same (``python bench/first_epoch_parts.py``, docs/results/write-path.md). Where the guest had backed the
+    memory recently, huge pages' first write was the faster one (``python bench/write_path.py --loader-cold``
+    prints it); a training process's cache is new memory of a new process: the smaller risk is taken.
     Elsewhere (no such advice on this OS) it is ``np.empty``."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes < mmap.PAGESIZE or not hasattr(mmap, "MADV_NOHUGEPAGE"):
         return np.empty(shape, dtype)
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(m, dtype).reshape(shape)  # the array holds the map; it is unmapped with the last view
+    try:
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    except OSError:  # a kernel built without transparent huge pages refuses the advice: its pages are small anyway
+        pass
+    # the array is the map's one owner (its views point at it, not at a view of it): the map, and the cache's
+    # share of the budget (weakref.finalize in decoded_cache), go with the last view
+    return np.ndarray(shape, dtype, buffer=m)
 
 
 READAHEAD_BYTES = 16 << 20  # decoded bytes a miss reads ahead: long sorted runs, not a few rows per Lance take

@@ -30,6 +30,7 @@ mask. torch and transformers are imported inside the functions (``zg --help`` ne
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def _gguf_alternative(student: Path) -> str:
         check_gguf(student)
     except ZgError:
         return _FIX_KEEP
-    return f"use `zg export {student} --format gguf` (llama.cpp can say it), or {_FIX_KEEP}"
+    return f"use `zg export {shlex.quote(str(student))} --format gguf` (llama.cpp can say it), or {_FIX_KEEP}"
 
 
 def _stock_windows(model_type: str, d: dict, n: int) -> list:
