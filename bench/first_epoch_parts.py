@@ -6,9 +6,9 @@
 In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows with the real write path
 (bench/write_path.py), then time, on one of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as
 the decoded cache reads them), the decode and join of the planes (zstd's pool) into memory written before and into
-fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation), the row checksums, the copy out of
-batches of 4; before them, the pair's first and warm epochs through ``BoundaryPair.batches`` (first, so that
-no part has written and freed the memory the decoded caches then get). System time is the kernel's:
+fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation), the row
+checksums, the copy out of batches of 4; before them, the pair's first and warm epochs through
+``BoundaryPair.batches`` (first, so that no part has written and freed the memory the decoded caches then get). System time is the kernel's:
 on a host that backs guest memory lazily, the first write to fresh memory is most of it (docs/results/write-path.md).
 """
 
@@ -46,10 +46,11 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--no-huge-pages", action="store_true", help="turn off numpy's madvise(MADV_HUGEPAGE)")
     args = ap.parse_args(argv)
+    from write_path import no_huge_pages, synthetic, write_path  # bench/: this script's folder is on sys.path
+
     if args.no_huge_pages:
-        (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # numpy 2, or 1.26
+        no_huge_pages()
     import torch
-    from write_path import synthetic, write_path  # bench/: this script's folder is on sys.path
     from write_path_reads import B
 
     from zgdata.store.codec import decode_rows

@@ -88,6 +88,11 @@ def real(path: Path, n: int) -> list[torch.Tensor]:
 RAW_BITS = {"raw", "blob"}  # the codecs that store the bits as they are: a fixed-size list, or packed Lance blobs
 
 
+def no_huge_pages() -> None:
+    """Turn off numpy's madvise(MADV_HUGEPAGE) on its large arrays for the rest of this process."""
+    (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # numpy 2, or 1.26
+
+
 def cpu_s() -> float:
     """CPU seconds this process has used, all its threads (Lance's own included)."""
     import resource
@@ -287,7 +292,7 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     if args.no_huge_pages:
-        (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # numpy 2, or 1.26
+        no_huge_pages()
 
     torch.set_num_threads(1)  # the forward's threads are the GPU's; the cores are the writer's
     xs = real(args.rows_from, 16) if args.rows_from else synthetic(4, args.seq_len, args.hidden)

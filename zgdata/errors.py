@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 
-__all__ = ["ZgError", "from_os_error", "from_nondeterministic", "dvc_checkout", "shell_arg"]
+__all__ = ["ZgError", "from_os_error", "from_nondeterministic", "dvc_checkout", "dvc_pull", "shell_arg"]
 
 
 class ZgError(Exception):
@@ -42,6 +42,11 @@ def dvc_checkout(*paths) -> str:
     changed output in place without it (exit 255, "Can't remove the following unsaved files without
     confirmation"; checked with DVC 3.67), and a changed file is what most refusals find."""
     return "dvc checkout --force " + " ".join(shell_arg(p) for p in paths)
+
+
+def dvc_pull(*paths) -> str:
+    """The command that fetches DVC-tracked ``paths`` from the project's remote and checks them out."""
+    return "dvc pull " + " ".join(shell_arg(p) for p in paths)
 
 
 # The OS conditions a user fixes outside zg: errno -> (what happened, what to do).

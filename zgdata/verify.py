@@ -10,7 +10,7 @@ import torch
 
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig
 from zgdata.core.atomic import write_json
-from zgdata.errors import ZgError, shell_arg
+from zgdata.errors import ZgError, dvc_pull
 from zgdata.families.capture import capture_rows
 from zgdata.layout import Layout
 from zgdata.lineage import LINEAGE_KEYS, boundary_fingerprint, mismatch_text, mismatches
@@ -212,7 +212,7 @@ def _missing_failures(missing: list[str], folder: Path) -> list[dict]:
             "boundary": n,
             "check": "missing",
             "what": f"{n} ({folder / f'{n}.lance'}), which partition.boundaries needs, is missing",
-            "fix": f"`dvc pull {shell_arg(folder / f'{n}.lance')}`, or re-create it with `dvc repro materialize`",
+            "fix": f"`{dvc_pull(folder / f'{n}.lance')}`, or re-create it with `dvc repro materialize`",
         }
         for n in missing
     ]

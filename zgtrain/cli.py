@@ -78,11 +78,11 @@ def subfolder_hint() -> str:
         return ""
     if any((here / m).exists() for m in MARKERS) or (root := project_root(here)) is None:
         return ""
-    import shlex
+    from zgdata.errors import shell_arg
 
     return (
         f"(this folder is inside the project at {root}; zg's project commands run from its root: "
-        f"`cd {shlex.quote(str(root))}`)"
+        f"`cd {shell_arg(root)}`)"
     )
 
 

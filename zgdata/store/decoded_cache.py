@@ -9,10 +9,10 @@ mapped pages sitting in the OS page cache.
 Only the first read of a row decodes it; the bits are the decoded bits (the checksums check
 them on that read, zgdata/store/reader.py), and the order of rows is the caller's: no bit and no
 sample order changes. The cache is one array sized for the whole boundary, reserved lazily by
-the OS (no page is touched until a row lands in it), on 4 KiB pages (``small_pages``). All caches of one process share one
-budget, ``ZG_DECODED_CACHE_MB`` (default: a sixteenth of the machine's memory, so that N blocks
-trained at once by `zg repro --jobs N` stay bounded too); a boundary that does not fit in what is
-left is not cached and decodes on every read.
+the OS (no page is touched until a row lands in it), on 4 KiB pages (``small_pages``). All caches
+of one process share one budget, ``ZG_DECODED_CACHE_MB`` (default: a sixteenth of the machine's
+memory, so that N blocks trained at once by `zg repro --jobs N` stay bounded too); a boundary that
+does not fit in what is left is not cached and decodes on every read.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
-from zgdata.errors import ZgError, dvc_checkout, shell_arg
+from zgdata.errors import ZgError, dvc_checkout, dvc_pull
 
 __all__ = [
     "CHECKSUM_COLUMN",
@@ -147,7 +147,7 @@ def mismatched_rows(table, values: np.ndarray | None = None, *, algo: str) -> li
 def recover_fix(path: Path, kind: str | None = None) -> str:
     """What to do about a damaged dataset: restore the tracked copy, or re-create it (with the stage that writes
     it: tokens, materialize, or in local pretraining the local_bNN stage whose output it is)."""
-    restore = f"restore it with `{dvc_checkout(path)}` (or `dvc pull {shell_arg(path)}`), or re-create it with "
+    restore = f"restore it with `{dvc_checkout(path)}` (or `{dvc_pull(path)}`), or re-create it with "
     if kind == "local_boundary":
         return restore + "`dvc repro -f local_bNN`, bNN the block that writes it (`dvc stage list` names the outputs)"
     return restore + f"`dvc repro -f {'tokens' if kind == 'tokens' else 'materialize'}`"

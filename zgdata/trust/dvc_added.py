@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from zgdata.errors import ZgError, dvc_checkout, shell_arg
+from zgdata.errors import ZgError, dvc_checkout, dvc_pull, shell_arg
 
 __all__ = ["Record", "holding", "outputs", "parse", "entry", "read_text"]
 
@@ -96,12 +96,16 @@ def outputs(dvcfile: Path, root: Path) -> list[Record]:
         if o.get("path") and o.get("md5") and o.get("hash") == "md5":
             out = Path(os.path.normpath(dvcfile.parent / o["path"]))
             rel = os.path.relpath(out, root)
-            restore = f"restore what git records: `git checkout {shell_arg(name)} && {dvc_checkout(rel)}` (or `dvc pull {shell_arg(rel)}`"
+            restore = (
+                f"restore what git records: `git checkout {shell_arg(name)} && {dvc_checkout(rel)}` "
+                f"(or `{dvc_pull(rel)}`"
+            )
             fix = restore + (
                 # `dvc add` over an import would record these bytes as the source repository's at its commit
                 ", which fetches it from its source again); never `dvc add` an imported output"
                 if imported
-                else f" from a remote you trust); if you changed it on purpose, record it: `dvc add {shell_arg(rel)} && git commit {shell_arg(name)}`"
+                else f" from a remote you trust); if you changed it on purpose, record it: "
+                f"`dvc add {shell_arg(rel)} && git commit {shell_arg(name)}`"
             )
             records.append(Record(out, str(o["md5"]), by, fix))
     return records

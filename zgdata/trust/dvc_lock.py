@@ -31,7 +31,7 @@ from pathlib import Path
 
 from zgdata.core.paths_guard import inside
 from zgdata.core.runtime import cores
-from zgdata.errors import ZgError, dvc_checkout, shell_arg
+from zgdata.errors import ZgError, dvc_checkout, dvc_pull
 from zgdata.layout import Layout
 from zgdata.trust import dvc_added, state_key
 
@@ -180,7 +180,7 @@ def _md5(path: Path, state: dict, counts: dict, pre: dict | None = None) -> str:
 
 def _fix(rel: str) -> str:
     return (
-        f"restore it from git's record with `{dvc_checkout(rel)}` (or `dvc pull {shell_arg(rel)}` from a remote you "
+        f"restore it from git's record with `{dvc_checkout(rel)}` (or `{dvc_pull(rel)}` from a remote you "
         f"trust); if you rebuilt it yourself on purpose, record it with `dvc commit`"
     )
 
@@ -325,7 +325,7 @@ def _check(root: Path, p: Path, md5: str, by: str, fix: str, state: dict, counts
     if not p.exists():
         raise ZgError(
             f"{rel} is missing ({by} records it)",
-            fix=f"restore it with `{dvc_checkout(rel)}` or `dvc pull {shell_arg(rel)}`",
+            fix=f"restore it with `{dvc_checkout(rel)}` or `{dvc_pull(rel)}`",
         )
     counts["outputs"] += 1
     if md5.endswith(".dir"):

@@ -30,11 +30,10 @@ mask. torch and transformers are imported inside the functions (``zg --help`` ne
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 from pathlib import Path
 
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, shell_arg
 from zgtrain.fit.rerun import model_of
 
 __all__ = ["DTYPES", "TORCH_DTYPES", "read_student", "stock_config", "check_hf", "export_hf"]
@@ -93,7 +92,7 @@ def _gguf_alternative(student: Path) -> str:
         check_gguf(student)
     except ZgError:
         return _FIX_KEEP
-    return f"use `zg export {shlex.quote(str(student))} --format gguf` (llama.cpp can say it), or {_FIX_KEEP}"
+    return f"use `zg export {shell_arg(student)} --format gguf` (llama.cpp can say it), or {_FIX_KEEP}"
 
 
 def _stock_windows(model_type: str, d: dict, n: int) -> list:

@@ -12,12 +12,11 @@ output file's sha256, zg's version) and a model card that records the export (zg
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from zgdata.core.hashing import file_sha256
-from zgdata.errors import ZgError
+from zgdata.errors import ZgError, shell_arg
 from zgdata.layout import Layout
 from zgdata.trust import dvc_lock as trust
 from zgtrain.export.target import RECORD, check_target, record_path
@@ -114,7 +113,7 @@ def _refusal(check, src: Path, dtype: str, student: str | Path) -> None:
     except ZgError as e:
         if str(student) == "student" or _HF not in e.fix:
             raise
-        named = f"`zg export {shlex.quote(str(student))} --format hf`"
+        named = f"`zg export {shell_arg(student)} --format hf`"
         raise ZgError(e.what, fix=e.fix.replace(_HF, named), key=e.key, code=e.code) from None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from zgdata.errors import dvc_checkout, shell_arg
+from zgdata.errors import dvc_checkout, dvc_pull
 
 __all__ = ["Rerun", "rerun_of", "model_of"]
 
@@ -36,7 +36,7 @@ class Rerun:
 
     def restore(self) -> str:
         """Restore the folder from DVC, or rebuild it from scratch."""
-        return f"restore it with `{dvc_checkout(self.folder)}` (or `dvc pull {shell_arg(self.folder)}`), or {self.rebuild()}"
+        return f"restore it with `{dvc_checkout(self.folder)}` (or `{dvc_pull(self.folder)}`), or {self.rebuild()}"
 
     def rebuild(self) -> str:
         return f"rebuild it with {self.commands()}"
