@@ -5,11 +5,13 @@
 
 In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows with the real write path
 (bench/write_path.py), then time, on one of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as
-the decoded cache reads them), the decode and join of the planes (zstd's pool) into memory written before and into
-fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation), the row
-checksums, the copy out of batches of 4; before them, the pair's first and warm epochs through
-``BoundaryPair.batches`` (first, so that no part has written and freed the memory the decoded caches then get). System time is the kernel's:
-on a host that backs guest memory lazily, the first write to fresh memory is most of it (docs/results/write-path.md).
+the decoded cache reads them), zstd alone on its frames on 1 and 2 threads (into a fresh buffer a frame, as
+pyarrow's Codec.decompress, and into the thread's own buffer, ``codec.decompress_into``), the decode and join of the
+planes (zstd's pool) into memory written before and into fresh memory (``decoded_cache.small_pages``: 4 KiB pages,
+what the cache uses; then numpy's allocation), the row checksums, the copy out of batches of 4; before them, the
+pair's first and warm epochs through ``BoundaryPair.batches`` (first, so that no part has written and freed the
+memory the decoded caches then get). System time is the kernel's: on a host that backs guest memory lazily, the
+first write to fresh memory is most of it (docs/results/write-path.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +56,7 @@ def main(argv=None) -> int:
     import torch
     from write_path_reads import B
 
-    from zgdata.store.codec import decode_rows
+    from zgdata.store.codec import _zstd, decode_rows, decompress_into
     from zgdata.store.decoded_cache import small_pages
     from zgdata.store.integrity import mismatched_rows
     from zgdata.store.pagemap import page_reader
@@ -91,6 +94,16 @@ def main(argv=None) -> int:
             lambda: tables.extend(ds.ds.take(r, columns=["hidden_hi"]) for r in blocks),
             nbytes,
         )
+        frames = [ch[j].as_buffer() for t in tables for ch in t.column("hidden_hi").chunks for j in range(len(ch))]
+        for threads in (1, 2):  # the high bytes alone: a fresh output buffer a frame, and the thread's own buffer
+            with ThreadPoolExecutor(threads) as pool:
+                for how, dec in (
+                    ("fresh buffers", lambda f: _zstd().decompress(f, width, asbytes=False)),
+                    ("into scratch", lambda f: decompress_into(f, width)),
+                ):
+                    timed(
+                        f"zstd alone, {how}, {threads} thread(s)", lambda dec=dec: list(pool.map(dec, frames)), nbytes
+                    )
         lo = page_reader(ds.ds, ds.path, "hidden_lo", width, np.uint8, ds._lo_probe(width))
 
         def decode_into(out):

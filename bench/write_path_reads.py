@@ -113,7 +113,7 @@ def decode_ceiling(pub: dict) -> float:
 
     import lance
 
-    from zgdata.store.codec import _zstd
+    from zgdata.store.codec import decompress_into
 
     frames, n = [], 0
     for p in list(pub.values())[:2]:
@@ -126,7 +126,7 @@ def decode_ceiling(pub: dict) -> float:
         best = 0.0
         for _ in range(2):
             t0 = time.perf_counter()
-            list(pool.map(lambda f: _zstd().decompress(f, decompressed_size=n, asbytes=False), frames))
+            list(pool.map(lambda f: decompress_into(f, n), frames))
             best = max(best, len(frames) * n * 2 / (time.perf_counter() - t0) / 1e9)
     return best
 

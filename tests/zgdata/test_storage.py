@@ -212,6 +212,29 @@ def test_byte_split_decodes_the_same_bits_from_low_byte_views_and_into_a_given_a
     assert np.array_equal(out, bits)
 
 
+def test_a_frame_decodes_into_scratch_only_when_whole_and_of_exactly_its_size():
+    """The decoder reads each frame into its thread's buffer: both codecs' frames decode to their bytes, and a frame
+    cut short, one holding more bytes than a row, a damaged one and two frames back to back are refused."""
+    import zstandard
+
+    from zgdata.store.codec import _fast_compressor, _zstd, decompress_into
+
+    data = np.random.default_rng(0).integers(0, 6, 5000, dtype=np.uint8)  # few values, as bf16 high bytes
+    for frame in (_zstd().compress(data, asbytes=True), _fast_compressor().compress(data)):
+        assert np.array_equal(decompress_into(pa.py_buffer(frame), data.size), data)
+        assert np.array_equal(decompress_into(frame, data.size), data)  # after a decode of the same size
+        with pytest.raises(ValueError, match=r"\d+ bytes, not 5000"):
+            decompress_into(frame[: len(frame) // 2], data.size)
+        with pytest.raises(ValueError, match="more than 4999 bytes"):
+            decompress_into(frame, data.size - 1)
+        with pytest.raises(ValueError, match="more than 5000 bytes"):
+            decompress_into(frame + frame, data.size)
+    with pytest.raises(ValueError, match="Unknown frame descriptor"):
+        decompress_into(b"not zstd at all", data.size)
+    small = zstandard.ZstdCompressor().compress(data[:10].tobytes())
+    assert np.array_equal(decompress_into(small, 10), data[:10])  # a smaller row after a larger one: its own bytes
+
+
 def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
     root = tmp_path / "proj"
     shutil.copytree(zstd_built, root, symlinks=True)
