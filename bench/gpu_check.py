@@ -21,7 +21,9 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and stored boundary count, in
                 GB/s, / the bytes of those boundaries the bf16 forward makes per second: >= 1 keeps up with the GPU;
-                for zstd_fast (the default conversion's codec) and blob (raw bits, the cheapest write)
+                for zstd_fast (the default conversion's codec) and blob (raw bits, the cheapest write); then a
+                zstd_fast pair read by the training loader: its first epoch / a bare np.memmap loop over the same
+                rows on this box's cores (>= 0.5 is the target two CPU cores do not reach), and zstd alone
   repro         `zg repro --jobs N` (N: the GPUs, at least 2, one block per GPU) / a serial `dvc repro`: wall time, and
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
@@ -257,6 +259,41 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
             res[f"write_vs_forward{key}"] = gbps / res["forward_boundary_gbps"]
             msg += f"; the forward makes {res['forward_boundary_gbps']:.2f} GB/s: ratio {res[f'write_vs_forward{key}']:.2f}"
         log(msg)
+    check_first_epoch(work, res, xs, mb)
+
+
+def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
+    """A `zstd_fast` pair of ``mb`` MB at the rows of the write path, read by the training loader (bench/write_path.py's
+    loader): its first epoch / a bare np.memmap loop over the same rows, on this box's cores (the Done-when line
+    that two CPU cores cannot reach, docs/results/write-path.md), and zstd's decode alone on every core."""
+    import write_path as W  # bench/ is on sys.path: check_write_path put it there
+    import write_path_reads as R
+
+    from zgdata.store.codec import _pool
+
+    n = max(2, (mb << 20) // (2 * xs[0].numel() * 2))
+    r = W.write_path(work, xs, boundaries=2, batches=n, codec="zstd_fast", threads=0, publish=True)
+    pub = r["published"]
+    try:
+        lo, ceiling = R.loader(pub), R.decode_ceiling(pub)
+    finally:
+        for d in (r["stage"], work / "pub-zstd_fast", work / "memmap-pub-zstd_fast"):
+            shutil.rmtree(d, ignore_errors=True)
+    cores = len(os.sched_getaffinity(0))
+    res.update(
+        loader_first_epoch_gbps=lo["first_gbps"],
+        loader_memmap_gbps=lo["memmap_gbps"],
+        loader_first_epoch_ratio=lo["first_gbps"] / lo["memmap_gbps"],
+        loader_warm_ratio=lo["warm_gbps"] / lo["memmap_gbps"],
+        zstd_decode_ceiling_ratio=ceiling / lo["memmap_gbps"],
+        loader_cores=cores,
+    )
+    log(
+        f"loader zstd_fast on {cores} cores ({_pool()._max_workers} decoding threads): first epoch "
+        f"{lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap {lo['memmap_gbps']:.2f}: ratios "
+        f"{res['loader_first_epoch_ratio']:.2f} (target >= 0.5) and {res['loader_warm_ratio']:.2f}; zstd alone "
+        f"{ceiling:.2f} GB/s ({res['zstd_decode_ceiling_ratio']:.2f} of the memmap)"
+    )
 
 
 def check_repro(root: Path, work: Path, res: dict, jobs: int) -> None:

@@ -39,6 +39,7 @@ def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
     assert res["cached_equals_online"] is True
     assert res["verify_ok"] is True and res["verify_failures"] == 0  # `zg data verify` in the project, 8 rows
     assert res["materialize_tok_s"] > 0 and res["write_path_gbps"] > 0 and res["write_path_blob_gbps"] > 0
+    assert res["loader_first_epoch_gbps"] > 0 and res["loader_first_epoch_ratio"] > 0  # the loader on this box's cores
     assert res["moe_batch_invariant"] is True and res["moe_zg_padded_grouped_mm_tokens_changed"] == 0.0
     assert res["moe_batch_invariant_fp32"] is True and res["moe_padded_fp32_tokens_changed"] == 0.0
 
@@ -80,6 +81,7 @@ def test_without_git_the_project_checks_fail_by_name_and_the_others_still_run(tm
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["failed"] == ["git on PATH"] and "materialize_tok_s" not in res and "cached_equals_online" not in res
     assert res["hidden"] == 128 and res["boundaries"] == 2 and res["write_path_gbps"] > 0  # the smoke shape's rows
+    assert res["loader_cores"] == len(os.sched_getaffinity(0)) and res["loader_first_epoch_ratio"] > 0
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []  # no project, no teacher
 
 
