@@ -2,16 +2,19 @@
 
     python bench/first_epoch_parts.py                   # numpy's default: huge pages for arrays of 4 MB or more
     python bench/first_epoch_parts.py --no-huge-pages   # 4 KiB pages for every array
+    python bench/first_epoch_parts.py --seq-len 2048 --hidden 4096 --mb 1024   # an 8B teacher's rows
 
-In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows with the real write path
-(bench/write_path.py), then time, on one of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as
-the decoded cache reads them), zstd alone on its frames on 1 and 2 threads (into a fresh buffer a frame, as
-pyarrow's Codec.decompress, and into the thread's own buffer, ``codec.decompress_into``), the decode and join of the
-planes (zstd's pool) into memory written before and into fresh memory (``decoded_cache.small_pages``: 4 KiB pages,
-what the cache uses; then numpy's allocation), the row checksums, the copy out of batches of 4; before them, the
-pair's first and warm epochs through ``BoundaryPair.batches`` (first, so that no part has written and freed the
-memory the decoded caches then get). System time is the kernel's: on a host that backs guest memory lazily, the
-first write to fresh memory is most of it (docs/results/write-path.md).
+In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows of --seq-len x --hidden
+with the real write path (bench/write_path.py); time the pair's first and warm epochs through
+``BoundaryPair.batches`` (first, so that no part has written and freed the memory the decoded caches then get) and
+one boundary's first epoch alone (a fresh dataset object, random batches of 4: with an 8B teacher's 16 MB rows, a
+decoded-cache block is one row, and this shows whether one side's rows decode on more than one core); then, on one
+of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as the decoded cache reads them), zstd alone
+on its frames on 1 and 2 threads (into a fresh buffer a frame, as pyarrow's Codec.decompress, and into the thread's
+own buffer, ``codec.decompress_into``), the decode and join of the planes (zstd's pool) into memory written before
+and into fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation),
+the row checksums, the copy out of batches of 4. System time is the kernel's: on a host that backs guest memory
+lazily, the first write to fresh memory is most of it (docs/results/write-path.md).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=512, help="MB of bf16 in the pair")
     ap.add_argument("--hidden", type=int, default=576)
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens a row (2048 x 4096: an 8B teacher's 16 MB rows)")
     ap.add_argument("--no-huge-pages", action="store_true", help="turn off numpy's madvise(MADV_HUGEPAGE)")
     args = ap.parse_args(argv)
     from write_path import no_huge_pages, synthetic, write_path  # bench/: this script's folder is on sys.path
@@ -63,7 +67,7 @@ def main(argv=None) -> int:
     from zgdata.store.reader import BoundaryDataset, BoundaryPair
 
     torch.set_num_threads(1)
-    xs = synthetic(4, 512, args.hidden)
+    xs = synthetic(4, args.seq_len, args.hidden)
     work = Path(tempfile.mkdtemp(prefix="zg-first-epoch-"))
     try:
         n = max(2, (args.mb << 20) // (2 * xs[0].numel() * 2))
@@ -86,6 +90,14 @@ def main(argv=None) -> int:
 
         timed("the pair's first epoch (a fresh BoundaryPair)", epoch, pair_bytes)
         timed("the pair's warm epoch", epoch, pair_bytes)
+        order = np.random.default_rng(0).permutation(rows)
+
+        def side_epoch():  # one boundary alone, a fresh dataset object (a cache of its own), random batches of 4
+            one = BoundaryDataset(a)
+            for i in range(0, rows - B + 1, B):
+                one.take(order[i : i + B])
+
+        timed("one boundary's first epoch alone", side_epoch, rows // B * B * row_bytes)
         ahead = (16 << 20) // row_bytes
         blocks = [np.arange(k, min(rows, k + ahead)) for k in range(0, rows, ahead)]
         tables: list = []
@@ -124,7 +136,6 @@ def main(argv=None) -> int:
         )
         sums = ds._checksums(np.arange(rows))
         timed("row checksums", lambda: mismatched_rows(sums, touched, algo=ds.checksum), nbytes)
-        order = np.random.default_rng(0).permutation(rows)
 
         def copy_out():  # each batch dropped before the next, as the training loop does
             for i in range(0, rows, B):

@@ -45,6 +45,9 @@ def test_lance_round_trip_is_the_online_roundtrip(tmp_path, codec):
     stored = decode_rows(table, codec, "bfloat16", 16, 40)
     online = roundtrip_tensor(x, codec).view(torch.int16).numpy().view(np.uint16).reshape(3, -1)
     assert np.array_equal(stored, bits) and np.array_equal(stored, online)
+    out = np.zeros_like(stored)  # into the decoded cache's rows: a list of rows, in any order
+    decode_rows(table.take([2, 0, 1]), codec, "bfloat16", 16, 40, out=[out[2], out[0], out[1]])
+    assert np.array_equal(out, stored)
     y = torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16).reshape(x.shape)
     assert torch.equal(y[:, :, 7], x[:, :, 7]) and y[1, 2, 9] == float("inf") and not y[2, 0].any()
     assert not torch.equal(y, x)

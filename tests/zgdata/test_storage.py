@@ -210,6 +210,12 @@ def test_byte_split_decodes_the_same_bits_from_low_byte_views_and_into_a_given_a
     out = np.full_like(bits, 7)  # what the decoded cache does: low-byte views in, its own rows out
     assert decode_rows(table.select(["hidden_hi"]), codec, storage, 8, 16, lo=views, out=out) is out
     assert np.array_equal(out, bits)
+    out = np.full_like(bits, 7)  # the cache's rows of several blocks: a list of rows, not one array
+    rows = [out[i] for i in (2, 0, 1)]
+    got = decode_rows(
+        table.select(["hidden_hi"]).take([2, 0, 1]), codec, storage, 8, 16, lo=[lo[2], lo[0], lo[1]], out=rows
+    )
+    assert got is rows and np.array_equal(out, bits)
 
 
 def test_a_frame_decodes_into_scratch_only_when_whole_and_of_exactly_its_size():

@@ -370,8 +370,9 @@ def decode_rows(
 
     A row whose compressed bytes do not decode raises ValueError; with ``strict=False`` its high
     bytes are left zero instead, so its checksum fails and verify reports it with the others.
-    ``out``: a C-contiguous (N, T*C) array of the storage dtype to decode into (and return), instead of a new one:
-    the decoded-row cache passes its own rows, which spares a copy and fresh memory per read.
+    ``out``: a C-contiguous (N, T*C) array of the storage dtype, or a list of N such (T*C,) rows, to decode into (and
+    return), instead of a new one: the decoded-row cache passes its own rows, which spares a copy and fresh memory
+    per read.
     ``lo``: a byte-split codec's low bytes of the same rows, (N, T*C*(bytes-1)) uint8 or a list of N such rows (views
     onto the reader's mapped pages, zgdata/store/pagemap.py), already read; then ``table`` needs only ``hidden_hi``."""
     n = seq_len * hidden
@@ -389,13 +390,13 @@ def decode_rows(
     if lo is None:
         lo = flat_values(table.column("hidden_lo"), n * (nbytes - 1))
     n_rows = len(lo)
-    if out is not None:
-        want = out
-        out = out.view(np.uint8).reshape(n_rows, n, nbytes)
+    want = out
+    if isinstance(out, list):  # rows that need not be next to each other (the cache's rows of several blocks)
+        out16 = out if nbytes == 2 else None
+        out = [o.view(np.uint8).reshape(n, nbytes) for o in out]
     else:
-        want = None
-        out = np.empty((n_rows, n, nbytes), dtype=np.uint8)
-    out16 = out.reshape(n_rows, n * nbytes).view(np.uint16) if nbytes == 2 else None
+        out = np.empty((n_rows, n, nbytes), np.uint8) if out is None else out.view(np.uint8).reshape(n_rows, n, nbytes)
+        out16 = out.reshape(n_rows, n * nbytes).view(np.uint16) if nbytes == 2 else None
     bufs = _row_buffers(table.column("hidden_hi"))
 
     def one(i: int) -> str | None:
@@ -427,6 +428,7 @@ def _join_planes(hi: np.ndarray, lo_row: np.ndarray, out_row: np.ndarray) -> Non
         out_row[:, -1] = hi
 
 
+POOL_THREADS = min(8, os.cpu_count() or 1)  # the decoding pool's threads: a compressed read's rows spread over them
 _POOL = None
 _POOL_LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -449,5 +451,5 @@ def _pool():
         if _POOL is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="zg-zstd")
+            _POOL = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="zg-zstd")
         return _POOL

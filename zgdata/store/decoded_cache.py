@@ -83,7 +83,7 @@ def small_pages(shape: tuple[int, int], dtype) -> np.ndarray:
 READAHEAD_BYTES = 16 << 20  # decoded bytes a miss reads ahead: long sorted runs, not a few rows per Lance take
 
 
-def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
+def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None, threads: int = 1):
     """rows (int64, any order) -> (N, row_values) array, each row decoded by ``fetch`` once; None if over budget.
 
     ``fetch(sorted unique rows)`` returns their decoded values (one sorted read of the missing rows). A miss reads
@@ -95,9 +95,16 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
     then read as they are asked for, and the damaged one raises when it is. Every row is checked against its
     checksum when it is asked for (zgdata/store/reader.py).
 
-    ``fetch_into(sorted rows, out)``, if given, decodes a contiguous run of rows straight into the cache's own rows
-    (``out``), as ``fetch`` would return them: no copy, and no fresh buffer per read (on this VM, memory touched for
-    the first time is written at 0.2-0.7 GB/s, bench/write_path.py)."""
+    ``fetch_into(sorted rows, out)``, if given, decodes rows straight into the cache's own rows (``out``: a contiguous
+    run's array, or a list of one array a row), as ``fetch`` would return them: no copy, and no fresh buffer per read
+    (on this VM, memory touched for the first time is written at 0.2-0.7 GB/s, bench/write_path.py).
+
+    ``threads``: the decoding threads ``fetch_into`` spreads a call's rows over. Where a block has fewer rows than
+    that (an 8B teacher's 2048 x 4096 rows are 16 MB: a block is one row), a read that misses several blocks reads
+    and decodes them together, as many blocks a call as give every thread a row, each row straight into its place;
+    one block at a time, such rows decoded one after another on one core. If one of them does not decode, they are
+    read block by block as above. Blocks of many rows are still read one at a time: reading several together cost
+    a 576-wide pair's first epoch 15% (more fresh memory per Lance take)."""
     global _reserved
     dtype = np.dtype(dtype)
     size = n_rows * row_values * dtype.itemsize
@@ -107,39 +114,62 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None):
         _reserved += size
     cache = small_pages((n_rows, row_values), dtype)
     weakref.finalize(cache, _release, size)  # the reservation lives as long as the array
-    have = np.zeros(n_rows, dtype=bool)
-    lock = threading.Lock()  # two threads asking for the same missing row decode it once
-    ahead = max(1, READAHEAD_BYTES // max(1, row_values * dtype.itemsize))
+    return _Cache(cache, fetch, fetch_into, threads)
 
-    def put(rows: np.ndarray) -> None:
-        """Decode sorted unique ``rows`` into the cache (straight into it when they are one contiguous run)."""
-        if fetch_into is not None and rows[-1] - rows[0] + 1 == len(rows):
-            fetch_into(rows, cache[rows[0] : rows[-1] + 1])
-        else:
-            cache[rows] = fetch(rows)
-        have[rows] = True  # only after the values are in place
 
-    failed: set[int] = set()  # blocks holding a row that did not decode: no more read-ahead there
+class _Cache:
+    """``decoded_cache``'s reader: called with rows, it returns their decoded values."""
 
-    def read(rows: np.ndarray) -> np.ndarray:
+    def __init__(self, cache: np.ndarray, fetch, fetch_into, threads: int):
+        self.cache, self.fetch, self.fetch_into = cache, fetch, fetch_into
+        self.n = len(cache)
+        self.have = np.zeros(self.n, dtype=bool)
+        self.lock = threading.Lock()  # two threads asking for the same missing row decode it once
+        self.ahead = max(1, READAHEAD_BYTES // max(1, cache.strides[0]))
+        self.together = -(-max(1, threads) // self.ahead)  # blocks a call: a row for every decoding thread
+        self.failed: set[int] = set()  # blocks holding a row that did not decode: no more read-ahead there
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
-        if not have[rows].all():
-            with lock:
-                miss = np.unique(rows[~have[rows]])
-                for k in np.unique(miss // ahead).tolist():  # read ahead: each missing row's whole block
-                    if k in failed:
-                        continue
-                    block = np.arange(k * ahead, min(n_rows, (k + 1) * ahead))
+        if not self.have[rows].all():
+            with self.lock:
+                miss = np.unique(rows[~self.have[rows]])
+                ks = [k for k in np.unique(miss // self.ahead).tolist() if k not in self.failed]  # their blocks
+                t = self.together
+                for k in [k for i in range(0, len(ks), t) for k in self._put_together(ks[i : i + t])]:
                     try:
-                        put(block)  # a block is cached whole or not at all, outside ``failed``
+                        self._put(self._block(k))  # a block is cached whole or not at all, outside ``failed``
                     except Exception:  # a row of it does not decode: its rows are read as asked for, below
-                        failed.add(k)
-                miss = miss[~have[miss]]
+                        self.failed.add(k)
+                miss = miss[~self.have[miss]]
                 for run in np.split(miss, np.flatnonzero(np.diff(miss) != 1) + 1) if len(miss) else []:
-                    put(run)  # rows of failed blocks, each contiguous run into the cache; a damaged one raises
-        return cache[rows]
+                    self._put(run)  # rows of failed blocks, each contiguous run into the cache; a damaged one raises
+        return self.cache[rows]
 
-    return read
+    def _block(self, k: int) -> np.ndarray:
+        return np.arange(k * self.ahead, min(self.n, (k + 1) * self.ahead))
+
+    def _put(self, rows: np.ndarray) -> None:
+        """Decode sorted unique ``rows`` into the cache (straight into it when they are one contiguous run)."""
+        if self.fetch_into is not None and rows[-1] - rows[0] + 1 == len(rows):
+            self.fetch_into(rows, self.cache[rows[0] : rows[-1] + 1])
+        else:
+            self.cache[rows] = self.fetch(rows)
+        self.have[rows] = True  # only after the values are in place
+
+    def _put_together(self, ks: list[int]) -> list[int]:
+        """Blocks ``ks`` in one read and one decode, each row straight into its place in the cache: the decoding
+        pool then has every row of them at once (one row a block, an 8B teacher's, would decode one at a time
+        block after block); [] once they are in, else ``ks``, to be decoded block by block."""
+        if len(ks) < 2 or self.fetch_into is None:  # one block, or none that decodes into place
+            return ks
+        run = np.concatenate([self._block(k) for k in ks])
+        try:
+            self.fetch_into(run, [self.cache[r] for r in run.tolist()])
+        except Exception:  # one of them does not decode: block by block finds which, and reads the others
+            return ks
+        self.have[run] = True
+        return []
 
 
 def _release(size: int) -> None:

@@ -173,10 +173,16 @@ class BoundaryDataset:
                     self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype, fetch
                 )
             else:
+                from zgdata.store.codec import POOL_THREADS
                 from zgdata.store.decoded_cache import decoded_cache
 
                 self._pages = decoded_cache(
-                    len(self.seq_ids), self.seq_len * self.hidden, self._np_dtype, fetch, fetch_into=read
+                    len(self.seq_ids),
+                    self.seq_len * self.hidden,
+                    self._np_dtype,
+                    fetch,
+                    fetch_into=read,
+                    threads=POOL_THREADS,
                 )
         if self.recheck and self.codec not in ("raw", "blob"):
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
