@@ -23,7 +23,8 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 GB/s, / the bytes of those boundaries the bf16 forward makes per second: >= 1 keeps up with the GPU;
                 for zstd_fast (the default conversion's codec) and blob (raw bits, the cheapest write); then a
                 zstd_fast pair read by the training loader: its first epoch / a bare np.memmap loop over the same
-                rows on this box's cores (>= 0.5 is the target two CPU cores do not reach), and zstd alone
+                rows on this box's cores (>= 0.5 is the target two CPU cores do not reach), and zstd alone; its
+                rows are 2,048 tokens at a hidden size of 2,048 or more (an 8B teacher's 16 MB rows), else 128
   repro         `zg repro --jobs N` (N: the GPUs, at least 2, one block per GPU) / a serial `dvc repro`: wall time, and
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
@@ -259,7 +260,8 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
             res[f"write_vs_forward{key}"] = gbps / res["forward_boundary_gbps"]
             msg += f"; the forward makes {res['forward_boundary_gbps']:.2f} GB/s: ratio {res[f'write_vs_forward{key}']:.2f}"
         log(msg)
-    check_first_epoch(work, res, xs, mb)
+    # the loader at a teacher's own rows: an 8B teacher's 2,048 tokens x 4,096 make 16 MB rows (one a cache block)
+    check_first_epoch(work, res, W.synthetic(2, 2048 if hidden >= 2048 else 128, hidden), mb)
 
 
 def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
