@@ -1,5 +1,5 @@
-"""The encoding pool's two fifth-pass changes, each against what it replaced, the arms alternating in one process.
-Not a test.
+"""The encoding pool's changes (the fifth pass's two, and the frames column of 2026-12-07), each against what it
+replaced, the arms alternating in one process. Not a test.
 
     python bench/encode_pool.py                        # raw and zstd_fast, 1 and 2 encoding threads, 4 rounds
     python bench/encode_pool.py --codecs raw --rounds 6
@@ -12,12 +12,16 @@ zgdata/materialize/stats.py) and, for the compressed codecs, runs zstd; every jo
              a fresh float32 tensor
   omp        each encoding thread limits its own OpenMP count to one (``runtime.serial_torch_thread``); fresh
              float32 copies
-  now        what materialize does: the OpenMP limit, and each row copied into the thread's reused float32 buffer
-             (``stats._row_buffer``)
+  pyframes   the OpenMP limit and the reused buffer, and the compressed frames made into their Arrow column by
+             pyarrow's conversion of Python objects, which holds the GIL (``pa.array(frames)``)
+  now        what materialize does: the OpenMP limit, each row copied into the thread's reused float32 buffer
+             (``stats._row_buffer``), the frames' column built by numpy copies that let go of the GIL
+             (``codec.frames_array``)
 
 The pool runs the synthetic batches of bench/write_path.py (4 x 512 x 576 bf16, 4 boundaries, 40 batches, no I/O).
 Printed per arm: the best GB/s of bf16 input over the rounds, the median CPU seconds per GB (the process's, every
-thread's) and the median minor page faults per GB (fresh pages the process touched).
+thread's) and the median minor page faults per GB (fresh pages the process touched); then each arm's two-thread
+speedup per round (2 threads / 1 thread, in the same round) and its median.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ import argparse
 import resource
 import statistics
 
+import pyarrow as pa
 import torch
 from write_path import pool_rate, synthetic
 
 from zgdata.materialize import encode, stats
+from zgdata.store import codec as codec_module
 
 BATCHES, BOUNDARIES = 40, 4
-ARMS = ("before", "omp", "now")
+ARMS = ("before", "omp", "pyframes", "now")
 
 
 def usage() -> tuple[float, int]:
@@ -42,7 +48,9 @@ def usage() -> tuple[float, int]:
 
 def arm(xs, codec: str, threads: int, name: str) -> tuple[float, float, float]:
     """(GB/s, core-s per GB, minor faults per GB) of the pool in arm ``name``."""
-    limit, buffer = encode.serial_torch_thread, stats._row_buffer
+    limit, buffer, frames = encode.serial_torch_thread, stats._row_buffer, codec_module.frames_array
+    if name != "now":
+        codec_module.frames_array = lambda f: pa.array(f, type=pa.large_binary())  # pyarrow's conversion
     if name == "before":
         encode.serial_torch_thread = lambda: None  # the pool's threads take torch's process-wide count
     if name in ("before", "omp"):
@@ -54,7 +62,7 @@ def arm(xs, codec: str, threads: int, name: str) -> tuple[float, float, float]:
         gb = BATCHES * BOUNDARIES * xs[0].numel() * 2 / 1e9
         return gbps, (c1 - c0) / gb, (f1 - f0) / gb
     finally:
-        encode.serial_torch_thread, stats._row_buffer = limit, buffer
+        encode.serial_torch_thread, stats._row_buffer, codec_module.frames_array = limit, buffer, frames
 
 
 def main(argv=None) -> int:
@@ -80,6 +88,18 @@ def main(argv=None) -> int:
             + ")",
             flush=True,
         )
+    ts = sorted(map(int, a.threads.split(",")))
+    for codec in a.codecs.split(","):
+        for i, name in enumerate(ARMS):
+            if len(ts) < 2:
+                break
+            lo, hi = res[(codec, ts[0], i)], res[(codec, ts[-1], i)]
+            ups = [h[0] / low[0] for low, h in zip(lo, hi)]
+            print(
+                f"{codec:10s} {name:8s} {ts[-1]} threads / {ts[0]}: median {statistics.median(ups):.2f} "
+                f"(rounds: {', '.join(f'{u:.2f}' for u in ups)})",
+                flush=True,
+            )
     return 0
 
 

@@ -241,6 +241,17 @@ def test_a_frame_decodes_into_scratch_only_when_whole_and_of_exactly_its_size():
     assert np.array_equal(decompress_into(small, 10), data[:10])  # a smaller row after a larger one: its own bytes
 
 
+@pytest.mark.parametrize("frames", [[], [b"a"], [b"\x28\xb5\x2f\xfd" * 3, b"", bytes(range(256)) * 40]])
+def test_frames_become_the_array_pyarrow_would_make_of_them(frames):
+    """The encoder's frames column (its bytes copied by numpy) is pyarrow's own array of the same frames, buffer for
+    buffer, so Lance writes the same bytes."""
+    from zgdata.store.codec import frames_array
+
+    got, want = frames_array(frames), pa.array(frames, type=pa.large_binary())
+    assert got.equals(want) and got.type == want.type and got.null_count == 0 and got.buffers()[0] is None
+    assert [b.to_pybytes() for b in got.buffers()[1:]] == [b.to_pybytes() for b in want.buffers()[1:]]
+
+
 def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):
     root = tmp_path / "proj"
     shutil.copytree(zstd_built, root, symlinks=True)
