@@ -216,6 +216,9 @@ def test_byte_split_decodes_the_same_bits_from_low_byte_views_and_into_a_given_a
         table.select(["hidden_hi"]).take([2, 0, 1]), codec, storage, 8, 16, lo=[lo[2], lo[0], lo[1]], out=rows
     )
     assert got is rows and np.array_equal(out, bits)
+    signed = np.zeros(bits.shape, dtype=np.int16 if bits.dtype == np.uint16 else bits.dtype)  # as a 2-D out would
+    decode_rows(table.select(["hidden_hi"]), codec, storage, 8, 16, lo=views, out=[signed[i] for i in range(3)])
+    assert np.array_equal(signed.view(bits.dtype), bits)
 
 
 def test_a_frame_decodes_into_scratch_only_when_whole_and_of_exactly_its_size():
@@ -237,6 +240,8 @@ def test_a_frame_decodes_into_scratch_only_when_whole_and_of_exactly_its_size():
             decompress_into(frame + frame, data.size)
     with pytest.raises(ValueError, match="Unknown frame descriptor"):
         decompress_into(b"not zstd at all", data.size)
+    with pytest.raises(ValueError):  # a null row of the frames' column: no buffer at all
+        decompress_into(None, data.size)
     small = zstandard.ZstdCompressor().compress(data[:10].tobytes())
     assert np.array_equal(decompress_into(small, 10), data[:10])  # a smaller row after a larger one: its own bytes
 
@@ -250,6 +255,43 @@ def test_frames_become_the_array_pyarrow_would_make_of_them(frames):
     got, want = frames_array(frames), pa.array(frames, type=pa.large_binary())
     assert got.equals(want) and got.type == want.type and got.null_count == 0 and got.buffers()[0] is None
     assert [b.to_pybytes() for b in got.buffers()[1:]] == [b.to_pybytes() for b in want.buffers()[1:]]
+
+
+@pytest.mark.parametrize("pool", [2, 8])
+def test_rows_of_a_block_each_decode_together_and_alone_to_the_same_bits(
+    zstd_built, tiny_built, tmp_path, monkeypatch, pool
+):
+    """Blocks of one row (an 8B teacher's 16 MB rows): a read's missed blocks decode in calls of half the pool's
+    threads, each row into its place in the cache, to the raw boundary's bits; damaged rows among them are still
+    named, and the other rows of the same reads are cached."""
+    from zgdata.store import codec
+    from zgdata.store import decoded_cache as dc
+
+    monkeypatch.setenv("ZG_DECODED_CACHE_MB", "64")
+    monkeypatch.setattr(codec, "POOL_THREADS", pool)
+    want = BoundaryDataset(Layout(tiny_built).boundary("h02")).take(np.arange(56)).view(torch.int16)
+    b = BoundaryDataset(Layout(zstd_built).boundary("h02"))
+    monkeypatch.setattr(dc, "READAHEAD_BYTES", b.row_bytes)  # one row a block
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        r = rng.integers(0, 56, 7)
+        assert torch.equal(b.take(r).view(torch.int16), want[r])
+    assert b._pages.ahead == 1 and b._pages.together == pool // 2
+    root = tmp_path / "proj"
+    shutil.copytree(zstd_built, root, symlinks=True)
+    path = Layout(root).boundary("h02")
+    table = lance.dataset(str(path)).to_table()
+    hi = table.column("hidden_hi").to_pylist()
+    hi[5] = hi[6]  # decodes, to another row's values
+    hi[9] = b"not zstd at all"
+    overwrite_table(path, table.set_column(2, table.schema.field(2), pa.array(hi, type=pa.large_binary())))
+    b = BoundaryDataset(path)
+    with pytest.raises(ZgError, match=r"h02.lance row 5 \(seq_id \d+\) does not match its checksum"):
+        b.take([5, 7, 20])
+    with pytest.raises(ZgError, match="h02.lance.*do not decode"):
+        b.take([8, 9, 30, 40])
+    assert torch.equal(b.take([8, 30, 40, 7, 20]).view(torch.int16), want[[8, 30, 40, 7, 20]])
+    assert sorted(b._pages.failed) == [9]
 
 
 def test_damaged_zstd_rows_fail_reads_and_verify(zstd_built, tmp_path):

@@ -182,7 +182,7 @@ class BoundaryDataset:
                     self._np_dtype,
                     fetch,
                     fetch_into=read,
-                    threads=POOL_THREADS,
+                    threads=max(1, POOL_THREADS // 2),  # a pair reads its two sides at once, each half the pool
                 )
         if self.recheck and self.codec not in ("raw", "blob"):
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
