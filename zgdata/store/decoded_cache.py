@@ -105,9 +105,8 @@ def decoded_cache(n_rows: int, row_values: int, dtype, fetch, fetch_into=None, t
     one block at a time, such rows decoded one after another on one core. If one of them does not decode, they are
     read block by block as above. Blocks of many rows are still read one at a time: reading several together cost
     a 576-wide pair's first epoch 15% (more fresh memory per Lance take). The reader gives each side of a pair half
-    the decoding pool: on two cores that is one thread, and a pair's two sides already decode on both (the 16 MB
-    rows' pair read 0.5-1.16 GB/s with two threads a side against 1.08-1.23 with one, the side alone 0.90 against
-    0.65)."""
+    the decoding pool: on two cores that is one thread, and a pair's two sides already decode on both (with two
+    threads a side, 16 MB rows: one side alone 0.90 GB/s against 0.65, the pair no faster, docs/results/write-path.md)."""
     global _reserved
     dtype = np.dtype(dtype)
     size = n_rows * row_values * dtype.itemsize
