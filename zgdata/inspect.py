@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -246,12 +248,17 @@ def _cells(i: dict) -> dict:
     }
 
 
+PIPE_WIDTH = 240  # columns of the tables when the output is piped
+
+
 def render(infos: list[dict], console: Console | None = None, *, wide: bool = False, versions: bool = False) -> None:
-    """The datasets as tables that fit 80 columns. Default: one row per dataset (name, layer, rows, codec, size,
-    fingerprint prefix, complete, one line of history). ``wide`` adds the lineage table (teacher, tokenizer and
+    """The datasets as tables that fit a terminal of 80 columns. Default: one row per dataset (name, layer, rows,
+    codec, size, fingerprint prefix, complete, one line of history). ``wide`` adds the lineage table (teacher, tokenizer and
     token-set prefixes, where it comes from) and the storage table (shape, dtype, stats); ``versions`` each
-    dataset's full version list. Hash cells are 12-character prefixes, never cut (full values: --json)."""
-    console = console or Console()
+    dataset's full version list. Hash cells are 12-character prefixes, never cut (full values: --json).
+    Piped (stdout not a terminal, no COLUMNS), the tables are as wide as their cells, up to ``PIPE_WIDTH``: a
+    dataset's row stays on one line for grep and the like, where rich would wrap it at 80 columns."""
+    console = console or Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH)
     rows = [_cells(i) for i in infos]
     console.print(
         _table(

@@ -77,6 +77,23 @@ def test_cli_views_and_json(tiny_project):
     assert "lineage" in wide and "materialized rows" in wide and "materialized rows" not in plain
 
 
+def test_piped_tables_keep_a_dataset_on_one_line_and_columns_still_rules(tiny_project, monkeypatch):
+    """Piped, a dataset's row is one line (grep finds all of it); COLUMNS, where set, is the width, as in a terminal."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    infos = _infos(tiny_project)
+    piped = zg_main("data", "inspect", "--wide", cwd=tiny_project).stdout.splitlines()
+    narrow = zg_main("data", "inspect", cwd=tiny_project, env={"COLUMNS": "80"}).stdout.splitlines()
+    for i in infos:
+        last = i["versions"][-1]["timestamp"].replace("T", " ")[:16]
+        rows = [line for line in piped if line.split() and line.split()[0] == i["name"]]
+        assert len(rows) == 3  # the datasets, lineage and storage tables: one line each
+        assert i["fingerprint"][:12] in rows[0] and f"last {last}" in rows[0]
+        assert i["lineage"]["teacher_sha256"][:12] in rows[1]
+        row = next(line for line in narrow if line.split() and line.split()[0] == i["name"])
+        assert f"last {last}" not in row  # wrapped at 80 columns: the history cell goes on below
+    assert max(map(len, narrow)) <= 80 < max(map(len, piped))
+
+
 def test_the_source_of_a_dataset_inside_an_imported_folder_names_its_own_path(tmp_path):
     """`dvc import A data/boundaries` brings the whole folder: inspect of one boundary in it names the boundary's
     path in the source repository, not the folder's (each boundary imported alone is test_sharing.py's case)."""
