@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
+from zgdata.core.runtime import cores
 from zgdata.errors import ZgError
 from zgdata.store.quant import QUANT, is_quantized, quantize, scheme
 
@@ -446,7 +447,7 @@ def _join_planes(hi: np.ndarray, lo_row: np.ndarray, out_row: np.ndarray) -> Non
         out_row[:, -1] = hi
 
 
-POOL_THREADS = min(8, os.cpu_count() or 1)  # the decoding pool's threads: a compressed read's rows spread over them
+POOL_THREADS = min(8, cores())  # the decoding pool's threads (the cores this process may use): a read's rows spread
 _POOL = None
 _POOL_LOCK = threading.Lock()
 _LOCAL = threading.local()
