@@ -271,7 +271,8 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     import write_path as W  # bench/ is on sys.path: check_write_path put it there
     import write_path_reads as R
 
-    from zgdata.store.codec import POOL_THREADS
+    from zgdata.core.runtime import cores as usable_cores
+    from zgdata.store.codec import pool_threads
 
     n = max(2, (mb << 20) // (2 * xs[0].numel() * 2))
     r = W.write_path(work, xs, boundaries=2, batches=n, codec="zstd_fast", threads=0, publish=True)
@@ -281,7 +282,7 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     finally:
         for d in (r["stage"], work / "pub-zstd_fast", work / "memmap-pub-zstd_fast"):
             shutil.rmtree(d, ignore_errors=True)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     res.update(
         loader_first_epoch_gbps=lo["first_gbps"],
         loader_memmap_gbps=lo["memmap_gbps"],
@@ -291,7 +292,7 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
         loader_cores=cores,
     )
     log(
-        f"loader zstd_fast on {cores} cores ({POOL_THREADS} decoding threads): first epoch "
+        f"loader zstd_fast on {cores} cores ({pool_threads()} decoding threads): first epoch "
         f"{lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap {lo['memmap_gbps']:.2f}: ratios "
         f"{res['loader_first_epoch_ratio']:.2f} (target >= 0.5) and {res['loader_warm_ratio']:.2f}; zstd alone "
         f"{ceiling:.2f} GB/s ({res['zstd_decode_ceiling_ratio']:.2f} of the memmap)"

@@ -111,3 +111,22 @@ def test_device_sets_up_cuda_determinism(monkeypatch):
     assert runtime.device() == torch.device("cpu") and calls == []
     monkeypatch.setenv(runtime.DEVICE_ENV, "cuda")
     assert runtime.device() == torch.device("cuda") and calls == [1]
+
+
+def test_cores_are_the_ones_this_process_may_use():
+    """A child process narrowed to one core by its affinity (what taskset and a container's cpuset do), and one whose
+    count is capped by LOKY_MAX_CPU_COUNT (joblib's count, which also reads the cgroup's CPU quota), each sees one."""
+    import subprocess
+    import sys
+
+    from zgdata.core.runtime import cores
+
+    assert 1 <= cores() <= len(os.sched_getaffinity(0))
+    code = "from zgdata.core.runtime import cores; print(cores())"
+    pin = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+    env = {k: v for k, v in os.environ.items() if k != "LOKY_MAX_CPU_COUNT"}
+    outs = [
+        subprocess.run([sys.executable, "-c", c], env=e, capture_output=True, text=True, check=True).stdout.strip()
+        for c, e in ((pin + code, env), (code, {**env, "LOKY_MAX_CPU_COUNT": "1"}), (code, env))
+    ]
+    assert outs == ["1", "1", str(cores())]  # unpinned and uncapped: what this process sees

@@ -268,7 +268,7 @@ def test_rows_of_a_block_each_decode_together_and_alone_to_the_same_bits(
     from zgdata.store import decoded_cache as dc
 
     monkeypatch.setenv("ZG_DECODED_CACHE_MB", "64")
-    monkeypatch.setattr(codec, "POOL_THREADS", pool)
+    monkeypatch.setattr(codec, "pool_threads", lambda: pool)
     want = BoundaryDataset(Layout(tiny_built).boundary("h02")).take(np.arange(56)).view(torch.int16)
     b = BoundaryDataset(Layout(zstd_built).boundary("h02"))
     monkeypatch.setattr(dc, "READAHEAD_BYTES", b.row_bytes)  # one row a block

@@ -155,11 +155,13 @@ def serial_torch_thread() -> None:
 
 
 def cores() -> int:
-    """CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """CPU cores this process may use: its affinity (taskset, a cpuset) and its cgroup's CPU quota (a container's
+    ``--cpus``, a Kubernetes CPU limit), whichever is smaller, at least 1. joblib's count (loky's, cgroup v1 and v2;
+    ``LOKY_MAX_CPU_COUNT`` caps it): a pod limited to 8 CPUs on a 224-core GPU node would otherwise start 223
+    encoding threads (``writer_threads``) that its quota then throttles."""
+    from joblib import cpu_count
+
+    return max(1, int(cpu_count(only_physical_cores=False)))
 
 
 def writer_threads(n: int) -> int:

@@ -447,7 +447,6 @@ def _join_planes(hi: np.ndarray, lo_row: np.ndarray, out_row: np.ndarray) -> Non
         out_row[:, -1] = hi
 
 
-POOL_THREADS = min(8, cores())  # the decoding pool's threads (the cores this process may use): a read's rows spread
 _POOL = None
 _POOL_LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -463,6 +462,11 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def pool_threads() -> int:
+    """The decoding pool's threads: the cores this process may use (``runtime.cores``), at most 8."""
+    return min(8, cores())
+
+
 def _pool():
     """The process's decoding threads, made once (two readers' threads asking at once get the same pool)."""
     global _POOL
@@ -470,5 +474,5 @@ def _pool():
         if _POOL is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _POOL = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="zg-zstd")
+            _POOL = ThreadPoolExecutor(pool_threads(), thread_name_prefix="zg-zstd")
         return _POOL

@@ -173,7 +173,7 @@ class BoundaryDataset:
                     self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype, fetch
                 )
             else:
-                from zgdata.store.codec import POOL_THREADS
+                from zgdata.store.codec import pool_threads
                 from zgdata.store.decoded_cache import decoded_cache
 
                 self._pages = decoded_cache(
@@ -182,7 +182,7 @@ class BoundaryDataset:
                     self._np_dtype,
                     fetch,
                     fetch_into=read,
-                    threads=max(1, POOL_THREADS // 2),  # a pair reads its two sides at once, each half the pool
+                    threads=max(1, pool_threads() // 2),  # a pair reads its two sides at once, each half the pool
                 )
         if self.recheck and self.codec not in ("raw", "blob"):
             return None  # recheck: every read decodes from disk again and is checked (a cache would hide a later flip)
