@@ -271,7 +271,7 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     import write_path as W  # bench/ is on sys.path: check_write_path put it there
     import write_path_reads as R
 
-    from zgdata.core.runtime import cores as usable_cores
+    from zgdata.core.runtime import cores
     from zgdata.store.codec import pool_threads
 
     n = max(2, (mb << 20) // (2 * xs[0].numel() * 2))
@@ -282,17 +282,17 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     finally:
         for d in (r["stage"], work / "pub-zstd_fast", work / "memmap-pub-zstd_fast"):
             shutil.rmtree(d, ignore_errors=True)
-    cores = usable_cores()
+    n_cores = cores()
     res.update(
         loader_first_epoch_gbps=lo["first_gbps"],
         loader_memmap_gbps=lo["memmap_gbps"],
         loader_first_epoch_ratio=lo["first_gbps"] / lo["memmap_gbps"],
         loader_warm_ratio=lo["warm_gbps"] / lo["memmap_gbps"],
         zstd_decode_ceiling_ratio=ceiling / lo["memmap_gbps"],
-        loader_cores=cores,
+        loader_cores=n_cores,
     )
     log(
-        f"loader zstd_fast on {cores} cores ({pool_threads()} decoding threads): first epoch "
+        f"loader zstd_fast on {n_cores} cores ({pool_threads()} decoding threads): first epoch "
         f"{lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap {lo['memmap_gbps']:.2f}: ratios "
         f"{res['loader_first_epoch_ratio']:.2f} (target >= 0.5) and {res['loader_warm_ratio']:.2f}; zstd alone "
         f"{ceiling:.2f} GB/s ({res['zstd_decode_ceiling_ratio']:.2f} of the memmap)"

@@ -56,6 +56,7 @@ from harness import CpuMeter, wait_quiet
 from write_path_reads import B, decode_ceiling, fsync_tree, loader, trust_check, verify_full
 
 from zgdata.config import MaterializeConfig
+from zgdata.core.runtime import cores
 from zgdata.materialize.encode import Encoder, encode_batch
 from zgdata.materialize.staging import Journal, boundary_schema, finalize
 from zgdata.materialize.writer import Writer
@@ -342,11 +343,11 @@ def main(argv=None) -> int:
                         f"per bf16 byte  {cpu / (r['bytes'] / 1e9):.2f} core-s per GB"
                     )
             for codec in RAW_BITS & set(codecs):  # what the cores allow, however well the work overlaps
-                cores = len(os.sched_getaffinity(0))
-                ceiling = cores / res[f"write_{codec}_{max(threads)}t_core_s_per_gb"]
+                n_cores = cores()
+                ceiling = n_cores / res[f"write_{codec}_{max(threads)}t_core_s_per_gb"]
                 res[f"{codec}_cpu_ceiling_vs_disk_ratio"] = ceiling / disk_gbps
                 log(
-                    f"  {codec}: the CPU work alone allows at most {ceiling:.2f} GB/s on {cores} cores, "
+                    f"  {codec}: the CPU work alone allows at most {ceiling:.2f} GB/s on {n_cores} cores, "
                     f"{ceiling / disk_gbps:.2f} of the plain write (plain write: {disk_cpu:.2f} core-s per GB)"
                 )
             for codec in codecs:

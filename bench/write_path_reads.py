@@ -113,6 +113,7 @@ def decode_ceiling(pub: dict) -> float:
 
     import lance
 
+    from zgdata.core.runtime import cores
     from zgdata.store.codec import decompress_into
 
     frames, n = [], 0
@@ -121,8 +122,7 @@ def decode_ceiling(pub: dict) -> float:
         col = ds.to_table(columns=["hidden_hi"]).column("hidden_hi")
         frames += [ch[j].as_buffer() for ch in col.chunks for j in range(len(ch))]
         n = ds.to_table(columns=["hidden_lo"], limit=1).column("hidden_lo").type.list_size  # high bytes per row
-    cores = len(os.sched_getaffinity(0))
-    with ThreadPoolExecutor(cores) as pool:
+    with ThreadPoolExecutor(cores()) as pool:
         best = 0.0
         for _ in range(2):
             t0 = time.perf_counter()

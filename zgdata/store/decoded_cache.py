@@ -137,8 +137,10 @@ class _Cache:
             with self.lock:
                 miss = np.unique(rows[~self.have[rows]])
                 ks = [k for k in np.unique(miss // self.ahead).tolist() if k not in self.failed]  # their blocks
-                t = self.together
-                for k in [k for i in range(0, len(ks), t) for k in self._put_together(ks[i : i + t])]:
+                alone = []  # blocks to read one at a time: all of them, or a group of them that did not decode
+                for i in range(0, len(ks), self.together):
+                    alone += self._put_together(ks[i : i + self.together])
+                for k in alone:
                     try:
                         self._put(self._block(k))  # a block is cached whole or not at all, outside ``failed``
                     except Exception:  # a row of it does not decode: its rows are read as asked for, below
