@@ -57,40 +57,75 @@ def _units(v: np.ndarray) -> int:
 
 _SCRATCH = threading.local()
 
+# Tokens are squared and reduced in float32 chunks that stay in a core's L2 cache: a whole row of one of SmolLM2's
+# batches (512 x 576, 1.2 MB in float32), or CHUNK_BYTES of tokens where a row is larger than ROW_BYTES. A row of
+# an 8B teacher (2,048 x 4,096) was a 32 MB float32 copy, written, squared and read again from memory: the encoding
+# pool with raw rows of that shape ran at 1.36 GB/s on one thread, and at 1.82-1.86 in chunks of 1 MiB; at SmolLM2's
+# rows, smaller chunks only cost more calls, each holding the GIL for some microseconds (bench/encode_pool.py
+# --hidden, docs/results/write-path.md). Each token's RMS is reduced over its own channels only, so the chunking
+# does not change a bit.
+ROW_BYTES = 3 << 19
+CHUNK_BYTES = 1 << 20
 
-def _row_buffer(shape: torch.Size) -> torch.Tensor:
-    """This thread's float32 buffer of one row's shape, reused for every row it takes stats of.
 
-    A fresh float32 copy per row (1.2 MB for SmolLM2's 512 x 576, 32 MB for an 8B teacher's 2048 x 4096) is a
-    fresh allocation each time, which glibc gives back to the system and takes again, so its pages fault in on
-    every row: this VM writes fresh memory at 0.2-0.8 GB/s. Reused, the encoding pool with raw rows took 0.61
-    core-seconds per GB on one thread instead of 0.82, and no page faults instead of 27k per GB
-    (bench/encode_pool.py, docs/results/write-path.md, fifth pass). The buffer lives as long as its thread: one row
-    per encoding thread, and one in the thread that captures when it takes stats itself (``writer_threads`` 0)."""
-    buf = getattr(_SCRATCH, "row", None)
-    if buf is None or buf.shape != shape:
-        buf = _SCRATCH.row = torch.empty(shape, dtype=torch.float32)
+def _chunk_tokens(seq_len: int, width: int) -> int:
+    """Tokens a chunk holds: a row's if it fits ``ROW_BYTES``, else ``CHUNK_BYTES``' worth; at least two. torch
+    reduces a tensor of two or more outputs over several threads by splitting the outputs, each summed by one
+    thread, but a single output by splitting its own sum, in another order: a chunk of one token would give the
+    calling thread (``writer_threads`` 0, torch's thread count) other bits than an encoding thread (one OpenMP
+    thread) once the token's channels pass torch's grain of 32,768."""
+    if 4 * seq_len * width <= ROW_BYTES:
+        return max(2, seq_len)
+    return max(2, CHUNK_BYTES // (4 * width))
+
+
+def _chunk_buffer(tokens: int, width: int) -> torch.Tensor:
+    """This thread's float32 buffer of ``tokens`` + 1 tokens of ``width`` channels, reused for every chunk of
+    every batch of that shape.
+
+    A fresh float32 copy per row (1.2 MB for SmolLM2's 512 x 576, 32 MB for an 8B teacher's 2048 x 4096) was a
+    fresh allocation each time, which glibc gives back to the system and takes again, so its pages faulted in on
+    every row: this VM writes fresh memory at 0.2-0.8 GB/s (bench/encode_pool.py, docs/results/write-path.md,
+    fifth pass). The buffer lives as long as its thread: one per encoding thread, and one in the thread that
+    captures when it takes stats itself (``writer_threads`` 0)."""
+    buf = getattr(_SCRATCH, "chunk", None)
+    if buf is None or buf.shape != (tokens + 1, width):
+        buf = _SCRATCH.chunk = torch.empty(tokens + 1, width, dtype=torch.float32)
     return buf
+
+
+def token_rms(x: torch.Tensor) -> np.ndarray:
+    """Each token's RMS over its channels (the last dim) of a (B, T, C) ``x``, in float32: copied to float32,
+    squared in place, the mean over the channels and the square root; a float32 ``x`` is never changed. The chunks
+    hold two tokens or more: a last chunk that would hold one joins the chunk before, and a lone token is reduced
+    twice, as two."""
+    flat = x.reshape(-1, x.shape[-1])
+    if len(flat) == 1:
+        return token_rms(flat.expand(1, 2, -1))[:1]
+    out = torch.empty(flat.shape[0], dtype=torch.float32)
+    n = _chunk_tokens(x.shape[-2], flat.shape[1])
+    buf, i = _chunk_buffer(n, flat.shape[1]), 0
+    while i < len(flat):
+        m = len(flat) - i if len(flat) - i <= n + 1 else n
+        b = buf[:m].copy_(flat[i : i + m])
+        torch.mean(b.mul_(b), -1, out=out[i : i + m])
+        i += m
+    return out.sqrt_().numpy()
 
 
 def batch_stats(x: torch.Tensor) -> dict:
     """Stats of one (B, T, C) batch in its storage dtype.
 
-    One row at a time, copied into this thread's float32 buffer and squared in place: the copy stays in cache, at
-    about twice the speed of whole-batch temporaries on the write path (bench/write_path.py), and the buffer is
-    the same memory for every row (``_row_buffer``). Each token's RMS is the same float32 ops on the same values
-    (x*x is what pow(2) computes; the mean is over each token alone), and the absmax is exact in the storage
-    dtype (``aminmax``), so the stats are bit for bit the former ones."""
+    The tokens' RMS in float32 chunks that stay in cache (``token_rms``), and the absmax exact in the storage
+    dtype (``torch.aminmax``), so the stats are bit for bit their definition's (tests/zgdata/materialize/test_stats.py)
+    and the one-row-at-a-time float32 copies' before the chunks."""
     x = x.cpu()
-    # each row copied into the buffer (never the caller's float32 tensor itself), squared in place
-    parts = [b.mul_(b).mean(-1).sqrt_().reshape(-1) for b in (_row_buffer(r.shape).copy_(r) for r in x)]
-    rms = torch.cat(parts).numpy() if parts else np.zeros(0, dtype=np.float32)
-    absmax = 0.0
-    if x.numel():
-        lo, hi = torch.aminmax(x)
-        absmax = max(abs(float(lo)), abs(float(hi)))
+    rms = token_rms(x)
     finite = np.isfinite(rms)
-    if not finite.all():  # rare: drop the tokens that overflowed, and any non-finite value from absmax
+    if finite.all():  # a non-finite value makes its token's RMS non-finite, so every value here is finite
+        lo, hi = torch.aminmax(x) if x.numel() else (0.0, 0.0)
+        absmax = max(abs(float(lo)), abs(float(hi)))
+    else:  # rare: drop the tokens that overflowed, and any non-finite value from absmax
         rms = rms[finite]
         a = x.float().abs()
         a = a[torch.isfinite(a)]

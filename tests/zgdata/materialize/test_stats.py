@@ -1,10 +1,13 @@
 """Per-boundary summary statistics (zgdata/materialize/stats.py) as unit tests: parts combine to the stats of the
-whole in any order, and a token that overflowed is counted as non-finite, never summed."""
+whole in any order, a token that overflowed is counted as non-finite, never summed, and the stats are their
+definition's bits whatever the chunking."""
 
 from __future__ import annotations
 
 from itertools import permutations
 
+import numpy as np
+import pytest
 import torch
 
 from zgdata.materialize import stats
@@ -50,3 +53,55 @@ def test_a_token_that_overflowed_is_counted_and_left_out_of_the_mean_and_absmax(
     # and the count survives combining with a clean part
     clean = stats.batch_stats(torch.tensor([[_token(6.0)]], dtype=torch.bfloat16))
     assert stats.combine(s, clean)["nonfinite"] == stats.combine(clean, s)["nonfinite"] == 1
+
+
+def _by_definition(x: torch.Tensor) -> dict:
+    """The stats as their definition reads, on the whole batch at once: each token's RMS is the float32 square
+    root of the mean of its float32 squares; absmax the largest finite absolute value; non-finite tokens counted."""
+    rms = x.float().pow(2).mean(-1).sqrt().reshape(-1).numpy()
+    keep = rms[np.isfinite(rms)]
+    a = x.float().abs()
+    a = a[torch.isfinite(a)]
+    return {
+        "rms_units": stats._units(np.ascontiguousarray(keep)),
+        "tokens": int(keep.size),
+        "absmax": float(a.max()) if a.numel() else 0.0,
+        "nonfinite": int(rms.size - keep.size),
+    }
+
+
+def _batches():
+    g = torch.Generator().manual_seed(11)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for shape in [(4, 512, 576), (2, 33, 4096), (3, 5, 7), (1, 1, 1), (2, 9, 100_000), (0, 4, 8), (2, 0, 8)]:
+            for scale in (1e-30, 1e-3, 1.0, 1e4):
+                x = (torch.randn(shape, generator=g) * scale).to(dtype)
+                yield f"{dtype} {shape} {scale}", x
+                yield f"{dtype} {shape} {scale} negative", -x.abs()
+                yield f"{dtype} {shape} {scale} positive", x.abs()
+        yield f"{dtype} +0", torch.zeros(2, 3, 4, dtype=dtype)
+        yield f"{dtype} -0", -torch.zeros(2, 3, 4, dtype=dtype)
+        for bad in (float("inf"), -float("inf"), float("nan")):
+            x = torch.randn(2, 4, 8, generator=g).to(dtype)
+            x[1, 2, 3] = bad
+            x[0, 0, 0] = -6e4 if dtype == torch.float16 else -1e30  # the largest magnitude, negative and finite
+            yield f"{dtype} {bad}", x
+        yield f"{dtype} squares overflow", (torch.randn(2, 4, 8, generator=g) * 3e4).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "row_bytes, chunk_bytes", [(stats.ROW_BYTES, stats.CHUNK_BYTES), (0, 4 * 3 * 7), (0, 1)], ids=str
+)
+def test_stats_are_their_definitions_bits_in_chunks_of_any_size(monkeypatch, row_bytes, chunk_bytes):
+    """``batch_stats`` squares and reduces the tokens in float32 chunks that stay in cache: on every dtype, width
+    and sign pattern (both zeros, inf, NaN, squares that overflow float32 while the values do not), with the
+    default chunks (whole rows up to ``ROW_BYTES``, then ``CHUNK_BYTES``), with chunks of 7 tokens of 3 channels
+    (across rows, and a remainder on most widths) and of two tokens, the stats equal their definition's on the
+    whole batch."""
+    monkeypatch.setattr(stats, "ROW_BYTES", row_bytes)
+    monkeypatch.setattr(stats, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(stats._SCRATCH, "chunk", None, raising=False)
+    for name, x in _batches():
+        if row_bytes == 0 and x.numel() > 1 << 16:
+            continue  # two tokens a chunk over a large batch is only slow
+        assert stats.batch_stats(x) == _by_definition(x), name

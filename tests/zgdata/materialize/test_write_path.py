@@ -200,7 +200,8 @@ def test_large_rows_write_a_page_per_batch_that_the_raw_reader_maps(tmp_path):
 def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bits():
     """Each encoding thread runs its torch ops (the stats) on that thread alone (``runtime.serial_torch_thread``):
     an OpenMP team per pool thread would oversubscribe the cores. The calling thread and threads started later keep
-    the process's count, and a batch's stats are the same bits as the caller's, at a size torch splits over threads."""
+    the process's count, and a batch's stats are the same bits as the caller's, at sizes torch splits over threads (100,000 channels: the
+    stats' float32 chunks hold two tokens each, and a third joins the last one rather than be a chunk alone)."""
     import threading
 
     from zgdata.materialize.encode import Encoder
@@ -224,7 +225,7 @@ def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bit
         t.join()
         assert (torch.get_num_threads(), later) == (2, [2])
         g = torch.Generator().manual_seed(5)
-        for shape in [(4, 512, 576), (1, 3, 100_000), (2, 7, 5)]:
+        for shape in [(4, 512, 576), (1, 3, 100_000), (1, 5, 100_000), (1, 1, 100_000), (2, 7, 5)]:
             x = (torch.randn(*shape, generator=g) * torch.exp(torch.randn(shape[-1], generator=g))).to(torch.bfloat16)
             assert enc.pool.submit(batch_stats, x).result() == batch_stats(x), shape
     finally:
@@ -232,18 +233,19 @@ def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bit
         torch.set_num_threads(before)
 
 
-def test_stats_reuse_one_row_buffer_per_thread_and_leave_a_float32_batch_as_it_was():
-    """``batch_stats`` copies each row into this thread's float32 buffer (a fresh copy per row faulted its pages in
-    every time); every batch of the same row shape reuses that buffer, and a float32 batch is never squared in place."""
+def test_stats_reuse_one_chunk_buffer_per_thread_and_leave_a_float32_batch_as_it_was():
+    """``batch_stats`` copies the tokens into this thread's float32 chunk buffer (a fresh copy per row faulted its
+    pages in every time); every batch of the same width reuses that buffer, and a float32 batch is never squared in
+    place."""
     from zgdata.materialize import stats
 
     g = torch.Generator().manual_seed(7)
     x = torch.randn(3, 16, 24, generator=g)
     kept = x.clone()
     first = stats.batch_stats(x)
-    ptr = stats._SCRATCH.row.data_ptr()
+    ptr = stats._SCRATCH.chunk.data_ptr()
     again = stats.batch_stats(x.to(torch.bfloat16).float())
-    assert stats._SCRATCH.row.data_ptr() == ptr
+    assert stats._SCRATCH.chunk.data_ptr() == ptr
     assert torch.equal(x, kept)
     rms = x.pow(2).mean(-1).sqrt().reshape(-1)
     assert first["tokens"] == again["tokens"] == 48 and first["absmax"] == float(x.abs().max())
