@@ -21,10 +21,11 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and stored boundary count, in
                 GB/s, / the bytes of those boundaries the bf16 forward makes per second: >= 1 keeps up with the GPU;
-                for zstd_fast (the default conversion's codec) and blob (raw bits, the cheapest write); then a
-                zstd_fast pair read by the training loader: its first epoch / a bare np.memmap loop over the same
-                rows on this box's cores (>= 0.5 is the target two CPU cores do not reach), and zstd alone; its
-                rows are 2,048 tokens at a hidden size of 2,048 or more (an 8B teacher's 16 MB rows), else 128
+                for zstd_fast (the default conversion's codec), blob (raw bits, the cheapest write) and raw (the
+                same bits as a list column); then a zstd_fast pair read by the training loader: its first epoch / a
+                bare np.memmap loop over the same rows on this box's cores (>= 0.5 is the target two CPU cores do
+                not reach), and zstd alone; the rows are 2,048 tokens at a hidden size of 2,048 or more (an 8B
+                teacher's 16 MB rows, where Lance's list columns cost the most), else 128
   repro         `zg repro --jobs N` (N: the GPUs, at least 2, one block per GPU) / a serial `dvc repro`: wall time, and
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
@@ -248,20 +249,22 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
     from zgdata.core.runtime import writer_threads
 
     hidden, boundaries = res.get("hidden", 576), res.get("boundaries", 4)
-    xs = W.synthetic(2, 128, hidden)
+    # a teacher's own rows: an 8B teacher's 2,048 tokens x 4,096 make 16 MB rows, where Lance's writer of the list
+    # layouts (raw's values, zstd_fast's low bytes) costs about three times what it does at 4 MB rows on CPU
+    # (docs/results/write-path.md); the blob codec's sidecars do not
+    xs = W.synthetic(2, 2048 if hidden >= 2048 else 128, hidden)
     batches = max(2, (mb << 20) // (boundaries * xs[0].numel() * 2))
-    for codec, key in (("zstd_fast", ""), ("blob", "_blob")):  # the default lossless codec; raw bits, packed blobs
+    for codec, key in (("zstd_fast", ""), ("blob", "_blob"), ("raw", "_raw")):  # the default lossless; raw's bits twice
         r = W.write_path(work, xs, boundaries=boundaries, batches=batches, codec=codec, threads=0, publish=False)
         gbps = r["bytes"] / r["seconds"] / 1e9
         res[f"write_path{key}_gbps"] = gbps
         shutil.rmtree(r["stage"])
-        msg = f"write path {codec}, {writer_threads(0)} threads: {gbps:.2f} GB/s"
+        msg = f"write path {codec}, {writer_threads(0)} threads, rows of {xs[0].shape[1]} x {hidden}: {gbps:.2f} GB/s"
         if "forward_boundary_gbps" in res:
             res[f"write_vs_forward{key}"] = gbps / res["forward_boundary_gbps"]
             msg += f"; the forward makes {res['forward_boundary_gbps']:.2f} GB/s: ratio {res[f'write_vs_forward{key}']:.2f}"
         log(msg)
-    # the loader at a teacher's own rows: an 8B teacher's 2,048 tokens x 4,096 make 16 MB rows (one a cache block)
-    check_first_epoch(work, res, W.synthetic(2, 2048 if hidden >= 2048 else 128, hidden), mb)
+    check_first_epoch(work, res, xs, mb)
 
 
 def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:

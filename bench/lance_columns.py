@@ -2,9 +2,10 @@
 
     python bench/lance_columns.py                                  # the default file version, every layout
     python bench/lance_columns.py --versions 2.0,stable --layouts fsl_u16,blob
+    python bench/lance_columns.py --seq-len 2048 --hidden 4096 --mb 1024    # an 8B teacher's 16 MB rows
 
-Four ``write_fragments`` streams (one per boundary, in threads, as materialize's ``staging.Streams``) of 28 batches
-of 4 x 512 x 576 random uint16 rows, fsynced, per layout of the value column:
+Four ``write_fragments`` streams (one per boundary, in threads, as materialize's ``staging.Streams``) of batches of
+4 random uint16 rows (512 x 576 by default, 28 batches), fsynced, per layout of the value column:
 
   fsl_u16   a fixed-size list of uint16 per row: what a raw boundary stores today
   lb        a large_binary per row
@@ -32,6 +33,13 @@ from write_path_reads import fsync_tree
 
 T, C, B, BATCHES, STREAMS = 512, 576, 4, 28, 4
 N = T * C
+
+
+def shape(seq_len: int, hidden: int, mb: int) -> None:
+    """Rows of ``seq_len`` x ``hidden`` values, and as many batches as make about ``mb`` MB over the streams."""
+    global T, C, N, BATCHES
+    T, C, N = seq_len, hidden, seq_len * hidden
+    BATCHES = max(2, (mb << 20) // (STREAMS * B * N * 2))
 
 
 def batch(layout: str, rows: np.ndarray) -> pa.RecordBatch:
@@ -89,7 +97,12 @@ def main(argv=None) -> int:
     ap.add_argument("--versions", default="stable", help="Lance data storage versions (2.0, 2.1, stable...)")
     ap.add_argument("--layouts", default="fsl_u16,lb,blob")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=T, help="tokens per row")
+    ap.add_argument("--hidden", type=int, default=C, help="values per token")
+    ap.add_argument("--mb", type=int, default=STREAMS * BATCHES * B * N * 2 >> 20, help="MB written per run")
     args = ap.parse_args(argv)
+    shape(args.seq_len, args.hidden, args.mb)
+    print(f"{STREAMS} streams of {BATCHES} batches of {B} rows of {T} x {C} uint16 ({2 * N / 2**20:.1f} MiB rows)")
     os.environ.setdefault("RUST_LOG", "error")
     rng = np.random.default_rng(0)
     data = [rng.integers(0, 65535, (B, N), dtype=np.uint16) for _ in range(BATCHES)]
