@@ -292,6 +292,8 @@ def main(argv=None) -> int:
         "pages either way: zgdata/store/decoded_cache.py small_pages)",
     )
     args = ap.parse_args(argv)
+    if args.lossless not in args.codecs.split(","):
+        ap.error(f"--lossless {args.lossless} is not among --codecs {args.codecs}: its write path makes the JSON line")
     if args.no_huge_pages:
         no_huge_pages()
 
