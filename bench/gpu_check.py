@@ -21,8 +21,8 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and stored boundary count, in
                 GB/s, / the bytes of those boundaries the bf16 forward makes per second: >= 1 keeps up with the GPU;
-                for zstd_fast (the default conversion's codec), blob (raw bits, the cheapest write) and raw (the
-                same bits as a list column); then a zstd_fast pair read by the training loader: its first epoch / a
+                for zstd_fast (the default conversion's codec), zstd_blob (its planes as Lance blobs), blob (raw
+                bits, the cheapest write) and raw (the same bits as a list column); then a zstd_fast pair read by the training loader: its first epoch / a
                 bare np.memmap loop over the same rows on this box's cores (>= 0.5 is the target two CPU cores do
                 not reach), and zstd alone; the rows are 2,048 tokens at a hidden size of 2,048 or more (an 8B
                 teacher's 16 MB rows, where Lance's list columns cost the most), else 128
@@ -254,7 +254,8 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
     # (docs/results/write-path.md); the blob codec's sidecars do not
     xs = W.synthetic(2, 2048 if hidden >= 2048 else 128, hidden)
     batches = max(2, (mb << 20) // (boundaries * xs[0].numel() * 2))
-    for codec, key in (("zstd_fast", ""), ("blob", "_blob"), ("raw", "_raw")):  # the default lossless; raw's bits twice
+    codecs = (("zstd_fast", ""), ("zstd_blob", "_zstd_blob"), ("blob", "_blob"), ("raw", "_raw"))
+    for codec, key in codecs:  # the default lossless codec and its blob layout; raw's bits in both layouts
         r = W.write_path(work, xs, boundaries=boundaries, batches=batches, codec=codec, threads=0, publish=False)
         gbps = r["bytes"] / r["seconds"] / 1e9
         res[f"write_path{key}_gbps"] = gbps

@@ -158,8 +158,8 @@ def data_materialize(params: Path = params_option, as_json: bool = typer.Option(
     Resumable: a killed run continues from its last commit group (materialize.commit_mb / commit_seconds /
     commit_rows) and gives the same bits; each boundary is published compacted, as one Lance version.
     materialize.storage_dtype: bfloat16 (default) or float32. materialize.compute_dtype: dtype of the forward.
-    materialize.codec: raw or blob (the raw bits; blob as packed Lance blobs), zstd or zstd_fast (lossless,
-    ~0.68-0.72x the bytes); all four give the same values and fingerprint. Or
+    materialize.codec: raw or blob (the raw bits; blob as packed Lance blobs), zstd, zstd_fast or zstd_blob
+    (lossless, ~0.68-0.72x the bytes; zstd_blob as packed blobs); all five give the same values and fingerprint. Or
     int8 / int7 / int6 (lossy, quantized: a share of the bytes, a new fingerprint; inspect shows the measured error).
     materialize.writer_threads: threads that encode and checksum (0: the cores the forward leaves); same bytes.
     materialize.virtual_first: true stores no h00; its readers recompute it from the tokens and the embedding.

@@ -232,15 +232,15 @@ Usage: zg data materialize [OPTIONS]
   bits; each boundary is published compacted, as one Lance version.
   materialize.storage_dtype: bfloat16 (default) or float32.
   materialize.compute_dtype: dtype of the forward. materialize.codec: raw or
-  blob (the raw bits; blob as packed Lance blobs), zstd or zstd_fast
-  (lossless, ~0.68-0.72x the bytes); all four give the same values and
-  fingerprint. Or int8 / int7 / int6 (lossy, quantized: a share of the bytes,
-  a new fingerprint; inspect shows the measured error).
-  materialize.writer_threads: threads that encode and checksum (0: the cores
-  the forward leaves); same bytes. materialize.virtual_first: true stores no
-  h00; its readers recompute it from the tokens and the embedding.
-  materialize.workers: N > 1 captures shards of rows in N Ray tasks at once
-  (ZG_RAY_ADDRESS joins a cluster).
+  blob (the raw bits; blob as packed Lance blobs), zstd, zstd_fast or
+  zstd_blob (lossless, ~0.68-0.72x the bytes; zstd_blob as packed blobs); all
+  five give the same values and fingerprint. Or int8 / int7 / int6 (lossy,
+  quantized: a share of the bytes, a new fingerprint; inspect shows the
+  measured error). materialize.writer_threads: threads that encode and
+  checksum (0: the cores the forward leaves); same bytes.
+  materialize.virtual_first: true stores no h00; its readers recompute it from
+  the tokens and the embedding. materialize.workers: N > 1 captures shards of
+  rows in N Ray tasks at once (ZG_RAY_ADDRESS joins a cluster).
 
 Options:
   --params <path>  params file of the project.  [default: params.yaml]

@@ -195,12 +195,14 @@ class MaterializeConfig(Section):
         "How hidden states are stored: raw (one column of the dtype's bits, plain Lance), blob (the same bits, "
         "each row a Lance blob in packed sidecar files: the cheapest write, 15-25% less CPU per GB than raw), zstd "
         "(lossless byte split: zstd level 3 of the sign/exponent bytes, ~0.72x raw on bf16) or zstd_fast "
-        "(the same split with zstd's fast strategy: the same size, several times the encode speed): "
+        "(the same split with zstd's fast strategy: the same size, several times the encode speed) or zstd_blob "
+        "(zstd_fast's two planes as Lance blobs in packed sidecars: the same bytes a row, written at several times "
+        "the rate at an 8B teacher's 16 MB rows): "
         "lossless, never lineage (the values, fingerprint and training bits are the same). Lossy, bf16 only: "
         "int8 (per-token scale, each token's 4 largest values kept exact, zstd over the int bytes), int7 or "
         "int6 (the same with 127 or 63 levels); their parameters are lineage (in the fingerprint), and online targets, "
         "verify and a virtual h00 apply the same quantization (docs/results/write-path.md).",
-        choices=("raw", "blob", "zstd", "zstd_fast", "int8", "int7", "int6"),
+        choices=("raw", "blob", "zstd", "zstd_fast", "zstd_blob", "int8", "int7", "int6"),
     )
     virtual_first: bool = param(
         False,
@@ -215,7 +217,7 @@ class MaterializeConfig(Section):
             raise ZgError(
                 f"materialize.codec {self.codec} quantizes bfloat16 boundaries only, not {self.storage_dtype}",
                 key="materialize.codec",
-                fix="set materialize.storage_dtype: bfloat16, or a lossless codec (raw, blob, zstd, zstd_fast)",
+                fix="set materialize.storage_dtype: bfloat16, or a lossless codec (raw, blob, zstd, zstd_fast, zstd_blob)",
             )
         if self.storage_dtype == "float16":
             raise ZgError(

@@ -74,8 +74,12 @@ __all__ = [
     "planes",
 ]
 
-CODECS = ("raw", "blob", "zstd", "zstd_fast", *QUANT)
-LOSSLESS = ("raw", "blob", "zstd", "zstd_fast")
+CODECS = ("raw", "blob", "zstd", "zstd_fast", "zstd_blob", *QUANT)
+LOSSLESS = ("raw", "blob", "zstd", "zstd_fast", "zstd_blob")
+# the codecs whose value columns are Lance blobs, their bytes in packed sidecar files (zgdata/store/blobs.py): blob's
+# rows; zstd_blob's two planes, zstd_fast's bytes. Lance's writer of a list or binary value column costs 3-4 core-s
+# per GB at an 8B teacher's 16 MB rows, its blobs 0.3-0.4 (docs/results/write-path.md)
+BLOB_CODECS = ("blob", "zstd_blob")
 ZSTD_LEVEL = 3  # higher levels gained < 1% on bf16 high bytes at several times the encode cost
 # zstd_fast: the fast strategy with match tables that stay in L1/L2 (hash 2**10); the high bytes are mostly
 # literals, so the Huffman stage gives the size and a wide match search only costs time (bench/write_path.py)
@@ -86,7 +90,8 @@ FORMAT_OF = {"raw": BOUNDARY_FORMAT_VERSION, "zstd": BOUNDARY_FORMAT_VERSION + 1
 # format 4: the row checksum's algorithm is named in zg.checksum (zgdata/store/integrity.py), any codec; a zg that
 # predates it refuses it with "rematerialize" rather than report every row's (xxh3) checksum as a mismatch
 CHECKSUM_FORMAT = BOUNDARY_FORMAT_VERSION + 2
-# format 5: the blob layout (a zg that predates it would read the descriptors as values); its checksum is named too
+# format 5: the blob layout (a zg that predates it would read the descriptors as values); its checksum is named too.
+# zstd_blob is format 5 too: a zg of format 5 that predates it refuses the codec's name (``codec_of``)
 BLOB_FORMAT = BOUNDARY_FORMAT_VERSION + 3
 FORMATS = (*FORMAT_OF.values(), CHECKSUM_FORMAT, BLOB_FORMAT)
 # a blob row goes to the packed sidecar whatever its size: never inline (0), never a file of its own (an 8B teacher's
@@ -97,7 +102,7 @@ BLOB_INLINE_MAX, BLOB_DEDICATED_MIN, BLOB_PACK_MAX = 0, 1 << 40, 1 << 40
 
 def format_of(codec: str, checksum: str) -> int:
     """The boundary format a dataset of ``codec`` with row checksum ``checksum`` is written in."""
-    if codec == "blob":
+    if codec in BLOB_CODECS:
         return BLOB_FORMAT
     if checksum == "blake2b" and codec in FORMAT_OF:
         return FORMAT_OF[codec]  # exactly what zg wrote before format 4: same metadata, same bytes
@@ -165,6 +170,8 @@ def codec_meta(codec: str) -> dict:
         return {**scheme(codec), "layout": "quantized", "compressed": "hidden_q", "zstd": ZSTD_FAST}
     if codec == "zstd_fast":
         return {"name": codec, "layout": "bytesplit", "compressed": "hidden_hi", "zstd": ZSTD_FAST}
+    if codec == "zstd_blob":
+        return {"name": codec, "layout": "blob", "sidecar": "packed", "compressed": "hidden_hi", "zstd": ZSTD_FAST}
     return {"name": codec, "layout": "bytesplit", "compressed": "hidden_hi", "zstd_level": ZSTD_LEVEL}
 
 
@@ -183,7 +190,7 @@ def codec_of(meta: dict) -> str:
 def hidden_columns(codec: str) -> list[str]:
     if is_quantized(codec):
         return ["hidden_q", "hidden_scale", "hidden_oidx", "hidden_oval"]
-    return ["hidden"] if codec in ("raw", "blob") else ["hidden_hi", "hidden_lo"]
+    return ["hidden"] if codec in ("raw", "blob") else ["hidden_hi", "hidden_lo"]  # zstd_blob: two blob columns
 
 
 def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> list[pa.Field]:
@@ -192,16 +199,19 @@ def hidden_fields(seq_len: int, hidden: int, storage_dtype: str, codec: str) -> 
     n = seq_len * hidden
     if codec == "raw":
         return [pa.field("hidden", pa.list_(_ARROW[storage_dtype], n), metadata=meta)]
-    if codec == "blob":
+    if codec in BLOB_CODECS:
         from lance.blob import blob_field
 
-        f = blob_field(
-            "hidden",
-            inline_size_threshold=BLOB_INLINE_MAX,
-            dedicated_size_threshold=BLOB_DEDICATED_MIN,
-            pack_file_size_threshold=BLOB_PACK_MAX,
-        )
-        return [f.with_metadata({**f.metadata, **{k.encode(): v.encode() for k, v in meta.items()}})]
+        fs = [
+            blob_field(
+                c,
+                inline_size_threshold=BLOB_INLINE_MAX,
+                dedicated_size_threshold=BLOB_DEDICATED_MIN,
+                pack_file_size_threshold=BLOB_PACK_MAX,
+            )
+            for c in hidden_columns(codec)
+        ]
+        return [fs[0].with_metadata({**fs[0].metadata, **{k.encode(): v.encode() for k, v in meta.items()}}), *fs[1:]]
     if is_quantized(codec):
         return [
             pa.field("hidden_q", pa.large_binary(), metadata=meta),
@@ -252,9 +262,15 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
         values = pa.array(rows.reshape(-1), type=_ARROW[storage_dtype])
         return [pa.FixedSizeListArray.from_arrays(values, n)], rows
     if codec == "blob":
-        return [_blob_array(rows)], rows
+        return [_blob_array(_rows_array(rows))], rows
     nbytes = rows.dtype.itemsize
     his, lo = _split(rows)
+    if codec == "zstd_blob":  # zstd_fast's frames and low bytes, each plane a blob per row
+        z = _fast_compressor()
+        return [
+            _blob_array(frames_array([z.compress(his[i]) for i in range(b)])),
+            _blob_array(_rows_array(lo, b)),
+        ], rows
     if codec == "zstd_fast":
         z = _fast_compressor()
         hi = [z.compress(his[i]) for i in range(b)]
@@ -283,14 +299,19 @@ def frames_array(frames: list) -> pa.Array:
     )
 
 
-def _blob_array(rows: np.ndarray) -> pa.Array:
-    """(B, n) rows of bits -> a Lance blob column of B rows, each the row's bytes (one buffer, no copy)."""
+def _rows_array(rows: np.ndarray, b: int | None = None) -> pa.Array:
+    """(B, n) rows of bits (or their bytes flat, ``b`` rows) -> a ``large_binary`` array of B rows (no copy)."""
+    b = len(rows) if b is None else b
+    rows = np.ascontiguousarray(rows)
+    offsets = np.arange(b + 1, dtype=np.int64) * (rows.nbytes // b) if b else np.zeros(1, dtype=np.int64)
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), b, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
+
+
+def _blob_array(data: pa.Array) -> pa.Array:
+    """A ``large_binary`` array -> a Lance blob column of its rows, each row's bytes in the packed sidecar."""
     from lance.blob import BlobType
 
-    b = len(rows)
-    rows = np.ascontiguousarray(rows)
-    offsets = np.arange(b + 1, dtype=np.int64) * rows[0].nbytes if b else np.zeros(1, dtype=np.int64)
-    data = pa.LargeBinaryArray.from_buffers(pa.large_binary(), b, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
+    b = len(data)
     typ = BlobType()
     nulls = [pa.nulls(b, f.type) for f in list(typ.storage_type)[1:]]  # uri, position, size: bytes inline
     return pa.ExtensionArray.from_storage(
@@ -383,7 +404,16 @@ def flat_values(col, width: int) -> np.ndarray:
 
 
 def decode_rows(
-    table, codec: str, storage_dtype: str, seq_len: int, hidden: int, *, strict: bool = True, out=None, lo=None
+    table,
+    codec: str,
+    storage_dtype: str,
+    seq_len: int,
+    hidden: int,
+    *,
+    strict: bool = True,
+    out=None,
+    lo=None,
+    hi=None,
 ) -> np.ndarray:
     """(N, T*C) numpy array of the stored bits (uint16 for bf16) of a table holding ``hidden_columns(codec)``.
 
@@ -393,12 +423,15 @@ def decode_rows(
     return), instead of a new one: the decoded-row cache passes its own rows, which spares a copy and fresh memory
     per read.
     ``lo``: a byte-split codec's low bytes of the same rows, (N, T*C*(bytes-1)) uint8 or a list of N such rows (views
-    onto the reader's mapped pages, zgdata/store/pagemap.py), already read; then ``table`` needs only ``hidden_hi``."""
+    onto the reader's mapped pages, zgdata/store/pagemap.py), already read; then ``table`` needs only ``hidden_hi``.
+    ``hi``: the N rows' compressed high bytes (buffers: views onto a ``zstd_blob`` boundary's mapped sidecars), with
+    ``lo``; then ``table`` is not read."""
     n = seq_len * hidden
     if is_quantized(codec):
         return _decode_quantized(table, codec, seq_len, hidden, strict, out)
-    if codec == "blob":  # the table holds descriptors only: BoundaryDataset reads the sidecars (zgdata/store/blobs.py)
-        raise ValueError("a blob boundary's values are read from its sidecar files, not from a Lance table")
+    if codec == "blob" or (codec == "zstd_blob" and (hi is None or lo is None)):
+        # the table holds descriptors only: BoundaryDataset reads the sidecars (zgdata/store/blobs.py)
+        raise ValueError(f"a {codec} boundary's values are read from its sidecar files, not from a Lance table")
     if codec == "raw":
         flat = flat_values(table.column("hidden"), n)
         if out is None:
@@ -408,6 +441,13 @@ def decode_rows(
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
     if lo is None:
         lo = flat_values(table.column("hidden_lo"), n * (nbytes - 1))
+    bufs = hi if hi is not None else _row_buffers(table.column("hidden_hi"))
+    return _decode_planes(bufs, lo, n, storage_dtype, strict, out)
+
+
+def _decode_planes(bufs: list, lo, n: int, storage_dtype: str, strict: bool, out) -> np.ndarray:
+    """``decode_rows`` of a byte split: each row's compressed high bytes (``bufs``) and its other bytes (``lo``)."""
+    nbytes = np.dtype(_NP[storage_dtype]).itemsize
     n_rows = len(lo)
     want = out
     if isinstance(out, list):  # rows that need not be next to each other (the cache's rows of several blocks)
@@ -416,7 +456,6 @@ def decode_rows(
     else:
         out = np.empty((n_rows, n, nbytes), np.uint8) if out is None else out.view(np.uint8).reshape(n_rows, n, nbytes)
         out16 = out.reshape(n_rows, n * nbytes).view(np.uint16) if nbytes == 2 else None
-    bufs = _row_buffers(table.column("hidden_hi"))
 
     def one(i: int) -> str | None:
         """Decode row i (its high bytes, then both planes into ``out``); an error text if they do not decode."""

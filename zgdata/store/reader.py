@@ -17,7 +17,7 @@ import torch
 from zgdata.core.timing import span
 from zgdata.errors import ZgError, dvc_checkout
 from zgdata.lineage import check
-from zgdata.store.codec import codec_of, decode_rows, hidden_columns, value_info
+from zgdata.store.codec import BLOB_CODECS, codec_of, decode_rows, hidden_columns, value_info
 from zgdata.store.integrity import (
     CHECKSUM_COLUMN,
     check_rows,
@@ -58,7 +58,7 @@ class BoundaryDataset:
             )
         self._row_of = {int(s): i for i, s in enumerate(self.seq_ids)}
         self._verified = np.zeros(len(self.seq_ids), dtype=bool)  # rows whose checksum this object has checked
-        self._pages, self._sums, self._split = False, None, None
+        self._pages, self._sums, self._split, self._planes = False, None, None, None
         self._np_dtype = np.uint16 if self.dtype == "bfloat16" else np.float32
 
     @property
@@ -75,7 +75,7 @@ class BoundaryDataset:
     @property
     def scan_columns(self) -> list[str]:
         """The value columns a streaming scan reads for ``decode`` (a blob boundary's rows come from its sidecars)."""
-        return [] if self.codec == "blob" else self.columns
+        return [] if self.codec in BLOB_CODECS else self.columns
 
     @property
     def row_bytes(self) -> int:
@@ -85,15 +85,23 @@ class BoundaryDataset:
     def decode(self, table, rows=None, *, strict: bool = True, out=None, lo=None) -> np.ndarray:
         """(N, T*C) stored bits of a table read from this dataset; ``rows``: their row numbers, for the error;
         ``out``: an array to decode into, ``lo``: the low bytes already read (``codec.decode_rows``).
-        A blob boundary's table holds descriptors only: its rows are read from the sidecars (``rows`` required)."""
+        A blob or zstd_blob boundary's table holds descriptors only: its rows are read from the sidecars (``rows``
+        required; ``table`` is not read)."""
         if self.codec == "blob":
             values = self._page_reader()(np.asarray(rows, dtype=np.int64))
             if out is None:
                 return values
             out[...] = values
             return out
+        hi = None
+        if self.codec == "zstd_blob":  # both planes from the mapped sidecars, as views
+            hi_of, lo_of = self._blob_planes()
+            rows = np.asarray(rows, dtype=np.int64)
+            hi, lo = hi_of(rows), lo_of(rows)
         try:
-            return decode_rows(table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict, out=out, lo=lo)
+            return decode_rows(
+                table, self.codec, self.dtype, self.seq_len, self.hidden, strict=strict, out=out, lo=lo, hi=hi
+            )
         except ValueError as e:
             where = f" (rows {int(np.min(rows))}-{int(np.max(rows))})" if rows is not None and len(rows) else ""
             raise ZgError(f"{self.path}{where}: {e}", fix=recover_fix(self.path)) from e
@@ -199,6 +207,8 @@ class BoundaryDataset:
         a fixed-size list, flat in the pages like a raw boundary's values: they are read from the mapped pages, and
         Lance reads only the compressed high bytes (its take of the low bytes cost as much as decoding the high
         ones, bench/write_path.py). Any other codec or layout: Lance reads every value column."""
+        if self.codec == "zstd_blob":  # both planes from the sidecars (``decode``)
+            return lambda r, out: self.decode(None, r, out=out)
         lo_pages = None
         if self.columns == ["hidden_hi", "hidden_lo"]:
             from zgdata.store.pagemap import page_reader
@@ -209,6 +219,19 @@ class BoundaryDataset:
             return lambda r, out: self.decode(self.ds.take(r, columns=self.columns), r, out=out)
         views = lo_pages.views  # the low bytes are read in place by the decode: no copy, no fresh buffer
         return lambda r, out: self.decode(self.ds.take(r, columns=["hidden_hi"]), r, out=out, lo=views(r))
+
+    def _blob_planes(self):
+        """A ``zstd_blob`` boundary's (compressed high bytes, low bytes) readers: rows -> a view of each row's
+        bytes in its mapped sidecar (zgdata/store/blobs.py), built once."""
+        if self._planes is None:
+            from zgdata.store.blobs import blob_rows
+
+            width = self.seq_len * self.hidden * (np.dtype(self._np_dtype).itemsize - 1)
+            self._planes = (
+                blob_rows(self.ds, self.path, "hidden_hi"),
+                blob_rows(self.ds, self.path, "hidden_lo", width),
+            )
+        return self._planes
 
     def _lo_probe(self, width: int):
         """Lance's own read of some rows' low bytes: what the mapped pages must equal before they are used."""

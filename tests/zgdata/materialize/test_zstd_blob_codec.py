@@ -1,0 +1,154 @@
+"""The ``zstd_blob`` codec: zstd_fast's two planes (the compressed high bytes, the low bytes), each a Lance blob per
+row in packed sidecars. The same values, fingerprint and stats as ``raw``, the same frames as ``zstd_fast``; the
+bytes do not depend on the thread count, a killed run or a sharded one; the reader maps both planes and falls back to
+Lance's own read; a flipped byte in either plane, or a missing sidecar, is reported, never trained on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import lance
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.datasets import kill_after_first_commit_then_resume, read_boundaries
+from tests.helpers.projects import edit_params
+from tests.helpers.runners import zg_main
+from tests.zgdata.materialize.test_blob_codec import NAMES, _files, _materialize, _raw
+from zgdata.errors import ZgError
+from zgdata.layout import Layout
+from zgdata.store import blobs
+from zgdata.store.codec import flat_values
+from zgdata.store.lance_io import schema_meta
+from zgdata.store.reader import BoundaryDataset
+
+
+def _planes(path) -> tuple[list[bytes], list[bytes]]:
+    """Each row's (compressed high bytes, low bytes) through Lance's own read of the two blob columns."""
+    ds = lance.dataset(str(path))
+    rows = list(range(ds.count_rows()))
+    out = []
+    for col in ("hidden_hi", "hidden_lo"):
+        got = []
+        for b in ds.take_blobs(col, indices=rows):
+            with b:
+                got.append(b.read())
+        out.append(got)
+    return out[0], out[1]
+
+
+def test_zstd_blob_rows_are_zstd_fast_planes_packed_in_sidecars(tiny_project, tmp_path, monkeypatch):
+    """The same bits, fingerprint and stats as raw; format 5, checksum named; each row's high-byte frame is
+    zstd_fast's own frame and its low bytes zstd_fast's low bytes, both packed in the sidecars; `zg data inspect`
+    and `zg data verify` read it; the reader maps both planes, and with the sidecar names unknown (another Lance
+    version) reads the same rows through Lance's take_blobs, with and without the decoded cache."""
+    want = _raw(tiny_project)
+    fast = shutil.copytree(tiny_project, tmp_path / "fast", symlinks=True)
+    _materialize(fast, codec="zstd_fast")
+    _materialize(tiny_project, codec="zstd_blob", writer_threads=2, commit_rows=16)  # several groups, compacted
+    got = read_boundaries(tiny_project, NAMES)
+    for n in NAMES:
+        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+
+    path = Layout(tiny_project).boundary("h02")
+    ds = lance.dataset(str(path))
+    meta = schema_meta(ds.schema)
+    assert meta["format_version"] == 5 and meta["checksum"] == "xxh3_128"
+    assert meta["codec"]["name"] == "zstd_blob" and meta["codec"]["layout"] == "blob"
+    assert len(ds.get_fragments()) == 1  # the commit groups compacted, blobs and all
+    hi, lo = _planes(path)
+    fast_ds = lance.dataset(str(Layout(fast).boundary("h02")))
+    fast_hi = fast_ds.to_table(columns=["hidden_hi"]).column("hidden_hi").to_pylist()
+    fast_lo = flat_values(fast_ds.to_table(columns=["hidden_lo"]).column("hidden_lo"), len(lo[0]))
+    assert hi == fast_hi and [np.frombuffer(x, np.uint8).tolist() for x in lo] == fast_lo.tolist()
+    for col in ("hidden_hi", "hidden_lo"):
+        d = ds.to_table(columns=[col]).column(col).combine_chunks()
+        assert set(d.field("kind").to_pylist()) == {blobs.PACKED}, col
+    sidecars = [f for s in blobs.sidecar_dirs(ds, path) for f in s.iterdir()]
+    assert sum(f.stat().st_size for f in sidecars) == sum(map(len, hi)) + sum(map(len, lo))
+
+    infos = {i["name"]: i for i in json.loads(zg_main("data", "inspect", "--json", cwd=tiny_project).stdout)}
+    assert infos["h02"]["codec"] == "zstd_blob" and infos["h02"]["format_version"] == 5
+    zg_main("data", "verify", "--lineage-only", cwd=tiny_project)  # every row's checksum, decoded from sidecars
+
+    b = BoundaryDataset(path)
+    assert [f.__name__ for f in b._blob_planes()] == ["read", "read"]  # both planes mapped
+    rows = np.array([5, 0, 55, 17, 17])
+    mapped = b.take(rows).view(torch.int16)
+    assert torch.equal(mapped, want["h02"][0][rows])
+    monkeypatch.setattr(blobs, "_sidecar_name", lambda folder, blob_id: None)
+    for recheck in (False, True):  # the decoded cache's fill, and a read that decodes every time
+        other = BoundaryDataset(path, recheck=recheck)
+        assert [f.__name__ for f in other._blob_planes()] == ["through_lance", "through_lance"]
+        assert torch.equal(other.take(rows).view(torch.int16), mapped), recheck
+
+
+def test_thread_counts_and_a_killed_run_write_the_same_zstd_blob_bytes(tiny_project, tmp_path):
+    """One encoding thread against three, and a run killed (kill -9) after its first journaled commit and resumed:
+    every data file and every sidecar hashes the same, and nothing is left over beside them."""
+    other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
+    killed = shutil.copytree(tiny_project, tmp_path / "killed", symlinks=True)
+    _materialize(tiny_project, codec="zstd_blob", writer_threads=1, commit_rows=8)
+    _materialize(other, codec="zstd_blob", writer_threads=3, commit_rows=8)
+    one = _files(tiny_project)
+    assert all(sidecar for n in NAMES for _, sidecar in one[n]) and one == _files(other)
+
+    edit_params(killed, materialize={"codec": "zstd_blob", "commit_rows": 8, "writer_threads": 2})
+    shutil.rmtree(killed / "data" / "boundaries")
+    kill_after_first_commit_then_resume(killed)
+    assert _files(killed) == one
+    for n in NAMES:
+        path = Layout(killed).boundary(n)
+        ds = lance.dataset(str(path))
+        on_disk = sorted(p.name for p in (path / "data").iterdir())
+        listed = sorted(d.path for f in ds.get_fragments() for d in f.data_files())
+        assert on_disk == sorted([*listed, *(p.name for p in blobs.sidecar_dirs(ds, path))]), n
+
+
+def test_sharded_zstd_blob_run_equals_one_process(tiny_project, tmp_path, ray_session):
+    """Two Ray workers, each streaming its shard's sidecars: the published values, fingerprint and stats are one
+    process's, compacted into one data file, and every row's frame and low bytes are one process's (the files
+    themselves may differ: Lance's compaction of the shards packs the two planes' blobs in its own order)."""
+    one = shutil.copytree(tiny_project, tmp_path / "one", symlinks=True)
+    _materialize(one, codec="zstd_blob")
+    r = _materialize(tiny_project, codec="zstd_blob", workers=2)
+    got, want = read_boundaries(tiny_project, NAMES), read_boundaries(one, NAMES)
+    for n in NAMES:
+        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    assert r.stats == {n: got[n][2] for n in NAMES}
+    for n in NAMES:
+        path = Layout(tiny_project).boundary(n)
+        assert len(lance.dataset(str(path)).get_fragments()) == 1, n
+        assert _planes(path) == _planes(Layout(one).boundary(n)), n
+
+
+@pytest.mark.parametrize("plane", ["hidden_hi", "hidden_lo"])
+def test_a_flipped_byte_in_either_plane_or_a_missing_sidecar_is_reported(tiny_project, plane):
+    """One changed byte in row 3's compressed high bytes or in its low bytes: verify names the row and exits
+    non-zero, and a read refuses the row. A data file's sidecar folder gone: opening the dataset says so and how to
+    recover."""
+    _materialize(tiny_project, codec="zstd_blob")
+    path = Layout(tiny_project).boundary("h02")
+    ds = lance.dataset(str(path))
+    d = ds.to_table(columns=[plane]).column(plane).combine_chunks()
+    pos, blob_id = int(d.field("position")[3].as_py()), int(d.field("blob_id")[3].as_py())
+    (folder,) = blobs.sidecar_dirs(ds, path)
+    sidecar = blobs._sidecar_name(folder, blob_id)
+    raw = bytearray(sidecar.read_bytes())
+    raw[pos + 40] ^= 0x40  # inside row 3's frame (past its header) or low bytes
+    sidecar.unlink()  # a new inode: the DVC cache's hardlinked copy keeps its bytes
+    sidecar.write_bytes(bytes(raw))
+
+    res = zg_main("data", "verify", "--lineage-only", "--json", cwd=tiny_project, check=False)
+    assert res.returncode != 0
+    bad = [f for f in json.loads(res.stdout)["failures"] if f["check"] == "checksum"]
+    assert [(p["boundary"], p["row"]) for p in bad] == [("h02", 3)]
+    with pytest.raises(ZgError, match="rows 2-3.*do not decode|row 3 .*does not match its checksum"):
+        BoundaryDataset(path, version=ds.version).take([2, 3])
+
+    shutil.rmtree(folder)
+    with pytest.raises(ZgError, match="missing") as e:
+        BoundaryDataset(path, version=ds.version)
+    assert "dvc" in e.value.fix
