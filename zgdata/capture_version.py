@@ -17,7 +17,7 @@ BOUNDARY_FORMAT_VERSION = 2
 
 # The quantized boundary codecs (zgdata/store/quant.py): codec -> (bits of the scaled values, outliers kept exact
 # per token). A quantized codec changes what the stored values are, so its scheme is part of the boundary's
-# lineage and fingerprint (``quant_scheme``); the lossless codecs (raw, zstd, zstd_fast) are not.
+# lineage and fingerprint (``quant_scheme``); the lossless codecs (raw, blob, zstd, zstd_fast, zstd_blob) are not.
 QUANT_CODECS = {"int8": (8, 4), "int7": (7, 4), "int6": (6, 4)}
 
 

@@ -55,6 +55,14 @@ def _files(root) -> dict[str, list]:
     return out
 
 
+def assert_values_are(root, want: dict) -> dict:
+    """ROOT's boundaries read through zg's reader (every row checked) hold ``want``'s bits, fingerprints and stats."""
+    got = read_boundaries(root, NAMES)
+    for n in NAMES:
+        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    return got
+
+
 def _raw(root) -> dict:
     """The project's boundaries as the tiny profile built them (codec raw), read through zg's reader."""
     assert schema_meta(lance.dataset(str(Layout(root).boundary("h02"))).schema)["codec"] == {"name": "raw"}
@@ -67,9 +75,7 @@ def test_blob_rows_are_raw_rows_packed_in_sidecars(tiny_project, monkeypatch):
     unknown (another Lance version), the reader reads the same rows through Lance's take_blobs."""
     want = _raw(tiny_project)
     _materialize(tiny_project, codec="blob", writer_threads=2)
-    got = read_boundaries(tiny_project, NAMES)
-    for n in NAMES:
-        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    assert_values_are(tiny_project, want)
 
     path = Layout(tiny_project).boundary("h02")
     ds = lance.dataset(str(path))
@@ -111,9 +117,7 @@ def test_one_sidecar_per_data_file_and_several_read_the_same(tiny_project, monke
     assert min(len(list(s.iterdir())) for s in blobs.sidecar_dirs(ds, path)) > 1
     b = BoundaryDataset(path)
     assert blobs.blob_reader(ds, path, b.seq_len * b.hidden, np.uint16).__name__ == "read"  # mapped
-    got = read_boundaries(tiny_project, NAMES)
-    for n in NAMES:
-        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    assert_values_are(tiny_project, want)
 
 
 def test_thread_counts_and_write_behind_write_the_same_blob_bytes(tiny_project, tmp_path, monkeypatch):
@@ -161,9 +165,7 @@ def test_sharded_blob_run_equals_one_process(tiny_project, ray_session):
     and the compacted sidecar holds every row's bytes in row order, as one process writes it."""
     want = _raw(tiny_project)
     r = _materialize(tiny_project, codec="blob", workers=2)
-    got = read_boundaries(tiny_project, NAMES)
-    for n in NAMES:
-        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    got = assert_values_are(tiny_project, want)
     assert r.stats == {n: got[n][2] for n in NAMES}
     path = Layout(tiny_project).boundary("h02")
     (folder,) = blobs.sidecar_dirs(lance.dataset(str(path)), path)  # compacted into one data file
@@ -179,16 +181,24 @@ def test_a_flipped_sidecar_byte_or_a_missing_sidecar_is_reported(tiny_project):
     ds = lance.dataset(str(path))
     b = BoundaryDataset(path)
     sidecar = next(iter(blobs.sidecar_dirs(ds, path)[0].iterdir()))
+    flip_and_check_row_3(tiny_project, path, sidecar, 3 * b.row_bytes + 11, "row 3 .*does not match its checksum")
+
+
+def flip_and_check_row_3(root, path, sidecar, at: int, refused: str) -> None:
+    """Flip a bit of byte ``at`` of ``sidecar`` (inside row 3 of boundary h02 at ``path``): verify names row 3 and
+    exits non-zero, a read of rows 2-3 raises ``refused``; then with the sidecar's folder gone, opening the dataset
+    says it is missing and how to recover."""
+    ds = lance.dataset(str(path))
     raw = bytearray(sidecar.read_bytes())
-    raw[3 * b.row_bytes + 11] ^= 0x40  # row 3
+    raw[at] ^= 0x40
     sidecar.unlink()  # a new inode: the DVC cache's hardlinked copy keeps its bytes
     sidecar.write_bytes(bytes(raw))
 
-    res = zg_main("data", "verify", "--lineage-only", "--json", cwd=tiny_project, check=False)
+    res = zg_main("data", "verify", "--lineage-only", "--json", cwd=root, check=False)
     assert res.returncode != 0
     bad = [f for f in json.loads(res.stdout)["failures"] if f["check"] == "checksum"]
     assert [(p["boundary"], p["row"]) for p in bad] == [("h02", 3)]
-    with pytest.raises(ZgError, match="row 3 .*does not match its checksum"):
+    with pytest.raises(ZgError, match=refused):
         BoundaryDataset(path, version=ds.version).take([2, 3])
 
     shutil.rmtree(sidecar.parent)

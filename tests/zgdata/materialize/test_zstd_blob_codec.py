@@ -16,8 +16,14 @@ import torch
 from tests.helpers.datasets import kill_after_first_commit_then_resume, read_boundaries
 from tests.helpers.projects import edit_params
 from tests.helpers.runners import zg_main
-from tests.zgdata.materialize.test_blob_codec import NAMES, _files, _materialize, _raw
-from zgdata.errors import ZgError
+from tests.zgdata.materialize.test_blob_codec import (
+    NAMES,
+    _files,
+    _materialize,
+    _raw,
+    assert_values_are,
+    flip_and_check_row_3,
+)
 from zgdata.layout import Layout
 from zgdata.store import blobs
 from zgdata.store.codec import flat_values
@@ -48,9 +54,7 @@ def test_zstd_blob_rows_are_zstd_fast_planes_packed_in_sidecars(tiny_project, tm
     fast = shutil.copytree(tiny_project, tmp_path / "fast", symlinks=True)
     _materialize(fast, codec="zstd_fast")
     _materialize(tiny_project, codec="zstd_blob", writer_threads=2, commit_rows=16)  # several groups, compacted
-    got = read_boundaries(tiny_project, NAMES)
-    for n in NAMES:
-        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    assert_values_are(tiny_project, want)
 
     path = Layout(tiny_project).boundary("h02")
     ds = lance.dataset(str(path))
@@ -114,9 +118,7 @@ def test_sharded_zstd_blob_run_equals_one_process(tiny_project, tmp_path, ray_se
     one = shutil.copytree(tiny_project, tmp_path / "one", symlinks=True)
     _materialize(one, codec="zstd_blob")
     r = _materialize(tiny_project, codec="zstd_blob", workers=2)
-    got, want = read_boundaries(tiny_project, NAMES), read_boundaries(one, NAMES)
-    for n in NAMES:
-        assert torch.equal(want[n][0], got[n][0]) and want[n][1:] == got[n][1:], n
+    got = assert_values_are(tiny_project, read_boundaries(one, NAMES))
     assert r.stats == {n: got[n][2] for n in NAMES}
     for n in NAMES:
         path = Layout(tiny_project).boundary(n)
@@ -124,31 +126,18 @@ def test_sharded_zstd_blob_run_equals_one_process(tiny_project, tmp_path, ray_se
         assert _planes(path) == _planes(Layout(one).boundary(n)), n
 
 
-@pytest.mark.parametrize("plane", ["hidden_hi", "hidden_lo"])
-def test_a_flipped_byte_in_either_plane_or_a_missing_sidecar_is_reported(tiny_project, plane):
-    """One changed byte in row 3's compressed high bytes or in its low bytes: verify names the row and exits
-    non-zero, and a read refuses the row. A data file's sidecar folder gone: opening the dataset says so and how to
-    recover."""
+@pytest.mark.parametrize(
+    "plane, refused",
+    [("hidden_hi", "rows 2-3.*the compressed high bytes .* do not decode"), ("hidden_lo", "row 3 .*does not match")],
+)
+def test_a_flipped_byte_in_either_plane_or_a_missing_sidecar_is_reported(tiny_project, plane, refused):
+    """One changed byte in row 3's compressed high bytes (the frame no longer decodes) or in its low bytes (its
+    checksum fails): verify names the row and exits non-zero, and a read refuses the row. A data file's sidecar
+    folder gone: opening the dataset says so and how to recover."""
     _materialize(tiny_project, codec="zstd_blob")
     path = Layout(tiny_project).boundary("h02")
     ds = lance.dataset(str(path))
     d = ds.to_table(columns=[plane]).column(plane).combine_chunks()
     pos, blob_id = int(d.field("position")[3].as_py()), int(d.field("blob_id")[3].as_py())
     (folder,) = blobs.sidecar_dirs(ds, path)
-    sidecar = blobs._sidecar_name(folder, blob_id)
-    raw = bytearray(sidecar.read_bytes())
-    raw[pos + 40] ^= 0x40  # inside row 3's frame (past its header) or low bytes
-    sidecar.unlink()  # a new inode: the DVC cache's hardlinked copy keeps its bytes
-    sidecar.write_bytes(bytes(raw))
-
-    res = zg_main("data", "verify", "--lineage-only", "--json", cwd=tiny_project, check=False)
-    assert res.returncode != 0
-    bad = [f for f in json.loads(res.stdout)["failures"] if f["check"] == "checksum"]
-    assert [(p["boundary"], p["row"]) for p in bad] == [("h02", 3)]
-    with pytest.raises(ZgError, match="rows 2-3.*do not decode|row 3 .*does not match its checksum"):
-        BoundaryDataset(path, version=ds.version).take([2, 3])
-
-    shutil.rmtree(folder)
-    with pytest.raises(ZgError, match="missing") as e:
-        BoundaryDataset(path, version=ds.version)
-    assert "dvc" in e.value.fix
+    flip_and_check_row_3(tiny_project, path, blobs._sidecar_name(folder, blob_id), pos + 40, refused)
