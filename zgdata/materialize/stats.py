@@ -94,19 +94,32 @@ def _chunk_buffer(tokens: int, width: int) -> torch.Tensor:
     return buf
 
 
+def chunk_sizes(tokens: int, n: int) -> list[int]:
+    """How ``token_rms`` splits ``tokens`` into chunks of ``n``: a last chunk that would hold one token joins the
+    chunk before, so no chunk holds one unless ``tokens`` is 1."""
+    sizes, left = [], tokens
+    while left:
+        m = left if left <= n + 1 else n
+        sizes.append(m)
+        left -= m
+    return sizes
+
+
 def token_rms(x: torch.Tensor) -> np.ndarray:
     """Each token's RMS over its channels (the last dim) of a (B, T, C) ``x``, in float32: copied to float32,
     squared in place, the mean over the channels and the square root; a float32 ``x`` is never changed. The chunks
-    hold two tokens or more: a last chunk that would hold one joins the chunk before, and a lone token is reduced
-    twice, as two."""
+    hold two tokens or more (``chunk_sizes``), and a lone token is reduced twice, as two: the bits do not depend on
+    the calling thread's torch thread count (the former one-row-at-a-time code reduced each token of a seq_len-1
+    batch alone, so at 32,768 channels or more they did)."""
+    if x.shape[-1] == 0:  # no channels: each token's mean is NaN, as torch's mean over nothing
+        return np.full(int(np.prod(x.shape[:-1])), np.nan, dtype=np.float32)
     flat = x.reshape(-1, x.shape[-1])
     if len(flat) == 1:
         return token_rms(flat.expand(1, 2, -1))[:1]
     out = torch.empty(flat.shape[0], dtype=torch.float32)
     n = _chunk_tokens(x.shape[-2], flat.shape[1])
     buf, i = _chunk_buffer(n, flat.shape[1]), 0
-    while i < len(flat):
-        m = len(flat) - i if len(flat) - i <= n + 1 else n
+    for m in chunk_sizes(len(flat), n):
         b = buf[:m].copy_(flat[i : i + m])
         torch.mean(b.mul_(b), -1, out=out[i : i + m])
         i += m

@@ -73,7 +73,16 @@ def _by_definition(x: torch.Tensor) -> dict:
 def _batches():
     g = torch.Generator().manual_seed(11)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for shape in [(4, 512, 576), (2, 33, 4096), (3, 5, 7), (1, 1, 1), (2, 9, 100_000), (0, 4, 8), (2, 0, 8)]:
+        for shape in [
+            (4, 512, 576),
+            (2, 33, 4096),
+            (3, 5, 7),
+            (1, 1, 1),
+            (2, 9, 100_000),
+            (0, 4, 8),
+            (2, 0, 8),
+            (2, 3, 0),
+        ]:
             for scale in (1e-30, 1e-3, 1.0, 1e4):
                 x = (torch.randn(shape, generator=g) * scale).to(dtype)
                 yield f"{dtype} {shape} {scale}", x
@@ -94,10 +103,10 @@ def _batches():
 )
 def test_stats_are_their_definitions_bits_in_chunks_of_any_size(monkeypatch, row_bytes, chunk_bytes):
     """``batch_stats`` squares and reduces the tokens in float32 chunks that stay in cache: on every dtype, width
-    and sign pattern (both zeros, inf, NaN, squares that overflow float32 while the values do not), with the
-    default chunks (whole rows up to ``ROW_BYTES``, then ``CHUNK_BYTES``), with chunks of 7 tokens of 3 channels
-    (across rows, and a remainder on most widths) and of two tokens, the stats equal their definition's on the
-    whole batch."""
+    (none, too) and sign pattern (both zeros, inf, NaN, squares that overflow float32 while the values do not),
+    with the default chunks (whole rows up to ``ROW_BYTES``, then ``CHUNK_BYTES``), with chunks of 84 bytes (3
+    tokens at width 7, across rows with a remainder; 2 at the other widths) and of two tokens, the stats equal their
+    definition's on the whole batch."""
     monkeypatch.setattr(stats, "ROW_BYTES", row_bytes)
     monkeypatch.setattr(stats, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(stats._SCRATCH, "chunk", None, raising=False)
@@ -105,3 +114,15 @@ def test_stats_are_their_definitions_bits_in_chunks_of_any_size(monkeypatch, row
         if row_bytes == 0 and x.numel() > 1 << 16:
             continue  # two tokens a chunk over a large batch is only slow
         assert stats.batch_stats(x) == _by_definition(x), name
+
+
+def test_no_chunk_holds_a_lone_token():
+    """torch reduces a single output over several threads in another order than one thread's, so a chunk of one
+    token would make the stats depend on the calling thread's thread count: every split of 2..200 tokens into
+    chunks of 2..9 (and the defaults' 9 chunks of 227 and a remainder of 5 for SmolLM2's 2,048 tokens) covers the
+    tokens in order, holds at most one token over the chunk size, and never one token alone."""
+    for tokens in range(2, 201):
+        for n in range(2, 10):
+            sizes = stats.chunk_sizes(tokens, n)
+            assert sum(sizes) == tokens and all(2 <= m <= n + 1 for m in sizes), (tokens, n, sizes)
+    assert stats.chunk_sizes(2048, 227) == [227] * 9 + [5] and stats.chunk_sizes(1, 2) == [1]

@@ -200,8 +200,10 @@ def test_large_rows_write_a_page_per_batch_that_the_raw_reader_maps(tmp_path):
 def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bits():
     """Each encoding thread runs its torch ops (the stats) on that thread alone (``runtime.serial_torch_thread``):
     an OpenMP team per pool thread would oversubscribe the cores. The calling thread and threads started later keep
-    the process's count, and a batch's stats are the same bits as the caller's, at sizes torch splits over threads (100,000 channels: the
-    stats' float32 chunks hold two tokens each, and a third joins the last one rather than be a chunk alone)."""
+    the process's count, and a batch's stats are the same bits as the caller's, at sizes torch splits over threads: at 100,000 channels a
+    row of 3 tokens is one chunk, a row of 5 is chunks of 2 and 3 (the fifth token joins the last chunk rather than
+    be reduced alone), a lone token is reduced as two; 24 batches of 5 tokens, since a chunk of one token disagrees
+    with the caller in about a quarter of them."""
     import threading
 
     from zgdata.materialize.encode import Encoder
@@ -225,7 +227,7 @@ def test_encoding_threads_run_their_torch_ops_alone_and_the_stats_keep_their_bit
         t.join()
         assert (torch.get_num_threads(), later) == (2, [2])
         g = torch.Generator().manual_seed(5)
-        for shape in [(4, 512, 576), (1, 3, 100_000), (1, 5, 100_000), (1, 1, 100_000), (2, 7, 5)]:
+        for shape in [(4, 512, 576), (1, 3, 100_000), *[(1, 5, 100_000)] * 24, (1, 1, 100_000), (2, 7, 5)]:
             x = (torch.randn(*shape, generator=g) * torch.exp(torch.randn(shape[-1], generator=g))).to(torch.bfloat16)
             assert enc.pool.submit(batch_stats, x).result() == batch_stats(x), shape
     finally:

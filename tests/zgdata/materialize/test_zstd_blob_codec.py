@@ -141,3 +141,51 @@ def test_a_flipped_byte_in_either_plane_or_a_missing_sidecar_is_reported(tiny_pr
     pos, blob_id = int(d.field("position")[3].as_py()), int(d.field("blob_id")[3].as_py())
     (folder,) = blobs.sidecar_dirs(ds, path)
     flip_and_check_row_3(tiny_project, path, blobs._sidecar_name(folder, blob_id), pos + 40, refused)
+
+
+def test_several_sidecars_and_a_wrong_mapping_still_read_raw_rows(tiny_project, monkeypatch):
+    """Lance may pack a data file's blobs into several sidecars (here a new one every 3 rows of low bytes, as
+    Lance's default does every GiB): both planes still map, and rows read in any order are raw's. A mapping that
+    points each row at its neighbour's bytes fails the probe against Lance's take_blobs, and the reads go through
+    Lance, to the same rows."""
+    from zgdata.store import codec
+
+    want = _raw(tiny_project)
+    b = BoundaryDataset(Layout(tiny_project).boundary("h02"))
+    monkeypatch.setattr(codec, "BLOB_PACK_MAX", 3 * b.seq_len * b.hidden)
+    _materialize(tiny_project, codec="zstd_blob")
+    path = Layout(tiny_project).boundary("h02")
+    assert min(len(list(s.iterdir())) for s in blobs.sidecar_dirs(lance.dataset(str(path)), path)) > 1
+    rows = np.random.default_rng(3).permutation(len(b.seq_ids))
+    b = BoundaryDataset(path, recheck=True)
+    assert [f.__name__ for f in b._blob_planes()] == ["read", "read"]
+    assert torch.equal(b.take(rows).view(torch.int16), want["h02"][0][rows])
+
+    mapped = blobs._mapped
+
+    def shifted(ds, path, column, row_bytes):
+        maps, which, offsets, sizes = mapped(ds, path, column, row_bytes)
+        return maps, np.roll(which, 1), np.roll(offsets, 1), np.roll(sizes, 1)
+
+    monkeypatch.setattr(blobs, "_mapped", shifted)
+    b = BoundaryDataset(path, recheck=True)
+    assert [f.__name__ for f in b._blob_planes()] == ["through_lance", "through_lance"]
+    assert torch.equal(b.take(rows).view(torch.int16), want["h02"][0][rows])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_zstd_blob_planes_decode_to_the_stored_bits_in_either_storage_dtype(dtype):
+    """The record batch's two blob columns hold, per row, zstd_fast's frame of the high bytes and the other bytes
+    (one for bf16, three for float32); decoded from those planes they are the stored bits; without the planes (a
+    table of descriptors) decode refuses."""
+    from zgdata.store import codec
+
+    name = str(dtype).removeprefix("torch.")
+    x = torch.randn(3, 16, 24, generator=torch.Generator().manual_seed(1)).to(dtype)
+    (hi_col, lo_col), bits = codec.hidden_arrays(x, name, "zstd_blob")
+    hi = [hi_col.storage.field(0)[i].as_buffer() for i in range(3)]
+    lo = [np.frombuffer(lo_col.storage.field(0)[i].as_buffer(), np.uint8) for i in range(3)]
+    assert {len(r) for r in lo} == {16 * 24 * (x.element_size() - 1)}
+    assert np.array_equal(codec.decode_rows(None, "zstd_blob", name, 16, 24, hi=hi, lo=lo), bits)
+    with pytest.raises(ValueError, match="sidecar"):
+        codec.decode_rows(None, "zstd_blob", name, 16, 24)
