@@ -21,11 +21,12 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and stored boundary count, in
                 GB/s, / the bytes of those boundaries the bf16 forward makes per second: >= 1 keeps up with the GPU;
-                for zstd_fast (the default conversion's codec), zstd_blob (its planes as Lance blobs), blob (raw
-                bits, the cheapest write) and raw (the same bits as a list column); then a zstd_fast pair read by the training loader: its first epoch / a
-                bare np.memmap loop over the same rows on this box's cores (>= 0.5 is the target two CPU cores do
-                not reach), and zstd alone; the rows are 2,048 tokens at a hidden size of 2,048 or more (an 8B
-                teacher's 16 MB rows, where Lance's list columns cost the most), else 128
+                for zstd_blob (the default conversion's codec), zstd_fast (the same bytes in Lance columns), blob
+                (raw bits, the cheapest write) and raw (the same bits as a list column); then a zstd_blob pair read
+                by the training loader: its first epoch / a bare np.memmap loop over the same rows on this box's
+                cores (>= 0.5 is the target two CPU cores do not reach), and zstd alone; the rows are 2,048 tokens
+                at a hidden size of 2,048 or more (an 8B teacher's 16 MB rows, where Lance's list columns cost the
+                most), else 128
   repro         `zg repro --jobs N` (N: the GPUs, at least 2, one block per GPU) / a serial `dvc repro`: wall time, and
                 the same block state_sha256 values (guarantee 7)                                      [guarantee]
   schedule      greedy local pretraining, early_backward / phased throughput and bitwise-equal weights
@@ -254,8 +255,8 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
     # (docs/results/write-path.md); the blob codec's sidecars do not
     xs = W.synthetic(2, 2048 if hidden >= 2048 else 128, hidden)
     batches = max(2, (mb << 20) // (boundaries * xs[0].numel() * 2))
-    codecs = (("zstd_fast", ""), ("zstd_blob", "_zstd_blob"), ("blob", "_blob"), ("raw", "_raw"))
-    for codec, key in codecs:  # the default lossless codec and its blob layout; raw's bits in both layouts
+    codecs = (("zstd_blob", ""), ("zstd_fast", "_zstd_fast"), ("blob", "_blob"), ("raw", "_raw"))
+    for codec, key in codecs:  # the default lossless codec and its bytes in Lance columns; raw's bits in both layouts
         r = W.write_path(work, xs, boundaries=boundaries, batches=batches, codec=codec, threads=0, publish=False)
         gbps = r["bytes"] / r["seconds"] / 1e9
         res[f"write_path{key}_gbps"] = gbps
@@ -269,7 +270,7 @@ def check_write_path(work: Path, res: dict, mb: int) -> None:
 
 
 def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
-    """A `zstd_fast` pair of ``mb`` MB at the rows of the write path, read by the training loader (bench/write_path.py's
+    """A `zstd_blob` pair (the default conversion's codec) of ``mb`` MB at the rows of the write path, read by the training loader (bench/write_path.py's
     loader): its first epoch / a bare np.memmap loop over the same rows, on this box's cores (the Done-when line
     that two CPU cores cannot reach, docs/results/write-path.md), and zstd's decode alone on every core."""
     import write_path as W  # bench/ is on sys.path: check_write_path put it there
@@ -279,12 +280,12 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     from zgdata.store.codec import pool_threads
 
     n = max(2, (mb << 20) // (2 * xs[0].numel() * 2))
-    r = W.write_path(work, xs, boundaries=2, batches=n, codec="zstd_fast", threads=0, publish=True)
+    r = W.write_path(work, xs, boundaries=2, batches=n, codec="zstd_blob", threads=0, publish=True)
     pub = r["published"]
     try:
         lo, ceiling = R.loader(pub), R.decode_ceiling(pub)
     finally:
-        for d in (r["stage"], work / "pub-zstd_fast", work / "memmap-pub-zstd_fast"):
+        for d in (r["stage"], work / "pub-zstd_blob", work / "memmap-pub-zstd_blob"):
             shutil.rmtree(d, ignore_errors=True)
     n_cores = cores()
     res.update(
@@ -296,7 +297,7 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
         loader_cores=n_cores,
     )
     log(
-        f"loader zstd_fast on {n_cores} cores ({pool_threads()} decoding threads): first epoch "
+        f"loader zstd_blob on {n_cores} cores ({pool_threads()} decoding threads): first epoch "
         f"{lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap {lo['memmap_gbps']:.2f}: ratios "
         f"{res['loader_first_epoch_ratio']:.2f} (target >= 0.5) and {res['loader_warm_ratio']:.2f}; zstd alone "
         f"{ceiling:.2f} GB/s ({res['zstd_decode_ceiling_ratio']:.2f} of the memmap)"

@@ -1,8 +1,8 @@
 """What training on quantized boundaries costs a student: two projects that differ only in `materialize.codec`,
 each run through `dvc repro`, compared on every eval set, on the same tokens, with a paired bootstrap interval.
 
-    zg init --profile smollm2 lossless && (cd lossless && dvc repro)              # zstd_fast, the default
-    cp -a lossless q7 && sed -i 's/^  codec: zstd_fast$/  codec: int7/' q7/params.yaml && (cd q7 && dvc repro)
+    zg init --profile smollm2 lossless && (cd lossless && dvc repro)              # zstd_blob, the default
+    cp -a lossless q7 && sed -i 's/^  codec: zstd_blob$/  codec: int7/' q7/params.yaml && (cd q7 && dvc repro)
     python bench/quant_quality.py lossless q7
 
 Both students score every eval set of the first project's params (the in-domain held-out split first). The change in

@@ -269,9 +269,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--boundaries", type=int, default=4, help="boundaries captured per batch")
     ap.add_argument("--mb", type=int, default=256, help="MB of bf16 boundary bytes per write-path run")
-    ap.add_argument("--codecs", default="raw,blob,zstd,zstd_fast")
+    ap.add_argument("--codecs", default="raw,blob,zstd,zstd_fast,zstd_blob")
     ap.add_argument("--threads", default="1,2", help="writer-thread counts to run")
-    ap.add_argument("--lossless", default="zstd_fast", help="the lossless codec the JSON figures are of")
+    ap.add_argument(
+        "--lossless", default="zstd_blob", help="the lossless codec the JSON figures are of (the default conversion's)"
+    )
     ap.add_argument("--rows-from", type=Path, help="a boundary dataset whose rows to write (hidden from it)")
     ap.add_argument("--workdir", type=Path, help="scratch folder on the disk to measure (default: a temp dir)")
     ap.add_argument("--loader-mb", type=int, default=512, help="MB of bf16 in the boundary pair the reads measure")
