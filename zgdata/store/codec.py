@@ -265,18 +265,14 @@ def hidden_arrays(x: torch.Tensor, storage_dtype: str, codec: str) -> tuple[list
         return [_blob_array(_rows_array(rows))], rows
     nbytes = rows.dtype.itemsize
     his, lo = _split(rows)
-    if codec == "zstd_blob":  # zstd_fast's frames and low bytes, each plane a blob per row
-        z = _fast_compressor()
-        return [
-            _blob_array(frames_array([z.compress(his[i]) for i in range(b)])),
-            _blob_array(_rows_array(lo, b)),
-        ], rows
-    if codec == "zstd_fast":
+    if codec in ("zstd_fast", "zstd_blob"):  # the same frames; zstd_blob stores them and the low bytes as blobs
         z = _fast_compressor()
         hi = [z.compress(his[i]) for i in range(b)]
     else:
         z = _zstd()
         hi = [z.compress(his[i], asbytes=True) for i in range(b)]
+    if codec == "zstd_blob":
+        return [_blob_array(frames_array(hi)), _blob_array(_rows_array(lo, b))], rows
     return [
         frames_array(hi),
         pa.FixedSizeListArray.from_arrays(pa.array(lo, type=pa.uint8()), n * (nbytes - 1)),

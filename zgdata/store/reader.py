@@ -78,6 +78,11 @@ class BoundaryDataset:
         return [] if self.codec in BLOB_CODECS else self.columns
 
     @property
+    def _lo_bytes(self) -> int:
+        """Bytes of one row's low bytes in a byte split: every byte of each value but its most significant."""
+        return self.seq_len * self.hidden * (np.dtype(self._np_dtype).itemsize - 1)
+
+    @property
     def row_bytes(self) -> int:
         """Bytes of one row's decoded values."""
         return self.seq_len * self.hidden * (2 if self.dtype == "bfloat16" else 4)
@@ -213,7 +218,7 @@ class BoundaryDataset:
         if self.columns == ["hidden_hi", "hidden_lo"]:
             from zgdata.store.pagemap import page_reader
 
-            width = self.seq_len * self.hidden * (np.dtype(self._np_dtype).itemsize - 1)
+            width = self._lo_bytes
             lo_pages = page_reader(self.ds, self.path, "hidden_lo", width, np.uint8, self._lo_probe(width))
         if lo_pages is None:
             return lambda r, out: self.decode(self.ds.take(r, columns=self.columns), r, out=out)
@@ -226,10 +231,9 @@ class BoundaryDataset:
         if self._planes is None:
             from zgdata.store.blobs import blob_rows
 
-            width = self.seq_len * self.hidden * (np.dtype(self._np_dtype).itemsize - 1)
             self._planes = (
                 blob_rows(self.ds, self.path, "hidden_hi"),
-                blob_rows(self.ds, self.path, "hidden_lo", width),
+                blob_rows(self.ds, self.path, "hidden_lo", self._lo_bytes),
             )
         return self._planes
 
