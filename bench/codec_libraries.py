@@ -33,7 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zgdata.core.runtime import cores  # noqa: E402
-from zgdata.store.codec import _fast_compressor, _join_planes, _split, decompress_into  # noqa: E402
+from zgdata.store.codec import _fast_compressor, _split  # noqa: E402
+from zgdata.store.decode import decompress_into, join_planes  # noqa: E402
 
 
 def teacher_rows(layers: list[int], rows: int, seq_len: int) -> list[np.ndarray]:
@@ -88,7 +89,7 @@ def zg_split(rows: list[np.ndarray], threads: int, repeats: int) -> dict:
     outs = [np.empty(n, np.uint16) for _ in range(threads)]
 
     def one(i: int, out: np.ndarray) -> None:
-        _join_planes(decompress_into(frames[i], n), lows[i], out)
+        join_planes(decompress_into(frames[i], n), lows[i], out)
 
     def decode(pool=None):
         if pool is None:

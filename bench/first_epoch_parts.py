@@ -11,7 +11,7 @@ one boundary's first epoch alone (a fresh dataset object, random batches of 4: w
 decoded-cache block is one row, and this shows whether one side's rows decode on more than one core); then, on one
 of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as the decoded cache reads them), zstd alone
 on its frames on 1 and 2 threads (into a fresh buffer a frame, as pyarrow's Codec.decompress, and into the thread's
-own buffer, ``codec.decompress_into``), the decode and join of the planes (zstd's pool) into memory written before
+own buffer, ``decode.decompress_into``), the decode and join of the planes (zstd's pool) into memory written before
 and into fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation),
 the row checksums, the copy out of batches of 4. System time is the kernel's: on a host that backs guest memory
 lazily, the first write to fresh memory is most of it (docs/results/write-path.md).
@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     import torch
     from write_path_reads import B
 
-    from zgdata.store.codec import _zstd, decode_rows, decompress_into
+    from zgdata.store.codec import _zstd, decode_rows
+    from zgdata.store.decode import decompress_into
     from zgdata.store.decoded_cache import small_pages
     from zgdata.store.integrity import mismatched_rows
     from zgdata.store.pagemap import page_reader

@@ -277,7 +277,7 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     import write_path_reads as R
 
     from zgdata.core.runtime import cores
-    from zgdata.store.codec import pool_threads
+    from zgdata.store.decode import pool_threads
 
     n = max(2, (mb << 20) // (2 * xs[0].numel() * 2))
     r = W.write_path(work, xs, boundaries=2, batches=n, codec="zstd_blob", threads=0, publish=True)

@@ -115,7 +115,8 @@ def decode_ceiling(pub: dict) -> float:
 
     from zgdata.core.runtime import cores
     from zgdata.store.blobs import blob_rows
-    from zgdata.store.codec import codec_of, decompress_into, value_info
+    from zgdata.store.codec import codec_of, value_info
+    from zgdata.store.decode import decompress_into
     from zgdata.store.lance_io import schema_meta
 
     frames, n = [], 0

@@ -129,7 +129,7 @@ def test_a_raw_boundary_of_several_data_files_is_read_from_the_maps_of_each(tiny
 
 
 def test_zstd_low_bytes_are_read_from_their_mapped_pages(zstd_built):
-    from zgdata.store.codec import flat_values
+    from zgdata.store.decode import flat_values
     from zgdata.store.pagemap import page_reader
 
     b = BoundaryDataset(Layout(zstd_built).boundary("h02"))
@@ -195,7 +195,8 @@ def test_float32_byte_split_reads_its_bits_through_the_mapped_low_bytes(tiny_bui
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("codec", ["zstd", "zstd_fast"])
 def test_byte_split_decodes_the_same_bits_from_low_byte_views_and_into_a_given_array(codec, dtype):
-    from zgdata.store.codec import decode_rows, flat_values, hidden_arrays, hidden_columns
+    from zgdata.store.codec import decode_rows, hidden_arrays, hidden_columns
+    from zgdata.store.decode import flat_values
 
     storage = str(dtype).removeprefix("torch.")
     x = torch.randn(3, 8, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -226,7 +227,8 @@ def test_a_frame_decodes_into_scratch_only_when_whole_and_of_exactly_its_size():
     cut short, one holding more bytes than a row, a damaged one and two frames back to back are refused."""
     import zstandard
 
-    from zgdata.store.codec import _fast_compressor, _zstd, decompress_into
+    from zgdata.store.codec import _fast_compressor, _zstd
+    from zgdata.store.decode import decompress_into
 
     data = np.random.default_rng(0).integers(0, 6, 5000, dtype=np.uint8)  # few values, as bf16 high bytes
     for frame in (_zstd().compress(data, asbytes=True), _fast_compressor().compress(data)):
@@ -264,11 +266,11 @@ def test_rows_of_a_block_each_decode_together_and_alone_to_the_same_bits(
     """Blocks of one row (an 8B teacher's 16 MB rows): a read's missed blocks decode in calls of half the pool's
     threads, each row into its place in the cache, to the raw boundary's bits; damaged rows among them are still
     named, and the other rows of the same reads are cached."""
-    from zgdata.store import codec
+    from zgdata.store import decode
     from zgdata.store import decoded_cache as dc
 
     monkeypatch.setenv("ZG_DECODED_CACHE_MB", "64")
-    monkeypatch.setattr(codec, "pool_threads", lambda: pool)
+    monkeypatch.setattr(decode, "pool_threads", lambda: pool)
     want = BoundaryDataset(Layout(tiny_built).boundary("h02")).take(np.arange(56)).view(torch.int16)
     b = BoundaryDataset(Layout(zstd_built).boundary("h02"))
     monkeypatch.setattr(dc, "READAHEAD_BYTES", b.row_bytes)  # one row a block
@@ -388,9 +390,9 @@ def test_public_api_under_dataloader_workers_versions_masks_and_pickles(zstd_bui
 
 
 def _map_in_child() -> None:
-    from zgdata.store import codec
+    from zgdata.store import decode
 
-    os._exit(0 if list(codec._pool().map(abs, [-3, -4])) == [3, 4] else 1)
+    os._exit(0 if list(decode._pool().map(abs, [-3, -4])) == [3, 4] else 1)
 
 
 def test_a_forked_child_decodes_on_a_pool_of_its_own():
@@ -400,9 +402,9 @@ def test_a_forked_child_decodes_on_a_pool_of_its_own():
     import multiprocessing
     import time
 
-    from zgdata.store import codec
+    from zgdata.store import decode
 
-    pool = codec._pool()
+    pool = decode._pool()
     list(pool.map(time.sleep, [0.05] * 2 * pool._max_workers))  # every thread of the parent's pool started
     child = multiprocessing.get_context("fork").Process(target=_map_in_child)
     child.start()

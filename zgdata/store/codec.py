@@ -40,7 +40,6 @@ recorded in the schema metadata as ``zg.codec``.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -48,8 +47,8 @@ import numpy as np
 import pyarrow as pa
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION
-from zgdata.core.runtime import cores
 from zgdata.errors import ZgError
+from zgdata.store.decode import decode_planes, decode_quantized, flat_values, row_buffers
 from zgdata.store.quant import QUANT, is_quantized, quantize, scheme
 
 if TYPE_CHECKING:  # torch loads where a tensor is encoded (`zg data inspect` reads the schema only)
@@ -63,7 +62,6 @@ __all__ = [
     "FORMATS",
     "CHECKSUM_FORMAT",
     "format_of",
-    "flat_values",
     "hidden_fields",
     "hidden_arrays",
     "decode_rows",
@@ -110,42 +108,12 @@ def format_of(codec: str, checksum: str) -> int:
 
 
 _NP = {"bfloat16": np.uint16, "float32": np.float32}
+_LOCAL = threading.local()  # each thread's zstd_fast compressor
 _ARROW = {"bfloat16": pa.uint16(), "float32": pa.float32()}
 
 
 def _zstd() -> pa.Codec:
     return pa.Codec("zstd", compression_level=ZSTD_LEVEL)
-
-
-def decompress_into(frame, size: int) -> np.ndarray:
-    """The ``size`` bytes of one zstd frame, decoded into this thread's scratch buffer (uint8, valid until the
-    thread's next call): ValueError if the frame is damaged or holds another number of bytes.
-
-    One buffer a thread, reused, instead of a fresh one a frame (pyarrow's ``Codec.decompress``): on the pool's two
-    threads a pair's high bytes decoded at 5.2-5.4 GB/s of bf16 against 4.1-4.2 (``python
-    bench/first_epoch_parts.py``, a 2-core Intel Xeon host), and the join of the planes reads a buffer that stays in
-    the core's cache. A thread keeps the buffer of its largest row's high bytes as long as it lives (8 MiB for an
-    8B teacher's 2,048 x 4,096 rows; the pool has up to 8 threads). zg's frames, level 3's and the fast strategy's
-    (window 2**17), decode here; python-zstandard refuses windows over 2**27."""
-    import zstandard
-
-    d = getattr(_LOCAL, "dctx", None)
-    if d is None:
-        d = _LOCAL.dctx = zstandard.ZstdDecompressor()
-    buf = getattr(_LOCAL, "scratch", None)
-    if buf is None or buf.size < size:
-        buf = _LOCAL.scratch = np.empty(size, dtype=np.uint8)
-    view, got = memoryview(buf)[:size], 0
-    try:
-        reader = d.stream_reader(frame, read_across_frames=False)
-        while got < size and (k := reader.readinto(view[got:])):
-            got += k
-        more = got == size and len(reader.read(1)) > 0
-    except (zstandard.ZstdError, TypeError, BufferError) as e:  # a damaged frame, or a null row: no frame at all
-        raise ValueError(str(e)) from e
-    if got != size or more:
-        raise ValueError(f"more than {size} bytes" if more else f"{got} bytes, not {size}")
-    return buf[:size]
 
 
 def _fast_compressor():
@@ -339,66 +307,6 @@ def _quantized_arrays(bits: np.ndarray, codec: str) -> tuple[list[pa.Array], np.
     return cols, dequantize(q, scale, idx, val).reshape(b, t * c)
 
 
-def _decode_quantized(table, codec: str, seq_len: int, hidden: int, strict: bool, out) -> np.ndarray:
-    """(N, T*C) bf16 bits of a quantized table (``quant.dequantize`` of its columns, row by row on the pool)."""
-    from zgdata.store.quant import dequantize
-
-    t, c = seq_len, hidden
-    scales = flat_values(table.column("hidden_scale"), t)
-    n_rows = len(scales)
-    idx = _list_rows(table.column("hidden_oidx"), n_rows, t)
-    val = _list_rows(table.column("hidden_oval"), n_rows, t)
-    bufs = _row_buffers(table.column("hidden_q"))
-    res = out if out is not None else np.empty((n_rows, t * c), dtype=np.uint16)
-
-    def one(i: int) -> str | None:
-        try:
-            q = decompress_into(bufs[i], t * c).view(np.int8).reshape(1, t, c)
-            err = None
-        except (ValueError, OSError, pa.ArrowException) as e:
-            q, err = np.zeros((1, t, c), dtype=np.int8), str(e)
-        dequantize(q, scales[i : i + 1], idx[i : i + 1], val[i : i + 1], out=res[i].reshape(1, t, c))
-        return err
-
-    errors = list(_pool().map(one, range(n_rows))) if n_rows > 1 else [one(i) for i in range(n_rows)]
-    bad = [(i, e) for i, e in enumerate(errors) if e is not None]
-    if bad and strict:
-        i, e = bad[0]
-        raise ValueError(f"the compressed int values of the {i}th row read do not decode ({e})")
-    return res
-
-
-def _row_buffers(col) -> list:
-    """Each row of a binary column (array or chunked) as a zero-copy buffer (a compressed frame each)."""
-    return [
-        ch[j].as_buffer() for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]) for j in range(len(ch))
-    ]
-
-
-def _list_rows(col, n_rows: int, t: int) -> np.ndarray:
-    """A list<uint16> column of T*k values per row as one (N, T, k) array."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if n_rows == 0:
-        return np.zeros((0, t, 0), dtype=np.uint16)
-    flat = arr.flatten().to_numpy(zero_copy_only=False)
-    return flat.reshape(n_rows, t, -1)
-
-
-def flat_values(col, width: int) -> np.ndarray:
-    """A fixed-size-list column (array or chunked) as one (N, width) numpy array; zero-copy for one chunk."""
-    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-    arrs = [
-        ch.values.slice(ch.offset * width, len(ch) * width).to_numpy(zero_copy_only=True).reshape(len(ch), width)
-        for ch in chunks
-        if len(ch)
-    ]
-    if len(arrs) == 1:
-        return arrs[0]
-    if not arrs:
-        return np.zeros((0, width), dtype=chunks[0].type.value_type.to_pandas_dtype() if chunks else np.uint8)
-    return np.concatenate(arrs)
-
-
 def decode_rows(
     table,
     codec: str,
@@ -424,7 +332,7 @@ def decode_rows(
     ``lo``; then ``table`` is not read."""
     n = seq_len * hidden
     if is_quantized(codec):
-        return _decode_quantized(table, codec, seq_len, hidden, strict, out)
+        return decode_quantized(table, seq_len, hidden, strict, out)
     if codec == "blob" or (codec == "zstd_blob" and (hi is None or lo is None)):
         # the table holds descriptors only: BoundaryDataset reads the sidecars (zgdata/store/blobs.py)
         raise ValueError(f"a {codec} boundary's values are read from its sidecar files, not from a Lance table")
@@ -437,77 +345,5 @@ def decode_rows(
     nbytes = np.dtype(_NP[storage_dtype]).itemsize
     if lo is None:
         lo = flat_values(table.column("hidden_lo"), n * (nbytes - 1))
-    bufs = hi if hi is not None else _row_buffers(table.column("hidden_hi"))
-    return _decode_planes(bufs, lo, n, storage_dtype, strict, out)
-
-
-def _decode_planes(bufs: list, lo, n: int, storage_dtype: str, strict: bool, out) -> np.ndarray:
-    """``decode_rows`` of a byte split: each row's compressed high bytes (``bufs``) and its other bytes (``lo``)."""
-    nbytes = np.dtype(_NP[storage_dtype]).itemsize
-    n_rows = len(lo)
-    want = out
-    if isinstance(out, list):  # rows that need not be next to each other (the cache's rows of several blocks)
-        out16 = [o.view(np.uint16) for o in out] if nbytes == 2 else None
-        out = [o.view(np.uint8).reshape(n, nbytes) for o in out]
-    else:
-        out = np.empty((n_rows, n, nbytes), np.uint8) if out is None else out.view(np.uint8).reshape(n_rows, n, nbytes)
-        out16 = out.reshape(n_rows, n * nbytes).view(np.uint16) if nbytes == 2 else None
-
-    def one(i: int) -> str | None:
-        """Decode row i (its high bytes, then both planes into ``out``); an error text if they do not decode."""
-        try:
-            hi = decompress_into(bufs[i], n)
-            err = None
-        except (ValueError, OSError, pa.ArrowException) as e:
-            hi, err = np.zeros(n, dtype=np.uint8), str(e)
-        _join_planes(hi, lo[i], out16[i] if out16 is not None else out[i])  # per row in this thread: cache-sized
-        return err
-
-    # zstd and numpy's copies release the GIL: rows decode in parallel threads
-    errors = list(_pool().map(one, range(len(bufs)))) if len(bufs) > 1 else [one(i) for i in range(len(bufs))]
-    bad = [(i, e) for i, e in enumerate(errors) if e is not None]
-    if bad and strict:  # the reader names the dataset and the rows
-        i, e = bad[0]
-        raise ValueError(f"the compressed high bytes of the {i}th row read do not decode ({e})")
-    return want if want is not None else out.reshape(n_rows, n * nbytes).view(_NP[storage_dtype])
-
-
-def _join_planes(hi: np.ndarray, lo_row: np.ndarray, out_row: np.ndarray) -> None:
-    """One row's high bytes (n,) and other bytes into ``out_row``: (n,) uint16 for bf16, else (n, bytes) uint8."""
-    if out_row.dtype == np.uint16:  # bf16: (hi << 8) | lo in two vectorized passes
-        np.left_shift(hi, 8, out=out_row, dtype=np.uint16)
-        np.bitwise_or(out_row, lo_row, out=out_row, dtype=np.uint16)
-    else:
-        out_row[:, :-1] = lo_row.reshape(len(hi), -1)
-        out_row[:, -1] = hi
-
-
-_POOL = None
-_POOL_LOCK = threading.Lock()
-_LOCAL = threading.local()
-
-
-def _after_fork() -> None:
-    """A forked child (a DataLoader worker) inherits the pool object but none of its threads: a map on it would
-    wait forever. The child makes its own pool, under a lock no thread of the parent can hold."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
-def pool_threads() -> int:
-    """The decoding pool's threads: the cores this process may use (``runtime.cores``), at most 8."""
-    return min(8, cores())
-
-
-def _pool():
-    """The process's decoding threads, made once (two readers' threads asking at once get the same pool)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _POOL = ThreadPoolExecutor(pool_threads(), thread_name_prefix="zg-zstd")
-        return _POOL
+    bufs = hi if hi is not None else row_buffers(table.column("hidden_hi"))
+    return decode_planes(bufs, lo, n, _NP[storage_dtype], strict, out)

@@ -186,7 +186,7 @@ class BoundaryDataset:
                     self.ds, self.path, "hidden", self.seq_len * self.hidden, self._np_dtype, fetch
                 )
             else:
-                from zgdata.store.codec import pool_threads
+                from zgdata.store.decode import pool_threads
                 from zgdata.store.decoded_cache import decoded_cache
 
                 self._pages = decoded_cache(
@@ -239,7 +239,7 @@ class BoundaryDataset:
 
     def _lo_probe(self, width: int):
         """Lance's own read of some rows' low bytes: what the mapped pages must equal before they are used."""
-        from zgdata.store.codec import flat_values
+        from zgdata.store.decode import flat_values
 
         return lambda r: flat_values(self.ds.take(r, columns=["hidden_lo"]).column("hidden_lo"), width)
 

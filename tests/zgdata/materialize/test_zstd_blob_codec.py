@@ -26,7 +26,7 @@ from tests.zgdata.materialize.test_blob_codec import (
 )
 from zgdata.layout import Layout
 from zgdata.store import blobs
-from zgdata.store.codec import flat_values
+from zgdata.store.decode import flat_values
 from zgdata.store.lance_io import schema_meta
 from zgdata.store.reader import BoundaryDataset
 
