@@ -17,8 +17,8 @@ checksums. Arms:
              Arrow column by pyarrow's conversion of Python objects, which holds the GIL (``pa.array(frames)``)
   rows       the frames' column built by numpy copies that let go of the GIL (``codec.frames_array``); the stats
              still copy each whole row into the reused buffer and take absmax with ``torch.aminmax``
-  now        what materialize does: the stats square the tokens in float32 chunks of ``stats.CHUNK_BYTES`` that
-             stay in cache and take absmax from two integer passes over the values' bits
+  now        what materialize does: the stats square the tokens in float32 chunks that stay in cache (a whole
+             row up to ``stats.ROW_BYTES``, else ``stats.CHUNK_BYTES``), absmax by ``torch.aminmax``
 
 The pool runs the synthetic batches of bench/write_path.py (4 x 512 x 576 bf16, 4 boundaries, 40 batches, no I/O).
 Printed per arm: the best GB/s of bf16 input over the rounds, the median CPU seconds per GB (the process's, every
