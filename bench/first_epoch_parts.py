@@ -3,13 +3,15 @@
     python bench/first_epoch_parts.py                   # numpy's default: huge pages for arrays of 4 MB or more
     python bench/first_epoch_parts.py --no-huge-pages   # 4 KiB pages for every array
     python bench/first_epoch_parts.py --seq-len 2048 --hidden 4096 --mb 1024   # an 8B teacher's rows
+    python bench/first_epoch_parts.py --codec zstd_blob   # the default conversion's codec: frames from the sidecars
 
-In one fresh process: write a `zstd_fast` boundary pair of --mb MB of synthetic bf16 rows of --seq-len x --hidden
+In one fresh process: write a `zstd_fast` (or ``--codec zstd_blob``) boundary pair of --mb MB of synthetic bf16 rows of --seq-len x --hidden
 with the real write path (bench/write_path.py); time the pair's first and warm epochs through
 ``BoundaryPair.batches`` (first, so that no part has written and freed the memory the decoded caches then get) and
 one boundary's first epoch alone (a fresh dataset object, random batches of 4: with an 8B teacher's 16 MB rows, a
 decoded-cache block is one row, and this shows whether one side's rows decode on more than one core); then, on one
-of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as the decoded cache reads them), zstd alone
+of its boundaries, Lance's take of the high-byte frames (16 MB blocks, as the decoded cache reads them; a
+``zstd_blob`` boundary's frames are views of its mapped sidecars instead, copied here), zstd alone
 on its frames on 1 and 2 threads (into a fresh buffer a frame, as pyarrow's Codec.decompress, and into the thread's
 own buffer, ``decode.decompress_into``), the decode and join of the planes (zstd's pool) into memory written before
 and into fresh memory (``decoded_cache.small_pages``: 4 KiB pages, what the cache uses; then numpy's allocation),
@@ -53,6 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--seq-len", type=int, default=512, help="tokens a row (2048 x 4096: an 8B teacher's 16 MB rows)")
     ap.add_argument("--no-huge-pages", action="store_true", help="turn off numpy's madvise(MADV_HUGEPAGE)")
+    ap.add_argument("--codec", choices=("zstd_fast", "zstd_blob"), default="zstd_fast", help="the pair's codec")
     args = ap.parse_args(argv)
     from write_path import no_huge_pages, synthetic, write_path  # bench/: this script's folder is on sys.path
 
@@ -73,13 +76,13 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="zg-first-epoch-"))
     try:
         n = max(2, (args.mb << 20) // (2 * xs[0].numel() * 2))
-        pub = write_path(work, xs, boundaries=2, batches=n, codec="zstd_fast", threads=2, publish=True)["published"]
+        pub = write_path(work, xs, boundaries=2, batches=n, codec=args.codec, threads=2, publish=True)["published"]
         a, b = list(pub.values())[:2]
         ds = BoundaryDataset(a)
         rows, width, row_bytes = len(ds.seq_ids), ds.seq_len * ds.hidden, ds.row_bytes
         nbytes = rows * row_bytes
         print(
-            f"one boundary: {rows} rows of {ds.seq_len} x {ds.hidden} bf16, {nbytes / 1e9:.2f} GB; huge pages "
+            f"one boundary ({args.codec}): {rows} rows of {ds.seq_len} x {ds.hidden} bf16, {nbytes / 1e9:.2f} GB; huge pages "
             f"{'off' if args.no_huge_pages else 'on (numpy default)'}"
         )
         pair = BoundaryPair(a, b)
@@ -109,12 +112,21 @@ def main(argv=None) -> int:
         ahead = max(1, (16 << 20) // row_bytes)
         blocks = [np.arange(k, min(rows, k + ahead)) for k in range(0, rows, ahead)]
         tables: list = []
-        timed(
-            "Lance take of the high bytes, 16 MB blocks",
-            lambda: tables.extend(ds.ds.take(r, columns=["hidden_hi"]) for r in blocks),
-            nbytes,
-        )
-        frames = [ch[j].as_buffer() for t in tables for ch in t.column("hidden_hi").chunks for j in range(len(ch))]
+        if args.codec == "zstd_blob":  # the frames: views of the mapped sidecars, copied as a take would
+            hi_of, lo_of = ds._blob_planes()
+            timed(
+                "the high bytes from the mapped sidecars",
+                lambda: tables.extend([np.array(f) for f in hi_of(r)] for r in blocks),
+                nbytes,
+            )
+            frames = [f for t in tables for f in t]
+        else:
+            timed(
+                "Lance take of the high bytes, 16 MB blocks",
+                lambda: tables.extend(ds.ds.take(r, columns=["hidden_hi"]) for r in blocks),
+                nbytes,
+            )
+            frames = [ch[j].as_buffer() for t in tables for ch in t.column("hidden_hi").chunks for j in range(len(ch))]
         for threads in (1, 2):  # the high bytes alone: a fresh output buffer a frame, and the thread's own buffer
             with ThreadPoolExecutor(threads) as pool:
                 for how, dec in (
@@ -124,12 +136,16 @@ def main(argv=None) -> int:
                     timed(
                         f"zstd alone, {how}, {threads} thread(s)", lambda dec=dec: list(pool.map(dec, frames)), nbytes
                     )
-        lo = page_reader(ds.ds, ds.path, "hidden_lo", width, np.uint8, ds._lo_probe(width))
+        if args.codec == "zstd_blob":
+            views = lo_of
+        else:
+            views = page_reader(ds.ds, ds.path, "hidden_lo", width, np.uint8, ds._lo_probe(width)).views
 
         def decode_into(out):
             for t, r in zip(tables, blocks):
+                hi = hi_of(r) if args.codec == "zstd_blob" else None  # the reader's own views of the sidecars
                 decode_rows(
-                    t, "zstd_fast", "bfloat16", ds.seq_len, ds.hidden, out=out[r[0] : r[-1] + 1], lo=lo.views(r)
+                    t, args.codec, "bfloat16", ds.seq_len, ds.hidden, out=out[r[0] : r[-1] + 1], lo=views(r), hi=hi
                 )
 
         touched = np.empty((rows, width), np.uint16)
