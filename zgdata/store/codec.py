@@ -35,6 +35,9 @@ The lossless layouts decode to exactly the stored bits; the per-row checksum (zg
 is of those decoded bits in either layout, so a checksum also proves a lossless decode. The
 lossless codec is a storage choice, never lineage: the fingerprint does not depend on it, and it is
 recorded in the schema metadata as ``zg.codec``.
+
+This module holds the layouts and the encoding (what materialize writes: a dep of its DVC stage); the decoding of
+stored rows, on a pool of threads, is zgdata/store/decode.py (``decode_rows`` here dispatches to it).
 """
 
 from __future__ import annotations
