@@ -29,7 +29,10 @@ boundary dataset) go through zg's own write path: ``materialize.writer.Writer`` 
                    guest has touched before), which a machine that has run anything meets rarely; so the decoded
                    cache's size is touched and freed before the first epoch, and the figure measures zg's reads, not
                    the VM's memory faults. For a compressed codec, zstd alone over the pair's frames on every core
-                   (bench/write_path_reads.py): a first epoch's bound
+                   (bench/write_path_reads.py): a first epoch's bound. Then the bare memmap loop and a fresh pair's
+                   first epoch again from the disk, the files dropped from the page cache before each
+                   (posix_fadvise DONTNEED): what every epoch of a boundary larger than memory reads
+                   (``loader_first_epoch_from_disk_ratio``)
   verify --full    every row's checksum streamed (``BoundaryDataset.scan``) / reading the same files
   trust check      ``trust.verify`` of the pair against a dvc.lock, 1 thread and all cores, / copying the same
                    bytes (what `dvc pull` from a local remote does at least)
@@ -266,6 +269,11 @@ def pool_rate(xs, codec: str, threads: int, batches: int, boundaries: int) -> fl
     return batches * boundaries * xs[0].numel() * 2 / dt / 1e9
 
 
+def _disk_ratio(lo: dict | None) -> float:
+    """A loader's first epoch from the disk / the bare memmap loop from the disk (NaN where not measured)."""
+    return lo["first_disk_gbps"] / lo["memmap_disk_gbps"] if lo and "first_disk_gbps" in lo else float("nan")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=576, help="hidden size (576 SmolLM2-135M, 2048, 4096 8B)")
@@ -405,6 +413,11 @@ def main(argv=None) -> int:
                     f"{lo['first_gbps'] / lo['memmap_loader_gbps']:.2f} of it, warm "
                     f"{lo['warm_gbps'] / lo['memmap_loader_gbps']:.2f}"
                 )
+                if "first_disk_gbps" in lo:
+                    log(
+                        f"  from the disk (page cache dropped): first epoch {lo['first_disk_gbps']:.2f} GB/s, np.memmap "
+                        f"{lo['memmap_disk_gbps']:.2f}: ratio {lo['first_disk_gbps'] / lo['memmap_disk_gbps']:.2f}"
+                    )
             lo = res.pop(f"loader_{args.lossless}")
             raw_lo = res.pop("loader_raw", None)
             blob_lo = res.pop("loader_blob", None)
@@ -453,6 +466,8 @@ def main(argv=None) -> int:
             loader_first_epoch_ratio_raw=raw_lo["first_gbps"] / raw_lo["memmap_gbps"] if raw_lo else float("nan"),
             loader_first_epoch_ratio_blob=blob_lo["first_gbps"] / blob_lo["memmap_gbps"] if blob_lo else float("nan"),
             loader_first_epoch_vs_memmap_loader=lo["first_gbps"] / lo["memmap_loader_gbps"],
+            loader_first_epoch_from_disk_ratio=_disk_ratio(lo),
+            loader_first_epoch_from_disk_ratio_raw=_disk_ratio(raw_lo),
             loader_first_epoch_vs_memmap_loader_raw=(
                 raw_lo["first_gbps"] / raw_lo["memmap_loader_gbps"] if raw_lo else float("nan")
             ),

@@ -57,12 +57,34 @@ class MemmapSide:
         return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
 
 
-def loader(pub: dict, *, prefault: bool = True) -> dict:
+def evict(*roots: Path) -> bool:
+    """Drop every file under ``roots`` from the page cache (fsync, then ``POSIX_FADV_DONTNEED``; pages a live map
+    holds stay): the next read comes from the disk, as every epoch of a boundary larger than memory does. False
+    where the OS has no posix_fadvise."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for root in roots:
+        for d, _, files in os.walk(root):
+            for f in files:
+                fd = os.open(os.path.join(d, f), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+    return True
+
+
+def loader(pub: dict, *, prefault: bool = True, from_disk: bool = True) -> dict:
     """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the same
     rows, two ways: a bare loop that drops each batch at once (its destination stays in the CPU's cache), and the
-    same BoundaryPair.batches loader over memmaps (the consumer holds batches while more are read ahead).
+    same BoundaryPair.batches loader over the memmaps (the consumer holds batches while more are read ahead).
     ``prefault``: write and free the decoded caches' size of fresh memory first, so that on a host that backs guest
-    memory lazily the first epoch meets memory the guest has backed (its first-touch rate is returned either way)."""
+    memory lazily the first epoch meets memory the guest has backed (its first-touch rate is returned either way).
+    ``from_disk``: then both again from the disk (``evict`` before each), the bare memmap loop and a fresh pair's
+    first epoch (``memmap_disk_gbps``, ``first_disk_gbps``; absent where the OS cannot evict)."""
+    import gc
+
     from zgdata.store.reader import BoundaryPair
 
     a, b = list(pub.values())[:2]
@@ -89,21 +111,36 @@ def loader(pub: dict, *, prefault: bool = True) -> dict:
         arr.flush()
         del arr
         mms.append(np.load(scratch / f"{name}.npy", mmap_mode="r"))
-    t0 = time.perf_counter()
-    for step in range(steps):
-        rows = np.sort(pair.batch_rows("train", step, B, 0))
-        for m in mms:
-            torch.from_numpy(np.ascontiguousarray(m[rows]))
-    mm = nbytes / (time.perf_counter() - t0) / 1e9
+
+    def memmap_epoch(arrays) -> float:
+        t0 = time.perf_counter()
+        for step in range(steps):
+            rows = np.sort(pair.batch_rows("train", step, B, 0))
+            for m in arrays:
+                torch.from_numpy(np.ascontiguousarray(m[rows]))
+        return nbytes / (time.perf_counter() - t0) / 1e9
+
+    mm = memmap_epoch(mms)
     mm_pair = BoundaryPair(*(MemmapSide(s, m) for s, m in zip((pair.input, pair.output), mms)))
     mm_loader = epoch(mm_pair)
-    return {
+    out = {
         "first_gbps": first,
         "warm_gbps": warm,
         "memmap_gbps": mm,
         "memmap_loader_gbps": mm_loader,
         "first_touch_gbps": touched[0],
     }
+    if from_disk:
+        mm_pair = None  # its maps (the memmaps) go, and the decoded caches of the pair's sides
+        mms.clear()
+        pair = BoundaryPair(a, b)  # batch_rows only: its sides map no sidecar until they read
+        gc.collect()
+        if evict(a, b, scratch):
+            out["memmap_disk_gbps"] = memmap_epoch([np.load(scratch / f"{k}.npy", mmap_mode="r") for k in "xy"])
+            gc.collect()
+            evict(a, b, scratch)
+            out["first_disk_gbps"] = epoch(BoundaryPair(a, b))
+    return out
 
 
 def decode_ceiling(pub: dict) -> float:
