@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from write_path_reads import B
 
     from zgdata.store.codec import _zstd, decode_rows
-    from zgdata.store.decode import decompress_into
+    from zgdata.store.decode import decompress_into, row_buffers
     from zgdata.store.decoded_cache import small_pages
     from zgdata.store.integrity import mismatched_rows
     from zgdata.store.pagemap import page_reader
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                 lambda: tables.extend(ds.ds.take(r, columns=["hidden_hi"]) for r in blocks),
                 nbytes,
             )
-            frames = [ch[j].as_buffer() for t in tables for ch in t.column("hidden_hi").chunks for j in range(len(ch))]
+            frames = [f for t in tables for f in row_buffers(t.column("hidden_hi"))]
         for threads in (1, 2):  # the high bytes alone: a fresh output buffer a frame, and the thread's own buffer
             with ThreadPoolExecutor(threads) as pool:
                 for how, dec in (

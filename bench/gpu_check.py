@@ -285,7 +285,7 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
     r = W.write_path(work, xs, boundaries=2, batches=n, codec="zstd_blob", threads=0, publish=True)
     pub = r["published"]
     try:
-        lo, ceiling = R.loader(pub), R.decode_ceiling(pub)
+        lo, ceiling = R.loader(pub, from_disk=True), R.decode_ceiling(pub)
     finally:
         for d in (r["stage"], work / "pub-zstd_blob", work / "memmap-pub-zstd_blob"):
             shutil.rmtree(d, ignore_errors=True)
@@ -298,19 +298,17 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
         zstd_decode_ceiling_ratio=ceiling / lo["memmap_gbps"],
         loader_cores=n_cores,
     )
-    if "first_disk_gbps" in lo:  # both read from the disk, the page cache dropped: a boundary larger than memory
-        res["loader_first_epoch_from_disk_ratio"] = lo["first_disk_gbps"] / lo["memmap_disk_gbps"]
+    if "first_disk_gbps" in lo:  # read from the disk, the page cache dropped: a boundary larger than memory
+        res["loader_first_epoch_from_disk_ratio"] = lo["first_disk_ratio"]  # NaN where the files stayed cached
+        res["loader_first_epoch_from_disk_vs_memmap_loader"] = lo["first_disk_vs_loader_ratio"]
+        res["loader_disk_resident"] = lo["disk_resident"]
     log(
         f"loader zstd_blob on {n_cores} cores ({pool_threads()} decoding threads): first epoch "
         f"{lo['first_gbps']:.2f} GB/s, warm {lo['warm_gbps']:.2f}, np.memmap {lo['memmap_gbps']:.2f}: ratios "
         f"{res['loader_first_epoch_ratio']:.2f} (target >= 0.5) and {res['loader_warm_ratio']:.2f}; zstd alone "
         f"{ceiling:.2f} GB/s ({res['zstd_decode_ceiling_ratio']:.2f} of the memmap)"
     )
-    if "first_disk_gbps" in lo:
-        log(
-            f"  from the disk (page cache dropped): first epoch {lo['first_disk_gbps']:.2f} GB/s, np.memmap "
-            f"{lo['memmap_disk_gbps']:.2f}: ratio {res['loader_first_epoch_from_disk_ratio']:.2f}"
-        )
+    log(R.disk_line(lo))
 
 
 def check_repro(root: Path, work: Path, res: dict, jobs: int) -> None:

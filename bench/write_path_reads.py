@@ -14,16 +14,79 @@ import numpy as np
 import torch
 
 B = 4  # rows per batch, materialize.batch_size's default
+RESIDENT_MAX = (
+    0.05  # the share of a pair's bytes still in the page cache after an eviction, at most, for "from the disk"
+)
 
 
-def fsync_tree(root: Path) -> None:
-    for d, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+def _files(*roots: Path):
+    for root in roots:
+        for d, _, files in os.walk(root):
+            yield from (os.path.join(d, f) for f in files)
+
+
+def fsync_tree(root: Path, *, drop: bool = False) -> None:
+    """fsync every file under ``root``; ``drop``: then drop its pages from the page cache (``POSIX_FADV_DONTNEED``:
+    clean pages that no live map holds)."""
+    for path in _files(root):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            if drop:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident_share(*roots: Path) -> float | None:
+    """The share of the bytes of the files under ``roots`` that are in the page cache (``mincore`` of each file
+    mapped, never touched); None where the C library has no mincore (not Linux)."""
+    import ctypes
+    import mmap
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype, libc.mmap.argtypes = (
+            ctypes.c_void_p,
+            [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long],
+        )
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):
+        return None
+    total = resident = 0
+    for path in _files(*roots):
+        size = os.path.getsize(path)
+        if not size:
+            continue
+        pages = -(-size // mmap.PAGESIZE)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            vec = ctypes.create_string_buffer(pages)
             try:
-                os.fsync(fd)
+                if libc.mincore(addr, size, vec) != 0:
+                    return None
             finally:
-                os.close(fd)
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+        resident += sum(b & 1 for b in vec.raw) * mmap.PAGESIZE
+        total += pages * mmap.PAGESIZE
+    return resident / total if total else 0.0
+
+
+def evict(*roots: Path) -> float | None:
+    """Drop every file under ``roots`` from the page cache, so that the next read comes from the disk, as every
+    epoch of a boundary larger than memory does: the share of their bytes still resident afterwards (0 where it
+    worked; about 1 on a tmpfs, or for pages a live map holds), None where the OS cannot tell or drop them."""
+    if not hasattr(os, "posix_fadvise"):
+        return None
+    for root in roots:
+        fsync_tree(root, drop=True)
+    return resident_share(*roots)
 
 
 def first_touch(nbytes: int) -> tuple[float, float]:
@@ -57,32 +120,27 @@ class MemmapSide:
         return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
 
 
-def evict(*roots: Path) -> bool:
-    """Drop every file under ``roots`` from the page cache (fsync, then ``POSIX_FADV_DONTNEED``; pages a live map
-    holds stay): the next read comes from the disk, as every epoch of a boundary larger than memory does. False
-    where the OS has no posix_fadvise."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for root in roots:
-        for d, _, files in os.walk(root):
-            for f in files:
-                fd = os.open(os.path.join(d, f), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-    return True
+def _memmaps(pair, scratch: Path, n: int) -> list[np.ndarray]:
+    """The pair's two sides' rows written to ``x.npy`` / ``y.npy`` under ``scratch``, opened as read-only memmaps."""
+    scratch.mkdir(exist_ok=True)
+    for side, name in ((pair.input, "x"), (pair.output, "y")):
+        arr = np.lib.format.open_memmap(scratch / f"{name}.npy", "w+", np.uint16, (n, side.row_bytes // 2))
+        arr[:] = side.take(np.arange(n)).view(torch.int16).numpy().reshape(n, -1).view(np.uint16)
+        arr.flush()
+        del arr
+    return [np.load(scratch / f"{name}.npy", mmap_mode="r") for name in ("x", "y")]
 
 
-def loader(pub: dict, *, prefault: bool = True, from_disk: bool = True) -> dict:
+def loader(pub: dict, *, prefault: bool = True, from_disk: bool = False) -> dict:
     """GB/s of a BoundaryPair's batches: a fresh pair's first epoch, then a warm epoch; and np.memmap of the same
     rows, two ways: a bare loop that drops each batch at once (its destination stays in the CPU's cache), and the
     same BoundaryPair.batches loader over the memmaps (the consumer holds batches while more are read ahead).
     ``prefault``: write and free the decoded caches' size of fresh memory first, so that on a host that backs guest
     memory lazily the first epoch meets memory the guest has backed (its first-touch rate is returned either way).
-    ``from_disk``: then both again from the disk (``evict`` before each), the bare memmap loop and a fresh pair's
-    first epoch (``memmap_disk_gbps``, ``first_disk_gbps``; absent where the OS cannot evict)."""
+    ``from_disk``: then all three again from the disk (``evict`` before each: ``memmap_disk_gbps``,
+    ``memmap_loader_disk_gbps``, ``first_disk_gbps``), with the largest share of the files still resident after an
+    eviction (``disk_resident``; the figures are from the disk only where it is about 0); absent where the OS
+    cannot drop pages or tell."""
     import gc
 
     from zgdata.store.reader import BoundaryPair
@@ -103,14 +161,7 @@ def loader(pub: dict, *, prefault: bool = True, from_disk: bool = True) -> dict:
     first = epoch(pair)
     warm = epoch(pair)
     scratch = a.parent.parent / f"memmap-{a.parent.name}"
-    scratch.mkdir(exist_ok=True)
-    mms = []
-    for side, name in ((pair.input, "x"), (pair.output, "y")):
-        arr = np.lib.format.open_memmap(scratch / f"{name}.npy", "w+", np.uint16, (n, side.row_bytes // 2))
-        arr[:] = side.take(np.arange(n)).view(torch.int16).numpy().reshape(n, -1).view(np.uint16)
-        arr.flush()
-        del arr
-        mms.append(np.load(scratch / f"{name}.npy", mmap_mode="r"))
+    mms = _memmaps(pair, scratch, n)
 
     def memmap_epoch(arrays) -> float:
         t0 = time.perf_counter()
@@ -130,17 +181,49 @@ def loader(pub: dict, *, prefault: bool = True, from_disk: bool = True) -> dict:
         "memmap_loader_gbps": mm_loader,
         "first_touch_gbps": touched[0],
     }
-    if from_disk:
-        mm_pair = None  # its maps (the memmaps) go, and the decoded caches of the pair's sides
+    if from_disk:  # nothing may keep a map of the files (a mapped page is not dropped): the sides and memmaps go
+        pair = BoundaryPair(a, b)  # for batch_rows only: its sides map nothing until they read
+        mm_pair = None
         mms.clear()
-        pair = BoundaryPair(a, b)  # batch_rows only: its sides map no sidecar until they read
         gc.collect()
-        if evict(a, b, scratch):
-            out["memmap_disk_gbps"] = memmap_epoch([np.load(scratch / f"{k}.npy", mmap_mode="r") for k in "xy"])
+        left = [evict(a, b, scratch)]
+        if left[0] is not None:
+            out["memmap_disk_gbps"] = memmap_epoch(_reopen(scratch))
+            left.append(evict(a, b, scratch))
+            mm_pair = BoundaryPair(*(MemmapSide(s, m) for s, m in zip((pair.input, pair.output), _reopen(scratch))))
+            out["memmap_loader_disk_gbps"] = epoch(mm_pair)
+            mm_pair = None
             gc.collect()
-            evict(a, b, scratch)
+            left.append(evict(a, b, scratch))
             out["first_disk_gbps"] = epoch(BoundaryPair(a, b))
+            out["disk_resident"] = max(left)
+            from_disk_ok = out["disk_resident"] <= RESIDENT_MAX
+            nan = float("nan")
+            out["first_disk_ratio"] = out["first_disk_gbps"] / out["memmap_disk_gbps"] if from_disk_ok else nan
+            out["first_disk_vs_loader_ratio"] = (
+                out["first_disk_gbps"] / out["memmap_loader_disk_gbps"] if from_disk_ok else nan
+            )
     return out
+
+
+def disk_line(lo: dict) -> str:
+    """The from-the-disk figures of a ``loader(..., from_disk=True)`` result, as the benches print them."""
+    if "first_disk_gbps" not in lo:
+        return "  from the disk: not measured (this OS cannot drop pages from its page cache, or cannot tell)"
+    where = (
+        f"page cache dropped: {lo['disk_resident']:.1%} of the files left in it at most"
+        if lo["disk_resident"] <= RESIDENT_MAX
+        else f"NOT from the disk: {lo['disk_resident']:.0%} stayed in the page cache (a tmpfs?), no ratio"
+    )
+    return (
+        f"  from the disk ({where}): first epoch {lo['first_disk_gbps']:.2f} GB/s, np.memmap "
+        f"{lo['memmap_disk_gbps']:.2f} (ratio {lo['first_disk_ratio']:.2f}), np.memmap through the same loader "
+        f"{lo['memmap_loader_disk_gbps']:.2f} (ratio {lo['first_disk_vs_loader_ratio']:.2f})"
+    )
+
+
+def _reopen(scratch: Path) -> list[np.ndarray]:
+    return [np.load(scratch / f"{k}.npy", mmap_mode="r") for k in ("x", "y")]
 
 
 def decode_ceiling(pub: dict) -> float:
@@ -153,7 +236,7 @@ def decode_ceiling(pub: dict) -> float:
     from zgdata.core.runtime import cores
     from zgdata.store.blobs import blob_rows
     from zgdata.store.codec import codec_of, value_info
-    from zgdata.store.decode import decompress_into
+    from zgdata.store.decode import decompress_into, row_buffers
     from zgdata.store.lance_io import schema_meta
 
     frames, n = [], 0
@@ -165,8 +248,7 @@ def decode_ceiling(pub: dict) -> float:
         if codec_of(meta) == "zstd_blob":  # the frames from the sidecars, copied into memory as the others are
             frames += [np.array(f) for f in blob_rows(ds, p, "hidden_hi")(np.arange(ds.count_rows()))]
             continue
-        col = ds.to_table(columns=["hidden_hi"]).column("hidden_hi")
-        frames += [ch[j].as_buffer() for ch in col.chunks for j in range(len(ch))]
+        frames += row_buffers(ds.to_table(columns=["hidden_hi"]).column("hidden_hi"))
     with ThreadPoolExecutor(cores()) as pool:
         best = 0.0
         for _ in range(2):

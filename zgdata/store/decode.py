@@ -4,8 +4,8 @@
 frame is decoded into its thread's scratch buffer (``decompress_into``), then joined with the row's low bytes
 straight into the caller's row (``decode_planes``) or dequantized (``decode_quantized``): a row a job on the
 process's decoding pool (``pool_threads``; zstd and numpy's copies release the GIL). A row that does not decode
-raises ValueError naming it, or with ``strict=False`` is left zero, so that its checksum fails and verify reports
-it with the others.
+raises ValueError naming it, or with ``strict=False`` has its high bytes (a quantized row: its int values) left
+zero, so that its checksum fails and verify reports it with the others.
 """
 
 from __future__ import annotations

@@ -128,25 +128,42 @@ def test_thread_counts_and_write_behind_write_the_same_blob_bytes(tiny_project, 
 
     other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
     _materialize(tiny_project, codec="blob", writer_threads=1, write_behind_mb=0, commit_rows=16)
-    made, init, close = [], WriteBehind.__init__, WriteBehind.close
+    made, init, add, close = [], WriteBehind.__init__, WriteBehind.add, WriteBehind.close
+    woken: list[bool] = []  # per add: whether it woke the sync thread
 
     def every_batch(self, dirs, every_bytes):
         init(self, dirs, 1 if every_bytes else 0)  # the tiny project's groups are far below 1 MB
         made.append(self)
+        wake, self.wakes = self._wake.set, 0  # the thread waits on this very event: count its set() calls
+
+        def counted_set():
+            self.wakes += 1
+            wake()
+
+        self._wake.set = counted_set
+
+    def counted_add(self, nbytes):
+        before = self.wakes
+        add(self, nbytes)
+        woken.append(self._thread is not None and self.wakes > before)
 
     def sync_then_close(self):
         # Lance writes a tiny group's files as its streams end, and the group may close before the write-behind
         # thread has had a turn since (a CI run saw no sync at all): one sync here stands in for that turn, so the
-        # check below covers the files each group wrote, whatever the scheduling
+        # check below covers the files each group wrote, whatever the scheduling (the thread's own syncs:
+        # test_write_behind.py)
         self.sync()
         return close(self)
 
     monkeypatch.setattr(WriteBehind, "__init__", every_batch)
+    monkeypatch.setattr(WriteBehind, "add", counted_add)
     monkeypatch.setattr(WriteBehind, "close", sync_then_close)
     _materialize(other, codec="blob", writer_threads=3, write_behind_mb=1, commit_rows=16)
+    # every record batch was reported to a running write-behind thread, and each report woke it
+    assert len(made) == 4 and len(woken) >= 4 * len(NAMES) and all(woken)
     # Lance writes each file under a temporary name and renames it: the folders each synced file was in
     folders = {Path(p).parent.name == "data" for w in made for p in w.synced}
-    assert len(made) == 4 and sum(w.syncs for w in made) > 0 and folders == {True, False}  # data files, sidecars
+    assert sum(w.syncs for w in made) > 0 and folders == {True, False}  # data files, sidecars
     one = _files(tiny_project)
     assert all(sidecar for n in NAMES for _, sidecar in one[n]) and one == _files(other)
 
