@@ -216,8 +216,10 @@ def planes(x: torch.Tensor, storage_dtype: str) -> np.ndarray:
 
 def _split(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(B, n) rows of bits -> (the (B, n) most significant bytes, the other bytes of each value in order, flat)."""
-    if rows.dtype == np.uint16:  # bf16: shifts and a narrowing cast, vectorized (a strided byte gather is 3-5x slower)
-        return (rows >> 8).astype(np.uint8), rows.astype(np.uint8).reshape(-1)
+    if rows.dtype == np.uint16:  # bf16: a shift and a narrowing cast, vectorized (a strided byte gather is 3-5x slower)
+        hi = np.empty(rows.shape, np.uint8)  # the shift casts as it writes: one pass, not a shift then a cast (0.6x)
+        np.right_shift(rows, 8, out=hi, casting="unsafe")
+        return hi, rows.astype(np.uint8).reshape(-1)
     b, n = rows.shape
     by = rows.view(np.uint8).reshape(b, n, rows.dtype.itemsize)  # little endian: the last byte is sign + exponent
     return np.ascontiguousarray(by[:, :, -1]), np.ascontiguousarray(by[:, :, :-1]).reshape(-1)
