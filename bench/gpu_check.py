@@ -299,8 +299,9 @@ def check_first_epoch(work: Path, res: dict, xs, mb: int) -> None:
         loader_cores=n_cores,
     )
     if "first_disk_gbps" in lo:  # read from the disk, the page cache dropped: a boundary larger than memory
-        res["loader_first_epoch_from_disk_ratio"] = lo["first_disk_ratio"]  # NaN where the files stayed cached
-        res["loader_first_epoch_from_disk_vs_memmap_loader"] = lo["first_disk_vs_loader_ratio"]
+        bare, through = R.disk_ratios(lo)  # NaN where the files stayed cached
+        res["loader_first_epoch_from_disk_ratio"] = bare
+        res["loader_first_epoch_from_disk_vs_memmap_loader"] = through
         res["loader_disk_resident"] = lo["disk_resident"]
     log(
         f"loader zstd_blob on {n_cores} cores ({pool_threads()} decoding threads): first epoch "

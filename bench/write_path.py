@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from harness import CpuMeter, wait_quiet
-from write_path_reads import B, decode_ceiling, disk_line, fsync_tree, loader, trust_check, verify_full
+from write_path_reads import B, decode_ceiling, disk_line, disk_ratios, fsync_tree, loader, trust_check, verify_full
 
 from zgdata.config import MaterializeConfig
 from zgdata.core.runtime import cores
@@ -457,9 +457,9 @@ def main(argv=None) -> int:
             loader_first_epoch_ratio_raw=raw_lo["first_gbps"] / raw_lo["memmap_gbps"] if raw_lo else float("nan"),
             loader_first_epoch_ratio_blob=blob_lo["first_gbps"] / blob_lo["memmap_gbps"] if blob_lo else float("nan"),
             loader_first_epoch_vs_memmap_loader=lo["first_gbps"] / lo["memmap_loader_gbps"],
-            loader_first_epoch_from_disk_ratio=lo.get("first_disk_ratio", float("nan")),
-            loader_first_epoch_from_disk_vs_memmap_loader=lo.get("first_disk_vs_loader_ratio", float("nan")),
-            loader_first_epoch_from_disk_ratio_raw=(raw_lo or {}).get("first_disk_ratio", float("nan")),
+            loader_first_epoch_from_disk_ratio=disk_ratios(lo)[0],
+            loader_first_epoch_from_disk_vs_memmap_loader=disk_ratios(lo)[1],
+            loader_first_epoch_from_disk_ratio_raw=disk_ratios(raw_lo or {})[0],
             loader_first_epoch_vs_memmap_loader_raw=(
                 raw_lo["first_gbps"] / raw_lo["memmap_loader_gbps"] if raw_lo else float("nan")
             ),

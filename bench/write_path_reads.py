@@ -128,7 +128,19 @@ def _memmaps(pair, scratch: Path, n: int) -> list[np.ndarray]:
         arr[:] = side.take(np.arange(n)).view(torch.int16).numpy().reshape(n, -1).view(np.uint16)
         arr.flush()
         del arr
+    return _reopen(scratch)
+
+
+def _reopen(scratch: Path) -> list[np.ndarray]:
+    """The memmaps ``_memmaps`` wrote, opened again (read-only)."""
     return [np.load(scratch / f"{name}.npy", mmap_mode="r") for name in ("x", "y")]
+
+
+def _memmap_pair(pair, arrays):
+    """The same loader (``BoundaryPair``) over memmaps of the pair's two sides."""
+    from zgdata.store.reader import BoundaryPair
+
+    return BoundaryPair(*(MemmapSide(s, m) for s, m in zip((pair.input, pair.output), arrays)))
 
 
 def loader(pub: dict, *, prefault: bool = True, from_disk: bool = False) -> dict:
@@ -172,7 +184,7 @@ def loader(pub: dict, *, prefault: bool = True, from_disk: bool = False) -> dict
         return nbytes / (time.perf_counter() - t0) / 1e9
 
     mm = memmap_epoch(mms)
-    mm_pair = BoundaryPair(*(MemmapSide(s, m) for s, m in zip((pair.input, pair.output), mms)))
+    mm_pair = _memmap_pair(pair, mms)
     mm_loader = epoch(mm_pair)
     out = {
         "first_gbps": first,
@@ -190,20 +202,22 @@ def loader(pub: dict, *, prefault: bool = True, from_disk: bool = False) -> dict
         if left[0] is not None:
             out["memmap_disk_gbps"] = memmap_epoch(_reopen(scratch))
             left.append(evict(a, b, scratch))
-            mm_pair = BoundaryPair(*(MemmapSide(s, m) for s, m in zip((pair.input, pair.output), _reopen(scratch))))
+            mm_pair = _memmap_pair(pair, _reopen(scratch))
             out["memmap_loader_disk_gbps"] = epoch(mm_pair)
             mm_pair = None
             gc.collect()
             left.append(evict(a, b, scratch))
             out["first_disk_gbps"] = epoch(BoundaryPair(a, b))
             out["disk_resident"] = max(left)
-            from_disk_ok = out["disk_resident"] <= RESIDENT_MAX
-            nan = float("nan")
-            out["first_disk_ratio"] = out["first_disk_gbps"] / out["memmap_disk_gbps"] if from_disk_ok else nan
-            out["first_disk_vs_loader_ratio"] = (
-                out["first_disk_gbps"] / out["memmap_loader_disk_gbps"] if from_disk_ok else nan
-            )
     return out
+
+
+def disk_ratios(lo: dict) -> tuple[float, float]:
+    """A ``loader(..., from_disk=True)`` result's first epoch from the disk / the bare memmap loop and / the memmap
+    through the same loader, both from the disk; NaN where not measured or the files stayed in the page cache."""
+    if "first_disk_gbps" not in lo or lo["disk_resident"] > RESIDENT_MAX:
+        return float("nan"), float("nan")
+    return lo["first_disk_gbps"] / lo["memmap_disk_gbps"], lo["first_disk_gbps"] / lo["memmap_loader_disk_gbps"]
 
 
 def disk_line(lo: dict) -> str:
@@ -215,15 +229,12 @@ def disk_line(lo: dict) -> str:
         if lo["disk_resident"] <= RESIDENT_MAX
         else f"NOT from the disk: {lo['disk_resident']:.0%} stayed in the page cache (a tmpfs?), no ratio"
     )
+    bare, through = disk_ratios(lo)
     return (
         f"  from the disk ({where}): first epoch {lo['first_disk_gbps']:.2f} GB/s, np.memmap "
-        f"{lo['memmap_disk_gbps']:.2f} (ratio {lo['first_disk_ratio']:.2f}), np.memmap through the same loader "
-        f"{lo['memmap_loader_disk_gbps']:.2f} (ratio {lo['first_disk_vs_loader_ratio']:.2f})"
+        f"{lo['memmap_disk_gbps']:.2f} (ratio {bare:.2f}), np.memmap through the same loader "
+        f"{lo['memmap_loader_disk_gbps']:.2f} (ratio {through:.2f})"
     )
-
-
-def _reopen(scratch: Path) -> list[np.ndarray]:
-    return [np.load(scratch / f"{k}.npy", mmap_mode="r") for k in ("x", "y")]
 
 
 def decode_ceiling(pub: dict) -> float:
