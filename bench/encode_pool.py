@@ -1,5 +1,5 @@
-"""The encoding pool's changes (the fifth pass's two, the frames column and the stats' chunks of 2026-12-07), each
-against what it replaced, the arms alternating in one process. Not a test.
+"""The encoding pool's changes (the fifth pass's two, the frames column, the stats' chunks of 2026-12-07 and their
+TorchScript loop), each against what it replaced, the arms alternating in one process. Not a test.
 
     python bench/encode_pool.py                        # raw and zstd_fast, 1 and 2 encoding threads, 4 rounds
     python bench/encode_pool.py --codecs raw --rounds 6
@@ -17,8 +17,11 @@ checksums. Arms:
              Arrow column by pyarrow's conversion of Python objects, which holds the GIL (``pa.array(frames)``)
   rows       the frames' column built by numpy copies that let go of the GIL (``codec.frames_array``); the stats
              still copy each whole row into the reused buffer and take absmax with ``torch.aminmax``
-  now        what materialize does: the stats square the tokens in float32 chunks that stay in cache (a whole
-             row up to ``stats.ROW_BYTES``, else ``stats.CHUNK_BYTES``), absmax by ``torch.aminmax``
+  eager      the stats square the tokens in float32 chunks that stay in cache (a whole row up to
+             ``stats.ROW_BYTES``, else ``stats.CHUNK_BYTES``), absmax by ``torch.aminmax``; the chunk loop runs as
+             Python, three torch calls a chunk, each giving up the GIL and taking it back
+  now        what materialize does: the same chunks, the loop compiled by TorchScript (``stats._kernel``): one call
+             a batch that holds no GIL, the same bits
 
 The pool runs the synthetic batches of bench/write_path.py (4 x 512 x 576 bf16, 4 boundaries, 40 batches, no I/O).
 Printed per arm: the best GB/s of bf16 input over the rounds, the median CPU seconds per GB (the process's, every
@@ -41,7 +44,7 @@ from zgdata.materialize import encode, stats
 from zgdata.store import codec as codec_module
 
 BATCHES, BOUNDARIES = 40, 4
-ARMS = ("before", "omp", "pyframes", "rows", "now")
+ARMS = ("before", "omp", "pyframes", "rows", "eager", "now")
 _ROW = threading.local()
 
 
@@ -67,12 +70,15 @@ def usage() -> tuple[float, int]:
 def arm(xs, codec: str, threads: int, name: str, batches: int) -> tuple[float, float, float]:
     """(GB/s, core-s per GB, minor faults per GB) of the pool in arm ``name``."""
     limit, batch_stats, frames = encode.serial_torch_thread, stats.batch_stats, codec_module.frames_array
+    kernel = stats._kernel()
     if name in ("before", "omp", "pyframes"):
         codec_module.frames_array = lambda f: pa.array(f, type=pa.large_binary())  # pyarrow's conversion
     if name == "before":
         encode.serial_torch_thread = lambda: None  # the pool's threads take torch's process-wide count
-    if name != "now":  # whole rows, a fresh copy of each before the fifth pass
+    if name not in ("eager", "now"):  # whole rows, a fresh copy of each before the fifth pass
         stats.batch_stats = lambda x: row_stats(x, fresh=name in ("before", "omp"))
+    if name == "eager":
+        stats._KERNEL[:] = [stats._rms_chunks]  # the chunk loop as Python
     try:
         (c0, f0) = usage()
         gbps = pool_rate(xs, codec, threads, batches, BOUNDARIES)
@@ -81,6 +87,7 @@ def arm(xs, codec: str, threads: int, name: str, batches: int) -> tuple[float, f
         return gbps, (c1 - c0) / gb, (f1 - f0) / gb
     finally:
         encode.serial_torch_thread, stats.batch_stats, codec_module.frames_array = limit, batch_stats, frames
+        stats._KERNEL[:] = [kernel]
 
 
 def main(argv=None) -> int:

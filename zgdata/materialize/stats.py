@@ -23,6 +23,7 @@ is exact integer addition, in any order; ``summary`` reports the relative RMS er
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -105,12 +106,54 @@ def chunk_sizes(tokens: int, n: int) -> list[int]:
     return sizes
 
 
+def _rms_chunks(flat: torch.Tensor, buf: torch.Tensor, out: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Each token's RMS of the (N, C) ``flat`` into ``out``, in chunks of ``sizes`` tokens through the float32
+    ``buf``: copied, squared in place, the mean over the channels, then the square root. TorchScript-compatible:
+    ``_kernel`` runs it as one call that holds no GIL (or as this Python function, the same ops)."""
+    i = 0
+    for m in sizes:
+        b = buf[:m].copy_(flat[i : i + m])
+        torch.mean(b.mul_(b), -1, out=out[i : i + m])
+        i += m
+    return out.sqrt_()
+
+
+_KERNEL: list = []  # [the chunk loop as it runs here], set on first use
+_KERNEL_LOCK = threading.Lock()
+
+
+def _kernel():
+    """``_rms_chunks`` compiled by TorchScript, or the Python function where TorchScript is not at hand.
+
+    Eager, each of a chunk's three torch calls gives up the GIL and takes it again: with two encoding threads on
+    two cores a thread that ends its call waits for the other's, and thousands of 25-60 us calls a GB made
+    ``token_rms`` on two threads 1.18-1.26x one thread's rate. The compiled loop is one call that runs the same
+    ATen kernels in the same order with the GIL released: the same bits (tests/zgdata/materialize/test_stats.py
+    runs both), two threads 1.87-2.01x; the encoding pool of raw rows on two threads 2.42-2.58 GB/s against
+    2.07-2.13 (`python bench/encode_pool.py --arms eager,now`). It runs with the graph executor's
+    optimizations off (``optimized_execution(False)``, a per-thread setting), so no pass fuses or reorders the
+    ops. TorchScript is deprecated in torch 2.13 and needs this file's source; where it is gone, disabled
+    (``PYTORCH_JIT=0``) or fails, the Python loop runs: slower on several threads, the same bits."""
+    if not _KERNEL:
+        with _KERNEL_LOCK:
+            if not _KERNEL:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)  # a deliberate use, with a fallback
+                        fn = torch.jit.script(_rms_chunks)
+                except Exception:  # noqa: BLE001 - no TorchScript here (removed, no source): the same ops eagerly
+                    fn = _rms_chunks
+                _KERNEL.append(fn)
+    return _KERNEL[0]
+
+
 def token_rms(x: torch.Tensor) -> np.ndarray:
     """Each token's RMS over its channels (the last dim) of a (B, T, C) ``x``, in float32: copied to float32,
-    squared in place, the mean over the channels and the square root; a float32 ``x`` is never changed. The chunks
-    hold two tokens or more (``chunk_sizes``), and a lone token is reduced twice, as two: the bits do not depend on
-    the calling thread's torch thread count (the former one-row-at-a-time code reduced each token of a seq_len-1
-    batch alone, so at 32,768 channels or more they did)."""
+    squared in place, the mean over the channels and the square root (``_rms_chunks``, one GIL-free call where
+    TorchScript is at hand); a float32 ``x`` is never changed. The chunks hold two tokens or more
+    (``chunk_sizes``), and a lone token is reduced twice, as two: the bits do not depend on the calling thread's
+    torch thread count (the former one-row-at-a-time code reduced each token of a seq_len-1 batch alone, so at
+    32,768 channels or more they did)."""
     if x.shape[-1] == 0:  # no channels: each token's mean is NaN, as torch's mean over nothing
         return np.full(int(np.prod(x.shape[:-1])), np.nan, dtype=np.float32)
     flat = x.reshape(-1, x.shape[-1])
@@ -118,12 +161,9 @@ def token_rms(x: torch.Tensor) -> np.ndarray:
         return token_rms(flat.expand(1, 2, -1))[:1]
     out = torch.empty(flat.shape[0], dtype=torch.float32)
     n = _chunk_tokens(x.shape[-2], flat.shape[1])
-    buf, i = _chunk_buffer(n, flat.shape[1]), 0
-    for m in chunk_sizes(len(flat), n):
-        b = buf[:m].copy_(flat[i : i + m])
-        torch.mean(b.mul_(b), -1, out=out[i : i + m])
-        i += m
-    return out.sqrt_().numpy()
+    buf, kernel = _chunk_buffer(n, flat.shape[1]), _kernel()
+    with torch.jit.optimized_execution(False):
+        return kernel(flat, buf, out, chunk_sizes(len(flat), n)).numpy()
 
 
 def batch_stats(x: torch.Tensor) -> dict:

@@ -98,15 +98,21 @@ def _batches():
         yield f"{dtype} squares overflow", (torch.randn(2, 4, 8, generator=g) * 3e4).to(dtype)
 
 
+@pytest.mark.parametrize("kernel", ["torchscript", "python"])
 @pytest.mark.parametrize(
     "row_bytes, chunk_bytes", [(stats.ROW_BYTES, stats.CHUNK_BYTES), (0, 4 * 3 * 7), (0, 1)], ids=str
 )
-def test_stats_are_their_definitions_bits_in_chunks_of_any_size(monkeypatch, row_bytes, chunk_bytes):
+def test_stats_are_their_definitions_bits_in_chunks_of_any_size(monkeypatch, row_bytes, chunk_bytes, kernel):
     """``batch_stats`` squares and reduces the tokens in float32 chunks that stay in cache: on every dtype, width
     (none, too) and sign pattern (both zeros, inf, NaN, squares that overflow float32 while the values do not),
     with the default chunks (whole rows up to ``ROW_BYTES``, then ``CHUNK_BYTES``), with chunks of 84 bytes (3
     tokens at width 7, across rows with a remainder; 2 at the other widths) and of two tokens, the stats equal their
-    definition's on the whole batch."""
+    definition's on the whole batch: through the chunk loop compiled by TorchScript (what runs here: it must
+    compile with this torch) and through the same loop as Python (where TorchScript is gone)."""
+    if kernel == "torchscript":
+        assert isinstance(stats._kernel(), torch.jit.ScriptFunction)
+    else:
+        monkeypatch.setattr(stats, "_KERNEL", [stats._rms_chunks])
     monkeypatch.setattr(stats, "ROW_BYTES", row_bytes)
     monkeypatch.setattr(stats, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(stats._SCRATCH, "chunk", None, raising=False)
@@ -126,3 +132,20 @@ def test_no_chunk_holds_a_lone_token():
             sizes = stats.chunk_sizes(tokens, n)
             assert sum(sizes) == tokens and all(2 <= m <= n + 1 for m in sizes), (tokens, n, sizes)
     assert stats.chunk_sizes(2048, 227) == [227] * 9 + [5] and stats.chunk_sizes(1, 2) == [1]
+
+
+def test_without_torchscript_the_python_loop_runs_and_gives_the_same_stats(monkeypatch):
+    """Where ``torch.jit.script`` fails (TorchScript removed from a later torch, or no source files to compile
+    from), the chunk loop runs as Python: the same stats, bit for bit, as the compiled loop's."""
+    g = torch.Generator().manual_seed(3)
+    xs = [(torch.randn(shape, generator=g) * 3).to(torch.bfloat16) for shape in [(4, 64, 96), (1, 1, 50), (2, 7, 5)]]
+    compiled = [stats.batch_stats(x) for x in xs]
+    assert isinstance(stats._kernel(), torch.jit.ScriptFunction)
+
+    def no_script(fn):
+        raise OSError("Can't get source for the function: TorchScript requires source access")
+
+    monkeypatch.setattr(stats, "_KERNEL", [])
+    monkeypatch.setattr(torch.jit, "script", no_script)
+    assert [stats.batch_stats(x) for x in xs] == compiled
+    assert stats._kernel() is stats._rms_chunks
