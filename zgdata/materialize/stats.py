@@ -106,14 +106,19 @@ def chunk_sizes(tokens: int, n: int) -> list[int]:
     return sizes
 
 
-def _rms_chunks(flat: torch.Tensor, buf: torch.Tensor, out: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+def _rms_chunks(
+    flat: torch.Tensor, buf: torch.Tensor, out: torch.Tensor, sizes: list[int], peaks: torch.Tensor
+) -> torch.Tensor:
     """Each token's RMS of the (N, C) ``flat`` into ``out``, in chunks of ``sizes`` tokens through the float32
-    ``buf``: copied, squared in place, the mean over the channels, then the square root. TorchScript-compatible:
-    ``_kernel`` runs it as one call that holds no GIL (or as this Python function, the same ops)."""
+    ``buf``: copied, squared in place, each chunk's largest square into ``peaks`` and the mean over the channels,
+    then the square root. TorchScript-compatible: ``_kernel`` runs it as one call that holds no GIL (or as this
+    Python function, the same ops)."""
     i = 0
-    for m in sizes:
+    for k, m in enumerate(sizes):
         b = buf[:m].copy_(flat[i : i + m])
-        torch.mean(b.mul_(b), -1, out=out[i : i + m])
+        b.mul_(b)
+        torch.amax(b, out=peaks[k])
+        torch.mean(b, -1, out=out[i : i + m])
         i += m
     return out.sqrt_()
 
@@ -154,30 +159,51 @@ def token_rms(x: torch.Tensor) -> np.ndarray:
     (``chunk_sizes``), and a lone token is reduced twice, as two: the bits do not depend on the calling thread's
     torch thread count (the former one-row-at-a-time code reduced each token of a seq_len-1 batch alone, so at
     32,768 channels or more they did)."""
+    return _rms_peak(x)[0]
+
+
+def _rms_peak(x: torch.Tensor) -> tuple[np.ndarray, float]:
+    """(``token_rms(x)``, the largest float32 square of a value of ``x``; NaN where there is none)."""
     if x.shape[-1] == 0:  # no channels: each token's mean is NaN, as torch's mean over nothing
-        return np.full(int(np.prod(x.shape[:-1])), np.nan, dtype=np.float32)
+        return np.full(int(np.prod(x.shape[:-1])), np.nan, dtype=np.float32), float("nan")
     flat = x.reshape(-1, x.shape[-1])
     if len(flat) == 1:
-        return token_rms(flat.expand(1, 2, -1))[:1]
+        rms, peak = _rms_peak(flat.expand(1, 2, -1))
+        return rms[:1], peak
     out = torch.empty(flat.shape[0], dtype=torch.float32)
     n = _chunk_tokens(x.shape[-2], flat.shape[1])
+    sizes = chunk_sizes(len(flat), n)
+    peaks = torch.empty(len(sizes), dtype=torch.float32)
     buf, kernel = _chunk_buffer(n, flat.shape[1]), _kernel()
     with torch.jit.optimized_execution(False):
-        return kernel(flat, buf, out, chunk_sizes(len(flat), n)).numpy()
+        rms = kernel(flat, buf, out, sizes, peaks).numpy()
+    return rms, float(peaks.max()) if sizes else float("nan")
+
+
+# A bf16 or float16 value's square is exact in float32 (8 or 11 significant bits, squared: 16 or 22 of float32's
+# 24) wherever it is a normal float32: there, the square root of the largest square is the largest |value|, bit for
+# bit (a correctly rounded root of an exact square). Below SQUARE_MIN a square may have lost bits (a bf16 under
+# 2**-63): absmax is then taken from the values.
+EXACT_SQUARES = (torch.bfloat16, torch.float16)
+SQUARE_MIN = 2.0**-126
 
 
 def batch_stats(x: torch.Tensor) -> dict:
     """Stats of one (B, T, C) batch in its storage dtype.
 
-    The tokens' RMS in float32 chunks that stay in cache (``token_rms``), and the absmax exact in the storage
-    dtype (``torch.aminmax``), so the stats are bit for bit their definition's (tests/zgdata/materialize/test_stats.py)
-    and the one-row-at-a-time float32 copies' before the chunks."""
+    The tokens' RMS in float32 chunks that stay in cache (``token_rms``), and the absmax: the root of the largest
+    square of a chunk, exact for bf16 and float16 (``EXACT_SQUARES``; no second pass over the batch), else by
+    ``torch.aminmax`` in the storage dtype; so the stats are bit for bit their definition's
+    (tests/zgdata/materialize/test_stats.py) and the one-row-at-a-time float32 copies' before the chunks."""
     x = x.cpu()
-    rms = token_rms(x)
+    rms, peak = _rms_peak(x)
     finite = np.isfinite(rms)
     if finite.all():  # a non-finite value makes its token's RMS non-finite, so every value here is finite
-        lo, hi = torch.aminmax(x) if x.numel() else (0.0, 0.0)
-        absmax = max(abs(float(lo)), abs(float(hi)))
+        if x.dtype in EXACT_SQUARES and peak >= SQUARE_MIN:  # every square finite (their means are), the largest exact
+            absmax = float(np.sqrt(np.float32(peak)))
+        else:
+            lo, hi = torch.aminmax(x) if x.numel() else (0.0, 0.0)
+            absmax = max(abs(float(lo)), abs(float(hi)))
     else:  # rare: drop the tokens that overflowed, and any non-finite value from absmax
         rms = rms[finite]
         a = x.float().abs()

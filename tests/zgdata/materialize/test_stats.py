@@ -149,3 +149,21 @@ def test_without_torchscript_the_python_loop_runs_and_gives_the_same_stats(monke
     monkeypatch.setattr(torch.jit, "script", no_script)
     assert [stats.batch_stats(x) for x in xs] == compiled
     assert stats._kernel() is stats._rms_chunks
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_absmax_from_the_largest_square_is_the_largest_value_at_every_magnitude(dtype):
+    """For bf16 and float16 the absmax is the root of the largest float32 square (``stats.EXACT_SQUARES``), exact
+    where that square is a normal float32; below (a bf16 largest value under 2**-63, whose square may have lost
+    bits or be 0) and for float32 it comes from the values. At every power of two from 2**-80 to 2**-60 (across
+    ``SQUARE_MIN``'s edge, where squares turn subnormal and then 0) and every seventh up to 2**60, a largest value
+    of eight significant bits (1.9921875 x 2**e, its square 16 bits) gives an absmax equal to it, either sign."""
+    g = torch.Generator().manual_seed(9)
+    base = torch.rand(2, 6, 40, generator=g) * 0.999
+    lo, hi = (-24, 14) if dtype == torch.float16 else (-80, 60)
+    for e in sorted({*range(max(lo, -80), -59), *range(lo, hi + 1, 7)}):
+        for sign in (1.0, -1.0):
+            x = (base * 2.0**e).to(dtype)
+            x[1, 3, 17] = sign * 1.9921875 * 2.0**e  # the largest magnitude, exactly representable
+            want = float(x.abs().max())
+            assert want > 0 and stats.batch_stats(x)["absmax"] == want, (dtype, e, sign)
