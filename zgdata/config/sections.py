@@ -171,10 +171,10 @@ class MaterializeConfig(Section):
     )
     writer_threads: int = param(
         0,
-        "Threads that encode, checksum and take stats of captured boundaries (zstd, xxhash and numpy release "
-        "the GIL). 0: the cores left after the forward (all but one beside a GPU; beyond torch's threads on "
-        "CPU), of those the process may use (its CPU affinity and its container's CPU quota), at least 1; with "
-        "workers > 1, 1 per shard task. The bytes written do not depend on it.",
+        "Threads that encode, checksum and take stats of captured boundaries (zstd, xxhash, numpy and the "
+        "stats' compiled torch loop release the GIL). 0: the cores left after the forward (all but one beside a "
+        "GPU; beyond torch's threads on CPU), of those the process may use (its CPU affinity and its container's "
+        "CPU quota), at least 1; with workers > 1, 1 per shard task. The bytes written do not depend on it.",
         ge=0,
     )
     workers: int = param(
