@@ -17,11 +17,13 @@ checksums. Arms:
              Arrow column by pyarrow's conversion of Python objects, which holds the GIL (``pa.array(frames)``)
   rows       the frames' column built by numpy copies that let go of the GIL (``codec.frames_array``); the stats
              still copy each whole row into the reused buffer and take absmax with ``torch.aminmax``
-  eager      the stats square the tokens in float32 chunks that stay in cache (a whole row up to
-             ``stats.ROW_BYTES``, else ``stats.CHUNK_BYTES``), absmax by ``torch.aminmax``; the chunk loop runs as
-             Python, three torch calls a chunk, each giving up the GIL and taking it back
-  now        what materialize does: the same chunks, the loop compiled by TorchScript (``stats._kernel``): one call
-             a batch that holds no GIL, the same bits
+  eager      the stats as materialize takes them (float32 chunks that stay in cache: a whole row up to
+             ``stats.ROW_BYTES``, else ``stats.CHUNK_BYTES``; a bf16 batch's absmax from the chunks' largest
+             squares), but the chunk loop runs as Python: four torch calls a chunk, each giving up the GIL and taking
+             it back (until 0a57c8f this arm did not exist, and until b29f139 both it and ``now`` took absmax by
+             ``torch.aminmax``)
+  now        what materialize does: the same, the loop compiled by TorchScript (``stats._kernel``): one call a batch
+             that holds no GIL, the same bits
 
 The pool runs the synthetic batches of bench/write_path.py (4 x 512 x 576 bf16, 4 boundaries, 40 batches, no I/O).
 Printed per arm: the best GB/s of bf16 input over the rounds, the median CPU seconds per GB (the process's, every
@@ -32,6 +34,7 @@ speedup per round (2 threads / 1 thread, in the same round) and its median.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import statistics
 import threading
@@ -78,7 +81,7 @@ def arm(xs, codec: str, threads: int, name: str, batches: int) -> tuple[float, f
     if name not in ("eager", "now"):  # whole rows, a fresh copy of each before the fifth pass
         stats.batch_stats = lambda x: row_stats(x, fresh=name in ("before", "omp"))
     if name == "eager":
-        stats._KERNEL[:] = [stats._rms_chunks]  # the chunk loop as Python
+        stats._KERNEL[:] = [(stats._rms_chunks, contextlib.nullcontext)]  # the chunk loop as Python
     try:
         (c0, f0) = usage()
         gbps = pool_rate(xs, codec, threads, batches, BOUNDARIES)
@@ -87,7 +90,7 @@ def arm(xs, codec: str, threads: int, name: str, batches: int) -> tuple[float, f
         return gbps, (c1 - c0) / gb, (f1 - f0) / gb
     finally:
         encode.serial_torch_thread, stats.batch_stats, codec_module.frames_array = limit, batch_stats, frames
-        stats._KERNEL[:] = [kernel]
+        stats._KERNEL[:] = [kernel]  # (the compiled loop, its context)
 
 
 def main(argv=None) -> int:

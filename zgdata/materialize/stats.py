@@ -22,6 +22,8 @@ is exact integer addition, in any order; ``summary`` reports the relative RMS er
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import warnings
 
@@ -123,22 +125,35 @@ def _rms_chunks(
     return out.sqrt_()
 
 
-_KERNEL: list = []  # [the chunk loop as it runs here], set on first use
+_KERNEL: list = []  # [(the chunk loop as it runs here, the context it runs in)], set on first use
 _KERNEL_LOCK = threading.Lock()
 
 
+def _new_lock() -> None:  # a child forked while another thread compiled must not inherit a held lock
+    global _KERNEL_LOCK
+    _KERNEL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
+
+
 def _kernel():
-    """``_rms_chunks`` compiled by TorchScript, or the Python function where TorchScript is not at hand.
+    """(``_rms_chunks`` compiled by TorchScript, or the Python function where TorchScript is not at hand; a
+    function that returns the context to call it in).
 
     Eager, each of a chunk's three torch calls gives up the GIL and takes it again: with two encoding threads on
     two cores a thread that ends its call waits for the other's, and thousands of 25-60 us calls a GB made
     ``token_rms`` on two threads 1.18-1.26x one thread's rate. The compiled loop is one call that runs the same
     ATen kernels in the same order with the GIL released: the same bits (tests/zgdata/materialize/test_stats.py
     runs both), two threads 1.87-2.01x; the encoding pool of raw rows on two threads 2.42-2.58 GB/s against
-    2.07-2.13 (`python bench/encode_pool.py --arms eager,now`). It runs with the graph executor's
-    optimizations off (``optimized_execution(False)``, a per-thread setting), so no pass fuses or reorders the
-    ops. TorchScript is deprecated in torch 2.13 and needs this file's source; where it is gone, disabled
-    (``PYTORCH_JIT=0``) or fails, the Python loop runs: slower on several threads, the same bits."""
+    2.07-2.13 (`python bench/encode_pool.py --arms eager,now` at 0a57c8f, before absmax came from the squares).
+    It runs with the graph executor's optimizations off (``optimized_execution(False)``, a per-thread setting), so
+    no pass fuses or reorders the ops. TorchScript is deprecated in torch 2.13 and needs this file's source; where
+    it is gone, disabled (``PYTORCH_JIT=0``) or fails, the Python loop runs, outside any TorchScript context:
+    slower on several threads, the same bits. The deprecation warning is silenced for the compile only (once a
+    process, some 5 ms; ``catch_warnings`` is process-wide, so another thread's warning in that window is lost
+    too)."""
     if not _KERNEL:
         with _KERNEL_LOCK:
             if not _KERNEL:
@@ -146,9 +161,11 @@ def _kernel():
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", DeprecationWarning)  # a deliberate use, with a fallback
                         fn = torch.jit.script(_rms_chunks)
+                    scripted = isinstance(fn, torch.jit.ScriptFunction)  # PYTORCH_JIT=0 returns the function
+                    ctx = (lambda: torch.jit.optimized_execution(False)) if scripted else contextlib.nullcontext
                 except Exception:  # noqa: BLE001 - no TorchScript here (removed, no source): the same ops eagerly
-                    fn = _rms_chunks
-                _KERNEL.append(fn)
+                    fn, ctx = _rms_chunks, contextlib.nullcontext
+                _KERNEL.append((fn, ctx))
     return _KERNEL[0]
 
 
@@ -174,16 +191,17 @@ def _rms_peak(x: torch.Tensor) -> tuple[np.ndarray, float]:
     n = _chunk_tokens(x.shape[-2], flat.shape[1])
     sizes = chunk_sizes(len(flat), n)
     peaks = torch.empty(len(sizes), dtype=torch.float32)
-    buf, kernel = _chunk_buffer(n, flat.shape[1]), _kernel()
-    with torch.jit.optimized_execution(False):
+    buf, (kernel, context) = _chunk_buffer(n, flat.shape[1]), _kernel()
+    with context():
         rms = kernel(flat, buf, out, sizes, peaks).numpy()
     return rms, float(peaks.max()) if sizes else float("nan")
 
 
 # A bf16 or float16 value's square is exact in float32 (8 or 11 significant bits, squared: 16 or 22 of float32's
 # 24) wherever it is a normal float32: there, the square root of the largest square is the largest |value|, bit for
-# bit (a correctly rounded root of an exact square). Below SQUARE_MIN a square may have lost bits (a bf16 under
-# 2**-63): absmax is then taken from the values.
+# bit (a correctly rounded root of an exact square; checked over every finite bf16 and float16 value). Below
+# SQUARE_MIN a square may have lost bits (a bf16 under 2**-63): absmax is then taken from the values. float32
+# batches (rare: the storage dtypes are 16-bit) keep torch.aminmax, where no square is exact.
 EXACT_SQUARES = (torch.bfloat16, torch.float16)
 SQUARE_MIN = 2.0**-126
 
