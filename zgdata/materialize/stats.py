@@ -142,7 +142,7 @@ def _kernel():
     """(``_rms_chunks`` compiled by TorchScript, or the Python function where TorchScript is not at hand; a
     function that returns the context to call it in).
 
-    Eager, each of a chunk's three torch calls gives up the GIL and takes it again: with two encoding threads on
+    Eager, each of a chunk's torch calls (copy, square, mean) gives up the GIL and takes it again: with two threads on
     two cores a thread that ends its call waits for the other's, and thousands of 25-60 us calls a GB made
     ``token_rms`` on two threads 1.18-1.26x one thread's rate. The compiled loop is one call that runs the same
     ATen kernels in the same order with the GIL released: the same bits (tests/zgdata/materialize/test_stats.py
@@ -201,7 +201,8 @@ def _rms_peak(x: torch.Tensor) -> tuple[np.ndarray, float]:
 # 24) wherever it is a normal float32: there, the square root of the largest square is the largest |value|, bit for
 # bit (a correctly rounded root of an exact square; checked over every finite bf16 and float16 value). Below
 # SQUARE_MIN a square may have lost bits (a bf16 under 2**-63): absmax is then taken from the values. float32
-# batches (rare: the storage dtypes are 16-bit) keep torch.aminmax, where no square is exact.
+# batches (rare: the storage dtypes are 16-bit) keep torch.aminmax: their squares are rounded (the root of a rounded
+# square still gives the value back, but zg does not lean on that).
 EXACT_SQUARES = (torch.bfloat16, torch.float16)
 SQUARE_MIN = 2.0**-126
 
