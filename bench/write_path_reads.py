@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 B = 4  # rows per batch, materialize.batch_size's default
-RESIDENT_MAX = (
-    0.05  # the share of a pair's bytes still in the page cache after an eviction, at most, for "from the disk"
-)
+# the share of a pair's bytes still in the page cache after an eviction, at most, for "from the disk"
+RESIDENT_MAX = 0.05
 
 
 def _files(*roots: Path):

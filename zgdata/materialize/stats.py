@@ -169,23 +169,19 @@ def _kernel():
     return _KERNEL[0]
 
 
-def token_rms(x: torch.Tensor) -> np.ndarray:
-    """Each token's RMS over its channels (the last dim) of a (B, T, C) ``x``, in float32: copied to float32,
-    squared in place, the mean over the channels and the square root (``_rms_chunks``, one GIL-free call where
-    TorchScript is at hand); a float32 ``x`` is never changed. The chunks hold two tokens or more
-    (``chunk_sizes``), and a lone token is reduced twice, as two: the bits do not depend on the calling thread's
-    torch thread count (the former one-row-at-a-time code reduced each token of a seq_len-1 batch alone, so at
-    32,768 channels or more they did)."""
-    return _rms_peak(x)[0]
-
-
-def _rms_peak(x: torch.Tensor) -> tuple[np.ndarray, float]:
-    """(``token_rms(x)``, the largest float32 square of a value of ``x``; NaN where there is none)."""
+def token_rms(x: torch.Tensor) -> tuple[np.ndarray, float]:
+    """(each token's RMS over its channels (the last dim) of a (B, T, C) ``x``, in float32; the largest float32
+    square of a value of ``x``, NaN where there is none): copied to float32, squared in place, the largest square of
+    each chunk, the mean over the channels and the square root (``_rms_chunks``, one GIL-free call where TorchScript
+    is at hand); a float32 ``x`` is never changed. The chunks hold two tokens or more (``chunk_sizes``), and a lone
+    token is reduced twice, as two: the bits do not depend on the calling thread's torch thread count (the former
+    one-row-at-a-time code reduced each token of a seq_len-1 batch alone, so at 32,768 channels or more they
+    did)."""
     if x.shape[-1] == 0:  # no channels: each token's mean is NaN, as torch's mean over nothing
         return np.full(int(np.prod(x.shape[:-1])), np.nan, dtype=np.float32), float("nan")
     flat = x.reshape(-1, x.shape[-1])
     if len(flat) == 1:
-        rms, peak = _rms_peak(flat.expand(1, 2, -1))
+        rms, peak = token_rms(flat.expand(1, 2, -1))
         return rms[:1], peak
     out = torch.empty(flat.shape[0], dtype=torch.float32)
     n = _chunk_tokens(x.shape[-2], flat.shape[1])
@@ -215,7 +211,7 @@ def batch_stats(x: torch.Tensor) -> dict:
     ``torch.aminmax`` in the storage dtype; so the stats are bit for bit their definition's
     (tests/zgdata/materialize/test_stats.py) and the one-row-at-a-time float32 copies' before the chunks."""
     x = x.cpu()
-    rms, peak = _rms_peak(x)
+    rms, peak = token_rms(x)
     finite = np.isfinite(rms)
     if finite.all():  # a non-finite value makes its token's RMS non-finite, so every value here is finite
         if x.dtype in EXACT_SQUARES and peak >= SQUARE_MIN:  # every square finite (their means are), the largest exact
