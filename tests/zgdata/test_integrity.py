@@ -228,3 +228,52 @@ def test_verify_scan_reads_a_raw_boundary_through_its_maps_and_finds_a_flipped_r
     for batch in (b.row_bytes, 5 * b.row_bytes, 16 << 20):
         assert b.scan(batch) == (56, [(ROW, int(b.seq_ids[ROW]))])
     assert scan_checksums(b.ds, b.row_bytes, algo=b.checksum) == (56, [(ROW, int(b.seq_ids[ROW]))])  # Lance agrees
+
+
+def test_checksum_column_built_from_one_buffer_is_the_converted_digests():
+    """``checksum_array`` joins the digests into one buffer (converting each bytes object held the GIL): the same
+    Arrow array as converting them, with no null buffer, empty included."""
+    import xxhash
+
+    from zgdata.store.integrity import checksum_array
+
+    rows = np.random.default_rng(0).integers(0, 1 << 16, (5, 300), dtype=np.uint16)  # bf16 bits, as materialize has
+    col = checksum_array(rows, algo="xxh3_128")
+    want = pa.array([xxhash.xxh3_128_digest(r.tobytes()) for r in rows], type=pa.binary(16))
+    assert col.equals(want) and col.buffers()[0] is None and col.null_count == 0
+    empty = checksum_array(rows[:0], algo="xxh3_128")
+    assert empty.type == pa.binary(16) and len(empty) == 0
+
+
+def test_xxh3_row_checksum_lets_go_of_the_gil():
+    """While one thread hashes rows, another runs Python: the encoding pool's threads hash on every core
+    (xxhash 3's one-shot digest held the GIL; pyproject.toml asks for xxhash 4).
+
+    No timing: with the switch interval at 30 s the interpreter never takes the GIL from a thread, so the main
+    thread (woken by the event) runs only where the hashing thread lets go of the GIL itself. If the hash held
+    it, the hashing thread would finish all its rounds before the main thread could set ``seen``."""
+    import sys
+    import threading
+
+    from zgdata.store.integrity import row_checksum
+
+    buf, rounds = np.ones(8 << 20, dtype=np.uint8), 400
+    started, state = threading.Event(), {"seen": False, "hashed": 0}
+
+    def hasher():
+        started.set()
+        while not state["seen"] and state["hashed"] < rounds:
+            row_checksum(buf, algo="xxh3_128")
+            state["hashed"] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        t = threading.Thread(target=hasher)
+        t.start()
+        started.wait()
+        state["seen"] = True
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert state["hashed"] < rounds, "the main thread ran only after every round: xxh3 held the GIL"

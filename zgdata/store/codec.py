@@ -42,6 +42,7 @@ stored rows, on a pool of threads, is zgdata/store/decode.py (``decode_rows`` he
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from typing import TYPE_CHECKING
@@ -276,16 +277,21 @@ def _rows_array(rows: np.ndarray, b: int | None = None) -> pa.Array:
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), b, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
 
 
-def _blob_array(data: pa.Array) -> pa.Array:
-    """A ``large_binary`` array -> a Lance blob column of its rows, each row's bytes in the packed sidecar."""
+@functools.lru_cache(maxsize=16)
+def _blob_parts(b: int) -> tuple:
+    """Lance's blob type, its storage fields and the null columns of ``b`` rows (uri, position, size: the bytes are
+    inline), made once per row count: building them held the GIL some 40 us a column (two in a zstd_blob job)."""
     from lance.blob import BlobType
 
-    b = len(data)
     typ = BlobType()
-    nulls = [pa.nulls(b, f.type) for f in list(typ.storage_type)[1:]]  # uri, position, size: bytes inline
-    return pa.ExtensionArray.from_storage(
-        typ, pa.StructArray.from_arrays([data, *nulls], fields=list(typ.storage_type))
-    )
+    fields = list(typ.storage_type)
+    return typ, fields, [pa.nulls(b, f.type) for f in fields[1:]]
+
+
+def _blob_array(data: pa.Array) -> pa.Array:
+    """A ``large_binary`` array -> a Lance blob column of its rows, each row's bytes in the packed sidecar."""
+    typ, fields, nulls = _blob_parts(len(data))
+    return pa.ExtensionArray.from_storage(typ, pa.StructArray.from_arrays([data, *nulls], fields=fields))
 
 
 def _quantized_arrays(bits: np.ndarray, codec: str) -> tuple[list[pa.Array], np.ndarray]:

@@ -15,8 +15,10 @@ blake3 and 0.67-1.3 for blake2b (bench/write_path.py). Datasets written before i
 formats 2 and 3) hold blake2b-128 and keep reading and verifying with it: the algorithm is
 recorded as ``zg.checksum`` (format 4), and a dataset without it is blake2b.
 
-hashlib and xxhash release the GIL on buffers this large, so the check overlaps with training when
-batches are loaded ahead in a thread (``BoundaryPair.batches``).
+hashlib (blake2b) and xxhash 4 release the GIL on buffers this large (over 64 KB; xxhash 3's one-shot
+``xxh3_128_digest`` held it throughout, hence ``xxhash>=4`` in pyproject.toml), so the check overlaps with
+training when batches are loaded ahead in a thread (``BoundaryPair.batches``) and the encoding pool's
+threads hash on every core (tests/zgdata/test_integrity.py holds xxhash to it).
 """
 
 from __future__ import annotations
@@ -113,7 +115,10 @@ def hidden_checksums(col, *, algo: str) -> list[bytes]:
 def checksum_array(col, *, algo: str) -> pa.Array:
     """The ``checksum`` column materialize writes: of a raw hidden column, or of (N, T*C) numpy rows of bits."""
     sums = _sums(col, algo) if isinstance(col, np.ndarray) else hidden_checksums(col, algo=algo)
-    return pa.array(sums, type=pa.binary(CHECKSUM_BYTES))
+    # from one buffer: pa.array(sums, type=binary(16)) converts each bytes object holding the GIL (42 us a batch of 4)
+    return pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(CHECKSUM_BYTES), len(sums), [None, pa.py_buffer(b"".join(sums))]
+    )
 
 
 def digests(col) -> np.ndarray:
