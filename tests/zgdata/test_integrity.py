@@ -257,8 +257,9 @@ def test_xxh3_row_checksum_lets_go_of_the_gil():
 
     from zgdata.store.integrity import row_checksum
 
-    buf, rounds = np.ones(8 << 20, dtype=np.uint8), 400
+    buf, rounds = np.ones(8 << 20, dtype=np.uint8), 2000  # a second or more of hashing if the GIL were held
     started, state = threading.Event(), {"seen": False, "hashed": 0}
+    row_checksum(buf[:16], algo="xxh3_128")  # imports xxhash here: an import's file reads would let go of the GIL
 
     def hasher():
         started.set()
