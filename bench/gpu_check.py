@@ -14,7 +14,9 @@ The device is ``ZG_DEVICE`` (zgdata/core/runtime.py, the one place it is chosen;
 one, else cpu). Each check prints its figures; a bitwise guarantee that fails makes the script exit 1:
 
   materialize   materialize with compute_dtype bfloat16 (tokens/s) / the same forwards and captures alone
-                (bench/materialize.py's two measurements), in a scratch copy of the project
+                (bench/materialize.py's two measurements), in a scratch copy of the project; and / the forwards
+                with the boundaries left on the device: materialize copies each batch to the host while the next
+                batch's forward runs (zgdata/core/host_copy.py), so on a GPU it can pass the first ratio's 1
   verify        `zg data verify` in the project: rows the device's teacher pass recomputes (in forwards of
                 materialize.batch_size rows, as materialize ran them) equal the stored boundaries      [guarantee]
   cached_online block b00 trained with cached targets and with online targets (recomputed by the teacher
@@ -198,12 +200,21 @@ def check_materialize(root: Path, work: Path, res: dict, dev) -> None:
     if dev.type == "cuda":  # a first, cold pass: cuBLAS handles and kernel modules load lazily
         M.forward_only(layout, mcfg, part)
     fwd = M.forward_only(layout, mcfg, part)
+    dev_only = M.forward_only(layout, mcfg, part, on_device=True)
     mat = M.run_materialize(layout, mcfg, part)
     res.update(
-        forward_tok_s=fwd["tok_s"], materialize_tok_s=mat["tok_s"], materialize_vs_forward=mat["tok_s"] / fwd["tok_s"]
+        forward_tok_s=fwd["tok_s"],
+        forward_on_device_tok_s=dev_only["tok_s"],
+        materialize_tok_s=mat["tok_s"],
+        materialize_vs_forward=mat["tok_s"] / fwd["tok_s"],
+        materialize_vs_forward_on_device=mat["tok_s"] / dev_only["tok_s"],
+        to_host_wait_s=mat["sections"].get("to_host", 0.0),
     )
     log(
-        f"materialize bf16: {mat['tok_s']:.0f} tok/s, forward alone {fwd['tok_s']:.0f}: ratio {res['materialize_vs_forward']:.2f}"
+        f"materialize bf16: {mat['tok_s']:.0f} tok/s, forward alone {fwd['tok_s']:.0f}: ratio {res['materialize_vs_forward']:.2f}; "
+        f"forward with the boundaries left on the device {dev_only['tok_s']:.0f}: ratio "
+        f"{res['materialize_vs_forward_on_device']:.2f} (materialize's copies to the host overlap the next forward; "
+        f"its wait for them {res['to_host_wait_s']:.2f} s)"
     )
     teacher = json.loads((scratch / "models/teacher/teacher.json").read_text())
     res["hidden"] = teacher["architecture"]["hidden_size"]

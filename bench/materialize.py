@@ -122,8 +122,10 @@ def clear_outputs(layout: Layout) -> None:
 # 1. teacher forward only
 
 
-def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig) -> dict:
-    """Exactly materialize's compute (token reads + capture, same batches), no writes."""
+def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig, *, on_device: bool = False) -> dict:
+    """Exactly materialize's compute (token reads + capture, same batches), no writes. ``on_device``: the
+    boundaries stay on the teacher's device (each batch's forward still waited for): the forward without its copies
+    to the host, which materialize overlaps with the next forward on a GPU (zgdata/core/host_copy.py)."""
     t0 = time.perf_counter()
     model, _ = load_teacher(layout, dtype=mcfg.compute_dtype, with_tokenizer=False)
     t_load = time.perf_counter() - t0
@@ -141,8 +143,8 @@ def forward_only(layout: Layout, mcfg: MaterializeConfig, part: PartitionConfig)
             ids, _ = read_tokens(layout, rows, ds=ds)
             read_s += time.perf_counter() - tr
             tc = time.perf_counter()
-            caps = capture(model, ids, part.boundaries, storage_dtype=storage)
-            sink += float(caps[part.boundaries[-1]][0, 0, 0])  # keep the result alive / observable
+            caps = capture(model, ids, part.boundaries, storage_dtype=storage, on_device=on_device)
+            sink += float(caps[part.boundaries[-1]][0, 0, 0])  # keep the result alive / observable (waits for it)
             per_batch.append(time.perf_counter() - tc)
     loop_s = meter.wall
     tokens = n_rows * seq_len
@@ -169,6 +171,7 @@ SECTIONS = {
     "load_teacher": "materialize.load_teacher",
     "read_tokens": "materialize.read_tokens",
     "capture": "materialize.capture",
+    "to_host": "materialize.to_host",
     "writer_flush(bg)": "materialize.commit",
     "finalize": "materialize.finalize",
 }

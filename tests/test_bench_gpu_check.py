@@ -41,6 +41,9 @@ def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
     assert res["cached_equals_online"] is True
     assert res["verify_ok"] is True and res["verify_failures"] == 0  # `zg data verify` in the project, 8 rows
     assert res["materialize_tok_s"] > 0 and res["write_path_gbps"] > 0 and res["write_path_blob_gbps"] > 0
+    # the forward with its boundaries left on the device; on the CPU there is no copy to wait for
+    assert res["forward_on_device_tok_s"] > 0 and res["to_host_wait_s"] == 0.0
+    assert res["materialize_vs_forward_on_device"] > 0
     assert res["write_path_raw_gbps"] > 0 and res["write_path_zstd_fast_gbps"] > 0
     assert res["loader_first_epoch_gbps"] > 0 and res["loader_first_epoch_ratio"] > 0  # the loader on this box's cores
     # and from the disk: the pair's files dropped from the page cache (posix_fadvise), or, on a tmpfs, no ratio

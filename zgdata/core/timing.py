@@ -20,8 +20,8 @@ The only global state is ``_active``, the tuple of active collectors; ``collect`
 ``Timings`` on entry and removes it on exit. Enter and leave ``collect`` on one thread (the
 benchmark's); spans may run anywhere. Spans nest freely: an outer span includes its inner ones.
 
-Spans in the product code: materialize.{load_teacher, read_tokens, capture, commit (writer
-thread; rows and bytes written), finalize}; reader.take (one per boundary read, with bytes);
+Spans in the product code: materialize.{load_teacher, read_tokens, capture, to_host (the wait for a GPU's copies
+to the host, zgdata/core/host_copy.py), commit (writer thread; rows and bytes written), finalize}; reader.take (one per boundary read, with bytes);
 train.steps (the optimizer-step loop of one train_block call).
 """
 

@@ -24,9 +24,12 @@ ATTN_IMPLEMENTATION = "sdpa"
 
 @torch.no_grad()
 def capture(
-    model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype
+    model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype, on_device: bool = False
 ) -> dict[int, torch.Tensor]:
-    """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed."""
+    """{layer: (B, T, C) boundary in ``storage_dtype``} for each requested layer. Runs only as deep as needed.
+
+    ``on_device``: leave the boundaries on the teacher's device (a GPU's forward may still be running when this
+    returns; zgdata.core.host_copy moves them while the next one runs); else they come back on the CPU."""
     fam = family_of(model.config)
     # attention: ATTN_IMPLEMENTATION but for families transformers runs only eager (Gemma 2); MoE: zg's padded grouped_mm experts
     for key, want in fam.load_kwargs().items():
@@ -57,11 +60,17 @@ def capture(
             h = fam.call_layer(blocks[i], h, inputs)
         if i + 1 in want:
             out[i + 1] = h.to(storage_dtype)
-    return {k: v.cpu() for k, v in out.items()}
+    return out if on_device else {k: v.cpu() for k, v in out.items()}
 
 
 def capture_rows(
-    model, input_ids: torch.Tensor, layers: list[int], *, storage_dtype: torch.dtype, rows: int
+    model,
+    input_ids: torch.Tensor,
+    layers: list[int],
+    *,
+    storage_dtype: torch.dtype,
+    rows: int,
+    on_device: bool = False,
 ) -> dict[int, torch.Tensor]:
     """``capture`` in forwards of exactly ``rows`` sequences (``materialize.batch_size``), a short last one padded
     with copies of its last sequence, whose outputs are dropped.
@@ -69,7 +78,7 @@ def capture_rows(
     A GPU's GEMM and attention kernels are chosen per shape, so a row's bits can depend on how many rows its forward
     held. Materialize (one process or shards), online targets and verify all capture through here, so a row gets
     the same bits whichever of them computes it and wherever its batch ends. On the CPU the bits are the same
-    either way (tests/zgdata/materialize/test_capture_rows.py)."""
+    either way (tests/zgdata/materialize/test_capture_rows.py). ``on_device`` as in ``capture``."""
     if rows < 1 or not len(input_ids):
         raise ValueError(f"capture_rows needs rows >= 1 and at least one sequence, got rows={rows}, {len(input_ids)}")
     parts = []
@@ -78,7 +87,7 @@ def capture_rows(
         n = len(chunk)
         if n < rows:
             chunk = torch.cat([chunk, chunk[-1:].expand(rows - n, -1)])
-        caps = capture(model, chunk, layers, storage_dtype=storage_dtype)
+        caps = capture(model, chunk, layers, storage_dtype=storage_dtype, on_device=on_device)
         parts.append({k: v[:n] for k, v in caps.items()})
     if len(parts) == 1:
         return parts[0]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
+from zgdata.core import host_copy
 from zgdata.errors import ZgError, from_os_error
 from zgdata.families.capture import capture_rows
 from zgdata.layout import Layout
@@ -151,11 +152,17 @@ def _run(spec: dict) -> dict:
                 stats[n] = boundary_stats.combine(stats[n], encoded[n].stats)
                 streams.put(n, encoded[n].batch)
 
-    try:
+    def batches():
         for b in range(lo, hi, spec["batch_size"]):
             rows = np.arange(b, min(b + spec["batch_size"], hi))
-            ids, splits = read_tokens(layout, rows, ds=tokens)
-            caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=spec["batch_size"])
+            yield (rows, *read_tokens(layout, rows, ds=tokens))
+
+    def launch(batch):  # on a GPU, batch i's copy to the host runs with batch i+1's forward (zgdata.core.host_copy)
+        caps = capture_rows(model, batch[1], layers, storage_dtype=storage, rows=spec["batch_size"], on_device=True)
+        return host_copy.to_host(caps)
+
+    try:
+        for (rows, _, splits), caps in host_copy.one_ahead(batches(), launch):
             encoder.submit(rows, splits, {n: caps[layer] for n, layer in zip(names, layers)})
             stream(None)
         stream(0)

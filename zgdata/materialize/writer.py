@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from zgdata.core import host_copy
 from zgdata.core.runtime import writer_threads
 from zgdata.core.timing import span
 from zgdata.families.capture import capture_rows
@@ -125,7 +126,8 @@ class Writer(threading.Thread):
 def run_local(
     cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, checksum, start, advance
 ) -> None:
-    """One process: teacher forward in this thread, Lance commits in a background writer thread."""
+    """One process: teacher forward in this thread, Lance commits in a background writer thread. On a GPU, batch
+    i's boundaries copy to the host while batch i+1's forward runs (zgdata.core.host_copy)."""
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
     storage = getattr(torch, cfg.storage_dtype)
@@ -141,14 +143,23 @@ def run_local(
         checksum=checksum,
     )
     tokens_ds = open_tokens(layout)
-    writer.start()
-    try:
+
+    def batches():
         for lo in range(start, n_rows, cfg.batch_size):
             rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
             with span("materialize.read_tokens", rows=len(rows)):
                 ids, splits = read_tokens(layout, rows, ds=tokens_ds)
-            with span("materialize.capture", rows=len(rows)):
-                caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=cfg.batch_size)
+            yield rows, splits, ids
+
+    def launch(batch):
+        rows, _, ids = batch
+        with span("materialize.capture", rows=len(rows)):  # on a GPU: the forward's launch, not its run
+            caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=cfg.batch_size, on_device=True)
+        return host_copy.to_host(caps)
+
+    writer.start()
+    try:
+        for (rows, splits, _), caps in host_copy.one_ahead(batches(), launch, wait_span="materialize.to_host"):
             while True:  # never block forever on a dead writer
                 if writer.error is not None:
                     raise writer.error

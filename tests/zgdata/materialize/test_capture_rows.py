@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 import zgdata.families.capture as cap
-from tests.helpers.datasets import boundary_bits
+from tests.helpers.datasets import boundary_bits, data_file_digest
 from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
 from zgdata.layout import Layout
@@ -62,15 +63,14 @@ def test_materialize_and_verify_run_every_forward_at_the_batch_size(tiny_built, 
     assert len(report.checked_seq_ids) == 7 and forwards == [BATCH, BATCH]
 
 
-def test_a_shard_task_runs_every_forward_at_the_batch_size(tiny_project, forwards, tmp_path):
-    """A shard whose rows end mid-batch (rows 0-11 in batches of 5) pads its last forward like one process does."""
-    layout = Layout(tiny_project)
-    cfg, part = _configs(tiny_project, batch_size=BATCH)
+def _shard(root, stage, lo: int, hi: int) -> tuple[dict, dict]:
+    """Run a shard task in this process over rows [lo, hi) into ``stage``: its spec and its result."""
+    layout = Layout(root)
+    cfg, part = _configs(root, batch_size=BATCH)
     teacher = json.loads(layout.teacher_json.read_text())
     tokens = json.loads(layout.tokens_json.read_text())
     names = [n for n in part.names if n != "h00"]
-    stage = tmp_path / "stage"
-    stage.mkdir()
+    stage.mkdir(parents=True)
     spec = _base_spec(
         cfg,
         layout,
@@ -84,9 +84,42 @@ def test_a_shard_task_runs_every_forward_at_the_batch_size(tiny_project, forward
         torch.device("cpu"),
         0,
     )
-    res = json.loads(run_shard(json.dumps({**spec, "lo": 0, "hi": 12})))
+    res = json.loads(run_shard(json.dumps({**spec, "lo": lo, "hi": hi})))
     assert "error" not in res, res
+    return spec, res
+
+
+def test_a_shard_task_runs_every_forward_at_the_batch_size(tiny_project, forwards, tmp_path):
+    """A shard whose rows end mid-batch (rows 0-11 in batches of 5) pads its last forward like one process does."""
+    _shard(tiny_project, tmp_path / "stage", 0, 12)
     assert forwards == [BATCH, BATCH, BATCH]
+
+
+def test_a_shard_whose_copies_wait_one_batch_behind_writes_the_same_files(
+    tiny_project, forwards, tmp_path, monkeypatch
+):
+    """The shard task's copies to the host under way until its next batch is launched (as on a GPU,
+    zgdata/core/host_copy.py): the same forwards, the same stats, every data file the same bytes."""
+    from zgdata.core import host_copy
+
+    spec, want = _shard(tiny_project, tmp_path / "a", 0, 12)
+    waits = []
+    monkeypatch.setattr(
+        host_copy,
+        "to_host",
+        lambda t: host_copy.HostCopy({k: v.clone() for k, v in t.items()}, lambda: waits.append(1), t),
+    )
+    forwards.clear()
+    _, got = _shard(tiny_project, stage := tmp_path / "b", 0, 12)
+    assert forwards == [BATCH, BATCH, BATCH] and len(waits) == 3
+    assert got["stats"] == want["stats"]
+    for name, frags in want["fragments"].items():
+        files = [[d["path"] for d in f["files"]] for f in frags]
+        other = [[d["path"] for d in f["files"]] for f in got["fragments"][name]]
+        assert [len(f) for f in files] == [len(f) for f in other] and files, name
+        for a, b in zip(sum(files, []), sum(other, [])):
+            data = f"{name}.lance/data"  # the staged dataset of boundary ``name``
+            assert data_file_digest(Path(spec["stage"]) / data / a) == data_file_digest(stage / data / b), name
 
 
 def test_capture_rows_pads_a_short_forward_and_keeps_each_rows_bits(tiny_built):

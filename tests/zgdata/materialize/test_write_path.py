@@ -64,6 +64,30 @@ def test_thread_counts_write_the_same_bytes(tiny_project, tmp_path, codec):
         assert torch.equal(a[n][0], b[n][0]) and a[n][1:] == b[n][1:], n
 
 
+def test_copies_waited_for_one_batch_behind_write_the_same_bytes(tiny_project, tmp_path, monkeypatch):
+    """Materialize with every copy to the host under way until the next batch is launched (as on a GPU,
+    zgdata/core/host_copy.py): each batch waits once, after the next launch, and every data file hashes the same as
+    a run whose copies are done at once (the CPU's)."""
+    from zgdata.core import host_copy
+
+    other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
+    _materialize(tiny_project, codec="zstd_fast", batch_size=5)
+    log: list = []
+
+    def deferred(tensors):
+        i = sum(1 for e in log if e[0] == "launch")
+        log.append(("launch", i))
+        out = {k: v.clone() for k, v in tensors.items()}
+        return host_copy.HostCopy(out, lambda: log.append(("wait", i)), tensors)
+
+    monkeypatch.setattr(host_copy, "to_host", deferred)
+    _materialize(other, codec="zstd_fast", batch_size=5)
+    batches = -(-56 // 5)  # the tiny profile's 56 rows
+    want = [("launch", 0)] + [e for i in range(1, batches) for e in (("launch", i), ("wait", i - 1))]
+    assert log == want + [("wait", batches - 1)]
+    assert _data_files(tiny_project) == _data_files(other)
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("codec", ["zstd_fast", "int8"])
 def test_killed_threaded_run_resumes_to_the_same_bytes(tiny_project, tmp_path, codec):

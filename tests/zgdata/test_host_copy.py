@@ -1,0 +1,119 @@
+"""Copies of the boundaries to host memory (zgdata/core/host_copy.py): on the CPU a batch is handed on as soon as it
+is captured; a copy still under way (a GPU's) is waited for only after the next batch is launched, one at a time,
+in order. The CUDA path itself needs a GPU: bench/gpu_check.py's materialize and verify checks run it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zgdata.core.host_copy import HostCopy, one_ahead, to_host
+from zgdata.core.timing import collect
+
+
+def test_cpu_tensors_are_handed_back_as_they_are_with_nothing_to_wait_for():
+    a, b = torch.arange(6).view(2, 3), torch.ones(4, dtype=torch.bfloat16)
+    copy = to_host({1: a, 3: b})
+    assert copy.done
+    got = copy.wait()
+    assert list(got) == [1, 3] and got[1] is a and got[3] is b
+    assert to_host({}).done and to_host({}).wait() == {}
+
+
+def _deferred(log: list, i: int, source: dict) -> HostCopy:
+    """A copy that is not done until waited for, as a GPU's: its wait is logged."""
+    return HostCopy({k: v.clone() for k, v in source.items()}, lambda: log.append(("wait", i)), source)
+
+
+def test_a_copy_under_way_is_waited_for_after_the_next_launch_one_at_a_time():
+    log: list = []
+
+    def launch(i):
+        log.append(("launch", i))
+        return _deferred(log, i, {0: torch.full((2,), i)})
+
+    with collect() as t:
+        for i, got in one_ahead(range(4), launch, wait_span="test.wait"):
+            log.append(("yield", i))
+            assert torch.equal(got[0], torch.full((2,), i))
+    want = [("launch", 0), ("launch", 1), ("wait", 0), ("yield", 0)]
+    want += [("launch", 2), ("wait", 1), ("yield", 1), ("launch", 3), ("wait", 2), ("yield", 2)]
+    assert log == want + [("wait", 3), ("yield", 3)]
+    assert t["test.wait"].count == 4
+    assert list(one_ahead([], launch)) == []
+
+
+def test_done_copies_are_handed_on_at_once_and_a_deferred_one_keeps_its_place():
+    log: list = []
+
+    def launch(i):
+        log.append(("launch", i))
+        t = {0: torch.tensor([i])}
+        return _deferred(log, i, t) if i in (1, 2) else to_host(t)
+
+    order = [(i, int(got[0])) for i, got in one_ahead(range(5), launch) if not log.append(("yield", i))]
+    assert order == [(i, i) for i in range(5)]
+    assert log == [
+        ("launch", 0),
+        ("yield", 0),
+        ("launch", 1),
+        ("launch", 2),
+        ("wait", 1),
+        ("yield", 1),
+        ("launch", 3),
+        ("wait", 2),
+        ("yield", 2),
+        ("yield", 3),
+        ("launch", 4),
+        ("yield", 4),
+    ]
+
+
+def test_waiting_lets_go_of_the_source_tensors_once():
+    log: list = []
+    src = {0: torch.zeros(3)}
+    copy = _deferred(log, 7, src)
+    assert not copy.done and copy._source is src
+    first, second = copy.wait(), copy.wait()
+    assert first is second and copy.done and copy._source is None and log == [("wait", 7)]
+
+
+def test_a_launch_that_fails_ends_the_loop_with_its_error():
+    def launch(i):
+        if i == 2:
+            raise RuntimeError("forward failed")
+        return _deferred([], i, {0: torch.tensor([i])})
+
+    seen = []
+    with pytest.raises(RuntimeError, match="forward failed"):
+        for i, _ in one_ahead(range(4), launch):
+            seen.append(i)
+    assert seen == [0]  # batch 1's copy was never waited for: the run ends, and a resume captures it again
+
+
+def test_the_deterministic_fill_is_skipped_only_inside_and_comes_back_after_an_error():
+    """A CUDA run is strict-deterministic (torch fills each new tensor with NaN); a copy's pinned destination skips
+    the fill, and the process's setting is restored however the block ends."""
+    from zgdata.core.host_copy import _unfilled
+
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.isnan(torch.empty(8)).all()
+        with _unfilled():
+            assert torch._C._get_deterministic_fill_uninitialized_memory() is False
+        assert torch._C._get_deterministic_fill_uninitialized_memory() is True
+        with pytest.raises(RuntimeError, match="copy failed"), _unfilled():
+            raise RuntimeError("copy failed")
+        assert torch._C._get_deterministic_fill_uninitialized_memory() is True and torch.isnan(torch.empty(8)).all()
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_boundaries_arrive_in_pinned_memory_bit_for_bit():
+    x = {k: torch.randn(4, 64, 32, device="cuda").to(torch.bfloat16) for k in (2, 4)}
+    got = to_host(x).wait()
+    for k in x:
+        assert got[k].is_pinned() and got[k].device.type == "cpu"
+        assert torch.equal(got[k].view(torch.int16), x[k].cpu().view(torch.int16))

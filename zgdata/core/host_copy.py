@@ -1,0 +1,124 @@
+"""Boundaries from the device to host memory while the next forward runs.
+
+Materialize's forward thread used to end each batch with a synchronous ``.cpu()`` of every boundary: on a GPU the
+thread waits for the forward, then for a copy from the device into pageable memory, and only then launches the next
+forward, so the copy is serialized with the compute. An 8B teacher's batch of 4 x 2,048 tokens holds 9 boundaries
+of 64 MB: 576 MB, about 50 ms at the 10-12 GB/s of pageable copies, after a forward of about 330 ms.
+
+``to_host`` starts the copies on a side stream of their own into pinned memory (torch's caching host allocator),
+after everything already queued on the forward's stream, and returns at once; ``one_ahead`` launches batch i+1's
+forward before it waits for batch i's copies, so the GPU's copy engine moves batch i while its cores run batch
+i+1. A copy is bit for bit, so the boundaries are the same whichever way they arrive.
+
+On the CPU there is nothing to copy: ``to_host`` hands the tensors back, done, and ``one_ahead`` yields each batch
+as soon as it is launched, in the order and at the time the loop did before. Other devices copy synchronously.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import torch
+import torch.utils.deterministic
+
+from zgdata.core.timing import span
+
+__all__ = ["HostCopy", "to_host", "one_ahead"]
+
+T = TypeVar("T")
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # CUDA device index -> the stream this process copies to the host on
+
+
+class HostCopy:
+    """Tensors on their way to host memory. ``done``: nothing to wait for. ``wait()`` returns them on the CPU and
+    lets go of the device tensors they are copied from (held until then, so their memory is not reused while the
+    copy reads it)."""
+
+    __slots__ = ("_out", "_sync", "_source")
+
+    def __init__(self, out: dict, sync: Callable[[], None] | None = None, source: dict | None = None):
+        self._out, self._sync, self._source = out, sync, source
+
+    @property
+    def done(self) -> bool:
+        return self._sync is None
+
+    def wait(self) -> dict:
+        if self._sync is not None:
+            self._sync()
+            self._sync = self._source = None
+        return self._out
+
+
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(device=index)
+    return _STREAMS[index]
+
+
+@contextmanager
+def _unfilled():
+    """Skip torch's fill of new memory. Under ``torch.use_deterministic_algorithms`` (every CUDA run of zg:
+    runtime.deterministic_cuda) each new tensor is first filled with NaN, so a kernel that leaves part of its output
+    unwritten stays deterministic; a copy's destination is written whole, and the fill would cost a core about 60-140
+    ms for an 8B teacher's 576 MB batch (a bf16 ``torch.empty`` of 64 MB took 16 ms on this project's CPU host). The
+    flag is process-wide: another thread's tensor made meanwhile is not filled either, which no zg thread relies on
+    (the encoding threads' torch ops write their outputs whole)."""
+    det = torch.utils.deterministic
+    was = det.fill_uninitialized_memory
+    det.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was
+
+
+def to_host(tensors: dict) -> HostCopy:
+    """Start copying ``{key: tensor}`` (on one device) to host memory; ``HostCopy.wait()`` gives the CPU tensors.
+
+    CUDA: pinned buffers, ``copy_(non_blocking=True)`` on a side stream that first waits for the current stream's
+    queued work, and an event (blocking: the waiting thread sleeps, leaving its core to the encoding threads)."""
+    devices = {t.device for t in tensors.values()}
+    if devices <= {torch.device("cpu")}:
+        return HostCopy(dict(tensors))
+    if len(devices) > 1 or next(iter(devices)).type != "cuda":
+        return HostCopy({k: v.cpu() for k, v in tensors.items()})
+    device = next(iter(devices))
+    side = _copy_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        with _unfilled():
+            out = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in tensors.items()}
+        for k, v in tensors.items():
+            out[k].copy_(v, non_blocking=True)
+        event = torch.cuda.Event(blocking=True)
+        event.record(side)
+    return HostCopy(out, event.synchronize, dict(tensors))
+
+
+def one_ahead(
+    items: Iterable[T], launch: Callable[[T], HostCopy], *, wait_span: str = "to_host"
+) -> Iterator[tuple[T, dict]]:
+    """``(item, launch(item).wait())`` for every item, in order. A copy still under way is waited for only after
+    the next item is launched (at most one waits at a time); a done copy is yielded at once. ``wait_span`` names
+    the time spent waiting (zgdata.core.timing)."""
+    pending: tuple[T, HostCopy] | None = None
+    for item in items:
+        copy = launch(item)
+        if pending is not None:
+            with span(wait_span):
+                got = pending[1].wait()
+            yield pending[0], got
+            pending = None
+        if copy.done:
+            yield item, copy.wait()
+        else:
+            pending = (item, copy)
+    if pending is not None:
+        with span(wait_span):
+            got = pending[1].wait()
+        yield pending[0], got
