@@ -51,7 +51,7 @@ def capture(
     wide = compute_dtype(model)  # a teacher loaded per_layer: widen what runs, while it runs (zgdata.families.widen)
     with widened([m for m in inner.children() if m is not blocks], wide):
         first = next(inner.parameters())
-        input_ids = input_ids.to(first.device)
+        input_ids = _ids_to(input_ids, first.device)
         h = fam.embed(inner, input_ids).to(first.dtype)  # (B, T, C)
         inputs = fam.layer_inputs(fam.model_rotary(inner), h)  # e.g. rotary cos, sin: (1, T, D)
     out = {0: h.to(storage_dtype)} if 0 in want else {}
@@ -61,6 +61,15 @@ def capture(
         if i + 1 in want:
             out[i + 1] = h.to(storage_dtype)
     return out if on_device else {k: v.cpu() for k, v in out.items()}
+
+
+def _ids_to(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The token ids on the teacher's device. A GPU gets them from pinned memory without a wait: a copy from
+    pageable memory first waits for everything queued on the stream (CUDA's rule for pageable copies), so the next
+    batch's forward could not be queued while this one runs (zgdata/core/host_copy.py's ``one_ahead``)."""
+    if device.type == "cuda" and ids.device.type == "cpu":
+        return ids.pin_memory().to(device, non_blocking=True)
+    return ids.to(device)
 
 
 def capture_rows(
