@@ -210,6 +210,13 @@ def check_materialize(root: Path, work: Path, res: dict, dev) -> None:
         materialize_vs_forward_on_device=mat["tok_s"] / dev_only["tok_s"],
         to_host_wait_s=mat["sections"].get("to_host", 0.0),
     )
+    if dev.type == "cuda":  # the pinned buffers materialize's copies held at most (torch's host allocator)
+        import torch
+
+        stats = torch.cuda.host_memory_stats()
+        peak = stats.get("allocated_bytes.peak", stats.get("reserved_bytes.peak"))
+        res["pinned_peak_mb"] = peak / 2**20 if peak is not None else float("nan")
+        log(f"pinned host memory at its peak: {res['pinned_peak_mb']:.0f} MB")
     log(
         f"materialize bf16: {mat['tok_s']:.0f} tok/s, forward alone {fwd['tok_s']:.0f}: ratio {res['materialize_vs_forward']:.2f}; "
         f"forward with the boundaries left on the device {dev_only['tok_s']:.0f}: ratio "

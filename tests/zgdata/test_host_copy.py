@@ -78,17 +78,28 @@ def test_waiting_lets_go_of_the_source_tensors_once():
     assert first is second and copy.done and copy._source is None and log == [("wait", 7)]
 
 
-def test_a_launch_that_fails_ends_the_loop_with_its_error():
+def test_a_loop_that_ends_early_still_waits_for_the_copy_in_flight():
+    """A launch that fails ends the loop with its error, and so does a consumer that stops: the copy still under
+    way is waited for first (its device source must not be freed while the copy reads it); its batch is not
+    handed on, and a resume captures it again."""
+    log: list = []
+
     def launch(i):
         if i == 2:
             raise RuntimeError("forward failed")
-        return _deferred([], i, {0: torch.tensor([i])})
+        return _deferred(log, i, {0: torch.tensor([i])})
 
     seen = []
     with pytest.raises(RuntimeError, match="forward failed"):
         for i, _ in one_ahead(range(4), launch):
             seen.append(i)
-    assert seen == [0]  # batch 1's copy was never waited for: the run ends, and a resume captures it again
+    assert seen == [0] and log == [("wait", 0), ("wait", 1)]
+
+    log.clear()
+    loop = one_ahead(range(4), lambda i: _deferred(log, i, {0: torch.tensor([i])}))
+    assert next(loop)[0] == 0 and log == [("wait", 0)]
+    loop.close()  # the consumer stops (a writer error in materialize): batch 1's copy is in flight
+    assert log == [("wait", 0), ("wait", 1)]
 
 
 def test_the_deterministic_fill_is_skipped_only_inside_and_comes_back_after_an_error():

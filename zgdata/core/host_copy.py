@@ -16,8 +16,9 @@ as soon as it is launched, in the order and at the time the loop did before. Oth
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 import torch
@@ -25,11 +26,12 @@ import torch.utils.deterministic
 
 from zgdata.core.timing import span
 
-__all__ = ["HostCopy", "to_host", "one_ahead"]
+__all__ = ["HostCopy", "to_host", "one_ahead", "release"]
 
 T = TypeVar("T")
 
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # CUDA device index -> the stream this process copies to the host on
+_FILL_LOCK = threading.Lock()
 
 
 class HostCopy:
@@ -65,16 +67,20 @@ def _unfilled():
     """Skip torch's fill of new memory. Under ``torch.use_deterministic_algorithms`` (every CUDA run of zg:
     runtime.deterministic_cuda) each new tensor is first filled with NaN, so a kernel that leaves part of its output
     unwritten stays deterministic; a copy's destination is written whole, and the fill would cost a core about 60-140
-    ms for an 8B teacher's 576 MB batch (a bf16 ``torch.empty`` of 64 MB took 16 ms on this project's CPU host). The
-    flag is process-wide: another thread's tensor made meanwhile is not filled either, which no zg thread relies on
-    (the encoding threads' torch ops write their outputs whole)."""
+    ms for an 8B teacher's 576 MB batch (a bf16 ``torch.empty`` of 64 MB took 16 ms on this project's CPU host).
+
+    The flag is process-wide, and ``torch.empty`` lets go of the GIL: a tensor another thread makes while the
+    buffers are allocated (a few ms when the host cache has to grow, ``cudaHostAlloc``) is not filled either, which
+    no zg thread relies on (the encoding threads' torch ops write their outputs whole). The lock keeps two callers
+    from leaving the flag off."""
     det = torch.utils.deterministic
-    was = det.fill_uninitialized_memory
-    det.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        det.fill_uninitialized_memory = was
+    with _FILL_LOCK:
+        was = det.fill_uninitialized_memory
+        det.fill_uninitialized_memory = False
+        try:
+            yield
+        finally:
+            det.fill_uninitialized_memory = was
 
 
 def to_host(tensors: dict) -> HostCopy:
@@ -107,18 +113,35 @@ def one_ahead(
     the next item is launched (at most one waits at a time); a done copy is yielded at once. ``wait_span`` names
     the time spent waiting (zgdata.core.timing)."""
     pending: tuple[T, HostCopy] | None = None
-    for item in items:
-        copy = launch(item)
+    try:
+        for item in items:
+            copy = launch(item)
+            before, pending = pending, (item, copy)
+            if before is not None:
+                with span(wait_span):
+                    got = before[1].wait()
+                yield before[0], got
+            if copy.done:
+                pending = None
+                yield item, copy.wait()
         if pending is not None:
             with span(wait_span):
                 got = pending[1].wait()
             yield pending[0], got
-            pending = None
-        if copy.done:
-            yield item, copy.wait()
-        else:
-            pending = (item, copy)
-    if pending is not None:
-        with span(wait_span):
-            got = pending[1].wait()
-        yield pending[0], got
+    finally:
+        # a run that ends early (an error, the consumer gone) still lets a copy in flight end before its device
+        # source can be freed and reused (a copy waited for already returns at once)
+        if pending is not None:
+            with suppress(Exception):
+                pending[1].wait()
+
+
+def release() -> None:
+    """Give back the pinned buffers torch's host allocator keeps cached (free blocks only): a process would otherwise
+    keep its peak backlog of batches page-locked after its run (a Ray worker may run more shards)."""
+    if not torch.cuda.is_initialized():
+        return
+    accelerator = getattr(torch, "accelerator", None)
+    free = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    if free is not None:
+        free()

@@ -172,6 +172,7 @@ def _run(spec: dict) -> dict:
     finally:
         encoder.close()
     fragments = streams.close()
+    host_copy.release()  # a GPU shard's cached pinned buffers, now free (Ray may run another shard here)
     _test_hooks(spec)
     return {
         "lo": lo,

@@ -179,5 +179,6 @@ def run_local(
             except queue.Full:
                 continue
         writer.join()
+        host_copy.release()  # a GPU run's cached pinned buffers, now free
     if writer.error is not None:
         raise writer.error
