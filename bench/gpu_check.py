@@ -20,7 +20,8 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
   verify        `zg data verify` in the project: rows the device's teacher pass recomputes (in forwards of
                 materialize.batch_size rows, as materialize ran them) equal the stored boundaries      [guarantee]
   cached_online block b00 trained with cached targets and with online targets (recomputed by the teacher
-                on the device each batch): the same state_sha256 (guarantee 1)                       [guarantee]
+                on the device each batch): the same state_sha256 (guarantee 1); the cached batches reach the GPU
+                through the loader's side-stream copy (zgdata/core/host_copy.py), the online ones do not [guarantee]
   write_path    the write path (bench/write_path.py) at the teacher's hidden size and stored boundary count, in
                 GB/s, / the bytes of those boundaries the bf16 forward makes per second: >= 1 keeps up with the GPU;
                 for zstd_blob (the default conversion's codec), zstd_fast (the same bytes in Lance columns), blob

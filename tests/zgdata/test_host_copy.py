@@ -1,13 +1,17 @@
-"""Copies of the boundaries to host memory (zgdata/core/host_copy.py): on the CPU a batch is handed on as soon as it
-is captured; a copy still under way (a GPU's) is waited for only after the next batch is launched, one at a time,
-in order. The CUDA path itself needs a GPU: bench/gpu_check.py's materialize and verify checks run it."""
+"""Copies of boundaries between host memory and a GPU (zgdata/core/host_copy.py). To the host: on the CPU a batch is
+handed on as soon as it is captured; a copy still under way (a GPU's) is waited for only after the next batch is
+launched, one at a time, in order. To the device: the training loader's thread starts each batch's copy, and the
+training thread takes it in step order. The CUDA paths themselves need a GPU: bench/gpu_check.py's materialize,
+verify and cached_online checks run them."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from zgdata.core.host_copy import HostCopy, one_ahead, to_host
+from zgdata.core import host_copy
+from zgdata.core.host_copy import DeviceCopy, HostCopy, one_ahead, to_device, to_host
 from zgdata.core.timing import collect
 
 
@@ -119,6 +123,66 @@ def test_the_deterministic_fill_is_skipped_only_inside_and_comes_back_after_an_e
         assert torch._C._get_deterministic_fill_uninitialized_memory() is True and torch.isnan(torch.empty(8)).all()
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+def test_batches_for_the_cpu_or_no_device_are_handed_back_as_they_are():
+    x, y = torch.ones(2, 3, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.bfloat16)
+    for dev in (None, torch.device("cpu")):
+        got = to_device((x, y), dev).ready()
+        assert got[0] is x and got[1] is y
+
+
+def test_the_loader_thread_starts_each_copy_and_the_training_thread_takes_them_in_step_order(tiny_built, monkeypatch):
+    """BoundaryPair.batches with a device: the loading thread starts every batch's copy (``to_device``), the
+    consuming thread takes each (``ready``) as it yields it, in step order, and the batches are the ones read without
+    a device, bit for bit (here a copy that is a clone, made in the loader's thread, stands for a GPU's)."""
+    import threading
+
+    from zgdata.layout import Layout
+    from zgdata.store.reader import BoundaryPair
+
+    layout = Layout(tiny_built)
+    want = list(
+        BoundaryPair(layout.boundary("h00"), layout.boundary("h02")).batches(
+            "train", start_step=1, steps=5, batch_size=4, seed=3
+        )
+    )
+    log: list = []
+
+    class Deferred(DeviceCopy):
+        def ready(self):
+            log.append(("ready", threading.current_thread().name, int(self._out[0][0, 0, 0].view(torch.int16))))
+            return self._out
+
+    def started(tensors, device):
+        assert device == torch.device("cuda", 5)  # passed through as given; nothing here touches CUDA
+        log.append(("start", threading.current_thread().name))
+        return Deferred(tuple(t.clone() for t in tensors))
+
+    monkeypatch.setattr(host_copy, "to_device", started)
+    pair = BoundaryPair(layout.boundary("h00"), layout.boundary("h02"))
+    got = list(pair.batches("train", start_step=1, steps=5, batch_size=4, seed=3, device=torch.device("cuda", 5)))
+    me = threading.current_thread().name
+    starts = [e[1] for e in log if e[0] == "start"]
+    assert len(starts) == 4 and me not in starts
+    readies = [e for e in log if e[0] == "ready"]
+    assert len(readies) == 4 and all(e[1] == me for e in readies)
+    assert [e[2] for e in readies] == [int(x[0, 0, 0].view(torch.int16)) for _, _, x, _ in want]
+    assert [s for s, *_ in got] == [1, 2, 3, 4]
+    for (_, ra, xa, ya), (_, rb, xb, yb) in zip(want, got):
+        assert np.array_equal(ra, rb)
+        assert torch.equal(xa.view(torch.int16), xb.view(torch.int16))
+        assert torch.equal(ya.view(torch.int16), yb.view(torch.int16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_reach_the_device_bit_for_bit_before_the_stream_uses_them():
+    x = torch.randn(4, 64, 32).to(torch.bfloat16)
+    dev = torch.device("cuda")
+    got = to_device((x, x + 1), dev).ready()
+    assert got[0].device.type == "cuda"
+    assert torch.equal(got[0].cpu().view(torch.int16), x.view(torch.int16))
+    assert torch.equal(got[1].cpu().view(torch.int16), (x + 1).view(torch.int16))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

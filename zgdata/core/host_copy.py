@@ -1,4 +1,4 @@
-"""Boundaries from the device to host memory while the next forward runs.
+"""Boundaries between a GPU and host memory while the GPU computes.
 
 Materialize's forward thread used to end each batch with a synchronous ``.cpu()`` of every boundary: on a GPU the
 thread waits for the forward, then for a copy from the device into pageable memory, and only then launches the next
@@ -10,8 +10,13 @@ after everything already queued on the forward's stream, and returns at once; ``
 forward before it waits for batch i's copies, so the GPU's copy engine moves batch i while its cores run batch
 i+1. A copy is bit for bit, so the boundaries are the same whichever way they arrive.
 
+Training reads the other way: ``to_device``, called by the loader's thread, pins a batch and copies it to the GPU on
+a side stream while the step before trains; the training thread's stream waits for that copy (on the GPU, not in
+Python) when it takes the batch (``DeviceCopy.ready``).
+
 On the CPU there is nothing to copy: ``to_host`` hands the tensors back, done, and ``one_ahead`` yields each batch
-as soon as it is launched, in the order and at the time the loop did before. Other devices copy synchronously.
+as soon as it is launched, in the order and at the time the loop did before; ``to_device`` hands them back as
+they are. Other devices copy synchronously.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ import torch.utils.deterministic
 
 from zgdata.core.timing import span
 
-__all__ = ["HostCopy", "to_host", "one_ahead", "release"]
+__all__ = ["HostCopy", "to_host", "one_ahead", "release", "DeviceCopy", "to_device"]
 
 T = TypeVar("T")
 
-_STREAMS: dict[int, torch.cuda.Stream] = {}  # CUDA device index -> the stream this process copies to the host on
+_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}  # (CUDA device index, direction) -> the stream copying
 _FILL_LOCK = threading.Lock()
+_STREAMS_LOCK = threading.Lock()
 
 
 class HostCopy:
@@ -55,11 +61,13 @@ class HostCopy:
         return self._out
 
 
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+def _copy_stream(device: torch.device, direction: str) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _STREAMS:
-        _STREAMS[index] = torch.cuda.Stream(device=index)
-    return _STREAMS[index]
+    key = (index, direction)
+    with _STREAMS_LOCK:  # a loader's thread and the training thread may both ask
+        if key not in _STREAMS:
+            _STREAMS[key] = torch.cuda.Stream(device=index)
+        return _STREAMS[key]
 
 
 @contextmanager
@@ -94,7 +102,7 @@ def to_host(tensors: dict) -> HostCopy:
     if len(devices) > 1 or next(iter(devices)).type != "cuda":
         return HostCopy({k: v.cpu() for k, v in tensors.items()})
     device = next(iter(devices))
-    side = _copy_stream(device)
+    side = _copy_stream(device, "to_host")
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         with _unfilled():
@@ -145,3 +153,37 @@ def release() -> None:
     free = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
     if free is not None:
         free()
+
+
+class DeviceCopy:
+    """Tensors on their way to a device. ``ready()`` returns them for use on the calling thread's current stream:
+    that stream waits for the copy (queued on the GPU; Python does not wait), and the tensors' memory, allocated on
+    the copy's stream, is kept until that stream's work on them is done."""
+
+    __slots__ = ("_out", "_event")
+
+    def __init__(self, out: tuple, event=None):
+        self._out, self._event = out, event
+
+    def ready(self) -> tuple:
+        if self._event is not None:
+            stream = torch.cuda.current_stream(self._out[0].device)
+            stream.wait_event(self._event)
+            for t in self._out:
+                t.record_stream(stream)
+            self._event = None
+        return self._out
+
+
+def to_device(tensors: tuple, device: torch.device | None) -> DeviceCopy:
+    """Start copying CPU ``tensors`` to a CUDA ``device`` from the calling thread (pinned first, then
+    ``non_blocking`` on a side stream); any other device, or none, gets them back as they are (its consumer moves
+    them, as before)."""
+    if device is None or device.type != "cuda" or not tensors or any(t.device.type != "cpu" for t in tensors):
+        return DeviceCopy(tuple(tensors))
+    side = _copy_stream(device, "to_device")
+    with torch.cuda.stream(side):
+        out = tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+        event = torch.cuda.Event()
+        event.record(side)
+    return DeviceCopy(out, event)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zgdata.core import host_copy
 from zgdata.core.timing import span
 from zgdata.errors import ZgError, dvc_checkout
 from zgdata.lineage import check
@@ -341,9 +342,19 @@ class BoundaryPair:
         return step_rows(rows, step, batch_size, seed)
 
     def batches(
-        self, split: str, *, start_step: int, steps: int, batch_size: int, seed: int, prefetch: int = 2
+        self,
+        split: str,
+        *,
+        start_step: int,
+        steps: int,
+        batch_size: int,
+        seed: int,
+        prefetch: int = 2,
+        device: torch.device | None = None,
     ) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
-        """Yield (step, rows, x, y) for steps [start_step, steps), loading ahead in a thread."""
+        """Yield (step, rows, x, y) for steps [start_step, steps), loading ahead in a thread. A CUDA ``device``
+        gets x and y from that thread too, copied while the step before runs (zgdata.core.host_copy.to_device);
+        any other device gets them on the CPU."""
         q: queue.Queue = queue.Queue(maxsize=max(prefetch, 1))
         stop = threading.Event()
 
@@ -353,7 +364,7 @@ class BoundaryPair:
                     if stop.is_set():
                         return
                     rows = self.batch_rows(split, step, batch_size, seed)
-                    q.put((step, rows, *self.take(rows)))
+                    q.put((step, rows, host_copy.to_device(self.take(rows), device)))
                 q.put(None)
             except BaseException as e:  # re-raised in the consumer
                 q.put(e)
@@ -364,7 +375,8 @@ class BoundaryPair:
             while (item := q.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                step, rows, copy = item
+                yield (step, rows, *copy.ready())
         finally:
             stop.set()
             while t.is_alive():
@@ -372,3 +384,5 @@ class BoundaryPair:
                     q.get_nowait()
                 except queue.Empty:
                     t.join(0.05)
+            if device is not None and device.type == "cuda":
+                host_copy.release()  # the pinned batches torch's host allocator cached for this run

@@ -38,8 +38,11 @@ class CachedTargets:
     def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pair.take(rows)
 
-    def batches(self, split, *, start_step, steps, batch_size, seed):
-        yield from self.pair.batches(split, start_step=start_step, steps=steps, batch_size=batch_size, seed=seed)
+    def batches(self, split, *, start_step, steps, batch_size, seed, device=None):
+        """(step, rows, x, y); on a CUDA ``device`` already there, copied while the step before ran."""
+        yield from self.pair.batches(
+            split, start_step=start_step, steps=steps, batch_size=batch_size, seed=seed, device=device
+        )
 
 
 class OnlineTargets:
@@ -79,7 +82,8 @@ class OnlineTargets:
         # a quantized codec: the same quantize + dequantize as the stored path (zgdata/store/quant.py)
         return tuple(roundtrip_tensor(caps[x], self.codec) for x in self.layers)
 
-    def batches(self, split, *, start_step, steps, batch_size, seed):
+    def batches(self, split, *, start_step, steps, batch_size, seed, device=None):
+        """(step, rows, x, y) on the CPU (``device`` is not used: the teacher recomputes each batch in this thread)."""
         for step in range(start_step, steps):
             rows = self.batch_rows(split, step, batch_size, seed)
             yield (step, rows, *self.take(rows))

@@ -148,7 +148,7 @@ def _steps(run: Run) -> loop.Steps:
 
     def batches(start: int, end: int):
         for step, _, x, y in run.src.batches(
-            "train", start_step=start, steps=end, batch_size=cfg.batch_size, seed=run.seed
+            "train", start_step=start, steps=end, batch_size=cfg.batch_size, seed=run.seed, device=dev
         ):
             yield step, (x, y)
 
