@@ -41,6 +41,10 @@ one, else cpu). Each check prints its figures; a bitwise guarantee that fails ma
                 (bench/moe_batch_invariance.py); the padded experts again in float32, materialize's default
                 compute dtype, which a GPU's grouped_mm runs through another path                     [guarantee]
 
+  copies        zgdata/core/host_copy.py under forced races (bench/host_copy_race.py): each copy to the host or to
+                the device queued behind a GPU sleep, so a missing stream wait or record_stream reads a buffer
+                before its copy ends; every copy's bits equal its source's                            [guarantee]
+
 Each check runs on its own: one that fails to run is reported (`NAME ran` FAIL) and the others still run; every
 command has a timeout. The project is built only for the checks that run in it (materialize, verify,
 cached_online, repro); if building it fails, or git (which `zg init` and DVC need) is not on PATH, that fails the
@@ -367,6 +371,16 @@ def check_schedule(work: Path, res: dict) -> None:
     res["schedule_ok"] = guarantee("early_backward == phased weights", r.returncode == 0, f"exit {r.returncode}")
 
 
+def check_copies(res: dict, dev) -> None:
+    sys.path.insert(0, str(BENCH))
+    import host_copy_race
+
+    got = host_copy_race.run(dev)
+    res.update({f"copies_{k}_exact": v for k, v in got.items()})
+    detail = ", ".join(f"{k} {'equal' if v else 'DIFFERS'}" for k, v in got.items())
+    guarantee("copies between the GPU and the host wait for what they need", all(got.values()), detail)
+
+
 def check_moe(res: dict, dev, smoke: bool) -> None:
     import torch
 
@@ -461,7 +475,7 @@ def _best_time(fn, dev, repeats: int = 3) -> float:
     return best
 
 
-CHECKS = ("materialize", "verify", "cached_online", "write_path", "repro", "schedule", "moe")
+CHECKS = ("materialize", "verify", "cached_online", "write_path", "repro", "schedule", "moe", "copies")
 PROJECT_CHECKS = {"materialize", "verify", "cached_online", "repro"}  # run in the profile's project, which setup builds
 GIT_CHECKS = PROJECT_CHECKS | {"schedule"}  # `zg init` and DVC need git (schedule builds a project of its own)
 
@@ -561,6 +575,7 @@ def main(argv=None) -> int:
         "repro": lambda: check_repro(root, args.workdir, res, jobs),
         "schedule": lambda: check_schedule(args.workdir, res),
         "moe": lambda: check_moe(res, dev, args.smoke),
+        "copies": lambda: check_copies(res, dev),
     }
     for name in (c for c in runs if c in checks):
         try:  # a check that fails to run is reported, and the others still run

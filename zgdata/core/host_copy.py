@@ -104,7 +104,7 @@ def to_host(tensors: dict) -> HostCopy:
     device = next(iter(devices))
     side = _copy_stream(device, "to_host")
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
+    with torch.cuda.device(side.device), torch.cuda.stream(side):  # the device guard: see to_device
         with _unfilled():
             out = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in tensors.items()}
         for k, v in tensors.items():
@@ -144,15 +144,22 @@ def one_ahead(
                 pending[1].wait()
 
 
-def release() -> None:
+def release(device: torch.device | None = None) -> None:
     """Give back the pinned buffers torch's host allocator keeps cached (free blocks only): a process would otherwise
-    keep its peak backlog of batches page-locked after its run (a Ray worker may run more shards)."""
+    keep its peak backlog of batches page-locked after its run (a Ray worker may run more shards). ``device``: first
+    let the copies to it still under way end (a loader's batches dropped unused), so their buffers are free too.
+
+    A cleanup: it runs in ``finally`` blocks, and an error here (a CUDA error already raised) never hides the one
+    that ended the run."""
     if not torch.cuda.is_initialized():
         return
-    accelerator = getattr(torch, "accelerator", None)
-    free = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
-    if free is not None:
-        free()
+    with suppress(Exception):
+        if device is not None and device.type == "cuda":
+            _copy_stream(device, "to_device").synchronize()
+        accelerator = getattr(torch, "accelerator", None)
+        free = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+        if free is not None:
+            free()
 
 
 class DeviceCopy:
@@ -182,7 +189,10 @@ def to_device(tensors: tuple, device: torch.device | None) -> DeviceCopy:
     if device is None or device.type != "cuda" or not tensors or any(t.device.type != "cpu" for t in tensors):
         return DeviceCopy(tuple(tensors))
     side = _copy_stream(device, "to_device")
-    with torch.cuda.stream(side):
+    # the copy's device made current first: leaving a stream context restores the thread's own stream with
+    # cudaSetDevice of the thread's device, which in a new thread is GPU 0 and would open a context there (hundreds
+    # of MB) on a run that uses cuda:N
+    with torch.cuda.device(side.device), torch.cuda.stream(side):
         out = tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
         event = torch.cuda.Event()
         event.record(side)

@@ -357,6 +357,8 @@ class BoundaryPair:
         any other device gets them on the CPU."""
         q: queue.Queue = queue.Queue(maxsize=max(prefetch, 1))
         stop = threading.Event()
+        if device is not None and device.type == "cuda" and device.index is None:  # the loading thread's own
+            device = torch.device("cuda", torch.cuda.current_device())  # current device is GPU 0: name this one
 
         def work():
             try:
@@ -385,4 +387,4 @@ class BoundaryPair:
                 except queue.Empty:
                     t.join(0.05)
             if device is not None and device.type == "cuda":
-                host_copy.release()  # the pinned batches torch's host allocator cached for this run
+                host_copy.release(device)  # the pinned batches torch's host allocator cached for this run
