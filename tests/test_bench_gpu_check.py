@@ -51,6 +51,7 @@ def test_gpu_check_smoke_run_on_cpu(tiny_built, tmp_path):
     assert (left <= 0.05 and ratio > 0) or (left > 0.05 and math.isnan(ratio))
     assert res["moe_batch_invariant"] is True and res["moe_zg_padded_grouped_mm_tokens_changed"] == 0.0
     assert [res[f"copies_{k}_exact"] for k in ("to_host", "to_device", "kept")] == [True] * 3
+    assert res["overlap_materialize_overlap_s"] > 0 and res["overlap_training_overlap_s"] > 0
     assert res["moe_batch_invariant_fp32"] is True and res["moe_padded_fp32_tokens_changed"] == 0.0
 
 
