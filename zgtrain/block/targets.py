@@ -77,13 +77,17 @@ class OnlineTargets:
         from zgdata.tokens.store import read_tokens
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
-        # in forwards of materialize.batch_size rows, as materialize ran them (zgdata.families.capture.capture_rows)
-        caps = capture_rows(self.model, ids, list(self.layers), storage_dtype=self.storage, rows=self.batch)
+        # in forwards of materialize.batch_size rows, as materialize ran them (zgdata.families.capture.capture_rows),
+        # left on the teacher's device: on a GPU the block trains on them there, without a copy to the host and back
+        caps = capture_rows(
+            self.model, ids, list(self.layers), storage_dtype=self.storage, rows=self.batch, on_device=True
+        )
         # a quantized codec: the same quantize + dequantize as the stored path (zgdata/store/quant.py)
         return tuple(roundtrip_tensor(caps[x], self.codec) for x in self.layers)
 
     def batches(self, split, *, start_step, steps, batch_size, seed, device=None):
-        """(step, rows, x, y) on the CPU (``device`` is not used: the teacher recomputes each batch in this thread)."""
+        """(step, rows, x, y) on the teacher's device (``device`` is not used: the teacher recomputes each batch in
+        this thread, where the block trains)."""
         for step in range(start_step, steps):
             rows = self.batch_rows(split, step, batch_size, seed)
             yield (step, rows, *self.take(rows))
