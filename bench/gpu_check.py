@@ -396,6 +396,7 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
     import torch
 
     sys.path.insert(0, str(BENCH))
+    import host_copies  # its ``best``: the fastest of three timed calls
     import moe_batch_invariance as M
 
     from zgdata.families.moe_kernel import register
@@ -414,7 +415,7 @@ def check_moe(res: dict, dev, smoke: bool) -> None:
             # capture runs it at one shape, materialize's batch, and it is reported apart.
             res[f"moe_{impl}_tokens_changed"], w = _moe_slices_changed(block, flat, M.SLICE)
             routed = torch.cat([block.gate(flat[i : i + M.SLICE])[1] for i in range(0, tokens, M.SLICE)])
-            times[impl] = _best_time(lambda b=block: b(x), dev)
+            times[impl] = host_copies.best(dev, lambda b=block: b(x))
         res["moe_router_tokens_changed"] = (routed != w).any(-1).float().mean().item()
     res["moe_padded_time_vs_grouped_mm"] = times[EXPERTS_IMPLEMENTATION] / times["grouped_mm"]
     log(
@@ -469,21 +470,6 @@ def _moe_slices_changed(block, x, size: int):
     cuts = range(0, len(x), size)
     sliced = torch.cat([block.experts(x[i : i + size], idx[i : i + size], w[i : i + size]) for i in cuts])
     return (sliced != whole).any(-1).float().mean().item(), w
-
-
-def _best_time(fn, dev, repeats: int = 3) -> float:
-    import torch
-
-    best = float("inf")
-    for _ in range(repeats):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t = time.perf_counter()
-        fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 CHECKS = ("materialize", "verify", "cached_online", "write_path", "repro", "schedule", "moe", "copies")

@@ -89,7 +89,8 @@ def _timed(dev, fn) -> float:
     return time.perf_counter() - t
 
 
-def _best(dev, fn, repeats: int = 3) -> float:
+def best(dev, fn, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``, the device synchronized around each."""
     return min(_timed(dev, fn) for _ in range(repeats))
 
 
@@ -117,8 +118,8 @@ def overlap(dev: torch.device, *, mb: int, train_mb: int, batches: int) -> dict:
     gen = torch.Generator().manual_seed(1)
     w = (torch.randn(WIDTH, WIDTH, generator=gen) / WIDTH**0.5).to(torch.bfloat16).to(dev)
     h0 = torch.randn(rows, WIDTH, generator=gen).to(torch.bfloat16).to(dev)
-    copy_s = _best(dev, lambda: h0.cpu())
-    mm_s = _best(dev, lambda: h0 @ w)
+    copy_s = best(dev, lambda: h0.cpu())
+    mm_s = best(dev, lambda: h0 @ w)
     reps = max(1, round(6.6 * copy_s / mm_s))
 
     def forward():
@@ -136,15 +137,15 @@ def overlap(dev: torch.device, *, mb: int, train_mb: int, batches: int) -> dict:
             pass
 
     res = {"rows": rows, "matmuls_per_batch": reps, "copy_s": copy_s}
-    res["compute_s"] = _best(dev, lambda: [forward() for _ in range(batches)])
-    res["materialize_sync_s"] = _best(dev, sync_loop)
-    res["materialize_overlap_s"] = _best(dev, overlap_loop)
+    res["compute_s"] = best(dev, lambda: [forward() for _ in range(batches)])
+    res["materialize_sync_s"] = best(dev, sync_loop)
+    res["materialize_overlap_s"] = best(dev, overlap_loop)
 
     t_rows = max(1, train_mb * 2**20 // (2 * WIDTH))
     # two (input, target) pairs in pageable memory, as the reader's batches are
     xs = [tuple(torch.randn(t_rows, WIDTH, generator=gen).to(torch.bfloat16) for _ in "xy") for _ in range(2)]
-    pair_copy_s = _best(dev, lambda: [t.to(dev) for t in xs[0]])
-    step_mm_s = _best(dev, lambda: xs[0][0].to(dev) @ w) - pair_copy_s / 2
+    pair_copy_s = best(dev, lambda: [t.to(dev) for t in xs[0]])
+    step_mm_s = best(dev, lambda: xs[0][0].to(dev) @ w) - pair_copy_s / 2
     # a step about 9.4x its batch's copy: 234 ms against 25 ms for an 8B block's 8 x 2,048 tokens
     t_reps = max(1, round(9.4 * pair_copy_s / max(step_mm_s, 1e-9)))
     res.update(train_rows=t_rows, matmuls_per_step=t_reps, pair_copy_s=pair_copy_s)
@@ -166,12 +167,12 @@ def overlap(dev: torch.device, *, mb: int, train_mb: int, batches: int) -> dict:
         ):
             step(x, y)
 
-    res["training_sync_s"] = _best(dev, train_sync)
+    res["training_sync_s"] = best(dev, train_sync)
     # a training run gives its pinned batches back once, at its end (host_copy.release); here that would make every
     # timed round page-lock its batches afresh (cudaHostAlloc, tens of ms each), so the rounds keep them
     release, host_copy.release = host_copy.release, lambda device=None: None
     try:
-        res["training_overlap_s"] = _best(dev, train_overlap)
+        res["training_overlap_s"] = best(dev, train_overlap)
     finally:
         host_copy.release = release
     release(dev)
