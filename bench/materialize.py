@@ -621,6 +621,8 @@ def main(argv=None) -> int:
         pair_ratios = [m["tok_s"] / f["tok_s"] for f, m in zip(fwd, mat)]
         # Noise floor: per batch, the fastest capture across repeats (contention comes in bursts).
         # forward floor = sum of those; materialize floor = its capture floor + its least non-capture time.
+        # per-batch capture times: on a GPU materialize's capture span is the forward's launch only (its copies
+        # overlap the next forward, zgdata/core/host_copy.py), so this floor is a CPU figure
         n_b = len(fwd[0]["per_batch"])
         f_floor_s = sum(min(x["per_batch"][j] for x in fwd) for j in range(n_b))
         m_cap_floor_s = sum(min(x["per_batch"][j] for x in mat) for j in range(n_b))

@@ -175,6 +175,45 @@ def test_the_loader_thread_starts_each_copy_and_the_training_thread_takes_them_i
         assert torch.equal(ya.view(torch.int16), yb.view(torch.int16))
 
 
+def test_the_loader_names_the_gpu_before_its_thread_starts_and_gives_back_pinned_batches_once_it_ends(
+    tiny_built, monkeypatch
+):
+    """``cuda`` without an index is made the caller's current GPU before the loading thread starts (that thread's
+    own current device would be GPU 0), and the pinned batches are given back once, after the thread has ended,
+    also when the consumer stops early. Nothing here touches CUDA: the copy and the current device are stand-ins."""
+    import threading
+
+    from zgdata.layout import Layout
+    from zgdata.store.reader import BoundaryPair
+
+    layout = Layout(tiny_built)
+    log: list = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    loader: list = []  # the loading thread (the one that starts the copies)
+
+    def start(tensors, device):
+        loader.append(threading.current_thread())
+        log.append(("start", device))
+        return DeviceCopy(tuple(tensors))
+
+    monkeypatch.setattr(host_copy, "to_device", start)
+    monkeypatch.setattr(
+        host_copy, "release", lambda device=None: log.append(("release", device, any(t.is_alive() for t in loader)))
+    )
+    pair = BoundaryPair(layout.boundary("h00"), layout.boundary("h02"))
+    for stop_after in (None, 1):
+        log.clear()
+        loop = pair.batches("train", start_step=0, steps=4, batch_size=4, seed=0, device=torch.device("cuda"))
+        got = [next(loop) for _ in range(stop_after)] if stop_after else list(loop)
+        loop.close()
+        starts, releases = [e for e in log if e[0] == "start"], [e for e in log if e[0] == "release"]
+        assert len(got) == (stop_after or 4) and starts and {e[1] for e in starts} == {torch.device("cuda", 3)}
+        assert loader and threading.current_thread() not in loader
+        # once, last, with the loading thread ended
+        assert releases == [("release", torch.device("cuda", 3), False)] and log[-1] == releases[0]
+        loader.clear()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batches_reach_the_device_bit_for_bit_before_the_stream_uses_them():
     x = torch.randn(4, 64, 32).to(torch.bfloat16)

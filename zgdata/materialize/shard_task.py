@@ -127,9 +127,30 @@ def _writers(spec: dict, stage: Path, schema, codec: str) -> tuple[Encoder, Stre
         raise
 
 
+def _captured(spec: dict, layout: Layout, model):
+    """(rows, splits, {layer: boundary on the CPU}) for each batch of the shard, in row order; on a GPU, batch i's
+    copy to the host runs with batch i+1's forward (zgdata.core.host_copy)."""
+    from zgdata.tokens.store import open_tokens, read_tokens
+
+    tokens = open_tokens(layout)
+    lo, hi, size = spec["lo"], spec["hi"], spec["batch_size"]
+    storage = getattr(torch, spec["storage_dtype"])
+
+    def batches():
+        for b in range(lo, hi, size):
+            rows = np.arange(b, min(b + size, hi))
+            yield (rows, *read_tokens(layout, rows, ds=tokens))
+
+    def launch(batch):
+        caps = capture_rows(model, batch[1], spec["layers"], storage_dtype=storage, rows=size, on_device=True)
+        return host_copy.to_host(caps)
+
+    for (rows, _, splits), caps in host_copy.one_ahead(batches(), launch, wait_span="materialize.to_host"):
+        yield rows, splits, caps
+
+
 def _run(spec: dict) -> dict:
     from zgdata.core.runtime import set_device, set_threads
-    from zgdata.tokens.store import open_tokens, read_tokens
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     set_threads(spec["threads"])
@@ -138,9 +159,7 @@ def _run(spec: dict) -> dict:
     layout, stage = Layout(Path(spec["root"])), Path(spec["stage"])
     _check(spec, layout, stage)
     model = _teacher(layout, spec["compute_dtype"], spec["expect"]["teacher_sha256"])
-    tokens = open_tokens(layout)
     names, layers, lo, hi = spec["names"], spec["layers"], spec["lo"], spec["hi"]
-    storage = getattr(torch, spec["storage_dtype"])
     codec = spec.get("codec", "raw")
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
@@ -152,27 +171,20 @@ def _run(spec: dict) -> dict:
                 stats[n] = boundary_stats.combine(stats[n], encoded[n].stats)
                 streams.put(n, encoded[n].batch)
 
-    def batches():
-        for b in range(lo, hi, spec["batch_size"]):
-            rows = np.arange(b, min(b + spec["batch_size"], hi))
-            yield (rows, *read_tokens(layout, rows, ds=tokens))
-
-    def launch(batch):  # on a GPU, batch i's copy to the host runs with batch i+1's forward (zgdata.core.host_copy)
-        caps = capture_rows(model, batch[1], layers, storage_dtype=storage, rows=spec["batch_size"], on_device=True)
-        return host_copy.to_host(caps)
-
     try:
-        for (rows, _, splits), caps in host_copy.one_ahead(batches(), launch):
-            encoder.submit(rows, splits, {n: caps[layer] for n, layer in zip(names, layers)})
-            stream(None)
-        stream(0)
-    except BaseException:
-        streams.close(abort=True)
-        raise
+        try:
+            for rows, splits, caps in _captured(spec, layout, model):
+                encoder.submit(rows, splits, {n: caps[layer] for n, layer in zip(names, layers)})
+                stream(None)
+            stream(0)
+        except BaseException:
+            streams.close(abort=True)
+            raise
+        finally:
+            encoder.close()
+        fragments = streams.close()
     finally:
-        encoder.close()
-    fragments = streams.close()
-    host_copy.release()  # a GPU shard's cached pinned buffers, now free (Ray may run another shard here)
+        host_copy.release()  # a GPU shard's cached pinned buffers, all free now (Ray may run another shard here)
     _test_hooks(spec)
     return {
         "lo": lo,

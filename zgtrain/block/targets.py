@@ -73,24 +73,29 @@ class OnlineTargets:
         return step_rows(self.rows(split), step, batch_size, seed)
 
     def take(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pair of ``rows`` on the CPU, as a cached pair's ``take`` gives it (the importance sample and the
+        held-out loss read through here)."""
+        return self._recompute(rows, on_device=False)
+
+    def _recompute(self, rows, *, on_device: bool) -> tuple[torch.Tensor, torch.Tensor]:
         from zgdata.families.capture import capture_rows
         from zgdata.tokens.store import read_tokens
 
         ids, _ = read_tokens(self.layout, rows, ds=self.tokens)
-        # in forwards of materialize.batch_size rows, as materialize ran them (zgdata.families.capture.capture_rows),
-        # left on the teacher's device: on a GPU the block trains on them there, without a copy to the host and back
+        # in forwards of materialize.batch_size rows, as materialize ran them (zgdata.families.capture.capture_rows)
         caps = capture_rows(
-            self.model, ids, list(self.layers), storage_dtype=self.storage, rows=self.batch, on_device=True
+            self.model, ids, list(self.layers), storage_dtype=self.storage, rows=self.batch, on_device=on_device
         )
         # a quantized codec: the same quantize + dequantize as the stored path (zgdata/store/quant.py)
         return tuple(roundtrip_tensor(caps[x], self.codec) for x in self.layers)
 
     def batches(self, split, *, start_step, steps, batch_size, seed, device=None):
-        """(step, rows, x, y) on the teacher's device (``device`` is not used: the teacher recomputes each batch in
-        this thread, where the block trains)."""
+        """(step, rows, x, y) on the teacher's device, where the block trains (``device`` is not used: the teacher
+        recomputes each batch in this thread); on a GPU without a copy to the host and back (lossless codecs; a
+        quantized one round-trips through the CPU, zgdata/store/quant.py)."""
         for step in range(start_step, steps):
             rows = self.batch_rows(split, step, batch_size, seed)
-            yield (step, rows, *self.take(rows))
+            yield (step, rows, *self._recompute(rows, on_device=True))
 
 
 def open_targets(kind: str, layout: Layout, spec: BlockSpec, partition: PartitionConfig, mcfg: MaterializeConfig):

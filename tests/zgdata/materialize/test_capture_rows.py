@@ -16,6 +16,7 @@ import torch
 import yaml
 
 import zgdata.families.capture as cap
+from tests.helpers.copies import deferred_to_host, one_behind
 from tests.helpers.datasets import boundary_bits, data_file_digest
 from tests.helpers.runners import zg_main
 from zgdata.config import MaterializeConfig, PartitionConfig, VerifyConfig, section
@@ -103,15 +104,11 @@ def test_a_shard_whose_copies_wait_one_batch_behind_writes_the_same_files(
     from zgdata.core import host_copy
 
     spec, want = _shard(tiny_project, tmp_path / "a", 0, 12)
-    waits = []
-    monkeypatch.setattr(
-        host_copy,
-        "to_host",
-        lambda t: host_copy.HostCopy({k: v.clone() for k, v in t.items()}, lambda: waits.append(1), t),
-    )
+    log: list = []
+    monkeypatch.setattr(host_copy, "to_host", deferred_to_host(log))  # buffers filled only when waited for
     forwards.clear()
     _, got = _shard(tiny_project, stage := tmp_path / "b", 0, 12)
-    assert forwards == [BATCH, BATCH, BATCH] and len(waits) == 3
+    assert forwards == [BATCH, BATCH, BATCH] and log == one_behind(3)
     assert got["stats"] == want["stats"]
     for name, frags in want["fragments"].items():
         files = [[d["path"] for d in f["files"]] for f in frags]

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from tests.helpers.copies import deferred_to_host, one_behind
 from tests.helpers.datasets import data_file_digest, kill_after_first_commit_then_resume, read_boundaries
 from tests.helpers.projects import edit_params
 from tests.helpers.runners import zg_main
@@ -73,18 +74,9 @@ def test_copies_waited_for_one_batch_behind_write_the_same_bytes(tiny_project, t
     other = shutil.copytree(tiny_project, tmp_path / "other", symlinks=True)
     _materialize(tiny_project, codec="zstd_fast", batch_size=5)
     log: list = []
-
-    def deferred(tensors):
-        i = sum(1 for e in log if e[0] == "launch")
-        log.append(("launch", i))
-        out = {k: v.clone() for k, v in tensors.items()}
-        return host_copy.HostCopy(out, lambda: log.append(("wait", i)), tensors)
-
-    monkeypatch.setattr(host_copy, "to_host", deferred)
+    monkeypatch.setattr(host_copy, "to_host", deferred_to_host(log))  # buffers filled only when waited for
     _materialize(other, codec="zstd_fast", batch_size=5)
-    batches = -(-56 // 5)  # the tiny profile's 56 rows
-    want = [("launch", 0)] + [e for i in range(1, batches) for e in (("launch", i), ("wait", i - 1))]
-    assert log == want + [("wait", batches - 1)]
+    assert log == one_behind(-(-56 // 5))  # the tiny profile's 56 rows in batches of 5
     assert _data_files(tiny_project) == _data_files(other)
 
 
