@@ -22,16 +22,15 @@ import socket
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from zgdata.capture_version import BOUNDARY_FORMAT_VERSION, CAPTURE_VERSION
 from zgdata.core import host_copy
 from zgdata.errors import ZgError, from_os_error
-from zgdata.families.capture import capture_rows
 from zgdata.layout import Layout
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.encode import Encoder
+from zgdata.materialize.forward import captured
 from zgdata.materialize.staging import Streams, boundary_schema
 from zgdata.store.codec import CODECS, FORMATS
 from zgdata.store.integrity import CHECKSUMS
@@ -127,28 +126,6 @@ def _writers(spec: dict, stage: Path, schema, codec: str) -> tuple[Encoder, Stre
         raise
 
 
-def _captured(spec: dict, layout: Layout, model):
-    """(rows, splits, {layer: boundary on the CPU}) for each batch of the shard, in row order; on a GPU, batch i's
-    copy to the host runs with batch i+1's forward (zgdata.core.host_copy)."""
-    from zgdata.tokens.store import open_tokens, read_tokens
-
-    tokens = open_tokens(layout)
-    lo, hi, size = spec["lo"], spec["hi"], spec["batch_size"]
-    storage = getattr(torch, spec["storage_dtype"])
-
-    def batches():
-        for b in range(lo, hi, size):
-            rows = np.arange(b, min(b + size, hi))
-            yield (rows, *read_tokens(layout, rows, ds=tokens))
-
-    def launch(batch):
-        caps = capture_rows(model, batch[1], spec["layers"], storage_dtype=storage, rows=size, on_device=True)
-        return host_copy.to_host(caps)
-
-    for (rows, _, splits), caps in host_copy.one_ahead(batches(), launch, wait_span="materialize.to_host"):
-        yield rows, splits, caps
-
-
 def _run(spec: dict) -> dict:
     from zgdata.core.runtime import set_device, set_threads
 
@@ -160,6 +137,7 @@ def _run(spec: dict) -> dict:
     _check(spec, layout, stage)
     model = _teacher(layout, spec["compute_dtype"], spec["expect"]["teacher_sha256"])
     names, layers, lo, hi = spec["names"], spec["layers"], spec["lo"], spec["hi"]
+    storage = getattr(torch, spec["storage_dtype"])
     codec = spec.get("codec", "raw")
     schema = boundary_schema(None, spec["seq_len"], spec["hidden"], spec["storage_dtype"], codec)
     stats = {n: boundary_stats.empty() for n in names}
@@ -173,7 +151,9 @@ def _run(spec: dict) -> dict:
 
     try:
         try:
-            for rows, splits, caps in _captured(spec, layout, model):
+            for rows, splits, caps in captured(
+                model, layout, lo=lo, hi=hi, batch_size=spec["batch_size"], layers=layers, storage=storage
+            ):
                 encoder.submit(rows, splits, {n: caps[layer] for n, layer in zip(names, layers)})
                 stream(None)
             stream(0)

@@ -12,18 +12,16 @@ import queue
 import threading
 import time
 
-import numpy as np
 import torch
 
 from zgdata.core import host_copy
 from zgdata.core.runtime import writer_threads
 from zgdata.core.timing import span
-from zgdata.families.capture import capture_rows
 from zgdata.materialize import stats as boundary_stats
 from zgdata.materialize.encode import Encoder
+from zgdata.materialize.forward import captured
 from zgdata.materialize.staging import Streams, boundary_schema, commit
 from zgdata.teacher.prepare import load_teacher
-from zgdata.tokens.store import open_tokens, read_tokens
 
 __all__ = ["Writer", "run_local"]
 
@@ -126,8 +124,8 @@ class Writer(threading.Thread):
 def run_local(
     cfg, *, layout, stage, names, layers, schemas, journal, n_rows, seq_len, hidden, checksum, start, advance
 ) -> None:
-    """One process: teacher forward in this thread, Lance commits in a background writer thread. On a GPU, batch
-    i's boundaries copy to the host while batch i+1's forward runs (zgdata.core.host_copy)."""
+    """One process: teacher forward in this thread (zgdata/materialize/forward.py), Lance commits in a background
+    writer thread."""
     with span("materialize.load_teacher"):
         model, _ = load_teacher(layout, dtype=cfg.compute_dtype, with_tokenizer=False, per_layer=True)
     storage = getattr(torch, cfg.storage_dtype)
@@ -142,24 +140,11 @@ def run_local(
         hidden=hidden,
         checksum=checksum,
     )
-    tokens_ds = open_tokens(layout)
-
-    def batches():
-        for lo in range(start, n_rows, cfg.batch_size):
-            rows = np.arange(lo, min(lo + cfg.batch_size, n_rows))
-            with span("materialize.read_tokens", rows=len(rows)):
-                ids, splits = read_tokens(layout, rows, ds=tokens_ds)
-            yield rows, splits, ids
-
-    def launch(batch):
-        rows, _, ids = batch
-        with span("materialize.capture", rows=len(rows)):  # on a GPU: the forward's launch, not its run
-            caps = capture_rows(model, ids, layers, storage_dtype=storage, rows=cfg.batch_size, on_device=True)
-        return host_copy.to_host(caps)
-
     writer.start()
     try:
-        for (rows, splits, _), caps in host_copy.one_ahead(batches(), launch, wait_span="materialize.to_host"):
+        for rows, splits, caps in captured(
+            model, layout, lo=start, hi=n_rows, batch_size=cfg.batch_size, layers=layers, storage=storage
+        ):
             while True:  # never block forever on a dead writer
                 if writer.error is not None:
                     raise writer.error

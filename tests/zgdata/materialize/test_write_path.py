@@ -279,9 +279,9 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
     import time
 
     from zgdata.materialize import encode
-    from zgdata.materialize import writer as writer_mod
+    from zgdata.materialize import forward  # the teacher pass materialize runs (zgdata/materialize/forward.py)
 
-    real_encode, real_capture = encode.encode_batch, writer_mod.capture_rows
+    real_encode, real_capture = encode.encode_batch, forward.capture_rows
     forwards, first_batch, encoding = [], [], threading.Event()
 
     def counting(*args, **kw):
@@ -304,7 +304,7 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
         raise RuntimeError("injected encode failure")
 
     monkeypatch.setattr(encode, "encode_batch", failing)
-    monkeypatch.setattr(writer_mod, "capture_rows", counting)
+    monkeypatch.setattr(forward, "capture_rows", counting)
     outcome = {}
 
     def run():
