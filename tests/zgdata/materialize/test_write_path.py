@@ -278,8 +278,7 @@ def test_an_encode_error_with_the_queue_full_fails_the_run_instead_of_hanging(ti
     import threading
     import time
 
-    from zgdata.materialize import encode
-    from zgdata.materialize import forward  # the teacher pass materialize runs (zgdata/materialize/forward.py)
+    from zgdata.materialize import encode, forward  # forward: the teacher pass materialize runs
 
     real_encode, real_capture = encode.encode_batch, forward.capture_rows
     forwards, first_batch, encoding = [], [], threading.Event()
