@@ -381,12 +381,10 @@ def check_copies(res: dict, dev, smoke: bool) -> None:
     res.update({f"copies_{k}_exact": v for k, v in got.items()})
     detail = ", ".join(f"{k} {'equal' if v else 'DIFFERS'}" for k, v in got.items())
     guarantee("copies between the GPU and the host wait for what they need", all(got.values()), detail)
-    o = host_copies.overlap(
-        dev, **(dict(mb=4, train_mb=2, batches=3) if smoke else dict(mb=576, train_mb=134, batches=8))
-    )
+    o = host_copies.overlap(dev, **(host_copies.SMOKE if smoke else dict(mb=576, train_mb=134, batches=8)))
     res.update({f"overlap_{k}": v for k, v in o.items()})
     log(
-        f"copies overlapped with the compute (synthetic 8B-sized batches): materialize {o['materialize_overlap_speedup']:.2f}x "
+        f"copies overlapped with the compute ({'smoke sizes: nothing overlaps on a CPU' if smoke else 'synthetic 8B-sized batches'}): materialize {o['materialize_overlap_speedup']:.2f}x "
         f"the synchronous copies ({o['materialize_sync_vs_compute']:.2f} -> {o['materialize_overlap_vs_compute']:.2f} of the "
         f"compute alone), training {o['training_overlap_speedup']:.2f}x"
     )

@@ -77,6 +77,10 @@ def run(dev: torch.device) -> dict:
 
 
 WIDTH = 4096
+# The CPU smoke run's sizes: it exercises the code, nothing overlaps there. Width 256, not 4,096: a CPU without
+# bf16 instructions (AMD family 23) took 132 s for one bf16 matmul of 512 x 4,096 x 4,096, so the smoke run at the
+# 8B width ran past gpu_check's 10 minutes there; at 256 one takes milliseconds.
+SMOKE = dict(mb=0.25, train_mb=0.25, batches=3, width=256)
 
 
 def _timed(dev, fn) -> float:
@@ -107,17 +111,17 @@ class _InMemory:
         return self.xs[int(rows[0]) % len(self.xs)]
 
 
-def overlap(dev: torch.device, *, mb: int, train_mb: int, batches: int) -> dict:
+def overlap(dev: torch.device, *, mb: float, train_mb: float, batches: int, width: int = WIDTH) -> dict:
     """Seconds of each loop over ``batches`` batches (materialize: ``mb`` MB of bf16 a batch; training: ``train_mb``
-    MB for the input and as much for the target), and their ratios."""
+    MB for the input and as much for the target; rows of ``width``), and their ratios."""
     from zgdata.core import host_copy
     from zgdata.core.host_copy import one_ahead, to_host
     from zgdata.store.reader import BoundaryPair
 
-    rows = max(1, mb * 2**20 // (2 * WIDTH))
+    rows = max(1, int(mb * 2**20) // (2 * width))
     gen = torch.Generator().manual_seed(1)
-    w = (torch.randn(WIDTH, WIDTH, generator=gen) / WIDTH**0.5).to(torch.bfloat16).to(dev)
-    h0 = torch.randn(rows, WIDTH, generator=gen).to(torch.bfloat16).to(dev)
+    w = (torch.randn(width, width, generator=gen) / width**0.5).to(torch.bfloat16).to(dev)
+    h0 = torch.randn(rows, width, generator=gen).to(torch.bfloat16).to(dev)
     copy_s = best(dev, lambda: h0.cpu())
     mm_s = best(dev, lambda: h0 @ w)
     reps = max(1, round(6.6 * copy_s / mm_s))
@@ -141,9 +145,9 @@ def overlap(dev: torch.device, *, mb: int, train_mb: int, batches: int) -> dict:
     res["materialize_sync_s"] = best(dev, sync_loop)
     res["materialize_overlap_s"] = best(dev, overlap_loop)
 
-    t_rows = max(1, train_mb * 2**20 // (2 * WIDTH))
+    t_rows = max(1, int(train_mb * 2**20) // (2 * width))
     # two (input, target) pairs in pageable memory, as the reader's batches are
-    xs = [tuple(torch.randn(t_rows, WIDTH, generator=gen).to(torch.bfloat16) for _ in "xy") for _ in range(2)]
+    xs = [tuple(torch.randn(t_rows, width, generator=gen).to(torch.bfloat16) for _ in "xy") for _ in range(2)]
     pair_copy_s = best(dev, lambda: [t.to(dev) for t in xs[0]])
     step_mm_s = best(dev, lambda: xs[0][0].to(dev) @ w) - pair_copy_s / 2
     # a step about 9.4x its batch's copy: 234 ms against 25 ms for an 8B block's 8 x 2,048 tokens
@@ -192,15 +196,14 @@ def main(argv=None) -> int:
         "--train-mb", type=int, default=134, help="MB of bf16 a training batch's input (134: 8 x 2,048 tokens of 8B)"
     )
     ap.add_argument("--batches", type=int, default=8)
-    ap.add_argument("--smoke", action="store_true", help="4 MB batches, 3 of them: the CPU smoke run")
+    ap.add_argument("--smoke", action="store_true", help="the CPU smoke run: 3 batches of 0.25 MB, width 256")
     args = ap.parse_args(argv)
     prefer_gpu()
     dev = device()
     races = run(dev)
     res = {"device": str(dev), **races}
-    small = dict(mb=4, train_mb=2, batches=3)
     res.update(
-        overlap(dev, **(small if args.smoke else dict(mb=args.mb, train_mb=args.train_mb, batches=args.batches)))
+        overlap(dev, **(SMOKE if args.smoke else dict(mb=args.mb, train_mb=args.train_mb, batches=args.batches)))
     )
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
     return 0 if all(races.values()) else 1
